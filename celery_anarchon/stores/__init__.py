@@ -1,0 +1,146 @@
+"""Stores: the URL scheme picks the backend.
+
+As kombu resolves its transports, a table maps each scheme to a ``"module:Class"`` name that is
+imported only when used: an extra that is not installed costs nothing until asked for, its absence
+is an error naming the extra, and an unknown scheme suggests the closest known one.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.stores.base import (  # noqa: F401  (re-exported)
+    ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseTerms, Memory, Outcome, RunEvent,
+    RunState, Store, TakeoverOutcome,
+)
+
+#: scheme -> ("module:Class", extra that provides its client library or None)
+STORES: dict[str, tuple[str, str | None]] = {
+    "sqlite": ("celery_anarchon.stores.sql:SQLiteStore", None),
+    "postgresql": ("celery_anarchon.stores.sql:PostgreSQLStore", "postgres"),
+    "postgres": ("celery_anarchon.stores.sql:PostgreSQLStore", "postgres"),
+    "postgresql+psycopg": ("celery_anarchon.stores.sql:PostgreSQLStore", "postgres"),
+    "redis": ("celery_anarchon.stores.redis:RedisStore", "redis"),
+    "rediss": ("celery_anarchon.stores.redis:RedisStore", "redis"),
+    "unix": ("celery_anarchon.stores.redis:RedisStore", "redis"),
+    "sentinel": ("celery_anarchon.stores.redis:RedisStore", "redis"),
+}
+
+#: client library module -> extra that installs it
+_EXTRA_OF_MODULE = {"redis": "redis", "psycopg": "postgres", "nats": "nats", "ephem": "solar"}
+
+#: Options every store accepts (``anarchon_store_options``); the rest belong to one backend.
+COMMON_OPTIONS = frozenset({"history_size", "claim_timeout"})
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs, banners and errors)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = parts.username or ""
+    host = netloc[1] if len(netloc) == 2 else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def scheme_of(url: str) -> str:
+    """The lower-case scheme of ``url`` (``""`` when it has none)."""
+    return urlsplit(url).scheme.lower() if "://" in url else ""
+
+
+def store_class(url: str) -> type[Store]:
+    """The Store class for ``url``'s scheme, importing its module on first use.
+
+    :raises ConfigError: unknown scheme (with the closest known one), or the client library of
+        the store is not installed (with the extra to install).
+    """
+    scheme = scheme_of(url)
+    if scheme not in STORES:
+        close = difflib.get_close_matches(scheme, STORES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"anarchon_store_url {mask_url(url)!r}: unknown store scheme {scheme!r}.{hint} Known "
+            f"schemes: {', '.join(sorted(STORES))}.")
+    target, extra = STORES[scheme]
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing.startswith("celery_anarchon"):
+            raise
+        extra = _EXTRA_OF_MODULE.get(missing, extra)
+        raise ConfigError(
+            f"anarchon_store_url {mask_url(url)!r} needs the Python package {missing!r}, which is "
+            f"not installed: pip install 'celery-anarchon[{extra}]'") from exc
+    return getattr(module, class_name)
+
+
+def open_store(url: str, *, namespace: str, instance_id: str, options: dict | None = None) -> Store:
+    """Build the store for ``url`` (no I/O: it connects on first use).
+
+    :param url: ``anarchon_store_url``; its scheme picks the backend.
+    :param namespace: ``anarchon_namespace``; two apps sharing a store never collide.
+    :param instance_id: this beat instance's id (host, pid, random suffix).
+    :param options: ``anarchon_store_options``; validated by the store that owns them.
+    :raises ConfigError: unknown scheme, missing extra, or an option the store does not know.
+    """
+    cls = store_class(url)
+    return cls(url, namespace=namespace, instance_id=instance_id, **dict(options or {}))
+
+
+def reject_unknown_options(store_kind: str, given: dict, known: set[str] | frozenset[str]) -> None:
+    """Raise ConfigError for keys of ``anarchon_store_options`` that ``store_kind`` does not use."""
+    unknown = sorted(set(given) - set(known) - COMMON_OPTIONS)
+    if unknown:
+        allowed = ", ".join(sorted(set(known) | COMMON_OPTIONS))
+        raise ConfigError(
+            f"anarchon_store_options: {', '.join(map(repr, unknown))} not understood by the "
+            f"{store_kind} store (a typo must not silently change a rule). Allowed: {allowed}.")
+
+
+def default_sqlite_url(broker_url: str | None) -> str:
+    """Where the embedded SQLite store lives when the broker is local: next to a kombu SQLAlchemy
+    broker's SQLite file, else ``celery-anarchon.sqlite3`` in the current directory."""
+    if broker_url and broker_url.startswith("sqla+sqlite:///"):
+        path = broker_url[len("sqla+sqlite:///"):]
+        if path and path != ":memory:":
+            folder = os.path.dirname(os.path.abspath(path))
+            return "sqlite:///" + os.path.join(folder, "celery-anarchon.sqlite3")
+    return "sqlite:///" + os.path.abspath("celery-anarchon.sqlite3")
+
+
+def url_following_broker(broker_url: str | None) -> tuple[str, str | None]:
+    """The store URL to use when ``anarchon_store_url`` is unset (DESIGN.md "Where the store is").
+
+    :returns: ``(url, warning)``; ``warning`` is set for the embedded SQLite default.
+    :raises ConfigError: a broker every host cannot share as a store (e.g. SQS).
+    """
+    url = (broker_url or "").split(";")[0].strip()
+    scheme = scheme_of(url) if url else "amqp"
+    if scheme in ("redis", "rediss"):
+        return url, None
+    if scheme in ("sqla+postgresql", "sqla+postgres", "sqla+postgresql+psycopg"):
+        return url[len("sqla+"):], None
+    if scheme in ("sqla+sqlite", "filesystem", "memory"):
+        path = default_sqlite_url(url)
+        return path, (
+            f"anarchon store: the broker ({mask_url(url)}) is local to this host, so claims use the "
+            f"embedded SQLite file {path[len('sqlite:///'):]}. It coordinates the beat processes "
+            "of this one host only; set anarchon_store_url to a Redis or PostgreSQL URL that every "
+            "host reaches to run beat on several hosts.")
+    if scheme in ("amqp", "amqps", "pyamqp", "librabbitmq"):
+        if "rabbitmq" in STORES:
+            return ("amqps" if scheme == "amqps" else "amqp") + url[len(scheme):], None
+    raise ConfigError(
+        f"anarchon_store_url is not set and the broker {mask_url(url)!r} cannot serve as the claim "
+        "store: set anarchon_store_url to a store every beat host shares, e.g. "
+        "'redis://host:6379/0' or 'postgresql://user@host/db' (a per-host default would send every "
+        "run once per host).")

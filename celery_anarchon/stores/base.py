@@ -1,0 +1,409 @@
+"""The store contract: what every backend (Redis, PostgreSQL, SQLite, ...) implements.
+
+A store decides claims. Every instance of beat computes the same runs (entry, slot) and asks
+the store to claim them; the store answers each with exactly one winner, atomically, and
+remembers the claim for at least its *memory*. Lease stores also keep one record per leased run
+(state, attempt, fencing token, lease expiry) on their own clock.
+
+Units: every instant is UTC integer milliseconds (``*_ms``); durations given to a store are
+milliseconds too. User-facing settings are seconds and are converted by :mod:`celery_anarchon.timing`.
+
+The rules below come from DESIGN.md ("Who won", "Amnesia", "One run, in time", "Leases"):
+
+* A claim checks, in this order: already claimed (by this instance: ``WON`` again, the store
+  recognises its own winner; by another: ``LOST``), forgotten (the slot is older than the store's
+  memory, or the store's memory began after ``slot - LATENESS_TOLERANCE_MS``), late (store clock:
+  ``now > slot + max_late + LATENESS_TOLERANCE_MS``), early (``slot > now + LATENESS_TOLERANCE_MS``),
+  then for leased entries overlapping / superseding, then it records the claim.
+* Skips (late, early, forgotten, overlapping, superseded) are recorded once in the history of the
+  run, never over a claimed run's record.
+* Fencing tokens are per entry and only grow, even after the store lost its data: a token is
+  ``max(previous + 1, store clock in microseconds)``.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+#: Lease stores refuse a run whose slot is older than max_late + this, or further than this in
+#: the future, on the store's clock (DESIGN.md "Timing": store-side lateness tolerance).
+LATENESS_TOLERANCE_MS = 10_000
+
+#: Default history kept per entry, in runs (``anarchon_store_options["history_size"]``).
+DEFAULT_HISTORY_SIZE = 100
+
+#: Default store memory of the lease stores, seconds (``anarchon_store_options["memory"]``).
+DEFAULT_MEMORY_S = 3600.0
+
+#: Default seconds to wait for one store round trip (``anarchon_store_options["claim_timeout"]``).
+DEFAULT_CLAIM_TIMEOUT_S = 5.0
+
+
+class Outcome(str, enum.Enum):
+    """The answer of the store to the claim of one run."""
+
+    WON = "won"                  #: this instance holds the claim: it sends the run
+    LOST = "lost"                #: another instance holds the claim (the normal case)
+    LATE = "late"                #: refused: store clock says slot + max_late + tolerance has passed
+    EARLY = "early"              #: refused: store clock says the slot is more than tolerance ahead
+    FORGOTTEN = "forgotten"      #: refused: the store cannot remember that far back (amnesia, memory)
+    OVERLAPPING = "overlapping"  #: refused: an earlier run of the leased entry is still alive
+    SUPERSEDED = "superseded"    #: refused: a newer slot of the entry was already claimed
+    UNKNOWN = "unknown"          #: the store could not tell; counted as lost, a possible miss
+
+    @property
+    def is_skip(self) -> bool:
+        """True for outcomes that mean nobody sends this run (recorded in history)."""
+        return self not in (Outcome.WON, Outcome.LOST)
+
+
+class RunEvent(str, enum.Enum):
+    """What a history record says about a run. One record per run; later events replace earlier."""
+
+    CLAIMED = "claimed"            #: a claim was won; the send follows
+    SENT = "sent"                  #: the winner published the task message
+    SEND_FAILED = "send_failed"    #: the winner could not publish it until max_late
+    LATE = "late"                  #: skipped: late on the store's clock
+    LATE_LOCAL = "late_local"      #: skipped: late on the instance's clock (paused, clock jump)
+    EARLY = "early"                #: skipped: early on the store's clock
+    FORGOTTEN = "forgotten"        #: skipped: the store forgot (amnesia) or the memory was too short
+    OVERLAPPING = "overlapping"    #: skipped: an earlier leased run was still alive
+    SUPERSEDED = "superseded"      #: skipped or abandoned: a newer slot of the entry runs instead
+    UNKNOWN = "unknown"            #: the claim's outcome could not be read back
+    UNREACHABLE = "store_unreachable"  #: skipped: the store could not be reached until max_late
+    STARTED = "started"            #: leased: a worker adopted the run
+    FINISHED = "finished"          #: leased: released by its runner
+    TAKEN_OVER = "taken_over"      #: leased: re-sent as a new attempt (runner presumed dead)
+    LOST = "lost"                  #: leased: given up after max_attempts
+
+    @classmethod
+    def for_skip(cls, outcome: Outcome) -> RunEvent:
+        """The history event that records a skipped claim outcome."""
+        return cls(outcome.value)
+
+
+#: Events that only fill an empty history slot: they never overwrite what a winner recorded.
+SKIP_EVENTS = frozenset({RunEvent.LATE, RunEvent.LATE_LOCAL, RunEvent.EARLY, RunEvent.FORGOTTEN,
+                         RunEvent.OVERLAPPING, RunEvent.UNKNOWN, RunEvent.UNREACHABLE})
+
+
+class RunState(str, enum.Enum):
+    """State of a leased run's record (DESIGN.md "Leases")."""
+
+    QUEUED = "queued"
+    STARTED = "started"
+    FINISHED = "finished"
+    LOST = "lost"
+    SUPERSEDED = "superseded"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RunState.FINISHED, RunState.LOST, RunState.SUPERSEDED)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseTerms:
+    """What a leased entry's claim needs from the store.
+
+    :param queue_timeout_ms: how long a queued run may wait for a worker to adopt it, ms.
+    :param overlap_allowed: ``overlap="allow"``: a new slot runs even if an earlier run is alive.
+    """
+
+    queue_timeout_ms: int
+    overlap_allowed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimRequest:
+    """One run to claim.
+
+    :param entry: the entry's name in ``beat_schedule``.
+    :param slot_ms: the run's slot, UTC ms.
+    :param max_late_ms: the entry's max_late, ms (lateness is re-checked on the store's clock).
+    :param task_id: the task id the winner will send (recorded in history).
+    :param fingerprint: the claiming instance's fingerprint of the entry's definition.
+    :param lease: set for leased entries: the claim also creates the run's lease record.
+    """
+
+    entry: str
+    slot_ms: int
+    max_late_ms: int
+    task_id: str = ""
+    fingerprint: str = ""
+    lease: LeaseTerms | None = None
+
+    @property
+    def run(self) -> tuple[str, int]:
+        return (self.entry, self.slot_ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimResult:
+    """The store's answer for one :class:`ClaimRequest`.
+
+    :param winner: instance id that holds the claim (``WON``: this instance; ``LOST``: the other),
+        ``None`` when nobody does.
+    :param winner_fingerprint: the fingerprint recorded by the winner, ``""`` when unknown.
+    :param store_ms: the store's clock when it decided, UTC ms (``None`` for stores without one).
+    :param token: fencing token of a leased run (``WON`` only), else ``None``.
+    :param attempt: attempt number of a leased run (1 for the first send).
+    :param detail: a short explanation for skips (e.g. the store's memory start).
+    """
+
+    request: ClaimRequest
+    outcome: Outcome
+    winner: str | None = None
+    winner_fingerprint: str = ""
+    store_ms: int | None = None
+    token: int | None = None
+    attempt: int = 1
+    detail: str = ""
+
+    @property
+    def entry(self) -> str:
+        return self.request.entry
+
+    @property
+    def slot_ms(self) -> int:
+        return self.request.slot_ms
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryRecord:
+    """One run in an entry's history (the newest ``history_size`` runs are kept).
+
+    :param store_ms: the store's clock (or the recording instance's, for stores without one)
+        when the record was last written, UTC ms.
+    """
+
+    entry: str
+    slot_ms: int
+    event: RunEvent
+    instance: str
+    store_ms: int
+    task_id: str = ""
+    attempt: int = 1
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryNote:
+    """An event to write with :meth:`Store.record_many` (same fields as :meth:`Store.record`)."""
+
+    entry: str
+    slot_ms: int
+    event: RunEvent
+    task_id: str = ""
+    attempt: int = 1
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeasedRun:
+    """The record of one leased run, as the store holds it (it never expires on its own).
+
+    :param lease_expires_ms: when the current lease ends on the store's clock (started runs), UTC ms.
+    :param queue_deadline_ms: when a queued run counts as not adopted (queued runs), UTC ms.
+    :param store_ms: the store's clock when this was read, UTC ms.
+    """
+
+    entry: str
+    slot_ms: int
+    state: RunState
+    attempt: int
+    token: int
+    owner: str
+    lease_expires_ms: int | None
+    queue_deadline_ms: int | None
+    store_ms: int
+
+    @property
+    def expired(self) -> bool:
+        """A started run whose lease ended, or a queued run past its deadline (store clock)."""
+        if self.state is RunState.STARTED:
+            return self.lease_expires_ms is not None and self.lease_expires_ms < self.store_ms
+        if self.state is RunState.QUEUED:
+            return self.queue_deadline_ms is not None and self.queue_deadline_ms < self.store_ms
+        return False
+
+
+class TakeoverOutcome(str, enum.Enum):
+    """The answer to :meth:`Store.take_over`."""
+
+    TAKEN = "taken"            #: this instance re-sends the run as ``run.attempt``
+    LOST = "lost"              #: max_attempts reached: the run is recorded lost
+    SUPERSEDED = "superseded"  #: a newer slot of the entry was claimed: the run is abandoned
+    REFUSED = "refused"        #: the token changed or the run is alive/finished: nothing to do
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """How long a store remembers a claimed run (DESIGN.md, store memory table).
+
+    :param duration_s: seconds, or ``None`` for forever.
+    :param count: runs per entry, or ``None`` when not limited by count.
+    :param setting: the store option that sets ``duration_s`` (named in error messages).
+    :param count_setting: the store option that sets ``count``.
+    """
+
+    duration_s: float | None
+    count: int | None = None
+    setting: str = "memory"
+    count_setting: str | None = None
+
+
+class Store(abc.ABC):
+    """One backend that decides claims. Construct with :func:`celery_anarchon.stores.open_store`.
+
+    Construction does no I/O; the first operation connects (in the process that ticks: under
+    ``celery worker -B`` that is a forked child). Every operation raises
+    :class:`~celery_anarchon.errors.StoreUnavailable` when the store cannot be reached or does not
+    answer within ``claim_timeout`` seconds, and never anything that would let a caller send blind.
+    """
+
+    #: short backend name for logs and docs ("redis", "postgresql", "sqlite", ...)
+    kind: ClassVar[str] = ""
+    #: True when the store refuses late and early claims on its own clock
+    checks_lateness: ClassVar[bool] = False
+    #: True when the store holds leases (lease operations below work)
+    holds_leases: ClassVar[bool] = False
+
+    def __init__(self, url: str, *, namespace: str, instance_id: str,
+                 history_size: int = DEFAULT_HISTORY_SIZE,
+                 claim_timeout: float = DEFAULT_CLAIM_TIMEOUT_S) -> None:
+        self.url = url
+        self.namespace = namespace
+        self.instance_id = instance_id
+        self.history_size = int(history_size)
+        self.claim_timeout = float(claim_timeout)
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def safe_url(self) -> str:
+        """The URL with its password masked, for logs and the banner."""
+        from celery_anarchon.stores import mask_url
+        return mask_url(self.url)
+
+    @property
+    @abc.abstractmethod
+    def memory(self) -> Memory:
+        """How long this store remembers a claimed run (used by the start-up rules)."""
+
+    def describe(self) -> str:
+        """Store settings that belong in an entry's fingerprint (kind, strategy, memory)."""
+        m = self.memory
+        return f"{self.kind} memory={m.duration_s}s count={m.count}"
+
+    # -- life cycle ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def prepare(self, entries: Iterable[str]) -> list[str]:
+        """Connect, create what is missing (schema, keys) and note when the store's memory began
+        for each entry that has no such note yet. Idempotent; called at start-up.
+
+        :returns: warnings for the operator (e.g. "this Redis keeps no data on disk").
+        :raises StoreUnavailable: the store cannot be reached.
+        :raises ConfigError: the store exists but cannot serve (e.g. wrong server version).
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. Safe to call twice, and from a signal handler."""
+
+    @abc.abstractmethod
+    def now_ms(self) -> int | None:
+        """The store's clock, UTC ms, or ``None`` for a store without a clock."""
+
+    # -- claims -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Claim every run of ``requests`` in one round trip where the backend allows it.
+
+        Results come in the order of ``requests``. Each run has at most one winner, ever, while the
+        store remembers it; a retry by the winner answers ``WON`` again (with the same token).
+        A skip is recorded once in the run's history.
+
+        :raises StoreUnavailable: the outcome is unknown; retry with the same requests.
+        """
+
+    # -- history ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """Write an event of a run into its history, as this instance.
+
+        Events in :data:`SKIP_EVENTS` only fill a run with no record yet; other events replace
+        the record. Keeps the newest ``history_size`` runs of the entry.
+        """
+
+    def record_many(self, notes: Sequence[HistoryNote]) -> None:
+        """Write several :meth:`record` events, in one round trip where the backend allows it."""
+        for note in notes:
+            self.record(note.entry, note.slot_ms, note.event, task_id=note.task_id,
+                        attempt=note.attempt, detail=note.detail)
+
+    @abc.abstractmethod
+    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        """The entry's newest runs, newest first (at most ``limit`` or ``history_size``)."""
+
+    # -- definitions (fingerprints) -------------------------------------------------------------
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        """Remember what a fingerprint stands for, so another instance can name it. Optional."""
+
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        """The text saved for ``fingerprint``, or ``None`` if unknown. Optional."""
+        return None
+
+    # -- leases (only when holds_leases) --------------------------------------------------------
+    def _no_leases(self):
+        from celery_anarchon.errors import ConfigError
+        raise ConfigError(f"the {self.kind} store cannot hold leases; use Redis (strategy 'lease'),"
+                          " PostgreSQL or SQLite for leased entries")
+
+    def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
+        """The record of one leased run, or ``None`` if the store has none."""
+        self._no_leases()
+
+    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
+        """Leased runs of ``entries`` that are started with an expired lease or queued past their
+        deadline, on the store's clock."""
+        self._no_leases()
+
+    def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
+                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
+        """One compare-and-set on ``expected_token``: if the run is still expired and no newer slot
+        of the entry was claimed, queue it again as the next attempt with a new token and a queue
+        deadline of now + ``queue_timeout_ms``. After ``max_attempts`` it is recorded lost.
+        Exactly one of several instances finding the same expired run gets ``TAKEN``."""
+        self._no_leases()
+
+    def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
+        """Worker side, before the task body runs: succeeds when the run is queued (any attempt's
+        message) or started with an expired lease; sets it started with a new token, ``owner`` and
+        lease expiry = now + ``duration_ms``. Returns ``(adopted, record)``."""
+        self._no_leases()
+
+    def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
+        """Extend the lease held with ``token`` to now + ``duration_ms``. ``None`` when the token is
+        stale (the lease was taken over: the runner lost it). If the store forgot the record
+        (amnesia) it is re-created with this token, so a live runner keeps its run."""
+        self._no_leases()
+
+    def release(self, entry: str, slot_ms: int, token: int) -> bool:
+        """The runner is done: state finished, if ``token`` is still current."""
+        self._no_leases()
+
+    def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
+                queue_timeout_ms: int) -> bool:
+        """A retry hands the run back: state queued, deadline = now + ``delay_ms`` +
+        ``queue_timeout_ms`` (the retry's countdown), attempt unchanged, if ``token`` is current."""
+        self._no_leases()
+
+    # -- tests ----------------------------------------------------------------------------------
+    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
+        """Tests only: move the memory start of ``entries`` ``by_ms`` into the past, as if the
+        store had been running for a while (a fresh store refuses slots up to
+        LATENESS_TOLERANCE_MS after its memory began)."""
+        raise NotImplementedError

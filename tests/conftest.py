@@ -1,0 +1,47 @@
+"""Shared fixtures: real servers only (no mocks of a store or a broker).
+
+A test that needs a server that is not reachable skips with the reason on a developer machine,
+and fails when ``CI`` is set (CI must never pass by skipping).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from urllib.parse import urlsplit
+
+import pytest
+
+REDIS_URL = os.environ.get("ANARCHON_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+POSTGRES_URL = os.environ.get("ANARCHON_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+AMQP_URL = os.environ.get("ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+NATS_URL = os.environ.get("ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222")
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def reachable(url: str, timeout: float = 1.0) -> bool:
+    """True when a TCP connection to ``url``'s host and port succeeds."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def require_server(url: str, what: str) -> None:
+    """Skip (developer machine) or fail (CI) when the server behind ``url`` is down."""
+    if reachable(url):
+        return
+    message = (f"{what} is not reachable at {urlsplit(url).hostname}:{urlsplit(url).port}; start it "
+               "(see .ci/run) or point the ANARCHON_TEST_* variables at one")
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace of its own for each test, so tests sharing a server never see each other."""
+    return "t-" + uuid.uuid4().hex[:12]

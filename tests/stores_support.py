@@ -1,0 +1,84 @@
+"""Helpers to open every store against its real server, and to wipe one (amnesia tests)."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import Store
+
+from conftest import POSTGRES_URL, REDIS_URL, require_server
+
+#: the lease stores of DESIGN.md (they check lateness on their own clock and hold leases)
+LEASE_STORES = ("sqlite", "postgresql", "redis")
+
+
+@dataclass
+class StoreMaker:
+    """Opens stores of one backend that share one namespace, as several instances would."""
+
+    kind: str
+    url: str
+    namespace: str
+    opened: list[Store] = field(default_factory=list)
+
+    def __call__(self, instance_id: str | None = None, **options) -> Store:
+        store = open_store(self.url, namespace=self.namespace,
+                           instance_id=instance_id or "inst-" + uuid.uuid4().hex[:6], options=options)
+        self.opened.append(store)
+        return store
+
+    def wipe(self) -> None:
+        """Make the server forget everything of this store (a Redis restarted without
+        persistence, a dropped database): the amnesia case."""
+        if self.kind == "redis":
+            import redis
+            redis.Redis.from_url(self.url).flushdb()
+        else:
+            import sqlalchemy as sa
+            url = self.url.replace("postgresql://", "postgresql+psycopg://", 1)
+            engine = sa.create_engine(url)
+            with engine.begin() as conn:
+                meta = sa.MetaData()
+                meta.reflect(conn)
+                for table in reversed(meta.sorted_tables):
+                    if table.name.startswith("anarchon_"):
+                        table.drop(conn)
+            engine.dispose()
+
+    def close_all(self) -> None:
+        for store in self.opened:
+            store.close()
+
+
+def store_url(kind: str, tmpdir: str) -> str:
+    """The URL of a real server (or file) for ``kind``; skips/fails when the server is down."""
+    if kind == "sqlite":
+        return "sqlite:///" + os.path.join(tmpdir, "claims.sqlite3")
+    if kind == "postgresql":
+        require_server(POSTGRES_URL, "PostgreSQL")
+        return POSTGRES_URL
+    if kind == "redis":
+        require_server(REDIS_URL, "Redis")
+        return REDIS_URL
+    raise ValueError(kind)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.02):
+    """Poll ``predicate`` until it returns a true value; fail with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def new_tmpdir() -> str:
+    return tempfile.mkdtemp(prefix="anarchon-test-")

@@ -1,0 +1,476 @@
+"""The store contract, proved against every lease store on its real server.
+
+One suite, parametrized over the backends: each test is named after the promise it proves.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import random
+import shutil
+import time
+from collections import Counter
+
+import pytest
+
+from celery_anarchon.stores.base import (
+    LATENESS_TOLERANCE_MS, ClaimRequest, LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome,
+)
+
+from stores_support import LEASE_STORES, StoreMaker, new_tmpdir, store_url, wait_until
+
+MAX_LATE_MS = 60_000
+
+
+@pytest.fixture(params=LEASE_STORES)
+def stores(request, namespace):
+    tmp = new_tmpdir()
+    maker = StoreMaker(request.param, store_url(request.param, tmp), namespace)
+    yield maker
+    maker.close_all()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def req(entry, slot_ms, *, max_late_ms=MAX_LATE_MS, lease=None, fingerprint="fp1"):
+    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=max_late_ms,
+                        task_id=f"task-{entry}-{slot_ms}", fingerprint=fingerprint, lease=lease)
+
+
+def store_now(store) -> int:
+    now = store.now_ms()
+    assert isinstance(now, int)
+    return now
+
+
+def prepared(store, *entries):
+    """Prepare ``entries`` and move their memory start two minutes back, as on a store that has
+    been running for a while (a new store refuses slots up to 10 s after its memory began)."""
+    entries = list(entries or ["e"])
+    store.prepare(entries)
+    store._backdate_memory_start(entries, 120_000)
+    return store
+
+
+def fresh_slot(store) -> int:
+    """A slot that is due now on the store's clock."""
+    return store_now(store) + 1
+
+
+def after_memory_restart(store) -> int:
+    """The first slot a store can claim again after it forgot everything: its memory began at
+    its first operation since, and slots up to the early tolerance after that are refused."""
+    begun = store_now(store)
+    wait_until(lambda: store_now(store) > begun + 20, 5, "store clock to move")
+    return begun + LATENESS_TOLERANCE_MS + 1
+
+
+# -- several processes ---------------------------------------------------------------------------
+
+def _race(url, namespace, instance_id, runs, barrier, queue, batch):
+    from celery_anarchon.stores import open_store
+    store = open_store(url, namespace=namespace, instance_id=instance_id)
+    won = []
+    order = list(runs)
+    random.Random(instance_id).shuffle(order)
+    try:
+        barrier.wait(timeout=30)
+        for i in range(0, len(order), batch):
+            part = [req(entry, slot) for entry, slot in order[i:i + batch]]
+            for result in store.claim(part):
+                assert result.outcome in (Outcome.WON, Outcome.LOST), result
+                if result.outcome is Outcome.WON:
+                    assert result.winner == instance_id
+                    won.append(result.request.run)
+                else:
+                    assert result.winner not in (None, instance_id), result
+        queue.put((instance_id, won, None))
+    except BaseException as exc:  # report, never hang the parent
+        queue.put((instance_id, won, repr(exc)))
+    finally:
+        store.close()
+
+
+def test_one_winner_per_run_across_processes(stores):
+    """Several processes claiming the same runs at once: exactly one winner per run."""
+    first = prepared(stores("setup"), "a", "b", "c")
+    base = fresh_slot(first) + 500
+    runs = [(entry, base + i) for entry in ("a", "b", "c") for i in range(100)]
+    ctx = multiprocessing.get_context("fork")
+    barrier, queue = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(stores.url, stores.namespace, f"proc-{n}", runs,
+                                             barrier, queue, batch))
+             for n, batch in enumerate((1, 7, 50))]
+    for p in procs:
+        p.start()
+    reports = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    errors = [err for _, _, err in reports if err]
+    assert not errors, errors
+    winners = Counter(run for _, won, _ in reports for run in won)
+    assert set(winners) == set(runs), f"{len(set(runs) - set(winners))} runs got no winner"
+    assert max(winners.values()) == 1, [run for run, n in winners.items() if n > 1][:5]
+
+
+# -- who won --------------------------------------------------------------------------------------
+
+def test_winner_is_recognised_on_retry(stores):
+    """A claim retried by its winner (after a timeout, say) is WON again; others see LOST and
+    learn who won and with which definition."""
+    a, b = prepared(stores("A")), stores("B")
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    again = a.claim([req("e", slot)])[0]
+    assert again.outcome is Outcome.WON and again.winner == "A"
+    other = b.claim([req("e", slot, fingerprint="fp2")])[0]
+    assert other.outcome is Outcome.LOST
+    assert other.winner == "A" and other.winner_fingerprint == "fp1"
+
+
+def test_claim_batch_answers_in_request_order(stores):
+    a, b = prepared(stores("A"), "x", "y"), stores("B")
+    now = fresh_slot(a)
+    a.claim([req("x", now)])
+    results = b.claim([req("y", now), req("x", now), req("y", now - MAX_LATE_MS - 30_000),
+                       req("x", now + 1000)])
+    assert [r.request.run for r in results] == [("y", now), ("x", now),
+                                               ("y", now - MAX_LATE_MS - 30_000), ("x", now + 1000)]
+    assert [r.outcome for r in results][:2] == [Outcome.WON, Outcome.LOST]
+    assert results[2].outcome is Outcome.LATE
+    assert results[3].outcome is Outcome.WON
+
+
+def test_namespaces_never_collide(stores):
+    a = prepared(stores("A"))
+    other_ns = StoreMaker(stores.kind, stores.url, stores.namespace + "-other")
+    b = prepared(other_ns("B"))
+    slot = fresh_slot(a)
+    try:
+        assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+        assert b.claim([req("e", slot)])[0].outcome is Outcome.WON
+    finally:
+        other_ns.close_all()
+
+
+@pytest.mark.parametrize("names", [("a:b", "a"), ("x}", "{x"), ("it's", 'say "hi"'),
+                                   ("with space", "with_space"), ("café", "cafe"), ("%3A", ":")])
+def test_entry_names_never_collide(stores, names):
+    """Names with ':', braces, quotes, spaces or non-ASCII map to their own runs."""
+    a = prepared(stores("A"), *names)
+    slot = fresh_slot(a)
+    results = a.claim([req(names[0], slot), req(names[1], slot)])
+    assert [r.outcome for r in results] == [Outcome.WON, Outcome.WON]
+    a.record(names[0], slot, RunEvent.SENT, task_id="t0")
+    assert [h.entry for h in a.history(names[0])] == [names[0]]
+    assert a.history(names[1])[0].event is RunEvent.CLAIMED
+
+
+# -- the store's clock ------------------------------------------------------------------------------
+
+def test_store_clock_is_close_to_ours(stores):
+    store = stores("A")
+    assert abs(store_now(store) - time.time() * 1000) < 2000
+
+
+def test_late_claim_refused_on_store_clock(stores):
+    """A claim whose slot is older than max_late + 10 s on the store's clock is refused as late,
+    one more than 10 s ahead as early; within both it is won. The slot is offset, not the clock."""
+    a = prepared(stores("A"))
+    now = store_now(a)
+    max_late = 500
+    assert a.claim([req("e", now - max_late - LATENESS_TOLERANCE_MS + 1000, max_late_ms=max_late)])[0].outcome is Outcome.WON
+    late = a.claim([req("e", now - max_late - LATENESS_TOLERANCE_MS - 1000, max_late_ms=max_late)])[0]
+    assert late.outcome is Outcome.LATE
+    early = a.claim([req("e", now + LATENESS_TOLERANCE_MS + 2000)])[0]
+    assert early.outcome is Outcome.EARLY
+    assert a.claim([req("e", now + LATENESS_TOLERANCE_MS - 2000)])[0].outcome is Outcome.WON
+    events = {h.slot_ms: h.event for h in a.history("e")}
+    assert events[now - max_late - LATENESS_TOLERANCE_MS - 1000] is RunEvent.LATE
+    assert events[now + LATENESS_TOLERANCE_MS + 2000] is RunEvent.EARLY
+
+
+def test_already_claimed_is_checked_before_late(stores):
+    """The history of a claimed run never says late: a late retry sees the claim first."""
+    a, b = prepared(stores("A")), stores("B")
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    # pretend both arrive after max_late: a max_late of 0 makes every claim "late" after 10 s,
+    # so offset the slot into the past instead
+    later = b.claim([req("e", slot, max_late_ms=0)])[0]
+    assert later.outcome is Outcome.LOST
+    assert a.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.WON
+    assert a.history("e")[0].event is RunEvent.CLAIMED
+
+
+def test_skip_is_recorded_once_not_per_instance(stores):
+    a, b = prepared(stores("A")), stores("B")
+    slot = store_now(a) - LATENESS_TOLERANCE_MS - 2500
+    assert a.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.LATE
+    assert b.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.LATE
+    records = [h for h in a.history("e") if h.slot_ms == slot]
+    assert len(records) == 1 and records[0].instance == "A"
+
+
+# -- memory ------------------------------------------------------------------------------------------
+
+def test_memory_outlasts_jitter_plus_max_late(stores):
+    """A run claimed at its slot is still remembered at slot + jitter + max_late."""
+    a, b = prepared(stores("A")), stores("B")
+    assert a.memory.duration_s is None or a.memory.duration_s >= 2 + 60
+    slot = store_now(a) - MAX_LATE_MS
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.LOST
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    # b claims "at slot + max_late": same slot, the store must still say LOST
+    assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.LOST
+
+
+def test_claim_older_than_memory_is_never_won_again(stores):
+    """Past the memory a repeated claim is refused (forgotten), never won a second time."""
+    a, b = prepared(stores("A", memory=1.0)), stores("B", memory=1.0)
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    assert b.claim([req("e", slot)])[0].outcome is Outcome.LOST
+    wait_until(lambda: store_now(a) > slot + 1500, 10, "the memory to pass")
+    again = b.claim([req("e", slot)])[0]
+    assert again.outcome is Outcome.FORGOTTEN
+
+
+# -- history -------------------------------------------------------------------------------------------
+
+def test_history_keeps_newest_runs_with_their_facts(stores):
+    a = prepared(stores("A", history_size=5))
+    base = fresh_slot(a)
+    for i in range(8):
+        slot = base + i * 10
+        assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+        a.record("e", slot, RunEvent.SENT, task_id=f"id-{i}")
+    records = a.history("e")
+    assert [r.slot_ms for r in records] == [base + i * 10 for i in range(7, 2, -1)]
+    newest = records[0]
+    assert newest.event is RunEvent.SENT and newest.instance == "A" and newest.task_id == "id-7"
+    assert abs(newest.store_ms - store_now(a)) < 5000
+    assert len(a.history("e", limit=2)) == 2
+
+
+def test_skip_events_never_overwrite_a_claim(stores):
+    a, b = prepared(stores("A")), stores("B")
+    slot = fresh_slot(a)
+    a.claim([req("e", slot)])
+    a.record("e", slot, RunEvent.SENT, task_id="x")
+    b.record("e", slot, RunEvent.LATE_LOCAL)
+    assert a.history("e")[0].event is RunEvent.SENT
+    b.record("e", slot + 1, RunEvent.LATE_LOCAL, detail="paused")
+    rec = a.history("e")[0]
+    assert (rec.slot_ms, rec.event, rec.instance, rec.detail) == (slot + 1, RunEvent.LATE_LOCAL, "B", "paused")
+
+
+def test_definitions_are_kept_by_fingerprint(stores):
+    a, b = prepared(stores("A")), stores("B")
+    a.save_definition("e", "fp1", "task=t schedule=every 1 s")
+    a.save_definition("e", "fp1", "task=t schedule=every 1 s")
+    assert b.load_definition("e", "fp1") == "task=t schedule=every 1 s"
+    assert b.load_definition("e", "nope") is None
+
+
+# -- amnesia -------------------------------------------------------------------------------------------
+
+def test_store_that_forgot_refuses_old_runs(stores):
+    """After the store lost its data, a claim for a run claimed before is refused as forgotten,
+    not won again (DESIGN.md "Amnesia")."""
+    a, b = prepared(stores("A")), stores("B")
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    stores.wipe()
+    again = b.claim([req("e", slot)])[0]
+    assert again.outcome is Outcome.FORGOTTEN, again
+    assert any(h.event is RunEvent.FORGOTTEN for h in b.history("e"))
+    # runs after the memory began again are claimable, early ones included
+    assert b.claim([req("e", after_memory_restart(b))])[0].outcome is Outcome.WON
+
+
+# -- leases ---------------------------------------------------------------------------------------------
+
+LEASE = LeaseTerms(queue_timeout_ms=60_000)
+
+
+def test_leased_claim_creates_a_queued_record_with_a_token(stores):
+    a = prepared(stores("A"))
+    slot = fresh_slot(a)
+    won = a.claim([req("e", slot, lease=LEASE)])[0]
+    assert won.outcome is Outcome.WON and won.token and won.attempt == 1
+    again = a.claim([req("e", slot, lease=LEASE)])[0]
+    assert again.outcome is Outcome.WON and again.token == won.token
+    run = a.inspect("e", slot)
+    assert run.state is RunState.QUEUED and run.attempt == 1 and run.token == won.token
+    assert run.queue_deadline_ms - run.store_ms == pytest.approx(60_000, abs=2000)
+    assert not run.expired
+
+
+def test_lease_adopt_renew_release(stores):
+    a, worker = prepared(stores("A")), stores("worker")
+    slot = fresh_slot(a)
+    token0 = a.claim([req("e", slot, lease=LEASE)])[0].token
+    adopted, run = worker.adopt("e", slot, "w1", 30_000)
+    assert adopted and run.state is RunState.STARTED and run.owner == "w1" and run.token > token0
+    again, same = worker.adopt("e", slot, "w2", 30_000)
+    assert not again and same.owner == "w1", "a live lease is never adopted twice"
+    renewed = worker.renew("e", slot, run.token, "w1", 30_000)
+    assert renewed and renewed.lease_expires_ms >= run.lease_expires_ms
+    assert worker.renew("e", slot, run.token - 1, "w1", 30_000) is None
+    assert not worker.release("e", slot, run.token - 1)
+    assert worker.release("e", slot, run.token)
+    assert a.inspect("e", slot).state is RunState.FINISHED
+    assert not worker.adopt("e", slot, "w3", 30_000)[0], "a finished run is never adopted"
+    assert a.history("e")[0].event is RunEvent.FINISHED
+
+
+def test_expired_lease_is_taken_over_exactly_once(stores):
+    a, b, worker = prepared(stores("A")), stores("B"), stores("worker")
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LEASE)])
+    _, run = worker.adopt("e", slot, "w1", 300)
+    wait_until(lambda: any(r.slot_ms == slot for r in a.expired_runs(["e"])), 10, "lease expiry")
+    expired = [r for r in a.expired_runs(["e"]) if r.slot_ms == slot][0]
+    assert expired.state is RunState.STARTED and expired.token == run.token
+    outcomes = [s.take_over("e", slot, expired.token, queue_timeout_ms=60_000, max_attempts=3)
+                for s in (a, b)]
+    taken = [o for o in outcomes if o[0] is TakeoverOutcome.TAKEN]
+    assert len(taken) == 1
+    new = taken[0][1]
+    assert new.state is RunState.QUEUED and new.attempt == 2 and new.token > run.token
+    # the paused old runner learns it lost the lease, and cannot extend the new one
+    assert worker.renew("e", slot, run.token, "w1", 30_000) is None
+    assert not worker.release("e", slot, run.token)
+    assert a.inspect("e", slot).token == new.token
+    # the new attempt's message adopts it
+    adopted, run2 = worker.adopt("e", slot, "w2", 30_000)
+    assert adopted and run2.attempt == 2 and run2.token > new.token
+
+
+def test_queued_run_past_its_deadline_is_taken_over(stores):
+    a = prepared(stores("A"))
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
+    wait_until(lambda: a.expired_runs(["e"]), 10, "queue deadline")
+    run = a.expired_runs(["e"])[0]
+    assert run.state is RunState.QUEUED
+    outcome, new = a.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    assert outcome is TakeoverOutcome.TAKEN and new.attempt == 2
+    assert a.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)[0] is TakeoverOutcome.REFUSED
+
+
+def test_run_is_lost_after_max_attempts(stores):
+    a = prepared(stores("A"))
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=100))])
+    outcome = None
+    for _ in range(5):
+        run = wait_until(lambda: a.expired_runs(["e"]), 10, "queue deadline")[0]
+        outcome, new = a.take_over("e", slot, run.token, queue_timeout_ms=100, max_attempts=2)
+        if outcome is not TakeoverOutcome.TAKEN:
+            break
+    assert outcome is TakeoverOutcome.LOST
+    assert a.inspect("e", slot).state is RunState.LOST
+    assert a.history("e")[0].event is RunEvent.LOST
+
+
+def test_overlap_skip_and_allow(stores):
+    a = prepared(stores("A"))
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot, lease=LEASE)])[0].outcome is Outcome.WON
+    skipped = a.claim([req("e", slot + 1000, lease=LEASE)])[0]
+    assert skipped.outcome is Outcome.OVERLAPPING
+    assert {h.slot_ms: h.event for h in a.history("e")}[slot + 1000] is RunEvent.OVERLAPPING
+    allowed = a.claim([req("e", slot + 2000, lease=LeaseTerms(60_000, overlap_allowed=True))])[0]
+    assert allowed.outcome is Outcome.WON
+    assert a.inspect("e", slot).state is RunState.QUEUED, "a live earlier run is not superseded"
+
+
+def test_newer_slot_supersedes_a_dead_run(stores):
+    a, worker = prepared(stores("A")), stores("worker")
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LEASE)])
+    _, run = worker.adopt("e", slot, "w1", 200)
+    wait_until(lambda: a.expired_runs(["e"]), 10, "lease expiry")
+    assert a.claim([req("e", slot + 1000, lease=LEASE)])[0].outcome is Outcome.WON
+    assert a.inspect("e", slot).state is RunState.SUPERSEDED
+    assert worker.renew("e", slot, run.token, "w1", 30_000) is None
+
+
+def test_take_over_is_superseded_by_a_newer_claimed_slot(stores):
+    a = prepared(stores("A"))
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
+    a.claim([req("e", slot + 1000, lease=LeaseTerms(60_000, overlap_allowed=True))])
+    run = wait_until(lambda: [r for r in a.expired_runs(["e"]) if r.slot_ms == slot], 10, "deadline")[0]
+    outcome, _ = a.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    assert outcome is TakeoverOutcome.SUPERSEDED
+    assert a.inspect("e", slot).state is RunState.SUPERSEDED
+
+
+def test_requeue_keeps_the_attempt_and_moves_the_deadline(stores):
+    a, worker = prepared(stores("A")), stores("worker")
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LEASE)])
+    _, run = worker.adopt("e", slot, "w1", 1000)
+    assert worker.requeue("e", slot, run.token, delay_ms=120_000, queue_timeout_ms=1000)
+    queued = a.inspect("e", slot)
+    assert queued.state is RunState.QUEUED and queued.attempt == 1
+    assert queued.queue_deadline_ms - queued.store_ms == pytest.approx(121_000, abs=2000)
+    assert not a.expired_runs(["e"])
+    adopted, again = worker.adopt("e", slot, "w1", 30_000)
+    assert adopted and again.attempt == 1
+
+
+def test_fencing_tokens_grow_even_after_the_store_forgot(stores):
+    a, worker = prepared(stores("A")), stores("worker")
+    slot = fresh_slot(a)
+    first = a.claim([req("e", slot, lease=LEASE)])[0].token
+    _, run = worker.adopt("e", slot, "w1", 30_000)
+    stores.wipe()
+    a2 = stores("A2")
+    a2.prepare(["e"])
+    token = a2.claim([req("e", after_memory_restart(a2), lease=LEASE)])[0].token
+    assert token > run.token > first
+
+
+def test_live_runner_recreates_a_forgotten_record(stores):
+    a, worker = prepared(stores("A")), stores("worker")
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LEASE)])
+    _, run = worker.adopt("e", slot, "w1", 30_000)
+    stores.wipe()
+    renewed = worker.renew("e", slot, run.token, "w1", 30_000)
+    assert renewed and renewed.token == run.token and renewed.state is RunState.STARTED
+    assert a.inspect("e", slot).owner == "w1"
+
+
+def _take_over_race(url, namespace, instance_id, slot, token, barrier, queue):
+    from celery_anarchon.stores import open_store
+    store = open_store(url, namespace=namespace, instance_id=instance_id)
+    try:
+        barrier.wait(timeout=30)
+        outcome, _ = store.take_over("e", slot, token, queue_timeout_ms=60_000, max_attempts=5)
+        queue.put(outcome.value)
+    except BaseException as exc:
+        queue.put(repr(exc))
+    finally:
+        store.close()
+
+
+def test_two_processes_finding_the_same_expired_lease_take_it_over_once(stores):
+    a = prepared(stores("A"))
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=100))])
+    run = wait_until(lambda: a.expired_runs(["e"]), 10, "deadline")[0]
+    ctx = multiprocessing.get_context("fork")
+    barrier, queue = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_take_over_race, args=(stores.url, stores.namespace, f"p{i}", slot,
+                                                      run.token, barrier, queue)) for i in range(3)]
+    for p in procs:
+        p.start()
+    answers = sorted(queue.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert answers == ["refused", "refused", "taken"]
