@@ -1,0 +1,438 @@
+"""The Redis store, strategy ``lease`` (DESIGN.md store memory table: Redis ``lease``).
+
+Every claim decision is taken inside one Lua script per batch, on the server's ``TIME``
+(DESIGN.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
+in :mod:`celery_anarchon.stores.redis_scripts`; the semantics are those of every lease store
+(``store-semantics.md``).
+
+Key layout: every key of one entry shares one hash tag, so a Redis Cluster could serve it::
+
+    <key_prefix>:{<namespace>:<entry>}:<what>      (namespace and entry percent-escaped)
+
+where ``<what>`` is one of :data:`~celery_anarchon.stores.redis_scripts.ENTRY_KEYS` or
+``definitions``. Escaping with ``urllib.parse.quote(name, safe="")`` is injective and leaves no
+``:``, ``{`` or ``}`` in a name, so two entries (or namespaces) can neither share nor reach into
+each other's keys. No key carries a TTL: claims are pruned by age inside the claim script.
+
+URLs: ``redis://``, ``rediss://`` and ``unix://`` go to ``redis.Redis.from_url`` unchanged (query
+parameters included); ``sentinel://h1:26379;sentinel://h2:26379/0`` (as Celery's broker accepts
+it) with the ``master_name`` option uses ``redis.sentinel.Sentinel(...).master_for``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import threading
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from urllib.parse import quote, unquote, urlsplit
+
+import redis
+import redis.sentinel
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from celery_anarchon.errors import ConfigError, StoreUnavailable
+from celery_anarchon.stores import mask_url, reject_unknown_options, scheme_of
+from celery_anarchon.stores.base import (
+    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, ClaimRequest, ClaimResult,
+    HistoryRecord, LeasedRun, Memory, Outcome, RunEvent, RunState, SKIP_EVENTS, Store,
+    TakeoverOutcome,
+)
+from celery_anarchon.stores.redis_scripts import ENTRY_KEYS, SCRIPTS
+
+#: Options of ``anarchon_store_options`` this store understands (besides the common ones).
+OPTIONS = frozenset({"strategy", "memory", "key_prefix", "master_name", "sentinel_kwargs"})
+#: Strategies of DESIGN.md not built yet.
+LATER_STRATEGIES = ("stream-id", "idmp", "script")
+DEFAULT_KEY_PREFIX = "anarchon"
+SENTINEL_PORT = 26379
+#: maxmemory policies that may evict keys without a TTL (ours): claims would vanish.
+_EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
+
+
+# -- options -----------------------------------------------------------------------------------
+
+def _seconds(name: str, value) -> float:
+    """A positive duration in seconds (int, float or timedelta), else ConfigError."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"anarchon_store_options[{name!r}] = {value!r}: must be a number of seconds "
+                          "> 0 (int, float or timedelta)")
+    return float(seconds)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"anarchon_store_options[{name!r}] = {value!r}: must be an integer >= 1")
+    return value
+
+
+def _strategy(value) -> str:
+    if value == "lease":
+        return value
+    if value in LATER_STRATEGIES:
+        raise ConfigError(f"anarchon_store_options['strategy'] = {value!r}: this strategy is not "
+                          "available in this version of celery_anarchon; use 'lease' (the default)")
+    raise ConfigError(f"anarchon_store_options['strategy'] = {value!r}: unknown Redis strategy; "
+                      "allowed: 'lease' (the default)")
+
+
+def _key_prefix(value) -> str:
+    if not isinstance(value, str) or not value or "{" in value or "}" in value:
+        raise ConfigError(f"anarchon_store_options['key_prefix'] = {value!r}: must be a non-empty "
+                          "string without '{' or '}' (braces would change the keys' hash tag)")
+    return value
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], dict]:
+    """``sentinel://[user:password@]host[:port][/db];sentinel://...`` -> (sentinels, master kwargs).
+
+    As Celery's broker: each part names one Sentinel (port 26379 by default); credentials and db
+    (given on any part, consistently) are those of the Redis master.
+    """
+    sentinels, master = [], {}
+    for part in filter(None, (p.strip() for p in url.split(";"))):
+        try:
+            bits = urlsplit(part)
+            host, port = bits.hostname, bits.port or SENTINEL_PORT
+        except ValueError as exc:
+            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: {exc}") from exc
+        if bits.scheme.lower() != "sentinel" or not host:
+            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: every part of a Sentinel "
+                              "URL must look like sentinel://[:password@]host[:port][/db]")
+        if bits.query:
+            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: Sentinel URLs take no query "
+                              "parameters; use anarchon_store_options['sentinel_kwargs']")
+        db = bits.path.strip("/")
+        given = {"username": unquote(bits.username) if bits.username else None,
+                 "password": unquote(bits.password) if bits.password is not None else None,
+                 "db": int(db) if db.isdigit() else None}
+        if db and not db.isdigit():
+            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: the db must be a number")
+        for name, value in given.items():
+            if value is not None and master.setdefault(name, value) != value:
+                raise ConfigError(f"anarchon_store_url {mask_url(url)!r}: the Sentinel parts give "
+                                  f"different {name} values")
+        sentinels.append((host, port))
+    if not sentinels:
+        raise ConfigError(f"anarchon_store_url {mask_url(url)!r}: no Sentinel given")
+    return sentinels, master
+
+
+def entry_key_prefix(key_prefix: str, namespace: str, entry: str) -> str:
+    """``<prefix>:{<namespace>:<entry>}``: the start of every key of one entry (one hash tag)."""
+    return f"{key_prefix}:{{{quote(namespace, safe='')}:{quote(entry, safe='')}}}"
+
+
+class RedisStore(Store):
+    """Redis, strategy ``lease``: claims, history and leases in Lua scripts on the server clock.
+
+    :param memory: seconds a claimed run is remembered (default 3600), shared by every instance
+        and never derived from one instance's max_late (DESIGN.md store memory table).
+    :param history_size: runs of history kept per entry (default 100).
+    :param claim_timeout: seconds one round trip may take (socket and connect timeouts).
+    :param key_prefix: first part of every key (default ``"anarchon"``).
+    :param master_name: Sentinel URLs only: the monitored master's name.
+    :param sentinel_kwargs: Sentinel URLs only: connection arguments for the Sentinels themselves.
+    """
+
+    kind = "redis"
+    checks_lateness = True
+    holds_leases = True
+
+    def __init__(self, url: str, *, namespace: str, instance_id: str, **options) -> None:
+        reject_unknown_options(self.kind, options, OPTIONS)
+        self.strategy = _strategy(options.get("strategy", "lease"))
+        self.memory_s = _seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
+        history_size = _positive_int("history_size", options.get("history_size", DEFAULT_HISTORY_SIZE))
+        claim_timeout = _seconds("claim_timeout", options.get("claim_timeout", DEFAULT_CLAIM_TIMEOUT_S))
+        self.key_prefix = _key_prefix(options.get("key_prefix", DEFAULT_KEY_PREFIX))
+        super().__init__(url, namespace=namespace, instance_id=instance_id,
+                         history_size=history_size, claim_timeout=claim_timeout)
+        self._memory_ms = max(1, round(self.memory_s * 1000))
+        self._sentinel = None
+        if scheme_of(url) == "sentinel":
+            master_name = options.get("master_name")
+            if not isinstance(master_name, str) or not master_name:
+                raise ConfigError(f"anarchon_store_url {self.safe_url!r} is a Sentinel URL: set "
+                                  "anarchon_store_options['master_name'] to the master's name")
+            sentinel_kwargs = options.get("sentinel_kwargs") or {}
+            if not isinstance(sentinel_kwargs, dict):
+                raise ConfigError(f"anarchon_store_options['sentinel_kwargs'] = {sentinel_kwargs!r}:"
+                                  " must be a dict of connection arguments")
+            self._sentinel = (*parse_sentinel_url(url), master_name, sentinel_kwargs)
+        else:
+            for name in ("master_name", "sentinel_kwargs"):
+                if name in options:
+                    raise ConfigError(f"anarchon_store_options[{name!r}] applies to sentinel:// URLs"
+                                      f" only, not to {self.safe_url!r}")
+            try:
+                redis.connection.parse_url(url)
+            except ValueError as exc:
+                raise ConfigError(f"anarchon_store_url {self.safe_url!r}: {exc}") from exc
+        self._conn: tuple[redis.Redis, dict] | None = None  # (client, its registered scripts)
+        self._lock = threading.Lock()
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def safe_url(self) -> str:
+        """The URL with every password masked (each part of a Sentinel URL too)."""
+        return ";".join(mask_url(part) for part in self.url.split(";"))
+
+    @property
+    def memory(self) -> Memory:
+        return Memory(duration_s=self.memory_s)
+
+    def describe(self) -> str:
+        return f"redis strategy={self.strategy} memory={self.memory_s:g}s"
+
+    def keys_of(self, entry: str) -> dict[str, str]:
+        """Every key of ``entry``, by what it holds (all share one hash tag)."""
+        start = entry_key_prefix(self.key_prefix, self.namespace, entry)
+        return {what: f"{start}:{what}" for what in (*ENTRY_KEYS, "definitions")}
+
+    def _block(self, entry: str) -> list[str]:
+        keys = self.keys_of(entry)
+        return [keys[what] for what in ENTRY_KEYS]
+
+    # -- connections --------------------------------------------------------------------------
+    def _redis(self) -> tuple[redis.Redis, dict]:
+        """The client and its scripts, created on first use (no I/O before). redis-py's pool
+        notices a fork and opens new connections in the child (never the parent's sockets)."""
+        conn = self._conn
+        if conn is not None:
+            return conn
+        with self._lock:
+            if self._conn is None:
+                kwargs = dict(socket_timeout=self.claim_timeout,
+                              socket_connect_timeout=self.claim_timeout, decode_responses=True,
+                              retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=1,
+                                          supported_errors=(redis.exceptions.ConnectionError,)))
+                if self._sentinel is None:
+                    client = redis.Redis.from_url(self.url, **kwargs)
+                else:
+                    sentinels, master, master_name, sentinel_kwargs = self._sentinel
+                    own = {k: v for k, v in kwargs.items() if k != "decode_responses"}
+                    sentinel = redis.sentinel.Sentinel(
+                        sentinels, sentinel_kwargs={**own, **sentinel_kwargs}, **kwargs)
+                    client = sentinel.master_for(master_name, **master)
+                scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
+                self._conn = (client, scripts)
+            return self._conn
+
+    @contextlib.contextmanager
+    def _unavailable(self, doing: str):
+        """Turn every redis-py error into StoreUnavailable naming the masked URL and the cause."""
+        try:
+            yield
+        except (redis.exceptions.RedisError, OSError) as exc:
+            cause = str(exc)
+            if isinstance(exc, redis.sentinel.MasterNotFoundError):  # drop the clients' reprs
+                cause = cause.split(" : ")[0] + " (no Sentinel answered with it)"
+            raise StoreUnavailable(f"Redis store {self.safe_url}: {doing} failed: "
+                                   f"{type(exc).__name__}: {cause}") from exc
+
+    def _call(self, script: str, keys: list[str], *args) -> dict:
+        """Run one registered script (header: instance id, memory ms, history_size); JSON reply."""
+        with self._unavailable(script):
+            reply = self._redis()[1][script](
+                keys=keys, args=[self.instance_id, self._memory_ms, self.history_size, *args])
+        return json.loads(reply)
+
+    def close(self) -> None:
+        """Release connections; idempotent and safe in a signal handler (no lock taken). The
+        next operation reconnects."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn[0].close()
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def prepare(self, entries: Iterable[str]) -> list[str]:
+        """Ping, load the scripts, note the memory start of new entries ("Amnesia"), and warn
+        when the server keeps no data on disk or may evict claims."""
+        entries = list(dict.fromkeys(entries))
+        with self._unavailable("prepare"):
+            client, scripts = self._redis()
+            client.ping()
+            version = self._server_version(client)
+            if version is not None and version < (5, 0):
+                raise ConfigError(f"Redis store {self.safe_url}: Redis {'.'.join(map(str, version))} "
+                                  "is too old; the lease store needs Redis >= 5.0")
+            pipe = client.pipeline(transaction=False)
+            for script in scripts.values():
+                pipe.script_load(script.script)
+            pipe.execute()
+        if entries:
+            self._call("memory_start", [k for e in entries for k in self._block(e)], 0)
+        with self._unavailable("prepare"):
+            return self._warnings(client)
+
+    @staticmethod
+    def _server_version(client) -> tuple[int, ...] | None:
+        try:
+            text = str(client.info("server").get("redis_version", ""))
+            return tuple(int(p) for p in text.split(".")[:2])
+        except (redis.exceptions.ResponseError, ValueError):
+            return None
+
+    def _warnings(self, client) -> list[str]:
+        settings = {}
+        try:
+            for name in ("save", "appendonly", "maxmemory-policy"):
+                settings.update(client.config_get(name))
+        except redis.exceptions.ResponseError:  # CONFIG refused (managed Redis): ask INFO
+            with contextlib.suppress(redis.exceptions.ResponseError):
+                info = client.info("persistence")
+                if str(info.get("aof_enabled", "0")) == "1":
+                    settings["appendonly"] = "yes"
+                settings["maxmemory-policy"] = client.info("memory").get("maxmemory_policy", "")
+        warnings = []
+        if settings.get("save") == "" and settings.get("appendonly") == "no":
+            warnings.append(
+                f"Redis store {self.safe_url}: this Redis keeps no data on disk (CONFIG save is "
+                "empty and appendonly is no), so a restart forgets every claim. Amnesia protection "
+                "turns that into recorded misses ('store forgot'), never duplicates, but runs due "
+                "around a restart are lost. Configure 'appendonly yes' (or RDB snapshots, e.g. "
+                "'save 60 1') on this server.")
+        policy = settings.get("maxmemory-policy", "")
+        if policy in _EVICTING:
+            warnings.append(
+                f"Redis store {self.safe_url}: maxmemory-policy is {policy}, which may evict claims "
+                "(a run could then be claimed twice or refused as forgotten). Use 'noeviction' or a "
+                "volatile-* policy: the store's keys carry no TTL.")
+        return warnings
+
+    def now_ms(self) -> int:
+        """The server's ``TIME``, UTC ms (the clock every claim and lease decision uses)."""
+        with self._unavailable("TIME"):
+            seconds, micros = self._redis()[0].time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
+        self._call("memory_start", [k for e in entries for k in self._block(e)], int(by_ms))
+
+    # -- claims -------------------------------------------------------------------------------
+    def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Claim the batch in one EVALSHA (DESIGN.md "One run, in time" step 3): already claimed,
+        forgotten, late, early, superseded, overlapping, then won, all on the server's clock."""
+        if not requests:
+            return []
+        blocks: dict[str, int] = {}
+        args: list = []
+        for r in requests:
+            lease = r.lease
+            args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), int(r.max_late_ms),
+                     r.task_id, r.fingerprint, "1" if lease else "0",
+                     int(lease.queue_timeout_ms) if lease else 0,
+                     "1" if lease and lease.overlap_allowed else "0"]
+        reply = self._call("claim", [k for e in blocks for k in self._block(e)], *args)
+        now = int(reply["now"])
+        results = []
+        for request, r in zip(requests, reply["results"]):
+            results.append(ClaimResult(
+                request=request, outcome=Outcome(r["o"]), winner=r.get("w"),
+                winner_fingerprint=r.get("f", ""), store_ms=now,
+                token=int(r["k"]) if r.get("k") else None, attempt=int(r.get("a", 1)),
+                detail=r.get("d", "")))
+        return results
+
+    # -- history ------------------------------------------------------------------------------
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """Write one history event as this instance, store_ms on the server's clock; skip events
+        only fill an empty record (a skip is recorded once, never over a claim)."""
+        event = RunEvent(event)
+        self._call("record", self._block(entry), int(slot_ms), event.value, task_id, int(attempt),
+                   detail, "1" if event in SKIP_EVENTS else "0")
+
+    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        """The entry's newest runs, newest first (one script: index and records read together)."""
+        limit = self.history_size if limit is None else int(limit)
+        if limit < 1:
+            return []
+        reply = self._call("history", self._block(entry), limit)
+        return [HistoryRecord(entry=entry, slot_ms=int(h["s"]), event=RunEvent(h["r"]["e"]),
+                              instance=h["r"]["i"], store_ms=int(h["r"]["t"]), task_id=h["r"]["k"],
+                              attempt=int(h["r"]["a"]), detail=h["r"]["d"])
+                for h in _items(reply.get("records"))]
+
+    # -- definitions --------------------------------------------------------------------------
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        with self._unavailable("save definition"):
+            self._redis()[0].hset(self.keys_of(entry)["definitions"], fingerprint, text)
+
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        with self._unavailable("load definition"):
+            text = self._redis()[0].hget(self.keys_of(entry)["definitions"], fingerprint)
+        return text.decode() if isinstance(text, bytes) else text
+
+    # -- leases (DESIGN.md "Leases"; every decision on the server's clock) ---------------------
+    def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
+        """The run's record with store_ms = the server's clock now, or None."""
+        reply = self._call("inspect", self._block(entry), int(slot_ms))
+        return _run(entry, slot_ms, reply)
+
+    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
+        """Started runs whose lease ended and queued runs past their deadline, judged on the
+        server's clock in one script for all ``entries`` ("Takeover")."""
+        entries = list(dict.fromkeys(entries))
+        if not entries:
+            return []
+        reply = self._call("expired_runs", [k for e in entries for k in self._block(e)])
+        return [_run(entries[int(f["b"]) - 1], int(f["s"]), {"now": reply["now"], "run": f["r"]})
+                for f in _items(reply.get("runs"))]
+
+    def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
+                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
+        """One compare-and-set on ``expected_token`` ("Takeover"): REFUSED unless still expired;
+        SUPERSEDED when a newer slot was claimed; LOST at ``max_attempts``; else TAKEN as the next
+        attempt, queued with a new token and deadline = now + ``queue_timeout_ms`` (ms)."""
+        reply = self._call("take_over", self._block(entry), int(slot_ms), int(expected_token),
+                           int(queue_timeout_ms), int(max_attempts))
+        return TakeoverOutcome(reply["outcome"]), _run(entry, slot_ms, reply)
+
+    def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
+        """Worker side ("Adopt"): a queued run, or one started with an expired lease, becomes
+        started with a new token, ``owner`` and lease expiry = now + ``duration_ms`` (ms)."""
+        reply = self._call("adopt", self._block(entry), int(slot_ms), owner, int(duration_ms))
+        return reply["adopted"] == "1", _run(entry, slot_ms, reply)
+
+    def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
+        """Heartbeat ("Heartbeat"): lease expiry = now + ``duration_ms`` (ms) if ``token`` is
+        current; None when stale. A record the store forgot is re-created with this token."""
+        reply = self._call("renew", self._block(entry), int(slot_ms), int(token), owner,
+                           int(duration_ms))
+        return _run(entry, slot_ms, reply)
+
+    def release(self, entry: str, slot_ms: int, token: int) -> bool:
+        """The runner is done ("Finished"): state finished if ``token`` is current."""
+        return self._call("release", self._block(entry), int(slot_ms), int(token))["done"] == "1"
+
+    def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
+                queue_timeout_ms: int) -> bool:
+        """A retry hands the run back ("Finished"): queued, deadline = now + ``delay_ms`` +
+        ``queue_timeout_ms`` (ms), attempt and token unchanged, if ``token`` is current."""
+        reply = self._call("requeue", self._block(entry), int(slot_ms), int(token), int(delay_ms),
+                           int(queue_timeout_ms))
+        return reply["done"] == "1"
+
+
+def _items(value) -> list:
+    """A JSON array from cjson, which encodes an empty Lua table as ``{}``."""
+    return value if isinstance(value, list) else []
+
+
+def _run(entry: str, slot_ms: int, reply: dict) -> LeasedRun | None:
+    """The LeasedRun in a script's reply (``run``: fields as decimal strings), or None."""
+    r = reply.get("run")
+    if not r:
+        return None
+    return LeasedRun(entry=entry, slot_ms=int(slot_ms), state=RunState(r["s"]), attempt=int(r["a"]),
+                     token=int(r["k"]), owner=r["o"],
+                     lease_expires_ms=int(r["x"]) if r.get("x") else None,
+                     queue_deadline_ms=int(r["q"]) if r.get("q") else None,
+                     store_ms=int(reply["now"]))

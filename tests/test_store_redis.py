@@ -1,0 +1,294 @@
+"""What only the Redis store promises: key layout, server checks, connections and errors.
+
+The shared promises of every lease store are proved by test_store_contract.py.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import time
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from celery_anarchon.errors import ConfigError, StoreUnavailable
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, LeaseTerms, Outcome
+from celery_anarchon.stores.redis import RedisStore, parse_sentinel_url
+
+from conftest import REDIS_URL
+from stores_support import StoreMaker, store_url, wait_until
+
+NAMES = ["a:b", "a", "x}", "{x", "{x}", "it's", 'say "hi"', "with space", "with_space", "café",
+         "cafe", "%3A", ":", "", "日本", "a}:{b"]
+
+
+@pytest.fixture
+def stores(namespace):
+    maker = StoreMaker("redis", store_url("redis", ""), namespace)
+    yield maker
+    maker.close_all()
+    server = redis.Redis.from_url(maker.url)
+    for key in server.scan_iter(match=f"anarchon:{{{namespace}*"):
+        server.delete(key)
+    server.close()
+
+
+@pytest.fixture
+def server():
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    yield client
+    client.close()
+
+
+def prepared(store, *entries):
+    entries = list(entries or ["e"])
+    store.prepare(entries)
+    store._backdate_memory_start(entries, 120_000)
+    return store
+
+
+def req(entry, slot_ms, lease=None):
+    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=60_000, task_id=f"t-{slot_ms}",
+                        fingerprint="fp", lease=lease)
+
+
+def store(namespace="ns", **options) -> RedisStore:
+    return open_store(REDIS_URL, namespace=namespace, instance_id="A", options=options)
+
+
+# -- key layout ---------------------------------------------------------------------------------
+
+def hash_tag(key: str) -> str:
+    start = key.index("{")
+    return key[start + 1:key.index("}", start + 1)]
+
+
+def test_every_key_of_an_entry_has_the_same_hash_tag():
+    """All keys of one entry land in one cluster slot, whatever the entry's name."""
+    s = store(namespace="app:{1}")
+    for name in NAMES:
+        keys = list(s.keys_of(name).values())
+        assert len({hash_tag(k) for k in keys}) == 1, keys
+        assert len({key_slot(k.encode()) for k in keys}) == 1, keys
+
+
+def test_entry_names_map_to_distinct_hash_tags_and_keys():
+    """Names with ':', braces, quotes, spaces or non-ASCII never share or reach into another
+    entry's keys; neither do namespace/entry splits of the same text."""
+    s = store(namespace="ns")
+    tags = {name: hash_tag(s.keys_of(name)["claims"]) for name in NAMES}
+    assert len(set(tags.values())) == len(NAMES), tags
+    for tag in tags.values():
+        assert "{" not in tag and "}" not in tag and tag.count(":") == 1
+    all_keys = [k for name in NAMES for k in s.keys_of(name).values()]
+    assert len(all_keys) == len(set(all_keys))
+    split_a = store(namespace="a").keys_of("b:c")["claims"]
+    split_b = store(namespace="a:b").keys_of("c")["claims"]
+    assert split_a != split_b
+
+
+def test_key_prefix_option(stores):
+    s = stores(key_prefix="beat")
+    assert all(k.startswith("beat:{") for k in s.keys_of("e").values())
+    with pytest.raises(ConfigError, match="key_prefix"):
+        stores(key_prefix="a{b}")
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+def test_warns_when_the_server_keeps_no_data(stores, server):
+    """This server runs with --save "" --appendonly no: a restart would forget every claim."""
+    keeps_nothing = (server.config_get("save")["save"] == ""
+                     and server.config_get("appendonly")["appendonly"] == "no")
+    warnings = stores("A").prepare(["e"])
+    text = " ".join(warnings)
+    if keeps_nothing:
+        assert "restart forgets every claim" in text and "appendonly yes" in text
+        assert "never duplicates" in text
+    else:
+        assert "keeps no data" not in text
+
+
+def test_batch_claim_is_one_round_trip(stores, monkeypatch):
+    """All runs of a tick, over several entries, in one EVALSHA."""
+    s = prepared(stores("A"), "a", "b", "c")
+    now = s.now_ms()
+    client = s._redis()[0]
+    sent = []
+    real = client.execute_command
+    monkeypatch.setattr(client, "execute_command", lambda *a, **kw: sent.append(a[0]) or real(*a, **kw))
+    results = s.claim([req(e, now + i) for e in ("a", "b", "c") for i in range(5)])
+    assert sent == ["EVALSHA"]
+    assert all(r.outcome is Outcome.WON for r in results)
+
+
+def test_claims_are_pruned_by_age_only(stores, server):
+    """More claims than history_size are all kept while within memory; past the memory a later
+    claim prunes them (no TTL on any key)."""
+    s = prepared(stores("A", memory=1, history_size=5))
+    keys = s.keys_of("e")
+    first = s.now_ms() + 1
+    slots = [first + i for i in range(20)]
+    assert all(r.outcome is Outcome.WON for r in s.claim([req("e", slot) for slot in slots]))
+    assert server.hlen(keys["claims"]) == 20, "never pruned by count"
+    assert server.zcard(keys["history:slots"]) == 5
+    assert all(server.ttl(k) == -1 for k in keys.values() if server.exists(k))
+    wait_until(lambda: s.now_ms() > slots[-1] + 1000, 10, "the memory to pass")
+    assert server.hlen(keys["claims"]) == 20, "nothing expires on its own"
+    fresh = s.now_ms() + 1
+    assert s.claim([req("e", fresh)])[0].outcome is Outcome.WON
+    assert server.hkeys(keys["claims"]) == [str(fresh)]
+    assert server.zrange(keys["claims:expiry"], 0, -1) == [str(fresh)]
+
+
+def test_fencing_tokens_are_exact_microsecond_integers(stores, server):
+    """Tokens (store clock in us, ~1.8e15) survive Lua's 14-digit number formatting."""
+    s = prepared(stores("A"))
+    slot = s.now_ms() + 1
+    token = s.claim([req("e", slot, lease=LeaseTerms(60_000))])[0].token
+    assert token > 10 ** 15
+    assert server.hget(s.keys_of("e")["fence"], "token") == str(token)
+    assert s.inspect("e", slot).token == token
+    again = s.claim([req("e", slot + 1, lease=LeaseTerms(60_000, overlap_allowed=True))])[0].token
+    assert again > token
+
+
+def test_flushed_scripts_are_reloaded(stores, server):
+    s = prepared(stores("A"))
+    slot = s.now_ms() + 1
+    assert s.claim([req("e", slot)])[0].outcome is Outcome.WON
+    server.script_flush()
+    assert s.claim([req("e", slot)])[0].outcome is Outcome.WON
+    assert s.claim([req("e", slot + 1)])[0].outcome is Outcome.WON
+
+
+# -- connections and errors ------------------------------------------------------------------------
+
+def test_unreachable_redis_raises_store_unavailable_quickly():
+    s = open_store("redis://:s3cret@127.0.0.1:1/0", namespace="ns", instance_id="A",
+                   options={"claim_timeout": 1})  # construction does no I/O
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable) as caught:
+        s.claim([req("e", 1)])
+    assert time.monotonic() - started < 2
+    message = str(caught.value)
+    assert "redis://:***@127.0.0.1:1/0" in message and "s3cret" not in message
+    with pytest.raises(StoreUnavailable):
+        s.prepare(["e"])
+    s.close()
+
+
+def test_a_silent_server_times_out_after_claim_timeout():
+    """A server that accepts but never answers: StoreUnavailable after about claim_timeout."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel completes the handshake; nobody ever answers
+        port = listener.getsockname()[1]
+        s = open_store(f"redis://127.0.0.1:{port}/0", namespace="ns", instance_id="A",
+                       options={"claim_timeout": 0.3})
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}.*Timeout"):
+            s.claim([req("e", 1)])
+        assert time.monotonic() - started < 1.5
+        s.close()
+
+
+def test_a_dropped_connection_is_retried_once(stores, server):
+    """A pooled connection the server closed (restart, idle kill) is replaced transparently."""
+    s = prepared(stores("A"))
+    slot = s.now_ms() + 1
+    server.client_kill_filter(_id=s._redis()[0].client_id())
+    assert s.claim([req("e", slot)])[0].outcome is Outcome.WON
+
+
+def test_unreachable_sentinel_raises_store_unavailable():
+    s = open_store("sentinel://:pw@127.0.0.1:1", namespace="ns", instance_id="A",
+                   options={"master_name": "mymaster", "claim_timeout": 1})
+    with pytest.raises(StoreUnavailable, match="sentinel://:\\*\\*\\*@127.0.0.1:1"):
+        s.now_ms()
+    s.close()
+
+
+def test_rediss_url_and_its_parameters_reach_redis_py_unchanged():
+    s = open_store("rediss://:pw@127.0.0.1:6380/3?ssl_cert_reqs=none&health_check_interval=7",
+                   namespace="ns", instance_id="A", options={"claim_timeout": 2})
+    pool = s._redis()[0].connection_pool  # builds the client: no I/O
+    assert pool.connection_class is redis.SSLConnection
+    kwargs = pool.connection_kwargs
+    assert (kwargs["ssl_cert_reqs"], kwargs["health_check_interval"], kwargs["db"]) == ("none", 7, 3)
+    assert kwargs["socket_timeout"] == 2 and kwargs["password"] == "pw"
+    s.close()
+
+
+def test_close_is_idempotent_and_reconnects(stores):
+    s = stores("A")
+    assert s.now_ms()
+    s.close()
+    s.close()
+    assert abs(s.now_ms() - time.time() * 1000) < 2000
+
+
+def _client_id_in_child(s, queue):
+    try:
+        queue.put(s._redis()[0].client_id())
+        s.close()
+    except BaseException as exc:
+        queue.put(repr(exc))
+
+
+def test_a_forked_child_never_shares_the_parents_connection(stores):
+    """A pool created before a fork is not used by the child (redis-py resets it by pid)."""
+    s = stores("A")
+    parent_id = s._redis()[0].client_id()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_client_id_in_child, args=(s, queue))
+    child.start()
+    child_id = queue.get(timeout=30)
+    child.join(timeout=30)
+    assert isinstance(child_id, int) and child_id != parent_id
+    assert s._redis()[0].client_id() == parent_id, "the parent keeps its own connection"
+
+
+# -- options --------------------------------------------------------------------------------------
+
+def test_unknown_option_is_refused():
+    with pytest.raises(ConfigError, match="'memroy'"):
+        store(memroy=10)
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "idmp", "script"])
+def test_later_strategies_are_refused_for_now(strategy):
+    with pytest.raises(ConfigError, match="not available in this version.*'lease'"):
+        store(strategy=strategy)
+
+
+@pytest.mark.parametrize("option, value", [("memory", 0), ("memory", "1h"), ("memory", True),
+                                           ("history_size", 0), ("history_size", 2.5),
+                                           ("claim_timeout", -1), ("strategy", "leases")])
+def test_bad_values_name_option_value_and_range(option, value):
+    with pytest.raises(ConfigError) as caught:
+        store(**{option: value})
+    assert repr(option) in str(caught.value) and repr(value) in str(caught.value)
+
+
+def test_sentinel_urls():
+    url = "sentinel://:pw1@h1:26379;sentinel://:pw1@h2/0"
+    with pytest.raises(ConfigError, match="master_name"):
+        open_store(url, namespace="ns", instance_id="A")
+    s = open_store(url, namespace="ns", instance_id="A", options={"master_name": "mymaster"})
+    assert "pw1" not in s.safe_url and s.safe_url.count("***") == 2
+    assert parse_sentinel_url(url) == ([("h1", 26379), ("h2", 26379)], {"password": "pw1", "db": 0})
+    with pytest.raises(ConfigError, match="different db"):
+        parse_sentinel_url("sentinel://h1/1;sentinel://h2/2")
+    with pytest.raises(ConfigError, match="sentinel:// URLs only"):
+        store(master_name="mymaster")
+
+
+def test_forgotten_detail_names_the_memory_start(stores):
+    s = stores("A")
+    s.prepare(["e"])
+    result = s.claim([req("e", s.now_ms() - LATENESS_TOLERANCE_MS)])[0]
+    assert result.outcome is Outcome.FORGOTTEN and "memory of this entry began at 20" in result.detail
