@@ -1,0 +1,29 @@
+"""celery_anarchon: a Celery beat scheduler that runs on every host.
+
+Every instance computes the same slots from the same ``beat_schedule``, waits a random jitter,
+and claims each run in a shared store with one atomic operation: exactly one instance sends it.
+
+Public names: :class:`Scheduler`, :class:`ConfigError`, :func:`scheduled_at`, :func:`cron`,
+:func:`install`, :func:`current_lease`, :class:`LeaseLost`.
+"""
+from celery_anarchon.errors import ConfigError, LeaseLost, StoreError, StoreUnavailable
+from celery_anarchon.messages import scheduled_at
+
+__version__ = "0.1.0"
+
+__all__ = ["Scheduler", "ConfigError", "LeaseLost", "StoreError", "StoreUnavailable",
+           "scheduled_at", "cron", "install", "current_lease", "__version__"]
+
+
+def __getattr__(name):
+    # imported on first use: `import celery_anarchon` stays light for worker processes
+    if name == "Scheduler":
+        from celery_anarchon.scheduler import Scheduler
+        return Scheduler
+    if name == "cron":
+        from celery_anarchon.slots import cron
+        return cron
+    if name in ("install", "current_lease"):
+        from celery_anarchon import leases
+        return getattr(leases, name)
+    raise AttributeError(f"module 'celery_anarchon' has no attribute {name!r}")

@@ -1,0 +1,429 @@
+"""The life of a run on one instance (DESIGN.md "One run, in time"), free of Celery.
+
+The engine keeps a heap with one pending run per entry, fired at slot + jitter (jitter drawn per
+run, per instance, from the operating system's random source, so forked processes never share a
+sequence). Each tick claims every run that came due in one batch, sends the won ones through a
+callback, and returns how long to sleep (never more than 60 s). It never sends a run without a won
+claim: a store that cannot be reached means no sends (logged and retried until max_late).
+
+Everything time-related goes through ``clock`` (seconds since the epoch), so tests drive it.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import logging
+import random
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+from celery_anarchon.errors import StoreError
+from celery_anarchon.plan import EntryPlan, task_id_for
+from celery_anarchon.stores.base import (
+    ClaimRequest, ClaimResult, HistoryNote, Outcome, RunEvent, Store,
+)
+
+logger = logging.getLogger("celery_anarchon.scheduler")
+
+#: the longest single sleep: a long wait is a chain of these, each re-reading the clock
+MAX_SLEEP_S = 60.0
+#: how often the skew to the store's clock is measured and logged, seconds
+SKEW_EVERY_S = 300.0
+#: how often counters are logged at INFO, seconds
+STATS_EVERY_S = 300.0
+#: store outage backoff, seconds (first, factor 2, cap)
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 10.0
+#: a failed send is retried at most this often, seconds
+SEND_RETRY_S = 1.0
+#: at most this many slots skipped in one go are walked one by one (the rest are counted)
+MAX_SKIP_WALK = 10_000
+#: history notes kept while the store is unreachable
+MAX_PENDING_NOTES = 10_000
+
+#: the send callback: (plan, slot_ms, attempt, token or None, task_id) -> None; raises on failure
+SendFn = Callable[[EntryPlan, int, int, "int | None", str], None]
+
+
+def iso(ms: int) -> str:
+    """UTC ms as ISO 8601 with milliseconds, for logs."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclasses.dataclass
+class _Send:
+    plan: EntryPlan
+    slot_ms: int
+    attempt: int
+    token: int | None
+    task_id: str
+    next_try: float = 0.0
+    error: str = ""
+
+
+class Engine:
+    """Due runs, claims and sends for the plans of one beat instance.
+
+    :param store: the claim store (opened lazily by its first operation).
+    :param plans: entry name -> plan.
+    :param instance_id: this instance's id, recorded with its claims.
+    :param namespace: ``anarchon_namespace``, part of every task id.
+    :param send: publishes one won run; raises when the send failed (it is retried).
+    :param clock: seconds since the epoch (``time.time``); tests pass their own.
+    """
+
+    def __init__(self, store: Store, plans: dict[str, EntryPlan], *, instance_id: str,
+                 namespace: str, send: SendFn, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None) -> None:
+        self.store = store
+        self.plans = dict(plans)
+        self.instance_id = instance_id
+        self.namespace = namespace
+        self.send = send
+        self.clock = clock
+        self.rng = rng or random.SystemRandom()
+        self.stats: collections.Counter = collections.Counter()
+        self._heap: list[tuple[float, int, str]] = []
+        self._pending: dict[str, int] = {}            # entry -> the slot waiting in the heap
+        self._last_claimed: dict[str, int] = {}       # entry -> newest slot this instance claimed
+        self._claim_retry: dict[tuple[str, int], ClaimRequest] = {}
+        self._send_retry: dict[tuple[str, int], _Send] = {}
+        self._notes: list[HistoryNote] = []
+        self._prepared = False
+        self._store_ok = True
+        self._store_retry_at = 0.0
+        self._backoff = BACKOFF_FIRST_S
+        self._next_skew = 0.0
+        self._next_stats = 0.0
+        self._warned_fingerprints: set[tuple[str, str]] = set()
+
+    # -- public ------------------------------------------------------------------------------
+    def tick(self) -> float:
+        """Do what is due now; return the seconds to sleep before the next tick (0 < s <= 60)."""
+        now = self.clock()
+        if not self._prepared and not self._prepare(now):
+            return self._delay(now)
+        due = self._pop_due(now)
+        due.extend(self._due_retries(now))
+        if due:
+            self._claim(due, now)
+        self._retry_sends(now)
+        self._flush_notes()
+        self._periodic(now)
+        return self._delay(self.clock())
+
+    def update_plans(self, plans: dict[str, EntryPlan]) -> None:
+        """Replace the plans (the schedule changed): new or changed entries are scheduled anew,
+        removed ones are dropped; what this instance claimed is kept."""
+        old = self.plans
+        self.plans = dict(plans)
+        if not self._prepared:
+            return
+        now = self.clock()
+        for name, plan in self.plans.items():
+            if name not in old or old[name].fingerprint != plan.fingerprint:
+                self._pending.pop(name, None)
+                self._seed(plan, now)
+                self._save_definition(plan)
+        for name in set(old) - set(self.plans):
+            self._pending.pop(name, None)
+
+    def next_fire(self) -> float | None:
+        """When the next pending run fires (epoch seconds), for tests and the banner."""
+        self._drop_stale_heads()
+        return self._heap[0][0] if self._heap else None
+
+    # -- start-up ------------------------------------------------------------------------------
+    def _prepare(self, now: float) -> bool:
+        if now < self._store_retry_at:
+            return False
+        try:
+            warnings = self.store.prepare(list(self.plans))
+            for plan in self.plans.values():
+                self._save_definition(plan, quiet=False)
+        except StoreError as exc:
+            self._store_failed(exc, now, "preparing the store")
+            return False
+        for warning in warnings:
+            logger.warning("anarchon store %s: %s", self.store.safe_url, warning)
+        self._store_recovered()
+        self._prepared = True
+        for plan in self.plans.values():
+            self._seed(plan, now)
+        self._check_skew(now)
+        return True
+
+    def _save_definition(self, plan: EntryPlan, quiet: bool = True) -> None:
+        try:
+            self.store.save_definition(plan.name, plan.fingerprint, plan.definition)
+        except StoreError:
+            if not quiet:
+                raise
+
+    def _seed(self, plan: EntryPlan, now: float) -> None:
+        """Queue the entry's first run: the newest slot still within max_late (so a deploy that
+        restarts every instance at once loses no run), else the next one. Nothing older."""
+        now_ms = int(now * 1000)
+        first = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
+        latest = None
+        while first <= now_ms:
+            latest, first = first, plan.slots.next_after(first)
+        self._push(plan, latest if latest is not None else first)
+
+    def _push(self, plan: EntryPlan, slot_ms: int) -> None:
+        jitter_s = self.rng.uniform(0, plan.jitter_ms / 1000) if plan.jitter_ms else 0.0
+        self._pending[plan.name] = slot_ms
+        heapq.heappush(self._heap, (slot_ms / 1000 + jitter_s, slot_ms, plan.name))
+
+    def _drop_stale_heads(self) -> None:
+        while self._heap and self._pending.get(self._heap[0][2]) != self._heap[0][1]:
+            heapq.heappop(self._heap)
+
+    # -- due runs ------------------------------------------------------------------------------
+    def _pop_due(self, now: float) -> list[ClaimRequest]:
+        now_ms = int(now * 1000)
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            _, slot_ms, name = heapq.heappop(self._heap)
+            plan = self.plans.get(name)
+            if plan is None or self._pending.get(name) != slot_ms:
+                continue                       # entry removed or re-seeded
+            self._schedule_next(plan, slot_ms, now_ms)
+            if slot_ms <= self._last_claimed.get(name, -1):
+                logger.debug("%s: slot %s was already claimed here (the clock went back)",
+                             name, iso(slot_ms))
+                continue
+            lateness = now_ms - slot_ms
+            if lateness > plan.max_late_ms:
+                self._skip_late_local(plan, [slot_ms], lateness)
+                continue
+            due.append(self._request(plan, slot_ms))
+        return due
+
+    def _schedule_next(self, plan: EntryPlan, slot_ms: int, now_ms: int) -> None:
+        """Push the slot after ``slot_ms``; slots that are already late (the process was paused,
+        the clock jumped forward) are skipped, logged and recorded, never sent in a burst."""
+        nxt = plan.slots.next_after(slot_ms)
+        if now_ms - nxt > plan.max_late_ms:
+            late = []
+            while now_ms - nxt > plan.max_late_ms and len(late) < MAX_SKIP_WALK:
+                late.append(nxt)
+                nxt = plan.slots.next_after(nxt)
+            if now_ms - nxt > plan.max_late_ms:
+                nxt = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
+            self._skip_late_local(plan, late, now_ms - late[0])
+        self._push(plan, nxt)
+
+    def _skip_late_local(self, plan: EntryPlan, slots: list[int], lateness_ms: int) -> None:
+        self.stats["late_local"] += len(slots)
+        if len(slots) == 1:
+            logger.warning("%s: slot %s skipped as late: this instance reached it %.3f s after the "
+                           "slot (max_late %g s). Was the process paused or did the clock jump?",
+                           plan.name, iso(slots[0]), lateness_ms / 1000, plan.timing.max_late_s)
+        else:
+            logger.warning("%s: %d slots from %s to %s skipped as late (max_late %g s): the process "
+                           "was paused or the clock jumped forward.", plan.name, len(slots),
+                           iso(slots[0]), iso(slots[-1]), plan.timing.max_late_s)
+        for slot in slots[-self.store.history_size:]:
+            self._note(plan.name, slot, RunEvent.LATE_LOCAL,
+                       detail=f"{self.instance_id} reached it {lateness_ms / 1000:.3f} s late")
+
+    def _request(self, plan: EntryPlan, slot_ms: int) -> ClaimRequest:
+        return ClaimRequest(entry=plan.name, slot_ms=slot_ms, max_late_ms=plan.max_late_ms,
+                            task_id=task_id_for(self.namespace, plan.name, slot_ms, 1),
+                            fingerprint=plan.fingerprint, lease=plan.lease_terms)
+
+    def _due_retries(self, now: float) -> list[ClaimRequest]:
+        if not self._claim_retry or now < self._store_retry_at:
+            return []
+        now_ms = int(now * 1000)
+        retry = []
+        for run, request in list(self._claim_retry.items()):
+            plan = self.plans.get(request.entry)
+            if plan is None:
+                del self._claim_retry[run]
+            elif now_ms - request.slot_ms > request.max_late_ms:
+                del self._claim_retry[run]
+                self.stats["unreachable"] += 1
+                logger.error("%s: slot %s not claimed: the store %s could not be reached until "
+                             "max_late (%g s); skipped, never sent blind.", request.entry,
+                             iso(request.slot_ms), self.store.safe_url, plan.timing.max_late_s)
+                self._note(request.entry, request.slot_ms, RunEvent.UNREACHABLE,
+                           detail=f"{self.instance_id} could not reach the store")
+            else:
+                retry.append(request)
+        return retry
+
+    # -- claims ---------------------------------------------------------------------------------
+    def _claim(self, requests: list[ClaimRequest], now: float) -> None:
+        try:
+            results = self.store.claim(requests)
+        except StoreError as exc:
+            for request in requests:
+                self._claim_retry[request.run] = request
+            self._store_failed(exc, now, f"claiming {len(requests)} run(s)")
+            return
+        self._store_recovered()
+        for result in results:
+            self._claim_retry.pop(result.request.run, None)
+            self._on_result(result)
+
+    def _on_result(self, result: ClaimResult) -> None:
+        plan = self.plans.get(result.entry)
+        if plan is None:
+            return
+        self._check_fingerprint(plan, result)
+        outcome = result.outcome
+        self.stats[outcome.value] += 1
+        if outcome is Outcome.WON:
+            self._last_claimed[plan.name] = max(self._last_claimed.get(plan.name, -1), result.slot_ms)
+            job = _Send(plan, result.slot_ms, result.attempt, result.token,
+                        task_id_for(self.namespace, plan.name, result.slot_ms, result.attempt))
+            self._try_send(job)
+        elif outcome is Outcome.LOST:
+            logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms), result.winner)
+        else:
+            level = logging.INFO if outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED) else logging.WARNING
+            logger.log(level, "%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
+                       _SKIP_REASONS[outcome], f" ({result.detail})" if result.detail else "")
+
+    def _check_fingerprint(self, plan: EntryPlan, result: ClaimResult) -> None:
+        theirs = result.winner_fingerprint
+        if not theirs or theirs == plan.fingerprint or (plan.name, theirs) in self._warned_fingerprints:
+            return
+        self._warned_fingerprints.add((plan.name, theirs))
+        try:
+            other = self.store.load_definition(plan.name, theirs)
+        except StoreError:
+            other = None
+        logger.warning(
+            "%s: slot %s was claimed by %s with a different definition of this entry. Theirs "
+            "(%s): %s. Ours (%s): %s. A rolling deploy in progress? Otherwise the instances run "
+            "different beat_schedule settings under the same name.", plan.name,
+            iso(result.slot_ms), result.winner, theirs, other or "unknown", plan.fingerprint,
+            plan.definition)
+
+    # -- sends ----------------------------------------------------------------------------------
+    def _try_send(self, job: _Send) -> None:
+        run = (job.plan.name, job.slot_ms)
+        try:
+            self.send(job.plan, job.slot_ms, job.attempt, job.token, job.task_id)
+        except Exception as exc:  # the broker: retried by the winner until max_late
+            first = run not in self._send_retry
+            job.next_try = self.clock() + SEND_RETRY_S
+            job.error = f"{type(exc).__name__}: {exc}"
+            self._send_retry[run] = job
+            if first:
+                logger.error("%s: slot %s won but the send failed (%s); retrying until max_late",
+                             job.plan.name, iso(job.slot_ms), job.error)
+            return
+        self._send_retry.pop(run, None)
+        self.stats["sent"] += 1
+        self._note(job.plan.name, job.slot_ms, RunEvent.SENT, task_id=job.task_id, attempt=job.attempt)
+
+    def _retry_sends(self, now: float) -> None:
+        now_ms = int(now * 1000)
+        for run, job in list(self._send_retry.items()):
+            if now_ms - job.slot_ms > job.plan.max_late_ms:
+                del self._send_retry[run]
+                self.stats["send_failed"] += 1
+                logger.error("%s: slot %s not sent: the send kept failing until max_late (%g s); "
+                             "last error: %s", job.plan.name, iso(job.slot_ms),
+                             job.plan.timing.max_late_s, job.error)
+                self._note(job.plan.name, job.slot_ms, RunEvent.SEND_FAILED, task_id=job.task_id,
+                           attempt=job.attempt, detail=job.error[:200])
+            elif now >= job.next_try:
+                self._try_send(job)
+
+    # -- history notes ----------------------------------------------------------------------------
+    def _note(self, entry: str, slot_ms: int, event: RunEvent, **fields) -> None:
+        self._notes.append(HistoryNote(entry, slot_ms, event, **fields))
+        if len(self._notes) > MAX_PENDING_NOTES:
+            del self._notes[: len(self._notes) - MAX_PENDING_NOTES]
+
+    def _flush_notes(self) -> None:
+        if not self._notes or self.clock() < self._store_retry_at:
+            return
+        notes, self._notes = self._notes, []
+        try:
+            self.store.record_many(notes)
+        except StoreError as exc:
+            self._notes = notes + self._notes
+            self._store_failed(exc, self.clock(), "writing history")
+
+    # -- store health -------------------------------------------------------------------------------
+    def _store_failed(self, exc: Exception, now: float, doing: str) -> None:
+        self.stats["store_errors"] += 1
+        if self._store_ok:
+            logger.error("anarchon store %s unreachable while %s: %s. No run is sent until it "
+                         "answers; retrying.", self.store.safe_url, doing, exc)
+        else:
+            logger.debug("anarchon store still unreachable while %s: %s", doing, exc)
+        self._store_ok = False
+        self._store_retry_at = now + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    def _store_recovered(self) -> None:
+        if not self._store_ok:
+            logger.warning("anarchon store %s reachable again", self.store.safe_url)
+        self._store_ok = True
+        self._backoff = BACKOFF_FIRST_S
+        self._store_retry_at = 0.0
+
+    # -- periodic work ------------------------------------------------------------------------------
+    def _periodic(self, now: float) -> None:
+        if now >= self._next_skew:
+            self._check_skew(now)
+        if now >= self._next_stats:
+            self._next_stats = now + STATS_EVERY_S
+            if self.stats:
+                logger.info("anarchon counters: %s", dict(sorted(self.stats.items())))
+
+    def _check_skew(self, now: float) -> None:
+        """Measure this instance's clock against the store's and log it: a warning past 1 s, an
+        error past half the smallest max_late (DESIGN.md "Timing")."""
+        self._next_skew = now + SKEW_EVERY_S
+        try:
+            before = time.time()
+            store_ms = self.store.now_ms()
+            after = time.time()
+        except StoreError as exc:
+            logger.debug("skew check failed: %s", exc)
+            return
+        if store_ms is None:
+            return
+        skew_s = (store_ms - (before + after) * 500) / 1000
+        limit_s = min((p.timing.max_late_s for p in self.plans.values()), default=60.0) / 2
+        message = ("this instance's clock is %.3f s %s the store's clock (round trip %.1f ms)",
+                   abs(skew_s), "behind" if skew_s > 0 else "ahead of", (after - before) * 1000)
+        if abs(skew_s) > limit_s:
+            logger.error(message[0] + ": more than half of max_late (%g s); its claims will be "
+                         "refused as late or early. Run NTP on every host.", *message[1:], limit_s)
+        elif abs(skew_s) > 1:
+            logger.warning(message[0] + "; run NTP on every host.", *message[1:])
+        else:
+            logger.info(*message)
+
+    def _delay(self, now: float) -> float:
+        wake = now + MAX_SLEEP_S
+        nxt = self.next_fire()
+        if nxt is not None:
+            wake = min(wake, nxt)
+        if self._claim_retry or not self._prepared:
+            wake = min(wake, max(self._store_retry_at, now + 0.05))
+        if self._send_retry:
+            wake = min(wake, min(job.next_try for job in self._send_retry.values()))
+        if self._notes:
+            wake = min(wake, now + 1.0)
+        return min(max(wake - now, 0.001), MAX_SLEEP_S)
+
+
+_SKIP_REASONS = {
+    Outcome.LATE: "late on the store's clock (slot + max_late + 10 s had passed when the claim arrived)",
+    Outcome.EARLY: "early on the store's clock (more than 10 s before the slot): is this host's clock ahead?",
+    Outcome.FORGOTTEN: "the store cannot remember that far back (its data was lost, or the slot is older than its memory)",
+    Outcome.OVERLAPPING: "an earlier run of this leased entry is still running (overlap='skip')",
+    Outcome.SUPERSEDED: "a newer slot of this entry was already claimed",
+    Outcome.UNKNOWN: "the store could not tell whether the claim was won; counted as lost",
+}

@@ -1,0 +1,242 @@
+"""The Celery beat ``Scheduler``: thin glue between Celery and the :class:`~celery_anarchon.engine.Engine`.
+
+Use it on every host::
+
+    app.conf.beat_scheduler = "celery_anarchon:Scheduler"     # or: celery beat -S anarchon
+
+Celery builds a scheduler twice under ``celery beat`` (a ``lazy=True`` instance for the banner,
+which opens nothing, then the real one) and once under ``celery worker -B`` (in the forked Beat
+child). Connections are opened lazily in the process that ticks. Beat's shelve file is not used:
+the store is the only state shared between instances.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import secrets
+import socket
+
+from celery import beat
+from kombu.utils.objects import cached_property
+
+from celery_anarchon import plan as plans_mod
+from celery_anarchon.engine import MAX_SLEEP_S, Engine, iso
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.messages import (
+    HEADER_ATTEMPT, HEADER_ENTRY, HEADER_INSTANCE, HEADER_LEASE, HEADER_NAMESPACE, HEADER_SLOT,
+    HEADER_TOKEN,
+)
+from celery_anarchon.stores import open_store, scheme_of, url_following_broker
+from celery_anarchon.timing import Settings
+
+logger = logging.getLogger("celery_anarchon.scheduler")
+
+#: how a failed publish is retried inside one send (kombu retry policy); the run itself is retried
+#: by the engine every second until max_late, so keep this short and never block the tick
+SEND_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+#: how long beat tries to connect to the broker per send attempt
+BROKER_CONNECT_RETRIES = 1
+
+
+
+def make_instance_id() -> str:
+    """``host:pid:random`` (the random suffix tells apart two processes that reuse a pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def resolve_store_url(app, settings: Settings) -> tuple[str, dict, str | None]:
+    """The store URL and options of ``app``: ``anarchon_store_url``, else the broker's.
+
+    :returns: ``(url, options, warning)``; ``warning`` is set for the embedded one-host default.
+    :raises ConfigError: the broker cannot serve as a store and no store URL is set.
+    """
+    options = dict(settings.store_options)
+    if settings.store_url:
+        return settings.store_url, options, None
+    broker = app.conf.broker_url or app.conf.broker_read_url or ""
+    if scheme_of(broker) == "sentinel":
+        transport = app.conf.broker_transport_options or {}
+        if "master_name" in transport:
+            options.setdefault("master_name", transport["master_name"])
+        return broker, options, None
+    url, warning = url_following_broker(broker)
+    return url, options, warning
+
+
+class Scheduler(beat.Scheduler):
+    """A beat scheduler that runs on every host: each run is claimed once in a shared store.
+
+    Settings (Celery configuration; seconds): ``anarchon_store_url``, ``anarchon_store_options``,
+    ``anarchon_namespace``, ``anarchon_jitter``, ``anarchon_max_late``, ``anarchon_lease``,
+    ``anarchon_heartbeat``; per entry ``options={"anarchon": {...}}`` (see docs/configuration).
+
+    :raises ConfigError: at start-up, for any unsafe or invalid setting or entry.
+    """
+
+    #: beat never sleeps longer than this between ticks, seconds (DESIGN.md: at most 60 s)
+    max_interval = MAX_SLEEP_S
+
+    def __init__(self, app, *args, lazy: bool = False, **kwargs) -> None:
+        self._settings = Settings.from_app(app)
+        url, options, self._store_warning = resolve_store_url(app, self._settings)
+        self._pid = os.getpid()
+        self._instance_id = make_instance_id()
+        self._store_url, self._store_options = url, options
+        self.store = open_store(url, namespace=self._settings.namespace,
+                                instance_id=self._instance_id, options=options)
+        self.engine: Engine | None = None
+        self._plans_snapshot: dict | None = None
+        super().__init__(app, *args, lazy=lazy, **kwargs)
+
+    # -- Celery's Scheduler interface -------------------------------------------------------------
+    def setup_schedule(self) -> None:
+        """Merge ``beat_schedule``, keep Celery's default entries, check every entry.
+
+        :raises ConfigError: naming each misconfigured entry.
+        """
+        # merge first, then add the defaults: the other order drops celery.backend_cleanup
+        self.merge_inplace(self.app.conf.beat_schedule)
+        self.install_default_entries(self.data)
+        plans = self._build_plans()
+        if self._store_warning:
+            logger.warning(self._store_warning)
+        self.engine = Engine(self.store, plans, instance_id=self._instance_id,
+                             namespace=self._settings.namespace, send=self._send)
+        self._plans_snapshot = copy.copy(self.schedule)
+        logger.info("anarchon: instance %s, store %s, namespace %r, %d entries", self._instance_id,
+                    self.store.safe_url, self._settings.namespace, len(plans))
+
+    def _build_plans(self) -> dict:
+        return plans_mod.build_plans(dict(self.schedule), app=self.app, settings=self._settings,
+                                     store=self.store)
+
+    def tick(self, *args, **kwargs) -> float:
+        """One iteration: claim and send what is due. Never raises: a failure is logged and
+        retried after a short delay, and beat keeps running.
+
+        :returns: seconds to sleep before the next tick (at most ``max_interval`` and 60 s).
+        """
+        try:
+            self._follow_fork()
+            if self.engine is None:
+                self.setup_schedule()
+            self._follow_schedule_changes()
+            delay = self.engine.tick()
+        except Exception:
+            logger.exception("anarchon: tick failed; trying again in 5 s")
+            delay = 5.0
+        return min(delay, float(self.max_interval or MAX_SLEEP_S), MAX_SLEEP_S)
+
+    def close(self) -> None:
+        """Release the store and the broker connection. Safe to call twice (beat does, and may
+        call it from a signal handler in the middle of a tick)."""
+        try:
+            self.store.close()
+        finally:
+            super().close()
+
+    @property
+    def info(self) -> str:
+        """Banner lines: store (password masked), namespace and timing defaults."""
+        s = self._settings
+        jitter = (f"{s.jitter_s:g} s" if s.jitter_s is not None
+                  else "2 s (a quarter of the gap for short intervals)")
+        memory = self.store.memory
+        kept = "forever" if memory.duration_s is None else f"{memory.duration_s:g} s"
+        return "\n".join([
+            f"    . store -> {self.store.safe_url} ({self.store.kind}, remembers runs {kept})",
+            f"    . namespace -> {s.namespace}",
+            f"    . timing -> jitter {jitter}, max_late {s.max_late_s:g} s, "
+            f"lease {s.lease_s:g} s, heartbeat {s.heartbeat_s:g} s",
+        ])
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _follow_fork(self) -> None:
+        """A process forked after construction gets its own instance id and store connections."""
+        if os.getpid() == self._pid:
+            return
+        self._pid = os.getpid()
+        self._instance_id = make_instance_id()
+        self.store = open_store(self._store_url, namespace=self._settings.namespace,
+                                instance_id=self._instance_id, options=self._store_options)
+        self.__dict__.pop("producer", None)
+        self.__dict__.pop("connection", None)
+        if self.engine is not None:
+            plans = self.engine.plans
+            self.engine = Engine(self.store, plans, instance_id=self._instance_id,
+                                 namespace=self._settings.namespace, send=self._send)
+
+    def _follow_schedule_changes(self) -> None:
+        """Entries added or changed at run time (``add``, ``update_from_dict``) are checked and
+        scheduled; a bad one is logged and left out, the others keep running."""
+        if self.schedules_equal(self._plans_snapshot, self.schedule):
+            return
+        self._plans_snapshot = copy.copy(self.schedule)
+        try:
+            plans = self._build_plans()
+        except ConfigError as exc:
+            logger.error("anarchon: the changed schedule is not valid, keeping the previous one: %s", exc)
+            return
+        self.engine.update_plans(plans)
+
+    @cached_property
+    def producer(self):
+        return self.Producer(self._ensure_connected(), auto_declare=False)
+
+    def _ensure_connected(self):
+        """Connect to the broker without blocking the tick for long (Celery's default retries up
+        to ``broker_connection_max_retries`` times); the engine retries the send every second."""
+        def errback(exc, interval):
+            logger.warning("beat: broker connection error: %s; trying again in %s s", exc, interval)
+        return self.connection.ensure_connection(errback, max_retries=BROKER_CONNECT_RETRIES,
+                                                 interval_start=0.2, interval_step=0.5,
+                                                 interval_max=1)
+
+    def _drop_connection(self) -> None:
+        self.__dict__.pop("producer", None)
+        connection = self.__dict__.pop("connection", None)
+        if connection is not None:
+            try:
+                connection.release()
+            except Exception:  # already broken; nothing else to free
+                logger.debug("beat: releasing a broken broker connection failed", exc_info=True)
+
+    def _send(self, plan, slot_ms: int, attempt: int, token: int | None, task_id: str) -> None:
+        """Publish one won run with its task id and headers (the engine's send callback).
+
+        :raises Exception: whatever the publish raised; the engine retries until max_late.
+        """
+        entry = plan.entry
+        options = copy.deepcopy(plan.celery_options)
+        headers = dict(options.pop("headers", None) or {})
+        headers.update({
+            "celery_beat_task": True,
+            HEADER_NAMESPACE: self._settings.namespace,
+            HEADER_ENTRY: plan.name,
+            HEADER_SLOT: int(slot_ms),
+            HEADER_INSTANCE: self._instance_id,
+            HEADER_ATTEMPT: int(attempt),
+        })
+        lease = plan.timing.lease
+        if lease is not None:
+            headers[HEADER_TOKEN] = int(token)
+            headers[HEADER_LEASE] = {"duration": lease.duration_s, "heartbeat": lease.heartbeat_s,
+                                     "queue_timeout": lease.queue_timeout_s}
+        options.update(headers=headers, task_id=task_id, retry=True,
+                       retry_policy=dict(SEND_RETRY_POLICY))
+        args = beat._evaluate_entry_args(entry.args)
+        kwargs = beat._evaluate_entry_kwargs(entry.kwargs)
+        logger.info("Scheduler: Sending due task %s (%s) slot %s attempt %d", plan.name, entry.task,
+                    iso(slot_ms), attempt)
+        try:
+            producer = self.producer
+            task = self.app.tasks.get(entry.task)
+            if task is not None:
+                task.apply_async(args, kwargs, producer=producer, **options)
+            else:
+                self.app.send_task(entry.task, args, kwargs, producer=producer, **options)
+        except Exception:
+            self._drop_connection()
+            raise
+

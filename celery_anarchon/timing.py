@@ -1,0 +1,279 @@
+"""Timing settings, their defaults, and the start-up rules (DESIGN.md "Timing").
+
+Settings are read from the Celery configuration (``anarchon_*``) and from each entry's
+``options={"anarchon": {...}}``. Durations are seconds (int, float or ``timedelta``), as everywhere
+in Celery. Every unsafe combination raises :class:`~celery_anarchon.errors.ConfigError` when beat
+starts, naming the entry, the rule, the values and the fix: failing at start-up beats running a
+job twice at 3 a.m.
+
+The rules:
+
+========================================  ===================================================
+rule                                      why
+========================================  ===================================================
+jitter < half the shortest gap            the jitter windows of two consecutive runs must not meet
+max_late > jitter                         an instance waiting its full jitter must not be late
+jitter + max_late < store memory          a late claim must still find the first claim
+count x shortest gap > jitter + max_late  the same, for stores that remember a number of runs
+heartbeat < half of the lease duration    a lease is renewed at least twice before it ends
+========================================  ===================================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+from datetime import timedelta
+from typing import Any
+
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, Memory
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_JITTER_S = 2.0
+DEFAULT_MAX_LATE_S = 60.0
+DEFAULT_LEASE_S = 30.0
+DEFAULT_HEARTBEAT_S = 5.0
+DEFAULT_QUEUE_TIMEOUT_S = 300.0
+DEFAULT_MAX_ATTEMPTS = 3
+
+#: keys allowed in ``options={"anarchon": {...}}``
+ENTRY_KEYS = ("anchor", "jitter", "lease", "max_late")
+#: keys allowed in ``options={"anarchon": {"lease": {...}}}``
+LEASE_KEYS = ("duration", "heartbeat", "max_attempts", "overlap", "queue_timeout")
+OVERLAP_VALUES = ("skip", "allow")
+
+
+def seconds(value: Any, what: str) -> float:
+    """``value`` (int, float or timedelta) as seconds; ``what`` names it in the error.
+
+    :raises ConfigError: not a number or a timedelta, not finite, or negative.
+    """
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        raise ConfigError(f"{what}: {value!r} is not a duration; give seconds (int or float) or a "
+                          "datetime.timedelta")
+    if not math.isfinite(result) or result < 0:
+        raise ConfigError(f"{what}: {value!r} must be a finite number of seconds >= 0")
+    return result
+
+
+def _fmt(s: float) -> str:
+    """Seconds for messages: ``2 s``, ``0.25 s``, ``1.5 s``."""
+    return f"{s:g} s"
+
+
+def _unknown_keys(given: dict, allowed: tuple[str, ...], where: str) -> None:
+    unknown = [k for k in given if k not in allowed]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}: unknown key {key!r}{hint}. Allowed keys: {', '.join(allowed)}. "
+                          "A typo must not silently disable a rule.")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseSettings:
+    """A leased entry's settings (DESIGN.md "Leases"), seconds.
+
+    :param duration_s: how long one lease lasts without renewal.
+    :param heartbeat_s: how often the executing process renews it (< duration_s / 2).
+    :param overlap: ``"skip"`` (default) or ``"allow"`` a new slot while an earlier run is alive.
+    :param queue_timeout_s: how long a queued run may wait for a worker before takeover.
+    :param max_attempts: attempts (the first send included) before the run is recorded lost.
+    """
+
+    duration_s: float = DEFAULT_LEASE_S
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    overlap: str = "skip"
+    queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The ``anarchon_*`` settings of a Celery app (defaults applied, types checked).
+
+    :param jitter_s: ``anarchon_jitter`` or ``None`` (default: 2 s lowered per entry).
+    """
+
+    jitter_s: float | None
+    max_late_s: float
+    lease_s: float
+    heartbeat_s: float
+    namespace: str
+    store_url: str | None
+    store_options: dict
+
+    @classmethod
+    def from_app(cls, app) -> Settings:
+        """Read and check the settings of ``app``.
+
+        :raises ConfigError: a setting of the wrong type or out of range.
+        """
+        conf = app.conf
+        jitter = conf.get("anarchon_jitter")
+        jitter_s = None if jitter is None else seconds(jitter, "anarchon_jitter")
+        max_late_s = seconds(conf.get("anarchon_max_late", DEFAULT_MAX_LATE_S), "anarchon_max_late")
+        lease_s = seconds(conf.get("anarchon_lease", DEFAULT_LEASE_S), "anarchon_lease")
+        heartbeat_s = seconds(conf.get("anarchon_heartbeat", DEFAULT_HEARTBEAT_S), "anarchon_heartbeat")
+        if max_late_s <= 0:
+            raise ConfigError(f"anarchon_max_late: {max_late_s:g} s must be more than 0 (default 60)")
+        if lease_s <= 0 or heartbeat_s <= 0:
+            raise ConfigError("anarchon_lease and anarchon_heartbeat must be more than 0 seconds "
+                              f"(got {lease_s:g} s and {heartbeat_s:g} s; defaults 30 and 5)")
+        if heartbeat_s >= lease_s / 2:
+            raise ConfigError(
+                f"anarchon_heartbeat {_fmt(heartbeat_s)} must be less than half of anarchon_lease "
+                f"{_fmt(lease_s)}: a lease must be renewed at least twice before it can run out. "
+                f"Fix: set anarchon_heartbeat below {lease_s / 2:g} (e.g. {lease_s / 6:g}) or "
+                "raise anarchon_lease.")
+        namespace = conf.get("anarchon_namespace") or app.main or "default"
+        if not isinstance(namespace, str):
+            raise ConfigError(f"anarchon_namespace: {namespace!r} must be a string")
+        store_url = conf.get("anarchon_store_url")
+        if store_url is not None and not isinstance(store_url, str):
+            raise ConfigError(f"anarchon_store_url: {store_url!r} must be a URL string")
+        options = conf.get("anarchon_store_options") or {}
+        if not isinstance(options, dict):
+            raise ConfigError(f"anarchon_store_options: {options!r} must be a dict")
+        return cls(jitter_s, max_late_s, lease_s, heartbeat_s, namespace, store_url, dict(options))
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryTiming:
+    """The timing of one entry after defaults and rules, seconds.
+
+    :param jitter_s: the upper bound of the random delay drawn per run before claiming.
+    :param max_late_s: a run whose claim would come later than this after its slot is skipped.
+    :param anchor_s: shift of an interval entry's slots from the Unix epoch, or ``None``.
+    :param lease: the lease settings of a leased entry, or ``None``.
+    """
+
+    jitter_s: float
+    max_late_s: float
+    anchor_s: float | None = None
+    lease: LeaseSettings | None = None
+
+    def as_dict(self) -> dict:
+        """Plain values for a fingerprint."""
+        return dataclasses.asdict(self)
+
+
+def split_entry_options(name: str, options: dict | None) -> tuple[dict, dict]:
+    """Separate ``options["anarchon"]`` from the options Celery's ``apply_async`` receives.
+
+    :returns: ``(anarchon_options, celery_options)``; neither dict is the caller's.
+    :raises ConfigError: ``options["anarchon"]`` is not a dict or has an unknown key.
+    """
+    options = dict(options or {})
+    ours = options.pop("anarchon", None) or {}
+    if not isinstance(ours, dict):
+        raise ConfigError(f"entry {name!r}: options['anarchon'] must be a dict, got {ours!r}")
+    _unknown_keys(ours, ENTRY_KEYS, f"entry {name!r}: options['anarchon']")
+    return dict(ours), options
+
+
+def _lease_settings(name: str, value: Any, settings: Settings) -> LeaseSettings | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"entry {name!r}: options['anarchon']['lease'] must be True or a dict of "
+                          f"{', '.join(LEASE_KEYS)}; got {value!r}")
+    where = f"entry {name!r}: options['anarchon']['lease']"
+    _unknown_keys(value, LEASE_KEYS, where)
+    duration = seconds(value.get("duration", settings.lease_s), f"{where}['duration']")
+    heartbeat = seconds(value.get("heartbeat", settings.heartbeat_s), f"{where}['heartbeat']")
+    queue_timeout = seconds(value.get("queue_timeout", DEFAULT_QUEUE_TIMEOUT_S), f"{where}['queue_timeout']")
+    overlap = value.get("overlap", "skip")
+    attempts = value.get("max_attempts", DEFAULT_MAX_ATTEMPTS)
+    if overlap not in OVERLAP_VALUES:
+        raise ConfigError(f"{where}['overlap']: {overlap!r} is not one of {OVERLAP_VALUES}")
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+        raise ConfigError(f"{where}['max_attempts']: {attempts!r} must be an integer >= 1 (default 3)")
+    if duration <= 0 or heartbeat <= 0 or queue_timeout <= 0:
+        raise ConfigError(f"{where}: duration, heartbeat and queue_timeout must be more than 0 s "
+                          f"(got {duration:g}, {heartbeat:g}, {queue_timeout:g})")
+    if heartbeat >= duration / 2:
+        raise ConfigError(
+            f"entry {name!r}: lease heartbeat {_fmt(heartbeat)} must be less than half of the lease "
+            f"duration {_fmt(duration)}: a lease must be renewed at least twice before it can run "
+            f"out. Fix: set options['anarchon']['lease']['heartbeat'] below {duration / 2:g} "
+            f"(e.g. {duration / 6:g}) or raise 'duration'.")
+    return LeaseSettings(duration, heartbeat, overlap, queue_timeout, attempts)
+
+
+def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
+            memory: Memory, is_interval: bool = True) -> EntryTiming:
+    """Apply defaults and every start-up rule to one entry.
+
+    :param ours: the entry's ``options["anarchon"]`` (see :func:`split_entry_options`).
+    :param shortest_gap_s: the shortest gap between the entry's consecutive slots, seconds.
+    :param memory: the store's memory (DESIGN.md store memory table).
+    :param is_interval: whether the entry's schedule is an interval (the caller handles
+        ``anchor``, which only such schedules take).
+    :raises ConfigError: naming the entry, the rule, the values and the fix.
+    """
+    where = f"entry {name!r}"
+    explicit = ours.get("jitter", settings.jitter_s)
+    source = ("options['anarchon']['jitter']" if "jitter" in ours else "anarchon_jitter")
+    if explicit is None:
+        jitter_s = min(DEFAULT_JITTER_S, shortest_gap_s / 4)
+    else:
+        jitter_s = seconds(explicit, f"{where}: {source}")
+        if jitter_s >= shortest_gap_s / 2:
+            raise ConfigError(
+                f"{where}: jitter {_fmt(jitter_s)} ({source}) must be less than half the shortest "
+                f"gap between its slots ({_fmt(shortest_gap_s)}), or the jitter windows of two "
+                f"consecutive runs meet. Fix: set options={{'anarchon': {{'jitter': "
+                f"{shortest_gap_s / 4:g}}}}} on this entry (a quarter of the gap), or leave jitter "
+                "unset to get that default.")
+    max_late_s = seconds(ours.get("max_late", settings.max_late_s), f"{where}: max_late")
+    if max_late_s <= jitter_s:
+        raise ConfigError(
+            f"{where}: max_late {_fmt(max_late_s)} must be greater than jitter {_fmt(jitter_s)}: an "
+            f"instance waiting its full jitter would already be late. Fix: raise max_late "
+            f"(options['anarchon']['max_late'] or anarchon_max_late, default 60) above "
+            f"{jitter_s:g}, or lower the jitter.")
+    span = jitter_s + max_late_s
+    if memory.duration_s is not None and span >= memory.duration_s:
+        raise ConfigError(
+            f"{where}: jitter {_fmt(jitter_s)} + max_late {_fmt(max_late_s)} = {_fmt(span)} must be "
+            f"less than the store's memory of a claimed run ({_fmt(memory.duration_s)}, store "
+            f"option {memory.setting!r}): a claim arriving after the store forgot the first one "
+            f"would win a second time. Fix: set anarchon_store_options[{memory.setting!r}] to at "
+            f"least {math.ceil(span * 2):g}, or lower max_late.")
+    if memory.count is not None and memory.count * shortest_gap_s <= span:
+        need = math.floor(span / shortest_gap_s) + 1
+        raise ConfigError(
+            f"{where}: the store remembers at most {memory.count} runs per entry (store option "
+            f"{memory.count_setting!r}); with {_fmt(shortest_gap_s)} between slots that is "
+            f"{_fmt(memory.count * shortest_gap_s)}, not more than jitter + max_late = {_fmt(span)}: "
+            f"a late claim could win a run the store already forgot. Fix: set "
+            f"anarchon_store_options[{memory.count_setting!r}] to at least {need * 2}, or lower "
+            "max_late.")
+    lease = _lease_settings(name, ours.get("lease"), settings)
+    if lease is not None and shortest_gap_s < lease.duration_s + 2 * lease.heartbeat_s:
+        logger.warning(
+            "%s: the shortest gap between slots (%s) is shorter than lease duration + 2 x heartbeat "
+            "(%s): a dead runner's replacement would always be superseded by the next slot. Lower "
+            "the lease duration or run the entry less often.", where, _fmt(shortest_gap_s),
+            _fmt(lease.duration_s + 2 * lease.heartbeat_s))
+    return EntryTiming(jitter_s, max_late_s, None, lease)
+
+
+def ms(s: float) -> int:
+    """Seconds to integer milliseconds (rounded)."""
+    return int(round(s * 1000))
+
+
+__all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "Settings", "resolve", "seconds",
+           "split_entry_options", "ms", "LATENESS_TOLERANCE_MS"]

@@ -1,0 +1,103 @@
+"""A small TCP proxy for fault injection in front of a real server (no mock of the server).
+
+It can refuse new connections and cut existing ones (an outage), swallow the server's replies (a
+claim that reached the store but whose answer never came back), and delay traffic (latency).
+"""
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+
+
+class TCPProxy:
+    """Forward ``127.0.0.1:<port>`` to ``target``; start with :meth:`start`, stop with :meth:`close`.
+
+    :param target: ``(host, port)`` of the real server.
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.up = True                 # False: refuse new connections, cut the open ones
+        self.swallow_replies = False   # True: server -> client bytes are dropped
+        self.delay_s = 0.0             # added before forwarding each chunk
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self) -> TCPProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def url(self, scheme: str, path: str = "") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
+
+    def outage(self) -> None:
+        """Cut every open connection and refuse new ones until :meth:`restore`."""
+        self.up = False
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for a, b in pairs:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+    def restore(self) -> None:
+        self.up = True
+        self.swallow_replies = False
+        self.delay_s = 0.0
+
+    def close(self) -> None:
+        self._closed = True
+        self.outage()
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._pairs.append((client, server))
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, client: socket.socket, server: socket.socket) -> None:
+        sockets = [client, server]
+        try:
+            while not self._closed:
+                readable, _, _ = select.select(sockets, [], [], 0.2)
+                for source in readable:
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    if self.delay_s:
+                        time.sleep(self.delay_s)
+                    if source is server and self.swallow_replies:
+                        continue
+                    (server if source is client else client).sendall(data)
+        except OSError:
+            return
+        finally:
+            for s in sockets:
+                try:
+                    s.close()
+                except OSError:
+                    pass

@@ -1,0 +1,297 @@
+"""The life of a run on one instance (DESIGN.md "One run, in time"), against real stores.
+
+The engine's clock is real time plus an offset the test moves (a clock jump); the store's clock is
+the real one. Sends go to a list.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import random
+import time
+
+import pytest
+from celery import Celery
+from celery.beat import ScheduleEntry
+from celery.schedules import crontab
+
+from celery_anarchon.engine import Engine
+from celery_anarchon.plan import build_plans
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import RunEvent
+from celery_anarchon.timing import Settings
+
+from conftest import REDIS_URL, require_server
+from stores_support import wait_until
+from tcp_proxy import TCPProxy
+
+
+class Clock:
+    """Real time plus ``offset`` seconds."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self):
+        return time.time() + self.offset
+
+
+class Harness:
+    def __init__(self, url, namespace, entries, *, instance="A", store_options=None, send=None,
+                 backdate=True):
+        self.app = Celery("proj", set_as_current=False)
+        self.app.conf.broker_url = "memory://"
+        self.store = open_store(url, namespace=namespace, instance_id=instance,
+                                options=store_options or {})
+        schedule = {name: ScheduleEntry(name=name, task="proj.t", schedule=sched,
+                                        options={"anarchon": opts}, app=self.app)
+                    for name, (sched, opts) in entries.items()}
+        self.plans = build_plans(schedule, app=self.app, settings=Settings.from_app(self.app),
+                                 store=self.store)
+        if backdate:
+            self.store.prepare(list(self.plans))
+            self.store._backdate_memory_start(list(self.plans), 120_000)
+        self.sent: list[tuple[str, int, int]] = []
+        self.clock = Clock()
+        self.engine = Engine(self.store, self.plans, instance_id=instance, namespace=namespace,
+                             send=send or self.record_send, clock=self.clock, rng=random.Random(7))
+
+    def record_send(self, plan, slot_ms, attempt, token, task_id):
+        self.sent.append((plan.name, slot_ms, attempt))
+
+    def run_for(self, seconds: float):
+        """Tick as beat would, sleeping what the engine asks, for ``seconds`` of real time."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            delay = self.engine.tick()
+            assert 0 < delay <= 60
+            time.sleep(min(delay, max(0.0, end - time.monotonic())))
+
+    def history(self, entry):
+        return {h.slot_ms: h for h in self.store.history(entry)}
+
+    def close(self):
+        self.store.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path}/claims.sqlite3"
+
+
+@pytest.fixture
+def harnesses():
+    made = []
+    yield made
+    for h in made:
+        h.close()
+
+
+def make(harnesses, *args, **kwargs) -> Harness:
+    h = Harness(*args, **kwargs)
+    harnesses.append(h)
+    return h
+
+
+def test_start_up_claims_only_the_newest_slot_within_max_late(sqlite_url, namespace, harnesses):
+    h = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})})
+    h.engine.tick()
+    now_ms = int(time.time() * 1000)
+    assert len(h.sent) == 1
+    name, slot, attempt = h.sent[0]
+    assert slot == now_ms - now_ms % 10_000 and attempt == 1
+
+
+def test_jitter_never_blocks_the_tick(sqlite_url, namespace, harnesses):
+    h = make(harnesses, sqlite_url, namespace, {"e": (60, {"jitter": 2})})
+    started = time.monotonic()
+    delay = h.engine.tick()
+    assert time.monotonic() - started < 1.0
+    fire = h.engine.next_fire()
+    assert fire is not None and delay == pytest.approx(min(fire - time.time(), 60), abs=0.2)
+
+
+def test_runs_due_by_a_tick_are_claimed_in_one_batch(sqlite_url, namespace, harnesses):
+    h = make(harnesses, sqlite_url, namespace, {f"e{i}": (1, {"jitter": 0}) for i in range(5)})
+    batches = []
+    claim = h.store.claim
+    h.store.claim = lambda requests: (batches.append(len(requests)), claim(requests))[1]
+    h.engine.tick()                              # start-up: one catch-up run per entry
+    assert batches == [5]
+    batches.clear()
+    time.sleep(1.05 - time.time() % 1)           # the next slot of all five entries
+    h.engine.tick()
+    assert batches == [5]
+    assert len({slot for _, slot, _ in h.sent}) == 2 and len(h.sent) == 10
+
+
+def test_a_paused_instance_skips_late_slots_logs_and_records_them(sqlite_url, namespace, harnesses, caplog):
+    h = make(harnesses, sqlite_url, namespace, {"e": (1, {"jitter": 0, "max_late": 1})})
+    h.engine.tick()
+    time.sleep(3.2)                              # "paused" for three slots
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        h.engine.tick()
+    sent_slots = [slot for _, slot, _ in h.sent]
+    late = [s for s, rec in h.history("e").items() if rec.event is RunEvent.LATE_LOCAL]
+    assert len(late) >= 1 and not set(late) & set(sent_slots)
+    assert any("skipped as late" in r.getMessage() for r in caplog.records)
+    assert len(sent_slots) <= 2, "a pause never causes a burst of sends"
+
+
+def test_a_clock_jump_forward_makes_the_skipped_slots_late(sqlite_url, namespace, harnesses, caplog):
+    h = make(harnesses, sqlite_url, namespace, {"e": (1, {"jitter": 0, "max_late": 2})})
+    h.engine.tick()
+    h.clock.offset = 30
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        h.engine.tick()
+    assert len(h.sent) == 1
+    late = [rec for rec in h.history("e").values() if rec.event is RunEvent.LATE_LOCAL]
+    assert len(late) >= 25
+    assert any("slots from" in r.getMessage() and "skipped as late" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_clock_jump_back_never_repeats_a_claimed_run(sqlite_url, namespace, harnesses):
+    h = make(harnesses, sqlite_url, namespace, {"e": (1, {"jitter": 0, "max_late": 5})})
+    h.run_for(1.5)
+    newest = max(slot for _, slot, _ in h.sent)
+    h.clock.offset = -4
+    h.run_for(2.5)
+    slots = [slot for _, slot, _ in h.sent]
+    assert len(slots) == len(set(slots)), "no run sent twice"
+    assert all(s > newest for s in slots[slots.index(newest) + 1:])
+
+
+def test_the_store_decides_lateness_on_its_own_clock(sqlite_url, namespace, harnesses):
+    """This instance's clock runs 40 s behind: its claims arrive late on the store's clock."""
+    h = make(harnesses, sqlite_url, namespace, {"e": (1, {"jitter": 0, "max_late": 20})})
+    h.clock.offset = -40
+    h.engine.tick()
+    assert h.sent == []
+    assert any(rec.event is RunEvent.LATE for rec in h.history("e").values())
+
+
+def test_sleep_never_exceeds_sixty_seconds(sqlite_url, namespace, harnesses):
+    h = make(harnesses, sqlite_url, namespace, {"daily": (crontab(minute=0, hour=4), {})})
+    assert 0 < h.engine.tick() <= 60
+
+
+def test_losing_a_claim_is_normal_and_quiet(sqlite_url, namespace, harnesses, caplog):
+    a = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})}, instance="A")
+    b = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})}, instance="B", backdate=False)
+    a.engine.tick()
+    with caplog.at_level(logging.DEBUG, "celery_anarchon"):
+        b.engine.tick()
+    assert len(a.sent) == 1 and b.sent == []
+    assert b.engine.stats["lost"] == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_different_definition_is_named_in_the_log(sqlite_url, namespace, harnesses, caplog):
+    a = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0, "max_late": 30})}, instance="A")
+    b = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})}, instance="B", backdate=False)
+    a.engine.tick()
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        b.engine.tick()
+    messages = [r.getMessage() for r in caplog.records if "different definition" in r.getMessage()]
+    assert len(messages) == 1
+    assert a.plans["e"].fingerprint in messages[0] and b.plans["e"].fingerprint in messages[0]
+    assert '"max_late_s": 30.0' in messages[0] and '"max_late_s": 60.0' in messages[0]
+
+
+def test_a_failed_send_is_retried_by_the_winner_until_it_succeeds(sqlite_url, namespace, harnesses):
+    failures = [2]
+
+    def flaky(plan, slot_ms, attempt, token, task_id):
+        if failures[0]:
+            failures[0] -= 1
+            raise ConnectionError("broker down")
+        h.sent.append((plan.name, slot_ms, attempt))
+
+    h = make(harnesses, sqlite_url, namespace, {"e": (60, {"jitter": 0})}, send=flaky)
+    h.engine.tick()
+    assert h.sent == []
+    wait_until(lambda: (h.engine.tick(), h.sent)[1], 10, "the send to succeed", interval=0.2)
+    slot = h.sent[0][1]
+    assert h.history("e")[slot].event is RunEvent.SENT
+    assert len(h.sent) == 1
+
+
+def test_a_send_failing_until_max_late_is_recorded(sqlite_url, namespace, harnesses, caplog):
+    def broken(*args):
+        raise ConnectionError("broker down")
+
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 1})}, send=broken)
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        h.run_for(3.5)
+    done = time.time() * 1000 - 1000 - 1100      # slots whose max_late has passed, with a tick
+    events = [rec.event for slot, rec in h.history("e").items() if slot < done]
+    assert events and set(events) == {RunEvent.SEND_FAILED}
+    assert any("kept failing until max_late" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def redis_proxy():
+    require_server(REDIS_URL, "Redis")
+    proxy = TCPProxy(("127.0.0.1", 6379)).start()
+    yield proxy
+    proxy.close()
+
+
+def test_an_unreachable_store_means_no_sends_until_it_answers(redis_proxy, namespace, harnesses, caplog):
+    url = redis_proxy.url("redis", "/9")
+    h = make(harnesses, url, namespace, {"e": (1, {"jitter": 0, "max_late": 3})},
+             store_options={"claim_timeout": 0.5})
+    h.engine.tick()
+    before = len(h.sent)
+    redis_proxy.outage()
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        h.run_for(1.5)
+    assert len(h.sent) == before, "never sent blind"
+    assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1, "logged once per outage"
+    redis_proxy.restore()
+    wait_until(lambda: (h.engine.tick(), len(h.sent) > before)[1], 15, "sends after the outage",
+               interval=0.1)
+    slots = [slot for _, slot, _ in h.sent]
+    assert len(slots) == len(set(slots))
+
+
+def test_a_claim_whose_answer_was_lost_is_recognised_as_won(redis_proxy, namespace, harnesses):
+    url = redis_proxy.url("redis", "/9")
+    entries = {"e": (2, {"jitter": 0, "max_late": 5})}
+    h = make(harnesses, url, namespace, entries, store_options={"claim_timeout": 0.5})
+    other = make(harnesses, REDIS_URL, namespace, entries, instance="B", backdate=False)
+    h.engine.tick()
+    other.engine.tick()
+    assert len(h.sent) + len(other.sent) == 1
+    sent_before = len(h.sent)
+    time.sleep(2.05 - time.time() % 2)           # the next slot
+    redis_proxy.swallow_replies = True
+    h.engine.tick()                              # the claim reaches Redis; its answer does not
+    assert len(h.sent) == sent_before
+    lost = other.engine.stats["lost"]
+    other.engine.tick()                          # another instance finds the run taken
+    assert other.engine.stats["lost"] == lost + 1
+    redis_proxy.restore()
+    wait_until(lambda: (h.engine.tick(), len(h.sent) > sent_before)[1], 10, "the retried claim",
+               interval=0.05)
+    slots = [slot for _, slot, _ in h.sent + other.sent]
+    assert len(slots) == len(set(slots)) == 2
+
+
+def _draw(engine, queue):
+    queue.put([engine.rng.uniform(0, 1) for _ in range(5)])
+
+
+def test_forked_processes_draw_independent_jitter(sqlite_url, namespace, harnesses):
+    h = make(harnesses, sqlite_url, namespace, {"e": (60, {})})
+    h.engine.rng = Engine(h.store, {}, instance_id="x", namespace="n", send=None).rng
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_draw, args=(h.engine, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    draws = [queue.get(timeout=10) for _ in procs]
+    for p in procs:
+        p.join()
+    assert draws[0] != draws[1]

@@ -1,0 +1,160 @@
+"""Every timing rule of DESIGN.md: the error is raised at start-up and names entry, rule, values and fix."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from celery.beat import ScheduleEntry
+from celery.schedules import crontab, schedule
+
+from celery_anarchon import ConfigError
+from celery_anarchon.plan import build_plan, build_plans, task_id_for
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import Memory
+from celery_anarchon.timing import Settings, resolve
+
+
+def make_app(**conf):
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="memory://", **conf)
+    return app
+
+
+def plan_of(sched, options=None, *, app=None, store_options=None, name="report", **conf):
+    app = app or make_app(**conf)
+    store = open_store("sqlite:///unused.sqlite3", namespace="proj", instance_id="i",
+                       options=store_options or {})
+    entry = ScheduleEntry(name=name, task="proj.report", schedule=sched, options=options or {}, app=app)
+    return build_plan(name, entry, app=app, settings=Settings.from_app(app), store=store)
+
+
+def error_of(*args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        plan_of(*args, **kwargs)
+    return str(info.value)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_default_jitter_is_two_seconds_lowered_to_a_quarter_of_short_gaps():
+    assert plan_of(60).timing.jitter_s == 2
+    assert plan_of(1).timing.jitter_s == 0.25
+    assert plan_of(timedelta(seconds=6)).timing.jitter_s == 1.5
+    assert plan_of(crontab()).timing.jitter_s == 2
+
+
+def test_jitter_must_be_below_half_the_shortest_gap():
+    message = error_of(1, {"anarchon": {"jitter": 0.5}})
+    assert "entry 'report'" in message
+    assert "jitter 0.5 s" in message and "half the shortest gap" in message and "(1 s)" in message
+    assert "'jitter': 0.25" in message
+
+
+def test_explicit_global_jitter_is_never_lowered_silently():
+    message = error_of(1, anarchon_jitter=2)
+    assert "entry 'report'" in message and "anarchon_jitter" in message and "jitter 2 s" in message
+    assert plan_of(60, anarchon_jitter=2).timing.jitter_s == 2
+
+
+def test_max_late_must_exceed_jitter():
+    message = error_of(60, {"anarchon": {"jitter": 5, "max_late": 5}})
+    assert "entry 'report'" in message and "max_late 5 s must be greater than jitter 5 s" in message
+    assert "raise max_late" in message
+
+
+def test_jitter_plus_max_late_must_stay_under_the_store_memory():
+    message = error_of(600, {"anarchon": {"max_late": 100}}, store_options={"memory": 90})
+    assert "entry 'report'" in message
+    assert "jitter 2 s + max_late 100 s = 102 s" in message and "memory" in message
+    assert "anarchon_store_options['memory'] to at least 204" in message
+
+
+def test_count_limited_memory_must_cover_jitter_plus_max_late():
+    memory = Memory(duration_s=300, count=50, setting="duration", count_setting="max_size")
+    with pytest.raises(ConfigError) as info:
+        resolve("tick", {}, Settings.from_app(make_app()), shortest_gap_s=1, memory=memory)
+    message = str(info.value)
+    assert "entry 'tick'" in message and "at most 50 runs" in message
+    assert "jitter + max_late = 60.25 s" in message and "'max_size'" in message and "at least 122" in message
+    ok = resolve("tick", {}, Settings.from_app(make_app()), shortest_gap_s=2, memory=memory)
+    assert ok.max_late_s == 60
+
+
+def test_heartbeat_must_be_below_half_the_lease():
+    message = error_of(600, {"anarchon": {"lease": {"duration": 10, "heartbeat": 5}}})
+    assert "entry 'report'" in message and "heartbeat 5 s" in message and "duration 10 s" in message
+    assert "below 5" in message
+    with pytest.raises(ConfigError, match="anarchon_heartbeat 20 s must be less than half of anarchon_lease 30 s"):
+        Settings.from_app(make_app(anarchon_heartbeat=20))
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({"jiter": 1}, "unknown key 'jiter' (did you mean 'jitter'?)"),
+    ({"lease": {"duraton": 5}}, "unknown key 'duraton' (did you mean 'duration'?)"),
+    ({"lease": {"overlap": "queue"}}, "'queue' is not one of ('skip', 'allow')"),
+    ({"lease": {"max_attempts": 0}}, "must be an integer >= 1"),
+    ({"lease": "yes"}, "must be True or a dict"),
+    ({"max_late": "60s"}, "'60s' is not a duration"),
+    ({"max_late": -1}, "must be a finite number of seconds >= 0"),
+    ("not a dict", "options['anarchon'] must be a dict"),
+])
+def test_bad_entry_options_are_refused_by_name(options, expected):
+    message = error_of(600, {"anarchon": options})
+    assert "entry 'report'" in message and expected in message
+
+
+def test_anchor_applies_to_interval_schedules_only():
+    assert plan_of(60, {"anarchon": {"anchor": 15}}).slots.next_after(0) == 15_000
+    message = error_of(crontab(), {"anarchon": {"anchor": 15}})
+    assert "entry 'report'" in message and "interval schedules only" in message
+
+
+def test_relative_interval_is_refused_with_a_pointer_to_crontab_or_anchor():
+    message = error_of(schedule(timedelta(hours=1), relative=True))
+    assert "entry 'report'" in message and "crontab" in message and "anchor" in message
+
+
+def test_every_misconfigured_entry_is_reported_at_once():
+    app = make_app()
+    store = open_store("sqlite:///unused.sqlite3", namespace="proj", instance_id="i")
+    entries = {name: ScheduleEntry(name=name, task="t", schedule=1, options=opts, app=app)
+               for name, opts in [("a", {"anarchon": {"jitter": 1}}), ("b", {}),
+                                  ("c", {"anarchon": {"max_lat": 3}})]}
+    with pytest.raises(ConfigError) as info:
+        build_plans(entries, app=app, settings=Settings.from_app(app), store=store)
+    assert "2 beat_schedule entries are misconfigured" in str(info.value)
+    assert "entry 'a'" in str(info.value) and "entry 'c'" in str(info.value)
+
+
+def test_fingerprint_follows_the_definition_not_the_instance():
+    a, b = plan_of(60), plan_of(60)
+    assert a.fingerprint == b.fingerprint
+    assert plan_of(60, {"anarchon": {"max_late": 30}}).fingerprint != a.fingerprint
+    assert plan_of(120).fingerprint != a.fingerprint
+    assert plan_of(crontab(minute=0)).fingerprint != plan_of(crontab(minute=0), timezone="Europe/Paris").fingerprint
+    assert '"max_late_s": 60.0' in a.definition and "proj.report" in a.definition
+
+
+def test_options_reach_celery_without_our_key():
+    plan = plan_of(60, {"queue": "q", "anarchon": {"jitter": 1}})
+    assert plan.celery_options == {"queue": "q"}
+
+
+def test_task_ids_are_deterministic_and_distinct_per_attempt():
+    assert task_id_for("ns", "e", 1000, 1) == task_id_for("ns", "e", 1000, 1)
+    assert len({task_id_for("ns", "e", 1000, 1), task_id_for("ns", "e", 1000, 2),
+                task_id_for("ns", "e:1000", 1, 1), task_id_for("ns2", "e", 1000, 1)}) == 4
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("redsi://localhost", "Did you mean 'redis'?"),
+    ("postgress://x/y", "Did you mean 'postgres'?"),
+    ("mongodb://x", "unknown store scheme 'mongodb'"),
+])
+def test_unknown_store_url_suggests_the_closest_scheme(url, expected):
+    with pytest.raises(ConfigError) as info:
+        open_store(url, namespace="n", instance_id="i")
+    assert expected in str(info.value) and "Known schemes" in str(info.value)
