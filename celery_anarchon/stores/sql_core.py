@@ -1,0 +1,559 @@
+"""The implementation shared by the SQL lease stores (:mod:`celery_anarchon.stores.sql`).
+
+SQLAlchemy Core, no ORM; the dialects differ only in how they connect, their clock
+(:func:`~celery_anarchon.stores.sql_schema.clock_us`) and how they lock:
+
+* PostgreSQL (psycopg 3, READ COMMITTED): every writing transaction first locks the rows of its
+  entries in ``anarchon_entries`` (``INSERT ... ON CONFLICT DO NOTHING`` then ``SELECT ... ORDER
+  BY entry FOR UPDATE``), always in the order of the entry names, so concurrent instances queue on
+  the same rows in the same order: they neither deadlock nor both win. Each statement after the
+  lock sees what the previous holder committed. Deadlocks and serialization failures (which the
+  ordering avoids, but a server configured for SERIALIZABLE could raise) are retried here.
+* SQLite (WAL, ``busy_timeout`` = claim_timeout): every writing transaction starts with ``BEGIN
+  IMMEDIATE``, which takes the file's write lock before anything is read.
+
+Tables: :mod:`celery_anarchon.stores.sql_schema`. Rules: DESIGN.md "Who won", "Amnesia",
+"Timing" and "Leases". Units: instants
+are UTC integer ms (``*_ms``), durations given to a store are ms, options are seconds.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import logging
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from celery_anarchon.errors import ConfigError, StoreUnavailable
+from celery_anarchon.stores import reject_unknown_options
+from celery_anarchon.stores import sql_schema as schema
+from celery_anarchon.stores.base import (
+    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS, SKIP_EVENTS,
+    ClaimRequest, ClaimResult, HistoryRecord, Memory, Outcome, RunEvent, RunState, Store,
+)
+from celery_anarchon.stores.sql_leases import Fence, LeaseOps, iso
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Seconds between two prunes of expired claims and terminal runs, per process.
+PRUNE_INTERVAL_S = 5.0
+#: How often a transaction that was chosen as a deadlock victim (or hit a serialization failure)
+#: is run again before the operation raises StoreUnavailable.
+DEADLOCK_RETRIES = 5
+#: Claimed runs looked up per statement (keeps bind parameters far below every server's limit).
+_LOOKUP_CHUNK = 500
+_TOL = LATENESS_TOLERANCE_MS
+_ENTRY_KEY = ("namespace", "entry")
+_RUN_KEY = ("namespace", "entry", "slot_ms")
+
+
+def _seconds(option: str, value: Any) -> float:
+    """``value`` (int, float or timedelta) as seconds > 0, else ConfigError naming the option."""
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds) or seconds <= 0):
+        raise ConfigError(f"anarchon_store_options[{option!r}] = {value!r}: must be a duration in "
+                          "seconds greater than 0 (int, float or timedelta)")
+    return float(seconds)
+
+
+def _count(option: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"anarchon_store_options[{option!r}] = {value!r}: must be an integer >= 1")
+    return value
+
+
+@dataclasses.dataclass
+class _Open:
+    """A leased run in flight (queued or started), as the overlap check needs it."""
+
+    state: str
+    attempt: int
+    lease_expires_ms: int | None
+    queue_deadline_ms: int | None
+
+    def alive(self, now_ms: int) -> bool:
+        if self.state == "queued":
+            return self.queue_deadline_ms is not None and self.queue_deadline_ms >= now_ms
+        return self.lease_expires_ms is not None and self.lease_expires_ms >= now_ms
+
+
+@dataclasses.dataclass
+class _ClaimWrites:
+    """What one claim batch writes, collected while deciding and written in a few statements."""
+
+    claims: list[dict] = dataclasses.field(default_factory=list)
+    new_runs: list[dict] = dataclasses.field(default_factory=list)
+    superseded_runs: list[dict] = dataclasses.field(default_factory=list)
+    skip_history: dict[tuple, dict] = dataclasses.field(default_factory=dict)      # fill only
+    claimed_history: dict[tuple, dict] = dataclasses.field(default_factory=dict)   # replace
+    superseded_history: dict[tuple, dict] = dataclasses.field(default_factory=dict)  # keep task id
+
+
+class SQLStore(LeaseOps, Store):
+    """The shared implementation of :class:`PostgreSQLStore` and :class:`SQLiteStore`.
+
+    Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered, default
+    3600, DESIGN.md "Timing"), ``history_size`` (runs kept per entry, default 100) and
+    ``claim_timeout`` (seconds one round trip may take, default 5).
+
+    :raises ConfigError: an unknown option, a bad option value or an unusable URL (no I/O is done).
+    """
+
+    checks_lateness = True
+    holds_leases = True
+    #: the dialect name SQLAlchemy reports ("postgresql" / "sqlite")
+    dialect: ClassVar[str] = ""
+
+    def __init__(self, url: str, *, namespace: str, instance_id: str,
+                 memory: float | dt.timedelta = DEFAULT_MEMORY_S,
+                 history_size: int = DEFAULT_HISTORY_SIZE,
+                 claim_timeout: float | dt.timedelta = DEFAULT_CLAIM_TIMEOUT_S, **options: Any) -> None:
+        reject_unknown_options(self.kind, options, {"memory"})
+        memory_s = _seconds("memory", memory)
+        timeout_s = _seconds("claim_timeout", claim_timeout)
+        super().__init__(url, namespace=namespace, instance_id=instance_id,
+                         history_size=_count("history_size", history_size), claim_timeout=timeout_s)
+        #: how long a claimed run is remembered, seconds and ms
+        self.memory_s = memory_s
+        self.memory_ms = math.ceil(memory_s * 1000)
+        #: the SQLAlchemy URL the engine is built from
+        self.engine_url = self._engine_url(url)
+        self._engine: sa.Engine | None = None
+        self._engine_pid: int | None = None
+        self._engine_lock = threading.Lock()
+        self._lock_pid = os.getpid()
+        self._next_prune = 0.0
+
+    # -- dialect hooks ----------------------------------------------------------------------
+    def _engine_url(self, url: str) -> sa.URL:
+        raise NotImplementedError
+
+    def _create_engine(self) -> sa.Engine:
+        raise NotImplementedError
+
+    def _engine_is_stale(self) -> bool:
+        """True when the pooled connections no longer reach the store (SQLite: file replaced)."""
+        return False
+
+    def _missing_table(self, error: BaseException) -> bool:
+        raise NotImplementedError
+
+    def _retryable(self, error: BaseException) -> bool:
+        return False
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return ()
+
+    def _check_server(self, conn: sa.Connection) -> list[str]:
+        """Versions and settings at prepare(): warnings, or ConfigError when it cannot serve."""
+        return []
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def memory(self) -> Memory:
+        """``memory`` seconds, pruned by age only (DESIGN.md, store memory table)."""
+        return Memory(duration_s=self.memory_s, count=None, setting="memory")
+
+    # -- connections ----------------------------------------------------------------------
+    def _get_engine(self) -> sa.Engine:
+        """This process's engine, created on first use. A child process never reuses its
+        parent's pool: it drops it without closing the parent's connections (``close=False``)."""
+        pid = os.getpid()
+        if self._lock_pid != pid:  # forked: never wait on a lock a parent's thread was holding
+            self._engine_lock, self._lock_pid = threading.Lock(), pid
+        with self._engine_lock:
+            if self._engine is not None and self._engine_pid != pid:
+                self._engine.dispose(close=False)
+                self._engine = None
+            elif self._engine is not None and self._engine_is_stale():
+                self._engine.dispose()
+                self._engine = None
+            if self._engine is None:
+                self._engine = self._create_engine()
+                self._engine_pid = pid
+            return self._engine
+
+    def close(self) -> None:
+        """Dispose of the connection pool. Idempotent; the next operation reconnects."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.dispose(close=self._engine_pid == os.getpid())
+
+    @contextlib.contextmanager
+    def _transaction(self, write: bool):
+        with self._get_engine().connect() as conn:
+            conn.execution_options(anarchon_write=write)
+            with conn.begin():
+                yield conn
+
+    def _unavailable(self, what: str, error: BaseException) -> StoreUnavailable:
+        cause = getattr(error, "orig", None) or error
+        text = (str(cause).strip().splitlines() or [""])[0]
+        if self.engine_url.password:
+            text = text.replace(str(self.engine_url.password), "***")
+        return StoreUnavailable(f"{self.kind} store {self.safe_url}: {what} failed: "
+                                f"{type(cause).__name__}: {text}")
+
+    def _run(self, what: str, work: Callable[[sa.Connection], T], *, write: bool = True,
+             needs_schema: bool = True) -> T:
+        """Run ``work(conn)`` in one transaction. Re-creates missing tables once (amnesia: the
+        entries' memory then begins now), re-runs deadlock victims, and turns every driver error
+        into StoreUnavailable naming the masked URL and the cause."""
+        errors = (sa_exc.SQLAlchemyError, *self._driver_errors())
+        schema_made = False
+        retries = 0
+        while True:
+            try:
+                with self._transaction(write) as conn:
+                    return work(conn)
+            except errors as error:
+                if needs_schema and not schema_made and self._missing_table(error):
+                    log.warning("%s store %s: tables missing during %s: the store forgot its data; "
+                                "re-creating them (DESIGN.md \"Amnesia\")", self.kind, self.safe_url, what)
+                    self._run("create the schema", schema.create_schema, needs_schema=False)
+                    schema_made = True
+                    continue
+                if retries < DEADLOCK_RETRIES and self._retryable(error):
+                    retries += 1
+                    time.sleep(random.uniform(0.005, 0.03) * retries)
+                    continue
+                raise self._unavailable(what, error) from error
+
+    def _now_us(self, conn: sa.Connection) -> int:
+        return int(conn.execute(sa.select(schema.clock_us(self.dialect))).scalar_one())
+
+    def _insert(self, table: sa.Table):
+        return schema.insert(self.dialect, table)
+
+    # -- life cycle -----------------------------------------------------------------------
+    def prepare(self, entries: Iterable[str]) -> list[str]:
+        """Create missing tables and note the memory start (now) of entries without one.
+
+        :returns: warnings for the operator (e.g. a PostgreSQL with ``fsync`` off).
+        :raises StoreUnavailable: the store cannot be reached.
+        :raises ConfigError: the server is too old, or (SQLite) the file cannot be created.
+        """
+        names = sorted(set(entries))
+
+        def work(conn: sa.Connection) -> list[str]:
+            warnings = self._check_server(conn)
+            schema.create_schema(conn)
+            self._lock_entries(conn, names)
+            return warnings
+        return self._run("prepare", work)
+
+    def now_ms(self) -> int:
+        """The store's clock, UTC ms (PostgreSQL ``clock_timestamp()``; SQLite: the host's)."""
+        return self._run("read the clock", lambda conn: self._now_us(conn) // 1000,
+                         write=False, needs_schema=False)
+
+    def _lock_entries(self, conn: sa.Connection, names: Iterable[str]) -> dict[str, Fence]:
+        """Create the missing entries (memory start = now) and lock every entry row, in the
+        order of their names. :returns: entry -> its fence."""
+        names = sorted(set(names))
+        if not names:
+            return {}
+        e = schema.entries
+        born = schema.clock_ms(self.dialect)
+        conn.execute(self._insert(e).values(
+            [{"namespace": self.namespace, "entry": n, "born_ms": born, "last_token": 0,
+              "newest_slot": None} for n in names]).on_conflict_do_nothing(index_elements=_ENTRY_KEY))
+        rows = conn.execute(
+            sa.select(e.c.entry, e.c.born_ms, e.c.last_token, e.c.newest_slot)
+            .where(e.c.namespace == self.namespace, e.c.entry.in_(names))
+            .order_by(e.c.entry).with_for_update())
+        return {r.entry: Fence(r.born_ms, r.last_token, r.newest_slot) for r in rows}
+
+    def _save_fences(self, conn: sa.Connection, fences: dict[str, Fence]) -> None:
+        rows = [{"b_ns": self.namespace, "b_entry": name, "b_token": f.last_token,
+                 "b_newest": f.newest_slot} for name, f in fences.items() if f.changed]
+        if rows:
+            e = schema.entries
+            conn.execute(sa.update(e).where(e.c.namespace == sa.bindparam("b_ns"),
+                                            e.c.entry == sa.bindparam("b_entry"))
+                         .values(last_token=sa.bindparam("b_token"),
+                                 newest_slot=sa.bindparam("b_newest")), rows)
+
+    # -- claims ---------------------------------------------------------------------------
+    def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Claim ``requests`` in one transaction; results in request order.
+
+        Checks per run, in order (DESIGN.md "Who won", "Amnesia", "One run, in time" 3, "Leases"):
+        already claimed (``WON`` again for this instance, with the run's token; else ``LOST``),
+        forgotten, late, early, then for leased runs superseded and overlapping; else ``WON``.
+
+        :raises StoreUnavailable: the outcome is unknown; retry with the same requests.
+        """
+        if not requests:
+            return []
+        results = self._run("claim", lambda conn: self._claim(conn, list(requests)))
+        self._maybe_prune()
+        return results
+
+    def _claim(self, conn: sa.Connection, requests: list[ClaimRequest]) -> list[ClaimResult]:
+        fences = self._lock_entries(conn, (r.entry for r in requests))
+        now_us = self._now_us(conn)
+        now = now_us // 1000
+        held = self._read_claims(conn, {r.run for r in requests}, now)
+        opened = self._read_open_runs(conn, {r.entry for r in requests if r.lease is not None})
+        writes = _ClaimWrites()
+        results = [self._decide(r, fences[r.entry], held, opened, now_us, writes) for r in requests]
+        self._write_claims(conn, writes, fences)
+        return results
+
+    def _read_claims(self, conn: sa.Connection, runs: set[tuple[str, int]], now: int) -> dict:
+        """Claims still remembered: (entry, slot) -> (winner, fingerprint, token, attempt)."""
+        c, r = schema.claims, schema.runs
+        joined = c.outerjoin(r, sa.and_(r.c.namespace == c.c.namespace, r.c.entry == c.c.entry,
+                                        r.c.slot_ms == c.c.slot_ms))
+        held: dict = {}
+        ordered = sorted(runs)
+        for i in range(0, len(ordered), _LOOKUP_CHUNK):
+            rows = conn.execute(
+                sa.select(c.c.entry, c.c.slot_ms, c.c.winner, c.c.fingerprint, r.c.token, r.c.attempt)
+                .select_from(joined)
+                .where(c.c.namespace == self.namespace, c.c.keep_until_ms >= now,
+                       sa.tuple_(c.c.entry, c.c.slot_ms).in_(ordered[i:i + _LOOKUP_CHUNK])))
+            for row in rows:
+                held[(row.entry, row.slot_ms)] = (row.winner, row.fingerprint, row.token, row.attempt)
+        return held
+
+    def _read_open_runs(self, conn: sa.Connection, names: set[str]) -> dict[str, dict[int, _Open]]:
+        r = schema.runs
+        opened: dict[str, dict[int, _Open]] = {name: {} for name in names}
+        if names:
+            for row in conn.execute(
+                    sa.select(r.c.entry, r.c.slot_ms, r.c.state, r.c.attempt, r.c.lease_expires_ms,
+                              r.c.queue_deadline_ms)
+                    .where(r.c.namespace == self.namespace, r.c.entry.in_(sorted(names)),
+                           schema.open_run)):
+                opened[row.entry][row.slot_ms] = _Open(row.state, row.attempt, row.lease_expires_ms,
+                                                       row.queue_deadline_ms)
+        return opened
+
+    def _history_row(self, entry: str, slot_ms: int, event: RunEvent, now: int, *,
+                     task_id: str = "", attempt: int = 1, detail: str = "") -> dict:
+        return {"namespace": self.namespace, "entry": entry, "slot_ms": slot_ms,
+                "event": event.value, "instance": self.instance_id, "store_ms": now,
+                "task_id": task_id, "attempt": attempt, "detail": detail}
+
+    def _refusal(self, r: ClaimRequest, fence: Fence, now: int) -> tuple[Outcome, str] | None:
+        """Forgotten, late or early on the store's clock, or None."""
+        slot = r.slot_ms
+        if slot < fence.born_ms + _TOL:
+            return Outcome.FORGOTTEN, (f"store memory began at {iso(fence.born_ms)}; slots before "
+                                       f"{iso(fence.born_ms + _TOL)} are refused")
+        if now - slot >= self.memory_ms:
+            return Outcome.FORGOTTEN, f"slot is older than the store's memory of {self.memory_s:g} s"
+        if now > slot + r.max_late_ms + _TOL:
+            return Outcome.LATE, (f"store clock is {now - slot} ms past the slot (max_late "
+                                  f"{r.max_late_ms} ms + tolerance {_TOL} ms)")
+        if slot > now + _TOL:
+            return Outcome.EARLY, f"slot is {slot - now} ms ahead of the store clock (tolerance {_TOL} ms)"
+        return None
+
+    def _decide(self, r: ClaimRequest, fence: Fence, held: dict, opened: dict, now_us: int,
+                writes: _ClaimWrites) -> ClaimResult:
+        now = now_us // 1000
+        entry, slot = r.run
+        if r.run in held:
+            winner, fingerprint, token, attempt = held[r.run]
+            outcome = Outcome.WON if winner == self.instance_id else Outcome.LOST
+            return ClaimResult(r, outcome, winner, fingerprint, now,
+                               token if outcome is Outcome.WON else None, attempt or 1)
+        refusal = self._refusal(r, fence, now)
+        if refusal is None and r.lease is not None:
+            refusal = self._lease_refusal(r, fence, opened[entry], now, writes)
+        if refusal is not None:
+            outcome, detail = refusal
+            writes.skip_history.setdefault(r.run, self._history_row(
+                entry, slot, RunEvent.for_skip(outcome), now, detail=detail))
+            return ClaimResult(r, outcome, None, "", now, detail=detail)
+        token = None
+        if r.lease is not None:
+            token = fence.issue_token(now_us)
+            fence.newest_slot = slot if fence.newest_slot is None else max(fence.newest_slot, slot)
+            deadline = now + r.lease.queue_timeout_ms
+            writes.new_runs.append({
+                "namespace": self.namespace, "entry": entry, "slot_ms": slot, "state": "queued",
+                "attempt": 1, "token": token, "owner": self.instance_id, "lease_expires_ms": None,
+                "queue_deadline_ms": deadline, "keep_until_ms": None})
+            opened[entry][slot] = _Open("queued", 1, None, deadline)
+        held[r.run] = (self.instance_id, r.fingerprint, token, 1)
+        writes.claims.append({
+            "namespace": self.namespace, "entry": entry, "slot_ms": slot, "winner": self.instance_id,
+            "fingerprint": r.fingerprint, "claimed_ms": now,
+            "keep_until_ms": max(now, slot) + self.memory_ms})
+        writes.claimed_history[r.run] = self._history_row(entry, slot, RunEvent.CLAIMED, now,
+                                                          task_id=r.task_id)
+        return ClaimResult(r, Outcome.WON, self.instance_id, r.fingerprint, now, token, 1)
+
+    def _lease_refusal(self, r: ClaimRequest, fence: Fence, opened: dict[int, _Open], now: int,
+                       writes: _ClaimWrites) -> tuple[Outcome, str] | None:
+        """Superseded or overlapping (DESIGN.md "Leases": Overlap, Takeover); when the claim may
+        proceed, every dead earlier run of the entry becomes superseded."""
+        if fence.newest_slot is not None and fence.newest_slot > r.slot_ms:
+            return Outcome.SUPERSEDED, f"a newer slot {iso(fence.newest_slot)} was already claimed"
+        earlier = {s: o for s, o in opened.items() if s < r.slot_ms}
+        alive = sorted(s for s, o in earlier.items() if o.alive(now))
+        if alive and not r.lease.overlap_allowed:
+            o = earlier[alive[-1]]
+            return Outcome.OVERLAPPING, (f"the run of {iso(alive[-1])} is still {o.state} "
+                                         f"(attempt {o.attempt})")
+        for s, o in earlier.items():
+            if s not in alive:
+                del opened[s]
+                writes.superseded_runs.append({"b_ns": self.namespace, "b_entry": r.entry, "b_slot": s,
+                                               "b_keep": now + self.memory_ms})
+                writes.superseded_history[(r.entry, s)] = self._history_row(
+                    r.entry, s, RunEvent.SUPERSEDED, now, attempt=o.attempt,
+                    detail=f"its {o.state} lease ended; slot {iso(r.slot_ms)} runs instead")
+        return None
+
+    def _write_claims(self, conn: sa.Connection, w: _ClaimWrites, fences: dict[str, Fence]) -> None:
+        c, r = schema.claims, schema.runs
+        if w.claims:
+            ins = self._insert(c)
+            conn.execute(ins.on_conflict_do_update(  # an expired claim is replaced, never a live one
+                index_elements=_RUN_KEY, where=c.c.keep_until_ms < ins.excluded.claimed_ms,
+                set_={k: ins.excluded[k] for k in ("winner", "fingerprint", "claimed_ms", "keep_until_ms")}),
+                w.claims)
+        if w.new_runs:
+            ins = self._insert(r)
+            conn.execute(ins.on_conflict_do_update(index_elements=_RUN_KEY, set_={
+                k: ins.excluded[k] for k in ("state", "attempt", "token", "owner", "lease_expires_ms",
+                                             "queue_deadline_ms", "keep_until_ms")}), w.new_runs)
+        if w.superseded_runs:
+            conn.execute(sa.update(r).where(
+                r.c.namespace == sa.bindparam("b_ns"), r.c.entry == sa.bindparam("b_entry"),
+                r.c.slot_ms == sa.bindparam("b_slot"), schema.open_run,
+            ).values(state=RunState.SUPERSEDED.value, keep_until_ms=sa.bindparam("b_keep")),
+                w.superseded_runs)
+        self._write_history(conn, list(w.skip_history.values()), replace=False, trim=False)
+        self._write_history(conn, list(w.claimed_history.values()), replace=True, trim=False)
+        self._write_history(conn, list(w.superseded_history.values()), replace=True, keep_task_id=True,
+                            trim=False)
+        self._trim_history(conn, {run[0] for h in (w.skip_history, w.claimed_history,
+                                                   w.superseded_history) for run in h})
+        self._save_fences(conn, fences)
+
+    # -- history --------------------------------------------------------------------------
+    def _write_history(self, conn: sa.Connection, rows: list[dict], *, replace: bool,
+                       keep_task_id: bool = False, trim: bool = True) -> None:
+        """Fill (``replace=False``) or replace history records (``keep_task_id``: an existing
+        record keeps its task id), then trim their entries."""
+        if not rows:
+            return
+        h = schema.history
+        ins = self._insert(h)
+        if replace:
+            columns = ["event", "instance", "store_ms", "attempt", "detail"]
+            if not keep_task_id:
+                columns.append("task_id")
+            stmt = ins.on_conflict_do_update(index_elements=_RUN_KEY,
+                                             set_={k: ins.excluded[k] for k in columns})
+        else:
+            stmt = ins.on_conflict_do_nothing(index_elements=_RUN_KEY)
+        conn.execute(stmt, rows)
+        if trim:
+            self._trim_history(conn, {r["entry"] for r in rows})
+
+    def _trim_history(self, conn: sa.Connection, names: set[str]) -> None:
+        """Keep the newest ``history_size`` runs of each entry of ``names``."""
+        if not names:
+            return
+        h = schema.history
+        newest = (sa.select(h.c.slot_ms)
+                  .where(h.c.namespace == sa.bindparam("b_ns"), h.c.entry == sa.bindparam("b_entry"))
+                  .order_by(h.c.slot_ms.desc()).limit(1).offset(self.history_size - 1).scalar_subquery())
+        conn.execute(sa.delete(h).where(h.c.namespace == sa.bindparam("b_ns"),
+                                        h.c.entry == sa.bindparam("b_entry"), h.c.slot_ms < newest),
+                     [{"b_ns": self.namespace, "b_entry": e} for e in sorted(names)])
+
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """Write an event of a run, as this instance, at the store's time. SKIP_EVENTS only fill
+        a run without a record; other events replace it. Keeps the newest ``history_size`` runs.
+
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        def work(conn: sa.Connection) -> None:
+            self._lock_entries(conn, [entry])
+            row = self._history_row(entry, slot_ms, event, self._now_us(conn) // 1000,
+                                    task_id=task_id, attempt=attempt, detail=detail)
+            self._write_history(conn, [row], replace=event not in SKIP_EVENTS)
+        self._run("record", work)
+
+    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        """The entry's newest runs, newest slot first (at most ``limit`` or ``history_size``).
+
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        h = schema.history
+        query = (sa.select(h).where(h.c.namespace == self.namespace, h.c.entry == entry)
+                 .order_by(h.c.slot_ms.desc()).limit(limit or self.history_size))
+        rows = self._run("read history", lambda conn: conn.execute(query).all(), write=False)
+        known = {e.value for e in RunEvent}
+        return [HistoryRecord(entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(r.event),
+                              instance=r.instance, store_ms=r.store_ms, task_id=r.task_id,
+                              attempt=r.attempt, detail=r.detail) for r in rows if r.event in known]
+
+    # -- definitions ----------------------------------------------------------------------
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        """Remember the text of ``fingerprint`` (replaces an older text of the same fingerprint).
+
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        d = schema.definitions
+
+        def work(conn: sa.Connection) -> None:
+            ins = self._insert(d).values(namespace=self.namespace, entry=entry, fingerprint=fingerprint,
+                                         text=text, saved_ms=schema.clock_ms(self.dialect))
+            conn.execute(ins.on_conflict_do_update(
+                index_elements=("namespace", "entry", "fingerprint"),
+                set_={"text": ins.excluded.text, "saved_ms": ins.excluded.saved_ms}))
+        self._run("save a definition", work)
+
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        """The text saved for ``fingerprint``, or None. :raises StoreUnavailable:"""
+        d = schema.definitions
+        query = sa.select(d.c.text).where(d.c.namespace == self.namespace, d.c.entry == entry,
+                                          d.c.fingerprint == fingerprint)
+        return self._run("load a definition", lambda conn: conn.execute(query).scalar(), write=False)
+
+    # -- pruning --------------------------------------------------------------------------
+    def _maybe_prune(self) -> None:
+        """At most every PRUNE_INTERVAL_S per process: delete claims past their keep-until time
+        and terminal runs past the memory. Best effort: a failure only delays it."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
+        try:
+            self.prune()
+        except StoreUnavailable as error:
+            log.debug("prune skipped: %s", error)
+
+    def prune(self) -> int:
+        """Delete what the store no longer promises to remember (claims past ``max(claim time,
+        slot) + memory``, terminal runs past their end + memory). :returns: rows deleted.
+
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        def work(conn: sa.Connection) -> int:
+            now = self._now_us(conn) // 1000
+            deleted = 0
+            for table in (schema.claims, schema.runs):
+                deleted += conn.execute(sa.delete(table).where(table.c.keep_until_ms < now)).rowcount
+            return deleted
+        return self._run("prune", work)

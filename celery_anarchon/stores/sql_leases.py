@@ -1,0 +1,235 @@
+"""Lease operations of the SQL stores (DESIGN.md "Leases"), a mixin of
+:class:`~celery_anarchon.stores.sql_core.SQLStore`.
+
+Every operation is one transaction that first locks the entry's row of ``anarchon_entries``
+(which serializes it with claims and other lease changes of the entry), reads the store's clock,
+then compares and sets the run's record. Instants are UTC ms on the store's clock; durations ms.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import sqlalchemy as sa
+
+from celery_anarchon.stores import sql_schema as schema
+from celery_anarchon.stores.base import LeasedRun, RunEvent, RunState, TakeoverOutcome
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def iso(ms: int) -> str:
+    """UTC ms as an ISO 8601 time, for details and logs."""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclasses.dataclass
+class Fence:
+    """An entry's row of ``anarchon_entries``, locked by the current transaction."""
+
+    born_ms: int                 #: store time the memory of the entry began (DESIGN.md "Amnesia")
+    last_token: int              #: last fencing token issued for the entry (0: none)
+    newest_slot: int | None      #: newest slot claimed for a leased run
+    changed: bool = False
+
+    def issue_token(self, now_us: int) -> int:
+        """The next fencing token: ``max(last + 1, store clock in us)``, so tokens keep growing
+        even after the store lost its data (DESIGN.md "Words": fencing token)."""
+        self.last_token = max(self.last_token + 1, now_us)
+        self.changed = True
+        return self.last_token
+
+
+class LeaseOps:
+    """inspect, expired_runs, take_over, adopt, renew, release, requeue (see base.Store)."""
+
+    # provided by SQLStore
+    namespace: str
+    instance_id: str
+    memory_ms: int
+    kind: str
+    safe_url: str
+    _run: Callable[..., Any]
+    _lock_entries: Callable[..., dict[str, Fence]]
+    _save_fences: Callable[..., None]
+    _now_us: Callable[..., int]
+    _history_row: Callable[..., dict]
+    _write_history: Callable[..., None]
+
+    def _read_run(self, conn: sa.Connection, entry: str, slot_ms: int) -> dict | None:
+        r = schema.runs
+        row = conn.execute(sa.select(r).where(r.c.namespace == self.namespace, r.c.entry == entry,
+                                              r.c.slot_ms == slot_ms)).mappings().first()
+        return dict(row) if row is not None else None
+
+    def _update_run(self, conn: sa.Connection, run: dict, **values: Any) -> None:
+        r = schema.runs
+        run.update(values)
+        conn.execute(sa.update(r).where(r.c.namespace == self.namespace, r.c.entry == run["entry"],
+                                        r.c.slot_ms == run["slot_ms"]).values(**values))
+
+    @staticmethod
+    def _leased(run: dict, now: int) -> LeasedRun:
+        return LeasedRun(entry=run["entry"], slot_ms=run["slot_ms"], state=RunState(run["state"]),
+                         attempt=run["attempt"], token=run["token"], owner=run["owner"],
+                         lease_expires_ms=run["lease_expires_ms"],
+                         queue_deadline_ms=run["queue_deadline_ms"], store_ms=now)
+
+    @staticmethod
+    def _expired(run: dict, now: int) -> bool:
+        if run["state"] == "started":
+            return run["lease_expires_ms"] is not None and run["lease_expires_ms"] < now
+        if run["state"] == "queued":
+            return run["queue_deadline_ms"] is not None and run["queue_deadline_ms"] < now
+        return False
+
+    def _lease_op(self, what: str, entry: str, slot_ms: int,
+                  op: Callable[[sa.Connection, Fence, dict | None, int], T]) -> T:
+        """Run ``op(conn, fence, run_or_None, now_us)`` with the entry locked, then save the fence."""
+        def work(conn: sa.Connection) -> T:
+            fences = self._lock_entries(conn, [entry])
+            now_us = self._now_us(conn)
+            result = op(conn, fences[entry], self._read_run(conn, entry, slot_ms), now_us)
+            self._save_fences(conn, fences)
+            return result
+        return self._run(what, work)
+
+    def _lease_event(self, conn: sa.Connection, run: dict, event: RunEvent, now: int, *,
+                     detail: str = "", task_id: str | None = None) -> None:
+        row = self._history_row(run["entry"], run["slot_ms"], event, now, task_id=task_id or "",
+                                attempt=run["attempt"], detail=detail)
+        self._write_history(conn, [row], replace=True, keep_task_id=task_id is None)
+
+    def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
+        """The record of one leased run (``store_ms`` = now), or None. :raises StoreUnavailable:"""
+        def work(conn: sa.Connection) -> LeasedRun | None:
+            now = self._now_us(conn) // 1000
+            run = self._read_run(conn, entry, slot_ms)
+            return self._leased(run, now) if run else None
+        return self._run("inspect a run", work, write=False)
+
+    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
+        """Runs of ``entries`` started with an expired lease or queued past their deadline, on the
+        store's clock (DESIGN.md "Leases": Takeover). :raises StoreUnavailable:"""
+        names = sorted(set(entries))
+        if not names:
+            return []
+        r = schema.runs
+
+        def work(conn: sa.Connection) -> list[LeasedRun]:
+            now = self._now_us(conn) // 1000
+            rows = conn.execute(sa.select(r).where(
+                r.c.namespace == self.namespace, r.c.entry.in_(names), schema.open_run,
+                sa.or_(sa.and_(r.c.state == "started", r.c.lease_expires_ms < now),
+                       sa.and_(r.c.state == "queued", r.c.queue_deadline_ms < now)),
+            ).order_by(r.c.entry, r.c.slot_ms)).mappings()
+            return [self._leased(dict(row), now) for row in rows]
+        return self._run("find expired runs", work, write=False)
+
+    def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
+                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
+        """Compare-and-set on ``expected_token`` (DESIGN.md "Leases": Takeover): REFUSED unless
+        the run is still expired with that token; SUPERSEDED when a newer slot was claimed; LOST
+        after ``max_attempts``; else TAKEN: queued again as the next attempt with a new token and
+        deadline = now + ``queue_timeout_ms``. :raises StoreUnavailable:"""
+        def op(conn, fence: Fence, run: dict | None, now_us: int):
+            now = now_us // 1000
+            if (run is None or run["token"] != expected_token or run["state"] not in schema.OPEN_STATES
+                    or not self._expired(run, now)):
+                return TakeoverOutcome.REFUSED, (self._leased(run, now) if run else None)
+            if fence.newest_slot is not None and fence.newest_slot > slot_ms:
+                self._update_run(conn, run, state="superseded", keep_until_ms=now + self.memory_ms)
+                self._lease_event(conn, run, RunEvent.SUPERSEDED, now,
+                                  detail=f"a newer slot {iso(fence.newest_slot)} was claimed")
+                return TakeoverOutcome.SUPERSEDED, self._leased(run, now)
+            if run["attempt"] >= max_attempts:
+                self._update_run(conn, run, state="lost", keep_until_ms=now + self.memory_ms)
+                self._lease_event(conn, run, RunEvent.LOST, now,
+                                  detail=f"no attempt finished after {run['attempt']} of {max_attempts}")
+                return TakeoverOutcome.LOST, self._leased(run, now)
+            self._update_run(conn, run, state="queued", attempt=run["attempt"] + 1,
+                             token=fence.issue_token(now_us), owner=self.instance_id,
+                             lease_expires_ms=None, queue_deadline_ms=now + queue_timeout_ms)
+            self._lease_event(conn, run, RunEvent.TAKEN_OVER, now, task_id="",
+                              detail=f"token {expected_token} expired")
+            return TakeoverOutcome.TAKEN, self._leased(run, now)
+        return self._lease_op("take over a run", entry, slot_ms, op)
+
+    def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
+        """Worker side: adopt a queued run (or one started with an expired lease): started, new
+        token, ``owner``, lease until now + ``duration_ms``. :returns: ``(adopted, record)``.
+        :raises StoreUnavailable:"""
+        def op(conn, fence: Fence, run: dict | None, now_us: int):
+            now = now_us // 1000
+            if run is None:
+                return False, None
+            if not (run["state"] == "queued" or (run["state"] == "started" and self._expired(run, now))):
+                return False, self._leased(run, now)
+            self._update_run(conn, run, state="started", token=fence.issue_token(now_us), owner=owner,
+                             lease_expires_ms=now + duration_ms, queue_deadline_ms=None)
+            self._lease_event(conn, run, RunEvent.STARTED, now, detail=f"adopted by {owner}")
+            return True, self._leased(run, now)
+        return self._lease_op("adopt a run", entry, slot_ms, op)
+
+    def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
+        """Extend the lease held with ``token`` to now + ``duration_ms``; None when the token is
+        stale. A record the store forgot is re-created with this token (DESIGN.md "Leases":
+        Heartbeat). :raises StoreUnavailable:"""
+        def op(conn, fence: Fence, run: dict | None, now_us: int):
+            now = now_us // 1000
+            if run is None:
+                run = {"namespace": self.namespace, "entry": entry, "slot_ms": slot_ms,
+                       "state": "started", "attempt": 1, "token": token, "owner": owner,
+                       "lease_expires_ms": now + duration_ms, "queue_deadline_ms": None,
+                       "keep_until_ms": None}
+                conn.execute(sa.insert(schema.runs).values(**run))
+                if token > fence.last_token:
+                    fence.last_token, fence.changed = token, True
+                log.warning("%s store %s: the record of run %r %s was missing; re-created by its "
+                            "runner %s", self.kind, self.safe_url, entry, iso(slot_ms), owner)
+                return self._leased(run, now)
+            if run["token"] != token or run["state"] != "started":
+                return None
+            self._update_run(conn, run, lease_expires_ms=now + duration_ms)
+            return self._leased(run, now)
+        return self._lease_op("renew a lease", entry, slot_ms, op)
+
+    def release(self, entry: str, slot_ms: int, token: int) -> bool:
+        """The runner is done: finished, if ``token`` is current. :raises StoreUnavailable:"""
+        def op(conn, fence: Fence, run: dict | None, now_us: int):
+            if run is None or run["token"] != token or run["state"] != "started":
+                return False
+            now = now_us // 1000
+            self._update_run(conn, run, state="finished", keep_until_ms=now + self.memory_ms)
+            self._lease_event(conn, run, RunEvent.FINISHED, now)
+            return True
+        return self._lease_op("release a lease", entry, slot_ms, op)
+
+    def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
+                queue_timeout_ms: int) -> bool:
+        """A retry hands the run back: queued, deadline = now + ``delay_ms`` +
+        ``queue_timeout_ms``, same attempt and token, if ``token`` is current. :raises StoreUnavailable:"""
+        def op(conn, fence: Fence, run: dict | None, now_us: int):
+            if run is None or run["token"] != token or run["state"] != "started":
+                return False
+            now = now_us // 1000
+            self._update_run(conn, run, state="queued", lease_expires_ms=None,
+                             queue_deadline_ms=now + delay_ms + queue_timeout_ms)
+            return True
+        return self._lease_op("requeue a run", entry, slot_ms, op)
+
+    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
+        """Tests only: born = (existing or now) - ``by_ms``."""
+        def work(conn: sa.Connection) -> None:
+            e = schema.entries
+            for name in self._lock_entries(conn, entries):
+                conn.execute(sa.update(e).where(e.c.namespace == self.namespace, e.c.entry == name)
+                             .values(born_ms=e.c.born_ms - by_ms))
+        self._run("backdate the memory start", work)

@@ -1,0 +1,131 @@
+"""Tables and clock expressions of the SQL lease stores (:mod:`celery_anarchon.stores.sql`).
+
+Every table name starts with ``anarchon_`` and every row carries its ``namespace``, so two apps
+can share one database. Instants are UTC integer milliseconds (``*_ms``); fencing tokens are
+integers derived from the store's clock in microseconds (DESIGN.md "Words": fencing token).
+
+* ``anarchon_entries``: one row per entry: when the store's memory of it began (``born_ms``,
+  DESIGN.md "Amnesia"), the last fencing token issued and the newest slot claimed for a leased
+  run. Never pruned. Every writing operation locks the rows of its entries first, in the order of
+  their names: that row lock is what serializes claims and lease changes of one entry.
+* ``anarchon_claims``: one row per claimed run: the winner, its fingerprint, the store time of the
+  claim and ``keep_until_ms`` = max(claim time, slot) + memory, after which it is pruned.
+* ``anarchon_history``: the newest ``history_size`` runs of each entry (trimmed on write).
+* ``anarchon_runs``: the record of each leased run (DESIGN.md "Leases"); ``keep_until_ms`` is set
+  when the run reaches a terminal state (now + memory) and it is pruned after that.
+* ``anarchon_definitions``: fingerprint -> the text of the entry definition it stands for.
+"""
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+#: Run states of a leased run that is still in flight (anarchon_runs.state).
+OPEN_STATES = ("queued", "started")
+
+metadata = sa.MetaData()
+
+_TEXT = sa.Text()
+_MS = sa.BigInteger()
+
+
+def _key(*extra: sa.Column) -> list[sa.Column]:
+    return [sa.Column("namespace", _TEXT, primary_key=True),
+            sa.Column("entry", _TEXT, primary_key=True), *extra]
+
+
+entries = sa.Table(
+    "anarchon_entries", metadata,
+    *_key(),
+    sa.Column("born_ms", _MS, nullable=False),           # store time the memory of it began
+    sa.Column("last_token", _MS, nullable=False),        # last fencing token issued (0: none)
+    sa.Column("newest_slot", _MS, nullable=True),        # newest slot claimed for a leased run
+)
+
+claims = sa.Table(
+    "anarchon_claims", metadata,
+    *_key(sa.Column("slot_ms", _MS, primary_key=True)),
+    sa.Column("winner", _TEXT, nullable=False),
+    sa.Column("fingerprint", _TEXT, nullable=False),
+    sa.Column("claimed_ms", _MS, nullable=False),
+    sa.Column("keep_until_ms", _MS, nullable=False),
+    sa.Index("anarchon_claims_keep_until", "keep_until_ms"),
+)
+
+history = sa.Table(
+    "anarchon_history", metadata,
+    # the primary key (namespace, entry, slot_ms) also serves the newest-first reads and the trim
+    *_key(sa.Column("slot_ms", _MS, primary_key=True)),
+    sa.Column("event", _TEXT, nullable=False),
+    sa.Column("instance", _TEXT, nullable=False),
+    sa.Column("store_ms", _MS, nullable=False),
+    sa.Column("task_id", _TEXT, nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("detail", _TEXT, nullable=False),
+)
+
+runs = sa.Table(
+    "anarchon_runs", metadata,
+    *_key(sa.Column("slot_ms", _MS, primary_key=True)),
+    sa.Column("state", _TEXT, nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("token", _MS, nullable=False),
+    sa.Column("owner", _TEXT, nullable=False),
+    sa.Column("lease_expires_ms", _MS, nullable=True),
+    sa.Column("queue_deadline_ms", _MS, nullable=True),
+    sa.Column("keep_until_ms", _MS, nullable=True),      # set once terminal: pruned after it
+)
+#: ``state IN ('queued', 'started')`` with literal values, so that PostgreSQL's generic plans
+#: can prove the partial index below applies
+open_run = runs.c.state.in_([sa.literal_column(f"'{state}'") for state in OPEN_STATES])
+# runs in flight, per entry: the overlap check of a claim and expired_runs() read only these
+sa.Index("anarchon_runs_open", runs.c.namespace, runs.c.entry, runs.c.slot_ms,
+         postgresql_where=open_run, sqlite_where=open_run)
+sa.Index("anarchon_runs_keep_until", runs.c.keep_until_ms,
+         postgresql_where=runs.c.keep_until_ms.isnot(None),
+         sqlite_where=runs.c.keep_until_ms.isnot(None))
+
+definitions = sa.Table(
+    "anarchon_definitions", metadata,
+    *_key(sa.Column("fingerprint", _TEXT, primary_key=True)),
+    sa.Column("text", _TEXT, nullable=False),
+    sa.Column("saved_ms", _MS, nullable=False),
+)
+
+
+def clock_us(dialect_name: str) -> sa.ColumnElement:
+    """The store's clock as an SQL expression, UTC microseconds since the epoch.
+
+    PostgreSQL: ``clock_timestamp()``, the real time when evaluated (``now()`` is frozen at the
+    start of the transaction). SQLite: the host clock read inside SQLite, at its millisecond
+    resolution (``julianday('now')``; ``unixepoch('subsec')`` needs SQLite 3.42).
+    """
+    if dialect_name == "postgresql":
+        epoch = sa.func.extract("epoch", sa.func.clock_timestamp())
+        return sa.cast(sa.func.floor(epoch * sa.literal_column("1000000", sa.BigInteger)), sa.BigInteger)
+    days = sa.func.julianday(sa.literal_column("'now'")) - sa.literal_column("2440587.5")
+    ms = sa.func.round(days * sa.literal_column("86400000.0"))
+    return sa.cast(ms, sa.BigInteger) * sa.literal_column("1000", sa.BigInteger)
+
+
+def clock_ms(dialect_name: str) -> sa.ColumnElement:
+    """The store's clock as an SQL expression, UTC milliseconds (see :func:`clock_us`)."""
+    return clock_us(dialect_name) // sa.literal_column("1000", sa.BigInteger)
+
+
+def insert(dialect_name: str, table: sa.Table):
+    """``INSERT`` with ``ON CONFLICT`` support for the dialect (PostgreSQL or SQLite)."""
+    return (postgresql.insert if dialect_name == "postgresql" else sqlite.insert)(table)
+
+
+def create_schema(conn: sa.Connection) -> None:
+    """Create every missing table and index, inside the caller's transaction.
+
+    On PostgreSQL a transaction-scoped advisory lock keeps several instances that find the
+    tables missing at once from racing on the catalog; on SQLite the caller's ``BEGIN
+    IMMEDIATE`` does the same.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(
+            sa.func.hashtext(sa.literal("celery_anarchon schema")))))
+    metadata.create_all(conn, checkfirst=True)
