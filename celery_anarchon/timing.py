@@ -132,7 +132,7 @@ class Settings:
             raise ConfigError(
                 f"anarchon_heartbeat {_fmt(heartbeat_s)} must be less than half of anarchon_lease "
                 f"{_fmt(lease_s)}: a lease must be renewed at least twice before it can run out. "
-                f"Fix: set anarchon_heartbeat below {lease_s / 2:g} (e.g. {lease_s / 6:g}) or "
+                f"Fix: set anarchon_heartbeat below {lease_s / 2:g} (e.g. {lease_s / 6:.3g}) or "
                 "raise anarchon_lease.")
         namespace = conf.get("anarchon_namespace") or app.main or "default"
         if not isinstance(namespace, str):
@@ -207,7 +207,7 @@ def _lease_settings(name: str, value: Any, settings: Settings) -> LeaseSettings 
             f"entry {name!r}: lease heartbeat {_fmt(heartbeat)} must be less than half of the lease "
             f"duration {_fmt(duration)}: a lease must be renewed at least twice before it can run "
             f"out. Fix: set options['anarchon']['lease']['heartbeat'] below {duration / 2:g} "
-            f"(e.g. {duration / 6:g}) or raise 'duration'.")
+            f"(e.g. {duration / 6:.3g}) or raise 'duration'.")
     return LeaseSettings(duration, heartbeat, overlap, queue_timeout, attempts)
 
 

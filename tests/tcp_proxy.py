@@ -27,6 +27,7 @@ class TCPProxy:
         self.up = True                 # False: refuse new connections, cut the open ones
         self.swallow_replies = False   # True: server -> client bytes are dropped
         self.delay_s = 0.0             # added before forwarding each chunk
+        self.accepted = 0              # connections accepted so far
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -67,6 +68,7 @@ class TCPProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            self.accepted += 1
             if not self.up:
                 client.close()
                 continue

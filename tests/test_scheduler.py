@@ -1,0 +1,151 @@
+"""The Celery glue: construction, banner, close, tick never raising, sending, store defaults."""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab
+
+from celery_anarchon import ConfigError, Scheduler, scheduled_at
+from celery_anarchon.scheduler import resolve_store_url
+from celery_anarchon.stores import url_following_broker
+from celery_anarchon.timing import Settings
+
+from conftest import REDIS_URL, require_server
+from tcp_proxy import TCPProxy
+
+
+def make_app(tmp_path, **conf):
+    app = Celery("proj", set_as_current=False)
+    settings = {"broker_url": "memory://", "anarchon_store_url": f"sqlite:///{tmp_path}/s.sqlite3",
+                "beat_schedule": {"tick": {"task": "proj.tick", "schedule": 10.0}}}
+    app.conf.update({**settings, **conf})
+    return app
+
+
+def test_the_banner_instance_opens_nothing_and_masks_the_password(tmp_path):
+    require_server(REDIS_URL, "Redis")
+    proxy = TCPProxy(("127.0.0.1", 6379)).start()
+    try:
+        app = make_app(tmp_path, anarchon_store_url=f"redis://:s3cret@127.0.0.1:{proxy.port}/9")
+        scheduler = Scheduler(app, lazy=True)
+        info = scheduler.info
+        time.sleep(0.2)
+        assert proxy.accepted == 0, "the lazy banner instance connected to the store"
+        assert "s3cret" not in info and f"redis://:***@127.0.0.1:{proxy.port}/9" in info
+        assert "namespace -> proj" in info and "max_late 60 s" in info and "jitter 2 s" in info
+        assert scheduler.engine is None
+    finally:
+        proxy.close()
+
+
+def test_close_is_safe_twice_and_the_store_reopens_lazily(tmp_path):
+    app = make_app(tmp_path)
+    sent = []
+    scheduler = Scheduler(app)
+    scheduler._send = lambda plan, slot, attempt, token, task_id: sent.append(slot)
+    scheduler.engine.send = scheduler._send
+    scheduler.close()
+    scheduler.close()
+    scheduler.tick()
+    assert scheduler.engine._prepared, "the store reopened after close"
+    scheduler.close()
+
+
+def test_no_exception_ever_leaves_tick(tmp_path, caplog):
+    scheduler = Scheduler(make_app(tmp_path))
+
+    def broken():
+        raise RuntimeError("a bug")
+    scheduler.engine.tick = broken
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        assert scheduler.tick() == 5.0
+    assert "tick failed" in caplog.text and "a bug" in caplog.text
+
+
+def test_sleeps_are_capped_at_sixty_seconds(tmp_path):
+    app = make_app(tmp_path, beat_schedule={"daily": {"task": "t", "schedule": crontab(0, 4)}})
+    scheduler = Scheduler(app, max_interval=300)
+    assert 0 < scheduler.tick() <= 60
+
+
+def test_celery_backend_cleanup_is_kept(tmp_path):
+    app = make_app(tmp_path, result_backend=f"db+sqlite:///{tmp_path}/results.sqlite3")
+    scheduler = Scheduler(app)
+    assert "celery.backend_cleanup" in scheduler.schedule
+    assert "celery.backend_cleanup" in scheduler.engine.plans
+    assert "tick" in scheduler.engine.plans
+
+
+@pytest.mark.parametrize("entry, expected", [
+    ({"task": "t", "schedule": 1, "relative": True}, "crontab"),
+    ({"task": "t", "schedule": 1, "options": {"anarchon": {"jiter": 0.1}}}, "did you mean 'jitter'"),
+    ({"task": "t", "schedule": crontab(minute="*/120")}, "*/120"),
+])
+def test_bad_entries_stop_beat_at_start_up(tmp_path, entry, expected):
+    with pytest.raises(ConfigError) as info:
+        Scheduler(make_app(tmp_path, beat_schedule={"bad": entry}))
+    assert "'bad'" in str(info.value) and expected in str(info.value)
+
+
+def test_a_run_is_sent_with_its_headers_task_id_and_untouched_options(tmp_path):
+    user_headers = {"team": "billing"}
+    app = make_app(tmp_path, beat_schedule={"bill": {
+        "task": "proj.bill", "schedule": 10.0, "args": (1,),
+        "options": {"headers": user_headers, "queue": "q1", "anarchon": {"max_late": 20}}}})
+    scheduler = Scheduler(app)
+    plan = scheduler.engine.plans["bill"]
+    scheduler._send(plan, 1_700_000_000_000, 1, None, "the-task-id")
+    with app.connection_for_read() as conn:
+        message = conn.SimpleQueue("q1").get(timeout=2)
+    headers = message.headers
+    assert headers["id"] == "the-task-id" and headers["task"] == "proj.bill"
+    assert headers["anarchon_slot"] == 1_700_000_000_000 and headers["anarchon_entry"] == "bill"
+    assert headers["anarchon_namespace"] == "proj" and headers["anarchon_attempt"] == 1
+    assert headers["anarchon_instance"] == scheduler._instance_id
+    assert headers["celery_beat_task"] is True and headers["team"] == "billing"
+    assert "anarchon" not in message.properties
+    assert user_headers == {"team": "billing"}, "the user's options are never mutated"
+    assert app.conf.beat_schedule["bill"]["options"]["anarchon"] == {"max_late": 20}
+
+
+def test_scheduled_at_gives_the_slot_as_aware_utc():
+    request = SimpleNamespace(headers={"anarchon_slot": 1_700_000_000_250})
+    assert scheduled_at(request) == datetime(2023, 11, 14, 22, 13, 20, 250000, tzinfo=timezone.utc)
+    assert scheduled_at(SimpleNamespace(request=request)) == scheduled_at(request)
+    assert scheduled_at(SimpleNamespace(headers={})) is None
+
+
+@pytest.mark.parametrize("broker, store", [
+    ("redis://:pw@r:6379/0", "redis://:pw@r:6379/0"),
+    ("rediss://r:6380/1", "rediss://r:6380/1"),
+    ("sqla+postgresql://u@db/app", "postgresql://u@db/app"),
+])
+def test_the_store_follows_a_shared_broker(broker, store):
+    assert url_following_broker(broker) == (store, None)
+
+
+def test_a_local_broker_gives_the_embedded_sqlite_store_with_a_warning(tmp_path):
+    url, warning = url_following_broker(f"sqla+sqlite:///{tmp_path}/broker.sqlite3")
+    assert url == f"sqlite:///{tmp_path}/celery-anarchon.sqlite3"
+    assert "one host only" in warning and "anarchon_store_url" in warning
+
+
+@pytest.mark.parametrize("broker", ["sqs://key:secret@", "azureservicebus://x"])
+def test_a_broker_that_cannot_be_a_store_asks_for_a_store_url(broker):
+    with pytest.raises(ConfigError) as info:
+        url_following_broker(broker)
+    assert "anarchon_store_url" in str(info.value) and "secret" not in str(info.value)
+
+
+def test_a_sentinel_broker_gives_its_master_name_to_the_store(tmp_path):
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="sentinel://s1:26379;sentinel://s2:26379",
+                    broker_transport_options={"master_name": "mymaster"})
+    url, options, warning = resolve_store_url(app, Settings.from_app(app))
+    assert url.startswith("sentinel://s1:26379") and options["master_name"] == "mymaster"
+    assert warning is None
