@@ -14,6 +14,7 @@ import pytest
 
 REDIS_URL = os.environ.get("ANARCHON_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 POSTGRES_URL = os.environ.get("ANARCHON_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS8_URL = os.environ.get("ANARCHON_TEST_REDIS8_URL", "redis://127.0.0.1:6390/0")
 AMQP_URL = os.environ.get("ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 NATS_URL = os.environ.get("ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222")
 

@@ -11,10 +11,25 @@ from typing import Callable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Store
 
-from conftest import POSTGRES_URL, REDIS_URL, require_server
+from conftest import AMQP_URL, NATS_URL, POSTGRES_URL, REDIS8_URL, REDIS_URL, require_server
 
 #: the lease stores of DESIGN.md (they check lateness on their own clock and hold leases)
 LEASE_STORES = ("sqlite", "postgresql", "redis")
+#: the other stores of DESIGN.md's memory table, by backend module
+REDIS_STRATEGY_STORES: tuple[str, ...] = ()  # "redis-stream-id", "redis-script", "redis-idmp"
+RABBITMQ_STORES: tuple[str, ...] = ()        # "rabbitmq"
+NATS_STORES: tuple[str, ...] = ()            # "nats"
+#: every store: the contract suite runs on each
+ALL_STORES = LEASE_STORES + REDIS_STRATEGY_STORES + RABBITMQ_STORES + NATS_STORES
+#: stores that refuse late and early claims on their own clock
+LATENESS_STORES = LEASE_STORES
+
+#: store options that select a variant of a backend (kind -> options)
+VARIANT_OPTIONS: dict[str, dict] = {
+    "redis-stream-id": {"strategy": "stream-id"},
+    "redis-script": {"strategy": "script"},
+    "redis-idmp": {"strategy": "idmp"},
+}
 
 
 @dataclass
@@ -27,6 +42,7 @@ class StoreMaker:
     opened: list[Store] = field(default_factory=list)
 
     def __call__(self, instance_id: str | None = None, **options) -> Store:
+        options = {**VARIANT_OPTIONS.get(self.kind, {}), **options}
         store = open_store(self.url, namespace=self.namespace,
                            instance_id=instance_id or "inst-" + uuid.uuid4().hex[:6], options=options)
         self.opened.append(store)
@@ -35,7 +51,10 @@ class StoreMaker:
     def wipe(self) -> None:
         """Make the server forget everything of this store (a Redis restarted without
         persistence, a dropped database): the amnesia case."""
-        if self.kind == "redis":
+        if self.kind in ("rabbitmq", "nats"):
+            store = self("wiper")
+            store._forget_everything()
+        elif self.kind.startswith("redis"):
             import redis
             redis.Redis.from_url(self.url).flushdb()
         else:
@@ -62,9 +81,18 @@ def store_url(kind: str, tmpdir: str) -> str:
     if kind == "postgresql":
         require_server(POSTGRES_URL, "PostgreSQL")
         return POSTGRES_URL
-    if kind == "redis":
+    if kind == "redis-idmp":
+        require_server(REDIS8_URL, "Redis >= 8.6 (built and started by .ci/run)")
+        return REDIS8_URL
+    if kind.startswith("redis"):
         require_server(REDIS_URL, "Redis")
         return REDIS_URL
+    if kind == "rabbitmq":
+        require_server(AMQP_URL, "RabbitMQ")
+        return AMQP_URL
+    if kind == "nats":
+        require_server(NATS_URL, "NATS JetStream")
+        return NATS_URL
     raise ValueError(kind)
 
 

@@ -124,6 +124,8 @@ def test_scheduled_at_gives_the_slot_as_aware_utc():
     ("redis://:pw@r:6379/0", "redis://:pw@r:6379/0"),
     ("rediss://r:6380/1", "rediss://r:6380/1"),
     ("sqla+postgresql://u@db/app", "postgresql://u@db/app"),
+    ("pyamqp://guest:pw@rabbit//", "amqp://guest:pw@rabbit//"),
+    ("amqps://u@rabbit:5671/vh", "amqps://u@rabbit:5671/vh"),
 ])
 def test_the_store_follows_a_shared_broker(broker, store):
     assert url_following_broker(broker) == (store, None)

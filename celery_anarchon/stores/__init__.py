@@ -26,6 +26,10 @@ STORES: dict[str, tuple[str, str | None]] = {
     "redis": ("celery_anarchon.stores.redis:RedisStore", "redis"),
     "rediss": ("celery_anarchon.stores.redis:RedisStore", "redis"),
     "unix": ("celery_anarchon.stores.redis:RedisStore", "redis"),
+    "amqp": ("celery_anarchon.stores.rabbitmq:RabbitMQStore", None),
+    "amqps": ("celery_anarchon.stores.rabbitmq:RabbitMQStore", None),
+    "nats": ("celery_anarchon.stores.nats:NATSStore", "nats"),
+    "tls": ("celery_anarchon.stores.nats:NATSStore", "nats"),
     "sentinel": ("celery_anarchon.stores.redis:RedisStore", "redis"),
 }
 
@@ -137,8 +141,7 @@ def url_following_broker(broker_url: str | None) -> tuple[str, str | None]:
             "of this one host only; set anarchon_store_url to a Redis or PostgreSQL URL that every "
             "host reaches to run beat on several hosts.")
     if scheme in ("amqp", "amqps", "pyamqp", "librabbitmq"):
-        if "rabbitmq" in STORES:
-            return ("amqps" if scheme == "amqps" else "amqp") + url[len(scheme):], None
+        return ("amqps" if scheme == "amqps" else "amqp") + url[len(scheme):], None
     raise ConfigError(
         f"anarchon_store_url is not set and the broker {mask_url(url)!r} cannot serve as the claim "
         "store: set anarchon_store_url to a store every beat host shares, e.g. "

@@ -270,6 +270,9 @@ class Store(abc.ABC):
     checks_lateness: ClassVar[bool] = False
     #: True when the store holds leases (lease operations below work)
     holds_leases: ClassVar[bool] = False
+    #: True when a claim retried by its winner is recognised as won (DESIGN.md "Who won"); a
+    #: store that cannot read the winner back answers UNKNOWN instead (a possible miss)
+    recognises_winner: ClassVar[bool] = True
 
     def __init__(self, url: str, *, namespace: str, instance_id: str,
                  history_size: int = DEFAULT_HISTORY_SIZE,
@@ -402,6 +405,11 @@ class Store(abc.ABC):
         self._no_leases()
 
     # -- tests ----------------------------------------------------------------------------------
+    def _forget_everything(self) -> None:
+        """Tests only: make the server forget everything stores of this kind wrote (every
+        namespace), as a server restarted without its data would: the amnesia case."""
+        raise NotImplementedError
+
     def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
         """Tests only: move the memory start of ``entries`` ``by_ms`` into the past, as if the
         store had been running for a while (a fresh store refuses slots up to
