@@ -14,6 +14,8 @@ import collections
 import dataclasses
 import heapq
 import logging
+import math
+import os
 import random
 import time
 from datetime import datetime, timezone
@@ -22,7 +24,8 @@ from typing import Callable
 from celery_anarchon.errors import StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
 from celery_anarchon.stores.base import (
-    ClaimRequest, ClaimResult, HistoryNote, Outcome, RunEvent, Store,
+    ClaimRequest, ClaimResult, HistoryNote, LeasedRun, Outcome, RunState, Store, TakeoverOutcome,
+    RunEvent,
 )
 
 logger = logging.getLogger("celery_anarchon.scheduler")
@@ -42,6 +45,10 @@ MAX_SKIP_WALK = 10_000
 #: history notes kept while the store is unreachable
 MAX_PENDING_NOTES = 10_000
 
+#: fault injection for tests: the name of an entry after whose won claim the process exits at once,
+#: before sending (a beat killed between its claim and its send)
+EXIT_AFTER_CLAIM_ENV = "ANARCHON_TEST_EXIT_AFTER_CLAIM"
+
 #: the send callback: (plan, slot_ms, attempt, token or None, task_id) -> None; raises on failure
 SendFn = Callable[[EntryPlan, int, int, "int | None", str], None]
 
@@ -58,8 +65,13 @@ class _Send:
     attempt: int
     token: int | None
     task_id: str
+    deadline_ms: int = 0         #: give up after this (UTC ms): slot + max_late, or for a takeover now + max_late
     next_try: float = 0.0
     error: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.deadline_ms:
+            self.deadline_ms = self.slot_ms + self.plan.max_late_ms
 
 
 class Engine:
@@ -96,6 +108,8 @@ class Engine:
         self._backoff = BACKOFF_FIRST_S
         self._next_skew = 0.0
         self._next_stats = 0.0
+        self._next_lease_check = 0.0
+        self._exit_after_claim = os.environ.get(EXIT_AFTER_CLAIM_ENV)
         self._warned_fingerprints: set[tuple[str, str]] = set()
 
     # -- public ------------------------------------------------------------------------------
@@ -278,6 +292,11 @@ class Engine:
         self.stats[outcome.value] += 1
         if outcome is Outcome.WON:
             self._last_claimed[plan.name] = max(self._last_claimed.get(plan.name, -1), result.slot_ms)
+            if self._exit_after_claim == plan.name:
+                logger.warning("%s: exiting after the claim of slot %s (%s is set)", plan.name,
+                               iso(result.slot_ms), EXIT_AFTER_CLAIM_ENV)
+                logging.shutdown()
+                os._exit(70)
             job = _Send(plan, result.slot_ms, result.attempt, result.token,
                         task_id_for(self.namespace, plan.name, result.slot_ms, result.attempt))
             self._try_send(job)
@@ -325,7 +344,7 @@ class Engine:
     def _retry_sends(self, now: float) -> None:
         now_ms = int(now * 1000)
         for run, job in list(self._send_retry.items()):
-            if now_ms - job.slot_ms > job.plan.max_late_ms:
+            if now_ms > job.deadline_ms:
                 del self._send_retry[run]
                 self.stats["send_failed"] += 1
                 logger.error("%s: slot %s not sent: the send kept failing until max_late (%g s); "
@@ -373,12 +392,65 @@ class Engine:
 
     # -- periodic work ------------------------------------------------------------------------------
     def _periodic(self, now: float) -> None:
+        if now >= self._next_lease_check:
+            self._check_leases(now)
         if now >= self._next_skew:
             self._check_skew(now)
         if now >= self._next_stats:
             self._next_stats = now + STATS_EVERY_S
             if self.stats:
                 logger.info("anarchon counters: %s", dict(sorted(self.stats.items())))
+
+    # -- leases ---------------------------------------------------------------------------------------
+    def _check_leases(self, now: float) -> None:
+        """Take over the leased runs of our entries whose runner is presumed dead (lease expired)
+        or whose message never reached a worker (queued past its deadline). Every instance checks
+        every heartbeat, at a random offset within one heartbeat; the store's compare-and-set on
+        the expected token lets exactly one of them take a run over (DESIGN.md "Takeover")."""
+        leased = [p for p in self.plans.values() if p.timing.lease is not None]
+        if not leased:
+            self._next_lease_check = now + MAX_SLEEP_S
+            return
+        period = min(p.timing.lease.heartbeat_s for p in leased)
+        self._next_lease_check = (math.floor(now / period) + 1) * period + self.rng.uniform(0, period)
+        try:
+            expired = self.store.expired_runs([p.name for p in leased])
+        except StoreError as exc:
+            logger.debug("lease check failed: %s", exc)
+            return
+        for run in expired:
+            plan = self.plans.get(run.entry)
+            if plan is not None and plan.timing.lease is not None:
+                self._take_over(plan, run)
+
+    def _take_over(self, plan: EntryPlan, run: LeasedRun) -> None:
+        lease = plan.timing.lease
+        try:
+            outcome, new = self.store.take_over(
+                run.entry, run.slot_ms, run.token, queue_timeout_ms=int(lease.queue_timeout_s * 1000),
+                max_attempts=lease.max_attempts)
+        except StoreError as exc:
+            logger.debug("takeover of %s slot %s failed: %s", run.entry, iso(run.slot_ms), exc)
+            return
+        self.stats[f"takeover_{outcome.value}"] += 1
+        if run.state is RunState.QUEUED:
+            why = (f"it was queued past its deadline without a worker adopting it: is a worker "
+                   f"consuming its queue, and does the workers' app call celery_anarchon.install(app)?")
+        else:
+            why = f"its runner {run.owner} stopped renewing its lease (presumed dead)"
+        if outcome is TakeoverOutcome.TAKEN:
+            log = logger.error if run.state is RunState.QUEUED else logger.warning
+            log("%s: slot %s attempt %d taken over as attempt %d: %s", plan.name, iso(run.slot_ms),
+                run.attempt, new.attempt, why)
+            self._try_send(_Send(plan, run.slot_ms, new.attempt, new.token,
+                                 task_id_for(self.namespace, plan.name, run.slot_ms, new.attempt),
+                                 deadline_ms=int(self.clock() * 1000) + plan.max_late_ms))
+        elif outcome is TakeoverOutcome.LOST:
+            logger.error("%s: slot %s recorded lost after %d attempts: %s", plan.name,
+                         iso(run.slot_ms), run.attempt, why)
+        elif outcome is TakeoverOutcome.SUPERSEDED:
+            logger.info("%s: slot %s superseded by a newer slot instead of a takeover (%s)",
+                        plan.name, iso(run.slot_ms), why)
 
     def _check_skew(self, now: float) -> None:
         """Measure this instance's clock against the store's and log it: a warning past 1 s, an
@@ -416,6 +488,8 @@ class Engine:
             wake = min(wake, min(job.next_try for job in self._send_retry.values()))
         if self._notes:
             wake = min(wake, now + 1.0)
+        if any(p.timing.lease is not None for p in self.plans.values()):
+            wake = min(wake, max(self._next_lease_check, now + 0.01))
         return min(max(wake - now, 0.001), MAX_SLEEP_S)
 
 

@@ -16,6 +16,7 @@ from celery import schedules as celery_schedules
 from celery_anarchon import slots as slot_math
 from celery_anarchon import timing
 from celery_anarchon.errors import ConfigError
+from celery_anarchon.leases import is_installed
 from celery_anarchon.stores.base import LeaseTerms, Memory, Store
 
 #: uuid5 namespace of task ids (any fixed UUID works; this one is ours)
@@ -103,6 +104,12 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store
             f"entry {name!r} is leased (options['anarchon']['lease']) but the {store.kind} store "
             "cannot hold leases: use Redis (strategy 'lease'), PostgreSQL or SQLite as "
             "anarchon_store_url, or remove the lease.")
+    if entry_timing.lease is not None and not is_installed(app):
+        raise ConfigError(
+            f"entry {name!r} is leased but celery_anarchon.install(app) was not called: without the "
+            "worker side a leased run's body would run once per attempt. Add "
+            "celery_anarchon.install(app) to the app module after configuring the app (beat and "
+            "every worker load that module).")
     definition = json.dumps({
         "task": entry.task,
         "schedule": slots.describe(),

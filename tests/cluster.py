@@ -33,9 +33,9 @@ class Cluster:
     app: str = "integration_app"
     procs: dict[str, Proc] = field(default_factory=dict)
 
-    def start(self, name: str, *args: str) -> Proc:
+    def start(self, name: str, *args: str, env: dict | None = None) -> Proc:
         log = os.path.join(self.tmpdir, f"{name}.log")
-        env = dict(os.environ, **self.env)
+        env = dict(os.environ, **self.env, **(env or {}))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [APPS, env.get("PYTHONPATH", "")]))
         handle = open(log, "wb")
         popen = subprocess.Popen([*CELERY, "-A", self.app, *args], env=env, cwd=self.tmpdir,
@@ -44,12 +44,12 @@ class Cluster:
         self.procs[name] = proc = Proc(name, popen, log)
         return proc
 
-    def beat(self, name: str, *extra: str) -> Proc:
+    def beat(self, name: str, *extra: str, env: dict | None = None) -> Proc:
         return self.start(name, "beat", "-l", "info", "--schedule",
-                          os.path.join(self.tmpdir, f"{name}-unused-schedule"), *extra)
+                          os.path.join(self.tmpdir, f"{name}-unused-schedule"), *extra, env=env)
 
-    def worker(self, name: str, *extra: str) -> Proc:
-        return self.start(name, "worker", "-l", "info", "-P", "threads", "-c", "8",
+    def worker(self, name: str, *extra: str, pool: str = "threads", concurrency: int = 8) -> Proc:
+        return self.start(name, "worker", "-l", "info", "-P", pool, "-c", str(concurrency),
                           "--without-gossip", "--without-mingle", "--without-heartbeat",
                           "-n", f"{name}@%h", *extra)
 

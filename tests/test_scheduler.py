@@ -151,3 +151,31 @@ def test_a_sentinel_broker_gives_its_master_name_to_the_store(tmp_path):
     url, options, warning = resolve_store_url(app, Settings.from_app(app))
     assert url.startswith("sentinel://s1:26379") and options["master_name"] == "mymaster"
     assert warning is None
+
+
+def test_a_leased_entry_needs_the_worker_side_installed(tmp_path):
+    import celery_anarchon
+    entry = {"task": "t", "schedule": 600, "options": {"anarchon": {"lease": True}}}
+    app = make_app(tmp_path, beat_schedule={"long": entry})
+    with pytest.raises(ConfigError) as info:
+        Scheduler(app)
+    assert "'long'" in str(info.value) and "celery_anarchon.install(app)" in str(info.value)
+    celery_anarchon.install(app)
+    plan = Scheduler(app).engine.plans["long"]
+    assert plan.timing.lease.duration_s == 30 and plan.timing.lease.heartbeat_s == 5
+    assert plan.lease_terms.queue_timeout_ms == 300_000 and not plan.lease_terms.overlap_allowed
+
+
+def test_install_wraps_tasks_without_changing_plain_calls(tmp_path):
+    import celery_anarchon
+    app = make_app(tmp_path)
+
+    @app.task(bind=True)
+    def add(self, x, y):
+        return (x + y, self.request.id)
+
+    celery_anarchon.install(app)
+    app.finalize()
+    assert type(app.tasks[add.name]).__dict__.get("_anarchon_patched")
+    assert add(1, 2) == (3, None)                        # a plain call
+    assert add.apply((2, 3), task_id="abc").get() == (5, "abc"), "the request survives the wrapper"

@@ -1,0 +1,272 @@
+"""Leases with real processes: two beats, real prefork workers, on every lease store.
+
+Each test starts a small cluster of ``lease_app`` (tests/apps/lease_app.py), whose tasks append
+one line per event (start, end, lost) to a file, and then breaks something: SIGKILL the child
+running a leased task, SIGSTOP a worker, kill a beat between its claim and its send, purge the
+queue, a task that kills its worker every time. The guarantee it checks is DESIGN.md's: at most
+one attempt's body runs unless a runner was paused past its lease, and then it learns it lost.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import time
+
+import pytest
+from celery import Celery
+
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import RunEvent, RunState
+
+from cluster import Cluster, read_executions
+from conftest import REDIS_URL, require_server
+from stores_support import LEASE_STORES, store_url, wait_until
+
+REDIS_BASE = REDIS_URL.rsplit("/", 1)[0]
+FAST = {"duration": 6, "heartbeat": 1, "queue_timeout": 4}
+#: a dead runner is replaced within duration + 2 x heartbeat, plus the time the new message takes
+#: to reach a worker and start
+REPLACED_WITHIN_S = FAST["duration"] + 2 * FAST["heartbeat"] + 2
+
+
+class LeaseCluster:
+    """Beats and workers of lease_app on one store, and what their tasks recorded."""
+
+    def __init__(self, tmp_path, kind, namespace, entries, *, acks_late=False):
+        require_server(REDIS_URL, "Redis (broker and results)")
+        self.url = store_url(kind, str(tmp_path))
+        self.namespace = namespace
+        self.queue = f"lt-{namespace}"
+        self.out = str(tmp_path / "events.jsonl")
+        self.anchor = int(time.time())
+        schedule = {name: {"every": 3600, "anchor": self.anchor, "queue": self.queue, **spec}
+                    for name, spec in entries.items()}
+        self.store = open_store(self.url, namespace=namespace, instance_id="test")
+        self.store.prepare(list(schedule))
+        self.store._backdate_memory_start(list(schedule), 120_000)
+        self.cluster = Cluster(str(tmp_path), {
+            "ANARCHON_LT_BROKER": REDIS_BASE + "/8", "ANARCHON_LT_BACKEND": REDIS_BASE + "/7",
+            "ANARCHON_LT_STORE": self.url, "ANARCHON_LT_NAMESPACE": namespace,
+            "ANARCHON_LT_OUT": self.out, "ANARCHON_LT_ACKS_LATE": "1" if acks_late else "0",
+            "ANARCHON_LT_SCHEDULE": json.dumps(schedule)}, app="lease_app")
+        self.client = Celery("lease_client", broker=REDIS_BASE + "/8", backend=REDIS_BASE + "/7",
+                             set_as_current=False)
+
+    def slot(self, entry: str = "long") -> int:
+        return self.anchor * 1000
+
+    def worker(self, name="w1", concurrency=2):
+        self.cluster.worker(name, "-Q", self.queue, pool="prefork", concurrency=concurrency)
+        self.cluster.wait_log(name, "ready.")
+
+    def beat(self, name, env=None, wait=True):
+        self.cluster.beat(name, env=env)
+        if wait:
+            self.cluster.wait_log(name, "anarchon: instance")
+
+    def events(self, event=None, **match):
+        return [e for e in read_executions(self.out)
+                if (event is None or e["event"] == event) and all(e.get(k) == v for k, v in match.items())]
+
+    def wait_event(self, event, timeout=20, **match):
+        return wait_until(lambda: self.events(event, **match), timeout,
+                          f"{event} {match}\n{self.cluster.logs()}", interval=0.05)[0]
+
+    def logs(self, *names):
+        return "".join(self.cluster.procs[n].text() for n in names)
+
+    def stop(self):
+        self.cluster.stop_all()
+        self.store.close()
+
+
+@pytest.fixture(params=LEASE_STORES)
+def kind(request):
+    return request.param
+
+
+@pytest.fixture
+def make_cluster(tmp_path, namespace):
+    made = []
+
+    def make(kind, entries, **kwargs):
+        c = LeaseCluster(tmp_path, kind, namespace, entries, **kwargs)
+        made.append(c)
+        return c
+    yield make
+    for c in made:
+        c.stop()
+
+
+def long_entry(seconds, **lease):
+    return {"task": "lease_app.sleepy", "args": [seconds], "lease": {**FAST, **lease}}
+
+
+@pytest.mark.parametrize("acks_late", [False, True], ids=["default-acks", "acks-late"])
+def test_a_killed_runner_is_replaced_once(kind, acks_late, make_cluster, capsys):
+    c = make_cluster(kind, {"long": long_entry(4)}, acks_late=acks_late)
+    c.worker()
+    c.beat("b1")
+    c.beat("b2")
+    first = c.wait_event("start", attempt=1)
+    killed_at = time.time()
+    os.kill(first["pid"], signal.SIGKILL)
+    second = c.wait_event("start", timeout=30, attempt=2)
+    replaced_after = second["time"] - killed_at
+    with capsys.disabled():
+        print(f"\n[{kind}, {'acks_late' if acks_late else 'default acks'}] SIGKILLed runner replaced "
+              f"after {replaced_after:.2f} s (bound: duration + 2 x heartbeat = "
+              f"{FAST['duration'] + 2 * FAST['heartbeat']} s)")
+    assert replaced_after <= REPLACED_WITHIN_S
+    c.wait_event("end", attempt=2)
+    if acks_late:   # the killed attempt's message comes back and is dropped
+        c.cluster.wait_log("w1", "dropped a message", timeout=20)
+    time.sleep(3)   # the pool parent reports the dead child (worker_lost_wait = 2 s)
+    starts = c.events("start")
+    assert [e["attempt"] for e in starts] == [1, 2], starts
+    assert len(c.events("end")) == 1
+    assert c.logs("b1", "b2").count("taken over as attempt 2") == 1
+    result = c.client.AsyncResult(second["task_id"])
+    assert result.get(timeout=10) == "done" and result.state == "SUCCESS"
+    assert first["task_id"] != second["task_id"]
+    assert c.store.inspect("long", c.slot()).state is RunState.FINISHED
+
+
+def test_a_duplicate_delivery_while_the_run_runs_is_dropped(kind, make_cluster):
+    c = make_cluster(kind, {"long": long_entry(4)})
+    c.worker(concurrency=3)
+    c.beat("b1")
+    first = c.wait_event("start", attempt=1)
+    headers = {"anarchon_namespace": c.namespace, "anarchon_entry": "long", "anarchon_slot": c.slot(),
+               "anarchon_instance": "test", "anarchon_attempt": 1, "anarchon_token": 1,
+               "anarchon_lease": FAST}
+    c.client.send_task("lease_app.sleepy", args=[4], task_id=first["task_id"], headers=headers,
+                       queue=c.queue)
+    c.cluster.wait_log("w1", "dropped a message", timeout=15)
+    c.wait_event("end", attempt=1)
+    assert len(c.events("start")) == 1
+
+
+def test_a_runner_paused_past_its_lease_learns_it_lost(kind, make_cluster):
+    c = make_cluster(kind, {"long": long_entry(9)})
+    c.worker("w1", concurrency=1)
+    c.worker("w2", concurrency=1)
+    c.beat("b1")
+    first = c.wait_event("start", attempt=1)
+    group = os.getpgid(first["pid"])
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        second = c.wait_event("start", timeout=30, attempt=2)
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    c.wait_event("lost", timeout=10, attempt=1)
+    run = c.store.inspect("long", c.slot())
+    assert run.token == second["token"] and run.attempt == 2
+    time.sleep(2 * FAST["heartbeat"])
+    after = c.store.inspect("long", c.slot())
+    assert after.token == second["token"] and after.owner == run.owner, "the old runner took nothing back"
+    assert not c.events("end", attempt=1)
+
+
+def test_a_healthy_runner_pausing_less_than_its_lease_keeps_it(kind, make_cluster):
+    c = make_cluster(kind, {"long": long_entry(6)})
+    c.worker("w1", concurrency=1)
+    c.beat("b1")
+    first = c.wait_event("start", attempt=1)
+    group = os.getpgid(first["pid"])
+    os.killpg(group, signal.SIGSTOP)
+    time.sleep(FAST["duration"] - FAST["heartbeat"] - 2)   # 3 s: well under duration - heartbeat
+    os.killpg(group, signal.SIGCONT)
+    c.wait_event("end", timeout=15, attempt=1)
+    assert [e["attempt"] for e in c.events("start")] == [1]
+    assert not c.events("lost")
+    assert "taken over" not in c.logs("b1")
+
+
+def test_a_beat_killed_between_claim_and_send_is_replaced(kind, make_cluster):
+    c = make_cluster(kind, {"long": long_entry(1)})
+    c.worker()
+    c.beat("b1", env={"ANARCHON_TEST_EXIT_AFTER_CLAIM": "long"}, wait=False)
+    wait_until(lambda: c.cluster.procs["b1"].popen.poll() is not None, 30, "b1 to exit after its claim")
+    history = {h.slot_ms: h for h in c.store.history("long")}
+    assert history[c.slot()].event is RunEvent.CLAIMED, "the claim without a send"
+    c.beat("b2")
+    second = c.wait_event("start", timeout=30)
+    assert second["attempt"] == 2
+    c.wait_event("end")
+    assert len(c.events("start")) == 1
+    assert "queued past its deadline" in c.logs("b2")
+
+
+def test_a_message_lost_from_the_broker_is_replaced(kind, make_cluster):
+    c = make_cluster(kind, {"long": long_entry(1)})
+    c.beat("b1")
+    wait_until(lambda: c.store.inspect("long", c.slot()), 20, "the claim")
+    c.cluster.wait_log("b1", "Sending due task long")
+    with c.client.connection_for_write() as conn:
+        wait_until(lambda: conn.default_channel.queue_purge(c.queue), 10, "the message to purge")
+    c.worker()
+    second = c.wait_event("start", timeout=30)
+    assert second["attempt"] == 2
+    c.wait_event("end")
+    assert len(c.events("start")) == 1
+
+
+def test_a_retry_longer_than_the_lease_keeps_its_run(kind, make_cluster):
+    c = make_cluster(kind, {"long": {"task": "lease_app.retrying", "args": [FAST["duration"] + 2],
+                                     "lease": FAST}})
+    c.worker()
+    c.beat("b1")
+    c.wait_event("end", timeout=40)
+    starts = c.events("start")
+    assert [(e["retries"], e["attempt"]) for e in starts] == [(0, 1), (1, 1)]
+    assert "taken over" not in c.logs("b1")
+    run = c.store.inspect("long", c.slot())
+    assert run.state is RunState.FINISHED and run.attempt == 1
+
+
+def test_a_task_that_kills_its_worker_is_tried_max_attempts_then_lost(kind, make_cluster):
+    c = make_cluster(kind, {"long": {"task": "lease_app.suicidal", "lease": {
+        "duration": 3, "heartbeat": 0.5, "queue_timeout": 4, "max_attempts": 3}}})
+    c.worker(concurrency=1)
+    c.beat("b1")
+    c.beat("b2")
+    wait_until(lambda: (r := c.store.inspect("long", c.slot())) and r.state is RunState.LOST, 60,
+               f"the run to be recorded lost\n{c.cluster.logs()}", interval=0.2)
+    assert [e["attempt"] for e in c.events("start")] == [1, 2, 3]
+    assert c.store.history("long")[0].event is RunEvent.LOST
+    assert "recorded lost after 3 attempts" in c.logs("b1", "b2")
+
+
+@pytest.mark.parametrize("overlap", ["skip", "allow"])
+def test_overlap_skip_and_allow(kind, overlap, make_cluster):
+    lease = {**FAST, "overlap": overlap}
+    c = make_cluster(kind, {"long": {"task": "lease_app.sleepy", "args": [4.5], "every": 3,
+                                     "lease": lease}})
+    c.worker(concurrency=3)
+    c.beat("b1")
+    first = c.wait_event("start")
+    base = first["slot"]
+    if overlap == "skip":
+        end = c.wait_event("end", slot=base)["time"] * 1000
+        jitter_ms = 3000 / 4
+        alive = [s for s in range(base + 3000, int(end - jitter_ms), 3000)]
+        after = base + 3000 * (int((end - base) // 3000) + 1)      # the first slot after the end
+        wait_until(lambda: c.events("start", slot=after), 20, "the first slot after the run ended")
+        history = {h.slot_ms: h.event for h in c.store.history("long")}
+        started = collections.Counter(e["slot"] for e in c.events("start"))
+        assert alive, "the run spanned at least one slot"
+        for slot in alive:
+            assert slot not in started, "not sent while the previous run was alive"
+            assert history[slot] is RunEvent.OVERLAPPING
+        assert started[after] == 1, "sent once the previous run finished"
+    else:
+        wait_until(lambda: c.events("start", slot=base + 3000), 20, "the next slot")
+        first_end = c.events("end", slot=base)
+        second = c.events("start", slot=base + 3000)[0]
+        assert not first_end or first_end[0]["time"] > second["time"], "the runs overlapped"
+        assert second["token"] != first["token"], "each run under its own lease"
+        started = collections.Counter(e["slot"] for e in c.events("start"))
+    assert max(started.values()) == 1
