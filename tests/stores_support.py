@@ -16,7 +16,7 @@ from conftest import AMQP_URL, NATS_URL, POSTGRES_URL, REDIS8_URL, REDIS_URL, re
 #: the lease stores of DESIGN.md (they check lateness on their own clock and hold leases)
 LEASE_STORES = ("sqlite", "postgresql", "redis")
 #: the other stores of DESIGN.md's memory table, by backend module
-REDIS_STRATEGY_STORES: tuple[str, ...] = ()  # "redis-stream-id", "redis-script", "redis-idmp"
+REDIS_STRATEGY_STORES = ("redis-stream-id", "redis-script", "redis-idmp")
 RABBITMQ_STORES: tuple[str, ...] = ()        # "rabbitmq"
 NATS_STORES: tuple[str, ...] = ()            # "nats"
 #: every store: the contract suite runs on each

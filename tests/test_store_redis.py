@@ -24,15 +24,20 @@ NAMES = ["a:b", "a", "x}", "{x", "{x}", "it's", 'say "hi"', "with space", "with_
          "cafe", "%3A", ":", "", "日本", "a}:{b"]
 
 
-@pytest.fixture
-def stores(namespace):
-    maker = StoreMaker("redis", store_url("redis", ""), namespace)
+def redis_maker(kind: str, namespace: str):
+    """A StoreMaker of a Redis ``kind`` (stores_support); deletes the namespace's keys after."""
+    maker = StoreMaker(kind, store_url(kind, ""), namespace)
     yield maker
     maker.close_all()
     server = redis.Redis.from_url(maker.url)
     for key in server.scan_iter(match=f"anarchon:{{{namespace}*"):
         server.delete(key)
     server.close()
+
+
+@pytest.fixture
+def stores(namespace):
+    yield from redis_maker("redis", namespace)
 
 
 @pytest.fixture
@@ -259,10 +264,14 @@ def test_unknown_option_is_refused():
         store(memroy=10)
 
 
-@pytest.mark.parametrize("strategy", ["stream-id", "idmp", "script"])
-def test_later_strategies_are_refused_for_now(strategy):
-    with pytest.raises(ConfigError, match="not available in this version.*'lease'"):
-        store(strategy=strategy)
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
+def test_the_strategy_option_picks_the_strategy(strategy):
+    """Every strategy of DESIGN.md is built by RedisStore (the one class of the URL table); only
+    'lease' holds leases and checks lateness on the server's clock (the others:
+    test_store_redis_strategies.py)."""
+    s = store(strategy=strategy)
+    assert isinstance(s, RedisStore) and s.strategy == strategy
+    assert s.holds_leases is s.checks_lateness is (strategy == "lease")
 
 
 @pytest.mark.parametrize("option, value", [("memory", 0), ("memory", "1h"), ("memory", True),

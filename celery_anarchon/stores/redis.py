@@ -1,5 +1,9 @@
 """The Redis store, strategy ``lease`` (DESIGN.md store memory table: Redis ``lease``).
 
+The ``strategy`` store option picks how Redis claims: ``lease`` (this module), ``stream-id``,
+``script`` or ``idmp`` (:mod:`celery_anarchon.stores.redis_strategies`). ``RedisStore(...)`` builds
+the class of the strategy asked for, so the URL scheme table needs one class only.
+
 Every claim decision is taken inside one Lua script per batch, on the server's ``TIME``
 (DESIGN.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
 in :mod:`celery_anarchon.stores.redis_scripts`; the semantics are those of every lease store
@@ -42,10 +46,15 @@ from celery_anarchon.stores.base import (
 )
 from celery_anarchon.stores.redis_scripts import ENTRY_KEYS, SCRIPTS
 
-#: Options of ``anarchon_store_options`` this store understands (besides the common ones).
-OPTIONS = frozenset({"strategy", "memory", "key_prefix", "master_name", "sentinel_kwargs"})
-#: Strategies of DESIGN.md not built yet.
-LATER_STRATEGIES = ("stream-id", "idmp", "script")
+#: Options of ``anarchon_store_options`` every strategy understands (besides the common ones).
+OPTIONS = frozenset({"strategy", "key_prefix", "master_name", "sentinel_kwargs"})
+#: Each strategy's own options (DESIGN.md store memory table: the setting of its memory).
+STRATEGY_OPTIONS = {"lease": ("memory",), "stream-id": (), "script": ("window",),
+                    "idmp": ("duration", "max_size")}
+STRATEGIES = tuple(STRATEGY_OPTIONS)
+#: The Redis version each strategy needs: streams (XADD with explicit ids) and scripts replicated by
+#: effects (TIME before writes) exist from 5.0; XADD ... IDMP from 8.6.
+MIN_VERSIONS = {"lease": (5, 0), "stream-id": (5, 0), "script": (5, 0), "idmp": (8, 6)}
 DEFAULT_KEY_PREFIX = "anarchon"
 SENTINEL_PORT = 26379
 #: maxmemory policies that may evict keys without a TTL (ours): claims would vanish.
@@ -71,13 +80,25 @@ def _positive_int(name: str, value) -> int:
 
 
 def _strategy(value) -> str:
-    if value == "lease":
+    if isinstance(value, str) and value in STRATEGIES:
         return value
-    if value in LATER_STRATEGIES:
-        raise ConfigError(f"anarchon_store_options['strategy'] = {value!r}: this strategy is not "
-                          "available in this version of celery_anarchon; use 'lease' (the default)")
     raise ConfigError(f"anarchon_store_options['strategy'] = {value!r}: unknown Redis strategy; "
-                      "allowed: 'lease' (the default)")
+                      "allowed: 'lease' (the default), 'stream-id', 'script', 'idmp'")
+
+
+def check_options(strategy: str, options: dict) -> None:
+    """ConfigError for an option of another strategy (a ``window`` with strategy ``idmp`` is a
+    typo or a half-done change, not something to ignore) or one no Redis strategy knows."""
+    for name in options:
+        owners = [s for s, names in STRATEGY_OPTIONS.items() if name in names and s != strategy]
+        if owners and name not in STRATEGY_OPTIONS[strategy]:
+            raise ConfigError(
+                f"anarchon_store_options[{name!r}] belongs to the Redis strategy {owners[0]!r}, not "
+                f"to {strategy!r} (the strategy in use); remove it, or set 'strategy' to "
+                f"{owners[0]!r}. Options of {strategy!r}: "
+                f"{', '.join(STRATEGY_OPTIONS[strategy]) or 'none besides the common ones'}.")
+    reject_unknown_options(f"redis (strategy {strategy!r})", options,
+                           OPTIONS | set(STRATEGY_OPTIONS[strategy]))
 
 
 def _key_prefix(value) -> str:
@@ -130,6 +151,8 @@ def entry_key_prefix(key_prefix: str, namespace: str, entry: str) -> str:
 class RedisStore(Store):
     """Redis, strategy ``lease``: claims, history and leases in Lua scripts on the server clock.
 
+    ``RedisStore(url, strategy=...)`` returns an instance of the strategy's class (a subclass).
+
     :param memory: seconds a claimed run is remembered (default 3600), shared by every instance
         and never derived from one instance's max_late (DESIGN.md store memory table).
     :param history_size: runs of history kept per entry (default 100).
@@ -142,17 +165,30 @@ class RedisStore(Store):
     kind = "redis"
     checks_lateness = True
     holds_leases = True
+    #: the value of the ``strategy`` option this class implements
+    strategy = "lease"
+    #: Lua constants of the keys the claim script needs after ENTRY_KEYS in each block
+    EXTRA_KEYS: dict[str, str] = {}
+
+    def __new__(cls, url: str = "", **kwargs):
+        if cls is RedisStore:
+            strategy = _strategy(kwargs.get("strategy", "lease"))
+            if strategy != "lease":
+                from celery_anarchon.stores.redis_strategies import STRATEGY_CLASSES
+                cls = STRATEGY_CLASSES[strategy]
+        return super().__new__(cls)
 
     def __init__(self, url: str, *, namespace: str, instance_id: str, **options) -> None:
-        reject_unknown_options(self.kind, options, OPTIONS)
-        self.strategy = _strategy(options.get("strategy", "lease"))
-        self.memory_s = _seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
+        if _strategy(options.get("strategy", self.strategy)) != self.strategy:
+            raise ConfigError(f"anarchon_store_options['strategy'] = {options['strategy']!r}: this "
+                              f"is the {self.strategy!r} class; open the store with RedisStore")
+        check_options(self.strategy, options)
+        self._configure(options)
         history_size = _positive_int("history_size", options.get("history_size", DEFAULT_HISTORY_SIZE))
         claim_timeout = _seconds("claim_timeout", options.get("claim_timeout", DEFAULT_CLAIM_TIMEOUT_S))
         self.key_prefix = _key_prefix(options.get("key_prefix", DEFAULT_KEY_PREFIX))
         super().__init__(url, namespace=namespace, instance_id=instance_id,
                          history_size=history_size, claim_timeout=claim_timeout)
-        self._memory_ms = max(1, round(self.memory_s * 1000))
         self._sentinel = None
         if scheme_of(url) == "sentinel":
             master_name = options.get("master_name")
@@ -182,6 +218,12 @@ class RedisStore(Store):
         """The URL with every password masked (each part of a Sentinel URL too)."""
         return ";".join(mask_url(part) for part in self.url.split(";"))
 
+    def _configure(self, options: dict) -> None:
+        """Read the strategy's own options (validated; ConfigError naming option and value)."""
+        self.memory_s = _seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
+        #: ms sent in every script's header (the lease strategy's memory)
+        self._memory_ms = max(1, round(self.memory_s * 1000))
+
     @property
     def memory(self) -> Memory:
         return Memory(duration_s=self.memory_s)
@@ -192,11 +234,22 @@ class RedisStore(Store):
     def keys_of(self, entry: str) -> dict[str, str]:
         """Every key of ``entry``, by what it holds (all share one hash tag)."""
         start = entry_key_prefix(self.key_prefix, self.namespace, entry)
-        return {what: f"{start}:{what}" for what in (*ENTRY_KEYS, "definitions")}
+        return {what: f"{start}:{what}"
+                for what in (*ENTRY_KEYS, *self.EXTRA_KEYS.values(), "definitions")}
 
     def _block(self, entry: str) -> list[str]:
+        """The keys every shared script takes for ``entry`` (ENTRY_KEYS order)."""
         keys = self.keys_of(entry)
         return [keys[what] for what in ENTRY_KEYS]
+
+    def _claim_block(self, entry: str) -> list[str]:
+        """The keys the strategy's claim script takes: ENTRY_KEYS, then EXTRA_KEYS."""
+        keys = self.keys_of(entry)
+        return [keys[what] for what in (*ENTRY_KEYS, *self.EXTRA_KEYS.values())]
+
+    def _script_texts(self) -> dict[str, str]:
+        """The Lua scripts this strategy runs, by name."""
+        return SCRIPTS
 
     # -- connections --------------------------------------------------------------------------
     def _redis(self) -> tuple[redis.Redis, dict]:
@@ -219,7 +272,8 @@ class RedisStore(Store):
                     sentinel = redis.sentinel.Sentinel(
                         sentinels, sentinel_kwargs={**own, **sentinel_kwargs}, **kwargs)
                     client = sentinel.master_for(master_name, **master)
-                scripts = {name: client.register_script(text) for name, text in SCRIPTS.items()}
+                scripts = {name: client.register_script(text)
+                           for name, text in self._script_texts().items()}
                 self._conn = (client, scripts)
             return self._conn
 
@@ -252,32 +306,49 @@ class RedisStore(Store):
 
     # -- life cycle ---------------------------------------------------------------------------
     def prepare(self, entries: Iterable[str]) -> list[str]:
-        """Ping, load the scripts, note the memory start of new entries ("Amnesia"), and warn
-        when the server keeps no data on disk or may evict claims."""
+        """Ping, check the server's version, load the scripts, note the memory start of new
+        entries ("Amnesia"), and warn when the server keeps no data on disk or may evict claims.
+
+        :raises ConfigError: the server is older than the strategy needs (the message names its
+            version and the strategies that work on it).
+        """
         entries = list(dict.fromkeys(entries))
         with self._unavailable("prepare"):
             client, scripts = self._redis()
             client.ping()
-            version = self._server_version(client)
-            if version is not None and version < (5, 0):
-                raise ConfigError(f"Redis store {self.safe_url}: Redis {'.'.join(map(str, version))} "
-                                  "is too old; the lease store needs Redis >= 5.0")
+            text, version = self._server_version(client)
+            need = MIN_VERSIONS[self.strategy]
+            if version is not None and version < need:
+                usable = [s for s, v in MIN_VERSIONS.items() if version >= v]
+                raise ConfigError(
+                    f"Redis store {self.safe_url}: the server runs Redis {text}, and the strategy "
+                    f"{self.strategy!r} needs Redis >= {'.'.join(map(str, need))}. "
+                    + (f"Strategies that work on Redis {text}: {', '.join(map(repr, usable))}; set "
+                       "anarchon_store_options['strategy'] to one of them, or upgrade the server."
+                       if usable else "No strategy works on it: upgrade the server."))
             pipe = client.pipeline(transaction=False)
             for script in scripts.values():
                 pipe.script_load(script.script)
             pipe.execute()
         if entries:
             self._call("memory_start", [k for e in entries for k in self._block(e)], 0)
+        warnings = self._prepare_strategy(entries)
         with self._unavailable("prepare"):
-            return self._warnings(client)
+            return warnings + self._warnings(client)
+
+    def _prepare_strategy(self, entries: list[str]) -> list[str]:
+        """What the strategy sets up at start-up (after the memory start); its warnings."""
+        return []
 
     @staticmethod
-    def _server_version(client) -> tuple[int, ...] | None:
+    def _server_version(client) -> tuple[str, tuple[int, ...] | None]:
+        """``redis_version`` of ``INFO server`` as text and (major, minor); None if unreadable."""
+        text = ""
         try:
             text = str(client.info("server").get("redis_version", ""))
-            return tuple(int(p) for p in text.split(".")[:2])
+            return text, tuple(int(p) for p in text.split(".")[:2])
         except (redis.exceptions.ResponseError, ValueError):
-            return None
+            return text, None
 
     def _warnings(self, client) -> list[str]:
         settings = {}
@@ -330,15 +401,7 @@ class RedisStore(Store):
                      int(lease.queue_timeout_ms) if lease else 0,
                      "1" if lease and lease.overlap_allowed else "0"]
         reply = self._call("claim", [k for e in blocks for k in self._block(e)], *args)
-        now = int(reply["now"])
-        results = []
-        for request, r in zip(requests, reply["results"]):
-            results.append(ClaimResult(
-                request=request, outcome=Outcome(r["o"]), winner=r.get("w"),
-                winner_fingerprint=r.get("f", ""), store_ms=now,
-                token=int(r["k"]) if r.get("k") else None, attempt=int(r.get("a", 1)),
-                detail=r.get("d", "")))
-        return results
+        return claim_results(requests, reply)
 
     # -- history ------------------------------------------------------------------------------
     def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
@@ -419,6 +482,17 @@ class RedisStore(Store):
         reply = self._call("requeue", self._block(entry), int(slot_ms), int(token), int(delay_ms),
                            int(queue_timeout_ms))
         return reply["done"] == "1"
+
+
+def claim_results(requests: Sequence[ClaimRequest], reply: dict) -> list[ClaimResult]:
+    """The ClaimResults of a claim script's reply ``{now, results: [{o, w, f, k, a, d}]}``, whose
+    results come in the order of ``requests``."""
+    now = int(reply["now"])
+    return [ClaimResult(request=request, outcome=Outcome(r["o"]), winner=r.get("w"),
+                        winner_fingerprint=r.get("f", ""), store_ms=now,
+                        token=int(r["k"]) if r.get("k") else None, attempt=int(r.get("a", 1)),
+                        detail=r.get("d", ""))
+            for request, r in zip(requests, _items(reply.get("results")))]
 
 
 def _items(value) -> list:

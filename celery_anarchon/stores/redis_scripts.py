@@ -1,4 +1,5 @@
-"""Lua scripts of the Redis ``lease`` store (:mod:`celery_anarchon.stores.redis`).
+"""Lua scripts of the Redis ``lease`` store (:mod:`celery_anarchon.stores.redis`), and the prelude
+the other strategies' scripts share (:mod:`celery_anarchon.stores.redis_strategies`).
 
 Each script is defined once here, with a comment per KEYS and ARGV item, and registered once per
 client (redis-py ``Script`` objects: EVALSHA, re-loaded by redis-py after NOSCRIPT).
@@ -6,8 +7,9 @@ client (redis-py ``Script`` objects: EVALSHA, re-loaded by redis-py after NOSCRI
 Conventions shared by every script (the semantics are in ``store-semantics.md``):
 
 * **Keys.** A script receives, for each entry it touches, the entry's block of ``len(ENTRY_KEYS)``
-  keys in :data:`ENTRY_KEYS` order; ``key(b, WHAT)`` is key WHAT of block ``b`` (1-based). No key
-  name is ever built inside Lua, and every key of a block shares one hash tag.
+  keys in :data:`ENTRY_KEYS` order (a strategy's claim script: followed by its own keys, see
+  :func:`lua`); ``key(b, WHAT)`` is key WHAT of block ``b`` (1-based). No key name is ever built
+  inside Lua, and every key of a block shares one hash tag.
 * **ARGV header.** ``ARGV[1]`` this instance's id, ``ARGV[2]`` the store memory in ms,
   ``ARGV[3]`` history_size; a script's own arguments start at ``ARGV[4]``.
 * **Memory start.** Every script notes the memory start of an entry that has none (the store
@@ -41,7 +43,6 @@ ENTRY_KEYS = (
 )
 
 _PRELUDE = r"""
-local BLOCK = 8
 local BORN, FENCE, CLAIMS, EXPIRY, HISTORY, HISTORY_SLOTS, RUNS, ACTIVE = 1, 2, 3, 4, 5, 6, 7, 8
 local TOL = 10000                                   -- LATENESS_TOLERANCE_MS
 local INSTANCE = ARGV[1]                            -- this instance's id
@@ -79,6 +80,17 @@ local function memory_start(b)
   if born then return tonumber(born) end
   redis.call('SET', key(b, BORN), int(NOW))
   return NOW
+end
+
+-- why slot cannot be claimed because the store's memory of entry b began after it ("Amnesia"),
+-- or nil; notes the memory start if it is missing
+local function amnesia(b, slot)
+  local born = memory_start(b)
+  if slot < born + TOL then
+    return "the store's memory of this entry began at " .. iso(born) ..
+      ' (new store, or it lost its data); runs before ' .. iso(born + TOL) .. ' are refused'
+  end
+  return nil
 end
 
 -- max(last + 1, store clock in us): tokens keep growing even after the store forgot
@@ -152,8 +164,13 @@ end
 """
 
 
-def _script(body: str) -> str:
-    return _PRELUDE + body
+def lua(body: str, extra_keys: tuple[str, ...] = ()) -> str:
+    """A script: the prelude, then ``body``. ``extra_keys`` names the Lua constants of the keys a
+    strategy adds after :data:`ENTRY_KEYS` in every block (``("STREAM",)``: ``key(b, STREAM)``)."""
+    header = f"local BLOCK = {len(ENTRY_KEYS) + len(extra_keys)}\n"
+    header += "".join(f"local {name} = {len(ENTRY_KEYS) + i}\n"
+                      for i, name in enumerate(extra_keys, 1))
+    return header + _PRELUDE + body
 
 
 #: Claim a batch of runs: all runs of a tick in one EVALSHA.
@@ -164,7 +181,7 @@ def _script(body: str) -> str:
 #:   +3 task id (history), +4 claimant's fingerprint, +5 "1" leased / "0",
 #:   +6 queue_timeout ms (leased), +7 "1" overlap allowed / "0" skip (leased).
 #: Reply: {now, results: [{o outcome, w winner, f fingerprint, k token, a attempt, d detail}]}.
-CLAIM = _script(r"""
+CLAIM = lua(r"""
 local function prune(b)  -- claims (and terminal runs) past their age; never by count
   local gone = redis.call('ZRANGEBYSCORE', key(b, EXPIRY), '-inf', NOW)
   for _, s in ipairs(gone) do
@@ -175,11 +192,8 @@ local function prune(b)  -- claims (and terminal runs) past their age; never by 
 end
 
 local function refusal(b, slot_s, slot, max_late, leased, overlap)
-  local born = memory_start(b)
-  if slot < born + TOL then
-    return 'forgotten', "the store's memory of this entry began at " .. iso(born) ..
-      ' (new store, or it lost its data); runs before ' .. iso(born + TOL) .. ' are refused'
-  end
+  local forgot = amnesia(b, slot)
+  if forgot then return 'forgotten', forgot end
   if NOW - slot >= MEMORY_MS then
     return 'forgotten', 'the slot is older than the store memory (' .. int(MEMORY_MS) .. ' ms)'
   end
@@ -250,7 +264,7 @@ return cjson.encode({now = int(NOW), results = results})
 #: KEYS: one ENTRY_KEYS block per entry.
 #: ARGV[1..3]: header.  ARGV[4]: ms to move the memory start back ("0": only note missing ones).
 #: Reply: {now}.
-MEMORY_START = _script(r"""
+MEMORY_START = lua(r"""
 local by = tonumber(ARGV[4])
 for b = 1, #KEYS / BLOCK do
   local born = memory_start(b)
@@ -264,7 +278,7 @@ return cjson.encode({now = int(NOW)})
 #: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: event (RunEvent value).  ARGV[6]: task id.
 #: ARGV[7]: attempt.  ARGV[8]: detail.  ARGV[9]: "1" fill only (skip events) / "0" replace.
 #: Reply: {now}.
-RECORD = _script(r"""
+RECORD = lua(r"""
 memory_start(1)
 history_put(1, ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1')
 return cjson.encode({now = int(NOW)})
@@ -274,7 +288,7 @@ return cjson.encode({now = int(NOW)})
 #: KEYS: the entry's ENTRY_KEYS block.
 #: ARGV[1..3]: header.  ARGV[4]: how many runs at most.
 #: Reply: {now, records: [{s slot, r history record}]}, newest first.
-HISTORY_READ = _script(r"""
+HISTORY_READ = lua(r"""
 memory_start(1)
 local records = {}
 for _, s in ipairs(redis.call('ZREVRANGE', key(1, HISTORY_SLOTS), 0, tonumber(ARGV[4]) - 1)) do
@@ -287,7 +301,7 @@ return cjson.encode({now = int(NOW), records = records})
 #: Read one leased run.
 #: KEYS: the entry's ENTRY_KEYS block.  ARGV[1..3]: header.  ARGV[4]: slot (ms).
 #: Reply: {now, run?}.
-INSPECT = _script(r"""
+INSPECT = lua(r"""
 memory_start(1)
 return cjson.encode({now = int(NOW), run = run_get(1, ARGV[4])})
 """)
@@ -295,7 +309,7 @@ return cjson.encode({now = int(NOW), run = run_get(1, ARGV[4])})
 #: Leased runs started with an expired lease or queued past their deadline.
 #: KEYS: one ENTRY_KEYS block per entry.  ARGV[1..3]: header.
 #: Reply: {now, runs: [{b entry block, s slot, r run}]}.
-EXPIRED_RUNS = _script(r"""
+EXPIRED_RUNS = lua(r"""
 local found = {}
 for b = 1, #KEYS / BLOCK do
   memory_start(b)
@@ -312,7 +326,7 @@ return cjson.encode({now = int(NOW), runs = found})
 #: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: expected token.
 #: ARGV[6]: queue_timeout ms for the new attempt.  ARGV[7]: max_attempts.
 #: Reply: {now, outcome (TakeoverOutcome value), run?}.
-TAKE_OVER = _script(r"""
+TAKE_OVER = lua(r"""
 memory_start(1)
 local slot_s = ARGV[4]
 local run = run_get(1, slot_s)
@@ -343,7 +357,7 @@ return reply('taken')
 #: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: owner (this execution).
 #: ARGV[6]: lease duration ms.
 #: Reply: {now, adopted "1"/"0", run?}.
-ADOPT = _script(r"""
+ADOPT = lua(r"""
 memory_start(1)
 local slot_s = ARGV[4]
 local run = run_get(1, slot_s)
@@ -363,7 +377,7 @@ return cjson.encode({now = int(NOW), adopted = adopted, run = run})
 #: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: token.  ARGV[6]: owner.
 #: ARGV[7]: lease duration ms.
 #: Reply: {now, run?} (no run: the token is stale, the runner lost the lease).
-RENEW = _script(r"""
+RENEW = lua(r"""
 memory_start(1)
 local slot_s, token = ARGV[4], tonumber(ARGV[5])
 local run = run_get(1, slot_s)
@@ -384,7 +398,7 @@ return cjson.encode({now = int(NOW), run = run})
 #: The runner is done: state finished, if its token is current.
 #: KEYS: the entry's ENTRY_KEYS block.  ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: token.
 #: Reply: {now, done "1"/"0"}.
-RELEASE = _script(r"""
+RELEASE = lua(r"""
 memory_start(1)
 local slot_s = ARGV[4]
 local run = run_get(1, slot_s)
@@ -403,7 +417,7 @@ return cjson.encode({now = int(NOW), done = done})
 #: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: token.  ARGV[6]: retry delay ms.
 #: ARGV[7]: queue_timeout ms.
 #: Reply: {now, done "1"/"0"}.
-REQUEUE = _script(r"""
+REQUEUE = lua(r"""
 memory_start(1)
 local slot_s = ARGV[4]
 local run = run_get(1, slot_s)

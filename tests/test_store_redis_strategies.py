@@ -1,0 +1,410 @@
+"""What only the Redis strategies stream-id, script and idmp promise: each one's memory, its own
+refusals, the idmp server checks and settings, and their options.
+
+The promises every store makes are proved by test_store_contract.py (these three kinds are in
+``REDIS_STRATEGY_STORES``). Memories are shown with small settings and waits on the server's
+clock (``wait_until``), never sleeps.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import random
+import time
+from collections import Counter
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from celery_anarchon.errors import ConfigError, StoreUnavailable
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, Outcome, RunEvent
+from celery_anarchon.stores.redis import RedisStore
+from celery_anarchon.stores.redis_strategies import (
+    RedisIdmpStore, RedisScriptStore, RedisStreamIdStore,
+)
+
+from conftest import REDIS_URL, require_server
+from stores_support import StoreMaker, wait_until
+from test_store_redis import redis_maker
+
+KINDS = ("redis-stream-id", "redis-script", "redis-idmp")
+
+
+@pytest.fixture(params=KINDS)
+def stores(request, namespace):
+    yield from redis_maker(request.param, namespace)
+
+
+@pytest.fixture
+def stream_id(namespace):
+    yield from redis_maker("redis-stream-id", namespace)
+
+
+@pytest.fixture
+def script(namespace):
+    yield from redis_maker("redis-script", namespace)
+
+
+@pytest.fixture
+def idmp(namespace):
+    yield from redis_maker("redis-idmp", namespace)
+
+
+def raw(maker: StoreMaker) -> redis.Redis:
+    return redis.Redis.from_url(maker.url, decode_responses=True)
+
+
+def prepared(store, *entries):
+    """Prepared, with the memory start two minutes back (a fresh store refuses the first 10 s)."""
+    entries = list(entries or ["e"])
+    store.prepare(entries)
+    store._backdate_memory_start(entries, 120_000)
+    return store
+
+
+def req(entry, slot_ms, fingerprint="fp"):
+    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=60_000, task_id=f"t-{slot_ms}",
+                        fingerprint=fingerprint)
+
+
+def outcome(store, slot, entry="e"):
+    return store.claim([req(entry, slot)])[0].outcome
+
+
+def history_event(store, slot, entry="e"):
+    return {h.slot_ms: h.event for h in store.history(entry)}.get(slot)
+
+
+# -- every strategy -------------------------------------------------------------------------------
+
+def test_memory_flags_and_description(stores):
+    s = stores("A")
+    assert not s.holds_leases and not s.checks_lateness and s.recognises_winner
+    expected = {"redis-stream-id": (None, None, "strategy", None),
+                "redis-script": (300.0, 100, "window", "history_size"),
+                "redis-idmp": (300.0, 1000, "duration", "max_size")}[stores.kind]
+    m = s.memory
+    assert (m.duration_s, m.count, m.setting, m.count_setting) == expected
+    assert s.describe().startswith(f"redis strategy={s.strategy} ")
+
+
+def test_no_lease_operations(stores):
+    s = stores("A")
+    with pytest.raises(ConfigError, match="cannot hold leases"):
+        s.adopt("e", 1, "w", 1000)
+    with pytest.raises(ConfigError, match="cannot hold leases"):
+        s.expired_runs(["e"])
+
+
+def test_every_key_of_an_entry_has_one_hash_tag_and_no_ttl(stores):
+    s = prepared(stores("A"))
+    now = s.now_ms()
+    s.claim([req("e", now + i) for i in range(3)])
+    keys = s.keys_of("e")
+    assert len({key_slot(k.encode()) for k in keys.values()}) == 1
+    server = raw(stores)
+    present = [k for k in keys.values() if server.exists(k)]
+    assert present and all(server.ttl(k) == -1 for k in present), "no key carries a TTL"
+
+
+def test_batch_claim_is_one_round_trip(stores, monkeypatch):
+    s = prepared(stores("A"), "a", "b")
+    now = s.now_ms()
+    client = s._redis()[0]
+    sent = []
+    real = client.execute_command
+    monkeypatch.setattr(client, "execute_command", lambda *a, **kw: sent.append(a[0]) or real(*a, **kw))
+    results = s.claim([req(e, now + i) for e in ("a", "b") for i in range(4)])
+    assert sent == ["EVALSHA"] and all(r.outcome is Outcome.WON for r in results)
+
+
+def test_definitions_are_shared_with_the_lease_layout(stores):
+    a, b = stores("A"), stores("B")
+    a.save_definition("e", "fp1", "task=t")
+    assert b.load_definition("e", "fp1") == "task=t" and b.load_definition("e", "x") is None
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "script", "idmp"])
+def test_unreachable_server_raises_store_unavailable_quickly(strategy):
+    s = open_store("redis://:s3cret@127.0.0.1:1/0", namespace="ns", instance_id="A",
+                   options={"strategy": strategy, "claim_timeout": 1})
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable) as caught:
+        s.claim([req("e", 1)])
+    assert time.monotonic() - started < 2
+    assert "redis://:***@127.0.0.1:1/0" in str(caught.value) and "s3cret" not in str(caught.value)
+    with pytest.raises(StoreUnavailable):
+        s.prepare(["e"])
+    s.close()
+
+
+# -- options --------------------------------------------------------------------------------------
+
+def build(**options) -> RedisStore:
+    return open_store(REDIS_URL, namespace="ns", instance_id="A", options=options)
+
+
+@pytest.mark.parametrize("strategy, cls", [("stream-id", RedisStreamIdStore),
+                                           ("script", RedisScriptStore), ("idmp", RedisIdmpStore)])
+def test_strategy_builds_its_class(strategy, cls):
+    assert type(build(strategy=strategy)) is cls
+
+
+@pytest.mark.parametrize("strategy, option, owner", [
+    ("idmp", "window", "script"), ("script", "duration", "idmp"), ("script", "max_size", "idmp"),
+    ("stream-id", "memory", "lease"), ("stream-id", "window", "script"),
+    ("lease", "window", "script"), ("lease", "duration", "idmp"), ("idmp", "memory", "lease"),
+])
+def test_an_option_of_another_strategy_is_refused(strategy, option, owner):
+    """A ``window`` with strategy idmp is a typo or a half-done change: never ignored."""
+    with pytest.raises(ConfigError) as caught:
+        build(strategy=strategy, **{option: 10})
+    text = str(caught.value)
+    assert f"[{option!r}] belongs to the Redis strategy {owner!r}, not to {strategy!r}" in text
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "script", "idmp"])
+def test_unknown_option_is_refused(strategy):
+    with pytest.raises(ConfigError, match="'windw' not understood"):
+        build(strategy=strategy, windw=10)
+
+
+@pytest.mark.parametrize("strategy, option, value", [
+    ("script", "window", 0), ("script", "window", "5m"), ("script", "window", True),
+    ("idmp", "duration", 0), ("idmp", "duration", 1.5), ("idmp", "duration", 86_401),
+    ("idmp", "max_size", 0), ("idmp", "max_size", 10_001), ("idmp", "max_size", 2.0),
+])
+def test_bad_values_name_option_and_value(strategy, option, value):
+    with pytest.raises(ConfigError) as caught:
+        build(strategy=strategy, **{option: value})
+    assert repr(option) in str(caught.value) and repr(value) in str(caught.value)
+
+
+def test_idmp_takes_the_servers_duration_range_not_redis_pys():
+    """redis-py 8.1's xcfgset() refuses a duration above 300 s before sending; the store sets
+    IDMP-DURATION from Lua, so the server's 1..86400 s applies."""
+    assert build(strategy="idmp", duration=3600).memory.duration_s == 3600
+    assert build(strategy="idmp", duration=86_400, max_size=10_000).memory.count == 10_000
+
+
+# -- stream-id ------------------------------------------------------------------------------------
+
+def test_stream_id_refuses_an_older_slot_after_a_newer_one_as_superseded(stream_id):
+    a, b = prepared(stream_id("A")), stream_id("B")
+    now = a.now_ms()
+    assert outcome(a, now) is Outcome.WON
+    older = b.claim([req("e", now - 1000)])[0]
+    assert older.outcome is Outcome.SUPERSEDED and "newer slot" in older.detail
+    assert history_event(a, now - 1000) is RunEvent.SUPERSEDED
+    assert outcome(b, now) is Outcome.LOST, "the same id is a loss, not superseded"
+    assert outcome(a, now) is Outcome.WON, "the winner's retry reads its own record back"
+    # a batch is claimed in slot order, so a late older run of the same tick is not refused
+    results = b.claim([req("e", now + 2000), req("e", now + 1000)])
+    assert [r.outcome for r in results] == [Outcome.WON, Outcome.WON]
+
+
+def test_stream_id_uses_sequence_0_only(stream_id):
+    """After <slot>-0, Redis would accept <slot>-1 (a second winner): every claim uses -0, so a
+    second claim of the slot is refused and the stream holds one entry for it."""
+    a, b = prepared(stream_id("A")), stream_id("B")
+    slot = a.now_ms()
+    assert outcome(a, slot) is Outcome.WON
+    assert outcome(b, slot) is Outcome.LOST
+    server, key = raw(stream_id), a.keys_of("e")["claims:stream"]
+    assert [entry_id for entry_id, _ in server.xrange(key)] == [f"{slot}-0"]
+    assert server.xadd(key, {"w": "rogue"}, id=f"{slot}-1") == f"{slot}-1", "the trap is real"
+    assert outcome(b, slot) is Outcome.LOST, "the store still reads <slot>-0's winner"
+    assert outcome(b, slot - 1) is Outcome.SUPERSEDED
+
+
+def test_stream_id_trimming_keeps_the_refusal(stream_id):
+    """The stream is bounded (MAXLEN ~), never expired or deleted; its last id survives any
+    trim, so every older slot stays refused, even with the stream emptied by hand."""
+    a = prepared(stream_id("A", history_size=5))
+    server, key = raw(stream_id), a.keys_of("e")["claims:stream"]
+    first = a.now_ms() - 5000
+    for start in range(0, 1000, 100):
+        a.claim([req("e", first + start + i) for i in range(100)])
+    newest = first + 999
+    assert server.xlen(key) <= 200, "trimmed to about max(history_size, 100) entries"
+    assert outcome(a, first) is Outcome.SUPERSEDED, "an older slot whose entry was trimmed"
+    assert server.ttl(key) == -1
+    server.xtrim(key, maxlen=0)
+    assert server.xlen(key) == 0 and server.exists(key)
+    assert outcome(a, first + 500) is Outcome.SUPERSEDED
+    gone = a.claim([req("e", newest)])[0]
+    assert gone.outcome is Outcome.UNKNOWN, "the newest id with its record gone: never won twice"
+    assert outcome(a, newest + 1) is Outcome.WON
+
+
+def _shuffled_racer(url, namespace, instance_id, runs, barrier, queue):
+    store = open_store(url, namespace=namespace, instance_id=instance_id,
+                       options={"strategy": "stream-id"})
+    try:
+        barrier.wait(timeout=30)
+        answers = [(r.request.slot_ms, r.outcome.value) for slot in runs
+                   for r in store.claim([req("e", slot)])]
+        queue.put((instance_id, answers, None))
+    except BaseException as exc:  # report, never hang the parent
+        queue.put((instance_id, [], repr(exc)))
+    finally:
+        store.close()
+
+
+def test_stream_id_out_of_order_racers_never_win_a_run_twice(stream_id):
+    """Processes claiming the same slots in different orders: older slots are superseded (a
+    possible miss), and no run ever has two winners."""
+    base = prepared(stream_id("setup")).now_ms()
+    ctx = multiprocessing.get_context("fork")
+    barrier, queue = ctx.Barrier(3), ctx.Queue()
+    orders = [random.Random(n).sample(range(base, base + 60), 60) for n in range(3)]
+    procs = [ctx.Process(target=_shuffled_racer, args=(stream_id.url, stream_id.namespace, f"p{n}",
+                                                         order, barrier, queue))
+             for n, order in enumerate(orders)]
+    for p in procs:
+        p.start()
+    reports = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert not [err for _, _, err in reports if err]
+    answers = [a for _, got, _ in reports for a in got]
+    assert {outcome for _, outcome in answers} <= {"won", "lost", "superseded"}
+    winners = Counter(slot for slot, outcome in answers if outcome == "won")
+    assert winners and max(winners.values()) == 1
+
+
+def test_stream_id_refuses_early_slots_on_the_server_clock(stream_id):
+    """An instance whose clock runs ahead must not push the stream's id past everyone's slots."""
+    a = prepared(stream_id("A"))
+    now = a.now_ms()
+    early = a.claim([req("e", now + LATENESS_TOLERANCE_MS + 5000)])[0]
+    assert early.outcome is Outcome.EARLY
+    assert outcome(a, now) is Outcome.WON
+
+
+# -- script ---------------------------------------------------------------------------------------
+
+def test_script_remembers_for_its_window_then_refuses_on_the_server_clock(script):
+    """Within the window a repeated claim is lost; after it the claim is pruned, and the slot,
+    now older than the window on the server's clock, is refused (forgotten): never won again.
+    The window is the memory; the refusal is the partial lateness check of DESIGN.md's table."""
+    a, b = prepared(script("A", window=1)), script("B", window=1)
+    slot = a.now_ms()
+    assert outcome(a, slot) is Outcome.WON
+    assert outcome(b, slot) is Outcome.LOST
+    wait_until(lambda: a.now_ms() > slot + 1100, 5, "the window to pass")
+    again = b.claim([req("e", slot)])[0]
+    assert again.outcome is Outcome.FORGOTTEN and "older than the window" in again.detail
+    server = raw(script)
+    assert not server.hexists(a.keys_of("e")["claims"], str(slot)), "the claim was pruned"
+    assert outcome(a, a.now_ms()) is Outcome.WON
+
+
+def test_script_count_trimming_never_reopens_a_trimmed_slot(script):
+    a, b = prepared(script("A", history_size=3)), script("B", history_size=3)
+    base = a.now_ms() - 10_000
+    slots = [base + i * 1000 for i in range(1, 6)]
+    for slot in slots:
+        assert outcome(a, slot) is Outcome.WON
+    server, keys = raw(script), a.keys_of("e")
+    assert server.zcard(keys["claims:slots"]) == 3 and server.hlen(keys["claims"]) == 3
+    assert server.get(keys["claims:floor"]) == str(slots[1])
+    for slot in slots[:2]:  # trimmed: refused, never won a second time
+        assert b.claim([req("e", slot)])[0].outcome is Outcome.FORGOTTEN
+    assert outcome(b, base) is Outcome.FORGOTTEN, "an older unclaimed slot is refused too"
+    assert outcome(b, slots[2]) is Outcome.LOST, "the newest 3 are remembered"
+    assert outcome(b, slots[1] + 500) is Outcome.WON, "out of order inside the window is fine"
+
+
+# -- idmp -----------------------------------------------------------------------------------------
+
+def test_idmp_remembers_for_duration_then_a_repeat_wins_again(idmp):
+    """Within ``duration`` a repeated claim is lost; after it the stream has forgotten and the
+    run is won a second time: why jitter + max_late must stay below it (start-up rule). (Redis
+    expires IDMP ids up to about a second after the duration: poll until the repeat wins.)"""
+    a, b = prepared(idmp("A", duration=1)), idmp("B", duration=1)
+    slot = a.now_ms()
+    won = a.claim([req("e", slot)])[0]
+    assert won.outcome is Outcome.WON
+    answers = []
+
+    def repeat_wins():
+        answers.append(b.claim([req("e", slot)])[0])
+        return answers[-1].outcome is Outcome.WON
+
+    wait_until(repeat_wins, 5, "the repeated claim to win after the duration")
+    again = answers.pop()
+    assert again.winner == "B" and again.store_ms - won.store_ms >= 1000, "never within duration"
+    assert answers and all(r.outcome is Outcome.LOST and r.winner == "A" for r in answers)
+
+
+def test_idmp_remembers_max_size_runs_then_a_repeat_wins_again(idmp):
+    a, b = prepared(idmp("A", max_size=2)), idmp("B", max_size=2)
+    base = a.now_ms() - 5000
+    for i in range(3):
+        assert outcome(a, base + i) is Outcome.WON
+    assert outcome(b, base + 2) is Outcome.LOST and outcome(b, base + 1) is Outcome.LOST
+    again = b.claim([req("e", base)])[0]
+    assert again.outcome is Outcome.WON and again.winner == "B", "the oldest of 3 was forgotten"
+
+
+def test_idmp_winner_record_gone_is_unknown_never_a_win(idmp):
+    a = prepared(idmp("A"))
+    slot = a.now_ms()
+    assert outcome(a, slot) is Outcome.WON
+    raw(idmp).xtrim(a.keys_of("e")["claims:idmp"], maxlen=0)  # IDMP still remembers the slot
+    assert outcome(a, slot) is Outcome.UNKNOWN
+
+
+def stream_settings(maker, store, entry="e"):
+    info = raw(maker).xinfo_stream(store.keys_of(entry)["claims:idmp"])
+    return info["idmp-duration"], info["idmp-maxsize"]
+
+
+def test_idmp_stream_is_created_with_the_settings_and_again_after_amnesia(idmp):
+    a = prepared(idmp("A", duration=3600, max_size=7))
+    assert stream_settings(idmp, a) == (3600, 7)
+    slot = a.now_ms()
+    assert outcome(a, slot) is Outcome.WON
+    idmp.wipe()
+    assert outcome(a, slot) is Outcome.FORGOTTEN
+    assert outcome(a, a.now_ms() + LATENESS_TOLERANCE_MS + 100) is Outcome.WON
+    assert stream_settings(idmp, a) == (3600, 7), "never the server's defaults (100 s, 100)"
+
+
+def test_idmp_live_stream_with_other_settings_is_kept_and_reported(idmp):
+    a = prepared(idmp("A", duration=60, max_size=50))
+    slot = a.now_ms()
+    assert outcome(a, slot) is Outcome.WON
+    b = idmp("B", duration=120, max_size=80)
+    text = " ".join(b.prepare(["e"]))
+    assert "IDMP-DURATION 60 s, IDMP-MAXSIZE 50" in text and "duration=120, max_size=80" in text
+    assert "Kept" in text and "1 runs now" in text
+    assert stream_settings(idmp, a) == (60, 50)
+    assert outcome(b, slot) is Outcome.LOST, "changing them would have re-opened this run"
+
+
+def test_idmp_stream_that_remembers_nothing_takes_the_new_settings(idmp):
+    a = prepared(idmp("A", duration=1, max_size=50))
+    assert outcome(a, a.now_ms()) is Outcome.WON
+    key = a.keys_of("e")["claims:idmp"]
+    wait_until(lambda: raw(idmp).xinfo_stream(key)["iids-tracked"] == 0, 5, "the duration to pass")
+    b = idmp("B", duration=120, max_size=80)
+    text = " ".join(b.prepare(["e"]))
+    assert "IDMP-DURATION 1 s, IDMP-MAXSIZE 50" in text and "changed to" in text
+    assert stream_settings(idmp, a) == (120, 80)
+
+
+def test_idmp_on_a_server_older_than_8_6_is_a_config_error():
+    require_server(REDIS_URL, "Redis")
+    version = redis.Redis.from_url(REDIS_URL).info("server")["redis_version"]
+    if tuple(int(p) for p in version.split(".")[:2]) >= (8, 6):
+        pytest.skip(f"the server at {REDIS_URL} is {version}, not older than 8.6")
+    s = open_store(REDIS_URL, namespace="ns", instance_id="A", options={"strategy": "idmp"})
+    with pytest.raises(ConfigError) as caught:
+        s.prepare(["e"])
+    text = str(caught.value)
+    assert f"Redis {version}" in text and ">= 8.6" in text
+    assert "'lease', 'stream-id', 'script'" in text and "'idmp'" not in text.split("work on")[1]
+    s.close()
