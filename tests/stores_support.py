@@ -18,7 +18,7 @@ LEASE_STORES = ("sqlite", "postgresql", "redis")
 #: the other stores of DESIGN.md's memory table, by backend module
 REDIS_STRATEGY_STORES = ("redis-stream-id", "redis-script", "redis-idmp")
 RABBITMQ_STORES: tuple[str, ...] = ()        # "rabbitmq"
-NATS_STORES: tuple[str, ...] = ()            # "nats"
+NATS_STORES = ("nats",)
 #: every store: the contract suite runs on each
 ALL_STORES = LEASE_STORES + REDIS_STRATEGY_STORES + RABBITMQ_STORES + NATS_STORES
 #: stores that refuse late and early claims on their own clock
