@@ -17,7 +17,7 @@ from conftest import AMQP_URL, NATS_URL, POSTGRES_URL, REDIS8_URL, REDIS_URL, re
 LEASE_STORES = ("sqlite", "postgresql", "redis")
 #: the other stores of DESIGN.md's memory table, by backend module
 REDIS_STRATEGY_STORES = ("redis-stream-id", "redis-script", "redis-idmp")
-RABBITMQ_STORES: tuple[str, ...] = ()        # "rabbitmq"
+RABBITMQ_STORES = ("rabbitmq",)
 NATS_STORES = ("nats",)
 #: every store: the contract suite runs on each
 ALL_STORES = LEASE_STORES + REDIS_STRATEGY_STORES + RABBITMQ_STORES + NATS_STORES

@@ -1,0 +1,219 @@
+"""The per-entry queues of the RabbitMQ store: the entry's lock, its memory start (amnesia) and
+its history. A mixin of :class:`~celery_anarchon.stores.rabbitmq.RabbitMQStore` (the module
+docstring there explains the design); it uses the store's ``names``, ``claim_timeout``,
+``history_size``, ``_using``, ``_drop`` and ``_warn_once``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+
+import amqp
+
+from celery_anarchon.errors import StoreUnavailable
+from celery_anarchon.stores.base import HistoryNote, HistoryRecord, RunEvent
+from celery_anarchon.stores.rabbitmq_amqp import (
+    ONE_MESSAGE, Session, decode, fold_history, history_arguments,
+)
+
+logger = logging.getLogger("celery_anarchon.stores.rabbitmq")
+
+#: history events kept per run of history_size (a claim, a send, and skips of other instances)
+HISTORY_EVENTS_PER_RUN = 4
+#: how often a reader waiting for an entry's lock tries again, seconds
+LOCK_POLL_S = 0.01
+
+
+def local_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+
+
+class EntryQueues:
+    """Lock, memory start and history of each entry, on the broker's queues."""
+
+    # -- memory start (amnesia) -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _entry_lock(self, s: Session, entry: str):
+        """Hold ``entry``'s exclusive lock queue: one reader of its born and history queues at a
+        time, across every instance. The broker frees it if this connection dies."""
+        name = self.names.lock(entry)
+        deadline = time.monotonic() + self.claim_timeout
+        while True:
+            ch = s.channel()
+            try:
+                ch.queue_declare(name, exclusive=True, auto_delete=True)
+                break
+            except amqp.exceptions.ResourceLocked:
+                if time.monotonic() > deadline:
+                    raise StoreUnavailable(
+                        f"RabbitMQ store {self.safe_url}: entry {entry!r} stayed locked by another "
+                        f"instance for {self.claim_timeout:g} s (queue {name!r}, held while its "
+                        "memory start or history is read)") from None
+                time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            try:
+                ch.queue_delete(name)
+                ch.close()
+            except Exception:  # noqa: BLE001 - a lock left behind dies with the connection
+                self._drop()
+
+    def _born(self, s: Session, entry: str) -> int:
+        """When the store's memory of ``entry`` began, UTC ms (the creating instance's clock);
+        creates it (now) when the broker has none. Read once per connection."""
+        born = s.born.get(entry)
+        if born is not None:
+            return born
+        queue = self.names.born(entry)
+        with self._entry_lock(s, entry):
+            ch = s.channel()
+            ch.queue_declare(queue, durable=True, auto_delete=False, arguments=ONE_MESSAGE)
+            born = self._take_born(ch, queue, keep=True)
+            ch.close()  # synchronous: the requeue is done before the lock is released
+            if born is None:
+                born = local_ms()
+                self._put_born(s, entry, born)
+        s.born[entry] = born
+        return born
+
+    def _take_born(self, ch, queue: str, *, keep: bool) -> int | None:
+        """The born message's value (``None`` if there is none); requeued in place when ``keep``,
+        else removed. Only under the entry's lock."""
+        message = ch.basic_get(queue, no_ack=False)
+        if message is None:
+            return None
+        body = decode(message) or {}
+        if keep:
+            ch.basic_reject(message.delivery_tag, requeue=True)
+        else:
+            ch.basic_ack(message.delivery_tag)
+        try:
+            return int(body["born_ms"])
+        except (KeyError, TypeError, ValueError):
+            logger.error("RabbitMQ store %s: queue %s holds no memory start (%r); using this "
+                         "instance's clock", self.safe_url, queue, message.body[:200])
+            return local_ms()
+
+    def _put_born(self, s: Session, entry: str, born_ms: int) -> None:
+        confirms = s.confirms()
+        tag = confirms.publish(self.names.born(entry), {
+            "born_ms": int(born_ms), "instance": self.instance_id, "namespace": self.namespace,
+            "entry": entry})
+        confirms.wait(self.claim_timeout)
+        if not confirms.acked(tag) or confirms.tainted:
+            raise StoreUnavailable(f"RabbitMQ store {self.safe_url}: the memory start of entry "
+                                   f"{entry!r} could not be written")
+
+    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
+        with self._using("backdating the memory start") as s:
+            for entry in dict.fromkeys(entries):
+                queue = self.names.born(entry)
+                with self._entry_lock(s, entry):
+                    ch = s.channel()
+                    ch.queue_declare(queue, durable=True, auto_delete=False, arguments=ONE_MESSAGE)
+                    old = self._take_born(ch, queue, keep=False)
+                    ch.close()
+                    born = (old if old is not None else local_ms()) - int(by_ms)
+                    self._put_born(s, entry, born)
+                s.born[entry] = born
+
+    # -- history (DESIGN.md "Words": one record per run) -------------------------------------
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """Append one event of a run to ``entry``'s history (skip events only fill: see
+        :func:`~celery_anarchon.stores.rabbitmq_amqp.fold_history`)."""
+        self.record_many([HistoryNote(entry, slot_ms, RunEvent(event), task_id=task_id,
+                                      attempt=attempt, detail=detail)])
+
+    def record_many(self, notes: Sequence[HistoryNote]) -> None:
+        """Append the events in one pipeline and wait for their confirms.
+
+        :raises StoreUnavailable: the broker could not be reached or did not confirm in time.
+        """
+        if notes:
+            with self._using(f"recording {len(notes)} history event(s)") as s:
+                self._publish_history(s, notes)
+
+    def _publish_history(self, s: Session, notes: Sequence[HistoryNote]) -> None:
+        """Publish ``notes`` to their entries' history queues and wait for the confirms. A queue
+        that vanished (the broker forgot it) is declared again and its events published again."""
+        now = local_ms()
+        pending = [(n.entry, {"s": int(n.slot_ms), "e": RunEvent(n.event).value,
+                              "i": self.instance_id, "t": now, "k": n.task_id,
+                              "a": int(n.attempt), "d": n.detail}) for n in notes]
+        for _ in range(2):
+            if not pending:
+                return
+            for entry in dict.fromkeys(entry for entry, _ in pending):
+                warning = self._ensure_history(s, entry)
+                if warning:
+                    self._warn_once(warning, logging.WARNING)
+            confirms = s.confirms()
+            tags = [(entry, body, confirms.publish(self.names.history(entry), body))
+                    for entry, body in pending]
+            confirms.wait(self.claim_timeout)
+            gone = {entry for entry, _, _ in tags if self.names.history(entry) in confirms.returned}
+            if confirms.tainted:
+                s.retire_confirms()
+            s.histories.difference_update(gone)
+            pending = [(entry, body) for entry, body, _ in tags if entry in gone]
+        if pending:
+            raise StoreUnavailable(f"RabbitMQ store {self.safe_url}: the history queues of "
+                                   f"{sorted({e for e, _ in pending})} vanished twice")
+
+    def _ensure_history(self, s: Session, entry: str) -> str | None:
+        """Declare ``entry``'s history queue once per connection; one declared elsewhere with
+        another bound is kept as it is (the warning is returned)."""
+        if entry in s.histories:
+            return None
+        queue = self.names.history(entry)
+        ch = s.channel()
+        warning = None
+        try:
+            ch.queue_declare(queue, durable=True, auto_delete=False,
+                             arguments=history_arguments(self.history_size * HISTORY_EVENTS_PER_RUN))
+            ch.close()
+        except amqp.exceptions.PreconditionFailed as exc:
+            warning = (f"history queue {queue!r} exists with other arguments ("
+                       f"{getattr(exc, 'reply_text', exc)}); it is kept as it is (instances use "
+                       "different history_size values)")
+        s.histories.add(entry)
+        return warning
+
+    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        """The entry's newest runs, newest first (at most ``limit`` or ``history_size``): every
+        event is read unacked under the entry's lock and given back in place."""
+        limit = self.history_size if limit is None else int(limit)
+        if limit < 1:
+            return []
+        with self._using("reading history") as s:
+            events = s.ensure(lambda: self._read_history(s, entry))
+        return fold_history(entry, events, limit)
+
+    def _read_history(self, s: Session, entry: str) -> list[dict]:
+        queue = self.names.history(entry)
+        with self._entry_lock(s, entry):
+            ch = s.channel()
+            try:
+                count = ch.queue_declare(queue, passive=True).message_count
+            except amqp.exceptions.NotFound:
+                return []
+            messages: list = []
+            if count:
+                ch.basic_qos(0, 0, False)
+                tag = ch.basic_consume(queue, no_ack=False, callback=messages.append)
+                while len(messages) < count:
+                    ch.connection.drain_events(timeout=self.claim_timeout)
+                ch.basic_cancel(tag)
+                for message in messages:
+                    ch.basic_reject(message.delivery_tag, requeue=True)
+            ch.close()  # synchronous: every message is back before the lock is released
+        return [body for body in map(decode, messages) if body is not None]
