@@ -19,7 +19,7 @@ app.conf.update(
     beat_scheduler="celery_anarchon:Scheduler",
     anarchon_store_url=os.environ["ANARCHON_IT_STORE"],
     anarchon_namespace=os.environ["ANARCHON_IT_NAMESPACE"],
-    anarchon_store_options={"history_size": 500},
+    anarchon_store_options=json.loads(os.environ.get("ANARCHON_IT_STORE_OPTIONS", "{}")),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
     beat_schedule={
