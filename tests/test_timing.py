@@ -21,10 +21,10 @@ def make_app(**conf):
     return app
 
 
-def plan_of(sched, options=None, *, app=None, store_options=None, name="report", **conf):
+def plan_of(sched, options=None, *, app=None, store_options=None, name="report",
+            url="sqlite:///unused.sqlite3", **conf):
     app = app or make_app(**conf)
-    store = open_store("sqlite:///unused.sqlite3", namespace="proj", instance_id="i",
-                       options=store_options or {})
+    store = open_store(url, namespace="proj", instance_id="i", options=store_options or {})
     entry = ScheduleEntry(name=name, task="proj.report", schedule=sched, options=options or {}, app=app)
     return build_plan(name, entry, app=app, settings=Settings.from_app(app), store=store)
 
@@ -158,3 +158,37 @@ def test_unknown_store_url_suggests_the_closest_scheme(url, expected):
     with pytest.raises(ConfigError) as info:
         open_store(url, namespace="n", instance_id="i")
     assert expected in str(info.value) and "Known schemes" in str(info.value)
+
+
+@pytest.mark.parametrize("url, options, setting", [
+    ("sqlite:///x.sqlite3", {"memory": 50}, "'memory'"),
+    ("redis://127.0.0.1:1/0", {"memory": 50}, "'memory'"),
+    ("redis://127.0.0.1:1/0", {"strategy": "script", "window": 50}, "'window'"),
+    ("redis://127.0.0.1:1/0", {"strategy": "idmp", "duration": 50}, "'duration'"),
+    ("amqp://guest:guest@127.0.0.1:1//", {"slot_ttl": 50}, "'slot_ttl'"),
+    ("nats://127.0.0.1:1", {"duplicate_window": 50}, "'duplicate_window'"),
+])
+def test_every_store_memory_must_outlast_jitter_plus_max_late(url, options, setting):
+    """The memory rule names the store option to raise and a safe value (no server needed)."""
+    message = error_of(600, store_options=options, url=url)
+    assert "entry 'report'" in message and setting in message and "at least 124" in message
+
+
+@pytest.mark.parametrize("options, setting, need", [
+    ({"strategy": "script", "history_size": 20}, "'history_size'", "at least 122"),
+    ({"strategy": "idmp", "max_size": 20}, "'max_size'", "at least 122"),
+])
+def test_count_limited_redis_memories_must_cover_jitter_plus_max_late(options, setting, need):
+    message = error_of(1, store_options=options, url="redis://127.0.0.1:1/0")
+    assert "entry 'report'" in message and setting in message and need in message
+
+
+@pytest.mark.parametrize("url, options", [
+    ("redis://127.0.0.1:1/0", {"strategy": "stream-id"}),
+    ("amqp://guest:guest@127.0.0.1:1//", {}),
+    ("nats://127.0.0.1:1", {}),
+])
+def test_a_leased_entry_needs_a_store_that_holds_leases(url, options):
+    message = error_of(600, {"anarchon": {"lease": True}}, store_options=options, url=url)
+    assert "entry 'report' is leased" in message and "cannot hold leases" in message
+    assert "Redis (strategy 'lease'), PostgreSQL or SQLite" in message
