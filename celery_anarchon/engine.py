@@ -301,7 +301,8 @@ class Engine:
                         task_id_for(self.namespace, plan.name, result.slot_ms, result.attempt))
             self._try_send(job)
         elif outcome is Outcome.LOST:
-            logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms), result.winner)
+            logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
+                         result.winner or "another instance")
         else:
             level = logging.INFO if outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED) else logging.WARNING
             logger.log(level, "%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
