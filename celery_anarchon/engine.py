@@ -21,7 +21,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable
 
-from celery_anarchon.errors import StoreError
+from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
 from celery_anarchon.stores.base import (
     ClaimRequest, ClaimResult, HistoryNote, LeasedRun, Outcome, RunState, Store, TakeoverOutcome,
@@ -149,7 +149,17 @@ class Engine:
         return self._heap[0][0] if self._heap else None
 
     # -- start-up ------------------------------------------------------------------------------
-    def _prepare(self, now: float) -> bool:
+    def start(self) -> bool:
+        """Prepare the store at start-up. An unreachable store is logged and retried by the
+        ticks (beat keeps running, sends nothing); a store that can never serve this
+        configuration (a server too old, an option that contradicts the live store) raises.
+
+        :raises ConfigError: the store refused the configuration.
+        :returns: whether the store is ready.
+        """
+        return self._prepare(self.clock(), at_start_up=True)
+
+    def _prepare(self, now: float, at_start_up: bool = False) -> bool:
         if now < self._store_retry_at:
             return False
         try:
@@ -158,6 +168,14 @@ class Engine:
                 self._save_definition(plan, quiet=False)
         except StoreError as exc:
             self._store_failed(exc, now, "preparing the store")
+            return False
+        except ConfigError as exc:
+            if at_start_up:
+                raise
+            logger.critical("anarchon store %s cannot serve this configuration: %s. Nothing is "
+                            "sent until it is fixed.", self.store.safe_url, exc)
+            self._store_ok = False
+            self._store_retry_at = now + BACKOFF_MAX_S
             return False
         for warning in warnings:
             logger.warning("anarchon store %s: %s", self.store.safe_url, warning)

@@ -91,9 +91,11 @@ class Scheduler(beat.Scheduler):
 
     # -- Celery's Scheduler interface -------------------------------------------------------------
     def setup_schedule(self) -> None:
-        """Merge ``beat_schedule``, keep Celery's default entries, check every entry.
+        """Merge ``beat_schedule``, keep Celery's default entries, check every entry, and prepare
+        the store (an unreachable store is retried by the ticks; beat keeps running).
 
-        :raises ConfigError: naming each misconfigured entry.
+        :raises ConfigError: naming each misconfigured entry, or a store that refuses the
+            configuration (e.g. a Redis too old for the ``idmp`` strategy).
         """
         # merge first, then add the defaults: the other order drops celery.backend_cleanup
         self.merge_inplace(self.app.conf.beat_schedule)
@@ -104,6 +106,7 @@ class Scheduler(beat.Scheduler):
         self.engine = Engine(self.store, plans, instance_id=self._instance_id,
                              namespace=self._settings.namespace, send=self._send)
         self._plans_snapshot = copy.copy(self.schedule)
+        self.engine.start()
         logger.info("anarchon: instance %s, store %s, namespace %r, %d entries", self._instance_id,
                     self.store.safe_url, self._settings.namespace, len(plans))
 
