@@ -64,6 +64,14 @@ def resolve_store_url(app, settings: Settings) -> tuple[str, dict, str | None]:
     return url, options, warning
 
 
+class Entry(beat.ScheduleEntry):
+    """Celery's ``ScheduleEntry``, accepting any schedule object: a schedule class of your own
+    needs only ``anarchon_next`` and ``anarchon_shortest_gap`` (beat never asks it ``is_due``)."""
+
+    def default_now(self):
+        return self.schedule.now() if hasattr(self.schedule, "now") else self.app.now()
+
+
 class Scheduler(beat.Scheduler):
     """A beat scheduler that runs on every host: each run is claimed once in a shared store.
 
@@ -76,6 +84,7 @@ class Scheduler(beat.Scheduler):
 
     #: beat never sleeps longer than this between ticks, seconds (DESIGN.md: at most 60 s)
     max_interval = MAX_SLEEP_S
+    Entry = Entry
 
     def __init__(self, app, *args, lazy: bool = False, **kwargs) -> None:
         self._settings = Settings.from_app(app)
@@ -109,6 +118,26 @@ class Scheduler(beat.Scheduler):
         self.engine.start()
         logger.info("anarchon: instance %s, store %s, namespace %r, %d entries", self._instance_id,
                     self.store.safe_url, self._settings.namespace, len(plans))
+
+    def merge_inplace(self, b) -> None:
+        """Celery's merge, with an entry Celery cannot build (an unknown key, a schedule object
+        it cannot use) reported by name instead of a bare ``TypeError``.
+
+        :raises ConfigError: naming each entry and what Celery said about it.
+        """
+        problems = []
+        for name, item in (b or {}).items():
+            try:
+                self.Entry(**dict(item, name=name, app=self.app))
+            except Exception as exc:
+                problems.append(f"entry {name!r}: Celery cannot build it from {sorted(item)}: "
+                                f"{type(exc).__name__}: {exc}. Allowed keys: task, schedule, args, "
+                                "kwargs, options, relative; the schedule is a number of seconds, a "
+                                "timedelta, a crontab, a solar, celery_anarchon.cron(...) or an object "
+                                "with anarchon_next() and anarchon_shortest_gap()")
+        if problems:
+            raise ConfigError("\n".join(problems))
+        super().merge_inplace(b)
 
     def _build_plans(self) -> dict:
         return plans_mod.build_plans(dict(self.schedule), app=self.app, settings=self._settings,

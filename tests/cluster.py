@@ -35,7 +35,7 @@ class Cluster:
 
     def start(self, name: str, *args: str, env: dict | None = None) -> Proc:
         log = os.path.join(self.tmpdir, f"{name}.log")
-        env = dict(os.environ, **self.env, **(env or {}))
+        env = {**os.environ, **self.env, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [APPS, env.get("PYTHONPATH", "")]))
         handle = open(log, "wb")
         popen = subprocess.Popen([*CELERY, "-A", self.app, *args], env=env, cwd=self.tmpdir,

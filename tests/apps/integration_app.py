@@ -29,6 +29,11 @@ app.conf.update(
         "every-minute": {"task": "integration_app.record", "schedule": crontab()},
     },
 )
+if os.environ.get("ANARCHON_IT_ENTRIES"):      # name -> interval in seconds
+    app.conf.beat_schedule = {name: {"task": "integration_app.record", "schedule": float(every)}
+                              for name, every in json.loads(os.environ["ANARCHON_IT_ENTRIES"]).items()}
+if os.environ.get("ANARCHON_IT_MAX_LATE"):
+    app.conf.anarchon_max_late = float(os.environ["ANARCHON_IT_MAX_LATE"])
 
 
 @app.task(bind=True)
@@ -36,6 +41,7 @@ def record(self):
     """Append what ran, when, and who sent it."""
     headers = self.request.headers or {}
     line = json.dumps({
+        "namespace": headers.get("anarchon_namespace"),
         "entry": headers.get("anarchon_entry"),
         "slot": headers.get("anarchon_slot"),
         "instance": headers.get("anarchon_instance"),

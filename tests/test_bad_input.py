@@ -1,0 +1,286 @@
+"""Bad input: each case gives a clear message that names what is wrong and how to fix it; where
+beat keeps running, nothing is lost and nothing is sent twice.
+
+The table in docs/reliability.md lists these cases with their messages; print it again with
+``python tests/test_bad_input.py`` (run from the repository root, servers up).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab, schedule
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from celery_anarchon import ConfigError, Scheduler, cron  # noqa: E402
+from celery_anarchon.errors import StoreUnavailable  # noqa: E402
+from celery_anarchon.stores import open_store  # noqa: E402
+
+from conftest import AMQP_URL, REDIS_URL, require_server  # noqa: E402
+
+SQLITE = "sqlite:////tmp/anarchon-bad-input.sqlite3"
+
+
+def beat_with(entries=None, **conf):
+    """Start a Scheduler (what `celery beat` does at start-up) for a project configured so."""
+    app = Celery("proj", set_as_current=False)
+    settings = {"broker_url": "memory://", "anarchon_store_url": SQLITE,
+                "beat_schedule": {name: {"task": "proj.t", **item}
+                                  for name, item in (entries or {"e": {"schedule": 10}}).items()}}
+    settings.update(conf)
+    app.conf.update(settings)
+    return Scheduler(app)
+
+
+class Custom:
+    """A schedule class without the two methods every host needs to agree on its slots."""
+
+
+def _regular_file() -> str:
+    path = "/tmp/anarchon-bad-input-regular-file"
+    open(path, "w").close()
+    return path
+
+
+def store(url, **options):
+    return open_store(url, namespace="bad-input", instance_id="t", options=options)
+
+
+#: (id, what is wrong, how it is given, the fragments the message must contain)
+REFUSED = [
+    ("jitter-gap", "jitter not below half the shortest gap",
+     lambda: beat_with({"e": {"schedule": 1, "options": {"anarchon": {"jitter": 0.5}}}}),
+     ["entry 'e'", "jitter 0.5 s", "half the shortest gap", "(1 s)", "'jitter': 0.25"]),
+    ("global-jitter", "anarchon_jitter too large for a 1-s entry",
+     lambda: beat_with({"e": {"schedule": 1}}, anarchon_jitter=2),
+     ["entry 'e'", "anarchon_jitter", "jitter 2 s"]),
+    ("max-late", "max_late not above jitter",
+     lambda: beat_with({"e": {"schedule": 60, "options": {"anarchon": {"jitter": 5, "max_late": 5}}}}),
+     ["entry 'e'", "max_late 5 s must be greater than jitter 5 s", "raise max_late"]),
+    ("memory", "jitter + max_late not below the store's memory",
+     lambda: beat_with({"e": {"schedule": 600, "options": {"anarchon": {"max_late": 100}}}},
+                       anarchon_store_options={"memory": 90}),
+     ["entry 'e'", "102 s", "anarchon_store_options['memory'] to at least 204"]),
+    ("count-memory", "a count-limited memory (idmp max_size) too small",
+     lambda: beat_with({"e": {"schedule": 1}}, anarchon_store_url="redis://127.0.0.1:1/0",
+                       anarchon_store_options={"strategy": "idmp", "max_size": 20}),
+     ["entry 'e'", "at most 20 runs", "'max_size'", "at least 122"]),
+    ("lease-heartbeat", "a lease heartbeat not below half its duration",
+     lambda: beat_with({"e": {"schedule": 600, "options": {"anarchon": {
+         "lease": {"duration": 10, "heartbeat": 5}}}}}),
+     ["entry 'e'", "heartbeat 5 s", "duration 10 s", "below 5"]),
+    ("global-heartbeat", "anarchon_heartbeat not below half of anarchon_lease",
+     lambda: beat_with(anarchon_heartbeat=20),
+     ["anarchon_heartbeat 20 s", "anarchon_lease 30 s", "below 15"]),
+    ("relative", "an interval with relative=True (no fixed period across DST)",
+     lambda: beat_with({"e": {"schedule": schedule(timedelta(hours=1), relative=True)}}),
+     ["entry 'e'", "relative=True", "crontab", "anchor"]),
+    ("crontab-step", "a crontab step larger than its field (*/120 minutes)",
+     lambda: beat_with({"e": {"schedule": crontab(minute="*/120")}}),
+     ["entry 'e'", "'*/120'", "0-59", "step between 1 and 59"]),
+    ("crontab-range", "a crontab hour out of range (Celery refuses it when the module loads)",
+     lambda: crontab(hour=25), ["Valid range is 0-23", "'25'"]),
+    ("cron-field", "a cron string with a value out of range",
+     lambda: cron("61 * * * *"), ["'61 * * * *'", "out of range", "five fields"]),
+    ("cron-fields", "a cron string with three fields",
+     lambda: cron("* * *"), ["'* * *' has 3 fields", "exactly five"]),
+    ("cron-tz", "a cron string in an unknown time zone",
+     lambda: cron("0 * * * *", tz="Mars/Olympus"), ["unknown time zone 'Mars/Olympus'", "IANA name"]),
+    ("option-typo", "a typo in an entry's anarchon options",
+     lambda: beat_with({"e": {"schedule": 10, "options": {"anarchon": {"jiter": 1}}}}),
+     ["entry 'e'", "unknown key 'jiter'", "did you mean 'jitter'"]),
+    ("lease-typo", "a typo in an entry's lease options",
+     lambda: beat_with({"e": {"schedule": 600, "options": {"anarchon": {"lease": {"duraton": 5}}}}}),
+     ["entry 'e'", "unknown key 'duraton'", "did you mean 'duration'"]),
+    ("overlap", "an unknown overlap policy",
+     lambda: beat_with({"e": {"schedule": 600, "options": {"anarchon": {"lease": {"overlap": "queue"}}}}}),
+     ["entry 'e'", "'queue' is not one of ('skip', 'allow')"]),
+    ("max-attempts", "max_attempts of 0",
+     lambda: beat_with({"e": {"schedule": 600, "options": {"anarchon": {"lease": {"max_attempts": 0}}}}}),
+     ["entry 'e'", "max_attempts", "integer >= 1"]),
+    ("duration-type", "a duration given as text",
+     lambda: beat_with({"e": {"schedule": 10, "options": {"anarchon": {"max_late": "60s"}}}}),
+     ["entry 'e'", "'60s' is not a duration", "timedelta"]),
+    ("anchor-crontab", "an anchor on a crontab entry",
+     lambda: beat_with({"e": {"schedule": crontab(), "options": {"anarchon": {"anchor": 5}}}}),
+     ["entry 'e'", "interval schedules only"]),
+    ("no-schedule", "an entry without a schedule",
+     lambda: beat_with({"e": {}}), ["entry 'e' has no 'schedule'"]),
+    ("unknown-key", "an entry key Celery does not know",
+     lambda: beat_with({"e": {"schedule": 10, "bogus": 1}}),
+     ["entry 'e'", "unexpected keyword argument 'bogus'", "Allowed keys"]),
+    ("custom-class", "a schedule class without anarchon_next / anarchon_shortest_gap",
+     lambda: beat_with({"e": {"schedule": Custom()}}),
+     ["entry 'e'", "class Custom", "anarchon_next(self, after: datetime)", "anarchon_shortest_gap"]),
+    ("scheme", "an unknown store URL scheme",
+     lambda: beat_with(anarchon_store_url="redsi://localhost:6379/0"),
+     ["unknown store scheme 'redsi'", "Did you mean 'redis'?"]),
+    ("store-option", "a typo in a store option",
+     lambda: beat_with(anarchon_store_url=REDIS_URL, anarchon_store_options={"memroy": 10}),
+     ["'memroy' not understood", "Allowed:", "memory"]),
+    ("strategy-option", "an option of another Redis strategy",
+     lambda: beat_with(anarchon_store_url=REDIS_URL,
+                       anarchon_store_options={"strategy": "idmp", "window": 10}),
+     ["['window'] belongs to the Redis strategy 'script'", "not to 'idmp'"]),
+    ("idmp-old-redis", "the idmp strategy on a Redis older than 8.6",
+     lambda: beat_with(anarchon_store_url=REDIS_URL, anarchon_store_options={"strategy": "idmp"}),
+     ["Redis 7.", "needs Redis >= 8.6", "'lease', 'stream-id', 'script'"]),
+    ("sqlite-path", "a SQLite path that cannot be created (a folder under a regular file)",
+     lambda: beat_with(anarchon_store_url=f"sqlite:///{_regular_file()}/x/claims.sqlite3"),
+     ["cannot create the folder", "Not a directory", "point anarchon_store_url at a file"]),
+    ("lease-store", "a leased entry on a store that cannot hold leases",
+     lambda: beat_with({"e": {"schedule": 600, "options": {"anarchon": {"lease": True}}}},
+                       anarchon_store_url="nats://127.0.0.1:1"),
+     ["entry 'e' is leased", "cannot hold leases", "Redis (strategy 'lease'), PostgreSQL or SQLite"]),
+    ("lease-install", "a leased entry whose app did not call celery_anarchon.install(app)",
+     lambda: beat_with({"e": {"schedule": 600, "options": {"anarchon": {"lease": True}}}}),
+     ["entry 'e' is leased", "celery_anarchon.install(app) was not called"]),
+    ("broker-sqs", "no store URL with a broker that cannot be a store (SQS)",
+     lambda: beat_with(broker_url="sqs://AKIA:s3cret@", anarchon_store_url=None),
+     ["anarchon_store_url is not set", "sqs://AKIA:***@", "once per host"]),
+    ("sentinel", "a Sentinel store URL without master_name",
+     lambda: beat_with(anarchon_store_url="sentinel://127.0.0.1:26379"),
+     ["Sentinel URL", "master_name"]),
+    ("quorum", "a RabbitMQ store asked for quorum queues",
+     lambda: beat_with(anarchon_store_url=AMQP_URL, anarchon_store_options={"queue_type": "quorum"}),
+     ["classic queues only", "two claims", "'classic'"]),
+]
+
+#: store errors that are retried (beat keeps running and sends nothing): (id, what, call, fragments)
+RETRIED = [
+    ("unreachable", "a store that cannot be reached",
+     lambda: store("redis://:s3cret@127.0.0.1:1/0").prepare(["e"]),
+     ["redis://:***@127.0.0.1:1/0", "Connection refused"]),
+    ("credentials", "wrong RabbitMQ credentials",
+     lambda: store(AMQP_URL.replace("guest:guest", "guest:wrong")).prepare(["e"]),
+     ["amqp://guest:***@", "refused access", "check the user name, password"]),
+]
+
+#: servers a case needs (case id -> (url, name))
+NEEDS = {"strategy-option": (REDIS_URL, "Redis"), "idmp-old-redis": (REDIS_URL, "Redis"),
+         "store-option": (REDIS_URL, "Redis"), "credentials": (AMQP_URL, "RabbitMQ"),
+         "quorum": (AMQP_URL, "RabbitMQ")}
+
+
+def message_of(call) -> str:
+    try:
+        call()
+    except (ConfigError, ValueError, StoreUnavailable) as exc:
+        return str(exc)
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
+def test_bad_configuration_is_refused_by_name(case):
+    case_id, _, call, fragments = case
+    if case_id in NEEDS:
+        require_server(*NEEDS[case_id])
+    with pytest.raises((ConfigError, ValueError)) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("case", RETRIED, ids=[c[0] for c in RETRIED])
+def test_an_unusable_store_says_why_and_hides_the_password(case):
+    case_id, _, call, fragments = case
+    if case_id in NEEDS:
+        require_server(*NEEDS[case_id])
+    with pytest.raises(StoreUnavailable) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
+    assert "s3cret" not in str(info.value) and "wrong" not in str(info.value)
+
+
+def test_beat_keeps_running_without_a_store_and_never_sends_blind(caplog):
+    sent = []
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        scheduler = beat_with({"e": {"schedule": 1}}, anarchon_store_url="redis://:s3cret@127.0.0.1:1/0")
+        scheduler.engine.send = lambda *args: sent.append(args)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert 0 < scheduler.tick() <= 60
+            time.sleep(0.05)
+    assert sent == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "unreachable" in errors[0] and "No run is sent" in errors[0]
+    assert "s3cret" not in caplog.text and "redis://:***@127.0.0.1:1/0" in caplog.text
+
+
+# -- what beat does run: odd names, two apps on one store, a rolling restart ------------------------
+
+def test_odd_names_two_apps_and_a_rolling_restart_run_every_slot_once(tmp_path, namespace, capsys):
+    """Entries named with ':', quotes, spaces and non-ASCII; a second app with the same entry
+    names on the same store; one beat restarted with a changed definition (max_late) while the
+    others run. Each run of each app executes once; the restarted beat names both definitions."""
+    from cluster import Cluster, read_executions
+    from stores_support import wait_until
+    require_server(REDIS_URL, "Redis")
+    names = {"a:b": 1, "it's \"quoted\"": 2, "with space": 1, "café ☕": 2}
+    out = str(tmp_path / "executions.jsonl")
+    base = {"ANARCHON_IT_BROKER": REDIS_URL.rsplit("/", 1)[0] + "/8", "ANARCHON_IT_STORE": REDIS_URL,
+            "ANARCHON_IT_QUEUE": f"it-{namespace}", "ANARCHON_IT_OUT": out,
+            "ANARCHON_IT_ENTRIES": json.dumps(names)}
+    apps = {"A": f"{namespace}-A", "B": f"{namespace}-B"}
+    for ns in apps.values():
+        s = open_store(REDIS_URL, namespace=ns, instance_id="test")
+        s.prepare(list(names))
+        s._backdate_memory_start(list(names), 120_000)
+        s.close()
+    cluster = Cluster(str(tmp_path), {**base, "ANARCHON_IT_NAMESPACE": apps["A"]})
+    try:
+        cluster.worker("worker")
+        cluster.wait_log("worker", "ready.")
+        for name, app in (("a1", "A"), ("a2", "A"), ("b1", "B")):
+            cluster.beat(name, env={"ANARCHON_IT_NAMESPACE": apps[app]})
+        start = max(cluster.wait_log(n, "anarchon: instance") for n in ("a1", "a2", "b1")) + 1
+        time.sleep(6)
+        cluster.signal("a2", signal.SIGTERM)
+        cluster.procs["a2"].popen.wait(15)
+        cluster.beat("a2-new", env={"ANARCHON_IT_NAMESPACE": apps["A"], "ANARCHON_IT_MAX_LATE": "30"})
+        cluster.wait_log("a2-new", "different definition", timeout=30)
+        time.sleep(4)
+        end = time.time() - 2
+        want = {(ns, e, s) for ns in apps.values() for e, every in names.items()
+                for s in range(int(start * 1000) // (every * 1000) * every * 1000 + every * 1000,
+                               int(end * 1000), every * 1000)}
+        def missing():
+            return want - {(x["namespace"], x["entry"], x["slot"]) for x in read_executions(out)}
+        wait_until(lambda: not missing(), 15, f"every run to execute", interval=0.2)
+        time.sleep(1)
+    finally:
+        cluster.stop_all()
+    runs = collections.Counter((x["namespace"], x["entry"], x["slot"]) for x in read_executions(out))
+    warning = [line for line in cluster.procs["a2-new"].text().splitlines() if "different definition" in line][0]
+    with capsys.disabled():
+        print(f"\n[names, two apps, rolling restart] {len(want)} runs expected, "
+              f"{sum(1 for r in want if runs[r] == 1)} executed once, "
+              f"{sum(1 for n in runs.values() if n > 1)} twice")
+    assert not [r for r, n in runs.items() if n > 1], "no run executed twice"
+    assert want <= set(runs), sorted(want - set(runs))
+    assert {e for _, e, _ in runs} == set(names)
+    assert re.search(r"Theirs \([0-9a-f]{12}\): .*max_late_s\": 60", warning)
+    assert re.search(r"Ours \([0-9a-f]{12}\): .*max_late_s\": 30", warning)
+
+
+if __name__ == "__main__":     # print the table of docs/reliability.md
+    print("| # | bad input | what happens |\n| --- | --- | --- |")
+    for n, (case_id, what, call, _) in enumerate(REFUSED + RETRIED, 1):
+        try:
+            text = message_of(call)
+        except Exception as exc:  # a server that is down
+            text = f"(not measured: {exc})"
+        kind = "beat refuses to start" if (case_id, what, call, _) in REFUSED else "logged; beat keeps running, sends nothing, retries"
+        print(f"| {n} | {what} | {kind}: `{text}` |")
