@@ -6,8 +6,51 @@ its imports light (everything heavy is imported inside the commands).
 """
 from __future__ import annotations
 
+import logging
+
 import click
+from celery import signals
 from celery.bin.base import CeleryCommand
+
+logger = logging.getLogger("celery_anarchon.leases")
+
+
+def _uses_anarchon(app) -> bool:
+    conf = app.conf
+    if "anarchon" in str(conf.get("beat_scheduler") or ""):
+        return True
+    if any(isinstance(k, str) and k.startswith("anarchon_") for k in conf.keys()):
+        return True
+    return any(isinstance(item, dict) and "anarchon" in (item.get("options") or {})
+               for item in (conf.get("beat_schedule") or {}).values())
+
+
+@signals.worker_init.connect(weak=False, dispatch_uid="celery_anarchon.cli.worker_init")
+def _safety_net(sender=None, **kwargs) -> None:
+    """A worker started by the ``celery`` command whose app uses celery_anarchon but whose app
+    module forgot ``celery_anarchon.install(app)`` gets the worker side anyway: without it a
+    leased run's body would run once per attempt. (A worker started another way has no such net:
+    beat refuses to start without install(app), and the docs say where the line goes.)"""
+    from celery_anarchon.leases import install, is_installed
+    app = getattr(sender, "app", None)
+    if app is None or is_installed(app) or not _uses_anarchon(app):
+        return
+    install(app)
+    logger.warning("celery_anarchon: the app module of this worker does not call "
+                   "celery_anarchon.install(app); installed the worker side of leases for this "
+                   "worker. Add the call to the app module so every process that loads it has it.")
+
+
+@signals.task_prerun.connect(weak=False, dispatch_uid="celery_anarchon.cli.task_prerun")
+def _unprotected_leased_message(sender=None, task=None, **kwargs) -> None:
+    """Say so when a leased run's message reaches a task without the worker side (it cannot be
+    stopped from a signal: Celery swallows exceptions raised in handlers)."""
+    headers = getattr(getattr(task, "request", None), "headers", None) or {}
+    if "anarchon_token" in headers and not type(task).__dict__.get("_anarchon_patched"):
+        logger.error("celery_anarchon: task %s runs a leased run (entry %s) on a worker without "
+                     "the worker side of leases: nothing stops a second attempt from running its "
+                     "body too. Call celery_anarchon.install(app) in the app module.",
+                     getattr(task, "name", "?"), headers.get("anarchon_entry"))
 
 
 def _open(app):

@@ -38,6 +38,10 @@ SKEW_EVERY_S = 300.0
 STATS_EVERY_S = 300.0
 #: store outage backoff, seconds (first, factor 2, cap)
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 10.0
+#: while the store stays unreachable, an error is logged again this often, seconds
+DOWN_REPORT_EVERY_S = 60.0
+#: a skip of the same kind on the same entry is logged at most this often (the rest at debug)
+SKIP_LOG_EVERY_S = 60.0
 #: a failed send is retried at most this often, seconds
 SEND_RETRY_S = 1.0
 #: at most this many slots skipped in one go are walked one by one (the rest are counted)
@@ -103,7 +107,11 @@ class Engine:
         self._send_retry: dict[tuple[str, int], _Send] = {}
         self._notes: list[HistoryNote] = []
         self._prepared = False
+        self._seeded = False
         self._store_ok = True
+        self._down_since: float | None = None
+        self._next_down_report = 0.0
+        self._skip_logged: dict[tuple[str, str], tuple[float, int]] = {}
         self._store_retry_at = 0.0
         self._backoff = BACKOFF_FIRST_S
         self._next_skew = 0.0
@@ -116,9 +124,15 @@ class Engine:
     def tick(self) -> float:
         """Do what is due now; return the seconds to sleep before the next tick (0 < s <= 60)."""
         now = self.clock()
-        if not self._prepared and not self._prepare(now):
-            return self._delay(now)
+        if not self._seeded:
+            self._seed_all(now)
+        if not self._prepared:
+            self._prepare(now)
         due = self._pop_due(now)
+        if not self._prepared:                 # no store yet: the runs wait, never sent blind
+            for request in due:
+                self._claim_retry[request.run] = request
+            due = []
         due.extend(self._due_retries(now))
         if due:
             self._claim(due, now)
@@ -132,7 +146,7 @@ class Engine:
         removed ones are dropped; what this instance claimed is kept."""
         old = self.plans
         self.plans = dict(plans)
-        if not self._prepared:
+        if not self._seeded:
             return
         now = self.clock()
         for name, plan in self.plans.items():
@@ -181,10 +195,13 @@ class Engine:
             logger.warning("anarchon store %s: %s", self.store.safe_url, warning)
         self._store_recovered()
         self._prepared = True
-        for plan in self.plans.values():
-            self._seed(plan, now)
         self._check_skew(now)
         return True
+
+    def _seed_all(self, now: float) -> None:
+        self._seeded = True
+        for plan in self.plans.values():
+            self._seed(plan, now)
 
     def _save_definition(self, plan: EntryPlan, quiet: bool = True) -> None:
         try:
@@ -267,24 +284,31 @@ class Engine:
                             fingerprint=plan.fingerprint, lease=plan.lease_terms)
 
     def _due_retries(self, now: float) -> list[ClaimRequest]:
-        if not self._claim_retry or now < self._store_retry_at:
+        """Claims that waited for the store: those still within max_late are retried (when the
+        store may answer again); the others are given up, logged and noted in history."""
+        if not self._claim_retry:
             return []
         now_ms = int(now * 1000)
-        retry = []
+        retry, given_up = [], []
         for run, request in list(self._claim_retry.items()):
-            plan = self.plans.get(request.entry)
-            if plan is None:
+            if request.entry not in self.plans:
                 del self._claim_retry[run]
             elif now_ms - request.slot_ms > request.max_late_ms:
                 del self._claim_retry[run]
-                self.stats["unreachable"] += 1
-                logger.error("%s: slot %s not claimed: the store %s could not be reached until "
-                             "max_late (%g s); skipped, never sent blind.", request.entry,
-                             iso(request.slot_ms), self.store.safe_url, plan.timing.max_late_s)
+                given_up.append(request)
                 self._note(request.entry, request.slot_ms, RunEvent.UNREACHABLE,
                            detail=f"{self.instance_id} could not reach the store")
             else:
                 retry.append(request)
+        if given_up:
+            self.stats["store_unreachable"] += len(given_up)
+            first = min(given_up, key=lambda r: r.slot_ms)
+            logger.error("%d run(s) of %d entries not claimed: the store %s could not be reached "
+                         "until their max_late (the first: %s slot %s); skipped, never sent blind.",
+                         len(given_up), len({r.entry for r in given_up}), self.store.safe_url,
+                         first.entry, iso(first.slot_ms))
+        if not self._prepared or now < self._store_retry_at:
+            return []
         return retry
 
     # -- claims ---------------------------------------------------------------------------------
@@ -307,7 +331,7 @@ class Engine:
             return
         self._check_fingerprint(plan, result)
         outcome = result.outcome
-        self.stats[outcome.value] += 1
+        self.stats[f"claim_{outcome.value}"] += 1
         if outcome is Outcome.WON:
             self._last_claimed[plan.name] = max(self._last_claimed.get(plan.name, -1), result.slot_ms)
             if self._exit_after_claim == plan.name:
@@ -322,9 +346,26 @@ class Engine:
             logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
                          result.winner or "another instance")
         else:
-            level = logging.INFO if outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED) else logging.WARNING
-            logger.log(level, "%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
-                       _SKIP_REASONS[outcome], f" ({result.detail})" if result.detail else "")
+            self._log_skip(plan, result)
+
+    def _log_skip(self, plan: EntryPlan, result: ClaimResult) -> None:
+        """Log a skip; the same kind of skip of one entry at most once a minute (each run is in
+        the store's history anyway), with the number of the ones not logged."""
+        outcome = result.outcome
+        now = self.clock()
+        key = (plan.name, outcome.value)
+        last, hidden = self._skip_logged.get(key, (0.0, 0))
+        detail = f" ({result.detail})" if result.detail else ""
+        if now - last < SKIP_LOG_EVERY_S:
+            self._skip_logged[key] = (last, hidden + 1)
+            logger.debug("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
+                         _SKIP_REASONS[outcome], detail)
+            return
+        self._skip_logged[key] = (now, 0)
+        more = f"; {hidden} more slot(s) of this entry skipped so in the last minute" if hidden else ""
+        level = logging.INFO if outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED) else logging.WARNING
+        logger.log(level, "%s: slot %s skipped: %s%s%s", plan.name, iso(result.slot_ms),
+                   _SKIP_REASONS[outcome], detail, more)
 
     def _check_fingerprint(self, plan: EntryPlan, result: ClaimResult) -> None:
         theirs = result.winner_fingerprint
@@ -393,18 +434,28 @@ class Engine:
     # -- store health -------------------------------------------------------------------------------
     def _store_failed(self, exc: Exception, now: float, doing: str) -> None:
         self.stats["store_errors"] += 1
+        reason = str(exc).rstrip(".")
         if self._store_ok:
             logger.error("anarchon store %s unreachable while %s: %s. No run is sent until it "
-                         "answers; retrying.", self.store.safe_url, doing, exc)
+                         "answers; retrying.", self.store.safe_url, doing, reason)
+            self._down_since = now
+            self._next_down_report = now + DOWN_REPORT_EVERY_S
+        elif now >= self._next_down_report:
+            self._next_down_report = now + DOWN_REPORT_EVERY_S
+            logger.error("anarchon store %s still unreachable after %.0f s (%s); no run is sent "
+                         "until it answers (%d run(s) skipped so far).", self.store.safe_url,
+                         now - (self._down_since or now), reason, self.stats["store_unreachable"])
         else:
-            logger.debug("anarchon store still unreachable while %s: %s", doing, exc)
+            logger.debug("anarchon store still unreachable while %s: %s", doing, reason)
         self._store_ok = False
         self._store_retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
 
     def _store_recovered(self) -> None:
         if not self._store_ok:
-            logger.warning("anarchon store %s reachable again", self.store.safe_url)
+            logger.warning("anarchon store %s reachable again after %.0f s", self.store.safe_url,
+                           self.clock() - (self._down_since or self.clock()))
+        self._down_since = None
         self._store_ok = True
         self._backoff = BACKOFF_FIRST_S
         self._store_retry_at = 0.0
@@ -515,7 +566,7 @@ class Engine:
 _SKIP_REASONS = {
     Outcome.LATE: "late on the store's clock (slot + max_late + 10 s had passed when the claim arrived)",
     Outcome.EARLY: "early on the store's clock (more than 10 s before the slot): is this host's clock ahead?",
-    Outcome.FORGOTTEN: "the store cannot remember that far back (its data was lost, or the slot is older than its memory)",
+    Outcome.FORGOTTEN: "the store does not remember that far back (a new store, one that lost its data, or a slot older than its memory)",
     Outcome.OVERLAPPING: "an earlier run of this leased entry is still running (overlap='skip')",
     Outcome.SUPERSEDED: "a newer slot of this entry was already claimed",
     Outcome.UNKNOWN: "the store could not tell whether the claim was won; counted as lost",

@@ -152,9 +152,10 @@ def _matcher(expr: str, day_or: bool, where: str) -> _WallMatcher:
     try:
         matcher = _WallMatcher(expr, day_or)
     except (ValueError, TypeError, KeyError) as exc:  # croniter's errors are ValueErrors
-        raise ConfigError(f"{where}: {expr!r} is not a valid cron expression ({exc}); "
-                          "fix it to five fields: minute hour day-of-month month day-of-week, "
-                          "for example '0 22 L * *'") from None
+        raise ConfigError(f"{where}: {expr!r} is not a valid cron expression ({exc}); fix the "
+                          "field out of range: the five fields are minute (0-59), hour (0-23), "
+                          "day-of-month (1-31, L, W), month (1-12, JAN-DEC) and day-of-week "
+                          "(0-6, SUN-SAT, #, L), for example '0 22 L * *'") from None
     try:
         matcher.first_at_or_after(_CHECK_FROM_S)
     except CroniterBadDateError:

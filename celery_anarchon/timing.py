@@ -44,6 +44,9 @@ ENTRY_KEYS = ("anchor", "jitter", "lease", "max_late")
 #: keys allowed in ``options={"anarchon": {"lease": {...}}}``
 LEASE_KEYS = ("duration", "heartbeat", "max_attempts", "overlap", "queue_timeout")
 OVERLAP_VALUES = ("skip", "allow")
+#: the Celery settings of celery_anarchon (any other anarchon_* key is a typo)
+SETTINGS = ("anarchon_heartbeat", "anarchon_jitter", "anarchon_lease", "anarchon_max_late",
+            "anarchon_namespace", "anarchon_store_options", "anarchon_store_url")
 
 
 def seconds(value: Any, what: str) -> float:
@@ -118,6 +121,12 @@ class Settings:
         :raises ConfigError: a setting of the wrong type or out of range.
         """
         conf = app.conf
+        for key in list(conf.keys()):
+            if isinstance(key, str) and key.lower().startswith("anarchon_") and key not in SETTINGS:
+                close = difflib.get_close_matches(key.lower(), SETTINGS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown setting {key!r}{hint}. celery_anarchon's settings: "
+                                  f"{', '.join(SETTINGS)}. A typo must not silently disable a rule.")
         jitter = conf.get("anarchon_jitter")
         jitter_s = None if jitter is None else seconds(jitter, "anarchon_jitter")
         max_late_s = seconds(conf.get("anarchon_max_late", DEFAULT_MAX_LATE_S), "anarchon_max_late")

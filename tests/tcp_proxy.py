@@ -9,6 +9,14 @@ import select
 import socket
 import threading
 import time
+from urllib.parse import urlsplit
+
+
+def redis_address() -> tuple[str, int]:
+    """Host and port of the Redis the tests use (ANARCHON_TEST_REDIS_URL)."""
+    from conftest import REDIS_URL
+    parts = urlsplit(REDIS_URL)
+    return parts.hostname or "127.0.0.1", parts.port or 6379
 
 
 class TCPProxy:

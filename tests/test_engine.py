@@ -5,6 +5,7 @@ the real one. Sends go to a list.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import multiprocessing
 import random
@@ -23,7 +24,7 @@ from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
 from stores_support import wait_until
-from tcp_proxy import TCPProxy
+from tcp_proxy import TCPProxy, redis_address
 
 
 class Clock:
@@ -183,7 +184,7 @@ def test_losing_a_claim_is_normal_and_quiet(sqlite_url, namespace, harnesses, ca
     with caplog.at_level(logging.DEBUG, "celery_anarchon"):
         b.engine.tick()
     assert len(a.sent) == 1 and b.sent == []
-    assert b.engine.stats["lost"] == 1
+    assert b.engine.stats["claim_lost"] == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
@@ -233,7 +234,7 @@ def test_a_send_failing_until_max_late_is_recorded(sqlite_url, namespace, harnes
 @pytest.fixture
 def redis_proxy():
     require_server(REDIS_URL, "Redis")
-    proxy = TCPProxy(("127.0.0.1", 6379)).start()
+    proxy = TCPProxy(redis_address()).start()
     yield proxy
     proxy.close()
 
@@ -269,9 +270,9 @@ def test_a_claim_whose_answer_was_lost_is_recognised_as_won(redis_proxy, namespa
     redis_proxy.swallow_replies = True
     h.engine.tick()                              # the claim reaches Redis; its answer does not
     assert len(h.sent) == sent_before
-    lost = other.engine.stats["lost"]
+    lost = other.engine.stats["claim_lost"]
     other.engine.tick()                          # another instance finds the run taken
-    assert other.engine.stats["lost"] == lost + 1
+    assert other.engine.stats["claim_lost"] == lost + 1
     redis_proxy.restore()
     wait_until(lambda: (h.engine.tick(), len(h.sent) > sent_before)[1], 10, "the retried claim",
                interval=0.05)
@@ -295,3 +296,23 @@ def test_forked_processes_draw_independent_jitter(sqlite_url, namespace, harness
     for p in procs:
         p.join()
     assert draws[0] != draws[1]
+
+
+def test_a_store_down_at_start_up_holds_the_runs_until_it_answers(redis_proxy, namespace, harnesses, caplog):
+    """Runs that come due while the store was never reached wait (never sent blind); those still
+    within max_late are claimed once it answers, the others are recorded as store_unreachable."""
+    url = redis_proxy.url("redis", "/9")
+    h = make(harnesses, url, namespace, {"e": (1, {"jitter": 0, "max_late": 2})},
+             store_options={"claim_timeout": 0.5})
+    redis_proxy.outage()
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        h.run_for(4.5)
+    assert h.sent == []
+    assert any("could not be reached until their max_late" in r.getMessage() for r in caplog.records)
+    redis_proxy.restore()
+    wait_until(lambda: (h.engine.tick(), h.sent)[1], 15, "sends once the store answers", interval=0.1)
+    h.engine.tick()
+    events = collections.Counter(rec.event for rec in h.history("e").values())
+    assert events[RunEvent.UNREACHABLE] >= 1
+    slots = [slot for _, slot, _ in h.sent]
+    assert len(slots) == len(set(slots))

@@ -16,7 +16,7 @@ from celery_anarchon.stores import url_following_broker
 from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
-from tcp_proxy import TCPProxy
+from tcp_proxy import TCPProxy, redis_address
 
 
 def make_app(tmp_path, **conf):
@@ -29,7 +29,7 @@ def make_app(tmp_path, **conf):
 
 def test_the_banner_instance_opens_nothing_and_masks_the_password(tmp_path):
     require_server(REDIS_URL, "Redis")
-    proxy = TCPProxy(("127.0.0.1", 6379)).start()
+    proxy = TCPProxy(redis_address()).start()
     try:
         app = make_app(tmp_path, anarchon_store_url=f"redis://:s3cret@127.0.0.1:{proxy.port}/9")
         scheduler = Scheduler(app, lazy=True)

@@ -36,7 +36,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
-celery_anarchon.install(app)
+if os.environ.get("ANARCHON_LT_NO_INSTALL") != "1":    # "1": a worker whose module forgot it
+    celery_anarchon.install(app)
 
 
 def note(task, event, **extra):
