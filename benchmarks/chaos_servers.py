@@ -1,0 +1,146 @@
+"""Servers of their own for the chaos run (benchmarks/chaos.py): they may be stopped, killed and
+restarted at will, unlike the shared ones (Redis 6379, PostgreSQL 5432, ...), which are never
+touched.
+
+* :class:`RedisServer`: a ``redis-server`` on a free port, with its own directory; ``persistent``
+  gives ``appendonly yes`` with ``appendfsync always`` (a write acknowledged to a client is on
+  disk, so even a SIGKILL loses nothing acknowledged), otherwise it keeps nothing (no AOF, no RDB).
+* :class:`PostgresServer`: a PostgreSQL cluster of its own (``initdb`` in a temporary directory,
+  ``pg_ctl`` on a free port, run as the ``postgres`` user), restarted with ``pg_ctl stop -m
+  immediate`` (a crash: the WAL replays committed transactions) or ``-m fast``.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_port(port: int, up: bool, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if port_open(port) == up:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} on port {port} did not come {'up' if up else 'down'} in {timeout} s")
+
+
+class RedisServer:
+    """A ``redis-server`` of our own on a free port (see the module docstring)."""
+
+    def __init__(self, name: str, folder: str, *, persistent: bool) -> None:
+        self.name = name
+        self.persistent = persistent
+        self.port = free_port()
+        self.dir = os.path.join(folder, f"{name}-data")
+        os.makedirs(self.dir, exist_ok=True)
+        self.log = os.path.join(folder, f"{name}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        persistence = (["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+                       if self.persistent else ["--appendonly", "no", "--save", ""])
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+             "--logfile", self.log, "--daemonize", "no", *persistence],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_port(self.port, True, 20, f"redis-server {self.name}")
+        # the port answers before an AOF is loaded: wait until PING works
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            out = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True,
+                                 text=True)
+            if out.stdout.strip() == "PONG":
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server {self.name} does not answer PING")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """SIGTERM: Redis shuts down cleanly (flushes its AOF); SIGKILL: a crash."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        wait_port(self.port, False, 10, f"redis-server {self.name}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class PostgresServer:
+    """A PostgreSQL cluster of our own (see the module docstring); never the shared one on 5432."""
+
+    def __init__(self, name: str, folder: str) -> None:
+        self.name = name
+        self.port = free_port()
+        self.folder = folder
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+        if not bins:
+            raise RuntimeError("PostgreSQL server binaries (pg_ctl, initdb) not found")
+        self.bin = os.path.dirname(bins[-1])
+        self.root = tempfile.mkdtemp(prefix="anarchon-chaos-pg-")  # postgres must reach it
+        self.data = os.path.join(self.root, "data")
+        self.log = os.path.join(self.root, "postgresql.log")
+        shutil.chown(self.root, "postgres", "postgres")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/chaos"
+
+    def _as_postgres(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["runuser", "-u", "postgres", "--", *args], capture_output=True,
+                              text=True, check=check, cwd=self.root)
+
+    def create(self) -> None:
+        self._as_postgres(os.path.join(self.bin, "initdb"), "-D", self.data, "-A", "trust",
+                          "-U", "postgres", "--no-sync")
+        self.start()
+        self._as_postgres(os.path.join(self.bin, "createdb"), "-h", "127.0.0.1", "-p",
+                          str(self.port), "-U", "postgres", "chaos")
+
+    def start(self) -> None:
+        opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
+                "-c max_connections=200 -c fsync=on")
+        self._as_postgres(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", self.log,
+                          "-o", opts, "-w", "-t", "60", "start")
+        wait_port(self.port, True, 30, "postgres")
+
+    def stop(self, mode: str = "fast") -> None:
+        """``immediate``: a crash (recovery replays the WAL); ``fast``: a clean shutdown."""
+        self._as_postgres(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-m", mode, "-w",
+                          "-t", "60", "stop", check=False)
+        wait_port(self.port, False, 30, "postgres")
+
+    def destroy(self, keep_log_in: str | None = None) -> None:
+        self.stop("fast")
+        if keep_log_in and os.path.exists(self.log):
+            shutil.copy(self.log, os.path.join(keep_log_in, f"{self.name}.log"))
+        shutil.rmtree(self.root, ignore_errors=True)
