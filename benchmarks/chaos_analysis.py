@@ -35,11 +35,11 @@ from datetime import datetime
 
 #: history events that explain a run that did not run (RunEvent values)
 MISS_EVENTS = ("late", "late_local", "early", "forgotten", "overlapping", "superseded",
-               "store_unreachable", "send_failed", "unknown", "claimed", "lost")
+               "store_unreachable", "send_failed", "send_unknown", "unknown", "claimed", "lost")
 
 #: when only log lines name a reason: the store-side and broker-side ones first, since a paused
 #: instance's own late skip says less about the run than the outage the others met
-LOG_PRIORITY = ("claimed", "send_failed", "forgotten", "store_unreachable", "superseded",
+LOG_PRIORITY = ("claimed", "send_failed", "send_unknown", "forgotten", "store_unreachable", "superseded",
                 "overlapping", "lost", "late", "early", "unknown", "late_local")
 
 _ISO = r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\+00:00)"
@@ -51,6 +51,10 @@ BEAT_PATTERNS = [
      "store_unreachable"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" not sent: the send kept failing"), "send_failed"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" recorded lost after"), "lost"),
+    (re.compile(_ENTRY + r": slot " + _ISO + r" attempt \d+: the publish broke off"), "send_unknown"),
+    (re.compile(_ENTRY + r": slot " + _ISO + r" won but not sent: beat is shutting down"), "claimed"),
+    (re.compile(_ENTRY + r": slot " + _ISO + r" won but not sent: the claim answered after"),
+     "send_failed"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" superseded by a newer slot instead of a takeover"),
      "superseded"),
 ]

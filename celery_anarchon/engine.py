@@ -21,7 +21,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable
 
-from celery_anarchon.errors import ConfigError, StoreError
+from celery_anarchon.errors import ConfigError, SendOutcomeUnknown, StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
 from celery_anarchon.stores.base import (
     ClaimRequest, ClaimResult, HistoryNote, LeasedRun, Outcome, RunState, Store, TakeoverOutcome,
@@ -119,10 +119,13 @@ class Engine:
         self._next_lease_check = 0.0
         self._exit_after_claim = os.environ.get(EXIT_AFTER_CLAIM_ENV)
         self._warned_fingerprints: set[tuple[str, str]] = set()
+        self._stopping = False
 
     # -- public ------------------------------------------------------------------------------
     def tick(self) -> float:
         """Do what is due now; return the seconds to sleep before the next tick (0 < s <= 60)."""
+        if self._stopping:
+            return MAX_SLEEP_S
         now = self.clock()
         if not self._seeded:
             self._seed_all(now)
@@ -140,6 +143,12 @@ class Engine:
         self._flush_notes()
         self._periodic(now)
         return self._delay(self.clock())
+
+    def stop(self) -> None:
+        """Send nothing more (beat is shutting down, possibly from a signal handler in the middle
+        of a tick). A run won but not yet sent stays claimed without a send: the guarantee's
+        "winner dying between its claim and its send"; a leased one is taken over."""
+        self._stopping = True
 
     def update_plans(self, plans: dict[str, EntryPlan]) -> None:
         """Replace the plans (the schedule changed): new or changed entries are scheduled anew,
@@ -386,9 +395,37 @@ class Engine:
     # -- sends ----------------------------------------------------------------------------------
     def _try_send(self, job: _Send) -> None:
         run = (job.plan.name, job.slot_ms)
+        if self._stopping:
+            self._send_retry.pop(run, None)
+            logger.warning("%s: slot %s won but not sent: beat is shutting down", job.plan.name,
+                           iso(job.slot_ms))
+            return
+        if job.attempt == 1 and int(self.clock() * 1000) > job.deadline_ms:
+            # the claim itself took past max_late (a slow store): too late to send. Recorded as a
+            # send that failed until max_late (a skip event would not replace the claim's record)
+            self._send_retry.pop(run, None)
+            self.stats["send_failed"] += 1
+            logger.warning("%s: slot %s won but not sent: the claim answered after max_late (%g s)",
+                           job.plan.name, iso(job.slot_ms), job.plan.timing.max_late_s)
+            self._note(job.plan.name, job.slot_ms, RunEvent.SEND_FAILED, task_id=job.task_id,
+                       attempt=job.attempt, detail="won after max_late: the claim answered too late")
+            return
         try:
             self.send(job.plan, job.slot_ms, job.attempt, job.token, job.task_id)
-        except Exception as exc:  # the broker: retried by the winner until max_late
+        except SendOutcomeUnknown as exc:
+            # the broker may hold the message: publishing again could deliver it twice
+            self._send_retry.pop(run, None)
+            self.stats["send_unknown"] += 1
+            leased = job.plan.timing.lease is not None
+            logger.error("%s: slot %s attempt %d: the publish broke off (%s); the broker may or may "
+                         "not have the message. Not published again (at most one send per attempt)%s",
+                         job.plan.name, iso(job.slot_ms), job.attempt, exc,
+                         "; if it never reaches a worker the run is taken over after its queue "
+                         "deadline" if leased else "")
+            self._note(job.plan.name, job.slot_ms, RunEvent.SEND_UNKNOWN, task_id=job.task_id,
+                       attempt=job.attempt, detail=str(exc)[:200])
+            return
+        except Exception as exc:  # nothing reached the broker: retried by the winner until max_late
             first = run not in self._send_retry
             job.next_try = self.clock() + SEND_RETRY_S
             job.error = f"{type(exc).__name__}: {exc}"

@@ -24,6 +24,17 @@ class StoreUnavailable(StoreError):
     """
 
 
+class SendOutcomeUnknown(Exception):
+    """A publish broke off after the message may have reached the broker (the connection dropped
+    or timed out while the message was written or its answer awaited).
+
+    The winner does not publish the run again: a second publish could deliver it twice, and a run
+    is sent at most once per attempt (DESIGN.md "The guarantee"). The run is recorded
+    ``send_unknown``; a leased run whose message never reached a worker is taken over after its
+    queue deadline.
+    """
+
+
 class LeaseLost(Exception):
     """Raised by :meth:`celery_anarchon.current_lease().check() <celery_anarchon.leases.Lease.check>`
     when the run's lease was taken over by another attempt (the runner was presumed dead)."""

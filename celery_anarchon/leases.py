@@ -49,6 +49,11 @@ from celery_anarchon.stores.base import RunState
 
 logger = logging.getLogger("celery_anarchon.leases")
 
+#: a release that cannot reach the store is retried this often (seconds) ...
+RELEASE_RETRY_S = 0.2
+#: ... for at least this long (seconds; and at least 10 lease durations)
+RELEASE_PATIENCE_S = 300.0
+
 #: what the worker side did, per process (adopted, dropped, lost, released, ...)
 counters: collections.Counter = collections.Counter()
 
@@ -307,6 +312,7 @@ class _Heartbeat:
     def __init__(self, app, namespace: str, lease: Lease) -> None:
         self.app, self.namespace, self.lease = app, namespace, lease
         self._stop = threading.Event()
+        self._finishing = False
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"anarchon-heartbeat-{lease.entry}")
         _local.heartbeat = self
@@ -333,6 +339,8 @@ class _Heartbeat:
                                lease.slot_ms, exc)
                 continue
             if run is None:
+                if self._finishing:   # the body is done and being released: not a lost lease
+                    return
                 lease.lost = True
                 counters["lost"] += 1
                 logger.warning("%s: slot %s attempt %d lost its lease (token %d): the run was taken "
@@ -342,23 +350,37 @@ class _Heartbeat:
             lease.expires_ms = run.lease_expires_ms or lease.expires_ms
 
     def release(self) -> None:
-        """Stop renewing and mark the run finished, by token. If the store does not answer, keep
-        trying (while the heartbeat keeps the lease) for one lease duration."""
+        """Mark the run finished, by token, then stop renewing. If the store does not answer, try
+        again every 0.2 s for at least ``RELEASE_PATIENCE_S`` (the heartbeat keeps renewing
+        meanwhile): a lease that runs out while its release is stuck would let beat take a
+        finished run over and run its body a second time. The task's result waits meanwhile."""
         lease = self.lease
         store = _store(self.app, self.namespace)
-        deadline = time.monotonic() + lease.duration_s
+        self._finishing = True
+        started = time.monotonic()
+        deadline = started + max(RELEASE_PATIENCE_S, 10 * lease.duration_s)
+        failures = 0
         while True:
             try:
                 released = store.release(lease.entry, lease.slot_ms, lease.token)
                 break
             except StoreError as exc:
+                failures += 1
+                if failures == 1:
+                    logger.warning("%s: slot %s: the lease could not be released (%s); retrying "
+                                   "every %g s", lease.entry, lease.slot_ms, exc, RELEASE_RETRY_S)
                 if time.monotonic() > deadline:
                     self.stop()
-                    logger.error("%s: slot %s: could not release the lease (%s); the run may be "
-                                 "taken over and run again", lease.entry, lease.slot_ms, exc)
+                    counters["release_failed"] += 1
+                    logger.error("%s: slot %s: could not release the lease for %.0f s (%s); the "
+                                 "run may be taken over and run again", lease.entry, lease.slot_ms,
+                                 time.monotonic() - started, exc)
                     return
-                time.sleep(min(1.0, lease.heartbeat_s))
+                time.sleep(RELEASE_RETRY_S)
         self.stop()
+        if failures:
+            logger.warning("%s: slot %s: lease released after %.1f s of retries", lease.entry,
+                           lease.slot_ms, time.monotonic() - started)
         counters["released" if released else "release_refused"] += 1
         if not released:
             logger.warning("%s: slot %s attempt %d finished, but its lease had been taken over",

@@ -16,13 +16,15 @@ import logging
 import os
 import secrets
 import socket
+import time
 
 from celery import beat
+from kombu.exceptions import EncodeError
 from kombu.utils.objects import cached_property
 
 from celery_anarchon import plan as plans_mod
 from celery_anarchon.engine import MAX_SLEEP_S, Engine, iso
-from celery_anarchon.errors import ConfigError
+from celery_anarchon.errors import ConfigError, SendOutcomeUnknown
 from celery_anarchon.messages import (
     HEADER_ATTEMPT, HEADER_ENTRY, HEADER_INSTANCE, HEADER_LEASE, HEADER_NAMESPACE, HEADER_SLOT,
     HEADER_TOKEN,
@@ -32,11 +34,28 @@ from celery_anarchon.timing import Settings
 
 logger = logging.getLogger("celery_anarchon.scheduler")
 
-#: how a failed publish is retried inside one send (kombu retry policy); the run itself is retried
-#: by the engine every second until max_late, so keep this short and never block the tick
-SEND_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
-#: how long beat tries to connect to the broker per send attempt
+#: how long beat tries to connect to the broker per send attempt; a run whose publish could not
+#: start is retried by the engine every second until max_late. The publish itself is never
+#: retried (kombu's ``retry=False``): one that broke off may have reached the broker.
 BROKER_CONNECT_RETRIES = 1
+#: a broker connection idle longer than this (seconds) is checked before the next publish, so a
+#: connection the broker dropped meanwhile is found before a message is written to it
+BROKER_PROBE_IDLE_S = 1.0
+#: socket timeout (seconds) of beat's own Redis broker connection when the broker's transport
+#: options set none: without one a publish to a broker that stopped answering blocks beat forever
+BROKER_SOCKET_TIMEOUT_S = 10.0
+
+
+def _exit_requested(exc: BaseException) -> bool:
+    """True when a ``SystemExit`` or ``KeyboardInterrupt`` (beat's SIGTERM/SIGINT handlers raise
+    them) hides in ``exc``'s chain: a client library caught it and raised another error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 
@@ -96,6 +115,9 @@ class Scheduler(beat.Scheduler):
                                 instance_id=self._instance_id, options=options)
         self.engine: Engine | None = None
         self._plans_snapshot: dict | None = None
+        self._closing = False
+        self._in_tick = False
+        self._broker_used_at = 0.0
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- Celery's Scheduler interface -------------------------------------------------------------
@@ -149,20 +171,34 @@ class Scheduler(beat.Scheduler):
 
         :returns: seconds to sleep before the next tick (at most ``max_interval`` and 60 s).
         """
+        self._in_tick = True
         try:
             self._follow_fork()
             if self.engine is None:
                 self.setup_schedule()
             self._follow_schedule_changes()
             delay = self.engine.tick()
-        except Exception:
+        except Exception as exc:
+            if self._closing or _exit_requested(exc):
+                raise SystemExit("beat is shutting down") from exc
             logger.exception("anarchon: tick failed; trying again in 5 s")
             delay = 5.0
+        finally:
+            self._in_tick = False
+        if self._closing:       # close() ran during this tick (beat's SIGTERM handler)
+            raise SystemExit("beat is shutting down")
         return min(delay, float(self.max_interval or MAX_SLEEP_S), MAX_SLEEP_S)
 
     def close(self) -> None:
-        """Release the store and the broker connection. Safe to call twice (beat does, and may
-        call it from a signal handler in the middle of a tick)."""
+        """Release the store and the broker connection. Safe to call twice. Beat's SIGTERM
+        handler calls it in the middle of a tick, then raises ``SystemExit``, which a client
+        library may turn into another error: the engine then sends nothing more and the tick
+        ends beat with ``SystemExit`` (never a retried publish). Outside a tick the store and
+        broker reopen lazily."""
+        if self._in_tick:
+            self._closing = True
+            if self.engine is not None:
+                self.engine.stop()
         try:
             self.store.close()
         finally:
@@ -213,6 +249,17 @@ class Scheduler(beat.Scheduler):
         self.engine.update_plans(plans)
 
     @cached_property
+    def connection(self):
+        """Beat's broker connection (Celery's ``connection_for_write``), with a socket timeout on
+        a Redis broker whose transport options set none."""
+        connection = self.app.connection_for_write()
+        options = connection.transport_options or {}
+        if str(connection.transport_cls).split("+")[0] in ("redis", "rediss", "sentinel") \
+                and "socket_timeout" not in options:
+            connection.transport_options = dict(options, socket_timeout=BROKER_SOCKET_TIMEOUT_S)
+        return connection
+
+    @cached_property
     def producer(self):
         return self.Producer(self._ensure_connected(), auto_declare=False)
 
@@ -224,6 +271,22 @@ class Scheduler(beat.Scheduler):
         return self.connection.ensure_connection(errback, max_retries=BROKER_CONNECT_RETRIES,
                                                  interval_start=0.2, interval_step=0.5,
                                                  interval_max=1)
+
+    def _live_producer(self):
+        """The producer, its connection checked if it sat idle: a Redis broker answers a PING,
+        an AMQP connection is still open. Anything raised here happened before a publish.
+
+        :raises Exception: the broker cannot be reached (the send is retried by the engine).
+        """
+        producer = self.producer
+        if time.monotonic() - self._broker_used_at > BROKER_PROBE_IDLE_S:
+            client = getattr(producer.channel, "client", None)
+            if client is not None and callable(getattr(client, "ping", None)):
+                client.ping()                          # kombu's Redis channel
+            elif not self.connection.connected:
+                raise ConnectionError("the broker connection is closed")
+            self._broker_used_at = time.monotonic()
+        return producer
 
     def _drop_connection(self) -> None:
         self.__dict__.pop("producer", None)
@@ -237,7 +300,10 @@ class Scheduler(beat.Scheduler):
     def _send(self, plan, slot_ms: int, attempt: int, token: int | None, task_id: str) -> None:
         """Publish one won run with its task id and headers (the engine's send callback).
 
-        :raises Exception: whatever the publish raised; the engine retries until max_late.
+        :raises SendOutcomeUnknown: the publish broke off after it began: the broker may hold
+            the message, so it must not be published again.
+        :raises Exception: nothing was published (the broker could not be reached, the arguments
+            cannot be serialized); the engine retries until max_late.
         """
         entry = plan.entry
         options = copy.deepcopy(plan.celery_options)
@@ -255,20 +321,29 @@ class Scheduler(beat.Scheduler):
             headers[HEADER_TOKEN] = int(token)
             headers[HEADER_LEASE] = {"duration": lease.duration_s, "heartbeat": lease.heartbeat_s,
                                      "queue_timeout": lease.queue_timeout_s}
-        options.update(headers=headers, task_id=task_id, retry=True,
-                       retry_policy=dict(SEND_RETRY_POLICY))
+        options.update(headers=headers, task_id=task_id, retry=False)
+        options.pop("retry_policy", None)
         args = beat._evaluate_entry_args(entry.args)
         kwargs = beat._evaluate_entry_kwargs(entry.kwargs)
+        try:
+            producer = self._live_producer()
+        except Exception:
+            self._drop_connection()
+            raise
         logger.info("Scheduler: Sending due task %s (%s) slot %s attempt %d", plan.name, entry.task,
                     iso(slot_ms), attempt)
         try:
-            producer = self.producer
             task = self.app.tasks.get(entry.task)
             if task is not None:
                 task.apply_async(args, kwargs, producer=producer, **options)
             else:
                 self.app.send_task(entry.task, args, kwargs, producer=producer, **options)
-        except Exception:
+        except Exception as exc:
+            stopped = self._closing or _exit_requested(exc)
+            if isinstance(exc, (EncodeError, TypeError)) and not stopped:
+                raise                     # the message could not be built: nothing was written
             self._drop_connection()
-            raise
-
+            if stopped:
+                raise SendOutcomeUnknown(f"beat was stopped during the publish ({exc!r})") from exc
+            raise SendOutcomeUnknown(f"{type(exc).__name__}: {exc}") from exc
+        self._broker_used_at = time.monotonic()

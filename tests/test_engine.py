@@ -17,6 +17,7 @@ from celery.beat import ScheduleEntry
 from celery.schedules import crontab
 
 from celery_anarchon.engine import Engine
+from celery_anarchon.errors import SendOutcomeUnknown
 from celery_anarchon.plan import build_plans
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent
@@ -229,6 +230,54 @@ def test_a_send_failing_until_max_late_is_recorded(sqlite_url, namespace, harnes
     events = [rec.event for slot, rec in h.history("e").items() if slot < done]
     assert events and set(events) == {RunEvent.SEND_FAILED}
     assert any("kept failing until max_late" in r.getMessage() for r in caplog.records)
+
+
+def test_a_publish_that_broke_off_is_not_published_again(sqlite_url, namespace, harnesses, caplog):
+    calls = []
+
+    def broke_off(plan, slot_ms, attempt, token, task_id):
+        calls.append((plan.name, slot_ms, attempt))
+        raise SendOutcomeUnknown("ConnectionError: Connection closed by server.")
+
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5})},
+             send=broke_off)
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        h.engine.tick()                          # start-up: the newest slot, always within 5 s
+        assert len(calls) == 1
+        slot = calls[0][1]
+        for _ in range(3):
+            h.clock.offset += 1.5                # past the engine's send retry interval (1 s)
+            h.engine.tick()
+    assert [c for c in calls if c[1] == slot] == [("e", slot, 1)], \
+        "a publish that may have reached the broker was published again"
+    assert h.history("e")[slot].event is RunEvent.SEND_UNKNOWN
+    assert h.engine.stats["send_unknown"] == len(calls)
+    assert any("publish broke off" in r.getMessage() for r in caplog.records)
+
+
+def test_a_stopped_engine_sends_nothing_it_wins(sqlite_url, namespace, harnesses):
+    h = make(harnesses, sqlite_url, namespace, {"e": (60, {"jitter": 0})})
+    h.engine.stop()                              # beat's SIGTERM handler called close()
+    assert h.engine.tick() == 60
+    h.engine.tick()
+    assert h.sent == []
+
+
+def test_a_run_whose_claim_answers_after_max_late_is_not_sent(sqlite_url, namespace, harnesses):
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5})})
+    claim = h.store.claim
+
+    def slow_claim(requests):
+        results = claim(requests)
+        h.clock.offset += 6                      # the answer came 6 s later, past max_late
+        return results
+
+    h.store.claim = slow_claim
+    h.engine.tick()
+    assert h.sent == []
+    records = h.history("e")
+    assert [(r.event, r.detail) for r in records.values()] == [
+        (RunEvent.SEND_FAILED, "won after max_late: the claim answered too late")]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import signal
 import time
@@ -295,3 +296,52 @@ def test_a_worker_whose_module_forgot_install_gets_the_worker_side(make_cluster)
     c.cluster.wait_log("w1", "dropped a message", timeout=15)
     c.wait_event("end", attempt=1)
     assert len(c.events("start")) == 1
+
+
+def test_a_release_blocked_longer_than_the_lease_still_lands(namespace, caplog):
+    """A finished body whose release cannot reach the store keeps trying past its lease (a lease
+    that ran out during the outage would let beat run the finished run again); the heartbeat
+    that fires meanwhile does not call the lease lost."""
+    import threading
+
+    from celery_anarchon import leases
+    from celery_anarchon.stores.base import ClaimRequest, LeaseTerms
+    from tcp_proxy import TCPProxy, redis_address
+
+    require_server(REDIS_URL, "Redis")
+    proxy = TCPProxy(redis_address()).start()
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=proxy.url("redis", "/0"),
+                    anarchon_store_options={"claim_timeout": 0.5})
+    beat_store = open_store(f"{REDIS_URL.rsplit('/', 1)[0]}/0", namespace=namespace, instance_id="b")
+    try:
+        beat_store.prepare(["e"])
+        beat_store._backdate_memory_start(["e"], 120_000)
+        slot = int(time.time() * 1000) // 1000 * 1000
+        won = beat_store.claim([ClaimRequest("e", slot, 60_000, lease=LeaseTerms(10_000))])[0]
+        assert won.token is not None
+        worker_store = leases._store(app, namespace)
+        adopted, run = worker_store.adopt("e", slot, "w1", 1_000)
+        assert adopted
+        lease = leases.Lease("e", slot, run.attempt, run.token, "w1", 1.0, 0.3,
+                             run.lease_expires_ms or 0)
+        heartbeat = leases._Heartbeat(app, namespace, lease)
+        heartbeat.start()
+        before = dict(leases.counters)
+        proxy.outage()
+        with caplog.at_level(logging.WARNING, "celery_anarchon"):
+            releasing = threading.Thread(target=heartbeat.release)
+            releasing.start()
+            expires = run.lease_expires_ms
+            wait_until(lambda: beat_store.now_ms() > expires + 1_000, 10, "the lease to run out")
+            assert releasing.is_alive(), "the release gave up while the store was unreachable"
+            proxy.restore()
+            releasing.join(timeout=20)
+        assert not releasing.is_alive()
+        assert leases.counters["released"] == before.get("released", 0) + 1
+        assert beat_store.inspect("e", slot).state is RunState.FINISHED
+        assert not lease.lost and "lost its lease" not in caplog.text
+        assert "released after" in caplog.text
+    finally:
+        proxy.close()
+        beat_store.close()

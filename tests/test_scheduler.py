@@ -11,7 +11,8 @@ from celery import Celery
 from celery.schedules import crontab
 
 from celery_anarchon import ConfigError, Scheduler, scheduled_at
-from celery_anarchon.scheduler import resolve_store_url
+from celery_anarchon.errors import SendOutcomeUnknown
+from celery_anarchon.scheduler import _exit_requested, resolve_store_url
 from celery_anarchon.stores import url_following_broker
 from celery_anarchon.timing import Settings
 
@@ -65,6 +66,79 @@ def test_no_exception_ever_leaves_tick(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, "celery_anarchon"):
         assert scheduler.tick() == 5.0
     assert "tick failed" in caplog.text and "a bug" in caplog.text
+
+
+def test_a_close_during_a_tick_ends_beat_and_nothing_more_is_sent(tmp_path):
+    """Beat's SIGTERM handler calls close() and raises SystemExit inside whatever runs; redis-py
+    turned that into ``ValueError: I/O operation on closed file`` during a publish."""
+    app = make_app(tmp_path, beat_schedule={
+        "a": {"task": "proj.a", "schedule": 2.0, "options": {"anarchon": {"jitter": 0}}},
+        "b": {"task": "proj.b", "schedule": 2.0, "options": {"anarchon": {"jitter": 0}}}})
+    scheduler = Scheduler(app)
+    scheduler.store._backdate_memory_start(["a", "b"], 120_000)   # not a new store: it claims
+    calls = []
+
+    def interrupted(plan, slot, attempt, token, task_id):
+        calls.append(plan.name)
+        scheduler.close()                     # what beat's signal handler does first
+        try:
+            raise SystemExit()
+        except SystemExit:
+            raise ValueError("I/O operation on closed file")
+
+    scheduler.engine.send = interrupted
+    with pytest.raises(SystemExit):
+        scheduler.tick()
+    assert len(calls) == 1, "the engine went on sending after close()"
+    scheduler.engine.send = lambda *a: calls.append("again")
+    assert scheduler.engine.tick() == 60 and len(calls) == 1
+
+
+def test_an_exit_hidden_in_an_exception_chain_is_found():
+    try:
+        try:
+            raise KeyboardInterrupt()
+        except KeyboardInterrupt as exc:
+            raise OSError("broken pipe") from exc
+    except OSError as exc:
+        assert _exit_requested(exc)
+    assert not _exit_requested(ValueError("just a bug"))
+
+
+def test_a_publish_that_broke_off_is_reported_unknown_never_retried(tmp_path):
+    """Real Redis broker behind a proxy: a publish on a connection the broker lost raises
+    SendOutcomeUnknown (the engine does not publish it again); once the connection sat idle, it
+    is checked first and a dead broker is a plain, retryable failure."""
+    require_server(REDIS_URL, "Redis")
+    proxy = TCPProxy(redis_address()).start()
+    try:
+        app = make_app(tmp_path, broker_url=proxy.url("redis", "/11"))
+        with app.connection_for_read() as conn:
+            conn.SimpleQueue("celery").clear()
+        scheduler = Scheduler(app)
+        plan = scheduler.engine.plans["tick"]
+
+        def received():
+            with app.connection_for_read() as conn:
+                message = conn.SimpleQueue("celery").get(timeout=2)
+                message.ack()
+                return message.headers["id"]
+
+        scheduler._send(plan, 1_700_000_000_000, 1, None, "first")
+        assert received() == "first"
+        proxy.outage()
+        with pytest.raises(SendOutcomeUnknown):
+            scheduler._send(plan, 1_700_000_010_000, 1, None, "second")   # no probe: just used
+        scheduler._broker_used_at = 0.0                                     # idle: probed first
+        with pytest.raises(Exception) as info:
+            scheduler._send(plan, 1_700_000_020_000, 1, None, "third")
+        assert not isinstance(info.value, SendOutcomeUnknown)
+        proxy.restore()
+        scheduler._send(plan, 1_700_000_030_000, 1, None, "fourth")
+        assert received() == "fourth"
+    finally:
+        proxy.close()
+        scheduler.close()
 
 
 def test_sleeps_are_capped_at_sixty_seconds(tmp_path):

@@ -66,6 +66,7 @@ class RunEvent(str, enum.Enum):
     CLAIMED = "claimed"            #: a claim was won; the send follows
     SENT = "sent"                  #: the winner published the task message
     SEND_FAILED = "send_failed"    #: the winner could not publish it until max_late
+    SEND_UNKNOWN = "send_unknown"  #: the publish broke off; the broker may or may not have it
     LATE = "late"                  #: skipped: late on the store's clock
     LATE_LOCAL = "late_local"      #: skipped: late on the instance's clock (paused, clock jump)
     EARLY = "early"                #: skipped: early on the store's clock
