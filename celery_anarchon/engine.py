@@ -474,7 +474,9 @@ class Engine:
         reason = str(exc).rstrip(".")
         if self._store_ok:
             logger.error("anarchon store %s unreachable while %s: %s. No run is sent until it "
-                         "answers; retrying.", self.store.safe_url, doing, reason)
+                         "answers; retrying with backoff. Fix: check anarchon_store_url (or the "
+                         "broker URL the store follows), that the server runs, and that this host "
+                         "reaches it.", self.store.safe_url, doing, reason)
             self._down_since = now
             self._next_down_report = now + DOWN_REPORT_EVERY_S
         elif now >= self._next_down_report:

@@ -219,6 +219,7 @@ def test_beat_keeps_running_without_a_store_and_never_sends_blind(caplog):
     assert sent == []
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "unreachable" in errors[0] and "No run is sent" in errors[0]
+    assert "Fix: check anarchon_store_url" in errors[0]
     assert "s3cret" not in caplog.text and "redis://:***@127.0.0.1:1/0" in caplog.text
 
 

@@ -230,6 +230,27 @@ def test_a_retry_longer_than_the_lease_keeps_its_run(kind, make_cluster):
     assert run.state is RunState.FINISHED and run.attempt == 1
 
 
+@pytest.mark.parametrize("acks_late", [False, True], ids=["default-acks", "acks-late"])
+def test_a_task_that_fails_for_good_releases_its_run(kind, acks_late, make_cluster):
+    c = make_cluster(kind, {"long": {"task": "lease_app.failing", "lease": FAST}}, acks_late=acks_late)
+    c.worker()
+    c.beat("b1")
+    first = c.wait_event("start", attempt=1)
+    run = wait_until(lambda: (r := c.store.inspect("long", c.slot())) and r.state is RunState.FINISHED
+                     and r, 15, f"the failed run to be released\n{c.cluster.logs()}", interval=0.1)
+    assert run.attempt == 1
+    result = c.client.AsyncResult(first["task_id"])
+    with pytest.raises(ValueError):
+        result.get(timeout=10)
+    # past the time a dead runner would have been replaced: a released run is never taken over
+    deadline = first["time"] + REPLACED_WITHIN_S + 1
+    while time.time() < deadline:
+        assert c.store.inspect("long", c.slot()).state is RunState.FINISHED
+        time.sleep(0.2)
+    assert [e["attempt"] for e in c.events("start")] == [1]
+    assert "taken over" not in c.logs("b1")
+
+
 def test_a_task_that_kills_its_worker_is_tried_max_attempts_then_lost(kind, make_cluster):
     c = make_cluster(kind, {"long": {"task": "lease_app.suicidal", "lease": {
         "duration": 3, "heartbeat": 0.5, "queue_timeout": 4, "max_attempts": 3}}})

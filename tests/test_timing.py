@@ -1,6 +1,7 @@
 """Every timing rule of DESIGN.md: the error is raised at start-up and names entry, rule, values and fix."""
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -8,7 +9,7 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 from celery.schedules import crontab, schedule
 
-from celery_anarchon import ConfigError
+from celery_anarchon import ConfigError, install
 from celery_anarchon.plan import build_plan, build_plans, task_id_for
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Memory
@@ -89,6 +90,19 @@ def test_heartbeat_must_be_below_half_the_lease():
     assert "below 5" in message
     with pytest.raises(ConfigError, match="anarchon_heartbeat 20 s must be less than half of anarchon_lease 30 s"):
         Settings.from_app(make_app(anarchon_heartbeat=20))
+
+
+def test_a_gap_shorter_than_lease_plus_two_heartbeats_is_warned(caplog):
+    app = make_app()
+    install(app)
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        plan_of(20, {"anarchon": {"lease": {"duration": 30, "heartbeat": 5}}}, app=app)
+    assert ("entry 'report': the shortest gap between slots (20 s) is shorter than lease duration "
+            "+ 2 x heartbeat (40 s)") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        plan_of(40, {"anarchon": {"lease": {"duration": 30, "heartbeat": 5}}}, app=app)
+    assert "shortest gap" not in caplog.text
 
 
 @pytest.mark.parametrize("options, expected", [
@@ -185,6 +199,8 @@ def test_count_limited_redis_memories_must_cover_jitter_plus_max_late(options, s
 
 @pytest.mark.parametrize("url, options", [
     ("redis://127.0.0.1:1/0", {"strategy": "stream-id"}),
+    ("redis://127.0.0.1:1/0", {"strategy": "script"}),
+    ("redis://127.0.0.1:1/0", {"strategy": "idmp"}),
     ("amqp://guest:guest@127.0.0.1:1//", {}),
     ("nats://127.0.0.1:1", {}),
 ])

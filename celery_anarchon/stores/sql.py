@@ -189,7 +189,7 @@ class SQLiteStore(SQLStore):
         if self._file_id is None or self._stat() == self._file_id:
             return False
         log.warning("%s store %s: the file was deleted or replaced; reconnecting (the store forgot "
-                    "its claims: DESIGN.md \"Amnesia\")", self.kind, self.safe_url)
+                    "its claims: docs/timing.md, \"Amnesia\")", self.kind, self.safe_url)
         self._file_id = None
         return True
 

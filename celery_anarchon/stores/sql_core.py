@@ -220,7 +220,7 @@ class SQLStore(LeaseOps, Store):
             except errors as error:
                 if needs_schema and not schema_made and self._missing_table(error):
                     log.warning("%s store %s: tables missing during %s: the store forgot its data; "
-                                "re-creating them (DESIGN.md \"Amnesia\")", self.kind, self.safe_url, what)
+                                "re-creating them (docs/timing.md, \"Amnesia\")", self.kind, self.safe_url, what)
                     self._run("create the schema", schema.create_schema, needs_schema=False)
                     schema_made = True
                     continue

@@ -87,3 +87,10 @@ def retrying(self, countdown):
         raise self.retry(countdown=countdown)
     note(self, "end")
     return "done"
+
+
+@app.task(bind=True)
+def failing(self):
+    """Fail for good (no retry): the run is finished, its lease released."""
+    note(self, "start")
+    raise ValueError("this task fails for good")
