@@ -566,9 +566,9 @@ class Engine:
         error past half the smallest max_late (DESIGN.md "Timing")."""
         self._next_skew = now + SKEW_EVERY_S
         try:
-            before = time.time()
+            before = self.clock()
             store_ms = self.store.now_ms()
-            after = time.time()
+            after = self.clock()
         except StoreError as exc:
             logger.debug("skew check failed: %s", exc)
             return

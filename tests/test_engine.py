@@ -280,6 +280,22 @@ def test_a_run_whose_claim_answers_after_max_late_is_not_sent(sqlite_url, namesp
         (RunEvent.SEND_FAILED, "won after max_late: the claim answered too late")]
 
 
+@pytest.mark.parametrize("offset_s, level, says", [
+    (-1.6, logging.WARNING, "clock is 1.6"),
+    (40.0, logging.ERROR, "more than half of max_late (30 s)"),
+])
+def test_the_skew_to_the_store_clock_is_measured_and_logged(sqlite_url, namespace, harnesses, caplog,
+                                                            offset_s, level, says):
+    h = make(harnesses, sqlite_url, namespace, {"e": (600, {"max_late": 60})})
+    h.clock.offset = offset_s                     # this instance's clock is off; the store's is not
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        h.engine.tick()                           # the first tick prepares the store and measures
+    found = [r for r in caplog.records if "the store's clock" in r.getMessage()]
+    assert len(found) == 1 and found[0].levelno == level, [r.getMessage() for r in found]
+    direction = "behind" if offset_s < 0 else "ahead of"
+    assert says in found[0].getMessage() and direction in found[0].getMessage()
+
+
 @pytest.fixture
 def redis_proxy():
     require_server(REDIS_URL, "Redis")
