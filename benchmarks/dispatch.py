@@ -1,0 +1,804 @@
+"""Dispatch benchmark: Celery's default beat, RedBeat and celery_anarchon on the same beat_schedule.
+
+    .venv/bin/python benchmarks/dispatch.py [--quick] [--workloads 1s,1m] [--systems ...]
+        [--json results.json] [--plot docs/dispatch-lateness.png] [--profile] [--keep]
+    .venv/bin/python benchmarks/dispatch.py --replot results.json --plot docs/dispatch-lateness.png
+
+Needs ``pip install -e '.[bench]'`` (celery-redbeat and matplotlib; py-spy for ``--profile``) and a
+``redis-server`` binary. It starts its own Redis on ``--port`` (6431; no persistence), flushes it
+before each run and stops it at the end; no other server is touched. The beat_schedule is
+benchmarks/dispatch_app.py: N interval entries, one task, the entry's name as argument.
+
+Systems, one after another, each on a flushed Redis (broker db 0, celery_anarchon's store db 1,
+RedBeat db 2):
+
+* ``celery-1``: Celery's default beat (``PersistentScheduler``), one instance;
+* ``celery-3``: the same, three instances: each sends every run (its duplicates);
+* ``redbeat-3``: celery-redbeat with its defaults (lock timeout 5 x beat's max interval = 1500 s),
+  three instances; the leader (the instance whose messages arrive) is killed with SIGKILL;
+* ``anarchon-3``: ``celery_anarchon:Scheduler`` with its defaults, Redis ``lease`` store, three
+  instances; one is killed with SIGKILL.
+
+The kill comes at the window's middle slot plus 40 % of an interval (at most 1 s), while that
+slot's runs are being claimed and sent.
+
+Workloads: ``1s`` = 1,000 entries every second, a 60-s window; ``1m`` = 10,000 entries every
+minute, a 180-s window (``--quick``: 20 s and 60 s).
+
+There is no Celery worker: a consumer process drains the broker's ``celery`` list (RPOP in
+batches, BRPOP when it is empty) and records, per message, its arrival time, entry, sending
+process (``origin`` header: ``gen<pid>@host``) and, for celery_anarchon, the slot
+(``anarchon_slot`` header).
+
+What the figures mean (docs/performance.md explains them at length):
+
+* **nominal time** of a message, what its scheduler meant: celery_anarchon: its slot (a fixed UTC
+  grid, the same on every instance). Celery beat and RedBeat run an interval entry one interval
+  after its previous send (``last_run_at`` is set when a run is sent), so the nominal time of a
+  message is the arrival of the previous message of that entry plus the interval: the previous
+  message from the same instance for Celery beat, from any instance for RedBeat (its
+  ``last_run_at`` lives in Redis). The first message of an entry has no previous one: every entry
+  is created at start-up and first due one interval later. For RedBeat with the 1-minute workload
+  its first due time is read from RedBeat's schedule in Redis 40 s after the start (storing 10,000
+  entries takes seconds); otherwise it is taken as the arrival of the first message the instance
+  (RedBeat: the cluster) sent at all (Celery beat creates its entries in memory within a fraction
+  of a second).
+* **window** ``[T0, T0 + duration)``: ``T0`` comes after a warm-up (15 s; for the 1-minute
+  workload, the first minute boundary at least 75 s after the start), which leaves out start-up
+  and, for celery_anarchon, the store's refusal of slots in its first 10 s.
+* **runs sent / expected**: distinct runs whose nominal time is in the window and that arrived by
+  the end of collection (window + 5 s, or + 15 s for the 1-minute workload) / entries x duration /
+  interval. A run of celery_anarchon is (entry, slot); for the others the window is cut into
+  interval-long periods from ``T0`` and a run is (entry, period of its nominal time), so a
+  scheduler that drifts later leaves periods empty.
+* **duplicates**: messages of those runs beyond one per run.
+* **longest gap**: the longest time between two consecutive messages of one entry (any instance),
+  from the last message before ``T0`` to the end of collection; ``>=`` marks a gap still open at
+  the end (nothing sent since).
+* **lateness**: arrival at the consumer - nominal time, for every message that arrived during the
+  window (a scheduler far behind sends, during the window, runs that were due before it).
+* **beat CPU / 1k runs**: utime + stime (children included) of every beat process from ``T0`` to
+  the end of the window (a killed one: until its kill), per 1,000 distinct runs sent during the
+  window; ``redis CPU`` is the same for the Redis server (broker and stores).
+* **peak RSS**: the largest VmHWM among the beat processes.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import multiprocessing
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import redis
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+QUEUE = "celery"
+#: the consumer pops at most this many messages at once (all stamped with the same arrival time)
+BATCH = 200
+TASK = "dispatch_app.noop"
+
+#: name -> (scheduler, instances, kill one halfway, nominal time from: "slot" | "instance" | "shared")
+SYSTEMS = {
+    "celery-1": ("default", 1, False, "instance"),
+    "celery-3": ("default", 3, False, "instance"),
+    "redbeat-3": ("redbeat", 3, True, "shared"),
+    "anarchon-3": ("anarchon", 3, True, "slot"),
+}
+LABELS = {"celery-1": "Celery beat x1", "celery-3": "Celery beat x3",
+          "redbeat-3": "RedBeat x3 (leader killed)", "anarchon-3": "celery_anarchon x3 (one killed)"}
+#: name -> (entries, interval s, window s, quick window s, grace s)
+WORKLOADS = {
+    "1s": (1_000, 1.0, 60, 20, 5),
+    "1m": (10_000, 60.0, 180, 60, 15),
+}
+WORKLOAD_LABELS = {"1s": "1,000 entries every second", "1m": "10,000 entries every minute"}
+
+
+# -- the Redis server of the benchmark ------------------------------------------------------------
+
+class OwnRedis:
+    """A redis-server on its own port and directory, started and stopped by us (no persistence)."""
+
+    def __init__(self, port: int, workdir: str) -> None:
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                raise SystemExit(f"port {port} is in use: pick another with --port")
+        binary = shutil.which("redis-server")
+        if not binary:
+            raise SystemExit("redis-server not found (apt-get install redis-server)")
+        self.log = os.path.join(workdir, "redis.log")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", workdir, "--logfile", self.log, "--databases", "4"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        self.client = redis.Redis(host="127.0.0.1", port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise SystemExit(f"redis-server on port {port} did not start; see {self.log}")
+                time.sleep(0.05)
+        self.version = self.client.info("server")["redis_version"]
+
+    def db(self, n: int) -> str:
+        return f"{self.url}/{n}"
+
+    def flush(self) -> None:
+        self.client.flushall()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+# -- /proc ----------------------------------------------------------------------------------------
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()   # fields from 3 (state) on
+
+
+def _descendants(pid: int) -> list[int]:
+    children = collections.defaultdict(list)
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            if fields:
+                children[int(fields[1])].append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime + cutime + cstime of ``pid`` and its live descendants, seconds."""
+    total, seen = 0.0, False
+    for p in _descendants(pid):
+        fields = _stat_fields(p)
+        if fields:                                   # utime stime cutime cstime: fields 14-17
+            total += sum(int(x) for x in fields[11:15]) / CLK_TCK
+            seen = True
+    return total if seen else None
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM of ``pid`` and its live descendants, MB."""
+    total = 0
+    for p in _descendants(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+# -- the consumer ---------------------------------------------------------------------------------
+
+def consume(url: str, stop, ready, last_pid, out_path: str) -> None:
+    """Drain the broker's queue until ``stop`` is set and it is empty; pickle the records.
+
+    A record is ``(arrival s, entry number, sender pid, slot ms or -1)``. kombu's Redis transport
+    LPUSHes, so the oldest message is at the right: RPOP in batches, BRPOP when empty.
+    """
+    client = redis.Redis.from_url(url)
+    records, other, largest = [], 0, 0
+    ready.set()
+    while True:
+        msgs = client.rpop(QUEUE, BATCH)
+        if msgs:
+            now = time.time()
+        else:
+            if stop.is_set():
+                break
+            got = client.brpop([QUEUE], timeout=0.05)
+            if not got:
+                continue
+            now = time.time()
+            msgs = [got[1]]
+        largest = max(largest, len(msgs))
+        pid = 0
+        for raw in msgs:
+            headers = json.loads(raw)["headers"]
+            if headers.get("task") != TASK:
+                other += 1
+                continue
+            entry = headers.get("anarchon_entry") or headers["argsrepr"].strip("[]()'\", ")
+            pid = int(headers["origin"].split("@", 1)[0][3:])      # gen<pid>@host
+            records.append((now, int(entry[1:]), pid, int(headers.get("anarchon_slot", -1))))
+        if pid:
+            last_pid.value = pid
+    fields = _stat_fields(os.getpid())
+    cpu = sum(int(x) for x in fields[11:13]) / CLK_TCK if fields else None
+    with open(out_path, "wb") as f:
+        pickle.dump({"records": records, "other": other, "cpu": cpu, "largest_batch": largest}, f)
+
+
+# -- one run --------------------------------------------------------------------------------------
+
+class Run:
+    """One system on one workload: beats, consumer, timeline, raw observations."""
+
+    def __init__(self, server: OwnRedis, workdir: str, system: str, workload: str, quick: bool,
+                 profile: bool) -> None:
+        self.server, self.system, self.workload = server, system, workload
+        self.scheduler, self.instances, self.kills, self.nominal_from = SYSTEMS[system]
+        self.entries, self.interval, window, quick_window, self.grace = WORKLOADS[workload]
+        self.duration = quick_window if quick else window
+        self.profile = profile
+        self.dir = os.path.join(workdir, f"{workload}-{system}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.beats: list[subprocess.Popen] = []
+        self.cpu0: dict[int, float] = {}
+        self.cpu1: dict[int, float] = {}
+        self.rss: dict[int, float] = {}
+        self.killed: int | None = None
+        self.stopped: dict = {}
+        self.load_after = (float("nan"),) * 3
+        self.kill_at: float | None = None
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(DISPATCH_BROKER=self.server.db(0), DISPATCH_SCHEDULER=self.scheduler,
+                   DISPATCH_ENTRIES=str(self.entries), DISPATCH_INTERVAL=repr(self.interval),
+                   DISPATCH_STORE=self.server.db(1), DISPATCH_REDBEAT=self.server.db(2),
+                   PYTHONPATH=os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH", "")])))
+        return env
+
+    def start_beat(self, n: int) -> subprocess.Popen:
+        log = open(os.path.join(self.dir, f"beat-{n}.log"), "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "dispatch_app", "beat", "-l", "warning",
+             "--pidfile=", "-s", os.path.join(self.dir, f"beat-{n}-schedule")],
+            env=self.env(), cwd=self.dir, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        log.close()
+        return proc
+
+    def sample_cpu(self, into: dict, pids) -> None:
+        for pid in pids:
+            cpu = cpu_seconds(pid)
+            if cpu is not None:
+                into[pid] = cpu
+
+    def sample_rss(self, pids) -> None:
+        for pid in pids:
+            rss = peak_rss_mb(pid)
+            if rss:
+                self.rss[pid] = rss
+
+    def alive(self) -> list[int]:
+        return [p.pid for p in self.beats if p.poll() is None]
+
+    def kill_time(self, t0: float) -> float:
+        """The middle slot of the window plus 40 % of an interval (at most 1 s): while the runs of
+        that slot are being claimed and sent, not in the quiet time between two slots."""
+        periods = round(self.duration / self.interval)
+        return t0 + (periods // 2) * self.interval + min(0.4 * self.interval, 1.0)
+
+    def victim(self, last_pid) -> int:
+        pids = self.alive()
+        if self.scheduler == "redbeat":          # the leader: the instance whose messages arrive
+            if last_pid.value in pids:
+                return last_pid.value
+            busiest = {pid: (cpu_seconds(pid) or 0) - self.cpu0.get(pid, 0) for pid in pids}
+            return max(busiest, key=busiest.get)
+        return pids[0]
+
+    def execute(self) -> dict:
+        self.server.flush()
+        load = os.getloadavg()
+        ctx = multiprocessing.get_context("fork")
+        stop, ready, last_pid = ctx.Event(), ctx.Event(), ctx.Value("i", 0)
+        out = os.path.join(self.dir, "messages.pickle")
+        consumer = ctx.Process(target=consume, args=(self.server.db(0), stop, ready, last_pid, out))
+        consumer.start()
+        ready.wait(10)
+        started = time.time()
+        self.beats = [self.start_beat(n) for n in range(self.instances)]
+        pids = [p.pid for p in self.beats]
+        if self.interval >= 60:
+            t0 = math.ceil((started + 75) / self.interval) * self.interval
+        else:
+            t0 = math.ceil(started + 15)
+        t1 = t0 + self.duration
+        end = t1 + self.grace
+        redis_cpu = {}
+        profiler = None
+        first_due = None
+        try:
+            if self.scheduler == "redbeat" and self.interval >= 60:
+                sleep_until(started + 40)
+                first_due = self.redbeat_first_due()
+            sleep_until(t0)
+            self.check_alive()
+            self.sample_cpu(self.cpu0, pids)
+            redis_cpu["t0"] = cpu_seconds(self.server.proc.pid)
+            if self.profile and self.scheduler == "anarchon":
+                profiler = start_profiler(self.beats[-1].pid, self.duration, self.dir)
+            if self.kills:
+                sleep_until(self.kill_time(t0))
+                self.check_alive()
+                victim = self.victim(last_pid)
+                self.sample_cpu(self.cpu1, [victim])
+                self.sample_rss([victim])
+                os.killpg(victim, signal.SIGKILL)
+                self.killed, self.kill_at = victim, time.time()
+            sleep_until(t1)
+            survivors = self.alive()
+            self.sample_cpu(self.cpu1, survivors)
+            redis_cpu["t1"] = cpu_seconds(self.server.proc.pid)
+            sleep_until(end)
+            self.sample_rss(self.alive())
+            self.load_after = os.getloadavg()
+        finally:
+            self.stopped = stop_processes(self.beats)
+            stop.set()
+            consumer.join(120)
+            if profiler is not None:
+                profiler.wait(60)
+        with open(out, "rb") as f:
+            consumed = pickle.load(f)
+        undeliverable = sum(self.server.client.llen(k) for k in self.server.client.keys("*undeliver*"))
+        history = self.anarchon_history(consumed["records"], t0, t1) if self.scheduler == "anarchon" else None
+        return {
+            "system": self.system, "workload": self.workload, "entries": self.entries,
+            "interval": self.interval, "duration": self.duration, "instances": self.instances,
+            "started": started, "t0": t0, "t1": t1, "end": end, "load_before": load, "load_after": self.load_after,
+            "killed": self.killed, "kill_at": self.kill_at, "pids": pids,
+            "sigterm_exit_s": self.stopped,
+            "cpu0": self.cpu0, "cpu1": self.cpu1, "rss": self.rss, "redis_cpu": redis_cpu,
+            "records": consumed["records"], "first_due": first_due, "other_messages": consumed["other"],
+            "consumer_cpu": consumed["cpu"], "consumer_largest_batch": consumed["largest_batch"],
+            "undeliverable": undeliverable, "banner": self.banner(),
+            "log_warnings": self.log_summary(), "anarchon_history": history,
+            "profile": os.path.join(self.dir, "py-spy.txt") if profiler is not None else None,
+        }
+
+    def redbeat_first_due(self) -> dict:
+        """entry -> when RedBeat will first run it (its schedule's scores), read after every
+        instance stored the entries and before the first is due: each entry's last_run_at is the
+        moment it was first stored, and storing 10,000 entries takes seconds."""
+        client = redis.Redis.from_url(self.server.db(2), decode_responses=True)
+        scores = client.zrange("redbeat::schedule", 0, -1, withscores=True)
+        client.close()
+        return {int(key.rsplit(":", 1)[-1][1:]): score for key, score in scores
+                if key.rsplit(":", 1)[-1].startswith("e")}
+
+    def check_alive(self) -> None:
+        for n, proc in enumerate(self.beats):
+            if proc.poll() is not None and proc.pid != self.killed:
+                with open(os.path.join(self.dir, f"beat-{n}.log"), errors="replace") as f:
+                    tail = f.read()[-3000:]
+                raise SystemExit(f"{self.system}: beat {n} exited with {proc.returncode}:\n{tail}")
+
+    def banner(self) -> list[str]:
+        """The scheduler's lines of beat's start-up banner (e.g. RedBeat's lock timeout)."""
+        with open(os.path.join(self.dir, "beat-0.log"), errors="replace") as f:
+            lines = f.read().splitlines()[:30]
+        return [line.strip() for line in lines if line.strip().startswith(
+            (". scheduler", ". lock", ". maxinterval", ". store", ". timing", ". redis"))]
+
+    def log_summary(self) -> dict:
+        """Counts of WARNING/ERROR lines per beat log, by their first words."""
+        counts = collections.Counter()
+        for n in range(self.instances):
+            with open(os.path.join(self.dir, f"beat-{n}.log"), errors="replace") as f:
+                for line in f:
+                    if "WARNING/" in line or "ERROR/" in line or "CRITICAL/" in line:
+                        text = line.split("] ", 1)[-1]
+                        text = re.sub(r"\be\d{5}\b", "<entry>", text)
+                        text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00", "<slot>", text)
+                        text = re.sub(r"\d+(\.\d+)?", "<n>", text)
+                        counts[" ".join(text.split()[:12])] += 1
+        return dict(counts.most_common(12))
+
+    def anarchon_history(self, records, t0, t1) -> dict:
+        """For every run of the window that never arrived: what the store's history says."""
+        from celery_anarchon.stores import open_store
+        got = {(e, s) for _, e, _, s in records}
+        step = int(self.interval * 1000)
+        missing = [(e, s) for e in range(self.entries)
+                   for s in range(int(t0 * 1000), int(t1 * 1000), step) if (e, s) not in got]
+        store = open_store(self.server.db(1), namespace="dispatch_app", instance_id="bench-reader")
+        reasons = collections.Counter()
+        for entry in sorted({e for e, _ in missing}):
+            name = f"e{entry:05d}"
+            by_slot = {h.slot_ms: h for h in store.history(name, limit=500)}
+            for e, s in missing:
+                if e != entry:
+                    continue
+                h = by_slot.get(s)
+                if h is None:
+                    reasons["no record"] += 1
+                else:
+                    pid = h.instance.split(":")[1] if h.instance.count(":") >= 2 else "?"
+                    who = "the killed instance" if str(self.killed) == pid else "a live instance"
+                    reasons[f"{h.event.value} by {who}"] += 1
+        store.close()
+        return dict(reasons)
+
+
+def start_profiler(pid: int, duration: float, directory: str):
+    """py-spy on one surviving beat for the window (collapsed stacks, a ``raw`` file)."""
+    binary = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(binary):
+        print("  (py-spy is not installed: pip install py-spy; no profile)")
+        return None
+    return subprocess.Popen([binary, "record", "--pid", str(pid), "--duration", str(int(duration)),
+                             "--rate", "100", "--format", "raw", "--idle", "--nonblocking",
+                             "-o", os.path.join(directory, "py-spy.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 15) -> dict:
+    """SIGTERM to every live process at once; SIGKILL to any still alive after ``timeout``.
+
+    :returns: pid -> seconds it took to exit after SIGTERM, or None when it had to be killed.
+    """
+    asked = {}
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                asked[proc.pid] = time.monotonic()
+            except ProcessLookupError:
+                pass
+    took = {}
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        if proc.pid not in asked:
+            continue
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+            took[proc.pid] = time.monotonic() - asked[proc.pid]
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(5)
+            took[proc.pid] = None
+    return took
+
+
+def sleep_until(t: float) -> None:
+    while (left := t - time.time()) > 0:
+        time.sleep(min(left, 1.0))
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+def analyse(raw: dict) -> dict:
+    """The table's figures from one run's raw observations (see the module docstring)."""
+    interval, t0, t1, end = raw["interval"], raw["t0"], raw["t1"], raw["end"]
+    entries, nominal_from = raw["entries"], SYSTEMS[raw["system"]][3]
+    periods = round(raw["duration"] / interval)
+    records = sorted(raw["records"])
+    messages = []                                   # (arrival, entry, nominal or None, run key)
+    if nominal_from == "slot":
+        for arrival, entry, _pid, slot in records:
+            messages.append((arrival, entry, slot / 1000, slot / 1000))
+    else:
+        first_of: dict = {}                         # instance (or cluster) -> its first arrival
+        previous: dict = {}                         # (instance or cluster, entry) -> last arrival
+        first_due = {int(e): due for e, due in (raw.get("first_due") or {}).items()}
+        for arrival, entry, pid, _ in records:
+            who = pid if nominal_from == "instance" else 0
+            first_of.setdefault(who, arrival)
+            before = previous.get((who, entry))
+            if before is not None:
+                nominal = before + interval
+            else:
+                nominal = first_due.get(entry, first_of[who])
+            previous[(who, entry)] = arrival
+            messages.append((arrival, entry, nominal, math.floor((nominal - t0) / interval + 1e-9)))
+
+    def in_window(nominal):
+        return t0 - 1e-6 <= nominal < t1 - 1e-6
+
+    window = [m for m in messages if in_window(m[2])]
+    runs = collections.Counter((m[1], m[3]) for m in window)
+    lateness = sorted(m[0] - m[2] for m in messages if t0 <= m[0] < t1)
+
+    gap, gap_open = 0.0, False                      # the longest gap; still open at the end?
+    by_entry = collections.defaultdict(list)
+    for arrival, entry, _, _ in messages:
+        by_entry[entry].append(arrival)
+    for entry in range(entries):
+        times = by_entry.get(entry, [])
+        before = [t for t in times if t < t0]
+        series = ([before[-1]] if before else [t0]) + [t for t in times if t0 <= t <= end]
+        for a, b in zip(series, series[1:]):
+            if b - a > gap:
+                gap, gap_open = b - a, False
+        if end - series[-1] > gap:
+            gap, gap_open = end - series[-1], True
+
+    cpu = sum(raw["cpu1"][pid] - raw["cpu0"][pid] for pid in raw["cpu1"] if pid in raw["cpu0"])
+    sent = len(runs)
+    sent_during = len({(m[1], m[3]) for m in messages if t0 <= m[0] < t1})
+    redis_cpu = raw["redis_cpu"]
+    return {
+        "expected": entries * periods,
+        "sent": sent,
+        "duplicates": sum(runs.values()) - sent,
+        "missed": entries * periods - sent,
+        "gap": gap, "gap_open": gap_open,
+        "p50": percentile(lateness, 50), "p99": percentile(lateness, 99),
+        "max": lateness[-1] if lateness else float("nan"),
+        "lateness": lateness,
+        "sent_during": sent_during,
+        "cpu": cpu, "cpu_per_1k": cpu / sent_during * 1000 if sent_during else float("nan"),
+        "cpu_pct": cpu / raw["duration"] * 100,
+        "redis_per_1k": ((redis_cpu["t1"] - redis_cpu["t0"]) / sent_during * 1000
+                         if sent_during and redis_cpu.get("t1") is not None else float("nan")),
+        "rss": max(raw["rss"].values()) if raw["rss"] else float("nan"),
+    }
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted ``values``."""
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, max(0, math.ceil(p / 100 * len(values)) - 1))]
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds != seconds:
+        return "-"
+    if abs(seconds) < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.2f} s" if abs(seconds) < 10 else f"{seconds:.0f} s"
+
+
+def table(results: list[dict], markdown: bool = False) -> str:
+    head = ["workload", "system", "sent / expected", "dup", "longest gap", "late p50", "p99", "max",
+            "beat CPU s / 1k runs", "redis CPU s / 1k", "peak RSS"]
+    rows = []
+    for r in results:
+        f = r["figures"]
+        rows.append([
+            WORKLOAD_LABELS[r["workload"]] + ("" if r["duration"] == WORKLOADS[r["workload"]][2]
+                                              else f" ({r['duration']} s)"),
+            LABELS[r["system"]],
+            f"{f['sent']:,} / {f['expected']:,}" + (f" ({f['sent'] / f['expected']:.1%})"
+                                                    if f["sent"] != f["expected"] else ""),
+            f"{f['duplicates']:,}",
+            (">= " if f["gap_open"] else "") + fmt_s(f["gap"]),
+            fmt_s(f["p50"]), fmt_s(f["p99"]), fmt_s(f["max"]),
+            f"{f['cpu_per_1k']:.2f}", f"{f['redis_per_1k']:.2f}", f"{f['rss']:.0f} MB",
+        ])
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths)),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(out)
+
+
+def notes(r: dict) -> str:
+    f, bits = r["figures"], []
+    if r["killed"]:
+        bits.append(f"killed pid {r['killed']} at T0+{r['kill_at'] - r['t0']:.1f} s")
+    if r.get("anarchon_history"):
+        bits.append("missed runs per the store's history: " + ", ".join(
+            f"{n} {why}" for why, n in sorted(r["anarchon_history"].items())))
+    bits.append(f"{f['sent_during']:,} distinct runs sent during the window")
+    bits.append(f"beat CPU {f['cpu']:.1f} s in the window ({f['cpu_pct']:.0f} % of one core)")
+    bits.append(f"load average {r['load_before'][0]:.2f} before, {r['load_after'][0]:.2f} at the end")
+    if r["system"] == "redbeat-3":
+        bits.append("banner: " + ", ".join(b for b in r["banner"] if "lock" in b or "maxinterval" in b))
+    bits.append(f"consumer CPU {r['consumer_cpu']:.1f} s, largest batch {r['consumer_largest_batch']}")
+    stuck = [pid for pid, took in r["sigterm_exit_s"].items() if took is None]
+    if stuck:
+        bits.append(f"{len(stuck)} beat(s) still running 15 s after SIGTERM (SIGKILLed)")
+    if r["undeliverable"] or r["other_messages"]:
+        bits.append(f"undeliverable {r['undeliverable']}, other messages {r['other_messages']}")
+    if r["log_warnings"]:
+        top = list(r["log_warnings"].items())[:3]
+        bits.append("log: " + "; ".join(f"{n}x {text!r}" for text, n in top))
+    return f"  {r['workload']} {r['system']}: " + "; ".join(bits)
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    workloads = list(dict.fromkeys(r["workload"] for r in results))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6.2 * len(workloads), 4.4), squeeze=False)
+    colors = {"celery-1": "#1f77b4", "celery-3": "#17becf", "redbeat-3": "#d62728",
+              "anarchon-3": "#2ca02c"}
+    for ax, workload in zip(axes[0], workloads):
+        for r in results:
+            if r["workload"] != workload:
+                continue
+            values = [max(v, 1e-3) for v in r["figures"]["lateness"]]
+            if not values:
+                continue
+            n = len(values)
+            ys = [(i + 1) / n for i in range(n)]
+            ax.step(values, ys, where="post", color=colors[r["system"]],
+                    label=f"{LABELS[r['system']]} ({n:,} messages)")
+        ax.set_xscale("log")
+        ax.set_xlabel("lateness: arrival - nominal time (s, log; below 1 ms drawn at 1 ms)")
+        ax.set_ylabel("fraction of messages")
+        ax.set_title(WORKLOAD_LABELS[workload])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle("Lateness of every message in the window (empirical CDF)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+#: functions whose inclusive share of the profiled beat's wall time is printed, in this order
+PROFILE_FUNCTIONS = [
+    ("Service.start", "beat's loop (everything)"),
+    ("time.sleep", "  sleeping between ticks"),
+    ("Scheduler.tick", "  Scheduler.tick"),
+    ("Scheduler._follow_schedule_changes", "    comparing beat_schedule with its last copy"),
+    ("Engine._pop_due", "    popping due runs, building claim requests"),
+    ("RedisStore.claim", "    claiming (one EVALSHA per tick)"),
+    ("Scheduler._send", "    sending won runs (Task.apply_async)"),
+    ("Producer.publish", "      of which kombu's publish (LPUSH)"),
+    ("Engine._flush_notes", "    writing history notes"),
+    ("RedisStore.record", "      of which one EVALSHA per note"),
+    ("SocketBuffer._read_from_socket", "waiting for a Redis reply (any)"),
+]
+
+
+def summarise_profile(path: str, top: int = 12) -> str:
+    """Where one beat's wall time went, from a py-spy ``raw`` file recorded with ``--idle``."""
+    own, incl, total = collections.Counter(), collections.Counter(), 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not stack:
+                continue
+            n = int(count)
+            total += n
+            frames = [frame.split(" (")[0] for frame in stack.split(";")]
+            own[frames[-1]] += n
+            for frame in set(frames):
+                incl[frame] += n
+            if "time.sleep" not in frames and frames[-1] == "Service.start":
+                incl["time.sleep"] += n                   # time.sleep is C: its caller is the leaf
+    if not total:
+        return "(no samples)"
+    lines = [f"py-spy, {total} samples of one surviving beat (wall time, idle included):"]
+    lines += [f"  {incl[name] / total:6.1%}  {label}" for name, label in PROFILE_FUNCTIONS]
+    lines.append("  top functions by own samples:")
+    lines += [f"  {n / total:6.1%}  {frame}" for frame, n in own.most_common(top)]
+    return "\n".join(lines)
+
+
+def git_revision() -> str:
+    """The commit of the celery_anarchon under test, ``+dirty`` when celery_anarchon/ has changes."""
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "celery_anarchon"],
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+    out = {"python": sys.version.split()[0]}
+    for name in ("celery", "kombu", "redis", "celery-redbeat"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20 s and 60 s windows instead of 60 s and 180 s")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--port", type=int, default=6431)
+    parser.add_argument("--json", help="write every figure and raw observation here")
+    parser.add_argument("--plot", help="write the lateness plot (PNG) here")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy one surviving celery_anarchon beat during its window")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument("--replot", help="only redraw --plot and the table from a --json file")
+    args = parser.parse_args()
+
+    if args.replot:
+        with open(args.replot) as f:
+            results = json.load(f)["results"]
+        for raw in results:
+            raw["figures"] = analyse(raw)
+        print(table(results))
+        print()
+        print(table(results, markdown=True))
+        if args.plot:
+            plot(results, args.plot)
+        return
+
+    workdir = tempfile.mkdtemp(prefix="anarchon-dispatch-")
+    server = OwnRedis(args.port, workdir)
+    revision = git_revision()
+    print(f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+          f"redis-server {server.version} on port {args.port}; celery_anarchon {revision}; "
+          f"work directory {workdir}")
+    results = []
+    try:
+        for workload in args.workloads.split(","):
+            for system in args.systems.split(","):
+                if workload not in WORKLOADS or system not in SYSTEMS:
+                    raise SystemExit(f"unknown workload or system: {workload} {system}")
+                run = Run(server, workdir, system, workload, args.quick, args.profile)
+                print(f"{workload} {system}: {run.entries:,} entries every {run.interval:g} s, "
+                      f"{run.instances} instance(s), window {run.duration} s ...", flush=True)
+                raw = run.execute()
+                raw["figures"] = analyse(raw)
+                results.append(raw)
+                print(notes(raw), flush=True)
+                if raw["profile"] and os.path.exists(raw["profile"]):
+                    print(summarise_profile(raw["profile"]))
+    finally:
+        server.stop()
+    print()
+    print(table(results))
+    print()
+    for r in results:
+        print(notes(r))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpus": os.cpu_count(), "redis": server.version, "argv": sys.argv,
+                       "revision": revision, "versions": versions(),
+                       "results": results}, f)
+    if args.plot:
+        plot(results, args.plot)
+    if args.keep:
+        print(f"logs: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
