@@ -98,6 +98,9 @@ class Harness:
         #: SKEWED's clock offset (libfaketime's FAKETIME) for its next start, "" for none
         self.skew = ""
         self.skew_windows: list[list] = []
+        #: workers that exited on their own during the run (a crash: restarted, as a supervisor would)
+        self.worker_restarts: list[dict] = []
+        self.stopping = False
 
     # -- servers -----------------------------------------------------------------------------
     def start_servers(self) -> None:
@@ -149,16 +152,37 @@ class Harness:
                                     env=env, cwd=self.out, stdout=handle, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
+    WORKERS = {
+        "worker-plain": ["-P", "threads", "-c", "16"],
+        "worker-leases": ["-P", "prefork", "-c", "4"],
+    }
+
     def start_workers(self) -> None:
-        common = ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"]
-        self.procs["worker-plain"] = self._spawn(
-            "worker-plain", ["worker", "-P", "threads", "-c", "16", "-Q", self.queue,
-                             "-n", f"plain-{self.namespace}@%h", *common],
-            self.env(), os.path.join(self.out, "worker-plain.log"))
-        self.procs["worker-leases"] = self._spawn(
-            "worker-leases", ["worker", "-P", "prefork", "-c", "4", "-Q", self.queue + "-leases",
-                              "-n", f"leases-{self.namespace}@%h", *common],
-            self.env(), os.path.join(self.out, "worker-leases.log"))
+        for name in self.WORKERS:
+            self._start_worker(name)
+
+    def _start_worker(self, name: str) -> None:
+        queue = self.queue + ("-leases" if name == "worker-leases" else "")
+        label = name.split("-", 1)[1]
+        self.procs[name] = self._spawn(
+            name, ["worker", *self.WORKERS[name], "-Q", queue, "-n", f"{label}-{self.namespace}@%h",
+                   "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"],
+            self.env(), os.path.join(self.out, f"{name}.log"))
+
+    def supervise_loop(self, stop: threading.Event) -> None:
+        """Restart a worker that exited on its own (Celery's worker can die of a broker outage:
+        kombu's Redis transport raised AttributeError in one of these runs), as systemd or
+        supervisord would; the restart is reported, and the messages the dead worker had
+        reserved are counted apart (see chaos_analysis)."""
+        while not stop.wait(0.5):
+            for name in self.WORKERS:
+                proc = self.procs.get(name)
+                if proc is None or proc.poll() is None or self.stopping:
+                    continue
+                self.worker_restarts.append({"worker": name, "exit": proc.returncode,
+                                             "at": time.time()})
+                say(f"{name} exited on its own (exit {proc.returncode}; see {name}.log); restarted")
+                self._start_worker(name)
 
     def start_beat(self, name: str) -> str:
         """Start (or restart) beat ``name`` (SKEWED under libfaketime, see :meth:`set_skew`)."""
@@ -295,6 +319,7 @@ class Harness:
 
     # -- the end -------------------------------------------------------------------------------------
     def stop_all(self) -> None:
+        self.stopping = True
         for name in BEATS + ["worker-leases", "worker-plain"]:
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
@@ -356,7 +381,13 @@ def report(summary: dict, faults: list, t0: float) -> str:
         f"missed, unexplained:      {summary['unexplained']}",
         f"sent, lost by the broker: {summary.get('sent_lost_by_broker', 0)} (the broker's AOF shows "
         f"a worker popped the message and the broker stopped before it was recorded unacked)",
+        f"sent, lost with a worker that crashed: {summary.get('sent_lost_with_crashed_worker', 0)} "
+        f"(reserved by a worker, never acknowledged, and a worker died: "
+        f"{len(summary.get('worker_crashes', []))} crash(es), restarted "
+        f"{len(summary.get('worker_restarts', []))} time(s))",
     ]
+    for line in summary.get("worker_crashes", [])[:5]:
+        lines.append(f"  worker crash: {line}")
     for run in summary["unexplained_runs"][:10]:
         lines.append(f"  unexplained: {run[0]} slot {run[1]}" + (f" (broker: {run[2]})" if len(run) > 2 else ""))
     lines.append(f"leases: {summary['takeovers']} takeovers, {summary['dropped_messages']} "
@@ -422,6 +453,7 @@ def run(store: str, minutes: float, seed: int, out: str) -> int:
         say(f"all up; measured window {seconds:g} s from {time.strftime('%H:%M:%S', time.localtime(t0))}"
             f"; {len(faults)} faults planned")
         threading.Thread(target=h.dump_loop, args=(stop_dumps,), daemon=True).start()
+        threading.Thread(target=h.supervise_loop, args=(stop_dumps,), daemon=True).start()
         runner = FaultRunner(h, faults, t0, os.path.join(out, "faults.jsonl"), say)
         runner.start()
         time.sleep(max(0.0, t1 - time.time()))
@@ -443,7 +475,8 @@ def run(store: str, minutes: float, seed: int, out: str) -> int:
 
     summary = analyse(out, chaos_app.ENTRY_PERIODS_MS, set(chaos_app.LEASED_ENTRIES),
                       int(t0 * 1000), int(t1 * 1000))
-    summary.update(t0_ms=int(t0 * 1000), t1_ms=int(t1 * 1000), skew_windows=h.skew_windows)
+    summary.update(t0_ms=int(t0 * 1000), t1_ms=int(t1 * 1000), skew_windows=h.skew_windows,
+                   worker_restarts=h.worker_restarts)
     return finish(out, summary, store, seed, minutes, faults, runner.errors, t0)
 
 
@@ -497,7 +530,8 @@ def reanalyse(out: str) -> int:
         old = json.load(f)
     summary = analyse(out, chaos_app.ENTRY_PERIODS_MS, set(chaos_app.LEASED_ENTRIES),
                       old["t0_ms"], old["t1_ms"])
-    summary.update(t0_ms=old["t0_ms"], t1_ms=old["t1_ms"], skew_windows=old["skew_windows"])
+    summary.update(t0_ms=old["t0_ms"], t1_ms=old["t1_ms"], skew_windows=old["skew_windows"],
+                   worker_restarts=old.get("worker_restarts", []))
     faults = [Fault(**d) for d in old["faults"]]
     return finish(out, summary, old["store"], old["seed"], old["minutes"], faults,
                   old["harness_errors"], old["t0_ms"] / 1000)

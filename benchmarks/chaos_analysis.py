@@ -150,6 +150,11 @@ def log_reasons(out: str, instances: list[dict], periods_ms: dict[str, int]):
 
 #: how :func:`broker_fates` names a message the broker handed to a worker and then lost
 BROKER_LOST = "popped by a worker and never recorded as unacked"
+#: ... and one a worker reserved and never acknowledged (kombu restores it after its visibility
+#: timeout, an hour by default: after the run)
+BROKER_UNACKED = "delivered to a worker and never acknowledged"
+#: a worker's log line when it dies (Celery's "Unrecoverable error")
+WORKER_CRASH = "Unrecoverable error"
 
 
 def broker_fates(out: str, task_ids: set[str]) -> dict[str, str]:
@@ -176,6 +181,7 @@ def broker_fates(out: str, task_ids: set[str]) -> dict[str, str]:
             commands.append(args)
     queues: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
     popped: set[str] = set()
+    tags: dict[bytes, str] = {}
     wanted = {t.encode(): t for t in task_ids}
 
     def ours(value: bytes) -> str | None:
@@ -193,10 +199,25 @@ def broker_fates(out: str, task_ids: set[str]) -> dict[str, str]:
                 fates[t] = (BROKER_LOST + ": lost when the broker stopped between kombu's BRPOP "
                             "and its unacked bookkeeping")
         elif op == b"HSET" and args[1] == b"unacked":
-            for value in args[3::2]:
+            for tag, value in zip(args[2::2], args[3::2]):
                 if (t := ours(value)) in popped:
-                    fates[t] = "popped and recorded as unacked by a worker (delivered)"
+                    fates[t] = BROKER_UNACKED
+                    tags[tag] = t
+        elif op == b"HDEL" and args[1] == b"unacked":
+            for tag in args[2:]:
+                if (t := tags.get(tag)) is not None:
+                    fates[t] = "delivered to a worker and acknowledged"
     return fates
+
+
+def worker_crashes(out: str) -> list[str]:
+    """The "Unrecoverable error" lines of the workers' logs: a worker that died by itself."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(out, "worker-*.log"))):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            found += [f"{os.path.basename(path)}: {line.strip()[:200]}" for line in f
+                      if WORKER_CRASH in line]
+    return found
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -324,7 +345,12 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     lost_by_broker = [u for u in unexplained if u.get("broker", "").startswith(BROKER_LOST)]
     for item in lost_by_broker:
         item["verdict"] = "sent_lost_by_broker"
-    unexplained = [u for u in unexplained if u not in lost_by_broker]
+    crashed = worker_crashes(out)
+    lost_with_worker = [u for u in unexplained
+                        if crashed and u.get("broker", "").startswith(BROKER_UNACKED)]
+    for item in lost_with_worker:
+        item["verdict"] = "sent_lost_with_crashed_worker"
+    unexplained = [u for u in unexplained if u not in lost_by_broker and u not in lost_with_worker]
 
     with open(os.path.join(out, "runs.jsonl"), "w", encoding="utf-8") as f:
         for item in verdicts:
@@ -338,7 +364,9 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     return {
         "expected": len(want), "executed_once": once, "duplicates": len(duplicates),
         "lease_lost_reruns": len(reruns),
-        "missed": len(explained) + len(unexplained) + len(lost_by_broker),
+        "missed": len(explained) + len(unexplained) + len(lost_by_broker) + len(lost_with_worker),
+        "worker_crashes": crashed,
+        "sent_lost_with_crashed_worker": len(lost_with_worker),
         "sent_lost_by_broker": len(lost_by_broker),
         "sent_lost_by_broker_runs": [(u["entry"], u["slot"]) for u in lost_by_broker][:50],
         "explained": len(explained), "unexplained": len(unexplained),

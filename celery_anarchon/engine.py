@@ -51,6 +51,9 @@ MAX_PENDING_NOTES = 10_000
 
 #: fault injection for tests: the name of an entry after whose won claim the process exits at once,
 #: before sending (a beat killed between its claim and its send)
+#: after a store error, a started run whose lease ran out is not taken over until this many of
+#: its heartbeats (plus 1 s) have passed: its runner's renewals probably failed too
+STORE_GRACE_HEARTBEATS = 2
 EXIT_AFTER_CLAIM_ENV = "ANARCHON_TEST_EXIT_AFTER_CLAIM"
 
 #: the send callback: (plan, slot_ms, attempt, token or None, task_id) -> None; raises on failure
@@ -120,6 +123,7 @@ class Engine:
         self._exit_after_claim = os.environ.get(EXIT_AFTER_CLAIM_ENV)
         self._warned_fingerprints: set[tuple[str, str]] = set()
         self._stopping = False
+        self._last_store_error_at = -math.inf
 
     # -- public ------------------------------------------------------------------------------
     def tick(self) -> float:
@@ -471,6 +475,7 @@ class Engine:
     # -- store health -------------------------------------------------------------------------------
     def _store_failed(self, exc: Exception, now: float, doing: str) -> None:
         self.stats["store_errors"] += 1
+        self._last_store_error_at = now
         reason = str(exc).rstrip(".")
         if self._store_ok:
             logger.error("anarchon store %s unreachable while %s: %s. No run is sent until it "
@@ -525,12 +530,23 @@ class Engine:
         try:
             expired = self.store.expired_runs([p.name for p in leased])
         except StoreError as exc:
+            self._last_store_error_at = now
             logger.debug("lease check failed: %s", exc)
             return
         for run in expired:
             plan = self.plans.get(run.entry)
-            if plan is not None and plan.timing.lease is not None:
-                self._take_over(plan, run)
+            if plan is None or plan.timing.lease is None:
+                continue
+            grace = STORE_GRACE_HEARTBEATS * plan.timing.lease.heartbeat_s + 1.0
+            if run.state is RunState.STARTED and now - self._last_store_error_at < grace:
+                # the store failed for us moments ago, so it probably failed for the runner too:
+                # its lease may have run out only because its renewals could not get through.
+                # Give a live runner time to renew (or release) before presuming it dead.
+                self.stats["takeover_deferred"] += 1
+                logger.debug("%s: slot %s: takeover deferred, the store was unreachable %.1f s ago",
+                             run.entry, iso(run.slot_ms), now - self._last_store_error_at)
+                continue
+            self._take_over(plan, run)
 
     def _take_over(self, plan: EntryPlan, run: LeasedRun) -> None:
         lease = plan.timing.lease

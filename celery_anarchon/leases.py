@@ -329,14 +329,19 @@ class _Heartbeat:
     def _run(self) -> None:
         lease = self.lease
         store = _store(self.app, self.namespace)
-        while not self._stop.wait(lease.heartbeat_s):
+        wait, failing = lease.heartbeat_s, False
+        while not self._stop.wait(wait):
+            wait = lease.heartbeat_s
             try:
                 run = store.renew(lease.entry, lease.slot_ms, lease.token, lease.owner,
                                   int(lease.duration_s * 1000))
             except StoreError as exc:
                 counters["renew_failed"] += 1
-                logger.warning("%s: slot %s: lease renewal failed (%s); retrying", lease.entry,
-                               lease.slot_ms, exc)
+                if not failing:           # one line per outage, not one per try
+                    logger.warning("%s: slot %s: lease renewal failed (%s); retrying every %g s",
+                                   lease.entry, lease.slot_ms, exc, RELEASE_RETRY_S)
+                failing = True
+                wait = min(RELEASE_RETRY_S, lease.heartbeat_s)  # renew as soon as the store is back
                 continue
             if run is None:
                 if self._finishing:   # the body is done and being released: not a lost lease
@@ -347,6 +352,9 @@ class _Heartbeat:
                                "over by another attempt. current_lease().check() raises LeaseLost.",
                                lease.entry, lease.slot_ms, lease.attempt, lease.token)
                 return
+            if failing:
+                logger.warning("%s: slot %s: lease renewed again", lease.entry, lease.slot_ms)
+                failing = False
             lease.expires_ms = run.lease_expires_ms or lease.expires_ms
 
     def release(self) -> None:

@@ -16,6 +16,7 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 from celery.schedules import crontab
 
+from celery_anarchon import install
 from celery_anarchon.engine import Engine
 from celery_anarchon.errors import SendOutcomeUnknown
 from celery_anarchon.plan import build_plans
@@ -43,6 +44,8 @@ class Harness:
                  backdate=True):
         self.app = Celery("proj", set_as_current=False)
         self.app.conf.broker_url = "memory://"
+        if any("lease" in opts for _, opts in entries.values()):
+            install(self.app)
         self.store = open_store(url, namespace=namespace, instance_id=instance,
                                 options=store_options or {})
         schedule = {name: ScheduleEntry(name=name, task="proj.t", schedule=sched,
@@ -294,6 +297,25 @@ def test_the_skew_to_the_store_clock_is_measured_and_logged(sqlite_url, namespac
     assert len(found) == 1 and found[0].levelno == level, [r.getMessage() for r in found]
     direction = "behind" if offset_s < 0 else "ahead of"
     assert says in found[0].getMessage() and direction in found[0].getMessage()
+
+
+def test_a_lease_that_ran_out_during_a_store_outage_is_not_taken_over_at_once(sqlite_url, namespace,
+                                                                            harnesses):
+    """Right after a store error the runner's renewals probably failed too: beat gives it
+    2 heartbeats + 1 s to renew before presuming it dead."""
+    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 4}
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5, "lease": lease})})
+    h.engine.tick()
+    (_, slot, _), = h.sent
+    adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
+    assert adopted
+    wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
+    h.engine._last_store_error_at = h.clock()                    # the store just failed for us
+    h.engine._check_leases(h.clock())
+    assert h.store.inspect("e", slot).attempt == 1 and h.engine.stats["takeover_deferred"] == 1
+    h.clock.offset += 3.5                                        # past the grace: 2 x 1 s + 1 s
+    h.engine._check_leases(h.clock())
+    assert h.store.inspect("e", slot).attempt == 2, "a runner silent past the grace is taken over"
 
 
 @pytest.fixture
