@@ -381,9 +381,10 @@ def report(summary: dict, faults: list, t0: float) -> str:
         f"missed, unexplained:      {summary['unexplained']}",
         f"sent, lost by the broker: {summary.get('sent_lost_by_broker', 0)} (the broker's AOF shows "
         f"a worker popped the message and the broker stopped before it was recorded unacked)",
-        f"sent, lost with a worker that crashed: {summary.get('sent_lost_with_crashed_worker', 0)} "
-        f"(reserved by a worker, never acknowledged, and a worker died: "
-        f"{len(summary.get('worker_crashes', []))} crash(es), restarted "
+        f"sent, never acknowledged: {summary.get('sent_unacked_by_worker', 0)} (the broker's AOF "
+        f"shows a worker took the message and never acknowledged it; kombu gives it back after its "
+        f"visibility timeout, 1 h)",
+        f"workers that died: {len(summary.get('worker_crashes', []))} (restarted "
         f"{len(summary.get('worker_restarts', []))} time(s))",
     ]
     for line in summary.get("worker_crashes", [])[:5]:

@@ -25,6 +25,10 @@ Each expected run (every slot of every entry in the window) is then one of:
   broker's own AOF shows a worker popped the message and the broker stopped before kombu recorded
   it as unacked (see :func:`broker_fates`). The scheduler did its part (the guarantee ends at the
   send); counted apart and printed, never hidden among the explained misses;
+* **sent, delivered to a worker and never acknowledged**: the broker's AOF shows a worker took
+  the message and recorded it unacked, and no body ran: the worker lost it (its connection to the
+  broker dropped before it handled the message, or it died); kombu gives it back only after its
+  visibility timeout (an hour by default), after the run. Counted apart and printed, as above;
 * **unexplained miss**: anything else (for example a run the history says was sent, but that
   never ran, without that proof from the broker).
 """
@@ -150,7 +154,7 @@ def log_reasons(out: str, instances: list[dict], periods_ms: dict[str, int]):
 
 #: how :func:`broker_fates` names a message the broker handed to a worker and then lost
 BROKER_LOST = "popped by a worker and never recorded as unacked"
-#: ... and one a worker reserved and never acknowledged (kombu restores it after its visibility
+#: ... and one a worker took and never acknowledged (kombu restores it after its visibility
 #: timeout, an hour by default: after the run)
 BROKER_UNACKED = "delivered to a worker and never acknowledged"
 #: a worker's log line when it dies (Celery's "Unrecoverable error")
@@ -270,9 +274,15 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     runner_paused = [(f["started"], f["ended"]) for f in read_jsonl(os.path.join(out, "faults.jsonl"))
                      if f["kind"] == "pause-runner" and f.get("started") and not f.get("skipped")]
 
+    # a runner holds its lease from the adoption (history "started", just before the body), so
+    # a pause between the adoption and the body's first line is a pause of the runner too
+    adopted_at = {rec["task_id"]: rec["store_ms"] / 1000 for recs in history.values() for rec in recs
+                  if rec["event"] == "started" and rec.get("task_id")}
+
     def paused_while_running(body: dict) -> bool:
         end = body_end.get(body["task_id"], float("inf"))
-        return any(a <= end and b >= body["time"] for a, b in runner_paused)
+        start = min(body["time"], adopted_at.get(body["task_id"], body["time"]))
+        return any(a <= end and b >= start for a, b in runner_paused)
 
     for e in events:
         if e["kind"] in ("run", "start"):
@@ -346,10 +356,9 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     for item in lost_by_broker:
         item["verdict"] = "sent_lost_by_broker"
     crashed = worker_crashes(out)
-    lost_with_worker = [u for u in unexplained
-                        if crashed and u.get("broker", "").startswith(BROKER_UNACKED)]
+    lost_with_worker = [u for u in unexplained if u.get("broker", "").startswith(BROKER_UNACKED)]
     for item in lost_with_worker:
-        item["verdict"] = "sent_lost_with_crashed_worker"
+        item["verdict"] = "sent_unacked_by_worker"
     unexplained = [u for u in unexplained if u not in lost_by_broker and u not in lost_with_worker]
 
     with open(os.path.join(out, "runs.jsonl"), "w", encoding="utf-8") as f:
@@ -366,7 +375,8 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
         "lease_lost_reruns": len(reruns),
         "missed": len(explained) + len(unexplained) + len(lost_by_broker) + len(lost_with_worker),
         "worker_crashes": crashed,
-        "sent_lost_with_crashed_worker": len(lost_with_worker),
+        "sent_unacked_by_worker": len(lost_with_worker),
+        "sent_unacked_by_worker_runs": [(u["entry"], u["slot"]) for u in lost_with_worker][:50],
         "sent_lost_by_broker": len(lost_by_broker),
         "sent_lost_by_broker_runs": [(u["entry"], u["slot"]) for u in lost_by_broker][:50],
         "explained": len(explained), "unexplained": len(unexplained),
