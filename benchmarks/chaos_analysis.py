@@ -69,7 +69,7 @@ BEAT_PATTERNS = [
 BEAT_RANGE = re.compile(_ENTRY + r": \d+ slots from " + _ISO + " to " + _ISO + " skipped as late")
 BEAT_SKIP = re.compile(_ENTRY + r": slot " + _ISO + r" skipped: (?P<why>.*)")
 SKIP_REASONS = [("late on the store's clock", "late"), ("early on the store's clock", "early"),
-                ("the store cannot remember", "forgotten"), ("an earlier run", "overlapping"),
+                ("the store does not remember", "forgotten"), ("an earlier run", "overlapping"),
                 ("a newer slot", "superseded"), ("the store could not tell", "unknown")]
 #: worker log lines (celery_anarchon/leases.py); slots are integer ms there
 WORKER_DROP = re.compile(_ENTRY + r": dropped a message of slot (?P<slot>\d+) \(attempt (?P<attempt>\d+)"
