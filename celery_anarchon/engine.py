@@ -49,11 +49,11 @@ MAX_SKIP_WALK = 10_000
 #: history notes kept while the store is unreachable
 MAX_PENDING_NOTES = 10_000
 
-#: fault injection for tests: the name of an entry after whose won claim the process exits at once,
-#: before sending (a beat killed between its claim and its send)
 #: after a store error, a started run whose lease ran out is not taken over until this many of
 #: its heartbeats (plus 1 s) have passed: its runner's renewals probably failed too
 STORE_GRACE_HEARTBEATS = 2
+#: fault injection for tests: the name of an entry after whose won claim the process exits at once,
+#: before sending (a beat killed between its claim and its send)
 EXIT_AFTER_CLAIM_ENV = "ANARCHON_TEST_EXIT_AFTER_CLAIM"
 
 #: the send callback: (plan, slot_ms, attempt, token or None, task_id) -> None; raises on failure
@@ -143,6 +143,8 @@ class Engine:
         due.extend(self._due_retries(now))
         if due:
             self._claim(due, now)
+        if self._stopping:                   # close() ran during the claim's sends
+            return MAX_SLEEP_S
         self._retry_sends(now)
         self._flush_notes()
         self._periodic(now)
@@ -404,9 +406,11 @@ class Engine:
             logger.warning("%s: slot %s won but not sent: beat is shutting down", job.plan.name,
                            iso(job.slot_ms))
             return
-        if job.attempt == 1 and int(self.clock() * 1000) > job.deadline_ms:
+        if job.attempt == 1 and job.plan.timing.lease is None \
+                and int(self.clock() * 1000) > job.deadline_ms:
             # the claim itself took past max_late (a slow store): too late to send. Recorded as a
-            # send that failed until max_late (a skip event would not replace the claim's record)
+            # send that failed until max_late (a skip event would not replace the claim's record).
+            # A leased run is sent anyway: its record is queued, and a takeover would send it later
             self._send_retry.pop(run, None)
             self.stats["send_failed"] += 1
             logger.warning("%s: slot %s won but not sent: the claim answered after max_late (%g s)",
@@ -549,12 +553,15 @@ class Engine:
             self._take_over(plan, run)
 
     def _take_over(self, plan: EntryPlan, run: LeasedRun) -> None:
+        if self._stopping:
+            return
         lease = plan.timing.lease
         try:
             outcome, new = self.store.take_over(
                 run.entry, run.slot_ms, run.token, queue_timeout_ms=int(lease.queue_timeout_s * 1000),
                 max_attempts=lease.max_attempts)
         except StoreError as exc:
+            self._last_store_error_at = self.clock()
             logger.debug("takeover of %s slot %s failed: %s", run.entry, iso(run.slot_ms), exc)
             return
         self.stats[f"takeover_{outcome.value}"] += 1

@@ -51,7 +51,7 @@ logger = logging.getLogger("celery_anarchon.leases")
 
 #: a release that cannot reach the store is retried this often (seconds) ...
 RELEASE_RETRY_S = 0.2
-#: ... for at least this long (seconds; and at least 10 lease durations)
+#: ... for this long (seconds), or two lease durations if longer: the task's result waits meanwhile
 RELEASE_PATIENCE_S = 300.0
 
 #: what the worker side did, per process (adopted, dropped, lost, released, ...)
@@ -188,11 +188,11 @@ def _leased_call(original, had_custom_call: bool):
             heartbeat.stop()          # handed back by retry() before the retry was published
             raise
         except Reject as exc:
-            heartbeat.stop()
             if exc.requeue:
+                heartbeat.stop()
                 _hand_back(self.app, headers, lease, 0)
             else:
-                heartbeat.release()
+                heartbeat.release()   # renewing while the release is retried, as below
             raise
         except Exception:
             heartbeat.release()       # failed for good: the run is finished
@@ -359,14 +359,14 @@ class _Heartbeat:
 
     def release(self) -> None:
         """Mark the run finished, by token, then stop renewing. If the store does not answer, try
-        again every 0.2 s for at least ``RELEASE_PATIENCE_S`` (the heartbeat keeps renewing
-        meanwhile): a lease that runs out while its release is stuck would let beat take a
+        again every 0.2 s for ``RELEASE_PATIENCE_S`` or two lease durations, whichever is longer
+        (the heartbeat keeps renewing meanwhile): a lease that runs out while its release is stuck would let beat take a
         finished run over and run its body a second time. The task's result waits meanwhile."""
         lease = self.lease
         store = _store(self.app, self.namespace)
         self._finishing = True
         started = time.monotonic()
-        deadline = started + max(RELEASE_PATIENCE_S, 10 * lease.duration_s)
+        deadline = started + max(RELEASE_PATIENCE_S, 2 * lease.duration_s)
         failures = 0
         while True:
             try:

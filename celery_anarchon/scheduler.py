@@ -48,13 +48,17 @@ BROKER_SOCKET_TIMEOUT_S = 10.0
 
 def _exit_requested(exc: BaseException) -> bool:
     """True when a ``SystemExit`` or ``KeyboardInterrupt`` (beat's SIGTERM/SIGINT handlers raise
-    them) hides in ``exc``'s chain: a client library caught it and raised another error."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
+    them) hides in ``exc``'s chain (causes and contexts): a client library caught it and raised
+    another error."""
+    seen, todo = set(), [exc]
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             return True
         seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
+        todo += [exc.__cause__, exc.__context__]
     return False
 
 
@@ -250,13 +254,16 @@ class Scheduler(beat.Scheduler):
 
     @cached_property
     def connection(self):
-        """Beat's broker connection (Celery's ``connection_for_write``), with a socket timeout on
-        a Redis broker whose transport options set none."""
+        """Beat's broker connection (Celery's ``connection_for_write``). On a Redis broker: a
+        socket timeout when the transport options set none, and never ``retry_on_timeout`` (it
+        would repeat a publish whose answer timed out)."""
         connection = self.app.connection_for_write()
-        options = connection.transport_options or {}
-        if str(connection.transport_cls).split("+")[0] in ("redis", "rediss", "sentinel") \
-                and "socket_timeout" not in options:
-            connection.transport_options = dict(options, socket_timeout=BROKER_SOCKET_TIMEOUT_S)
+        options = dict(connection.transport_options or {})
+        if str(connection.transport_cls).split("+")[0] in ("redis", "rediss", "sentinel"):
+            options.setdefault("socket_timeout", BROKER_SOCKET_TIMEOUT_S)
+            # redis-py would send a publish whose answer timed out a second time
+            options["retry_on_timeout"] = False
+            connection.transport_options = options
         return connection
 
     @cached_property
@@ -280,9 +287,11 @@ class Scheduler(beat.Scheduler):
         """
         producer = self.producer
         if time.monotonic() - self._broker_used_at > BROKER_PROBE_IDLE_S:
-            client = getattr(producer.channel, "client", None)
-            if client is not None and callable(getattr(client, "ping", None)):
-                client.ping()                          # kombu's Redis channel
+            channel = producer.channel
+            acquire = getattr(channel, "conn_or_acquire", None)
+            if acquire is not None:                    # kombu's Redis channel: the publish's pool
+                with acquire() as client:
+                    client.ping()
             elif not self.connection.connected:
                 raise ConnectionError("the broker connection is closed")
             self._broker_used_at = time.monotonic()

@@ -9,6 +9,7 @@ import collections
 import logging
 import multiprocessing
 import random
+import re
 import time
 
 import pytest
@@ -258,16 +259,30 @@ def test_a_publish_that_broke_off_is_not_published_again(sqlite_url, namespace, 
     assert any("publish broke off" in r.getMessage() for r in caplog.records)
 
 
-def test_a_stopped_engine_sends_nothing_it_wins(sqlite_url, namespace, harnesses):
-    h = make(harnesses, sqlite_url, namespace, {"e": (60, {"jitter": 0})})
-    h.engine.stop()                              # beat's SIGTERM handler called close()
+def test_a_stopped_engine_sends_nothing_more_it_wins(sqlite_url, namespace, harnesses):
+    """close() in the middle of a tick's sends (beat's SIGTERM handler): the rest is not sent."""
+    def send_then_stop(plan, slot_ms, attempt, token, task_id):
+        h.sent.append((plan.name, slot_ms, attempt))
+        h.engine.stop()
+
+    h = make(harnesses, sqlite_url, namespace, {"a": (2, {"jitter": 0, "max_late": 5}),
+                                                "b": (2, {"jitter": 0, "max_late": 5})},
+             send=send_then_stop)
     assert h.engine.tick() == 60
+    assert len(h.sent) == 1, "the engine went on sending after stop()"
     h.engine.tick()
-    assert h.sent == []
+    assert len(h.sent) == 1
 
 
-def test_a_run_whose_claim_answers_after_max_late_is_not_sent(sqlite_url, namespace, harnesses):
-    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5})})
+@pytest.mark.parametrize("leased", [False, True], ids=["plain", "leased"])
+def test_a_run_whose_claim_answers_after_max_late_is_not_sent(sqlite_url, namespace, harnesses,
+                                                              leased):
+    """A plain run is not sent; a leased one is (its record is queued in the store, and a
+    takeover would send it later anyway)."""
+    opts = {"jitter": 0, "max_late": 5}
+    if leased:
+        opts["lease"] = {"duration": 6, "heartbeat": 1, "queue_timeout": 4}
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, opts)})
     claim = h.store.claim
 
     def slow_claim(requests):
@@ -277,6 +292,9 @@ def test_a_run_whose_claim_answers_after_max_late_is_not_sent(sqlite_url, namesp
 
     h.store.claim = slow_claim
     h.engine.tick()
+    if leased:
+        assert len(h.sent) == 1
+        return
     assert h.sent == []
     records = h.history("e")
     assert [(r.event, r.detail) for r in records.values()] == [
@@ -284,19 +302,23 @@ def test_a_run_whose_claim_answers_after_max_late_is_not_sent(sqlite_url, namesp
 
 
 @pytest.mark.parametrize("offset_s, level, says", [
-    (-1.6, logging.WARNING, "clock is 1.6"),
+    (-1.6, logging.WARNING, "; run NTP"),
     (40.0, logging.ERROR, "more than half of max_late (30 s)"),
 ])
 def test_the_skew_to_the_store_clock_is_measured_and_logged(sqlite_url, namespace, harnesses, caplog,
                                                             offset_s, level, says):
-    h = make(harnesses, sqlite_url, namespace, {"e": (600, {"max_late": 60})})
+    # slots half an hour away from now: nothing is due at the first tick, only the measurement
+    anchor = int(time.time() + 1800) % 3600
+    h = make(harnesses, sqlite_url, namespace, {"e": (3600, {"max_late": 60, "anchor": anchor})})
     h.clock.offset = offset_s                     # this instance's clock is off; the store's is not
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         h.engine.tick()                           # the first tick prepares the store and measures
-    found = [r for r in caplog.records if "the store's clock" in r.getMessage()]
+    found = [r for r in caplog.records if "this instance's clock is" in r.getMessage()]
     assert len(found) == 1 and found[0].levelno == level, [r.getMessage() for r in found]
-    direction = "behind" if offset_s < 0 else "ahead of"
-    assert says in found[0].getMessage() and direction in found[0].getMessage()
+    message = found[0].getMessage()
+    measured = float(re.search(r"clock is ([0-9.]+) s", message).group(1))
+    assert abs(measured - abs(offset_s)) < 0.05, message
+    assert says in message and ("behind" if offset_s < 0 else "ahead of") in message
 
 
 def test_a_lease_that_ran_out_during_a_store_outage_is_not_taken_over_at_once(sqlite_url, namespace,

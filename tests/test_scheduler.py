@@ -92,6 +92,7 @@ def test_a_close_during_a_tick_ends_beat_and_nothing_more_is_sent(tmp_path):
     assert len(calls) == 1, "the engine went on sending after close()"
     scheduler.engine.send = lambda *a: calls.append("again")
     assert scheduler.engine.tick() == 60 and len(calls) == 1
+    scheduler.store.close()
 
 
 def test_an_exit_hidden_in_an_exception_chain_is_found():
@@ -126,16 +127,21 @@ def test_a_publish_that_broke_off_is_reported_unknown_never_retried(tmp_path):
 
         scheduler._send(plan, 1_700_000_000_000, 1, None, "first")
         assert received() == "first"
-        proxy.outage()
-        with pytest.raises(SendOutcomeUnknown):
-            scheduler._send(plan, 1_700_000_010_000, 1, None, "second")   # no probe: just used
-        scheduler._broker_used_at = 0.0                                     # idle: probed first
+        proxy.outage()                      # the broker goes away while the connection is idle
+        scheduler._broker_used_at = 0.0     # idle: checked (PING) first, nothing is written
         with pytest.raises(Exception) as info:
-            scheduler._send(plan, 1_700_000_020_000, 1, None, "third")
-        assert not isinstance(info.value, SendOutcomeUnknown)
+            scheduler._send(plan, 1_700_000_010_000, 1, None, "second")
+        assert not isinstance(info.value, SendOutcomeUnknown), info.value
         proxy.restore()
-        scheduler._send(plan, 1_700_000_030_000, 1, None, "fourth")
-        assert received() == "fourth"
+        scheduler._send(plan, 1_700_000_020_000, 1, None, "third")
+        assert received() == "third"
+        proxy.outage()                      # the broker goes away right after a publish ...
+        scheduler._broker_used_at = time.monotonic()   # ... so the next one is not checked first
+        with pytest.raises(SendOutcomeUnknown):
+            scheduler._send(plan, 1_700_000_030_000, 1, None, "fourth")
+        proxy.restore()
+        scheduler._send(plan, 1_700_000_040_000, 1, None, "fifth")
+        assert received() == "fifth"
     finally:
         proxy.close()
         scheduler.close()
