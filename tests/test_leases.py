@@ -137,8 +137,9 @@ def test_a_killed_runner_is_replaced_once(kind, acks_late, make_cluster, capsys)
     assert c.store.inspect("long", c.slot()).state is RunState.FINISHED
 
 
-def test_a_duplicate_delivery_while_the_run_runs_is_dropped(kind, make_cluster):
-    c = make_cluster(kind, {"long": long_entry(4)})
+@pytest.mark.parametrize("acks_late", [False, True], ids=["default-acks", "acks-late"])
+def test_a_duplicate_delivery_while_the_run_runs_is_dropped(kind, acks_late, make_cluster):
+    c = make_cluster(kind, {"long": long_entry(4)}, acks_late=acks_late)
     c.worker(concurrency=3)
     c.beat("b1")
     first = c.wait_event("start", attempt=1)
@@ -152,8 +153,9 @@ def test_a_duplicate_delivery_while_the_run_runs_is_dropped(kind, make_cluster):
     assert len(c.events("start")) == 1
 
 
-def test_a_runner_paused_past_its_lease_learns_it_lost(kind, make_cluster):
-    c = make_cluster(kind, {"long": long_entry(9)})
+@pytest.mark.parametrize("acks_late", [False, True], ids=["default-acks", "acks-late"])
+def test_a_runner_paused_past_its_lease_learns_it_lost(kind, acks_late, make_cluster):
+    c = make_cluster(kind, {"long": long_entry(9)}, acks_late=acks_late)
     c.worker("w1", concurrency=1)
     c.worker("w2", concurrency=1)
     c.beat("b1")
