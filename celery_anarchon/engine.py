@@ -632,4 +632,5 @@ _SKIP_REASONS = {
     Outcome.OVERLAPPING: "an earlier run of this leased entry is still running (overlap='skip')",
     Outcome.SUPERSEDED: "a newer slot of this entry was already claimed",
     Outcome.UNKNOWN: "the store could not tell whether the claim was won; counted as lost",
+    Outcome.UNCONFIRMED: "won, but the store did not confirm the claim durable (on its replicas or disk) in time; not sent, so a failover cannot make it run twice",
 }

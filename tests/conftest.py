@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -17,6 +19,9 @@ POSTGRES_URL = os.environ.get("ANARCHON_TEST_POSTGRES_URL", "postgresql://postgr
 REDIS8_URL = os.environ.get("ANARCHON_TEST_REDIS8_URL", "redis://127.0.0.1:6390/0")
 AMQP_URL = os.environ.get("ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 NATS_URL = os.environ.get("ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222")
+
+#: the server rigs (benchmarks/chaos_servers.py, benchmarks/ha_*.py) are shared by tests and benchmarks
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

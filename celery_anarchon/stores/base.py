@@ -53,6 +53,9 @@ class Outcome(str, enum.Enum):
     OVERLAPPING = "overlapping"  #: refused: an earlier run of the leased entry is still alive
     SUPERSEDED = "superseded"    #: refused: a newer slot of the entry was already claimed
     UNKNOWN = "unknown"          #: the store could not tell; counted as lost, a possible miss
+    #: won, but the claim was not confirmed durable (replicas, disk) in time: never sent, a
+    #: possible miss (DESIGN.md "Amnesia and partial loss": durable claim)
+    UNCONFIRMED = "unconfirmed"
 
     @property
     def is_skip(self) -> bool:
@@ -74,6 +77,7 @@ class RunEvent(str, enum.Enum):
     OVERLAPPING = "overlapping"    #: skipped: an earlier leased run was still alive
     SUPERSEDED = "superseded"      #: skipped or abandoned: a newer slot of the entry runs instead
     UNKNOWN = "unknown"            #: the claim's outcome could not be read back
+    UNCONFIRMED = "unconfirmed"    #: won, not confirmed durable in time: not sent (replaces claimed)
     UNREACHABLE = "store_unreachable"  #: skipped: the store could not be reached until max_late
     STARTED = "started"            #: leased: a worker adopted the run
     FINISHED = "finished"          #: leased: released by its runner
