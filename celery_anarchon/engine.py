@@ -6,7 +6,11 @@ sequence). Each tick claims every run that came due in one batch, sends the won 
 callback, and returns how long to sleep (never more than 60 s). It never sends a run without a won
 claim: a store that cannot be reached means no sends (logged and retried until max_late).
 
-Everything time-related goes through ``clock`` (seconds since the epoch), so tests drive it.
+Two injected clocks, so tests drive them: ``clock`` (the wall clock, seconds since the epoch)
+decides what is due and what is late (slots are instants); ``monotonic`` (seconds, any origin)
+times every "how long since / wait until": the store outage backoff, send retries, claim retry
+waits, lease checks and their grace, takeover retries, log rate limits. A wall clock stepped back
+or forward therefore never freezes a retry or a takeover, nor fires one early.
 """
 from __future__ import annotations
 
@@ -44,6 +48,10 @@ DOWN_REPORT_EVERY_S = 60.0
 SKIP_LOG_EVERY_S = 60.0
 #: a failed send is retried at most this often, seconds
 SEND_RETRY_S = 1.0
+#: a takeover whose answer did not come back (StoreError) is asked again this often, seconds
+TAKEOVER_RETRY_S = 0.5
+#: takeovers this instance sent, remembered per run so that one attempt is never sent twice
+MAX_TAKEN_KEPT = 10_000
 #: at most this many slots skipped in one go are walked one by one (the rest are counted)
 MAX_SKIP_WALK = 10_000
 #: history notes kept while the store is unreachable
@@ -72,13 +80,26 @@ class _Send:
     attempt: int
     token: int | None
     task_id: str
-    deadline_ms: int = 0         #: give up after this (UTC ms): slot + max_late, or for a takeover now + max_late
-    next_try: float = 0.0
+    deadline_ms: int = 0         #: give up after this (UTC ms, wall clock): slot + max_late
+    #: a takeover's send gives up at this monotonic time instead (max_late after the takeover)
+    give_up_at: float | None = None
+    next_try: float = 0.0        #: monotonic time of the next try
     error: str = ""
 
     def __post_init__(self) -> None:
         if not self.deadline_ms:
             self.deadline_ms = self.slot_ms + self.plan.max_late_ms
+
+
+@dataclasses.dataclass
+class _PendingTakeover:
+    """A takeover asked of the store that raised StoreError: it may have committed with its reply
+    lost. Asked again with the same expected token (a store recognises its own earlier takeover
+    and answers TAKEN with the same record) until ``give_up_at``: the queue deadline that takeover
+    would have set, after which any instance takes the run over anyway."""
+    run: LeasedRun
+    give_up_at: float            #: monotonic
+    next_try: float              #: monotonic
 
 
 class Engine:
@@ -89,18 +110,24 @@ class Engine:
     :param instance_id: this instance's id, recorded with its claims.
     :param namespace: ``anarchon_namespace``, part of every task id.
     :param send: publishes one won run; raises when the send failed (it is retried).
-    :param clock: seconds since the epoch (``time.time``); tests pass their own.
+    :param clock: the wall clock, seconds since the epoch (``time.time``): when a slot is due
+        and whether it is late; tests pass their own.
+    :param monotonic: a clock for elapsed time, seconds from any origin (``time.monotonic``):
+        every backoff, retry, wait and lease-check deadline; tests pass their own.
+    :param rng: the jitter source (default: the operating system's, never shared by forks).
     """
 
     def __init__(self, store: Store, plans: dict[str, EntryPlan], *, instance_id: str,
                  namespace: str, send: SendFn, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.plans = dict(plans)
         self.instance_id = instance_id
         self.namespace = namespace
         self.send = send
         self.clock = clock
+        self.monotonic = monotonic
         self.rng = rng or random.SystemRandom()
         self.stats: collections.Counter = collections.Counter()
         self._heap: list[tuple[float, int, str]] = []
@@ -108,6 +135,8 @@ class Engine:
         self._last_claimed: dict[str, int] = {}       # entry -> newest slot this instance claimed
         self._claim_retry: dict[tuple[str, int], ClaimRequest] = {}
         self._send_retry: dict[tuple[str, int], _Send] = {}
+        self._takeover_retry: dict[tuple[str, int], _PendingTakeover] = {}
+        self._taken: collections.OrderedDict[tuple[str, int], int] = collections.OrderedDict()
         self._notes: list[HistoryNote] = []
         self._prepared = False
         self._seeded = False
@@ -115,11 +144,12 @@ class Engine:
         self._down_since: float | None = None
         self._next_down_report = 0.0
         self._skip_logged: dict[tuple[str, str], tuple[float, int]] = {}
-        self._store_retry_at = 0.0
+        # monotonic times (self.monotonic): -inf means "now is past it"
+        self._store_retry_at = -math.inf
         self._backoff = BACKOFF_FIRST_S
-        self._next_skew = 0.0
-        self._next_stats = 0.0
-        self._next_lease_check = 0.0
+        self._next_skew = -math.inf
+        self._next_stats = -math.inf
+        self._next_lease_check = -math.inf
         self._exit_after_claim = os.environ.get(EXIT_AFTER_CLAIM_ENV)
         self._warned_fingerprints: set[tuple[str, str]] = set()
         self._stopping = False
@@ -142,12 +172,12 @@ class Engine:
             due = []
         due.extend(self._due_retries(now))
         if due:
-            self._claim(due, now)
+            self._claim(due)
         if self._stopping:                   # close() ran during the claim's sends
             return MAX_SLEEP_S
         self._retry_sends(now)
         self._flush_notes()
-        self._periodic(now)
+        self._periodic()
         return self._delay(self.clock())
 
     def stop(self) -> None:
@@ -171,6 +201,8 @@ class Engine:
                 self._save_definition(plan)
         for name in set(old) - set(self.plans):
             self._pending.pop(name, None)
+        for run in [r for r in self._takeover_retry if r[0] not in self.plans]:
+            del self._takeover_retry[run]
 
     def next_fire(self) -> float | None:
         """When the next pending run fires (epoch seconds), for tests and the banner."""
@@ -189,14 +221,14 @@ class Engine:
         return self._prepare(self.clock(), at_start_up=True)
 
     def _prepare(self, now: float, at_start_up: bool = False) -> bool:
-        if now < self._store_retry_at:
+        if self.monotonic() < self._store_retry_at:
             return False
         try:
             warnings = self.store.prepare(list(self.plans))
             for plan in self.plans.values():
                 self._save_definition(plan, quiet=False)
         except StoreError as exc:
-            self._store_failed(exc, now, "preparing the store")
+            self._store_failed(exc, "preparing the store")
             return False
         except ConfigError as exc:
             if at_start_up:
@@ -204,7 +236,7 @@ class Engine:
             logger.critical("anarchon store %s cannot serve this configuration: %s. Nothing is "
                             "sent until it is fixed.", self.store.safe_url, exc)
             self._store_ok = False
-            self._store_retry_at = now + BACKOFF_MAX_S
+            self._store_retry_at = self.monotonic() + BACKOFF_MAX_S
             return False
         for warning in warnings:
             logger.warning("anarchon store %s: %s", self.store.safe_url, warning)
@@ -227,13 +259,21 @@ class Engine:
 
     def _seed(self, plan: EntryPlan, now: float) -> None:
         """Queue the entry's first run: the newest slot still within max_late (so a deploy that
-        restarts every instance at once loses no run), else the next one. Nothing older."""
+        restarts every instance at once loses no run), else the next one. Nothing older.
+
+        A re-seed (the entry changed at run time) whose slot already waits in the claim retries
+        (the store was unreachable) does not queue it a second time: the waiting claim takes the
+        new definition and the slot after it is queued (one run is claimed once per batch)."""
         now_ms = int(now * 1000)
         first = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
         latest = None
         while first <= now_ms:
             latest, first = first, plan.slots.next_after(first)
-        self._push(plan, latest if latest is not None else first)
+        slot = latest if latest is not None else first
+        if (plan.name, slot) in self._claim_retry:
+            self._claim_retry[(plan.name, slot)] = self._request(plan, slot)
+            slot = plan.slots.next_after(slot)
+        self._push(plan, slot)
 
     def _push(self, plan: EntryPlan, slot_ms: int) -> None:
         jitter_s = self.rng.uniform(0, plan.jitter_ms / 1000) if plan.jitter_ms else 0.0
@@ -255,8 +295,8 @@ class Engine:
                 continue                       # entry removed or re-seeded
             self._schedule_next(plan, slot_ms, now_ms)
             if slot_ms <= self._last_claimed.get(name, -1):
-                logger.debug("%s: slot %s was already claimed here (the clock went back)",
-                             name, iso(slot_ms))
+                logger.debug("%s: slot %s was already claimed here (the clock went back or the "
+                             "entry was re-seeded)", name, iso(slot_ms))
                 continue
             lateness = now_ms - slot_ms
             if lateness > plan.max_late_ms:
@@ -322,18 +362,26 @@ class Engine:
                          "until their max_late (the first: %s slot %s); skipped, never sent blind.",
                          len(given_up), len({r.entry for r in given_up}), self.store.safe_url,
                          first.entry, iso(first.slot_ms))
-        if not self._prepared or now < self._store_retry_at:
+        if not self._prepared or self.monotonic() < self._store_retry_at:
             return []
         return retry
 
     # -- claims ---------------------------------------------------------------------------------
-    def _claim(self, requests: list[ClaimRequest], now: float) -> None:
+    def _claim(self, requests: list[ClaimRequest]) -> None:
+        """Claim ``requests`` in one batch, each run once: the same run can come due in the heap
+        and wait in the claim retries (a store blip, then a re-seed), and a store answers won to
+        every copy of its own claim. The first copy wins (the heap's, built from the current
+        plan)."""
+        unique: dict[tuple[str, int], ClaimRequest] = {}
+        for request in requests:
+            unique.setdefault(request.run, request)
+        requests = list(unique.values())
         try:
             results = self.store.claim(requests)
         except StoreError as exc:
             for request in requests:
                 self._claim_retry[request.run] = request
-            self._store_failed(exc, now, f"claiming {len(requests)} run(s)")
+            self._store_failed(exc, f"claiming {len(requests)} run(s)")
             return
         self._store_recovered()
         for result in results:
@@ -347,6 +395,11 @@ class Engine:
         self._check_fingerprint(plan, result)
         outcome = result.outcome
         self.stats[f"claim_{outcome.value}"] += 1
+        if outcome is Outcome.UNCONFIRMED:
+            # won in the store but not durable in time: never sent, and never asked again by this
+            # instance (a re-seed, a clock set back), since a store that reads its own claim back
+            # would answer won. The claim record stays: nobody else wins it either.
+            self._last_claimed[plan.name] = max(self._last_claimed.get(plan.name, -1), result.slot_ms)
         if outcome is Outcome.WON:
             self._last_claimed[plan.name] = max(self._last_claimed.get(plan.name, -1), result.slot_ms)
             if self._exit_after_claim == plan.name:
@@ -367,9 +420,9 @@ class Engine:
         """Log a skip; the same kind of skip of one entry at most once a minute (each run is in
         the store's history anyway), with the number of the ones not logged."""
         outcome = result.outcome
-        now = self.clock()
+        now = self.monotonic()
         key = (plan.name, outcome.value)
-        last, hidden = self._skip_logged.get(key, (0.0, 0))
+        last, hidden = self._skip_logged.get(key, (-math.inf, 0))
         detail = f" ({result.detail})" if result.detail else ""
         if now - last < SKIP_LOG_EVERY_S:
             self._skip_logged[key] = (last, hidden + 1)
@@ -435,7 +488,7 @@ class Engine:
             return
         except Exception as exc:  # nothing reached the broker: retried by the winner until max_late
             first = run not in self._send_retry
-            job.next_try = self.clock() + SEND_RETRY_S
+            job.next_try = self.monotonic() + SEND_RETRY_S
             job.error = f"{type(exc).__name__}: {exc}"
             self._send_retry[run] = job
             if first:
@@ -447,9 +500,9 @@ class Engine:
         self._note(job.plan.name, job.slot_ms, RunEvent.SENT, task_id=job.task_id, attempt=job.attempt)
 
     def _retry_sends(self, now: float) -> None:
-        now_ms = int(now * 1000)
+        now_ms, mono = int(now * 1000), self.monotonic()
         for run, job in list(self._send_retry.items()):
-            if now_ms > job.deadline_ms:
+            if (mono > job.give_up_at) if job.give_up_at is not None else (now_ms > job.deadline_ms):
                 del self._send_retry[run]
                 self.stats["send_failed"] += 1
                 logger.error("%s: slot %s not sent: the send kept failing until max_late (%g s); "
@@ -457,7 +510,7 @@ class Engine:
                              job.plan.timing.max_late_s, job.error)
                 self._note(job.plan.name, job.slot_ms, RunEvent.SEND_FAILED, task_id=job.task_id,
                            attempt=job.attempt, detail=job.error[:200])
-            elif now >= job.next_try:
+            elif mono >= job.next_try:
                 self._try_send(job)
 
     # -- history notes ----------------------------------------------------------------------------
@@ -467,17 +520,18 @@ class Engine:
             del self._notes[: len(self._notes) - MAX_PENDING_NOTES]
 
     def _flush_notes(self) -> None:
-        if not self._notes or self.clock() < self._store_retry_at:
+        if not self._notes or self.monotonic() < self._store_retry_at:
             return
         notes, self._notes = self._notes, []
         try:
             self.store.record_many(notes)
         except StoreError as exc:
             self._notes = notes + self._notes
-            self._store_failed(exc, self.clock(), "writing history")
+            self._store_failed(exc, "writing history")
 
     # -- store health -------------------------------------------------------------------------------
-    def _store_failed(self, exc: Exception, now: float, doing: str) -> None:
+    def _store_failed(self, exc: Exception, doing: str) -> None:
+        now = self.monotonic()
         self.stats["store_errors"] += 1
         self._last_store_error_at = now
         reason = str(exc).rstrip(".")
@@ -492,7 +546,8 @@ class Engine:
             self._next_down_report = now + DOWN_REPORT_EVERY_S
             logger.error("anarchon store %s still unreachable after %.0f s (%s); no run is sent "
                          "until it answers (%d run(s) skipped so far).", self.store.safe_url,
-                         now - (self._down_since or now), reason, self.stats["store_unreachable"])
+                         now - (now if self._down_since is None else self._down_since), reason,
+                         self.stats["store_unreachable"])
         else:
             logger.debug("anarchon store still unreachable while %s: %s", doing, reason)
         self._store_ok = False
@@ -501,30 +556,36 @@ class Engine:
 
     def _store_recovered(self) -> None:
         if not self._store_ok:
+            now = self.monotonic()
             logger.warning("anarchon store %s reachable again after %.0f s", self.store.safe_url,
-                           self.clock() - (self._down_since or self.clock()))
+                           now - (now if self._down_since is None else self._down_since))
         self._down_since = None
         self._store_ok = True
         self._backoff = BACKOFF_FIRST_S
-        self._store_retry_at = 0.0
+        self._store_retry_at = -math.inf
 
     # -- periodic work ------------------------------------------------------------------------------
-    def _periodic(self, now: float) -> None:
+    def _periodic(self) -> None:
+        now = self.monotonic()
+        if self._takeover_retry:
+            self._retry_takeovers()
         if now >= self._next_lease_check:
-            self._check_leases(now)
+            self._check_leases()
         if now >= self._next_skew:
-            self._check_skew(now)
+            self._check_skew(self.clock())
         if now >= self._next_stats:
             self._next_stats = now + STATS_EVERY_S
             if self.stats:
                 logger.info("anarchon counters: %s", dict(sorted(self.stats.items())))
 
     # -- leases ---------------------------------------------------------------------------------------
-    def _check_leases(self, now: float) -> None:
+    def _check_leases(self) -> None:
         """Take over the leased runs of our entries whose runner is presumed dead (lease expired)
         or whose message never reached a worker (queued past its deadline). Every instance checks
         every heartbeat, at a random offset within one heartbeat; the store's compare-and-set on
-        the expected token lets exactly one of them take a run over (DESIGN.md "Takeover")."""
+        the expected token lets exactly one of them take a run over (DESIGN.md "Takeover").
+        Timed on the monotonic clock, like the grace after a store error."""
+        now = self.monotonic()
         leased = [p for p in self.plans.values() if p.timing.lease is not None]
         if not leased:
             self._next_lease_check = now + MAX_SLEEP_S
@@ -541,30 +602,80 @@ class Engine:
             plan = self.plans.get(run.entry)
             if plan is None or plan.timing.lease is None:
                 continue
-            grace = STORE_GRACE_HEARTBEATS * plan.timing.lease.heartbeat_s + 1.0
-            if run.state is RunState.STARTED and now - self._last_store_error_at < grace:
-                # the store failed for us moments ago, so it probably failed for the runner too:
-                # its lease may have run out only because its renewals could not get through.
-                # Give a live runner time to renew (or release) before presuming it dead.
-                self.stats["takeover_deferred"] += 1
-                logger.debug("%s: slot %s: takeover deferred, the store was unreachable %.1f s ago",
-                             run.entry, iso(run.slot_ms), now - self._last_store_error_at)
-                continue
-            self._take_over(plan, run)
+            pending = self._takeover_retry.get((run.entry, run.slot_ms))
+            if pending is not None and pending.run.token == run.token:
+                continue                       # asked again by _retry_takeovers
+            if not self._deferred(plan, run, now):
+                self._take_over(plan, run)
+
+    @staticmethod
+    def _grace(plan: EntryPlan) -> float:
+        """Seconds a started run of ``plan`` is not taken over after a store error."""
+        return STORE_GRACE_HEARTBEATS * plan.timing.lease.heartbeat_s + 1.0
+
+    def _deferred(self, plan: EntryPlan, run: LeasedRun, now: float) -> bool:
+        """True (and counted) when a started run must not be taken over yet: the store failed for
+        us moments ago (monotonic ``now``), so it probably failed for the runner too, and its lease
+        may have run out only because its renewals could not get through. A live runner gets
+        2 heartbeats + 1 s to renew (or release) before it is presumed dead."""
+        if run.state is not RunState.STARTED or now - self._last_store_error_at >= self._grace(plan):
+            return False
+        self.stats["takeover_deferred"] += 1
+        logger.debug("%s: slot %s: takeover deferred, the store was unreachable %.1f s ago",
+                     run.entry, iso(run.slot_ms), now - self._last_store_error_at)
+        return True
+
+    def _retry_takeovers(self) -> None:
+        """Ask again the takeovers whose answer did not come back, with their expected token."""
+        now = self.monotonic()
+        for key, pending in list(self._takeover_retry.items()):
+            plan = self.plans.get(key[0])
+            if plan is None or plan.timing.lease is None:
+                del self._takeover_retry[key]
+            elif now > pending.give_up_at:
+                del self._takeover_retry[key]
+                self.stats["takeover_unanswered"] += 1
+                logger.warning("%s: slot %s: the takeover of attempt %d got no answer from the store "
+                               "until its queue deadline; the run is taken over again once it "
+                               "shows expired", key[0], iso(key[1]), pending.run.attempt)
+            elif now >= pending.next_try:
+                if self._deferred(plan, pending.run, now):
+                    pending.next_try = self._last_store_error_at + self._grace(plan)
+                else:
+                    self._take_over(plan, pending.run)
 
     def _take_over(self, plan: EntryPlan, run: LeasedRun) -> None:
         if self._stopping:
             return
         lease = plan.timing.lease
+        key = (run.entry, run.slot_ms)
         try:
             outcome, new = self.store.take_over(
                 run.entry, run.slot_ms, run.token, queue_timeout_ms=int(lease.queue_timeout_s * 1000),
                 max_attempts=lease.max_attempts)
         except StoreError as exc:
-            self._last_store_error_at = self.clock()
-            logger.debug("takeover of %s slot %s failed: %s", run.entry, iso(run.slot_ms), exc)
+            # it may have committed with its reply lost: ask again with the same expected token
+            # (the store answers TAKEN again with the same record), never burn an attempt
+            now = self.monotonic()
+            self._last_store_error_at = now
+            pending = self._takeover_retry.get(key)
+            if pending is None or pending.run.token != run.token:
+                pending = _PendingTakeover(run, give_up_at=now + lease.queue_timeout_s, next_try=now)
+                logger.info("%s: slot %s: the takeover of attempt %d got no answer (%s); asking "
+                            "again", run.entry, iso(run.slot_ms), run.attempt, exc)
+            else:
+                logger.debug("takeover of %s slot %s failed again: %s", run.entry,
+                             iso(run.slot_ms), exc)
+            pending.next_try = now + TAKEOVER_RETRY_S
+            self._takeover_retry[key] = pending
             return
+        retried = self._takeover_retry.pop(key, None) is not None
         self.stats[f"takeover_{outcome.value}"] += 1
+        if retried and outcome is TakeoverOutcome.REFUSED:
+            logger.info("%s: slot %s: the takeover of attempt %d, asked again after its answer was "
+                        "lost, was refused: another instance took the run over, its runner renewed, "
+                        "or the store cannot recognise its own earlier takeover", plan.name,
+                        iso(run.slot_ms), run.attempt)
         if run.state is RunState.QUEUED:
             why = (f"it was queued past its deadline without a worker adopting it: is a worker "
                    f"consuming its queue, and does the workers' app call celery_anarchon.install(app)?")
@@ -572,11 +683,19 @@ class Engine:
             why = f"its runner {run.owner} stopped renewing its lease (presumed dead)"
         if outcome is TakeoverOutcome.TAKEN:
             log = logger.error if run.state is RunState.QUEUED else logger.warning
+            if self._taken.get(key, 0) >= new.attempt:     # at most one send per attempt
+                logger.debug("%s: slot %s attempt %d was already sent here", plan.name,
+                             iso(run.slot_ms), new.attempt)
+                return
+            self._taken[key] = new.attempt
+            self._taken.move_to_end(key)
+            while len(self._taken) > MAX_TAKEN_KEPT:
+                self._taken.popitem(last=False)
             log("%s: slot %s attempt %d taken over as attempt %d: %s", plan.name, iso(run.slot_ms),
                 run.attempt, new.attempt, why)
             self._try_send(_Send(plan, run.slot_ms, new.attempt, new.token,
                                  task_id_for(self.namespace, plan.name, run.slot_ms, new.attempt),
-                                 deadline_ms=int(self.clock() * 1000) + plan.max_late_ms))
+                                 give_up_at=self.monotonic() + plan.timing.max_late_s))
         elif outcome is TakeoverOutcome.LOST:
             logger.error("%s: slot %s recorded lost after %d attempts: %s", plan.name,
                          iso(run.slot_ms), run.attempt, why)
@@ -587,11 +706,11 @@ class Engine:
     def _check_skew(self, now: float) -> None:
         """Measure this instance's clock against the store's and log it: a warning past 1 s, an
         error past half the smallest max_late (DESIGN.md "Timing")."""
-        self._next_skew = now + SKEW_EVERY_S
+        self._next_skew = self.monotonic() + SKEW_EVERY_S
         try:
-            before = self.clock()
+            before, started = self.clock(), self.monotonic()
             store_ms = self.store.now_ms()
-            after = self.clock()
+            after, took = self.clock(), self.monotonic() - started
         except StoreError as exc:
             logger.debug("skew check failed: %s", exc)
             return
@@ -600,7 +719,7 @@ class Engine:
         skew_s = (store_ms - (before + after) * 500) / 1000
         limit_s = min((p.timing.max_late_s for p in self.plans.values()), default=60.0) / 2
         message = ("this instance's clock is %.3f s %s the store's clock (round trip %.1f ms)",
-                   abs(skew_s), "behind" if skew_s > 0 else "ahead of", (after - before) * 1000)
+                   abs(skew_s), "behind" if skew_s > 0 else "ahead of", took * 1000)
         if abs(skew_s) > limit_s:
             logger.error(message[0] + ": more than half of max_late (%g s); its claims will be "
                          "refused as late or early. Run NTP on every host.", *message[1:], limit_s)
@@ -610,19 +729,24 @@ class Engine:
             logger.info(*message)
 
     def _delay(self, now: float) -> float:
-        wake = now + MAX_SLEEP_S
+        """Seconds until the next thing to do: the next slot (wall clock ``now``) or the next
+        retry or check (monotonic), at most 60 s."""
+        mono = self.monotonic()
+        waits = [MAX_SLEEP_S]
         nxt = self.next_fire()
         if nxt is not None:
-            wake = min(wake, nxt)
+            waits.append(nxt - now)
         if self._claim_retry or not self._prepared:
-            wake = min(wake, max(self._store_retry_at, now + 0.05))
+            waits.append(max(self._store_retry_at - mono, 0.05))
         if self._send_retry:
-            wake = min(wake, min(job.next_try for job in self._send_retry.values()))
+            waits.append(min(job.next_try for job in self._send_retry.values()) - mono)
+        if self._takeover_retry:
+            waits.append(min(p.next_try for p in self._takeover_retry.values()) - mono)
         if self._notes:
-            wake = min(wake, now + 1.0)
+            waits.append(1.0)
         if any(p.timing.lease is not None for p in self.plans.values()):
-            wake = min(wake, max(self._next_lease_check, now + 0.01))
-        return min(max(wake - now, 0.001), MAX_SLEEP_S)
+            waits.append(max(self._next_lease_check - mono, 0.01))
+        return min(max(min(waits), 0.001), MAX_SLEEP_S)
 
 
 _SKIP_REASONS = {

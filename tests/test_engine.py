@@ -6,6 +6,7 @@ the real one. Sends go to a list.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import multiprocessing
 import random
@@ -31,13 +32,15 @@ from tcp_proxy import TCPProxy, redis_address
 
 
 class Clock:
-    """Real time plus ``offset`` seconds."""
+    """Real time plus ``offset`` seconds (``time.time`` for the wall clock, ``time.monotonic``
+    for the engine's clock of elapsed time)."""
 
-    def __init__(self):
+    def __init__(self, source=time.time):
+        self.source = source
         self.offset = 0.0
 
     def __call__(self):
-        return time.time() + self.offset
+        return self.source() + self.offset
 
 
 class Harness:
@@ -59,8 +62,15 @@ class Harness:
             self.store._backdate_memory_start(list(self.plans), 120_000)
         self.sent: list[tuple[str, int, int]] = []
         self.clock = Clock()
+        self.mono = Clock(time.monotonic)
         self.engine = Engine(self.store, self.plans, instance_id=instance, namespace=namespace,
-                             send=send or self.record_send, clock=self.clock, rng=random.Random(7))
+                             send=send or self.record_send, clock=self.clock, rng=random.Random(7),
+                             monotonic=self.mono)
+
+    def advance(self, seconds: float):
+        """Time passes (both clocks move), without waiting for it."""
+        self.clock.offset += seconds
+        self.mono.offset += seconds
 
     def record_send(self, plan, slot_ms, attempt, token, task_id):
         self.sent.append((plan.name, slot_ms, attempt))
@@ -250,7 +260,7 @@ def test_a_publish_that_broke_off_is_not_published_again(sqlite_url, namespace, 
         assert len(calls) == 1
         slot = calls[0][1]
         for _ in range(3):
-            h.clock.offset += 1.5                # past the engine's send retry interval (1 s)
+            h.advance(1.5)                       # past the engine's send retry interval (1 s)
             h.engine.tick()
     assert [c for c in calls if c[1] == slot] == [("e", slot, 1)], \
         "a publish that may have reached the broker was published again"
@@ -332,11 +342,11 @@ def test_a_lease_that_ran_out_during_a_store_outage_is_not_taken_over_at_once(sq
     adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
     assert adopted
     wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
-    h.engine._last_store_error_at = h.clock()                    # the store just failed for us
-    h.engine._check_leases(h.clock())
+    h.engine._last_store_error_at = h.mono()                     # the store just failed for us
+    h.engine._check_leases()
     assert h.store.inspect("e", slot).attempt == 1 and h.engine.stats["takeover_deferred"] == 1
-    h.clock.offset += 3.5                                        # past the grace: 2 x 1 s + 1 s
-    h.engine._check_leases(h.clock())
+    h.advance(3.5)                                               # past the grace: 2 x 1 s + 1 s
+    h.engine._check_leases()
     assert h.store.inspect("e", slot).attempt == 2, "a runner silent past the grace is taken over"
 
 
@@ -425,3 +435,158 @@ def test_a_store_down_at_start_up_holds_the_runs_until_it_answers(redis_proxy, n
     assert events[RunEvent.UNREACHABLE] >= 1
     slots = [slot for _, slot, _ in h.sent]
     assert len(slots) == len(set(slots))
+
+
+def _changed_plans(h, entries):
+    """The plans of ``entries`` on ``h``'s store: a schedule changed at run time."""
+    schedule = {name: ScheduleEntry(name=name, task="proj.t", schedule=sched,
+                                    options={"anarchon": opts}, app=h.app)
+                for name, (sched, opts) in entries.items()}
+    return build_plans(schedule, app=h.app, settings=Settings.from_app(h.app), store=h.store)
+
+
+def _recording_claims(h):
+    """Wrap the real store's claim to keep the runs of every batch it was asked."""
+    batches: list[list[tuple[str, int]]] = []
+    claim = h.store.claim
+
+    def recording(requests):
+        batches.append([r.run for r in requests])
+        return claim(requests)
+    h.store.claim = recording
+    return batches
+
+
+def test_a_run_waiting_for_the_store_and_reseeded_is_claimed_and_sent_once(redis_proxy, namespace,
+                                                                           harnesses):
+    """A store blip leaves slot S in the claim retries; a schedule change re-seeds the entry with
+    S; the next batch must carry S once (the store answers won to each copy)."""
+    url = redis_proxy.url("redis", "/9")
+    h = make(harnesses, url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})},
+             store_options={"claim_timeout": 0.5})
+    h.engine.tick()                              # start-up: the newest slot, sent
+    assert len(h.sent) == 1
+    batches = _recording_claims(h)
+    time.sleep(2.05 - time.time() % 2)           # the next slot, S
+    slot = int(time.time() * 1000) // 2000 * 2000
+    redis_proxy.outage()
+    h.engine.tick()                              # S's claim fails: it waits for the store
+    assert len(h.sent) == 1 and batches == [[("e", slot)]]
+    h.engine.update_plans(_changed_plans(h, {"e": (2, {"jitter": 0, "max_late": 9})}))
+    redis_proxy.restore()
+    time.sleep(0.6)                              # past the first backoff (0.5 s)
+    h.engine.tick()
+    assert [s for _, s, _ in h.sent].count(slot) == 1, f"slot sent {h.sent}; batches {batches}"
+    assert all(len(b) == len(set(b)) for b in batches), f"a run twice in one batch: {batches}"
+
+
+def test_a_wall_clock_stepped_back_still_retries_the_store(redis_proxy, namespace, harnesses):
+    """Backoff is measured on the monotonic clock: a wall clock set back an hour during an
+    outage does not freeze the retries (the store judges lateness on its own clock)."""
+    url = redis_proxy.url("redis", "/9")
+    h = make(harnesses, url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})},
+             store_options={"claim_timeout": 0.5})
+    h.engine.tick()
+    assert len(h.sent) == 1
+    time.sleep(2.05 - time.time() % 2)
+    redis_proxy.outage()
+    h.engine.tick()                              # the claim fails: retried after the backoff
+    assert len(h.sent) == 1
+    redis_proxy.restore()
+    h.clock.offset = -3600
+    wait_until(lambda: (h.engine.tick(), len(h.sent) == 2)[1], 5,
+               "the claim retried after the wall clock went back an hour", interval=0.05)
+
+
+def test_a_wall_clock_stepped_back_still_takes_over_a_dead_runner_on_time(sqlite_url, namespace,
+                                                                         harnesses):
+    """Lease checks are timed on the monotonic clock: a dead runner is still replaced within
+    two heartbeats when the wall clock was set back an hour."""
+    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 4}
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5, "lease": lease})})
+    h.engine.tick()
+    (_, slot, _), = h.sent
+    adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
+    assert adopted
+    wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
+    h.clock.offset = -3600
+    wait_until(lambda: (h.engine.tick(), ("e", slot, 2) in h.sent)[1], 2 * lease["heartbeat"] + 0.5,
+               "the takeover after the wall clock went back an hour", interval=0.05)
+    assert h.store.inspect("e", slot).attempt == 2
+
+
+def test_a_run_answered_unconfirmed_is_never_sent_nor_claimed_again(sqlite_url, namespace,
+                                                                   harnesses, caplog):
+    """UNCONFIRMED (won, not durable in time) is a skip: not sent, logged, counted, and this
+    instance never asks for that run again (a re-seed after a schedule change, a clock set back),
+    since a store that reads its own claim back would answer won."""
+    from celery_anarchon.stores.base import Outcome
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5})})
+    batches = _recording_claims(h)
+    claim = h.store.claim
+    answered: set = set()
+
+    def unconfirmed_once(requests):              # the first answer for a run: not confirmed
+        results = []
+        for result in claim(requests):
+            if result.outcome is Outcome.WON and result.request.run not in answered:
+                answered.add(result.request.run)
+                result = dataclasses.replace(result, outcome=Outcome.UNCONFIRMED,
+                                             detail="WAIT: 0 of 1 replicas in 100 ms")
+            results.append(result)
+        return results
+    h.store.claim = unconfirmed_once
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        h.engine.tick()                          # start-up: the newest slot, answered unconfirmed
+    (slot,), = [[s for _, s in b] for b in batches]
+    assert h.sent == [] and h.engine.stats["claim_unconfirmed"] == 1
+    assert any("did not confirm the claim durable" in r.getMessage() and "WAIT" in r.getMessage()
+               for r in caplog.records)
+    h.engine.update_plans(_changed_plans(h, {"e": (2, {"jitter": 0, "max_late": 6})}))
+    h.engine.tick()                              # the re-seeded entry's newest slot is S again
+    h.clock.offset = -1.0                        # and the clock went back a little
+    h.engine.update_plans(_changed_plans(h, {"e": (2, {"jitter": 0, "max_late": 7})}))
+    h.clock.offset = 0.0
+    h.engine.tick()
+    assert ("e", slot) not in [run for b in batches[1:] for run in b], batches
+    assert not [s for s in h.sent if s[1] == slot], h.sent
+
+
+def test_a_takeover_whose_reply_was_lost_is_retried_and_sent_once(redis_proxy, namespace, harnesses):
+    """The takeover reached Redis and committed, its reply did not come back: the engine asks
+    again with the same expected token, the store recognises its own takeover (TAKEN again, the
+    same record), and attempt 2 is sent once; no attempt is burned."""
+    url = redis_proxy.url("redis", "/9")
+    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 4}
+    anchor = int(time.time() - 1) % 3600                       # the start-up slot: 1 s ago
+    h = make(harnesses, url, namespace,
+             {"e": (3600, {"jitter": 0, "max_late": 5, "anchor": anchor, "lease": lease})},
+             store_options={"claim_timeout": 0.5})
+    direct = open_store(REDIS_URL, namespace=namespace, instance_id="runner")
+    try:
+        h.engine.tick()
+        (_, slot, _), = h.sent
+        adopted, _ = direct.adopt("e", slot, "runner", 50)      # a lease of 50 ms, never renewed
+        assert adopted
+        wait_until(lambda: direct.expired_runs(["e"]), 5, "the lease to run out")
+        take_over, calls = h.store.take_over, []
+
+        def reply_lost(*args, **kwargs):        # the first takeover's reply never comes back
+            calls.append(args)
+            redis_proxy.swallow_replies = len(calls) == 1
+            try:
+                return take_over(*args, **kwargs)
+            finally:
+                redis_proxy.swallow_replies = False
+        h.store.take_over = reply_lost
+        h.engine._check_leases()                 # the takeover commits; its reply is lost
+        assert len(calls) == 1
+        assert h.sent == [("e", slot, 1)]
+        assert direct.inspect("e", slot).attempt == 2, "the takeover reached the store"
+        redis_proxy.restore()
+        # past the new attempt's queue deadline (4 s), when a forgotten takeover is taken again
+        h.run_for(lease["queue_timeout"] + 1.5)
+        assert h.sent == [("e", slot, 1), ("e", slot, 2)], h.sent
+        assert direct.inspect("e", slot).attempt == 2, "an attempt was burned"
+    finally:
+        direct.close()
