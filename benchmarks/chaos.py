@@ -52,7 +52,7 @@ for path in (HERE, os.path.join(ROOT, "tests"), APPS, ROOT):
 
 import chaos_app  # noqa: E402  (tests/apps: the schedule, also loaded by every process)
 from chaos_analysis import analyse  # noqa: E402
-from chaos_faults import KINDS, STORE_KINDS, Fault, FaultRunner, plan  # noqa: E402
+from chaos_faults import FAKETIME_LIB, KINDS, STORE_KINDS, Fault, FaultRunner, plan  # noqa: E402
 from chaos_servers import PostgresServer, RedisServer  # noqa: E402
 from tcp_proxy import TCPProxy  # noqa: E402
 
@@ -61,7 +61,8 @@ from celery_anarchon.stores import open_store  # noqa: E402
 STORES = tuple(STORE_KINDS)
 BEATS = [f"beat-{n}" for n in range(1, 6)]
 SKEWED = "beat-5"
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+#: CI=true: a fault that cannot be injected (libfaketime missing) fails the run instead
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 MAX_LATE_S = 15.0
 #: after the window closes, beats keep running this long so that late claims and takeovers of the
 #: window's last runs can still happen
@@ -378,12 +379,17 @@ def report(summary: dict, faults: list, t0: float) -> str:
         + ", ".join(f"{k} {v}" for k, v in summary["explained_by_reason"].items())
         + ("  (claimed: the winner was killed between its claim and its send)"
            if "claimed" in summary["explained_by_reason"] else ""),
-        f"missed, unexplained:      {summary['unexplained']}",
+        f"missed, unexplained:      {summary['unexplained']}"
+        + (f"  (reasons logged without a fault that can cause them: "
+           + ", ".join(f"{k} {v}" for k, v in summary["reasons_without_fault"].items()) + ")"
+           if summary.get("reasons_without_fault") else ""),
         f"sent, lost by the broker: {summary.get('sent_lost_by_broker', 0)} (the broker's AOF shows "
-        f"a worker popped the message and the broker stopped before it was recorded unacked)",
+        f"a worker popped the message and the broker stopped before it was recorded unacked; "
+        f"bound {summary.get('sent_lost_by_broker_verdict', {}).get('bound', '-')})",
         f"sent, never acknowledged: {summary.get('sent_unacked_by_worker', 0)} (the broker's AOF "
         f"shows a worker took the message and never acknowledged it; kombu gives it back after its "
-        f"visibility timeout, 1 h)",
+        f"visibility timeout, 1 h; bound "
+        f"{summary.get('sent_unacked_by_worker_verdict', {}).get('bound', '-')})",
         f"workers that died: {len(summary.get('worker_crashes', []))} (restarted "
         f"{len(summary.get('worker_restarts', []))} time(s))",
     ]
@@ -418,6 +424,8 @@ def report(summary: dict, faults: list, t0: float) -> str:
         if not f.skipped:
             counts[f.kind] = counts.get(f.kind, 0) + 1
     lines.append("faults by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if summary.get("fault_kinds_missing"):
+        lines.append("fault kinds never injected: " + ", ".join(summary["fault_kinds_missing"]))
     return "\n".join(lines)
 
 
@@ -437,6 +445,10 @@ def run(store: str, minutes: float, seed: int, out: str) -> int:
         say("clock skew: not injected on SQLite (one host, one clock: the store's clock is the "
             "claiming process's own)")
     elif not h.can_skew():
+        if IN_CI:
+            say(f"clock skew cannot be injected: libfaketime is missing ({FAKETIME_LIB}); CI=true "
+                "needs every fault kind (.ci/run installs Debian's faketime)")
+            return 2
         say(f"clock skew: skipped, libfaketime is missing ({FAKETIME_LIB}; apt-get install faketime)")
     faults = plan(seed, seconds, store, BEATS, MAX_LATE_S)
     runner = None
@@ -475,7 +487,7 @@ def run(store: str, minutes: float, seed: int, out: str) -> int:
         h.close_servers()
 
     summary = analyse(out, chaos_app.ENTRY_PERIODS_MS, set(chaos_app.LEASED_ENTRIES),
-                      int(t0 * 1000), int(t1 * 1000))
+                      int(t0 * 1000), int(t1 * 1000), worker_restarts=h.worker_restarts)
     summary.update(t0_ms=int(t0 * 1000), t1_ms=int(t1 * 1000), skew_windows=h.skew_windows,
                    worker_restarts=h.worker_restarts)
     return finish(out, summary, store, seed, minutes, faults, runner.errors, t0)
@@ -491,6 +503,12 @@ def finish(out: str, summary: dict, store: str, seed: int, minutes: float, fault
                                  for a, b, o in summary["skew_windows"] if b) or "none"),
                    faults=[f.as_dict() for f in faults], harness_errors=errors,
                    faults_injected=sum(1 for f in faults if not f.skipped))
+    injected = {f.kind for f in faults if not f.skipped}
+    required = set(STORE_KINDS[store])
+    if "skew" in required and not os.path.exists(FAKETIME_LIB) and not IN_CI:
+        required.discard("skew")         # said at the start; CI=true refuses to run without it
+        summary["fault_kinds_not_required"] = ["skew (libfaketime is missing)"]
+    summary["fault_kinds_missing"] = sorted(required - injected)
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     text = report(summary, faults, t0)
@@ -503,6 +521,15 @@ def finish(out: str, summary: dict, store: str, seed: int, minutes: float, fault
     if summary["duplicates"] or summary["unexplained"]:
         say(f"FAILED: {summary['duplicates']} duplicates, {summary['unexplained']} unexplained "
             f"misses; see {os.path.join(out, 'runs.jsonl')}")
+        return 1
+    if not summary["broker_losses_ok"]:
+        say(f"FAILED: broker-side losses beyond what the broker outages explain: popped and lost "
+            f"{summary['sent_lost_by_broker_verdict']}, never acknowledged "
+            f"{summary['sent_unacked_by_worker_verdict']}")
+        return 1
+    if summary["fault_kinds_missing"]:
+        say(f"FAILED: fault kinds of the {store} store never injected: "
+            f"{', '.join(summary['fault_kinds_missing'])} (the run tested less than it claims)")
         return 1
     return 0
 
@@ -530,7 +557,7 @@ def reanalyse(out: str) -> int:
     with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
         old = json.load(f)
     summary = analyse(out, chaos_app.ENTRY_PERIODS_MS, set(chaos_app.LEASED_ENTRIES),
-                      old["t0_ms"], old["t1_ms"])
+                      old["t0_ms"], old["t1_ms"], worker_restarts=old.get("worker_restarts", []))
     summary.update(t0_ms=old["t0_ms"], t1_ms=old["t1_ms"], skew_windows=old["skew_windows"],
                    worker_restarts=old.get("worker_restarts", []))
     faults = [Fault(**d) for d in old["faults"]]

@@ -17,10 +17,13 @@ Each expected run (every slot of every entry in the window) is then one of:
   over). Those are counted apart (``lease_lost_reruns``), never as duplicates. A body that ran to
   its end unpaused and whose release found the lease taken over (its lease ran out while the
   store could not be reached) is a duplicate: the guarantee does not allow that one;
-* **explained miss**: no body ran, and the store's history or a log line names one of the reasons
-  of DESIGN.md "The guarantee" for that run. A history record ``claimed`` (a claim without a send)
-  explains a miss only when its instance was killed by the harness (the winner died between its
-  claim and its send);
+* **explained miss**: no body ran, the store's history or a log line names one of the reasons
+  of DESIGN.md "The guarantee" for that run, **and an injected fault that can cause that reason
+  was on around the run's slot** (:data:`CAUSES`: a window from before the fault's start to after
+  its end, see :func:`fault_windows`). A reason with no such fault does not explain the miss: the
+  run counts as unexplained (``reasons_without_fault``). A history record ``claimed`` (a claim
+  without a send) explains a miss only when its instance was killed or restarted by the harness
+  (the winner died between its claim and its send);
 * **sent, then lost by the broker**: no body ran, the history says the winner sent it, and the
   broker's own AOF shows a worker popped the message and the broker stopped before kombu recorded
   it as unacked (see :func:`broker_fates`). The scheduler did its part (the guarantee ends at the
@@ -31,6 +34,11 @@ Each expected run (every slot of every entry in the window) is then one of:
   visibility timeout (an hour by default), after the run. Counted apart and printed, as above;
 * **unexplained miss**: anything else (for example a run the history says was sent, but that
   never ran, without that proof from the broker).
+
+The two broker-side kinds are bounded too (:func:`broker_loss_verdict`): each must fall in the
+window of a broker outage or of a worker that died, and there may be at most
+``MAX_POPPED_LOST_PER_OUTAGE`` popped-and-lost and ``MAX_UNACKED_PER_OUTAGE`` never-acknowledged
+messages per broker outage or worker death; beyond that the scheduler is suspect, not the broker.
 """
 from __future__ import annotations
 
@@ -44,6 +52,46 @@ from datetime import datetime
 #: history events that explain a run that did not run (RunEvent values)
 MISS_EVENTS = ("late", "late_local", "early", "forgotten", "overlapping", "superseded",
                "store_unreachable", "send_failed", "send_unknown", "unknown", "claimed", "lost")
+
+#: which injected fault kinds (benchmarks/chaos_faults.py) can cause each miss reason
+CAUSES = {
+    # the instance reached the slot late: paused, or a tick blocked on a slow store or broker call
+    "late_local": ("pause", "latency", "store-restart", "store-lock", "broker-outage"),
+    # the claim reached the store late on its clock, or early: skew, or a claim held up
+    "late": ("pause", "skew", "latency", "store-restart", "store-lock", "broker-outage"),
+    "early": ("skew",),
+    # the store lost its data (a Redis without persistence restarted)
+    "forgotten": ("store-restart",),
+    "store_unreachable": ("store-restart", "store-lock", "latency"),
+    "unknown": ("store-restart", "store-lock", "latency"),
+    "unconfirmed": ("store-restart", "latency"),
+    # a send failing until max_late (broker down), or a claim answered after max_late
+    "send_failed": ("broker-outage", "latency", "store-restart", "store-lock", "pause"),
+    # a publish that broke off: the broker went down, or beat was stopped mid-publish
+    "send_unknown": ("broker-outage", "skew", "kill"),
+    # the winner died between its claim and its send (killed, or restarted with another clock)
+    "claimed": ("kill", "skew"),
+    # leased runs held up past their next slot or their attempts
+    "overlapping": ("pause-runner", "broker-outage", "kill", "pause", "latency", "store-restart",
+                    "store-lock"),
+    "superseded": ("pause-runner", "broker-outage", "kill", "pause", "latency", "store-restart",
+                   "store-lock"),
+    "lost": ("pause-runner", "broker-outage", "kill", "pause", "store-restart", "store-lock"),
+}
+#: a fault can affect runs whose slot is this long before it starts (their claims and sends are
+#: retried until max_late) ...
+WINDOW_BEFORE_S = 20.0
+#: ... and this long after it ends (the recovery: max_late 15 s, the worker's reconnect back-off)
+WINDOW_AFTER_S = 30.0
+#: leased runs feel a fault longer: a lease (6 s), queue timeouts and up to 3 attempts, periods up to
+#: 30 s, so a run delayed by a fault overlaps or supersedes the next one
+LEASE_REASONS = ("overlapping", "superseded", "lost")
+LEASE_WINDOW_BEFORE_S, LEASE_WINDOW_AFTER_S = 45.0, 75.0
+#: broker-side losses allowed per broker outage or worker death: one BRPOP in flight per worker
+#: connection (two workers) can be lost with the broker; a worker whose connection dropped can
+#: hold a few prefetched messages it never acknowledges
+MAX_POPPED_LOST_PER_OUTAGE = 2
+MAX_UNACKED_PER_OUTAGE = 10
 
 #: when only log lines name a reason: the store-side and broker-side ones first, since a paused
 #: instance's own late skip says less about the run than the outage the others met
@@ -224,6 +272,40 @@ def worker_crashes(out: str) -> list[str]:
     return found
 
 
+def fault_windows(faults: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """kind -> the (start, end) epoch seconds of every injected (not skipped) fault of that kind."""
+    windows: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    for f in faults:
+        if f.get("skipped") or not f.get("started"):
+            continue
+        windows[f["kind"]].append((f["started"], f.get("ended") or f["started"]))
+    return windows
+
+
+def caused_by(reason: str, slot_ms: int, windows: dict[str, list[tuple[float, float]]]) -> list[str]:
+    """The injected faults (``kind@+start``) that can cause ``reason`` for a run at ``slot_ms``:
+    of a kind in :data:`CAUSES`, with the slot inside the fault's window."""
+    before, after = ((LEASE_WINDOW_BEFORE_S, LEASE_WINDOW_AFTER_S) if reason in LEASE_REASONS
+                     else (WINDOW_BEFORE_S, WINDOW_AFTER_S))
+    slot = slot_ms / 1000
+    return [f"{kind}@{start:.1f}" for kind in CAUSES.get(reason, ())
+            for start, end in windows.get(kind, ()) if start - before <= slot <= end + after]
+
+
+def broker_loss_verdict(runs: list[tuple[str, int]], per_outage: int,
+                        windows: dict[str, list[tuple[float, float]]],
+                        worker_restarts: list[dict]) -> dict:
+    """Whether broker-side losses (``runs``: (entry, slot)) are what broker outages and worker
+    deaths can cause: each slot within ``WINDOW_BEFORE_S`` before to ``WINDOW_AFTER_S`` after one,
+    and at most ``per_outage`` of them per outage or death."""
+    spans = list(windows.get("broker-outage", ())) + [(r["at"], r["at"]) for r in worker_restarts]
+    outside = [run for run in runs
+               if not any(a - WINDOW_BEFORE_S <= run[1] / 1000 <= b + WINDOW_AFTER_S for a, b in spans)]
+    bound = per_outage * len(spans)
+    return {"count": len(runs), "bound": bound, "outside_windows": outside[:20],
+            "ok": not outside and len(runs) <= bound}
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -233,7 +315,8 @@ def percentile(values: list[float], q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, t1_ms: int) -> dict:
+def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, t1_ms: int,
+            worker_restarts: list[dict] | None = None) -> dict:
     """The figures of one run (see the module docstring); also writes ``runs.jsonl`` with the
     verdict on every expected run that did not run exactly once."""
     want = expected_runs(periods_ms, t0_ms, t1_ms)
@@ -271,8 +354,9 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     for e in events:
         if e["kind"] in ("end", "lost"):
             body_end[e["task_id"]] = e["time"]
-    runner_paused = [(f["started"], f["ended"]) for f in read_jsonl(os.path.join(out, "faults.jsonl"))
-                     if f["kind"] == "pause-runner" and f.get("started") and not f.get("skipped")]
+    faults = read_jsonl(os.path.join(out, "faults.jsonl"))
+    windows = fault_windows(faults)
+    runner_paused = windows.get("pause-runner", [])
 
     # a runner holds its lease from the adoption (history "started", just before the body), so
     # a pause between the adoption and the body's first line is a pause of the runner too
@@ -299,6 +383,7 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     spurious = lost_warned & ended_normally - refused
 
     once, duplicates, reruns, explained, unexplained = 0, [], [], [], []
+    without_fault: collections.Counter = collections.Counter()   # reason -> misses it alone named
     lateness, lateness_plain, lateness_unskewed, sent_by_skewed = [], [], [], 0
     by_reason: collections.Counter = collections.Counter()
     verdicts = []
@@ -337,14 +422,22 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
         found = set(reasons.get(run, ())) | set(recorded)
         item = {"entry": entry, "slot": slot, "history": history.get(run, []),
                 "log_reasons": sorted(reasons.get(run, ()))}
-        if found:
-            reason = recorded[-1] if recorded else next(
-                (r for r in LOG_PRIORITY if r in found), sorted(found)[0])
+        # a reason explains the miss only with an injected fault that can cause it, around the slot
+        causes = {r: caused_by(r, slot, windows) for r in found}
+        accepted = {r for r, c in causes.items() if c}
+        recorded_ok = [r for r in recorded if r in accepted]
+        if accepted:
+            reason = recorded_ok[-1] if recorded_ok else next(
+                (r for r in LOG_PRIORITY if r in accepted), sorted(accepted)[0])
             by_reason[reason] += 1
-            item.update(verdict="explained", reason=reason, reasons=sorted(found))
+            item.update(verdict="explained", reason=reason, reasons=sorted(found),
+                        faults=causes[reason])
             explained.append(item)
         else:
             item["verdict"] = "unexplained"
+            if found:
+                item["reasons_without_fault"] = sorted(found)
+                without_fault.update(found)
             unexplained.append(item)
         verdicts.append(item)
 
@@ -360,6 +453,11 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     for item in lost_with_worker:
         item["verdict"] = "sent_unacked_by_worker"
     unexplained = [u for u in unexplained if u not in lost_by_broker and u not in lost_with_worker]
+    restarts = worker_restarts or []
+    popped_lost = broker_loss_verdict([(u["entry"], u["slot"]) for u in lost_by_broker],
+                                      MAX_POPPED_LOST_PER_OUTAGE, windows, restarts)
+    never_acked = broker_loss_verdict([(u["entry"], u["slot"]) for u in lost_with_worker],
+                                      MAX_UNACKED_PER_OUTAGE, windows, restarts)
 
     with open(os.path.join(out, "runs.jsonl"), "w", encoding="utf-8") as f:
         for item in verdicts:
@@ -380,6 +478,9 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
         "sent_lost_by_broker": len(lost_by_broker),
         "sent_lost_by_broker_runs": [(u["entry"], u["slot"]) for u in lost_by_broker][:50],
         "explained": len(explained), "unexplained": len(unexplained),
+        "reasons_without_fault": dict(without_fault.most_common()),
+        "sent_lost_by_broker_verdict": popped_lost, "sent_unacked_by_worker_verdict": never_acked,
+        "broker_losses_ok": popped_lost["ok"] and never_acked["ok"],
         "explained_by_reason": dict(by_reason.most_common()),
         "lateness_s": dist(lateness), "lateness_plain_s": dist(lateness_plain),
         "lateness_unskewed_s": dist(lateness_unskewed), "sent_by_skewed": sent_by_skewed,

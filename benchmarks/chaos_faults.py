@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import math
 import random
@@ -48,6 +49,9 @@ STORE_KINDS = {
 WEIGHTS = {"kill": 3, "pause": 3, "store-restart": 2, "store-lock": 2, "broker-outage": 2,
            "latency": 2, "pause-runner": 1, "skew": 1}
 MEAN_GAP_S = 12.0
+#: Debian's faketime package (apt-get install faketime), on any architecture: the skew fault
+FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))),
+                    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 MAX_BEATS_DOWN = 2
 #: faults start this long after the measured window opens, and end this long before it closes
 LEAD_S, TAIL_S = 3.0, 12.0
@@ -168,7 +172,12 @@ class FaultRunner:
             self.threads.append(thread)
 
     def _claim(self, fault: Fault) -> bool:
-        """Reserve the fault's target; False (and the fault skipped) when it is busy."""
+        """Reserve the fault's target; False (and the fault skipped) when it is busy, or when
+        the fault cannot be injected here (clock skew without libfaketime): a skipped fault is
+        never counted as injected."""
+        if fault.kind == "skew" and not self.h.can_skew():
+            fault.skipped = "libfaketime is missing (apt-get install faketime)"
+            return False
         with self.lock:
             if fault.target:
                 if fault.target in self.beats_down:
@@ -253,9 +262,6 @@ class FaultRunner:
             self.h.set_latency(0.0)
 
     def _skew(self, fault: Fault) -> None:
-        if not self.h.can_skew():
-            fault.detail = "skipped: libfaketime is missing"
-            return
         with self._beat_quiet(self.h.SKEWED):
             fault.detail = f"restarted with {self.h.set_skew(fault.param)}"
         time.sleep(fault.duration)

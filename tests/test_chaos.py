@@ -6,7 +6,10 @@ beat, a restart of the store server, a broker outage, latency on the store conne
 worker under leased tasks), and one beat runs with its clock skewed by 5 s. The store and the
 broker are redis-servers of the run's own, on free ports, that keep their data (AOF): no port is
 shared with the other tests, and no shared server is stopped. Zero duplicates, zero misses without
-a recorded reason. The run's files stay in the test's tmp_path for a post-mortem.
+a recorded reason tied to an injected fault that can cause it, broker-side losses within their
+bounds, every fault kind of the store injected, and most runs executed. Without libfaketime the
+skew fault is skipped (never counted as injected); under ``CI=true`` that fails the test. The
+run's files stay in the test's tmp_path for a post-mortem.
 """
 from __future__ import annotations
 
@@ -18,11 +21,15 @@ import sys
 
 import pytest
 
+from chaos_faults import FAKETIME_LIB, STORE_KINDS
 from conftest import IN_CI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAOS = os.path.join(ROOT, "benchmarks", "chaos.py")
 SEED = 20261130
+#: runs executed exactly once, at least: this seed's 60 s reach 86 % (1227 of 1426: a 22 s broker
+#: outage costs most of the rest, send_failed); the margin is for a loaded machine
+EXECUTED_FLOOR = 0.80
 
 
 def test_sixty_seconds_of_chaos_on_redis_send_every_run_once_or_record_why_not(tmp_path, capsys):
@@ -32,6 +39,10 @@ def test_sixty_seconds_of_chaos_on_redis_send_every_run_once_or_record_why_not(t
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
+    has_faketime = os.path.exists(FAKETIME_LIB)
+    if not has_faketime and IN_CI:
+        pytest.fail(f"libfaketime is missing ({FAKETIME_LIB}): the clock skew fault cannot be "
+                    "injected (.ci/run installs Debian's faketime)")
     out = tmp_path / "chaos"
     proc = subprocess.run([sys.executable, CHAOS, "--store", "redis-aof", "--minutes", "1",
                            "--seed", str(SEED), "--out", str(out)],
@@ -44,6 +55,12 @@ def test_sixty_seconds_of_chaos_on_redis_send_every_run_once_or_record_why_not(t
     assert summary["duplicates"] == 0, summary["duplicate_runs"]
     assert summary["unexplained"] == 0, summary["unexplained_runs"]
     assert summary["harness_errors"] == []
-    # the run did run: most runs executed, and the faults were injected
-    assert summary["executed_once"] >= 0.7 * summary["expected"], summary
-    assert summary["faults_injected"] >= 5, summary["faults"]
+    assert summary["broker_losses_ok"], (summary["sent_lost_by_broker_verdict"],
+                                         summary["sent_unacked_by_worker_verdict"])
+    # the run did run: most runs executed, and every fault kind of the store was injected
+    assert summary["executed_once"] >= EXECUTED_FLOOR * summary["expected"], summary
+    injected = {f["kind"] for f in summary["faults"] if not f["skipped"]}
+    wanted = set(STORE_KINDS["redis-aof"]) - (set() if has_faketime else {"skew"})
+    assert wanted <= injected, f"never injected: {sorted(wanted - injected)}; {summary['faults']}"
+    skew = [f for f in summary["faults"] if f["kind"] == "skew"]
+    assert has_faketime or all(f["skipped"] for f in skew), "a skew without libfaketime counted"
