@@ -22,8 +22,8 @@ import pytest
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import ClaimRequest, Memory, Outcome, RunEvent
-from celery_anarchon.stores.nats import NATSStore
+from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, Memory, Outcome, RunEvent
+from celery_anarchon.stores.nats import NATSStore, _iso
 from celery_anarchon.stores.nats_io import token
 
 from conftest import IN_CI, NATS_URL
@@ -39,7 +39,7 @@ def stores(namespace):
     yield maker
     cleaner = maker("cleaner")
     maker.close_all()
-    _server(lambda js: _delete(js, cleaner.stream, cleaner._kv_stream))
+    _server(lambda js: _delete(js, cleaner.stream, cleaner._kv_stream, cleaner.epoch_stream))
 
 
 def _delete(js, *names):
@@ -201,26 +201,61 @@ def _stream_config(store):
     return _server(read)
 
 
-def test_a_live_window_is_raised_never_lowered(stores):
-    stores("A", duplicate_window=300).prepare(["e"])
-    warnings = stores("B", duplicate_window=600).prepare(["e"])
-    config = _stream_config(stores("C"))
-    assert config.duplicate_window == 600 and config.max_age >= 1200
-    assert any("had duplicate_window 300 s" in w and "raised to 600 s" in w for w in warnings)
-    warnings = stores("D", duplicate_window=300).prepare(["e"])
-    assert any("has duplicate_window 600 s" in w and "duplicate_window 300 s" in w and "kept" in w
-               for w in warnings)
-    assert _stream_config(stores("C")).duplicate_window == 600
-    # lowered behind our back: the next claim raises it again
-    async def lower_window(js):
-        info = await js.stream_info(stores("x").stream)
-        info.config.duplicate_window = 60
+def _set_window(store, seconds):
+    async def change(js):
+        info = await js.stream_info(store.stream)
+        info.config.duplicate_window = seconds
         await js.update_stream(info.config)
-    _server(lower_window)
-    assert _stream_config(stores("C")).duplicate_window == 60
-    e = prepared(stores("E", duplicate_window=300))
-    assert e.claim([req("e", e.now_ms() + 1)])[0].outcome is Outcome.WON
+    _server(change)
+
+
+def test_another_duplicate_window_is_refused_at_start_up_while_in_use(stores):
+    """Loss-spec point 5: the stream records the window; an instance with another one is a
+    ConfigError naming both values and the fix while the stream was used within the new window +
+    20 s (a longer or a shorter one alike), and the stream keeps its window."""
+    a = prepared(stores("A", duplicate_window=300))
+    assert a.claim([req("e", a.now_ms())])[0].outcome is Outcome.WON
+    for other in (600, 60):
+        with pytest.raises(ConfigError) as caught:
+            stores("B", duplicate_window=other).prepare(["e"])
+        text = str(caught.value)
+        assert f"is {other} s here" in text and "remembers claims for 300 s" in text, text
+        assert "same duplicate_window on every instance" in text
+        assert f"wait {other + 20} s" in text, text
     assert _stream_config(stores("C")).duplicate_window == 300
+
+
+def test_an_unused_stream_takes_the_new_duplicate_window(stores):
+    """A stream that stored nothing (or nothing within the new window + 20 s) gets the new
+    instance's window, with a warning naming both."""
+    async def create(js):
+        await js.add_stream(name=stores("x").stream, subjects=[f"{stores('x')._root}.>"],
+                            duplicate_window=300, max_age=600, max_msgs_per_subject=1)
+    _server(create)
+    warnings = stores("B", duplicate_window=600).prepare(["e"])
+    assert any("had duplicate_window 300 s" in w and "replaced by this instance's 600 s" in w
+               for w in warnings), warnings
+    config = _stream_config(stores("C"))
+    assert config.duplicate_window == 600 and config.max_age == 1200
+
+
+def test_a_window_changed_under_a_running_instance_makes_its_claims_forgotten(stores):
+    """Changed behind a running instance's back: its claims are refused as forgotten, naming
+    both values, and publish nothing, until the values agree again."""
+    a = prepared(stores("A", duplicate_window=300))
+    slot = a.now_ms()
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    _set_window(a, 60)
+    first = a.claim([req("e", slot + 1)])[0]
+    assert first.outcome is Outcome.FORGOTTEN, first
+    assert "300 s here" in first.detail and "remembers claims for 60 s" in first.detail
+    second = a.claim([req("e", slot + 2)])[0]
+    assert second.outcome is Outcome.FORGOTTEN, second
+    unclaimed = stores("B", duplicate_window=60).claim([req("e", slot + 2, max_late_ms=0)])[0]
+    assert unclaimed.outcome is Outcome.WON, "the refused claim published nothing"
+    _set_window(a, 300)
+    a.claim([req("e", slot + 3)])  # reads the stream again
+    assert a.claim([req("e", slot + 4)])[0].outcome is Outcome.WON
 
 
 # -- the server's clock and skew -------------------------------------------------------------------
@@ -293,6 +328,49 @@ def test_a_deleted_stream_refuses_the_runs_it_forgot(stores):
     wait_until(lambda: b.now_ms() > b._created_ms + 20, 5, "the server clock to move")
     assert b.claim([req("e", later)])[0].outcome is Outcome.WON
     assert a.claim([req("e", later)])[0].outcome is Outcome.LOST
+
+
+def test_a_lost_epoch_marker_restarts_the_memory_for_every_instance(stores):
+    """The epoch marker lives in memory: a server restart loses it (tests/test_ha_nats.py
+    restarts a server of its own; here the marker's stream is deleted, as a restart of a single
+    server does). The next claim of any instance sees it and refuses the slots before the new
+    marker + 10 s as forgotten, naming both epochs; later slots are claimed as usual."""
+    a, b = prepared(stores("A")), stores("B")
+    slot = a.now_ms() - 1000
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    old = a._epoch
+    _server(lambda js: _delete(js, a.epoch_stream))
+    fresh = slot + 500
+    refused = b.claim([req("e", fresh)])[0]
+    assert refused.outcome is Outcome.FORGOTTEN, refused
+    assert "epoch changed" in refused.detail and "may have lost their newest claims" in refused.detail
+    assert b._epoch.time_ms > old.time_ms
+    mine = a.claim([req("e", fresh + 1)])[0]
+    assert mine.outcome is Outcome.FORGOTTEN, "the other instance reads the same new epoch"
+    assert f"epoch {_iso(old.time_ms)} -> epoch {_iso(b._epoch.time_ms)}" in mine.detail
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.FORGOTTEN, "never won again"
+    later = b._epoch.time_ms + LATENESS_TOLERANCE_MS + 1
+    wait_until(lambda: b.now_ms() > b._epoch.time_ms + 20, 5, "the server clock to move")
+    assert b.claim([req("e", later)])[0].outcome is Outcome.WON
+    assert a.claim([req("e", later)])[0].outcome is Outcome.LOST
+
+
+def test_a_slot_more_than_10_s_ahead_of_the_server_is_refused_as_early(stores):
+    """So that no claim taken before a server restart is for a slot the epoch change does not
+    refuse (module docstring, "Amnesia and partial loss")."""
+    a = prepared(stores("A"))
+    now = a.now_ms()
+    early = a.claim([req("e", now + LATENESS_TOLERANCE_MS + 2000)])[0]
+    assert early.outcome is Outcome.EARLY and "ahead of the NATS server's clock" in early.detail
+    assert a.claim([req("e", now + LATENESS_TOLERANCE_MS - 2000)])[0].outcome is Outcome.WON
+
+
+def test_start_up_on_a_single_server_warns_what_a_crash_can_lose(stores):
+    warnings = stores("A").prepare(["e"])
+    [warning] = [w for w in warnings if "single NATS server" in w]
+    assert "every 2 minutes" in warning and "sync_interval" in warning
+    assert "no such setting before 2.10" in warning  # the test server is 2.9
+    assert "refuses the slots up to 10 s after it" in warning and "cluster of 3" in warning
 
 
 # -- the event loop thread and forks ---------------------------------------------------------------
@@ -411,12 +489,14 @@ def test_a_server_without_jetstream_is_a_config_error(own_server):
 # -- round trips ------------------------------------------------------------------------------------
 
 def test_a_batch_takes_two_rounds(stores, monkeypatch):
-    """Won runs: the publishes (with the stream's info), then the history writes; lost runs:
-    the publishes, then reading the winners back. Each round is one pipelined burst."""
+    """Won runs: the publishes (with the stream's info and the epoch marker), then the history
+    writes; lost runs: the publishes, then reading the winners back. Each round is one pipelined
+    burst."""
     a, b = prepared(stores("A"), "x", "y", "z"), stores("B")
-    slot = a.now_ms() + 20_000   # past the young stream's first 10 s: no memory-start lookup
-    a.claim([req("x", slot)])
-    b.claim([req("x", slot - 1)])
+    slot = a.now_ms() - 1000
+    # each store reads an entry's memory start once per stream: done here, not counted
+    a.claim([req(e, slot) for e in ("x", "y", "z")])
+    b.claim([req(e, slot - 1) for e in ("x", "y", "z")])
     rounds = []
     real = type(a._session).pipeline
 
@@ -428,7 +508,7 @@ def test_a_batch_takes_two_rounds(stores, monkeypatch):
     a.now_ms(), b.now_ms()  # a fresh skew: no clock probe rides along
     rounds.clear()
     assert all(r.outcome is Outcome.WON for r in a.claim(batch))
-    assert rounds == [31, 30], rounds
+    assert rounds == [32, 30], rounds
     rounds.clear()
     assert all(r.outcome is Outcome.LOST and r.winner == "A" for r in b.claim(batch))
-    assert len(rounds) == 2 and rounds == [31, 30], rounds
+    assert len(rounds) == 2 and rounds == [32, 30], rounds

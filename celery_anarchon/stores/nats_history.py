@@ -40,14 +40,16 @@ class HistoryOps:
         return f"KV_{self.bucket}"
 
     async def _bucket(self, session, nc) -> None:
-        """Create the bucket unless this store knows it exists."""
+        """Create the bucket (with the store's ``replicas``) unless this store knows it exists."""
         if self._kv_stream in self._ready:
             return
+        if self.stream not in self._ready:
+            self._resolve_replicas(nc)
         await self._ensure(session, nc, self._kv_stream, {
             "name": self._kv_stream, "subjects": [f"$KV.{self.bucket}.>"], "retention": "limits",
             "storage": "file", "discard": "new", "max_msgs_per_subject": 1, "max_msgs": -1,
             "max_bytes": -1, "max_msg_size": -1, "max_consumers": -1, "max_age": 0,
-            "duplicate_window": 120 * _NS, "num_replicas": 1, "allow_rollup_hdrs": True,
+            "duplicate_window": 120 * _NS, "num_replicas": self.replicas, "allow_rollup_hdrs": True,
             "deny_delete": True, "allow_direct": True})
         self._ready.add(self._kv_stream)
 

@@ -1,0 +1,240 @@
+"""The NATS store on servers of its own that the tests break (benchmarks/ha_nats.py): a
+three-server JetStream cluster whose stream leader is SIGKILLed during claims, and one server
+restarted after losing its newest writes. The shared NATS on 4222 is never touched.
+
+Each test names the promise; the rule is DESIGN.md "Amnesia and partial loss": a run that any
+instance was told it won is never won again (a possible miss, never a duplicate).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from celery_anarchon.errors import ConfigError, StoreUnavailable
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import ClaimRequest, Outcome
+
+from conftest import IN_CI
+
+ha_nats = pytest.importorskip("ha_nats")
+
+
+def _need_server():
+    if not ha_nats.available():
+        if IN_CI:
+            pytest.fail(f"nats-server is missing ({ha_nats.NATS_SERVER})")
+        pytest.skip(f"nats-server is missing ({ha_nats.NATS_SERVER})")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One three-server cluster for the module; each test leaves every server running."""
+    _need_server()
+    with ha_nats.NatsCluster(3) as c:
+        yield c
+
+
+@pytest.fixture
+def healed(cluster):
+    """The cluster, with every server it killed started again afterwards."""
+    yield cluster
+    for server in cluster.servers:
+        server.start()
+
+
+@pytest.fixture
+def opened():
+    stores = []
+
+    def make(url, namespace, instance_id, **options):
+        options.setdefault("claim_timeout", 2)
+        store = open_store(url, namespace=namespace, instance_id=instance_id, options=options)
+        stores.append(store)
+        return store
+    yield make
+    for store in stores:
+        store.close()
+
+
+def req(entry, slot_ms):
+    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=60_000, task_id=f"t-{slot_ms}",
+                        fingerprint="fp")
+
+
+def prepared(store, *entries):
+    """Prepared, with the entries' memory begun two minutes ago (a store running for a while)."""
+    entries = list(entries or ["e"])
+    store.prepare(entries)
+    store._backdate_memory_start(entries, 120_000)
+    return store
+
+
+def claim_until_answered(store, requests, deadline):
+    """Claim, retrying a StoreUnavailable (a leader election) until ``deadline`` (monotonic)."""
+    while True:
+        try:
+            return store.claim(requests)
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed, opened, namespace):
+    """Three instances, each on another server of the cluster, claim the same runs while the
+    claims stream's leader is SIGKILLed: every run has exactly one winner, before, during and
+    after the kill, and after the killed server came back; the runs won before the kill are
+    lost to their winner on every instance afterwards (R3: the quorum kept them)."""
+    stores = [opened(s.url, namespace, f"I{i}") for i, s in enumerate(healed.servers)]
+    prepared(stores[0])
+    for store in stores[1:]:
+        store.prepare(["e"])
+    now = stores[0].now_ms()
+    winners: dict[int, set[str]] = defaultdict(set)
+    lock = threading.Lock()
+
+    def note(results):
+        with lock:
+            for r in results:
+                if r.outcome is Outcome.WON:
+                    winners[r.request.slot_ms].add(r.winner)
+                else:
+                    assert r.outcome is Outcome.LOST, r
+
+    before = [now - 60_000 + i for i in range(30)]
+    for store in stores:
+        note(store.claim([req("e", s) for s in before]))
+    assert all(len(winners[s]) == 1 for s in before), "one winner per run before the kill"
+    first_winners = {s: next(iter(winners[s])) for s in before}
+
+    during = [now - 30_000 + i for i in range(60)]
+    stop = time.monotonic() + 40
+    errors = []
+
+    def racer(store):
+        try:
+            for k in range(0, len(during), 5):
+                note(claim_until_answered(store, [req("e", s) for s in during[k:k + 5]], stop))
+        except BaseException as exc:  # noqa: BLE001  (reported by the main thread)
+            errors.append(exc)
+    threads = [threading.Thread(target=racer, args=(store,)) for store in stores]
+    for t in threads:
+        t.start()
+    leader = healed.stream_leader(stores[0].stream)
+    leader.kill()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    healed.stream_leader(stores[0].stream, not_on=leader)
+    # the runs won before the kill: lost to their winners on every instance that is still there
+    survivors = [s for s, server in zip(stores, healed.servers) if server is not leader]
+    for store in survivors:
+        note(claim_until_answered(store, [req("e", s) for s in before], time.monotonic() + 20))
+    leader.start()
+    for store in stores:
+        note(claim_until_answered(store, [req("e", s) for s in before + during],
+                                  time.monotonic() + 20))
+    twice = {s: w for s, w in winners.items() if len(w) > 1}
+    assert not twice, f"runs won by two instances: {twice}"
+    assert all(len(winners[s]) == 1 for s in during), "every run got its one winner"
+    assert {s: next(iter(winners[s])) for s in before} == first_winners
+
+
+def _replicas(cluster, stream):
+    return cluster.stream_info(stream)["config"]["num_replicas"]
+
+
+def test_claim_streams_have_three_replicas_by_default_on_a_cluster(cluster, opened, namespace):
+    """Leaving ``replicas`` out on a cluster of three gives every stream of the store three
+    copies: a publish is acknowledged once two servers stored it."""
+    store = opened(cluster.servers[1].url, namespace, "A")
+    warnings = store.prepare(["e"])
+    assert store.replicas == 3
+    for stream in (store.stream, store._kv_stream, store.epoch_stream):
+        assert _replicas(cluster, stream) == 3, stream
+    assert not any("replica" in w for w in warnings), warnings
+    store._backdate_memory_start(["e"], 120_000)
+    assert store.claim([req("e", store.now_ms())])[0].outcome is Outcome.WON
+
+
+def test_r1_stream_on_a_cluster_is_warned_at_start_up(cluster, opened, namespace):
+    store = opened(cluster.url, namespace, "A", replicas=1)
+    warnings = store.prepare(["e"])
+    assert _replicas(cluster, store.stream) == 1
+    [warning] = [w for w in warnings if "1 replica" in w]
+    assert "single point of failure" in warning and "cluster 'anarchon'" in warning
+    assert "['replicas'] = 3" in warning and "host crash" in warning
+
+
+def test_an_r1_stream_of_an_older_start_is_raised_to_three_replicas(healed, opened, namespace):
+    """A stream created with one replica (an older version, or replicas=1) is raised at the
+    next start-up with the default; the claims it holds stay claimed after its leader dies."""
+    old = prepared(opened(healed.url, namespace, "OLD", replicas=1))
+    slot = old.now_ms()
+    assert old.claim([req("e", slot)])[0].outcome is Outcome.WON
+    new = opened(healed.servers[2].url, namespace, "NEW")
+    warnings = new.prepare(["e"])
+    assert any("had 1 replica(s); raised to 3" in w for w in warnings), warnings
+    assert _replicas(healed, new.stream) == 3
+    keeps = opened(healed.url, namespace, "KEEP", replicas=1)
+    assert any("has 3 replicas" in w and "kept" in w for w in keeps.prepare(["e"]))
+    assert _replicas(healed, new.stream) == 3, "never lowered"
+    wait_caught_up = time.monotonic() + 10
+    while not all(r.get("current") for r in healed.stream_info(new.stream)["cluster"]["replicas"]):
+        assert time.monotonic() < wait_caught_up, "the new replicas did not catch up"
+        time.sleep(0.05)
+    leader = healed.stream_leader(new.stream)
+    leader.kill()
+    healed.stream_leader(new.stream, not_on=leader)
+    other = [s for s in healed.servers if s is not leader][0]
+    late = opened(other.url, namespace, "LATE")
+    late.prepare(["e"])
+    lost = claim_until_answered(late, [req("e", slot)], time.monotonic() + 20)[0]
+    assert lost.outcome is Outcome.LOST and lost.winner == "OLD", lost
+
+
+def test_replicas_are_validated(cluster, opened, namespace):
+    for bad in (0, 6, "3", True, 2.5):
+        with pytest.raises(ConfigError, match="replicas.*1 to 5"):
+            opened(cluster.url, namespace, "A", replicas=bad)
+    too_many = opened(cluster.url, namespace, "A", replicas=5)
+    with pytest.raises(ConfigError, match="5 replicas cannot be placed on cluster 'anarchon'"):
+        too_many.prepare(["e"])
+
+
+@pytest.fixture
+def single():
+    _need_server()
+    with ha_nats.NatsCluster(1) as c:
+        yield c
+
+
+def test_single_server_restarted_after_losing_its_newest_writes_never_rewins(single, opened,
+                                                                             namespace):
+    """A wins X1, the disk keeps it; A wins X2, the disk does not (JetStream had not synced it);
+    the server crashes and restarts from that disk. X2's claim is gone from the stream, but the
+    server's restart is seen (the store's epoch marker lived in memory): B's claim of X2 is
+    refused as forgotten, never won; X1 stays lost to A."""
+    server = single.servers[0]
+    a = prepared(opened(single.url, namespace, "A"))
+    now = a.now_ms()
+    x1, x2 = now - 5000, now - 4000
+    assert a.claim([req("e", x1)])[0].outcome is Outcome.WON
+    disk = server.freeze_disk()
+    assert a.claim([req("e", x2)])[0].outcome is Outcome.WON
+    server.kill()
+    server.restore_disk(disk)
+    server.start()
+    b = opened(single.url, namespace, "B")
+    b.prepare(["e"])
+    again = claim_until_answered(b, [req("e", x2)], time.monotonic() + 10)[0]
+    assert again.outcome is not Outcome.WON, f"X2 won twice: by A, then by B ({again})"
+    assert again.outcome is Outcome.FORGOTTEN and "epoch" in again.detail, again
+    retried = claim_until_answered(a, [req("e", x2)], time.monotonic() + 10)[0]
+    assert retried.outcome is Outcome.FORGOTTEN, retried
+    kept = b.claim([req("e", x1)])[0]
+    assert kept.outcome in (Outcome.LOST, Outcome.FORGOTTEN) and kept.outcome is not Outcome.WON
