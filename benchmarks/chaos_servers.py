@@ -48,9 +48,15 @@ def wait_port(port: int, up: bool, timeout: float, what: str) -> None:
 class RedisServer:
     """A ``redis-server`` of our own on a free port (see the module docstring)."""
 
-    def __init__(self, name: str, folder: str, *, persistent: bool) -> None:
+    def __init__(self, name: str, folder: str, *, persistent: bool, args: tuple[str, ...] = (),
+                 binary: str = "redis-server") -> None:
+        """:param args: more ``redis-server`` arguments, after the persistence ones (a later
+            directive wins: ``("--save", "3600 1")`` gives RDB snapshots, ``("--replicaof", ...)``).
+        :param binary: the ``redis-server`` to run (another version, e.g. Redis 8)."""
         self.name = name
         self.persistent = persistent
+        self.args = tuple(args)
+        self.binary = binary
         self.port = free_port()
         self.dir = os.path.join(folder, f"{name}-data")
         os.makedirs(self.dir, exist_ok=True)
@@ -65,8 +71,8 @@ class RedisServer:
         persistence = (["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
                        if self.persistent else ["--appendonly", "no", "--save", ""])
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
-             "--logfile", self.log, "--daemonize", "no", *persistence],
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+             "--logfile", self.log, "--daemonize", "no", *persistence, *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         wait_port(self.port, True, 20, f"redis-server {self.name}")
         # the port answers before an AOF is loaded: wait until PING works
@@ -76,6 +82,8 @@ class RedisServer:
                                  text=True)
             if out.stdout.strip() == "PONG":
                 return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server {self.name} exited; see {self.log}")
             time.sleep(0.05)
         raise RuntimeError(f"redis-server {self.name} does not answer PING")
 

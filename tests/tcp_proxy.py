@@ -1,7 +1,9 @@
 """A small TCP proxy for fault injection in front of a real server (no mock of the server).
 
 It can refuse new connections and cut existing ones (an outage), swallow the server's replies (a
-claim that reached the store but whose answer never came back), and delay traffic (latency).
+claim that reached the store but whose answer never came back), delay traffic (latency), and stop
+forwarding while keeping every byte (:meth:`TCPProxy.pause`: a replica that lags behind its
+master, since loopback replication is otherwise sub-millisecond).
 """
 from __future__ import annotations
 
@@ -35,9 +37,11 @@ class TCPProxy:
         self.up = True                 # False: refuse new connections, cut the open ones
         self.swallow_replies = False   # True: server -> client bytes are dropped
         self.delay_s = 0.0             # added before forwarding each chunk
+        self.paused = False            # True: nothing is read or forwarded (the kernel buffers it)
         self.accepted = 0              # connections accepted so far
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
+        self._gate = threading.Lock()  # held while one chunk is read and forwarded
         self._closed = False
 
     def start(self) -> TCPProxy:
@@ -60,10 +64,22 @@ class TCPProxy:
                     pass
                 s.close()
 
+    def pause(self) -> None:
+        """Stop forwarding in both directions without losing a byte: what was sent waits in the
+        kernel's buffers (both peers see a live connection) until :meth:`resume`."""
+        self.paused = True
+        with self._gate:  # a chunk being forwarded right now has arrived; nothing after it will
+            pass
+
+    def resume(self) -> None:
+        """Forward again what :meth:`pause` held back, then everything after it."""
+        self.paused = False
+
     def restore(self) -> None:
         self.up = True
         self.swallow_replies = False
         self.delay_s = 0.0
+        self.paused = False
 
     def close(self) -> None:
         self._closed = True
@@ -93,16 +109,22 @@ class TCPProxy:
         sockets = [client, server]
         try:
             while not self._closed:
+                if self.paused:
+                    time.sleep(0.01)
+                    continue
                 readable, _, _ = select.select(sockets, [], [], 0.2)
                 for source in readable:
-                    data = source.recv(65536)
-                    if not data:
-                        return
-                    if self.delay_s:
-                        time.sleep(self.delay_s)
-                    if source is server and self.swallow_replies:
-                        continue
-                    (server if source is client else client).sendall(data)
+                    with self._gate:  # pause() waits for a chunk in flight, then none passes
+                        if self.paused:
+                            break
+                        data = source.recv(65536)
+                        if not data:
+                            return
+                        if self.delay_s:
+                            time.sleep(self.delay_s)
+                        if source is server and self.swallow_replies:
+                            continue
+                        (server if source is client else client).sendall(data)
         except OSError:
             return
         finally:
