@@ -393,7 +393,7 @@ def test_expired_lease_is_taken_over_exactly_once(lease_stores):
 
 
 def test_queued_run_past_its_deadline_is_taken_over(lease_stores):
-    a = prepared(lease_stores("A"))
+    a, b = prepared(lease_stores("A")), lease_stores("B")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
     wait_until(lambda: a.expired_runs(["e"]), 10, "queue deadline")
@@ -401,7 +401,8 @@ def test_queued_run_past_its_deadline_is_taken_over(lease_stores):
     assert run.state is RunState.QUEUED
     outcome, new = a.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.TAKEN and new.attempt == 2
-    assert a.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)[0] is TakeoverOutcome.REFUSED
+    # another instance with the old token is refused (A's own retry is TAKEN again: spec point 8)
+    assert b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)[0] is TakeoverOutcome.REFUSED
 
 
 def test_run_is_lost_after_max_attempts(lease_stores):
@@ -518,3 +519,90 @@ def test_two_processes_finding_the_same_expired_lease_take_it_over_once(lease_st
     for p in procs:
         p.join(timeout=30)
     assert answers == ["refused", "refused", "taken"]
+
+
+# -- losing writes: the rules every lease store keeps (issue 8) --------------------------------------
+
+def test_rolling_change_of_memory_never_rewins(lease_stores):
+    """memory is a store-wide setting: A runs with memory 3 s / max_late 1 s, B with 3600 s /
+    60 s (each passes its own start-up rule). B is refused at prepare, naming both values, and a
+    claim of A's run 3.5 s after A won it (past A's memory) is not won: answered forgotten."""
+    from celery_anarchon.errors import ConfigError
+    a = prepared(lease_stores("A", memory=3))
+    b = lease_stores("B", memory=3600)
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot, max_late_ms=1000)])[0].outcome is Outcome.WON
+    with pytest.raises(ConfigError) as caught:
+        b.prepare(["e"])
+    text = str(caught.value)
+    assert "3600" in text and "3" in text.replace("3600", "") and "same value" in text
+    wait_until(lambda: store_now(a) > slot + 3500, 10, "A's memory to pass on the store clock")
+    again = b.claim([req("e", slot)])[0]
+    assert again.outcome is Outcome.FORGOTTEN, again
+    assert "3600" in again.detail
+
+
+def test_an_entry_new_to_a_store_with_intact_memory_is_not_refused(lease_stores):
+    """The store-wide memory start covers an entry the store has never seen (it cannot have lost
+    claims of it): its first run is won, not refused for 10 s as on a brand-new store."""
+    a = prepared(lease_stores("A"), "e")
+    assert a.claim([req("new", fresh_slot(a))])[0].outcome is Outcome.WON
+    fresh = StoreMaker(lease_stores.kind, lease_stores.url, lease_stores.namespace + "-new")
+    try:
+        brand_new = fresh("B")
+        brand_new.prepare(["e"])
+        assert brand_new.claim([req("e", fresh_slot(brand_new))])[0].outcome is Outcome.FORGOTTEN
+    finally:
+        fresh.close_all()
+
+
+def test_a_retried_claim_answers_won_only_for_its_own_attempt(lease_stores):
+    """queue_timeout below max_late: A's claim commits but its reply is lost; B takes the unadopted
+    run over as attempt 2; A's retried claim is LOST (winner B, taken over as attempt 2), never
+    WON with attempt 2's token."""
+    a, b = prepared(lease_stores("A")), lease_stores("B")
+    slot = fresh_slot(a)
+    terms = LeaseTerms(queue_timeout_ms=200)
+    a.claim([req("e", slot, lease=terms)])  # its reply is "lost": A never reads it
+    run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
+    outcome, taken = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    assert outcome is TakeoverOutcome.TAKEN and taken.attempt == 2
+    again = a.claim([req("e", slot, lease=terms)])[0]
+    assert again.outcome is Outcome.LOST, again
+    assert again.winner == "B" and "attempt 2" in again.detail
+    assert again.token != taken.token
+
+
+def test_a_renewal_never_recreates_a_pruned_finished_run(lease_stores):
+    """A runner paused past lease + run + memory renews after its finished record was pruned:
+    the store still remembers the entry (its memory is intact), so the renewal answers None (lease
+    lost) and the run is not brought back to life."""
+    a, worker = prepared(lease_stores("A", memory=1)), lease_stores("worker", memory=1)
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LEASE)])
+    _, run = worker.adopt("e", slot, "w1", 30_000)
+    assert worker.release("e", slot, run.token)
+    released = store_now(a)
+    wait_until(lambda: store_now(a) > released + 1500, 10, "the memory to pass")
+    assert a.claim([req("e", fresh_slot(a), lease=LeaseTerms(60_000, overlap_allowed=True))])[0] \
+        .outcome is Outcome.WON  # prunes what is past the memory
+    assert a.inspect("e", slot) is None, "the finished record was pruned"
+    assert worker.renew("e", slot, run.token, "w1", 30_000) is None
+    assert a.inspect("e", slot) is None, "the renewal did not re-create it"
+
+
+def test_a_takeover_whose_reply_was_lost_is_recognised(lease_stores):
+    """take_over retried with the same expected token by the instance whose takeover committed
+    answers TAKEN again with the same record (its first reply was lost), not REFUSED; another
+    instance is still refused."""
+    a, b, c = prepared(lease_stores("A")), lease_stores("B"), lease_stores("C")
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
+    run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
+    first = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    assert first[0] is TakeoverOutcome.TAKEN
+    again = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    assert again[0] is TakeoverOutcome.TAKEN, again
+    assert (again[1].token, again[1].attempt) == (first[1].token, 2)
+    assert c.take_over("e", slot, run.token, queue_timeout_ms=60_000,
+                       max_attempts=3)[0] is TakeoverOutcome.REFUSED

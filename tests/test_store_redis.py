@@ -14,7 +14,9 @@ from redis.crc import key_slot
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, LeaseTerms, Outcome
+from celery_anarchon.stores.base import (
+    LATENESS_TOLERANCE_MS, ClaimRequest, LeaseTerms, Outcome, TakeoverOutcome,
+)
 from celery_anarchon.stores.redis import RedisStore, parse_sentinel_url
 
 from conftest import REDIS_URL
@@ -61,6 +63,25 @@ def req(entry, slot_ms, lease=None):
 
 def store(namespace="ns", **options) -> RedisStore:
     return open_store(REDIS_URL, namespace=namespace, instance_id="A", options=options)
+
+
+def round_trips(s, monkeypatch) -> list[list[str]]:
+    """Every round trip ``s`` makes from now on, as the list of the commands it sends (a
+    pipeline is one round trip)."""
+    s.now_ms()  # connected: the connection's handshake is not counted
+    sent: list[list[str]] = []
+    real = redis.connection.Connection.send_packed_command
+
+    def send(conn, command, check_health=True):
+        chunks = command if isinstance(command, list) else [command]
+        data = b"".join(c if isinstance(c, bytes) else bytes(c) for c in chunks)
+        names = [line.decode() for line in data.split(b"\r\n")
+                 if line.upper() in (b"EVALSHA", b"WAIT", b"WAITAOF", b"EVAL", b"SCRIPT")]
+        sent.append(names)
+        return real(conn, command, check_health)
+
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", send)
+    return sent
 
 
 # -- key layout ---------------------------------------------------------------------------------
@@ -120,12 +141,9 @@ def test_batch_claim_is_one_round_trip(stores, monkeypatch):
     """All runs of a tick, over several entries, in one EVALSHA."""
     s = prepared(stores("A"), "a", "b", "c")
     now = s.now_ms()
-    client = s._redis()[0]
-    sent = []
-    real = client.execute_command
-    monkeypatch.setattr(client, "execute_command", lambda *a, **kw: sent.append(a[0]) or real(*a, **kw))
+    sent = round_trips(s, monkeypatch)
     results = s.claim([req(e, now + i) for e in ("a", "b", "c") for i in range(5)])
-    assert sent == ["EVALSHA"]
+    assert sent == [["EVALSHA"]], "the claim script, and no WAIT on a server without replicas"
     assert all(r.outcome is Outcome.WON for r in results)
 
 
@@ -301,3 +319,106 @@ def test_forgotten_detail_names_the_memory_start(stores):
     s.prepare(["e"])
     result = s.claim([req("e", s.now_ms() - LATENESS_TOLERANCE_MS)])[0]
     assert result.outcome is Outcome.FORGOTTEN and "memory of this entry began at 20" in result.detail
+
+
+# -- replies lost on the way back (tcp_proxy swallow_replies) ---------------------------------------
+
+def _through_proxy(maker, instance):
+    from tcp_proxy import TCPProxy, redis_address
+    proxy = TCPProxy(redis_address()).start()
+    db = maker.url.rsplit("/", 1)[1]
+    s = open_store(proxy.url("redis", f"/{db}"), namespace=maker.namespace, instance_id=instance,
+                   options={"claim_timeout": 0.5})
+    maker.opened.append(s)
+    return proxy, s
+
+
+def test_retried_claim_after_a_takeover_of_its_lost_reply_is_lost(stores):
+    """queue_timeout below max_late: A's claim commits, its reply never comes back; B takes the
+    unadopted run over as attempt 2; A's retry must not answer WON with attempt 2 (A would send
+    attempt 2 as well)."""
+    proxy, a = _through_proxy(stores, "A")
+    b = stores("B")
+    try:
+        prepared(b)
+        slot = b.now_ms()
+        terms = LeaseTerms(queue_timeout_ms=200)
+        a.prepare(["e"])  # connected, its setup read, before the replies stop
+        proxy.swallow_replies = True
+        with pytest.raises(StoreUnavailable):
+            a.claim([req("e", slot, lease=terms)])
+        proxy.restore()
+        run = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline")[0]
+        assert run.owner == "A", "A's claim committed"
+        outcome, taken = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        assert outcome is TakeoverOutcome.TAKEN
+        again = a.claim([req("e", slot, lease=terms)])[0]
+        assert again.outcome is Outcome.LOST and again.winner == "B", again
+        assert again.token is None and "taken over as attempt 2" in again.detail
+    finally:
+        proxy.close()
+
+
+def test_takeover_whose_reply_was_lost_answers_taken_on_retry(stores):
+    proxy, b = _through_proxy(stores, "B")
+    a = stores("A")
+    try:
+        prepared(a)
+        slot = a.now_ms()
+        a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
+        run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
+        b.now_ms()  # connected (redis-py's handshake answered) before the replies stop
+        proxy.swallow_replies = True
+        with pytest.raises(StoreUnavailable):
+            b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        proxy.restore()
+        assert a.inspect("e", slot).attempt == 2, "B's takeover committed"
+        outcome, again = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        assert outcome is TakeoverOutcome.TAKEN and again.attempt == 2 and again.owner == "B"
+    finally:
+        proxy.close()
+
+
+# -- durability options ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, words", [
+    ({"durability": "replicas"}, ["'durability'", "'replicas'", "'auto'", "'replica+aof'"]),
+    ({"durability": "replica", "min_replicas": 0}, ["'min_replicas'", "0"]),
+    ({"durability": "auto", "min_replicas": 1}, ["'min_replicas'", "'replica'"]),
+    ({"confirm_timeout": 0}, ["'confirm_timeout'"]),
+    ({"confirm_timeout": 5, "claim_timeout": 5}, ["'confirm_timeout'", "'claim_timeout'", "below"]),
+    ({"allow_eviction": "yes"}, ["'allow_eviction'"]),
+])
+def test_bad_durability_options_name_option_value_and_fix(options, words):
+    with pytest.raises(ConfigError) as caught:
+        store(**options)
+    for word in words:
+        assert word in str(caught.value), (word, str(caught.value))
+
+
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "script", "idmp"])
+def test_every_strategy_takes_the_durability_options(strategy):
+    s = store(strategy=strategy, durability="replica", min_replicas=2, confirm_timeout=1)
+    assert (s.durability, s.min_replicas, s.confirm_timeout) == ("replica", 2, 1.0)
+    assert store(strategy=strategy).durability == "auto"
+
+
+def test_memory_settings_are_recorded_store_wide(stores):
+    """Spec point 5: an instance whose memory differs from the one in use is refused at prepare
+    (naming both values and the fix); the recorded value is replaced only once it has been
+    unused for longer than the new memory + 20 s."""
+    a = prepared(stores("A", memory=60))
+    assert a.claim([req("e", a.now_ms())])[0].outcome is Outcome.WON
+    with pytest.raises(ConfigError) as caught:
+        stores("B", memory=120).prepare(["e"])
+    text = str(caught.value)
+    assert "memory=60s" in text and "memory=120s" in text and "stop every instance" in text
+    # last used 141 s ago: past 120 s + 2 x 10 s, so B's first claim replaces it
+    server = redis.Redis.from_url(stores.url, decode_responses=True)
+    key = a.store_key
+    server.hset(key, "settings_used", str(int(server.hget(key, "settings_used")) - 141_000))
+    b = stores("B", memory=120)
+    b.prepare(["e"])
+    assert b.claim([req("e", b.now_ms() + 1)])[0].outcome is Outcome.WON
+    assert server.hget(key, "settings") == "strategy=lease memory=120s"
+    assert a.claim([req("e", a.now_ms() + 2)])[0].outcome is Outcome.FORGOTTEN

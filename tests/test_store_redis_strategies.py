@@ -26,7 +26,7 @@ from celery_anarchon.stores.redis_strategies import (
 
 from conftest import REDIS_URL, require_server
 from stores_support import StoreMaker, wait_until
-from test_store_redis import redis_maker
+from test_store_redis import redis_maker, round_trips
 
 KINDS = ("redis-stream-id", "redis-script", "redis-idmp")
 
@@ -111,12 +111,9 @@ def test_every_key_of_an_entry_has_one_hash_tag_and_no_ttl(stores):
 def test_batch_claim_is_one_round_trip(stores, monkeypatch):
     s = prepared(stores("A"), "a", "b")
     now = s.now_ms()
-    client = s._redis()[0]
-    sent = []
-    real = client.execute_command
-    monkeypatch.setattr(client, "execute_command", lambda *a, **kw: sent.append(a[0]) or real(*a, **kw))
+    sent = round_trips(s, monkeypatch)
     results = s.claim([req(e, now + i) for e in ("a", "b") for i in range(4)])
-    assert sent == ["EVALSHA"] and all(r.outcome is Outcome.WON for r in results)
+    assert sent == [["EVALSHA"]] and all(r.outcome is Outcome.WON for r in results)
 
 
 def test_definitions_are_shared_with_the_lease_layout(stores):
@@ -319,23 +316,23 @@ def test_script_count_trimming_never_reopens_a_trimmed_slot(script):
 
 # -- idmp -----------------------------------------------------------------------------------------
 
-def test_idmp_remembers_for_duration_then_a_repeat_wins_again(idmp):
-    """Within ``duration`` a repeated claim is lost; after it the stream has forgotten and the
-    run is won a second time: why jitter + max_late must stay below it (start-up rule). (Redis
-    expires IDMP ids up to about a second after the duration: poll until the repeat wins.)"""
+def test_idmp_remembers_for_duration_then_refuses_on_the_server_clock(idmp):
+    """Within ``duration`` a repeated claim is lost; once the slot is older than the duration on
+    the server's clock it is refused (forgotten) before IDMP itself forgets it (its ids expire a
+    duration after the claim, never before the slot + duration): never won a second time."""
     a, b = prepared(idmp("A", duration=1)), idmp("B", duration=1)
     slot = a.now_ms()
     won = a.claim([req("e", slot)])[0]
     assert won.outcome is Outcome.WON
     answers = []
 
-    def repeat_wins():
+    def repeat_refused():
         answers.append(b.claim([req("e", slot)])[0])
-        return answers[-1].outcome is Outcome.WON
+        return answers[-1].outcome is not Outcome.LOST
 
-    wait_until(repeat_wins, 5, "the repeated claim to win after the duration")
+    wait_until(repeat_refused, 5, "the repeated claim to be refused after the duration")
     again = answers.pop()
-    assert again.winner == "B" and again.store_ms - won.store_ms >= 1000, "never within duration"
+    assert again.outcome is Outcome.FORGOTTEN and again.store_ms - slot >= 1000, again
     assert answers and all(r.outcome is Outcome.LOST and r.winner == "A" for r in answers)
 
 
@@ -369,15 +366,29 @@ def test_idmp_stream_is_created_with_the_settings_and_again_after_amnesia(idmp):
     assert outcome(a, slot) is Outcome.WON
     idmp.wipe()
     assert outcome(a, slot) is Outcome.FORGOTTEN
-    assert outcome(a, a.now_ms() + LATENESS_TOLERANCE_MS + 100) is Outcome.WON
+    begun = a.now_ms()
+    wait_until(lambda: a.now_ms() > begun + 20, 5, "the store clock to move")
+    assert outcome(a, begun + LATENESS_TOLERANCE_MS + 1) is Outcome.WON
     assert stream_settings(idmp, a) == (3600, 7), "never the server's defaults (100 s, 100)"
 
 
+def release_settings(maker, store, by_ms=10_000_000):
+    """Move the store-wide settings note's last use ``by_ms`` back: nobody used them for that long,
+    so another instance may replace them (spec point 5)."""
+    server, key = raw(maker), store.store_key
+    server.hset(key, "settings_used", str(int(server.hget(key, "settings_used")) - by_ms))
+
+
 def test_idmp_live_stream_with_other_settings_is_kept_and_reported(idmp):
+    """The store-wide settings are replaceable (nobody used them lately), yet a stream still
+    remembers runs under the old IDMP values: changing them would wipe it, so it is kept."""
     a = prepared(idmp("A", duration=60, max_size=50))
     slot = a.now_ms()
     assert outcome(a, slot) is Outcome.WON
     b = idmp("B", duration=120, max_size=80)
+    with pytest.raises(ConfigError, match="duration=60s max_size=50"):
+        b.prepare(["e"])
+    release_settings(idmp, a)
     text = " ".join(b.prepare(["e"]))
     assert "IDMP-DURATION 60 s, IDMP-MAXSIZE 50" in text and "duration=120, max_size=80" in text
     assert "Kept" in text and "1 runs now" in text
@@ -390,6 +401,7 @@ def test_idmp_stream_that_remembers_nothing_takes_the_new_settings(idmp):
     assert outcome(a, a.now_ms()) is Outcome.WON
     key = a.keys_of("e")["claims:idmp"]
     wait_until(lambda: raw(idmp).xinfo_stream(key)["iids-tracked"] == 0, 5, "the duration to pass")
+    release_settings(idmp, a)
     b = idmp("B", duration=120, max_size=80)
     text = " ".join(b.prepare(["e"]))
     assert "IDMP-DURATION 1 s, IDMP-MAXSIZE 50" in text and "changed to" in text
@@ -408,3 +420,38 @@ def test_idmp_on_a_server_older_than_8_6_is_a_config_error():
     assert f"Redis {version}" in text and ">= 8.6" in text
     assert "'lease', 'stream-id', 'script'" in text and "'idmp'" not in text.split("work on")[1]
     s.close()
+
+
+def test_idmp_refuses_early_and_forgotten_slots_on_the_server_clock(idmp):
+    """An instance whose clock is off by more than the tolerance (ahead) or by more than the IDMP
+    duration (behind) must not win a run the stream cannot remember: idmp checks the slot against
+    the server's TIME, as the lease strategy does (early, forgotten)."""
+    a = prepared(idmp("A", duration=2))
+    now = a.now_ms()
+    early = a.claim([req("e", now + LATENESS_TOLERANCE_MS + 5000)])[0]
+    assert early.outcome is Outcome.EARLY, early
+    old = a.claim([req("e", now - 3000)])[0]
+    assert old.outcome is Outcome.FORGOTTEN and "duration" in old.detail, old
+    assert history_event(a, now - 3000) is RunEvent.FORGOTTEN
+    assert outcome(a, now) is Outcome.WON and outcome(a, now) is Outcome.WON
+
+
+@pytest.mark.parametrize("kind, ours, theirs, words", [
+    ("redis-script", {"window": 60}, {"window": 120}, ["window=60s", "window=120s"]),
+    ("redis-idmp", {"duration": 60}, {"duration": 120}, ["duration=60s", "duration=120s"]),
+    ("redis-stream-id", {}, {"strategy": "script"}, ["strategy=stream-id", "strategy=script"]),
+])
+def test_each_strategys_memory_settings_are_recorded_store_wide(kind, ours, theirs, words,
+                                                                 namespace):
+    """Spec point 5 for every strategy: the store records the settings that decide its memory;
+    another instance with other values is refused at prepare and its claims are refused."""
+    for maker in redis_maker(kind, namespace):
+        a = prepared(maker("A", **ours))
+        assert outcome(a, a.now_ms()) is Outcome.WON
+        b = maker("B", **theirs)
+        with pytest.raises(ConfigError) as caught:
+            b.prepare(["e"])
+        for word in words:
+            assert word in str(caught.value)
+        refused = b.claim([req("e", a.now_ms() + 1)])[0]
+        assert refused.outcome is Outcome.FORGOTTEN and words[0] in refused.detail

@@ -9,14 +9,23 @@ Every claim decision is taken inside one Lua script per batch, on the server's `
 in :mod:`celery_anarchon.stores.redis_scripts`; the semantics are those of every lease store
 (``store-semantics.md``).
 
-Key layout: every key of one entry shares one hash tag, so a Redis Cluster could serve it::
+Key layout: every key of one entry shares one hash tag; the namespace has one store-wide hash::
 
     <key_prefix>:{<namespace>:<entry>}:<what>      (namespace and entry percent-escaped)
+    <key_prefix>:{<namespace>}:store               (epoch, store-wide memory start, settings)
 
 where ``<what>`` is one of :data:`~celery_anarchon.stores.redis_scripts.ENTRY_KEYS` or
 ``definitions``. Escaping with ``urllib.parse.quote(name, safe="")`` is injective and leaves no
 ``:``, ``{`` or ``}`` in a name, so two entries (or namespaces) can neither share nor reach into
-each other's keys. No key carries a TTL: claims are pruned by age inside the claim script.
+each other's keys. No key carries a TTL: claims are pruned by age inside the claim script. A batch
+claim touches the keys of several entries and the store-wide hash in one script, so the store
+needs one Redis (or a Sentinel-managed master), not a Redis Cluster.
+
+Losing writes (spec "exactly once when the store loses writes"): every script compares the
+server's ``run_id`` with the epoch recorded store-wide and restarts the memory when it changed
+(restart, failover), so the slots around the change are refused (forgotten); with ``durability``
+on, a won claim is confirmed on the replicas (``WAIT``) and/or the disk (``WAITAOF``) in the same
+round trip before it is answered WON, else it is answered UNCONFIRMED (never sent).
 
 URLs: ``redis://``, ``rediss://`` and ``unix://`` go to ``redis.Redis.from_url`` unchanged (query
 parameters included); ``sentinel://h1:26379;sentinel://h2:26379/0`` (as Celery's broker accepts
@@ -25,6 +34,7 @@ it) with the ``master_name`` option uses ``redis.sentinel.Sentinel(...).master_f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import threading
@@ -40,14 +50,27 @@ from redis.retry import Retry
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import mask_url, reject_unknown_options, scheme_of
 from celery_anarchon.stores.base import (
-    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, ClaimRequest, ClaimResult,
-    HistoryRecord, LeasedRun, Memory, Outcome, RunEvent, RunState, SKIP_EVENTS, Store,
+    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS,
+    ClaimRequest, ClaimResult, HistoryNote, HistoryRecord, LeasedRun, Memory, Outcome, RunEvent, RunState, SKIP_EVENTS, Store,
     TakeoverOutcome,
 )
 from celery_anarchon.stores.redis_scripts import ENTRY_KEYS, SCRIPTS
 
 #: Options of ``anarchon_store_options`` every strategy understands (besides the common ones).
-OPTIONS = frozenset({"strategy", "key_prefix", "master_name", "sentinel_kwargs"})
+OPTIONS = frozenset({"strategy", "key_prefix", "master_name", "sentinel_kwargs", "durability",
+                     "min_replicas", "confirm_timeout", "allow_eviction"})
+#: Values of the ``durability`` option: what a won claim is confirmed on before it is answered WON.
+DURABILITIES = ("auto", "none", "replica", "aof", "replica+aof")
+#: Default ``confirm_timeout``, seconds (lowered to half of ``claim_timeout`` when that is shorter).
+DEFAULT_CONFIRM_TIMEOUT_S = 2.0
+#: ``durability="auto"`` counts a replica only if it acknowledged within this many seconds
+#: (``INFO replication`` lag): a replica that is down or stalled does not stop the schedule.
+LIVE_REPLICA_LAG_S = 3
+#: The first Redis with WAITAOF.
+WAITAOF_VERSION = (7, 2)
+#: How long a claim made under the ``stream-id`` settings counts, ms, when another strategy wants
+#: to replace them (it has no memory setting: it remembers forever, so assume the lease default).
+STREAM_ID_HORIZON_MS = int(DEFAULT_MEMORY_S * 1000)
 #: Each strategy's own options (DESIGN.md store memory table: the setting of its memory).
 STRATEGY_OPTIONS = {"lease": ("memory",), "stream-id": (), "script": ("window",),
                     "idmp": ("duration", "max_size")}
@@ -99,6 +122,31 @@ def check_options(strategy: str, options: dict) -> None:
                 f"{', '.join(STRATEGY_OPTIONS[strategy]) or 'none besides the common ones'}.")
     reject_unknown_options(f"redis (strategy {strategy!r})", options,
                            OPTIONS | set(STRATEGY_OPTIONS[strategy]))
+
+
+def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float]:
+    """(durability, min_replicas, confirm_timeout s) from the options, validated (ConfigError
+    naming the option, the value and what is allowed)."""
+    mode = options.get("durability", "auto")
+    if mode not in DURABILITIES:
+        raise ConfigError(f"anarchon_store_options['durability'] = {mode!r}: must be one of "
+                          f"{', '.join(map(repr, DURABILITIES))} ('auto', the default: the "
+                          "replicas the master has and its AOF, if any)")
+    if "min_replicas" in options and "replica" not in mode:
+        raise ConfigError(f"anarchon_store_options['min_replicas'] = {options['min_replicas']!r} "
+                          f"applies to durability 'replica' or 'replica+aof', not {mode!r} ('auto' "
+                          "waits for every replica the master has connected)")
+    min_replicas = _positive_int("min_replicas", options.get("min_replicas", 1))
+    if "confirm_timeout" in options:
+        confirm = _seconds("confirm_timeout", options["confirm_timeout"])
+    else:
+        confirm = min(DEFAULT_CONFIRM_TIMEOUT_S, claim_timeout / 2)
+    if confirm >= claim_timeout:
+        raise ConfigError(f"anarchon_store_options['confirm_timeout'] = {confirm:g} s must be below "
+                          f"anarchon_store_options['claim_timeout'] = {claim_timeout:g} s (a claim's "
+                          "reply waits for its confirmation); lower confirm_timeout or raise "
+                          "claim_timeout")
+    return mode, min_replicas, confirm
 
 
 def _key_prefix(value) -> str:
@@ -160,6 +208,19 @@ class RedisStore(Store):
     :param key_prefix: first part of every key (default ``"anarchon"``).
     :param master_name: Sentinel URLs only: the monitored master's name.
     :param sentinel_kwargs: Sentinel URLs only: connection arguments for the Sentinels themselves.
+    :param durability: what a won claim is confirmed on before it is answered WON (one WAIT and/or
+        WAITAOF per batch, pipelined with the claim script): ``"auto"`` (default: every replica
+        the master has connected and acknowledging, read per batch, and the AOF fsync when the
+        server uses AOF and has WAITAOF, Redis >= 7.2), ``"none"``, ``"replica"`` (at least
+        ``min_replicas``), ``"aof"`` (the master's AOF fsync), ``"replica+aof"``. A won claim not
+        confirmed within ``confirm_timeout`` is answered UNCONFIRMED: not sent, a possible miss.
+    :param min_replicas: durability ``replica`` / ``replica+aof``: replicas that must acknowledge
+        (default 1).
+    :param confirm_timeout: seconds each confirmation may wait (default 2, or half of
+        ``claim_timeout`` if that is lower); must be below ``claim_timeout``.
+    :param allow_eviction: accept a ``maxmemory-policy`` that may evict the store's keys
+        (``allkeys-*``), giving up the guarantee (default False: ConfigError at prepare).
+    :raises ConfigError: an option with a bad value, or one of another strategy.
     """
 
     kind = "redis"
@@ -187,8 +248,18 @@ class RedisStore(Store):
         history_size = _positive_int("history_size", options.get("history_size", DEFAULT_HISTORY_SIZE))
         claim_timeout = _seconds("claim_timeout", options.get("claim_timeout", DEFAULT_CLAIM_TIMEOUT_S))
         self.key_prefix = _key_prefix(options.get("key_prefix", DEFAULT_KEY_PREFIX))
+        self.durability, self.min_replicas, self.confirm_timeout = _durability(options, claim_timeout)
+        self.allow_eviction = options.get("allow_eviction", False)
+        if not isinstance(self.allow_eviction, bool):
+            raise ConfigError(f"anarchon_store_options['allow_eviction'] = {self.allow_eviction!r}:"
+                              " must be True or False")
         super().__init__(url, namespace=namespace, instance_id=instance_id,
                          history_size=history_size, claim_timeout=claim_timeout)
+        #: (replicas to wait for (None: count per batch), wait for the AOF): set by the first
+        #: prepare() or claim from what the server runs (durability "auto") or the options
+        self._confirm: tuple[int | None, bool] | None = None
+        #: durability "auto": live replicas at the last batch (what the next WAIT asks for)
+        self._replica_hint = 0
         self._sentinel = None
         if scheme_of(url) == "sentinel":
             master_name = options.get("master_name")
@@ -223,6 +294,17 @@ class RedisStore(Store):
         self.memory_s = _seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
         #: ms sent in every script's header (the lease strategy's memory)
         self._memory_ms = max(1, round(self.memory_s * 1000))
+
+    def memory_settings(self) -> tuple[str, int]:
+        """(text, horizon ms): the settings that decide this store's memory, as recorded
+        store-wide (spec point 5), and how long a claim made under them stays claimable (another
+        instance may replace them once unused for longer than its own horizon + 20 s)."""
+        return f"strategy=lease memory={self.memory_s:g}s", self._memory_ms
+
+    @property
+    def store_key(self) -> str:
+        """The namespace's store-wide hash (epoch, memory start, memory settings)."""
+        return f"{self.key_prefix}:{{{quote(self.namespace, safe='')}}}:store"
 
     @property
     def memory(self) -> Memory:
@@ -289,12 +371,136 @@ class RedisStore(Store):
             raise StoreUnavailable(f"Redis store {self.safe_url}: {doing} failed: "
                                    f"{type(exc).__name__}: {cause}") from exc
 
+    def _header(self, count_replicas: bool = False) -> list:
+        """ARGV[1..6] of every script (redis_scripts: "ARGV header")."""
+        text, horizon = self.memory_settings()
+        return [self.instance_id, self._memory_ms, self.history_size, text, horizon,
+                "1" if count_replicas else "0"]
+
     def _call(self, script: str, keys: list[str], *args) -> dict:
-        """Run one registered script (header: instance id, memory ms, history_size); JSON reply."""
+        """Run one registered script (KEYS: the store key, then ``keys``; ARGV: the header, then
+        ``args``); its JSON reply."""
         with self._unavailable(script):
-            reply = self._redis()[1][script](
-                keys=keys, args=[self.instance_id, self._memory_ms, self.history_size, *args])
+            reply = self._redis()[1][script](keys=[self.store_key, *keys],
+                                             args=[*self._header(), *args])
         return json.loads(reply)
+
+    # -- durable claims -------------------------------------------------------------------------
+    def _server_facts(self, client) -> dict:
+        """What durability depends on: version, AOF, its fsync policy, live replicas."""
+        text, version = self._server_version(client)
+        facts = {"version_text": text, "version": version, "aof": False, "fsync": "",
+                 "replicas": 0}
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            facts["aof"] = str(client.info("persistence").get("aof_enabled", "0")) == "1"
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            facts["fsync"] = client.config_get("appendfsync").get("appendfsync", "")
+        info = client.info("replication")
+        facts["replicas"] = sum(
+            1 for name, r in info.items()
+            if name.startswith("slave") and isinstance(r, dict) and r.get("state") == "online"
+            and int(r.get("lag", 0)) <= LIVE_REPLICA_LAG_S)
+        return facts
+
+    def _plan_confirmation(self, facts: dict) -> tuple[int | None, bool]:
+        """(replicas to wait for, None: as many as are live per batch; wait for the AOF)."""
+        has_waitaof = facts["version"] is not None and facts["version"] >= WAITAOF_VERSION
+        mode = self.durability
+        if "aof" in mode and mode != "auto":
+            if not has_waitaof:
+                raise ConfigError(
+                    f"Redis store {self.safe_url}: durability={mode!r} confirms the AOF fsync with "
+                    f"WAITAOF, which needs Redis >= 7.2; the server runs Redis "
+                    f"{facts['version_text']}. Use durability 'replica' or 'auto', or upgrade.")
+            if not facts["aof"]:
+                raise ConfigError(
+                    f"Redis store {self.safe_url}: durability={mode!r} needs the server's AOF "
+                    "('appendonly yes'), which is off; turn it on or choose another durability.")
+        if mode == "none":
+            return 0, False
+        if mode == "auto":
+            self._replica_hint = facts["replicas"]
+            return None, facts["aof"] and has_waitaof
+        return (self.min_replicas if "replica" in mode else 0), "aof" in mode
+
+    def _confirmation(self) -> tuple[int | None, bool]:
+        if self._confirm is None:
+            with self._unavailable("reading the server's setup"):
+                self._confirm = self._plan_confirmation(self._server_facts(self._redis()[0]))
+        return self._confirm
+
+    def _claim_call(self, keys: list[str], args: list) -> tuple[dict, str]:
+        """Run the claim script on ``keys`` / ``args`` (the store key and the header are added)
+        and, in the same round trip, the batch's one confirmation (WAIT and/or WAITAOF on the same
+        connection: they cover the script's writes, and so every earlier write of the master).
+
+        :returns: the script's reply and why its wins are not confirmed ("" when they are).
+        :raises StoreUnavailable: the outcome is unknown (a retry recognises this instance's win
+            and confirms it again).
+        """
+        replicas, aof = self._confirmation()
+        auto = replicas is None
+        reply, acked, fsynced, asked = self._claim_round(keys, args, replicas, aof)
+        live = int(reply.get("replicas", 0)) if auto else replicas
+        if auto:
+            self._replica_hint = live
+            if live > asked:  # a replica joined since the last batch: confirm on it too
+                reply, acked, fsynced, asked = self._claim_round(keys, args, live, aof)
+        ms = self.confirm_timeout
+        missing = []
+        if live and acked < live:
+            missing.append(f"{acked} of {live} replica{'s' if live != 1 else ''} acknowledged")
+        if aof and not fsynced:
+            missing.append("the AOF fsync was not confirmed")
+        if not missing:
+            return reply, ""
+        return reply, (f"won, but not confirmed durable within {ms:g} s ({'; '.join(missing)}): "
+                       "not sent, so a failover cannot make it run twice")
+
+    def _claim_round(self, keys, args, replicas, aof) -> tuple[dict, int, bool, int]:
+        """One pipelined round trip: the claim script, then WAIT / WAITAOF (reloads the script
+        once after NOSCRIPT). Returns (reply, replicas acknowledged, AOF fsynced, replicas asked)."""
+        client, scripts = self._redis()
+        script = scripts["claim"]
+        asked = self._replica_hint if replicas is None else replicas
+        timeout_ms = max(1, round(self.confirm_timeout * 1000))
+        full_keys = [self.store_key, *keys]
+        full_args = [*self._header(count_replicas=replicas is None), *args]
+        with self._unavailable("claim"):
+            for _ in range(2):
+                pipe = client.pipeline(transaction=False)
+                pipe.evalsha(script.sha, len(full_keys), *full_keys, *full_args)
+                if asked:
+                    pipe.execute_command("WAIT", asked, timeout_ms)
+                if aof:
+                    pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
+                replies = pipe.execute(raise_on_error=False)
+                if isinstance(replies[0], redis.exceptions.NoScriptError):
+                    client.script_load(script.script)
+                    continue
+                for r in replies:
+                    if isinstance(r, Exception):
+                        raise r
+                break
+            else:
+                raise redis.exceptions.NoScriptError("the claim script could not be loaded")
+        reply = json.loads(replies[0])
+        acked = int(replies[1]) if asked else 0
+        fsynced = bool(aof and int(replies[-1][0]) >= 1)
+        return reply, acked, fsynced, asked
+
+    def _unconfirmed(self, results: list[ClaimResult], detail: str) -> list[ClaimResult]:
+        """WON -> UNCONFIRMED (spec point 1), its history record 'unconfirmed' (best effort)."""
+        if not detail:
+            return results
+        out = [dataclasses.replace(r, outcome=Outcome.UNCONFIRMED, detail=detail)
+               if r.outcome is Outcome.WON else r for r in results]
+        notes = [r for r in out if r.outcome is Outcome.UNCONFIRMED]
+        with contextlib.suppress(StoreUnavailable):
+            self.record_many([HistoryNote(r.entry, r.slot_ms, RunEvent.UNCONFIRMED,
+                                          task_id=r.request.task_id, attempt=r.attempt,
+                                          detail=detail) for r in notes])
+        return out
 
     def close(self) -> None:
         """Release connections; idempotent and safe in a signal handler (no lock taken). The
@@ -306,11 +512,14 @@ class RedisStore(Store):
 
     # -- life cycle ---------------------------------------------------------------------------
     def prepare(self, entries: Iterable[str]) -> list[str]:
-        """Ping, check the server's version, load the scripts, note the memory start of new
-        entries ("Amnesia"), and warn when the server keeps no data on disk or may evict claims.
+        """Ping, check the server's version, load the scripts, check the memory settings recorded
+        store-wide, plan the claims' confirmation (``durability``), note the memory start of new
+        entries ("Amnesia"), and warn about what the server may lose.
 
         :raises ConfigError: the server is older than the strategy needs (the message names its
-            version and the strategies that work on it).
+            version and the strategies that work on it); the store records other memory settings
+            still in use (spec point 5); ``maxmemory-policy`` may evict the store's keys (unless
+            ``allow_eviction``); durability ``aof`` / ``replica+aof`` without WAITAOF or AOF.
         """
         entries = list(dict.fromkeys(entries))
         with self._unavailable("prepare"):
@@ -330,11 +539,34 @@ class RedisStore(Store):
             for script in scripts.values():
                 pipe.script_load(script.script)
             pipe.execute()
-        if entries:
-            self._call("memory_start", [k for e in entries for k in self._block(e)], 0)
+        self._check_settings()
+        with self._unavailable("prepare"):
+            facts = self._server_facts(client)
+        self._confirm = self._plan_confirmation(facts)
+        self._call("memory_start", [k for e in entries for k in self._block(e)], 0)
         warnings = self._prepare_strategy(entries)
         with self._unavailable("prepare"):
-            return warnings + self._warnings(client)
+            return warnings + self._warnings(client, facts)
+
+    def _check_settings(self) -> None:
+        """ConfigError when the store records other memory settings that are still in use (spec
+        point 5: a rolling change of ``memory`` must not shorten what the store remembers)."""
+        reply = self._call("settings", [])
+        ours, horizon = self.memory_settings()
+        theirs, used = reply["settings"], int(reply["used"] or 0)
+        if not theirs or theirs == ours:
+            return
+        unused_ms = int(reply["now"]) - used
+        wait_ms = horizon + 2 * LATENESS_TOLERANCE_MS
+        if unused_ms > wait_ms:
+            return  # nobody claimed under them for long enough: the first claim replaces them
+        raise ConfigError(
+            f"Redis store {self.safe_url}, namespace {self.namespace!r}: the store's memory "
+            f"settings are \"{theirs}\" (last used by a claim {unused_ms / 1000:.0f} s ago), this "
+            f"instance has \"{ours}\". Use the same value on every instance; to change it, stop "
+            f"every instance using the old value and wait {wait_ms / 1000:g} s (the new memory + "
+            "20 s) before starting one with the new value, or use another namespace "
+            "(anarchon_namespace).")
 
     def _prepare_strategy(self, entries: list[str]) -> list[str]:
         """What the strategy sets up at start-up (after the memory start); its warnings."""
@@ -350,7 +582,7 @@ class RedisStore(Store):
         except (redis.exceptions.ResponseError, ValueError):
             return text, None
 
-    def _warnings(self, client) -> list[str]:
+    def _warnings(self, client, facts: dict) -> list[str]:
         settings = {}
         try:
             for name in ("save", "appendonly", "maxmemory-policy"):
@@ -371,10 +603,36 @@ class RedisStore(Store):
                 "'save 60 1') on this server.")
         policy = settings.get("maxmemory-policy", "")
         if policy in _EVICTING:
+            text = (f"Redis store {self.safe_url}: maxmemory-policy is {policy}, which may evict the "
+                    "store's keys: an evicted claim lets a run be won twice (partial loss of "
+                    "writes that no epoch detects). Use 'noeviction' or a volatile-* policy (the "
+                    "store's keys carry no TTL)")
+            if not self.allow_eviction:
+                raise ConfigError(text + ", or set anarchon_store_options['allow_eviction'] = True"
+                                  " to accept that risk.")
+            warnings.append(text + "; allow_eviction=True gives up the guarantee.")
+        replicas, aof = self._confirm
+        if self.durability == "auto" and not facts["replicas"] and facts["fsync"] != "always":
             warnings.append(
-                f"Redis store {self.safe_url}: maxmemory-policy is {policy}, which may evict claims "
-                "(a run could then be claimed twice or refused as forgotten). Use 'noeviction' or a "
-                "volatile-* policy: the store's keys carry no TTL.")
+                f"Redis store {self.safe_url}: this Redis has no replica and no AOF with "
+                "'appendfsync always', so a crash may lose the newest claims. Each restart is a "
+                "new epoch: the runs due around it are refused ('store forgot'), never run twice, "
+                "but they are missed. For durable claims add a replica (durability 'auto' waits "
+                "for it) or set 'appendonly yes' with 'appendfsync always'.")
+        if replicas and facts["replicas"] < replicas:
+            warnings.append(
+                f"Redis store {self.safe_url}: durability={self.durability!r} needs {replicas} "
+                f"replica(s) to acknowledge each claim; the master has {facts['replicas']} "
+                "connected and acknowledging now: until more connect, every claim is answered "
+                "unconfirmed (not sent).")
+        if self.durability == "auto" and facts["aof"] and not aof:
+            warnings.append(
+                f"Redis store {self.safe_url}: the server uses AOF but runs Redis "
+                f"{facts['version_text']}, which has no WAITAOF (Redis >= 7.2): claims are not "
+                "confirmed on disk" + ("" if facts["fsync"] == "always" else
+                                       f" and appendfsync is {facts['fsync']!r}, so a crash may "
+                                       "lose the newest ones (a new epoch refuses their slots)")
+                + ".")
         return warnings
 
     def now_ms(self) -> int:
@@ -384,12 +642,16 @@ class RedisStore(Store):
         return int(seconds) * 1000 + int(micros) // 1000
 
     def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
+        """Tests: the memory start of ``entries`` and of the store, ``by_ms`` back."""
         self._call("memory_start", [k for e in entries for k in self._block(e)], int(by_ms))
 
     # -- claims -------------------------------------------------------------------------------
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
         """Claim the batch in one EVALSHA (DESIGN.md "One run, in time" step 3): already claimed,
-        forgotten, late, early, superseded, overlapping, then won, all on the server's clock."""
+        forgotten, late, early, superseded, overlapping, then won, all on the server's clock; the
+        batch's confirmation (``durability``) rides in the same round trip. A won claim not
+        confirmed in time answers UNCONFIRMED; a retried claim answers WON only for attempt 1
+        (a run taken over since is LOST, winner the current attempt's sender)."""
         if not requests:
             return []
         blocks: dict[str, int] = {}
@@ -400,8 +662,8 @@ class RedisStore(Store):
                      r.task_id, r.fingerprint, "1" if lease else "0",
                      int(lease.queue_timeout_ms) if lease else 0,
                      "1" if lease and lease.overlap_allowed else "0"]
-        reply = self._call("claim", [k for e in blocks for k in self._block(e)], *args)
-        return claim_results(requests, reply)
+        reply, unconfirmed = self._claim_call([k for e in blocks for k in self._block(e)], args)
+        return self._unconfirmed(claim_results(requests, reply), unconfirmed)
 
     # -- history ------------------------------------------------------------------------------
     def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
@@ -411,6 +673,21 @@ class RedisStore(Store):
         event = RunEvent(event)
         self._call("record", self._block(entry), int(slot_ms), event.value, task_id, int(attempt),
                    detail, "1" if event in SKIP_EVENTS else "0")
+
+    def record_many(self, notes: Sequence[HistoryNote]) -> None:
+        """Several :meth:`record` events in one pipelined round trip."""
+        if not notes:
+            return
+        client, scripts = self._redis()
+        with self._unavailable("record"):
+            pipe = client.pipeline(transaction=False)
+            for n in notes:
+                event = RunEvent(n.event)
+                scripts["record"](
+                    keys=[self.store_key, *self._block(n.entry)],
+                    args=[*self._header(), int(n.slot_ms), event.value, n.task_id, int(n.attempt),
+                          n.detail, "1" if event in SKIP_EVENTS else "0"], client=pipe)
+            pipe.execute()
 
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         """The entry's newest runs, newest first (one script: index and records read together)."""

@@ -10,10 +10,18 @@ Conventions shared by every script (the semantics are in ``store-semantics.md``)
   keys in :data:`ENTRY_KEYS` order (a strategy's claim script: followed by its own keys, see
   :func:`lua`); ``key(b, WHAT)`` is key WHAT of block ``b`` (1-based). No key name is ever built
   inside Lua, and every key of a block shares one hash tag.
+* **Store key.** ``KEYS[1]`` is the namespace's store-wide hash (:data:`STORE_FIELDS`); the
+  entries' blocks follow it.
 * **ARGV header.** ``ARGV[1]`` this instance's id, ``ARGV[2]`` the store memory in ms,
-  ``ARGV[3]`` history_size; a script's own arguments start at ``ARGV[4]``.
-* **Memory start.** Every script notes the memory start of an entry that has none (the store
-  lost its data: DESIGN.md "Amnesia"), so the next claim refuses what it cannot remember.
+  ``ARGV[3]`` history_size, ``ARGV[4]`` the text of this instance's memory settings,
+  ``ARGV[5]`` how long a claim made under them stays claimable (ms), ``ARGV[6]`` "1" when a
+  claim reply must count the live replicas; a script's own arguments start at ``ARGV[7]``.
+* **Epoch.** Every script reads the server's ``run_id`` (``INFO server``) and compares it with
+  the one recorded store-wide; a change (restart, failover) restarts the store's memory at that
+  moment (spec "Epoch"), so the slots around it are refused, whichever instance asks first.
+* **Memory start.** Every script notes the memory start of an entry that has none: the
+  store-wide start when the store's memory is intact (an entry the store never saw cannot have
+  lost claims), now when the store is new, wiped or changed epoch (DESIGN.md "Amnesia").
 * **Clock.** Every decision uses the server's ``TIME``, read once per script (DESIGN.md "Clocks":
   lateness and leases are judged on the store's clock).
 * **Numbers.** Lua numbers are doubles and ``tostring`` keeps only 14 digits, which would round a
@@ -25,10 +33,20 @@ Records (JSON objects of strings):
 
 * claim ``{w: winner, f: fingerprint, t: claimed at ms}`` in ``claims`` (field = slot);
 * history ``{e: event, i: instance, t: ms, k: task id, a: attempt, d: detail}`` in ``history``;
-* leased run ``{s: state, a: attempt, k: token, o: owner, x: lease expiry ms or "",
-  q: queue deadline ms or ""}`` in ``runs``.
+* leased run ``{s: state, a: attempt, k: token, o: owner, w: the instance that sent the current
+  attempt, p: the token a takeover replaced, x: lease expiry ms or "", q: queue deadline ms or
+  ""}`` in ``runs``.
 """
 from __future__ import annotations
+
+#: The fields of the store-wide hash ``<prefix>:{<namespace>}:store`` (``KEYS[1]`` of every script).
+STORE_FIELDS = (
+    "epoch",          # the server's run_id when the store's memory last (re)started
+    "born",           # store ms when the store's memory (re)started: new store, wipe, new epoch
+    "previous",       # the epoch before the last change (named in refusals)
+    "settings",       # the memory settings in use (text, e.g. "strategy=lease memory=3600s")
+    "settings_used",  # store ms of the last claim made under them
+)
 
 #: What each key of an entry's block holds, in the order scripts receive them.
 ENTRY_KEYS = (
@@ -48,11 +66,16 @@ local TOL = 10000                                   -- LATENESS_TOLERANCE_MS
 local INSTANCE = ARGV[1]                            -- this instance's id
 local MEMORY_MS = tonumber(ARGV[2])                 -- store memory, ms
 local HISTORY_SIZE = tonumber(ARGV[3])              -- runs of history kept per entry
+local SETTINGS = ARGV[4]                            -- this instance's memory settings (text)
+local HORIZON_MS = tonumber(ARGV[5])                -- how long a claim made under them counts, ms
+local COUNT_REPLICAS = ARGV[6] == '1'               -- claim replies say how many replicas are live
+local STORE = KEYS[1]                               -- the namespace's store-wide hash
+local NBLOCKS = (#KEYS - 1) / BLOCK
 local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)  -- store ms
 local NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])              -- store us
 
-local function key(b, what) return KEYS[(b - 1) * BLOCK + what] end
+local function key(b, what) return KEYS[1 + (b - 1) * BLOCK + what] end
 local function int(n) return string.format('%d', n) end
 local function num(s) if not s or s == '' then return nil end return tonumber(s) end
 
@@ -74,12 +97,35 @@ local function iso(ms)  -- UTC ISO 8601 (days-from-civil inverse; Lua here has n
                        math.floor(rem % 3600 / 60), rem % 60, ms % 1000)
 end
 
--- when the store's memory of entry b began; a missing note means the store lost its data
+-- The epoch: the server's identity (INFO server run_id: new on every restart, different on a
+-- promoted replica), kept in the store-wide hash with the store-wide memory start. Read in every
+-- script, so every instance's first operation after a restart or a failover sees the change and
+-- restarts the memory at that moment: what the lost writes may have held is refused (forgotten).
+local RUN_ID = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+local STORE_BORN, PREVIOUS_EPOCH
+do
+  local note = redis.call('HMGET', STORE, 'epoch', 'born', 'previous')
+  if not note[1] then  -- a new store, or one that lost everything (no store-wide note)
+    redis.call('HSET', STORE, 'epoch', RUN_ID, 'born', int(NOW))
+    STORE_BORN = NOW
+  elseif note[1] ~= RUN_ID then  -- restarted (maybe from an old snapshot) or failed over
+    redis.call('HSET', STORE, 'epoch', RUN_ID, 'born', int(NOW), 'previous', note[1])
+    STORE_BORN, PREVIOUS_EPOCH = NOW, note[1]
+  else
+    STORE_BORN, PREVIOUS_EPOCH = num(note[2]) or NOW, note[3] or nil
+  end
+end
+
+-- when the store's memory of entry b began: the later of its own note and the store-wide one.
+-- An entry without a note gets the store-wide start (the store cannot have lost claims of it);
+-- a new, wiped or changed store's start is now.
 local function memory_start(b)
-  local born = redis.call('GET', key(b, BORN))
-  if born then return tonumber(born) end
-  redis.call('SET', key(b, BORN), int(NOW))
-  return NOW
+  local born = num(redis.call('GET', key(b, BORN)))
+  if not born then
+    born = STORE_BORN
+    redis.call('SET', key(b, BORN), int(born))
+  end
+  return math.max(born, STORE_BORN)
 end
 
 -- why slot cannot be claimed because the store's memory of entry b began after it ("Amnesia"),
@@ -87,10 +133,46 @@ end
 local function amnesia(b, slot)
   local born = memory_start(b)
   if slot < born + TOL then
+    if born == STORE_BORN and PREVIOUS_EPOCH then
+      return "the store's memory began again at " .. iso(born) .. ': the server epoch changed ' ..
+        'from ' .. PREVIOUS_EPOCH .. ' to ' .. RUN_ID .. ' (a restart or a failover: the newest ' ..
+        'writes may be lost); runs before ' .. iso(born + TOL) .. ' are refused'
+    end
     return "the store's memory of this entry began at " .. iso(born) ..
       ' (new store, or it lost its data); runs before ' .. iso(born + TOL) .. ' are refused'
   end
   return nil
+end
+
+-- Claim scripts only: why claims made under this instance's memory settings are refused (the
+-- store records other settings, still in use), or nil after recording ours with their last use.
+-- That write also makes a WAIT after the script cover every earlier write of the master,
+-- including a claim this instance reads back as its own (a won-again answer on a new connection).
+local function settings_refusal()
+  local rec = redis.call('HMGET', STORE, 'settings', 'settings_used')
+  if rec[1] and rec[1] ~= SETTINGS and NOW - (num(rec[2]) or 0) <= HORIZON_MS + 2 * TOL then
+    return 'the store records the memory settings "' .. rec[1] .. '" (last used at ' ..
+      iso(num(rec[2]) or 0) .. '), not this instance\'s "' .. SETTINGS .. '": a possible miss; ' ..
+      'use the same value on every instance'
+  end
+  redis.call('HSET', STORE, 'settings', SETTINGS, 'settings_used', int(NOW))
+  return nil
+end
+
+-- online replicas that acknowledged within the last 3 s (INFO replication lag, in seconds): what
+-- durability 'auto' waits for (a replica that is down or stalled stops counting)
+local function live_replicas()
+  if not COUNT_REPLICAS then return 0 end
+  local n = 0
+  for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
+    if tonumber(lag) <= 3 then n = n + 1 end
+  end
+  return n
+end
+
+-- a claim script's reply
+local function claim_reply(results)
+  return cjson.encode({now = int(NOW), results = results, replicas = int(live_replicas())})
 end
 
 -- max(last + 1, store clock in us): tokens keep growing even after the store forgot
@@ -174,13 +256,14 @@ def lua(body: str, extra_keys: tuple[str, ...] = ()) -> str:
 
 
 #: Claim a batch of runs: all runs of a tick in one EVALSHA.
-#: KEYS: one ENTRY_KEYS block per distinct entry of the batch.
-#: ARGV[1..3]: header (instance id, memory ms, history_size).
-#: ARGV[4..]: 8 items per request, in request order:
+#: KEYS: the store key, then one ENTRY_KEYS block per distinct entry of the batch.
+#: ARGV[1..6]: header (instance id, memory ms, history_size, settings, horizon ms, count replicas).
+#: ARGV[7..]: 8 items per request, in request order:
 #:   +0 entry block number (1-based), +1 slot (UTC ms, decimal), +2 max_late ms,
 #:   +3 task id (history), +4 claimant's fingerprint, +5 "1" leased / "0",
 #:   +6 queue_timeout ms (leased), +7 "1" overlap allowed / "0" skip (leased).
-#: Reply: {now, results: [{o outcome, w winner, f fingerprint, k token, a attempt, d detail}]}.
+#: Reply: {now, results: [{o outcome, w winner, f fingerprint, k token, a attempt, d detail}],
+#: replicas: live replicas (when counted)}.
 CLAIM = lua(r"""
 local function prune(b)  -- claims (and terminal runs) past their age; never by count
   local gone = redis.call('ZRANGEBYSCORE', key(b, EXPIRY), '-inf', NOW)
@@ -231,6 +314,10 @@ local function claim_one(b, slot_s, max_late, task_id, fingerprint, leased, queu
     local c = cjson.decode(raw)
     if c.w ~= INSTANCE then return {o = 'lost', w = c.w, f = c.f} end
     local run = leased and run_get(b, slot_s)
+    if run and tonumber(run.a) > 1 then  -- a claim is for attempt 1: never WON with another's
+      return {o = 'lost', w = run.w or run.o, f = c.f,
+              d = 'taken over as attempt ' .. run.a .. ' by ' .. (run.w or run.o)}
+    end
     if run then return {o = 'won', w = c.w, f = c.f, k = run.k, a = run.a} end
     return {o = 'won', w = c.w, f = c.f}
   end
@@ -245,53 +332,61 @@ local function claim_one(b, slot_s, max_late, task_id, fingerprint, leased, queu
   if not leased then return {o = 'won', w = INSTANCE, f = fingerprint} end
   local newest = num(redis.call('HGET', key(b, FENCE), 'newest'))
   if not newest or slot > newest then redis.call('HSET', key(b, FENCE), 'newest', slot_s) end
-  local run = {s = 'queued', a = '1', k = int(next_token(b)), o = INSTANCE, x = '',
+  local run = {s = 'queued', a = '1', k = int(next_token(b)), o = INSTANCE, w = INSTANCE, x = '',
                q = int(NOW + queue_timeout)}
   run_put(b, slot_s, run)
   return {o = 'won', w = INSTANCE, f = fingerprint, k = run.k, a = run.a}
 end
 
-for b = 1, #KEYS / BLOCK do prune(b) end
+for b = 1, NBLOCKS do prune(b) end
+local refused = settings_refusal()
 local results = {}
-for i = 4, #ARGV, 8 do
-  results[#results + 1] = claim_one(tonumber(ARGV[i]), ARGV[i + 1], tonumber(ARGV[i + 2]),
-    ARGV[i + 3], ARGV[i + 4], ARGV[i + 5] == '1', tonumber(ARGV[i + 6]), ARGV[i + 7] == '1')
+for i = 7, #ARGV, 8 do
+  local b, slot_s, task_id = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 3]
+  if refused then
+    history_put(b, slot_s, 'forgotten', task_id, 1, refused, true)
+    results[#results + 1] = {o = 'forgotten', d = refused}
+  else
+    results[#results + 1] = claim_one(b, slot_s, tonumber(ARGV[i + 2]), task_id, ARGV[i + 4],
+      ARGV[i + 5] == '1', tonumber(ARGV[i + 6]), ARGV[i + 7] == '1')
+  end
 end
-return cjson.encode({now = int(NOW), results = results})
+return claim_reply(results)
 """)
 
-#: Note (or move back, for tests) when the store's memory of each entry began.
-#: KEYS: one ENTRY_KEYS block per entry.
-#: ARGV[1..3]: header.  ARGV[4]: ms to move the memory start back ("0": only note missing ones).
+#: Note (or move back, for tests) when the store's memory of each entry (and of the store) began.
+#: KEYS: the store key, then one ENTRY_KEYS block per entry.
+#: ARGV[1..6]: header.  ARGV[7]: ms to move the memory start back ("0": only note missing ones).
 #: Reply: {now}.
 MEMORY_START = lua(r"""
-local by = tonumber(ARGV[4])
-for b = 1, #KEYS / BLOCK do
+local by = tonumber(ARGV[7])
+for b = 1, NBLOCKS do
   local born = memory_start(b)
   if by > 0 then redis.call('SET', key(b, BORN), int(born - by)) end
 end
+if by > 0 then redis.call('HSET', STORE, 'born', int(STORE_BORN - by)) end
 return cjson.encode({now = int(NOW)})
 """)
 
 #: Write one event into a run's history.
-#: KEYS: the entry's ENTRY_KEYS block.
-#: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: event (RunEvent value).  ARGV[6]: task id.
-#: ARGV[7]: attempt.  ARGV[8]: detail.  ARGV[9]: "1" fill only (skip events) / "0" replace.
+#: KEYS: the store key, then the entry's ENTRY_KEYS block.
+#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: event (RunEvent value).  ARGV[9]: task id.
+#: ARGV[10]: attempt.  ARGV[11]: detail.  ARGV[12]: "1" fill only (skip events) / "0" replace.
 #: Reply: {now}.
 RECORD = lua(r"""
 memory_start(1)
-history_put(1, ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1')
+history_put(1, ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[10]), ARGV[11], ARGV[12] == '1')
 return cjson.encode({now = int(NOW)})
 """)
 
 #: Read an entry's newest runs.
-#: KEYS: the entry's ENTRY_KEYS block.
-#: ARGV[1..3]: header.  ARGV[4]: how many runs at most.
+#: KEYS: the store key, then the entry's ENTRY_KEYS block.
+#: ARGV[1..6]: header.  ARGV[7]: how many runs at most.
 #: Reply: {now, records: [{s slot, r history record}]}, newest first.
 HISTORY_READ = lua(r"""
 memory_start(1)
 local records = {}
-for _, s in ipairs(redis.call('ZREVRANGE', key(1, HISTORY_SLOTS), 0, tonumber(ARGV[4]) - 1)) do
+for _, s in ipairs(redis.call('ZREVRANGE', key(1, HISTORY_SLOTS), 0, tonumber(ARGV[7]) - 1)) do
   local rec = history_get(1, s)
   if rec then records[#records + 1] = {s = s, r = rec} end
 end
@@ -299,19 +394,19 @@ return cjson.encode({now = int(NOW), records = records})
 """)
 
 #: Read one leased run.
-#: KEYS: the entry's ENTRY_KEYS block.  ARGV[1..3]: header.  ARGV[4]: slot (ms).
+#: KEYS: the store key, then the entry's ENTRY_KEYS block.  ARGV[1..6]: header.  ARGV[7]: slot (ms).
 #: Reply: {now, run?}.
 INSPECT = lua(r"""
 memory_start(1)
-return cjson.encode({now = int(NOW), run = run_get(1, ARGV[4])})
+return cjson.encode({now = int(NOW), run = run_get(1, ARGV[7])})
 """)
 
 #: Leased runs started with an expired lease or queued past their deadline.
-#: KEYS: one ENTRY_KEYS block per entry.  ARGV[1..3]: header.
+#: KEYS: the store key, then one ENTRY_KEYS block per entry.  ARGV[1..6]: header.
 #: Reply: {now, runs: [{b entry block, s slot, r run}]}.
 EXPIRED_RUNS = lua(r"""
 local found = {}
-for b = 1, #KEYS / BLOCK do
+for b = 1, NBLOCKS do
   memory_start(b)
   for _, s in ipairs(redis.call('ZRANGE', key(b, ACTIVE), 0, -1)) do
     local run = run_get(b, s)
@@ -321,17 +416,23 @@ end
 return cjson.encode({now = int(NOW), runs = found})
 """)
 
-#: Take over an expired run: one compare-and-set on the expected token.
-#: KEYS: the entry's ENTRY_KEYS block.
-#: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: expected token.
-#: ARGV[6]: queue_timeout ms for the new attempt.  ARGV[7]: max_attempts.
+#: Take over an expired run: one compare-and-set on the expected token. The new record keeps the
+#: token it replaced (p), so this instance's retry of a takeover whose reply was lost is TAKEN
+#: again with the same record, not REFUSED.
+#: KEYS: the store key, then the entry's ENTRY_KEYS block.
+#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: expected token.
+#: ARGV[9]: queue_timeout ms for the new attempt.  ARGV[10]: max_attempts.
 #: Reply: {now, outcome (TakeoverOutcome value), run?}.
 TAKE_OVER = lua(r"""
 memory_start(1)
-local slot_s = ARGV[4]
+local slot_s = ARGV[7]
 local run = run_get(1, slot_s)
 local function reply(outcome) return cjson.encode({now = int(NOW), outcome = outcome, run = run}) end
-if not run or tonumber(run.k) ~= tonumber(ARGV[5]) or not expired(run) then return reply('refused') end
+if run and run.p and tonumber(run.p) == tonumber(ARGV[8]) and run.s == 'queued'
+    and run.o == INSTANCE then
+  return reply('taken')  -- this instance's own takeover, whose reply was lost: the same record
+end
+if not run or tonumber(run.k) ~= tonumber(ARGV[8]) or not expired(run) then return reply('refused') end
 local newest = num(redis.call('HGET', key(1, FENCE), 'newest'))
 if newest and newest > tonumber(slot_s) then
   run.s = 'superseded'
@@ -339,32 +440,32 @@ if newest and newest > tonumber(slot_s) then
   history_event(1, slot_s, 'superseded', run, 'a newer slot (' .. iso(newest) .. ') was claimed')
   return reply('superseded')
 end
-if tonumber(run.a) >= tonumber(ARGV[7]) then
+if tonumber(run.a) >= tonumber(ARGV[10]) then
   run.s = 'lost'
   run_put(1, slot_s, run)
   history_event(1, slot_s, 'lost', run, 'given up after ' .. run.a .. ' attempts')
   return reply('lost')
 end
-run = {s = 'queued', a = int(tonumber(run.a) + 1), k = int(next_token(1)), o = INSTANCE, x = '',
-       q = int(NOW + tonumber(ARGV[6]))}
+run = {s = 'queued', a = int(tonumber(run.a) + 1), k = int(next_token(1)), o = INSTANCE,
+       w = INSTANCE, p = run.k, x = '', q = int(NOW + tonumber(ARGV[9]))}
 run_put(1, slot_s, run)
 history_event(1, slot_s, 'taken_over', run, '')
 return reply('taken')
 """)
 
 #: Worker side: adopt a queued run (or one started with an expired lease) before the body runs.
-#: KEYS: the entry's ENTRY_KEYS block.
-#: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: owner (this execution).
-#: ARGV[6]: lease duration ms.
+#: KEYS: the store key, then the entry's ENTRY_KEYS block.
+#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: owner (this execution).
+#: ARGV[9]: lease duration ms.
 #: Reply: {now, adopted "1"/"0", run?}.
 ADOPT = lua(r"""
 memory_start(1)
-local slot_s = ARGV[4]
+local slot_s = ARGV[7]
 local run = run_get(1, slot_s)
 local adopted = '0'
 if run and (run.s == 'queued' or (run.s == 'started' and expired(run))) then
-  run = {s = 'started', a = run.a, k = int(next_token(1)), o = ARGV[5],
-         x = int(NOW + tonumber(ARGV[6])), q = ''}
+  run = {s = 'started', a = run.a, k = int(next_token(1)), o = ARGV[8], w = run.w, p = run.p,
+         x = int(NOW + tonumber(ARGV[9])), q = ''}
   run_put(1, slot_s, run)
   history_event(1, slot_s, 'started', run, '')
   adopted = '1'
@@ -372,22 +473,26 @@ end
 return cjson.encode({now = int(NOW), adopted = adopted, run = run})
 """)
 
-#: Heartbeat: extend the lease held with a token (re-create the record if the store forgot it).
-#: KEYS: the entry's ENTRY_KEYS block.
-#: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: token.  ARGV[6]: owner.
-#: ARGV[7]: lease duration ms.
+#: Heartbeat: extend the lease held with a token. A missing record is re-created only when the
+#: store forgot it (the slot is older than the entry's memory start + 10 s: amnesia, new epoch);
+#: missing while the memory is intact, it was pruned after it finished: the lease is lost.
+#: KEYS: the store key, then the entry's ENTRY_KEYS block.
+#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: token.  ARGV[9]: owner.
+#: ARGV[10]: lease duration ms.
 #: Reply: {now, run?} (no run: the token is stale, the runner lost the lease).
 RENEW = lua(r"""
 memory_start(1)
-local slot_s, token = ARGV[4], tonumber(ARGV[5])
+local slot_s, token = ARGV[7], tonumber(ARGV[8])
 local run = run_get(1, slot_s)
-if not run then  -- amnesia: the live runner keeps its run, and the fence covers its token
-  run = {s = 'started', a = '1', k = ARGV[5], o = ARGV[6], x = int(NOW + tonumber(ARGV[7])), q = ''}
+if not run and tonumber(slot_s) >= memory_start(1) + TOL then
+  run = nil  -- the store remembers this run's time: its record was pruned after it finished
+elseif not run then  -- amnesia: the live runner keeps its run, and the fence covers its token
+  run = {s = 'started', a = '1', k = ARGV[8], o = ARGV[9], x = int(NOW + tonumber(ARGV[10])), q = ''}
   run_put(1, slot_s, run)
   local last = num(redis.call('HGET', key(1, FENCE), 'token')) or 0
-  if last < token then redis.call('HSET', key(1, FENCE), 'token', ARGV[5]) end
+  if last < token then redis.call('HSET', key(1, FENCE), 'token', ARGV[8]) end
 elseif tonumber(run.k) == token and run.s == 'started' then
-  run.x = int(NOW + tonumber(ARGV[7]))
+  run.x = int(NOW + tonumber(ARGV[10]))
   run_put(1, slot_s, run)
 else
   run = nil
@@ -396,14 +501,14 @@ return cjson.encode({now = int(NOW), run = run})
 """)
 
 #: The runner is done: state finished, if its token is current.
-#: KEYS: the entry's ENTRY_KEYS block.  ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: token.
+#: KEYS: the store key, then the entry's ENTRY_KEYS block.  ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: token.
 #: Reply: {now, done "1"/"0"}.
 RELEASE = lua(r"""
 memory_start(1)
-local slot_s = ARGV[4]
+local slot_s = ARGV[7]
 local run = run_get(1, slot_s)
 local done = '0'
-if run and tonumber(run.k) == tonumber(ARGV[5]) and run.s == 'started' then
+if run and tonumber(run.k) == tonumber(ARGV[8]) and run.s == 'started' then
   run.s, run.x = 'finished', ''
   run_put(1, slot_s, run)
   history_event(1, slot_s, 'finished', run, '')
@@ -413,26 +518,34 @@ return cjson.encode({now = int(NOW), done = done})
 """)
 
 #: A retry hands the run back to the queue, if its token is current (attempt and token kept).
-#: KEYS: the entry's ENTRY_KEYS block.
-#: ARGV[1..3]: header.  ARGV[4]: slot (ms).  ARGV[5]: token.  ARGV[6]: retry delay ms.
-#: ARGV[7]: queue_timeout ms.
+#: KEYS: the store key, then the entry's ENTRY_KEYS block.
+#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: token.  ARGV[9]: retry delay ms.
+#: ARGV[10]: queue_timeout ms.
 #: Reply: {now, done "1"/"0"}.
 REQUEUE = lua(r"""
 memory_start(1)
-local slot_s = ARGV[4]
+local slot_s = ARGV[7]
 local run = run_get(1, slot_s)
 local done = '0'
-if run and tonumber(run.k) == tonumber(ARGV[5]) and run.s == 'started' then
+if run and tonumber(run.k) == tonumber(ARGV[8]) and run.s == 'started' then
   run.s, run.x = 'queued', ''
-  run.q = int(NOW + tonumber(ARGV[6]) + tonumber(ARGV[7]))
+  run.q = int(NOW + tonumber(ARGV[9]) + tonumber(ARGV[10]))
   run_put(1, slot_s, run)
   done = '1'
 end
 return cjson.encode({now = int(NOW), done = done})
 """)
 
+#: Read the memory settings recorded store-wide (prepare: refuse an instance with others).
+#: KEYS: the store key.  ARGV[1..6]: header.
+#: Reply: {now, settings ("" if none), used (ms of their last claim, "" if none)}.
+SETTINGS_READ = lua(r"""
+local rec = redis.call('HMGET', STORE, 'settings', 'settings_used')
+return cjson.encode({now = int(NOW), settings = rec[1] or '', used = rec[2] or ''})
+""")
+
 #: Every script, by the attribute name the store registers it under.
-SCRIPTS = {
+SCRIPTS = {"settings": SETTINGS_READ,
     "claim": CLAIM, "memory_start": MEMORY_START, "record": RECORD, "history": HISTORY_READ,
     "inspect": INSPECT, "expired_runs": EXPIRED_RUNS, "take_over": TAKE_OVER, "adopt": ADOPT,
     "renew": RENEW, "release": RELEASE, "requeue": REQUEUE,

@@ -18,7 +18,12 @@ Every claim script, for each run of the batch, in this order (DESIGN.md "Who won
    ``claimed`` are written by the same script.
 
 (idmp checks 2 before 1: only its XADD can tell "claimed", and a slot refused by 2 was never won,
-since the memory start moves only when the data is lost.)
+since the memory start moves only when the data is lost. It then refuses, on the server's clock, a
+slot older than its ``duration`` (forgotten: IDMP may no longer remember it) or more than 10 s
+ahead (early), as the lease strategy does, before its XADD.)
+
+Before any run, every claim script checks the memory settings recorded store-wide (spec point 5):
+another instance's, still in use, refuse the whole batch (forgotten, naming both).
 
 Keys: the lease strategy's block (:data:`~celery_anarchon.stores.redis_scripts.ENTRY_KEYS`: only
 ``born``, ``claims`` and the two history keys are used) followed by the strategy's own keys, all
@@ -30,8 +35,10 @@ from collections.abc import Sequence
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores.base import ClaimRequest, ClaimResult, Memory, Store
-from celery_anarchon.stores.redis import RedisStore, _items, _positive_int, _seconds, claim_results
-from celery_anarchon.stores.redis_scripts import MEMORY_START, RECORD, HISTORY_READ, lua
+from celery_anarchon.stores.redis import (
+    STREAM_ID_HORIZON_MS, RedisStore, _items, _positive_int, _seconds, claim_results,
+)
+from celery_anarchon.stores.redis_scripts import HISTORY_READ, MEMORY_START, RECORD, SETTINGS_READ, lua
 
 #: Default memory of ``script`` (``window``) and ``idmp`` (``duration``), seconds.
 DEFAULT_WINDOW_S = 300.0
@@ -78,22 +85,29 @@ local function skipped(b, slot_s, task_id, outcome, detail)  -- recorded once (f
 end
 
 local function claim_all(first, claim_one)
+  local refused = settings_refusal()  -- other memory settings in use: nothing is claimed
   local results = {}
   for i = first, #ARGV, 4 do
-    results[#results + 1] = claim_one(tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    local b, slot_s, task_id = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]
+    if refused then
+      results[#results + 1] = skipped(b, slot_s, task_id, 'forgotten', refused)
+    else
+      results[#results + 1] = claim_one(b, slot_s, task_id, ARGV[i + 3])
+    end
   end
-  return cjson.encode({now = int(NOW), results = results})
+  return claim_reply(results)
 end
 """
 
 #: stream-id: XADD <slot>-0 to the entry's stream; stream ids only grow (DESIGN.md: memory forever).
-#: KEYS: per entry, ENTRY_KEYS then STREAM.  ARGV[4]: entries to keep (MAXLEN ~).  ARGV[5..]: runs.
+#: KEYS: the store key, then per entry, ENTRY_KEYS then STREAM.
+#: ARGV[7]: entries to keep (MAXLEN ~).  ARGV[8..]: runs.
 #: Refusals: EARLY (slot more than 10 s ahead of the server's clock: an instance with a fast clock
 #: must not push the id past everyone's slots), SUPERSEDED (a newer slot is in the stream), UNKNOWN
 #: (this very id is the stream's last one but its entry is gone: nobody can tell the winner).
 STREAM_ID_CLAIM = lua(_HELPERS + r"""
-local KEEP = ARGV[4]
-return claim_all(5, function(b, slot_s, task_id, fingerprint)
+local KEEP = ARGV[7]
+return claim_all(8, function(b, slot_s, task_id, fingerprint)
   local stream, id, slot = key(b, STREAM), slot_s .. '-0', tonumber(slot_s)
   local found = redis.call('XRANGE', stream, id, id)[1]
   if found then return recorded(fields(found[2])) end
@@ -120,13 +134,14 @@ end)
 
 #: script: the claimed slots of each entry in a sorted set (score = slot), the winners in the
 #: ``claims`` hash; trimmed by window (server clock) and by count (history_size).
-#: KEYS: per entry, ENTRY_KEYS then SLOTS, FLOOR.  ARGV[4]: window ms.  ARGV[5..]: runs.
+#: KEYS: the store key, then per entry, ENTRY_KEYS then SLOTS, FLOOR.
+#: ARGV[7]: window ms.  ARGV[8..]: runs.
 #: FLOOR is the newest slot ever trimmed: a slot at or below it cannot be told apart from a claim
 #: the store forgot, so it is refused (FORGOTTEN), never won again; so is a slot older than the
 #: window on the server's clock. Window trimming runs first, count trimming after the batch (so a
 #: run repeated inside one batch finds its own claim).
 SCRIPT_CLAIM = lua(_HELPERS + r"""
-local WINDOW = tonumber(ARGV[4])
+local WINDOW = tonumber(ARGV[7])
 
 local function forget(b, gone)  -- gone: slots in ascending order, already out of SLOTS
   if #gone == 0 then return end
@@ -151,8 +166,8 @@ local function trim_count(b)
   forget(b, gone)
 end
 
-for b = 1, #KEYS / BLOCK do trim_window(b) end
-local reply = claim_all(5, function(b, slot_s, task_id, fingerprint)
+for b = 1, NBLOCKS do trim_window(b) end
+local reply = claim_all(8, function(b, slot_s, task_id, fingerprint)
   local slot = tonumber(slot_s)
   local raw = redis.call('HGET', key(b, CLAIMS), slot_s)
   if raw then return recorded(cjson.decode(raw)) end
@@ -172,12 +187,12 @@ local reply = claim_all(5, function(b, slot_s, task_id, fingerprint)
   redis.call('ZADD', key(b, SLOTS), slot_s, slot_s)
   return won(b, slot_s, task_id, fingerprint)
 end)
-for b = 1, #KEYS / BLOCK do trim_count(b) end
+for b = 1, NBLOCKS do trim_count(b) end
 return reply
 """, extra_keys=("SLOTS", "FLOOR"))
 
 _IDMP_STREAM = r"""
-local DURATION, MAXSIZE = ARGV[4], ARGV[5]
+local DURATION, MAXSIZE = ARGV[7], ARGV[8]
 local PRODUCER = 'anarchon'  -- one producer, shared by every instance, in each entry's stream
 
 -- a missing stream is created with this store's IDMP settings before its first claim: setting
@@ -195,11 +210,11 @@ end
 #: idmp (Redis >= 8.6): XADD ... IDMP <producer> <slot> * w <instance> f <fingerprint>. A repeated
 #: XADD returns the first entry's id and adds nothing; reading that entry back tells, in the same
 #: script, who won. An id newer than the stream's last entry before the XADD is a new claim.
-#: KEYS: per entry, ENTRY_KEYS then STREAM.
-#: ARGV[4]: IDMP-DURATION s.  ARGV[5]: IDMP-MAXSIZE.  ARGV[6]: entries kept (MAXLEN ~).
-#: ARGV[7..]: runs.
+#: KEYS: the store key, then per entry, ENTRY_KEYS then STREAM.
+#: ARGV[7]: IDMP-DURATION s.  ARGV[8]: IDMP-MAXSIZE.  ARGV[9]: entries kept (MAXLEN ~).
+#: ARGV[10..]: runs.
 IDMP_CLAIM = lua(_HELPERS + _IDMP_STREAM + r"""
-local KEEP = ARGV[6]
+local KEEP = ARGV[9]
 
 local function id_after(a, b)
   local am, as = string.match(a, '^(%d+)-(%d+)$')
@@ -208,9 +223,20 @@ local function id_after(a, b)
   return am > bm or (am == bm and tonumber(as) > tonumber(bs))
 end
 
-return claim_all(7, function(b, slot_s, task_id, fingerprint)
-  local forgot = amnesia(b, tonumber(slot_s))  -- first: only the XADD itself can tell "claimed"
+return claim_all(10, function(b, slot_s, task_id, fingerprint)
+  local slot = tonumber(slot_s)
+  local forgot = amnesia(b, slot)  -- first: only the XADD itself can tell "claimed"
   if forgot then return skipped(b, slot_s, task_id, 'forgotten', forgot) end
+  -- on the server's clock, as the lease strategy: a slot IDMP may no longer remember, or one so
+  -- far ahead that an instance with a fast clock claims what others have not reached
+  if NOW - slot >= tonumber(DURATION) * 1000 then
+    return skipped(b, slot_s, task_id, 'forgotten', 'the slot is older than the IDMP duration (' ..
+      DURATION .. ' s) on the store clock ' .. iso(NOW) .. '; is this host behind?')
+  end
+  if slot > NOW + TOL then
+    return skipped(b, slot_s, task_id, 'early',
+      'slot is more than 10 s ahead of the store clock ' .. iso(NOW) .. '; is this host ahead?')
+  end
   local stream = key(b, STREAM)
   ensure_stream(b)
   local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
@@ -229,12 +255,12 @@ end)
 #: idmp, at start-up: create missing streams with this store's settings; report a live stream with
 #: other settings, and change them only when it remembers no run (iids-tracked 0, which already
 #: leaves out expired ones): then the wipe XCFGSET does cannot re-open a claim.
-#: KEYS: per entry, ENTRY_KEYS then STREAM.  ARGV[4]: IDMP-DURATION s.  ARGV[5]: IDMP-MAXSIZE.
+#: KEYS: the store key, then per entry, ENTRY_KEYS then STREAM.  ARGV[7]: IDMP-DURATION s.  ARGV[8]: IDMP-MAXSIZE.
 #: Reply: {now, streams: [{b block, a created|same|changed|kept, d duration, m maxsize,
 #: n runs remembered}]}.
 IDMP_SETTINGS = lua(_HELPERS + _IDMP_STREAM + r"""
 local streams = {}
-for b = 1, #KEYS / BLOCK do
+for b = 1, NBLOCKS do
   memory_start(b)
   local r = {b = int(b), a = 'created'}
   if not ensure_stream(b) then
@@ -279,7 +305,7 @@ class _ClaimOnlyRedisStore(RedisStore):
 
     def _script_texts(self) -> dict[str, str]:
         return {"claim": self.CLAIM_SCRIPT, "memory_start": MEMORY_START, "record": RECORD,
-                "history": HISTORY_READ}
+                "history": HISTORY_READ, "settings": SETTINGS_READ}
 
     def _claim_params(self) -> list:
         """The script's parameters between the header and the runs."""
@@ -301,9 +327,9 @@ class _ClaimOnlyRedisStore(RedisStore):
             r = requests[i]
             args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), r.task_id,
                      r.fingerprint]
-        reply = self._call("claim", [k for e in blocks for k in self._claim_block(e)],
-                           *self._claim_params(), *args)
-        results = claim_results([requests[i] for i in order], reply)
+        reply, unconfirmed = self._claim_call(
+            [k for e in blocks for k in self._claim_block(e)], [*self._claim_params(), *args])
+        results = self._unconfirmed(claim_results([requests[i] for i in order], reply), unconfirmed)
         in_order = [None] * len(requests)
         for i, result in zip(order, results):
             in_order[i] = result
@@ -331,6 +357,9 @@ class RedisStreamIdStore(_ClaimOnlyRedisStore):
     def describe(self) -> str:
         return "redis strategy=stream-id memory=forever"
 
+    def memory_settings(self) -> tuple[str, int]:
+        return "strategy=stream-id", STREAM_ID_HORIZON_MS
+
     def _claim_params(self) -> list:
         return [max(self.history_size, STREAM_KEEP_MIN)]
 
@@ -355,6 +384,10 @@ class RedisScriptStore(_ClaimOnlyRedisStore):
 
     def describe(self) -> str:
         return f"redis strategy=script window={self.window_s:g}s history_size={self.history_size}"
+
+    def memory_settings(self) -> tuple[str, int]:
+        return (f"strategy=script window={self.window_s:g}s history_size={self.history_size}",
+                self._memory_ms)
 
     def _claim_params(self) -> list:
         return [self._memory_ms]
@@ -399,6 +432,9 @@ class RedisIdmpStore(_ClaimOnlyRedisStore):
 
     def describe(self) -> str:
         return f"redis strategy=idmp duration={self.duration_s}s max_size={self.max_size}"
+
+    def memory_settings(self) -> tuple[str, int]:
+        return f"strategy=idmp duration={self.duration_s}s max_size={self.max_size}", self._memory_ms
 
     def _claim_params(self) -> list:
         return [self.duration_s, self.max_size, self._keep]

@@ -1,0 +1,229 @@
+"""A replicated Redis that loses writes never lets a run be won twice (issue 8, spec points 1-3).
+
+Every server here is the test's own (benchmarks/ha_redis.py: a master, replicas through proxies
+that can stop forwarding, Sentinels), on free loopback ports, never the shared ones. Each test
+costs a few seconds: the rig starts in about 0.2 s (2.5 s with Sentinels) and every wait polls a
+condition with a deadline.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import redis
+
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, Outcome, RunEvent
+
+from stores_support import wait_until
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
+                                reason="redis-server is not installed")
+
+ha_redis = pytest.importorskip("ha_redis")
+RedisHA = ha_redis.RedisHA
+
+#: short confirmation waits keep each test to seconds (the default is 2 s)
+CONFIRM = 0.4
+
+
+def store(url, instance, namespace, **options):
+    return open_store(url, namespace=namespace, instance_id=instance,
+                      options={"claim_timeout": 3, **options})
+
+
+def prepared(s, *entries):
+    entries = list(entries or ["e"])
+    s.prepare(entries)
+    s._backdate_memory_start(entries, 120_000)
+    return s
+
+
+def req(slot_ms, entry="e"):
+    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=60_000, task_id=f"t-{slot_ms}",
+                        fingerprint="fp")
+
+
+def claim(s, slot_ms, entry="e"):
+    return s.claim([req(slot_ms, entry)])[0]
+
+
+def after_restart(s, begun_ms: int) -> int:
+    """The first slot ``s`` may win once its memory (re)started at ``begun_ms`` (store clock)."""
+    wait_until(lambda: s.now_ms() > begun_ms + 20, 5, "the store clock to move")
+    return begun_ms + LATENESS_TOLERANCE_MS + 1
+
+
+def run_id(node) -> str:
+    return node.info("server")["run_id"]
+
+
+# -- (a) failover to a replica that missed the claim ----------------------------------------------
+
+@pytest.mark.parametrize("durability", ["auto", "none"])
+def test_failover_to_lagging_replica_never_rewins(durability, namespace):
+    """A wins X on the master while the replica lags; the master dies and the replica is promoted.
+    B's claim of X must not win. With durability on, A was never told WON (UNCONFIRMED: it does
+    not send); with durability "none" the promoted replica's new epoch makes X forgotten."""
+    with RedisHA(replicas=1) as ha:
+        a = prepared(store(ha.url, "A", namespace, durability=durability, confirm_timeout=CONFIRM))
+        replica = ha.replicas[0]
+        ha.wait_synced(replica)
+        old_epoch, new_epoch = run_id(ha.master), run_id(replica)
+        ha.lag(replica)
+        slot = a.now_ms()
+        won = claim(a, slot)
+        if durability == "none":
+            assert won.outcome is Outcome.WON
+        else:
+            assert won.outcome is Outcome.UNCONFIRMED, won
+            assert "1 replica" in won.detail
+            assert a.history("e")[0].event is RunEvent.UNCONFIRMED
+        ha.kill(ha.master)
+        ha.promote(replica)
+        b = store(ha.url, "B", namespace, durability=durability, confirm_timeout=CONFIRM)
+        again = claim(b, slot)
+        assert again.outcome is Outcome.FORGOTTEN, again
+        assert old_epoch in again.detail and new_epoch in again.detail
+        # the schedule goes on: a slot after the epoch change is won (no replica left: confirmed)
+        assert claim(b, after_restart(b, again.store_ms)).outcome is Outcome.WON
+
+
+# -- (b) restart from an RDB snapshot ------------------------------------------------------------------
+
+def test_restart_from_an_rdb_snapshot_never_rewins(namespace):
+    """``save 3600 1``, no AOF: A wins X after the last snapshot, the server crashes and restarts
+    from the snapshot (which holds the memory-start notes, not X). B must not win X: the restart
+    is a new epoch, so the memory restarts at B's first claim."""
+    with RedisHA(replicas=0, rdb=True) as ha:
+        a = prepared(store(ha.url, "A", namespace))
+        ha.snapshot()
+        slot = a.now_ms()
+        assert claim(a, slot).outcome is Outcome.WON
+        ha.kill(ha.master)
+        ha.restart(ha.master)
+        b = store(ha.url, "B", namespace)
+        again = claim(b, slot)
+        assert again.outcome is Outcome.FORGOTTEN, again
+        assert "epoch" in again.detail
+        assert b.history("e")[0].event is RunEvent.FORGOTTEN
+
+
+# -- durable claims ------------------------------------------------------------------------------------
+
+def test_a_won_again_retry_confirms_on_its_own_connection(namespace):
+    """WAIT covers only the writes of its connection: a retry that reads its own claim back must
+    write, or a new connection would 'confirm' a claim the replica never got (spec point 2). The
+    store re-confirms: UNCONFIRMED while the replica lags, WON once it has the claim."""
+    with RedisHA(replicas=1) as ha:
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        replica = ha.replicas[0]
+        ha.wait_synced(replica)
+        ha.lag(replica)
+        slot = a.now_ms()
+        assert claim(a, slot).outcome is Outcome.UNCONFIRMED
+        a.close()  # the retry comes on a new connection, with no write of its own yet
+        assert claim(a, slot).outcome is Outcome.UNCONFIRMED
+        ha.catch_up(replica)
+        a.close()
+        assert claim(a, slot).outcome is Outcome.WON
+        assert replica.command("HGET", a.keys_of("e")["claims"], str(slot)) is not None
+
+
+def test_a_replica_that_is_down_does_not_stop_the_schedule(namespace):
+    """durability "auto" waits for the replicas the master has connected, read per batch: a
+    replica that dies costs at most one batch a wait of confirm_timeout, then claims are confirmed
+    by the others; the remaining replica is still waited for."""
+    with RedisHA(replicas=2) as ha:
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        strict = store(ha.url, "S", namespace, durability="replica", min_replicas=2,
+                       confirm_timeout=CONFIRM)
+        base = a.now_ms()
+        assert claim(a, base).outcome is Outcome.WON
+        ha.kill(ha.replicas[1])
+        wait_until(lambda: ha.master.info("replication")["connected_slaves"] == 1, 10,
+                   "the master to drop the dead replica")
+        outcomes = [claim(a, base + i).outcome for i in range(1, 6)]
+        assert outcomes == [Outcome.WON] * 5
+        # an explicit demand for two replicas is not met: a possible miss, never a silent send
+        assert claim(strict, base + 10).outcome is Outcome.UNCONFIRMED
+        ha.lag(ha.replicas[0])
+        assert claim(a, base + 20).outcome is Outcome.UNCONFIRMED, "the live replica is waited for"
+
+
+def test_durability_replica_without_replicas_warns_and_never_sends(namespace):
+    """An explicit demand for a replica that is not there: a start-up warning, then every claim is
+    UNCONFIRMED (a possible miss) rather than sent unconfirmed; "auto" warns that nothing keeps
+    the newest claims (no replica, no AOF)."""
+    with RedisHA(replicas=0) as ha:
+        s = store(ha.url, "A", namespace, durability="replica", confirm_timeout=CONFIRM)
+        text = " ".join(s.prepare(["e"]))
+        assert "durability='replica'" in text and "0 connected" in text
+        s._backdate_memory_start(["e"], 120_000)
+        assert claim(s, s.now_ms()).outcome is Outcome.UNCONFIRMED
+        text = " ".join(store(ha.url, "B", namespace).prepare(["e"]))
+        assert "no replica" in text and "appendfsync always" in text
+
+
+def test_aof_durability_waits_for_the_fsync_on_redis_7_2_and_later(namespace):
+    binary = ha_redis.REDIS8_BINARY
+    if binary is None:
+        pytest.skip("the Redis 8 binary of .ci/redis8.sh is not built")
+    with RedisHA(replicas=0, binary=binary,
+                 args=("--appendonly", "yes", "--appendfsync", "everysec")) as ha:
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=1.5))
+        assert claim(a, a.now_ms()).outcome is Outcome.WON
+        stats = ha.master.info("commandstats")
+        assert stats["cmdstat_waitaof"]["calls"] >= 1, "auto on an AOF server waits for the fsync"
+        explicit = prepared(store(ha.url, "B", namespace, durability="aof", confirm_timeout=1.5))
+        assert claim(explicit, explicit.now_ms() + 5).outcome is Outcome.WON
+
+
+def test_aof_durability_on_a_server_without_waitaof_is_a_config_error(namespace):
+    with RedisHA(replicas=0, args=("--appendonly", "yes")) as ha:
+        version = ha.master.info("server")["redis_version"]
+        if tuple(int(p) for p in version.split(".")[:2]) >= (7, 2):
+            pytest.skip(f"redis-server on PATH is {version}: it has WAITAOF")
+        with pytest.raises(ConfigError, match="WAITAOF.*7.2"):
+            store(ha.url, "A", namespace, durability="aof").prepare(["e"])
+
+
+# -- eviction ----------------------------------------------------------------------------------------
+
+def test_an_evicting_maxmemory_policy_is_a_config_error(namespace):
+    with RedisHA(replicas=0) as ha:
+        ha.master.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        with pytest.raises(ConfigError, match="maxmemory-policy.*allkeys-lru.*noeviction"):
+            store(ha.url, "A", namespace).prepare(["e"])
+        warnings = store(ha.url, "B", namespace, allow_eviction=True).prepare(["e"])
+        assert any("allkeys-lru" in w for w in warnings)
+
+
+# -- (i) Sentinel ----------------------------------------------------------------------------------------
+
+def test_sentinel_failover_end_to_end_through_the_store_api(namespace):
+    """Stores opened with ``sentinel://`` as users configure them: a confirmed claim survives the
+    master's SIGKILL and Sentinel's promotion (B reads A's win back), the new epoch refuses the
+    slots around the failover, and claims go on on the new master; then once more with
+    ``SENTINEL FAILOVER``."""
+    with RedisHA(replicas=2, sentinels=3) as ha:
+        options = {"master_name": ha.master_name, "confirm_timeout": CONFIRM}
+        a = prepared(store(ha.sentinel_url, "A", namespace, **options))
+        b = store(ha.sentinel_url, "B", namespace, **options)
+        slot = a.now_ms()
+        assert claim(a, slot).outcome is Outcome.WON
+        old = ha.master
+        ha.kill(old)
+        ha.wait_new_master(old)
+        lost = claim(b, slot)
+        assert lost.outcome is Outcome.LOST and lost.winner == "A", lost
+        assert claim(a, slot).outcome is Outcome.WON, "the winner's retry reads its win back"
+        around = claim(b, b.now_ms())
+        assert around.outcome is Outcome.FORGOTTEN and "epoch" in around.detail
+        later = after_restart(b, lost.store_ms)
+        assert claim(b, later).outcome is Outcome.WON
+        assert claim(a, later).outcome is Outcome.LOST
+        ha.failover()
+        assert claim(a, later).outcome is Outcome.LOST, "a confirmed claim survives promotion"
+        assert claim(b, b.now_ms()).outcome is Outcome.FORGOTTEN
