@@ -51,7 +51,10 @@ class StoreMaker:
     def wipe(self) -> None:
         """Make the server forget everything of this store (a Redis restarted without
         persistence, a dropped database): the amnesia case."""
-        if self.kind in ("rabbitmq", "nats"):
+        if self.kind == "rabbitmq":
+            from rabbitmq_tools import queue_names  # rabbitmqctl: AMQP cannot list queues
+            self("wiper")._forget_everything(queue_names)
+        elif self.kind == "nats":
             store = self("wiper")
             store._forget_everything()
         elif self.kind.startswith("redis"):

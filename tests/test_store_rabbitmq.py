@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -26,7 +24,10 @@ from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, Memory, Outcome, 
 from celery_anarchon.stores.rabbitmq import RabbitMQStore
 from celery_anarchon.stores.rabbitmq_amqp import QUEUE_NAME_MAX_BYTES, QueueNames, claim_arguments
 
+import conftest
+import rabbitmq_tools
 from conftest import AMQP_URL
+from rabbitmq_tools import need_rabbitmqctl, rabbitmqctl
 from stores_support import StoreMaker, store_url, wait_until
 from tcp_proxy import TCPProxy
 from test_store_contract import prepared, req
@@ -169,16 +170,15 @@ def test_rabbitmq_quorum_queues_are_refused(stores, broker):
     broker.channel().queue_delete(queue)
 
 
-@pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl on this host")
 def test_rabbitmq_start_up_refuses_a_broker_that_lets_two_claims_in_or_none(namespace):
     """The probe at start-up: a policy that changes how claim queues behave is a ConfigError.
     (An operator policy max-length 0 makes every claim nacked; the queues of this test only.)"""
     store_url("rabbitmq", "")
+    need_rabbitmqctl()
     prefix = "t" + uuid.uuid4().hex[:10]
     policy = f"anarchon-test-{prefix}"
-    subprocess.run(["rabbitmqctl", "set_operator_policy", policy, rf"^{prefix}\.claim\.",
-                    '{"max-length": 0}', "--apply-to", "queues"], check=True, capture_output=True,
-                   timeout=60)
+    rabbitmqctl("set_operator_policy", policy, rf"^{prefix}\.claim\.", '{"max-length": 0}',
+                "--apply-to", "queues")
     try:
         store = open_store(AMQP_URL, namespace=namespace, instance_id="A",
                            options={"queue_prefix": prefix})
@@ -186,8 +186,42 @@ def test_rabbitmq_start_up_refuses_a_broker_that_lets_two_claims_in_or_none(name
             store.prepare(["e"])
         store.close()
     finally:
-        subprocess.run(["rabbitmqctl", "clear_operator_policy", policy], capture_output=True,
-                       timeout=60)
+        rabbitmqctl("clear_operator_policy", policy, check=False)
+
+
+def test_rabbitmq_start_up_says_what_a_confirmed_claim_survives(stores):
+    """Publisher confirms on a durable classic queue: on the node's disk, lost with it; on a
+    cluster, a lost node's claims can be won again; no replicated queue type is allowed."""
+    warnings = stores("A").prepare(["e"])
+    [note] = [w for w in warnings if "publisher" in w or "confirms a claim" in w]
+    assert "wrote it to disk" in note and "restart or a crash of the node keeps it" in note
+    assert "lost with its disk" in note and "forgotten" in note and "won again" in note
+    assert "quorum queues are refused" in note and "ha-mode" in note
+    assert "guest:***@" in note, "the password is masked"
+
+
+def test_rabbitmq_tests_without_rabbitmqctl_fail_under_ci(monkeypatch):
+    """A missing rabbitmqctl skips on a developer machine but fails under CI=true, like a
+    missing server: CI must never pass by skipping."""
+    monkeypatch.setattr(rabbitmq_tools.shutil, "which", lambda name: None)
+    monkeypatch.setattr(conftest, "IN_CI", True)
+    with pytest.raises(pytest.fail.Exception, match="rabbitmqctl is not on this host"):
+        need_rabbitmqctl()
+    monkeypatch.setattr(conftest, "IN_CI", False)
+    with pytest.raises(pytest.skip.Exception, match="rabbitmqctl is not on this host"):
+        need_rabbitmqctl()
+
+
+def test_rabbitmq_store_code_runs_no_program():
+    """The broker is reached over AMQP only; rabbitmqctl belongs to the tests."""
+    import celery_anarchon.stores.rabbitmq as store_module
+    import celery_anarchon.stores.rabbitmq_amqp as amqp_module
+    import celery_anarchon.stores.rabbitmq_entries as entries_module
+    for module in (store_module, amqp_module, entries_module):
+        source = open(module.__file__, encoding="utf-8").read()
+        assert "import subprocess" not in source and "os.system" not in source, module.__name__
+    with pytest.raises(RuntimeError, match="queue_names"):
+        RabbitMQStore(AMQP_URL, namespace="n", instance_id="i")._forget_everything()
 
 
 # -- a publish that could not be routed ------------------------------------------------------------

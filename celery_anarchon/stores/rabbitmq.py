@@ -80,12 +80,10 @@ import contextlib
 import logging
 import math
 import os
-import shutil
-import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import amqp
 import kombu
@@ -252,6 +250,8 @@ class RabbitMQStore(EntryQueues, Store):
         instances all use this ``slot_ttl``, and create the history queue and memory start of
         each entry that has none.
 
+        :returns: warnings: a history queue declared with another size, and always
+            :meth:`durability_note` (what a confirmed claim survives).
         :raises ConfigError: the broker accepts two claims of one run, or instances of this
             namespace use another ``slot_ttl``.
         :raises StoreUnavailable: the broker cannot be reached or refused the login.
@@ -271,7 +271,23 @@ class RabbitMQStore(EntryQueues, Store):
                 if warning:
                     warnings.append(warning)
                 self._born(s, entry)
+        warnings.append(self.durability_note())
         return warnings
+
+    def durability_note(self) -> str:
+        """What publisher confirms on durable classic queues promise when a node is lost (the
+        start-up warning; docs/stores.md "RabbitMQ", "Node loss")."""
+        return (f"RabbitMQ store {self.safe_url}: each run is decided by a durable classic queue "
+                "that lives on one node, and the broker confirms a claim once that node wrote it "
+                "to disk (a persistent message on a durable queue), so a restart or a crash of "
+                "the node keeps it. A node lost with its disk loses the claim queues it held: on "
+                "a single node the entries' memory-start queues go with them and the lost runs "
+                "are refused as 'forgotten'; on a cluster an entry's memory-start queue may live "
+                "on another node and survive, so runs whose claim queues were on the lost node "
+                "can be won again. Claim queues are never replicated: quorum queues are refused "
+                "(they let two claims in) and classic mirroring (ha-mode) can lose claims on a "
+                "failover. For claims that survive the loss of a node, run a store that "
+                "replicates them (a NATS JetStream cluster with replicas=3).")
 
     def _probe(self, s: Session) -> None:
         """Two publishes to a new probe claim queue must give ack then nack, and one to a missing
@@ -327,19 +343,21 @@ class RabbitMQStore(EntryQueues, Store):
                 f"instance, wait the old slot_ttl, delete that queue (rabbitmqctl delete_queue "
                 f"{self.names.settings()}) and start them with the new value.")
 
-    def _forget_everything(self) -> None:
+    def _forget_everything(self, queue_names: Callable[[str], Iterable[str]] | None = None) -> None:
         """Tests only: delete every queue of this store kind (any namespace, this prefix), as a
-        broker that lost its data would. AMQP cannot list queues, so the names come from
-        ``rabbitmqctl list_queues`` (the broker must run on this host)."""
-        tool = shutil.which("rabbitmqctl")
-        if tool is None:
-            raise RuntimeError("_forget_everything needs rabbitmqctl (AMQP cannot list queues)")
+        broker that lost its data would. AMQP cannot list queues: ``queue_names(vhost)`` gives
+        the broker's queue names (the tests ask ``rabbitmqctl list_queues``, in
+        tests/rabbitmq_tools.py; this module never runs a program).
+
+        :raises RuntimeError: ``queue_names`` not given.
+        """
+        if queue_names is None:
+            raise RuntimeError("RabbitMQStore._forget_everything needs queue_names(vhost): AMQP "
+                               "cannot list queues (tests pass rabbitmq_tools.queue_names)")
         with self._using("forgetting everything") as s:
             s.connect()
             vhost = s.conn.virtual_host or "/"
-            listed = subprocess.run([tool, "list_queues", "-q", "--no-table-headers", "-p", vhost,
-                                     "name"], capture_output=True, text=True, timeout=60, check=True)
-            ours = [n.strip() for n in listed.stdout.splitlines() if self.names.is_ours(n.strip())]
+            ours = [n.strip() for n in queue_names(vhost) if self.names.is_ours(n.strip())]
             ours.sort(key=lambda name: ".claim." in name)  # the memory starts first
             # thousands of claim queues may be alive: pipelined over a few channels of a
             # connection that waits long enough for them all
