@@ -12,8 +12,10 @@ import collections
 import json
 import logging
 import os
+import re
 import signal
 import time
+import uuid
 
 import pytest
 from celery import Celery
@@ -126,7 +128,9 @@ def test_a_killed_runner_is_replaced_once(kind, acks_late, make_cluster, capsys)
     c.wait_event("end", attempt=2)
     if acks_late:   # the killed attempt's message comes back and is dropped
         c.cluster.wait_log("w1", "dropped a message", timeout=20)
-    time.sleep(3)   # the pool parent reports the dead child (worker_lost_wait = 2 s)
+    # the pool parent reports the dead child (after worker_lost_wait = 2 s): from then on a
+    # release by the WorkerLostError (which would let the run be taken over again) would show
+    c.cluster.wait_log("w1", "WorkerLostError", timeout=20)
     starts = c.events("start")
     assert [e["attempt"] for e in starts] == [1, 2], starts
     assert len(c.events("end")) == 1
@@ -169,10 +173,11 @@ def test_a_runner_paused_past_its_lease_learns_it_lost(kind, acks_late, make_clu
     c.wait_event("lost", timeout=10, attempt=1)
     run = c.store.inspect("long", c.slot())
     assert run.token == second["token"] and run.attempt == 2
-    time.sleep(2 * FAST["heartbeat"])
+    # the old runner's last word to the store: its release by the old token, refused
+    wait_until(lambda: "attempt 1 finished, but its lease had been taken over" in c.logs("w1", "w2"),
+               15, "the old runner's refused release")
     after = c.store.inspect("long", c.slot())
     assert after.token == second["token"] and after.owner == run.owner, "the old runner took nothing back"
-    assert not c.events("end", attempt=1)
 
 
 def test_a_healthy_runner_pausing_less_than_its_lease_keeps_it(kind, make_cluster):
@@ -234,7 +239,13 @@ def test_a_retry_longer_than_the_lease_keeps_its_run(kind, make_cluster):
 
 @pytest.mark.parametrize("acks_late", [False, True], ids=["default-acks", "acks-late"])
 def test_a_task_that_fails_for_good_releases_its_run(kind, acks_late, make_cluster):
-    c = make_cluster(kind, {"long": {"task": "lease_app.failing", "lease": FAST}}, acks_late=acks_late)
+    # "probe": the same slot, sent to a queue nobody consumes, so beat takes it over at each
+    # queue deadline (4 s) until it is recorded lost after 3 attempts: proof that beat's lease
+    # checks went on past the time the released run would have been taken over
+    probe_queue = f"nobody-{uuid.uuid4().hex[:8]}"
+    c = make_cluster(kind, {"long": {"task": "lease_app.failing", "lease": FAST},
+                            "probe": {"task": "lease_app.sleepy", "args": [1], "lease": FAST,
+                                      "queue": probe_queue}}, acks_late=acks_late)
     c.worker()
     c.beat("b1")
     first = c.wait_event("start", attempt=1)
@@ -244,13 +255,18 @@ def test_a_task_that_fails_for_good_releases_its_run(kind, acks_late, make_clust
     result = c.client.AsyncResult(first["task_id"])
     with pytest.raises(ValueError):
         result.get(timeout=10)
-    # past the time a dead runner would have been replaced: a released run is never taken over
-    deadline = first["time"] + REPLACED_WITHIN_S + 1
-    while time.time() < deadline:
-        assert c.store.inspect("long", c.slot()).state is RunState.FINISHED
-        time.sleep(0.2)
+    try:
+        wait_until(lambda: (r := c.store.inspect("probe", c.slot())) and r.state is RunState.LOST,
+                   30, f"the probe run to be recorded lost\n{c.cluster.logs()}", interval=0.2)
+    finally:
+        with c.client.connection_for_write() as conn:
+            conn.default_channel.queue_delete(probe_queue)
+    assert time.time() > first["time"] + REPLACED_WITHIN_S, "the probe proves nothing this early"
+    # a released run is never taken over
+    run = c.store.inspect("long", c.slot())
+    assert run.state is RunState.FINISHED and run.attempt == 1, run
     assert [e["attempt"] for e in c.events("start")] == [1]
-    assert "taken over" not in c.logs("b1")
+    assert not re.search(r"long: slot \S+ attempt \d+ taken over", c.logs("b1"))
 
 
 def test_a_task_that_kills_its_worker_is_tried_max_attempts_then_lost(kind, make_cluster):
