@@ -51,7 +51,8 @@ from datetime import datetime
 
 #: history events that explain a run that did not run (RunEvent values)
 MISS_EVENTS = ("late", "late_local", "early", "forgotten", "overlapping", "superseded",
-               "store_unreachable", "send_failed", "send_unknown", "unknown", "claimed", "lost")
+               "store_unreachable", "send_failed", "send_unknown", "unknown", "unconfirmed",
+               "claimed", "lost")
 
 #: which injected fault kinds (benchmarks/chaos_faults.py) can cause each miss reason
 CAUSES = {
@@ -95,8 +96,9 @@ MAX_UNACKED_PER_OUTAGE = 10
 
 #: when only log lines name a reason: the store-side and broker-side ones first, since a paused
 #: instance's own late skip says less about the run than the outage the others met
-LOG_PRIORITY = ("claimed", "send_failed", "send_unknown", "forgotten", "store_unreachable", "superseded",
-                "overlapping", "lost", "late", "early", "unknown", "late_local")
+LOG_PRIORITY = ("claimed", "send_failed", "send_unknown", "forgotten", "unconfirmed",
+                "store_unreachable", "superseded", "overlapping", "lost", "late", "early", "unknown",
+                "late_local")
 
 _ISO = r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\+00:00)"
 _ENTRY = r"(?P<entry>[\w.-]+)"
@@ -118,7 +120,8 @@ BEAT_RANGE = re.compile(_ENTRY + r": \d+ slots from " + _ISO + " to " + _ISO + "
 BEAT_SKIP = re.compile(_ENTRY + r": slot " + _ISO + r" skipped: (?P<why>.*)")
 SKIP_REASONS = [("late on the store's clock", "late"), ("early on the store's clock", "early"),
                 ("the store does not remember", "forgotten"), ("an earlier run", "overlapping"),
-                ("a newer slot", "superseded"), ("the store could not tell", "unknown")]
+                ("a newer slot", "superseded"), ("the store could not tell", "unknown"),
+                ("won, but the store did not confirm", "unconfirmed")]
 #: worker log lines (celery_anarchon/leases.py); slots are integer ms there
 WORKER_DROP = re.compile(_ENTRY + r": dropped a message of slot (?P<slot>\d+) \(attempt (?P<attempt>\d+)"
                          r", task \S+\) without running it: the run is (?P<state>[a-z ]+?)[ .(]")
