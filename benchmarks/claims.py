@@ -13,6 +13,12 @@ For each store it measures, on the local servers (see DEVELOPERS.md):
 
 It prints a table (the figures in docs/performance.md come from it). Speed is measured here, never
 in the tests.
+
+    .venv/bin/python benchmarks/claims.py --confirmation [--runs 10000] [--batch 100]
+
+measures instead the price of a durable claim on Redis (``durability``): a master with one replica
+of its own (benchmarks/ha_redis.py), claims/s batched and one at a time with ``durability="none"``
+and with the default ``"auto"`` (one WAIT per batch, pipelined with the claim script).
 """
 from __future__ import annotations
 
@@ -191,12 +197,44 @@ def bench(kind, n_runs, batch) -> dict:
     return row
 
 
+def bench_confirmation(n_runs: int, batch: int) -> None:
+    """Claims/s on a Redis master with one replica (rig of our own), confirmation off and on."""
+    from ha_redis import RedisHA
+    print(f"Redis {'master + 1 replica (loopback)'}: {n_runs} runs ({ENTRIES} entries), batches of "
+          f"{batch}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")
+    header = f"{'durability':<12}{'batched/s':>11}{'single/s':>10}{'unconfirmed':>13}"
+    print(header)
+    print("-" * len(header))
+    with RedisHA(replicas=1, proxies=False) as ha:
+        for durability in ("none", "auto", "replica"):
+            options = {"durability": durability}
+            row = {}
+            unconfirmed = 0
+            for name, n, size in (("batched", n_runs, batch), ("single", min(n_runs, 1000), 1)):
+                namespace = "bench-" + uuid.uuid4().hex[:8]
+                store = prepared("redis", ha.url, options, namespace)
+                runs = runs_for(n, int(time.time() * 1000))
+                start = time.perf_counter()
+                outcomes = claim_all(store, runs, size)
+                row[name] = len(runs) / (time.perf_counter() - start)
+                unconfirmed += sum(o is Outcome.UNCONFIRMED for o in outcomes.values())
+                store.close()
+            print(f"{durability:<12}{row['batched']:>11.0f}{row['single']:>10.0f}{unconfirmed:>13}",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--stores", default=",".join(STORES))
+    parser.add_argument("--confirmation", action="store_true",
+                        help="Redis only: claims/s with durable claims off and on (own servers)")
     args = parser.parse_args()
+    if args.confirmation:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        bench_confirmation(args.runs, args.batch)
+        return
     print(f"{args.runs} runs ({ENTRIES} entries), batches of {args.batch}, 3 racing processes; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")
     header = (f"{'store':<16}{'runs':>7}{'batched/s':>11}{'single/s':>10}{'raw/s':>9}"

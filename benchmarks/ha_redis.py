@@ -136,13 +136,15 @@ class RedisHA:
     :param args: more ``redis-server`` arguments for every data node (e.g. ``("--appendonly",
         "yes")``).
     :param folder: where everything lives (default: a new temporary folder, removed by close).
+    :param proxies: replicas reach the master through their own proxy (needed by :meth:`lag`);
+        False: directly (benchmarks: the Python proxy adds latency to every replicated byte).
     """
 
     master_name = "mymaster"
 
     def __init__(self, *, replicas: int = 2, sentinels: int = 0, rdb: bool = False,
                  binary: str = "redis-server", args: tuple[str, ...] = (),
-                 folder: str | None = None) -> None:
+                 folder: str | None = None, proxies: bool = True) -> None:
         self.folder = folder or tempfile.mkdtemp(prefix="anarchon-ha-redis-")
         self._own_folder = folder is None
         base = (*_COMMON, *(("--save", "3600 1") if rdb else ()), *args)
@@ -152,6 +154,7 @@ class RedisHA:
         self.sentinels = [SentinelNode(f"sentinel{i + 1}", self.folder, binary)
                           for i in range(sentinels)]
         self.nodes = [self.master, *self.replicas]
+        self.proxies = proxies
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> RedisHA:
@@ -160,8 +163,11 @@ class RedisHA:
         try:
             self.master.start()
             for node in self.replicas:
-                node.proxy = TCPProxy(("127.0.0.1", self.master.port)).start()
-                node.args = (*node.args, "--replicaof", "127.0.0.1", str(node.proxy.port))
+                port = self.master.port
+                if self.proxies:
+                    node.proxy = TCPProxy(("127.0.0.1", self.master.port)).start()
+                    port = node.proxy.port
+                node.args = (*node.args, "--replicaof", "127.0.0.1", str(port))
                 node.start()
             for node in self.replicas:
                 self.wait_synced(node)
@@ -214,6 +220,8 @@ class RedisHA:
     def lag(self, node: Node) -> None:
         """From now on ``node`` receives none of its master's writes (its proxy stops forwarding;
         the connection stays up, so the master still counts it connected until repl-timeout)."""
+        if node.proxy is None:
+            raise RuntimeError(f"{node.name} replicates without a proxy (RedisHA(proxies=False))")
         node.proxy.pause()
 
     def catch_up(self, node: Node) -> None:

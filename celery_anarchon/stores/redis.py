@@ -478,6 +478,11 @@ class RedisStore(Store):
                 if isinstance(replies[0], redis.exceptions.NoScriptError):
                     client.script_load(script.script)
                     continue
+                if aof and self.durability == "auto" and isinstance(replies[-1], Exception):
+                    # AOF turned off (or a failover to a master without it): 'auto' waits for
+                    # the AOF only where it is used; read the setup again before the next batch
+                    self._confirm = None
+                    replies[-1] = [1, 0]
                 for r in replies:
                     if isinstance(r, Exception):
                         raise r
