@@ -113,22 +113,36 @@ def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed
 
     during = [now - 30_000 + i for i in range(60)]
     stop = time.monotonic() + 40
-    errors = []
+    errors, retries = [], []
+    leader = healed.stream_leader(stores[0].stream)
+    started = threading.Barrier(len(stores) + 1, timeout=30)
 
     def racer(store):
         try:
             for k in range(0, len(during), 5):
-                note(claim_until_answered(store, [req("e", s) for s in during[k:k + 5]], stop))
+                if k == 10:
+                    started.wait()  # two batches done: the leader dies now, under the rest
+                batch = [req("e", s) for s in during[k:k + 5]]
+                while True:
+                    try:
+                        note(store.claim(batch))
+                        break
+                    except StoreUnavailable:
+                        retries.append(store.instance_id)
+                        if time.monotonic() > stop:
+                            raise
+                        time.sleep(0.1)
         except BaseException as exc:  # noqa: BLE001  (reported by the main thread)
             errors.append(exc)
     threads = [threading.Thread(target=racer, args=(store,)) for store in stores]
     for t in threads:
         t.start()
-    leader = healed.stream_leader(stores[0].stream)
+    started.wait()
     leader.kill()
     for t in threads:
         t.join(60)
     assert not errors, errors
+    assert retries, "the kill came while claims were in flight (some waited for the election)"
     healed.stream_leader(stores[0].stream, not_on=leader)
     # the runs won before the kill: lost to their winners on every instance that is still there
     survivors = [s for s, server in zip(stores, healed.servers) if server is not leader]
