@@ -227,3 +227,24 @@ def test_sentinel_failover_end_to_end_through_the_store_api(namespace):
         ha.failover()
         assert claim(a, later).outcome is Outcome.LOST, "a confirmed claim survives promotion"
         assert claim(b, b.now_ms()).outcome is Outcome.FORGOTTEN
+
+
+def test_a_takeover_is_confirmed_like_a_claim(namespace):
+    """A takeover answered TAKEN sends the next attempt: with durability on it is confirmed in the
+    same round trip, and one not confirmed answers REFUSED (nothing sent); the same instance's
+    retry with the same expected token is TAKEN once the replica has it."""
+    from celery_anarchon.stores.base import LeaseTerms, TakeoverOutcome
+    with RedisHA(replicas=1) as ha:
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        b = store(ha.url, "B", namespace, confirm_timeout=CONFIRM)
+        slot = a.now_ms()
+        request = ClaimRequest(entry="e", slot_ms=slot, max_late_ms=60_000, task_id="t",
+                               fingerprint="fp", lease=LeaseTerms(queue_timeout_ms=200))
+        assert a.claim([request])[0].outcome is Outcome.WON
+        run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
+        ha.lag(ha.replicas[0])
+        outcome, record = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        assert outcome is TakeoverOutcome.REFUSED and record.attempt == 2 and record.owner == "B"
+        ha.catch_up(ha.replicas[0])
+        outcome, again = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        assert outcome is TakeoverOutcome.TAKEN and again.token == record.token

@@ -367,7 +367,7 @@ def test_takeover_whose_reply_was_lost_answers_taken_on_retry(stores):
         slot = a.now_ms()
         a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
         run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
-        b.now_ms()  # connected (redis-py's handshake answered) before the replies stop
+        b.prepare(["e"])  # connected, its setup read, before the replies stop
         proxy.swallow_replies = True
         with pytest.raises(StoreUnavailable):
             b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)

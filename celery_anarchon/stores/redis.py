@@ -429,10 +429,11 @@ class RedisStore(Store):
                 self._confirm = self._plan_confirmation(self._server_facts(self._redis()[0]))
         return self._confirm
 
-    def _claim_call(self, keys: list[str], args: list) -> tuple[dict, str]:
-        """Run the claim script on ``keys`` / ``args`` (the store key and the header are added)
-        and, in the same round trip, the batch's one confirmation (WAIT and/or WAITAOF on the same
-        connection: they cover the script's writes, and so every earlier write of the master).
+    def _claim_call(self, keys: list[str], args: list, script: str = "claim") -> tuple[dict, str]:
+        """Run the claim script (or ``take_over``) on ``keys`` / ``args`` (the store key and the
+        header are added) and, in the same round trip, the batch's one confirmation (WAIT and/or
+        WAITAOF on the same connection: they cover the script's writes, and so every earlier
+        write of the master).
 
         :returns: the script's reply and why its wins are not confirmed ("" when they are).
         :raises StoreUnavailable: the outcome is unknown (a retry recognises this instance's win
@@ -440,12 +441,12 @@ class RedisStore(Store):
         """
         replicas, aof = self._confirmation()
         auto = replicas is None
-        reply, acked, fsynced, asked = self._claim_round(keys, args, replicas, aof)
+        reply, acked, fsynced, asked = self._claim_round(script, keys, args, replicas, aof)
         live = int(reply.get("replicas", 0)) if auto else replicas
         if auto:
             self._replica_hint = live
             if live > asked:  # a replica joined since the last batch: confirm on it too
-                reply, acked, fsynced, asked = self._claim_round(keys, args, live, aof)
+                reply, acked, fsynced, asked = self._claim_round(script, keys, args, live, aof)
         ms = self.confirm_timeout
         missing = []
         if live and acked < live:
@@ -457,16 +458,16 @@ class RedisStore(Store):
         return reply, (f"won, but not confirmed durable within {ms:g} s ({'; '.join(missing)}): "
                        "not sent, so a failover cannot make it run twice")
 
-    def _claim_round(self, keys, args, replicas, aof) -> tuple[dict, int, bool, int]:
-        """One pipelined round trip: the claim script, then WAIT / WAITAOF (reloads the script
+    def _claim_round(self, name, keys, args, replicas, aof) -> tuple[dict, int, bool, int]:
+        """One pipelined round trip: script ``name``, then WAIT / WAITAOF (reloads the script
         once after NOSCRIPT). Returns (reply, replicas acknowledged, AOF fsynced, replicas asked)."""
         client, scripts = self._redis()
-        script = scripts["claim"]
+        script = scripts[name]
         asked = self._replica_hint if replicas is None else replicas
         timeout_ms = max(1, round(self.confirm_timeout * 1000))
         full_keys = [self.store_key, *keys]
         full_args = [*self._header(count_replicas=replicas is None), *args]
-        with self._unavailable("claim"):
+        with self._unavailable(name):
             for _ in range(2):
                 pipe = client.pipeline(transaction=False)
                 pipe.evalsha(script.sha, len(full_keys), *full_keys, *full_args)
@@ -488,7 +489,7 @@ class RedisStore(Store):
                         raise r
                 break
             else:
-                raise redis.exceptions.NoScriptError("the claim script could not be loaded")
+                raise redis.exceptions.NoScriptError(f"the {name} script could not be loaded")
         reply = json.loads(replies[0])
         acked = int(replies[1]) if asked else 0
         fsynced = bool(aof and int(replies[-1][0]) >= 1)
@@ -735,10 +736,20 @@ class RedisStore(Store):
                   queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
         """One compare-and-set on ``expected_token`` ("Takeover"): REFUSED unless still expired;
         SUPERSEDED when a newer slot was claimed; LOST at ``max_attempts``; else TAKEN as the next
-        attempt, queued with a new token and deadline = now + ``queue_timeout_ms`` (ms)."""
-        reply = self._call("take_over", self._block(entry), int(slot_ms), int(expected_token),
-                           int(queue_timeout_ms), int(max_attempts))
-        return TakeoverOutcome(reply["outcome"]), _run(entry, slot_ms, reply)
+        attempt, queued with a new token and deadline = now + ``queue_timeout_ms`` (ms).
+
+        A retry by the instance whose takeover committed (its reply was lost) answers TAKEN again
+        with the same record (spec point 8). With ``durability`` on, TAKEN is confirmed like a
+        claim, in the same round trip; a takeover not confirmed in time answers REFUSED: attempt
+        2 is not sent, the run stays queued under the new token and is taken over again once its
+        deadline passes (or TAKEN by this instance's retry once confirmed)."""
+        reply, unconfirmed = self._claim_call(
+            self._block(entry), [int(slot_ms), int(expected_token), int(queue_timeout_ms),
+                                 int(max_attempts)], script="take_over")
+        outcome = TakeoverOutcome(reply["outcome"])
+        if outcome is TakeoverOutcome.TAKEN and unconfirmed:
+            outcome = TakeoverOutcome.REFUSED
+        return outcome, _run(entry, slot_ms, reply)
 
     def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
         """Worker side ("Adopt"): a queued run, or one started with an expired lease, becomes

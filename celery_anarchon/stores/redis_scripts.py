@@ -46,6 +46,7 @@ STORE_FIELDS = (
     "previous",       # the epoch before the last change (named in refusals)
     "settings",       # the memory settings in use (text, e.g. "strategy=lease memory=3600s")
     "settings_used",  # store ms of the last claim made under them
+    "taken_at",       # store ms of the last takeover answered TAKEN (a write its WAIT covers)
 )
 
 #: What each key of an entry's block holds, in the order scripts receive them.
@@ -422,12 +423,18 @@ return cjson.encode({now = int(NOW), runs = found})
 #: KEYS: the store key, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: expected token.
 #: ARGV[9]: queue_timeout ms for the new attempt.  ARGV[10]: max_attempts.
-#: Reply: {now, outcome (TakeoverOutcome value), run?}.
+#: Reply: {now, outcome (TakeoverOutcome value), run?, replicas (live, when counted)}.
 TAKE_OVER = lua(r"""
 memory_start(1)
 local slot_s = ARGV[7]
 local run = run_get(1, slot_s)
-local function reply(outcome) return cjson.encode({now = int(NOW), outcome = outcome, run = run}) end
+local function reply(outcome)
+  if outcome == 'taken' then  -- a write of this call, so that its WAIT covers the takeover
+    redis.call('HSET', STORE, 'taken_at', int(NOW))
+  end
+  return cjson.encode({now = int(NOW), outcome = outcome, run = run,
+                       replicas = int(live_replicas())})
+end
 if run and run.p and tonumber(run.p) == tonumber(ARGV[8]) and run.s == 'queued'
     and run.o == INSTANCE then
   return reply('taken')  -- this instance's own takeover, whose reply was lost: the same record
