@@ -9,7 +9,7 @@ answers every later one within the window ``duplicate: true`` with the original'
 server decides, the first publish wins. The stored body names the winner, so a duplicate reads it
 back by sequence: the winner's own retry answers WON, others LOST with the winner and its
 fingerprint (DESIGN.md "Who won"). Rounds per batch, each pipelined on one connection: 1. the
-publishes, then the stream's info; 2. reading back the winners of duplicates (with the clock probe
+publishes, then the stream's info and the epoch marker (see "Amnesia and partial loss"); 2. reading back the winners of duplicates (with the clock probe
 and a young stream's memory start when due); 3. the history writes. Won: rounds 1 and 3; lost: 1, 2.
 
 **Memory.** A message id is remembered for ``duplicate_window`` after its first publish; after it
