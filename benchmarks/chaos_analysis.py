@@ -88,6 +88,11 @@ WINDOW_AFTER_S = 30.0
 #: 30 s, so a run delayed by a fault overlaps or supersedes the next one
 LEASE_REASONS = ("overlapping", "superseded", "lost")
 LEASE_WINDOW_BEFORE_S, LEASE_WINDOW_AFTER_S = 45.0, 75.0
+#: a store restart makes the store forget (a new epoch, or no persistence): slots whose claims were
+#: still retried when it went down (max_late 15 s + the 10 s tolerance) up to those the restarted
+#: store refuses (10 s after the first claim reaches it, which the beats' outage backoff can delay
+#: by up to 5 s), and no others
+FORGOTTEN_WINDOW_BEFORE_S, FORGOTTEN_WINDOW_AFTER_S = 25.0, 15.0
 #: broker-side losses allowed per broker outage or worker death: one BRPOP in flight per worker
 #: connection (two workers) can be lost with the broker; a worker whose connection dropped can
 #: hold a few prefetched messages it never acknowledges
@@ -288,8 +293,12 @@ def fault_windows(faults: list[dict]) -> dict[str, list[tuple[float, float]]]:
 def caused_by(reason: str, slot_ms: int, windows: dict[str, list[tuple[float, float]]]) -> list[str]:
     """The injected faults (``kind@+start``) that can cause ``reason`` for a run at ``slot_ms``:
     of a kind in :data:`CAUSES`, with the slot inside the fault's window."""
-    before, after = ((LEASE_WINDOW_BEFORE_S, LEASE_WINDOW_AFTER_S) if reason in LEASE_REASONS
-                     else (WINDOW_BEFORE_S, WINDOW_AFTER_S))
+    if reason in LEASE_REASONS:
+        before, after = LEASE_WINDOW_BEFORE_S, LEASE_WINDOW_AFTER_S
+    elif reason == "forgotten":
+        before, after = FORGOTTEN_WINDOW_BEFORE_S, FORGOTTEN_WINDOW_AFTER_S
+    else:
+        before, after = WINDOW_BEFORE_S, WINDOW_AFTER_S
     slot = slot_ms / 1000
     return [f"{kind}@{start:.1f}" for kind in CAUSES.get(reason, ())
             for start, end in windows.get(kind, ()) if start - before <= slot <= end + after]

@@ -27,9 +27,12 @@ from conftest import IN_CI
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAOS = os.path.join(ROOT, "benchmarks", "chaos.py")
 SEED = 20261130
-#: runs executed exactly once, at least: this seed's 60 s reach 86 % (1227 of 1426: a 22 s broker
-#: outage costs most of the rest, send_failed); the margin is for a loaded machine
-EXECUTED_FLOOR = 0.80
+#: runs executed exactly once, at least, of the runs a store restart does not make the store forget
+#: (a new epoch refuses every slot up to 10 s after the restart: this seed's 3.6 s crash costs 290
+#: runs, recorded forgotten, each within the restart's window). This seed's 60 s reach 82 % of the
+#: rest (928 of 1136; a 22 s broker outage costs most of the others, send_failed) and reached 86 %
+#: before the epoch; the margin is for a loaded machine.
+EXECUTED_FLOOR = 0.75
 
 
 def test_sixty_seconds_of_chaos_on_redis_send_every_run_once_or_record_why_not(tmp_path, capsys):
@@ -58,7 +61,8 @@ def test_sixty_seconds_of_chaos_on_redis_send_every_run_once_or_record_why_not(t
     assert summary["broker_losses_ok"], (summary["sent_lost_by_broker_verdict"],
                                          summary["sent_unacked_by_worker_verdict"])
     # the run did run: most runs executed, and every fault kind of the store was injected
-    assert summary["executed_once"] >= EXECUTED_FLOOR * summary["expected"], summary
+    forgotten = summary["explained_by_reason"].get("forgotten", 0)
+    assert summary["executed_once"] >= EXECUTED_FLOOR * (summary["expected"] - forgotten), summary
     injected = {f["kind"] for f in summary["faults"] if not f["skipped"]}
     wanted = set(STORE_KINDS["redis-aof"]) - (set() if has_faketime else {"skew"})
     assert wanted <= injected, f"never injected: {sorted(wanted - injected)}; {summary['faults']}"
