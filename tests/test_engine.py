@@ -585,9 +585,15 @@ def test_a_takeover_whose_reply_was_lost_is_retried_and_sent_once(redis_proxy, n
         assert h.sent == [("e", slot, 1)]
         assert direct.inspect("e", slot).attempt == 2, "the takeover reached the store"
         redis_proxy.restore()
-        # past the new attempt's queue deadline (4 s), when a forgotten takeover is taken again
-        h.run_for(lease["queue_timeout"] + 1.5)
-        assert h.sent == [("e", slot, 1), ("e", slot, 2)], h.sent
-        assert direct.inspect("e", slot).attempt == 2, "an attempt was burned"
+        # asked again after the grace for a started run (2 heartbeats + 1 s), before attempt 2's
+        # queue deadline (4 s after the takeover), past which any instance takes it over anew
+        wait_until(lambda: (h.engine.tick(), h.sent[1:])[1], lease["queue_timeout"],
+                   "the takeover asked again", interval=0.05)
+        assert h.sent == [("e", slot, 1), ("e", slot, 2)], "an attempt was burned"
+        adopted, _ = direct.adopt("e", slot, "runner-2", 60_000)  # a worker takes attempt 2
+        assert adopted
+        h.run_for(1.5)
+        assert h.sent == [("e", slot, 1), ("e", slot, 2)], "attempt 2 was sent twice"
+        assert direct.inspect("e", slot).attempt == 2
     finally:
         direct.close()
