@@ -14,6 +14,7 @@ The whole API::
         leader.kill()                        # SIGKILL: a crash
         cluster.stream_leader("S", not_on=leader)   # waits for the new leader
         leader.start()                       # the same name, ports and store folder; healthy
+        cluster.wait_ready()                 # JetStream takes new streams again
 
     with NatsCluster(1) as single:           # one server, no cluster
         disk = single.servers[0].freeze_disk()   # a copy of what its files hold now
@@ -193,11 +194,28 @@ class NatsCluster:
         deadline = time.monotonic() + timeout
         for server in self.servers:
             server.wait_healthy(max(0.1, deadline - time.monotonic()))
-        while self.request("$JS.API.INFO") is None:  # the meta leader is elected
+        self.wait_ready(max(0.1, deadline - time.monotonic()))
+        return self
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Wait until JetStream takes a stream with as many replicas as there are live servers
+        (up to 3): a meta leader is elected and enough peers are current. Call it after a
+        restart, before anything that creates streams. Creates and deletes ``RIG_READY``.
+
+        :raises RuntimeError: not ready within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        for server in self.servers:
+            if server.alive():
+                server.wait_healthy(max(0.1, deadline - time.monotonic()))
+        replicas = min(3, sum(s.alive() for s in self.servers))
+        config = {"name": "RIG_READY", "subjects": ["rig.ready"], "storage": "memory",
+                  "num_replicas": replicas}
+        while self.request("$JS.API.STREAM.CREATE.RIG_READY", config) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"JetStream of {self.url} not ready in {timeout} s")
-            time.sleep(0.05)
-        return self
+            time.sleep(0.1)
+        self.request("$JS.API.STREAM.DELETE.RIG_READY")
 
     def request(self, subject: str, body: dict | None = None, timeout: float = 2) -> dict | None:
         """One JetStream API request through any live server: the JSON reply, or ``None`` when

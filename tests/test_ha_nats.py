@@ -43,7 +43,8 @@ def healed(cluster):
     """The cluster, with every server it killed started again afterwards."""
     yield cluster
     for server in cluster.servers:
-        server.start()
+        server.start(wait=False)
+    cluster.wait_ready()
 
 
 @pytest.fixture
@@ -51,7 +52,6 @@ def opened():
     stores = []
 
     def make(url, namespace, instance_id, **options):
-        options.setdefault("claim_timeout", 2)
         store = open_store(url, namespace=namespace, instance_id=instance_id, options=options)
         stores.append(store)
         return store
@@ -252,3 +252,25 @@ def test_single_server_restarted_after_losing_its_newest_writes_never_rewins(sin
     assert retried.outcome is Outcome.FORGOTTEN, retried
     kept = b.claim([req("e", x1)])[0]
     assert kept.outcome in (Outcome.LOST, Outcome.FORGOTTEN) and kept.outcome is not Outcome.WON
+
+
+def test_whole_cluster_restart_is_an_epoch_change_for_every_instance(healed, opened, namespace):
+    """Every server of the cluster SIGKILLed and started again (a power loss of all hosts):
+    their memory is gone, so is the epoch marker, and the first claim of any instance after it
+    refuses the slots before the new marker + 10 s, naming both epochs; a run won before stays
+    unwon by anyone else."""
+    a = prepared(opened(healed.servers[0].url, namespace, "A"))
+    b = opened(healed.servers[1].url, namespace, "B")
+    b.prepare(["e"])
+    now = a.now_ms()
+    assert a.claim([req("e", now - 2000)])[0].outcome is Outcome.WON
+    for server in healed.servers:
+        server.kill()
+    for server in healed.servers:
+        server.start(wait=False)
+    for server in healed.servers:
+        server.wait_healthy()
+    fresh = claim_until_answered(b, [req("e", now - 1000)], time.monotonic() + 20)[0]
+    assert fresh.outcome is Outcome.FORGOTTEN and "epoch changed" in fresh.detail, fresh
+    again = claim_until_answered(b, [req("e", now - 2000)], time.monotonic() + 20)[0]
+    assert again.outcome is not Outcome.WON, again

@@ -353,8 +353,10 @@ class NATSStore(HistoryOps, Store):
             if exc.err_code != STREAM_NAME_IN_USE:
                 raise
             created_here = False
-        return dict(await self._api(session, nc, f"{API}.STREAM.INFO.{name}"),
-                    created_here=created_here)
+        info = await self._api(session, nc, f"{API}.STREAM.INFO.{name}")
+        if created_here:
+            info = await self._settled(session, nc, info)
+        return dict(info, created_here=created_here)
 
     def _replica_error(self, nc, name: str, replicas, exc: ApiError) -> ConfigError:
         cluster, size = self._topology(nc)
@@ -406,8 +408,16 @@ class NATSStore(HistoryOps, Store):
             if exc.err_code in REPLICA_ERRORS or "replica" in exc.description.lower():
                 raise self._replica_error(nc, name, self.replicas, exc) from None
             raise
-        info = dict(info, config=updated.get("config", config))
-        # the stream takes no publish until its new peers formed their group: wait for it
+        info = await self._settled(session, nc, dict(info, config=updated.get("config", config)))
+        return info, [f"NATS store {self.safe_url}: stream {name} had {live} replica(s); raised "
+                      f"to {self.replicas} (replicas={self.replicas})"]
+
+    async def _settled(self, session, nc, info: dict) -> dict:
+        """Wait (at most claim_timeout / 2) until a replicated stream just created or raised has
+        a leader and current peers: until then it answers no publish. Its latest info."""
+        name, replicas = info["config"]["name"], int(info["config"].get("num_replicas") or 1)
+        if replicas < 2:
+            return info
         deadline = time.monotonic() + self.claim_timeout / 2
         while time.monotonic() < deadline:
             try:
@@ -416,13 +426,11 @@ class NATSStore(HistoryOps, Store):
                 now = {}
             group = now.get("cluster") or {}
             peers = group.get("replicas") or []
-            if group.get("leader") and len(peers) + 1 >= self.replicas \
+            if group.get("leader") and len(peers) + 1 >= replicas \
                     and all(p.get("current") for p in peers):
-                info = now
-                break
+                return now
             await asyncio.sleep(0.05)
-        return info, [f"NATS store {self.safe_url}: stream {name} had {live} replica(s); raised "
-                      f"to {self.replicas} (replicas={self.replicas})"]
+        return info
 
     def _topology_warnings(self, nc, info: dict) -> list[str]:
         """What the server setup promises, said at start-up (loss-spec point 10)."""
