@@ -127,13 +127,15 @@ def test_rabbitmq_other_slot_ttl_is_a_config_error_at_start_up(stores):
     assert "delete_queue" in text and "guest:***@" in text
 
 
-def test_rabbitmq_other_slot_ttl_under_a_running_instance_makes_claims_unknown(stores):
+def test_rabbitmq_other_slot_ttl_under_a_running_instance_makes_claims_forgotten(stores):
+    """Loss-spec point 5: a claim made with another memory setting than the recorded one is
+    refused as forgotten, naming both values (a possible miss), and claims nothing."""
     a = prepared(stores("A", slot_ttl=300))
     slot = now_ms()
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
     b = stores("B", slot_ttl=2)   # started without prepare (or the marker changed under it)
     result = b.claim([req("e", slot), req("e", slot + 1)])
-    assert [r.outcome for r in result] == [Outcome.UNKNOWN, Outcome.UNKNOWN]
+    assert [r.outcome for r in result] == [Outcome.FORGOTTEN, Outcome.FORGOTTEN]
     assert "slot_ttl 300 s" in result[0].detail and "2 s here" in result[0].detail
     assert a.claim([req("e", slot + 1)])[0].outcome is Outcome.WON
 

@@ -30,7 +30,8 @@ publish, then the confirms; (3) the batch's history events, then their confirms.
   is shorter forgets a run before a later claimer's window closes. So each namespace has a
   marker queue ``<prefix>.settings.<namespace>`` (no expiry) whose ``x-message-ttl`` carries the
   ``slot_ttl``: a different value is a ConfigError at start-up, and every batch re-declares it (in
-  the same pipeline), so a change under a running instance makes its claims ``UNKNOWN``.
+  the same pipeline), so a change under a running instance makes its claims ``FORGOTTEN`` (both
+  values named: a possible miss; loss-spec point 5).
 
 **Who won** (DESIGN.md "Who won"): the winner cannot be read back. Reading the claim message, even
 to requeue it, empties the queue for a moment (an unacked message does not count towards
@@ -474,7 +475,7 @@ class RabbitMQStore(EntryQueues, Store):
         except amqp.exceptions.PreconditionFailed as exc:
             detail = self._settings_error(exc)
             self._warn_once(detail)
-            return {run: (Outcome.UNKNOWN, detail) for run in runs}
+            return {run: (Outcome.FORGOTTEN, detail) for run in runs}  # loss-spec point 5
         for entry in entries:
             try:
                 ch.queue_declare(self.names.born(entry), passive=True)
