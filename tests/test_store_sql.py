@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import shutil
 import sqlite3
+import threading
 import time
 from collections import Counter
 
@@ -16,7 +17,7 @@ import sqlalchemy as sa
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store, sql_core, sql_schema
-from celery_anarchon.stores.base import LeaseTerms, Outcome, RunEvent, RunState
+from celery_anarchon.stores.base import LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome
 from celery_anarchon.stores.sql import PostgreSQLStore, SQLiteStore
 
 from conftest import POSTGRES_URL
@@ -363,3 +364,171 @@ def test_sqlite_driver_errors_never_leak(tmpdir_path):
         store.claim([req("e", 1)])
     assert path in str(info.value)
     assert not isinstance(info.value, sqlite3.Error)
+
+
+# -- issue 8: writes the store may lose, rules shared by every instance ----------------------------
+
+LEASE_FAST = LeaseTerms(queue_timeout_ms=300)
+
+
+def _claim_one(store, entry, slot, **kw):
+    return store.claim([req(entry, slot, **kw)])[0]
+
+
+def test_rolling_memory_change_is_refused_at_prepare(stores):
+    """An instance whose ``memory`` differs from the one the store recorded cannot start: the
+    error names both values and the fix (loss-spec point 5)."""
+    a = prepared(stores("A", memory=3.0))
+    _claim_one(a, "e", fresh_slot(a), max_late_ms=1000)
+    b = stores("B", memory=3600.0)
+    with pytest.raises(ConfigError) as info:
+        b.prepare(["e"])
+    message = str(info.value)
+    assert "3600" in message and "'memory'" in message and "3 s" in message, message
+    assert "same value on every instance" in message, message
+
+
+def test_claim_with_another_memory_never_rewins_a_run(stores):
+    """Rolling change of ``memory``: A (memory 3 s, max_late 1 s) wins X; B (memory 3600 s,
+    max_late 60 s) retries X 3.5 s later, when A's claim is past A's memory: B must not win
+    (issue 8, point 3)."""
+    a = prepared(stores("A", memory=3.0))
+    b = stores("B", memory=3600.0)
+    slot = fresh_slot(a)
+    won = _claim_one(a, "e", slot, max_late_ms=1000)
+    assert won.outcome is Outcome.WON
+    wait_until(lambda: a.now_ms() > won.store_ms + 3500, 10, "3.5 s on the store's clock")
+    again = _claim_one(b, "e", slot, max_late_ms=60_000)
+    assert again.outcome is not Outcome.WON, again
+    assert again.outcome is Outcome.FORGOTTEN and "3600" in again.detail and "3 s" in again.detail, again
+
+
+def test_retried_claim_after_a_takeover_is_lost_not_won_as_the_new_attempt(stores):
+    """A wins a leased run, B takes it over as attempt 2 (not adopted in time), A retries its
+    claim (its first reply was lost): LOST, naming attempt 2, never WON with B's token
+    (loss-spec point 6)."""
+    a, b = prepared(stores("A")), stores("B")
+    slot = fresh_slot(a)
+    assert _claim_one(a, "e", slot, lease=LEASE_FAST).outcome is Outcome.WON
+    expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline to pass")
+    outcome, run = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+    assert outcome is TakeoverOutcome.TAKEN and run.attempt == 2
+    retried = _claim_one(a, "e", slot, lease=LEASE_FAST)
+    assert retried.outcome is Outcome.LOST, retried
+    assert retried.winner == "B" and retried.token is None and "attempt 2" in retried.detail, retried
+
+
+def test_retried_claim_whose_reply_was_lost_after_a_takeover_is_lost(namespace):
+    """The same through a connection that swallows the server's reply to A's COMMIT: the claim is
+    committed, A sees an error, B takes the unadopted run over, A's retry answers LOST."""
+    from tcp_proxy import TCPProxy
+    store_url("postgresql", "")
+    target = sa.make_url(POSTGRES_URL)
+    proxy = TCPProxy((target.host or "127.0.0.1", target.port or 5432)).start()
+    maker = StoreMaker("postgresql", POSTGRES_URL, namespace)
+    via_proxy = StoreMaker("postgresql", str(target.set(host="127.0.0.1", port=proxy.port)
+                                              .render_as_string(hide_password=False)), namespace)
+    try:
+        a, b = prepared(via_proxy("A", claim_timeout=2)), prepared(maker("B"))
+        slot = fresh_slot(a)
+        sa.event.listen(a._get_engine(), "commit",
+                        lambda conn: setattr(proxy, "swallow_replies", True))
+        errors = []
+        worker = threading.Thread(target=lambda: _catch(errors, a.claim, [req("e", slot, lease=LEASE_FAST)]))
+        worker.start()
+        wait_until(lambda: b.inspect("e", slot), 10, "A's claim to be committed")
+        proxy.outage()
+        worker.join(10)
+        assert errors and isinstance(errors[0], StoreUnavailable), errors
+        a.close()
+        proxy.restore()
+        expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline to pass")
+        outcome, run = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+        assert outcome is TakeoverOutcome.TAKEN and run.attempt == 2
+        a2 = via_proxy("A", claim_timeout=2)
+        retried = _claim_one(a2, "e", slot, lease=LEASE_FAST)
+        assert retried.outcome is Outcome.LOST and retried.token != run.token, retried
+    finally:
+        maker.close_all()
+        via_proxy.close_all()
+        proxy.close()
+
+
+def _catch(errors, fn, *args):
+    try:
+        fn(*args)
+    except BaseException as error:   # handed to the test thread
+        errors.append(error)
+
+
+def test_renewal_never_recreates_a_finished_run_that_was_pruned(stores):
+    """A runner paused past lease + memory renews a run that finished and was pruned while the
+    store's memory is intact: the renewal answers None (lease lost), it never brings the run back
+    (loss-spec point 7)."""
+    a = prepared(stores("A", memory=1.0))
+    slot = fresh_slot(a)
+    assert _claim_one(a, "e", slot, lease=LeaseTerms(60_000)).outcome is Outcome.WON
+    adopted, run = a.adopt("e", slot, "worker-1", 60_000)
+    assert adopted and a.release("e", slot, run.token)
+    finished = a.inspect("e", slot)
+    wait_until(lambda: a.now_ms() > finished.store_ms + 1100, 10, "the memory to pass")
+    a.prune()
+    assert a.inspect("e", slot) is None, "pruned"
+    assert a.renew("e", slot, run.token, "worker-1", 60_000) is None
+    assert a.inspect("e", slot) is None, "the renewal did not recreate the record"
+
+
+def test_takeover_whose_reply_was_lost_is_recognised_when_retried(stores):
+    """take_over retried with the same expected token by the instance that took the run over
+    answers TAKEN again with the same record; another instance's is REFUSED (loss-spec point 8)."""
+    a, b, c = prepared(stores("A")), stores("B"), stores("C")
+    slot = fresh_slot(a)
+    assert _claim_one(a, "e", slot, lease=LEASE_FAST).outcome is Outcome.WON
+    expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline to pass")
+    first = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+    again = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+    assert first[0] is TakeoverOutcome.TAKEN
+    assert again[0] is TakeoverOutcome.TAKEN, again
+    assert (again[1].attempt, again[1].token, again[1].owner) == (2, first[1].token, "B")
+    assert c.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000,
+                       max_attempts=3)[0] is TakeoverOutcome.REFUSED
+
+
+def test_new_entry_on_an_intact_store_is_not_refused_but_a_wiped_store_refuses(stores):
+    """The store-wide memory start: an entry the store has never seen may claim its first slots
+    when the store's memory is older; after a wipe nothing before the new memory start is won
+    (loss-spec point 4)."""
+    a = prepared(stores("A"))
+    assert _claim_one(a, "brand-new", fresh_slot(a)).outcome is Outcome.WON
+    b = stores("B")
+    b.prepare(["added-later"])
+    assert _claim_one(b, "added-later", fresh_slot(b)).outcome is Outcome.WON
+    stores.wipe()
+    refused = _claim_one(b, "another", fresh_slot(b))
+    assert refused.outcome is Outcome.FORGOTTEN, refused
+
+
+def test_changed_epoch_restarts_the_memory_for_every_instance(stores):
+    """An epoch the store did not record (a promoted standby, a restored server) restarts the
+    memory inside the claim: the recent slots are refused, naming both epochs (loss-spec point 3)."""
+    a, b = prepared(stores("A")), stores("B")
+    slot = fresh_slot(a)
+    assert _claim_one(a, "e", slot + 1).outcome is Outcome.WON
+    with a._get_engine().begin() as conn:
+        conn.execute(sa.update(sql_schema.stores).where(sql_schema.stores.c.namespace == a.namespace)
+                     .values(epoch="old-server:1"))
+    first = _claim_one(b, "e", slot)
+    assert first.outcome is Outcome.FORGOTTEN and "old-server:1" in first.detail, first
+    assert _claim_one(a, "other", slot).outcome is Outcome.FORGOTTEN, "every instance's claim"
+    assert _claim_one(a, "e", slot + 1).outcome is Outcome.WON, "a remembered claim stays won"
+
+
+def test_sqlite_commits_are_synchronous_full(namespace, tmpdir_path):
+    """SQLite in WAL mode with synchronous=NORMAL may lose the last commits on a power cut;
+    every connection of the store uses FULL."""
+    store = _open("sqlite:///" + os.path.join(tmpdir_path, "claims.sqlite3"))
+    store.prepare(["e"])
+    with store._get_engine().connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2       # FULL
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    store.close()

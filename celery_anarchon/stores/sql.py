@@ -13,11 +13,13 @@ URLs::
 """
 from __future__ import annotations
 
+import datetime as dt
 import importlib.util
 import logging
 import math
 import os
 import sqlite3
+import threading
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,7 +28,7 @@ from sqlalchemy import exc as sa_exc
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import mask_url
-from celery_anarchon.stores.sql_core import SQLStore
+from celery_anarchon.stores.sql_core import SQLStore, _seconds
 
 __all__ = ["PostgreSQLStore", "SQLiteStore", "SQLStore"]
 
@@ -48,6 +50,14 @@ def _sqlstate(error: BaseException) -> str | None:
     return getattr(getattr(error, "orig", None) or error, "sqlstate", None)
 
 
+#: ``durability`` values of the PostgreSQL store -> what they promise (docs/stores.md)
+DURABILITY = {
+    "auto": "claims wait for the synchronous standbys when synchronous_standby_names is set",
+    "local": "claims never wait for a standby (the primary's disk only)",
+    "standby": "claims wait for a synchronous standby; synchronous_standby_names must be set",
+}
+
+
 class PostgreSQLStore(SQLStore):
     """PostgreSQL through psycopg 3. Store clock: ``clock_timestamp()``.
 
@@ -56,11 +66,47 @@ class PostgreSQLStore(SQLStore):
     ``tcp_user_timeout`` (so a server that vanished is noticed), unless the URL sets them; other
     query parameters (``sslmode``, ...) are passed to libpq unchanged.
 
-    :raises ConfigError: psycopg is not installed, or the URL is not a PostgreSQL URL.
+    Durability (loss-spec point 1, docs/stores.md "PostgreSQL"): every writing transaction sets
+    ``synchronous_commit`` for itself. ``durability="auto"`` (default): ``on`` when the primary's
+    ``synchronous_standby_names`` is set (the commit waits until a synchronous standby flushed
+    it), else ``local`` (the primary's disk; a promoted asynchronous standby is caught by the
+    epoch below). ``"local"``: always ``local``. ``"standby"``: always ``on``, and prepare()
+    refuses a primary without synchronous standbys. A commit that waits longer than
+    ``confirm_timeout`` seconds (default: half of claim_timeout; must be below it) is cancelled:
+    PostgreSQL then keeps it locally and only warns, so its won claims answer UNCONFIRMED and
+    are never sent. (``statement_timeout`` does not bound that wait: PostgreSQL disables it
+    before committing; the store sends a cancel request.)
+
+    Epoch (loss-spec point 3): the system identifier (``pg_control_system()``, read once per
+    connection) and the timeline of the current WAL file (``pg_walfile_name(pg_current_wal_lsn())``,
+    which follows a promotion at once, unlike ``pg_control_checkpoint()``), read inside every
+    claim and lease operation. Both functions are executable by PUBLIC on PostgreSQL 10 to 17.
+
+    :raises ConfigError: psycopg is not installed, the URL is not a PostgreSQL URL, or
+        ``durability`` / ``confirm_timeout`` is invalid (naming the value and the choices).
     """
 
     kind = "postgresql"
     dialect = "postgresql"
+    own_options = frozenset({"durability", "confirm_timeout"})
+
+    def __init__(self, url: str, *, durability: str = "auto",
+                 confirm_timeout: float | dt.timedelta | None = None, **kwargs: Any) -> None:
+        if durability not in DURABILITY:
+            choices = "; ".join(f"{k!r}: {v}" for k, v in DURABILITY.items())
+            raise ConfigError(f"anarchon_store_options['durability'] = {durability!r}: must be one of "
+                              f"{choices}")
+        super().__init__(url, **kwargs)
+        #: "auto", "local" or "standby" (see the class docstring)
+        self.durability = durability
+        #: seconds a commit may wait for the synchronous standbys before it counts as unconfirmed
+        self.confirm_timeout = (self.claim_timeout / 2 if confirm_timeout is None
+                                else _seconds("confirm_timeout", confirm_timeout))
+        if self.confirm_timeout >= self.claim_timeout:
+            raise ConfigError(
+                f"anarchon_store_options['confirm_timeout'] = {self.confirm_timeout:g} s must be below "
+                f"claim_timeout = {self.claim_timeout:g} s (a claim's round trip includes the wait "
+                "for the standby); lower confirm_timeout or raise claim_timeout")
 
     def _engine_url(self, url: str) -> sa.URL:
         if importlib.util.find_spec("psycopg") is None:
@@ -89,18 +135,86 @@ class PostgreSQLStore(SQLStore):
 
         @event.listens_for(engine, "connect")
         def _session(dbapi_conn, record) -> None:
+            import psycopg
+            notices: list[tuple[str, str]] = []
+            record.info["anarchon_notices"] = notices
+            dbapi_conn.add_notice_handler(
+                lambda diag: notices.append((diag.severity_nonlocalized or "", diag.message_primary or "")))
             with dbapi_conn.cursor() as cur:
                 cur.execute(f"SET statement_timeout = {statement_ms}")
                 cur.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
             dbapi_conn.commit()
+            try:
+                with dbapi_conn.cursor() as cur:
+                    cur.execute("SELECT system_identifier::text FROM pg_control_system()")
+                    record.info["anarchon_sysid"] = cur.fetchone()[0]
+            except psycopg.Error:          # EXECUTE revoked: the epoch is the timeline alone
+                record.info["anarchon_sysid"] = None
+            dbapi_conn.rollback()
         return engine
+
+    # -- epoch and durability ---------------------------------------------------------------
+    def _epoch_sql(self, conn: sa.Connection) -> sa.ColumnElement:
+        return sa.func.substr(sa.func.pg_walfile_name(sa.func.pg_current_wal_lsn()), 1, 8)
+
+    def _epoch_text(self, conn: sa.Connection, value: Any) -> str:
+        sysid = conn.info.get("anarchon_sysid")
+        timeline = int(value, 16)
+        return f"system {sysid} timeline {timeline}" if sysid else f"timeline {timeline}"
+
+    def _start_write(self, conn: sa.Connection, durable: bool) -> None:
+        if not durable or self.durability == "local":
+            mode = "'local'"
+        elif self.durability == "standby":
+            mode = "'on'"
+        else:
+            mode = "CASE WHEN current_setting('synchronous_standby_names') = '' THEN 'local' ELSE 'on' END"
+        waits, names = conn.exec_driver_sql(
+            f"SELECT set_config('synchronous_commit', {mode}, true), "
+            "current_setting('synchronous_standby_names')").one()
+        conn.info["anarchon_waits"] = waits == "on" and bool(names.strip())
+        # "standby" without a synchronous standby cannot be confirmed (prepare() refuses it; the
+        # setting may have been changed since)
+        conn.info["anarchon_unconfirmable"] = durable and self.durability == "standby" and not names.strip()
+
+    def _commit(self, conn: sa.Connection, trans: sa.RootTransaction) -> bool:
+        """Commit; a wait for the synchronous standbys longer than ``confirm_timeout`` is
+        cancelled (a cancel request: the commit stays, PostgreSQL only warns) and reported as
+        not confirmed. A connection whose cancel request went out is not reused: a late cancel
+        must not hit its next statement."""
+        if not conn.info.get("anarchon_waits"):
+            trans.commit()
+            return not conn.info.get("anarchon_unconfirmable")
+        notices = conn.info["anarchon_notices"]
+        dbapi = conn.connection.dbapi_connection
+        fired = threading.Event()
+
+        def cancel() -> None:
+            fired.set()
+            dbapi.cancel()
+        timer = threading.Timer(self.confirm_timeout, cancel)
+        timer.daemon = True
+        del notices[:]
+        timer.start()
+        try:
+            trans.commit()
+        finally:
+            timer.cancel()
+        warned = [text for severity, text in notices if severity == "WARNING"]
+        if fired.is_set():
+            conn.invalidate()
+        if warned or fired.is_set():
+            log.debug("%s store %s: commit not confirmed by a synchronous standby: %s", self.kind,
+                      self.safe_url, "; ".join(warned) or "cancel request sent")
+            return False
+        return True
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         import psycopg
         return (psycopg.Error,)
 
     def _missing_table(self, error: BaseException) -> bool:
-        return _sqlstate(error) == "42P01"                    # undefined_table
+        return _sqlstate(error) in ("42P01", "42703")         # undefined_table, undefined_column
 
     def _retryable(self, error: BaseException) -> bool:
         return _sqlstate(error) in ("40P01", "40001")         # deadlock, serialization failure
@@ -110,14 +224,54 @@ class PostgreSQLStore(SQLStore):
         if version < (10,):
             raise ConfigError(f"{self.kind} store {self.safe_url}: PostgreSQL "
                               f"{'.'.join(map(str, version))} is too old; version 10 or later is needed")
-        fsync, sync_commit = conn.execute(sa.text(
-            "SELECT current_setting('fsync'), current_setting('synchronous_commit')")).one()
+        fsync, sync_commit, names, in_recovery = conn.execute(sa.text(
+            "SELECT current_setting('fsync'), current_setting('synchronous_commit'), "
+            "current_setting('synchronous_standby_names'), pg_is_in_recovery()")).one()
+        where = f"{self.kind} store {self.safe_url}"
         warnings = []
-        if fsync == "off" or sync_commit == "off":
+        if in_recovery:
+            raise ConfigError(f"{where}: the server is a standby (in recovery): point "
+                              "anarchon_store_url at the primary")
+        if fsync == "off":
             warnings.append(
-                f"{self.kind} store {self.safe_url}: fsync={fsync}, synchronous_commit={sync_commit}: "
-                "a server crash can lose the newest claims, and a run whose claim was lost can be "
-                "sent again; turn both on for the claim database")
+                f"{where}: fsync=off: a server crash can lose the newest claims (the store cannot "
+                "notice it), and a run whose claim was lost can be sent again; turn fsync on")
+        if sync_commit == "off":
+            warnings.append(
+                f"{where}: synchronous_commit=off on the server: the store's own transactions set it "
+                f"for themselves (durability={self.durability!r}), other writes to this database are "
+                "not crash-safe")
+        standbys = [tuple(r) for r in conn.execute(sa.text(
+            "SELECT coalesce(application_name, ''), coalesce(sync_state, 'unknown') "
+            "FROM pg_stat_replication ORDER BY 1"))]
+        asynchronous = [name or "?" for name, state in standbys if state not in ("sync", "quorum")]
+        if self.durability == "standby" and not names.strip():
+            raise ConfigError(
+                f"{where}: durability='standby' needs a synchronous standby, but the primary's "
+                "synchronous_standby_names is empty: set it (e.g. synchronous_standby_names = "
+                "'FIRST 1 (standby1)', or 'ANY 1 (standby1, standby2)' so that one standby may be "
+                "down) or use durability='auto'")
+        if asynchronous and (not names.strip() or self.durability == "local"):
+            warnings.append(
+                f"{where}: {len(asynchronous)} standby(s) ({', '.join(asynchronous)}) replicate "
+                f"asynchronously{' for the claims (durability=local)' if names.strip() else ''}: a "
+                "promoted standby may lack the newest claims. The store notices the promotion (a new "
+                "timeline) and refuses the runs of the 10 s after it as forgotten (possible misses, "
+                "never a second run). To make every claim durable on a standby before it is sent, set "
+                "synchronous_standby_names = 'FIRST 1 (name)' (or 'ANY 1 (a, b)': one may be down) "
+                "on the primary and keep durability='auto'; claims then wait for it")
+        elif asynchronous and self.durability != "local":
+            warnings.append(
+                f"{where}: standby(s) {', '.join(asynchronous)} are not synchronous (state "
+                f"{', '.join(s for _, s in standbys if s not in ('sync', 'quorum'))}); claims wait for "
+                f"the synchronous ones named in synchronous_standby_names = {names!r}; promote only "
+                "a synchronous standby (a promotion of another is caught by the timeline: a few "
+                "possible misses)")
+        if conn.info.get("anarchon_sysid") is None:
+            warnings.append(
+                f"{where}: pg_control_system() is not executable by this user: the store's epoch is "
+                "the timeline alone, so a claim database replaced by another server on the same "
+                "timeline goes unnoticed; GRANT EXECUTE ON FUNCTION pg_control_system() TO this user")
         return warnings
 
 
@@ -197,7 +351,8 @@ class SQLiteStore(SQLStore):
         return (sqlite3.Error,)
 
     def _missing_table(self, error: BaseException) -> bool:
-        return "no such table" in str(getattr(error, "orig", None) or error)
+        text = str(getattr(error, "orig", None) or error)
+        return "no such table" in text or "no such column" in text or "has no column named" in text
 
     def prepare(self, entries) -> list[str]:
         """As :meth:`SQLStore.prepare`, creating the file's folder first.

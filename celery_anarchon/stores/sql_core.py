@@ -12,6 +12,13 @@ SQLAlchemy Core, no ORM; the dialects differ only in how they connect, their clo
 * SQLite (WAL, ``busy_timeout`` = claim_timeout): every writing transaction starts with ``BEGIN
   IMMEDIATE``, which takes the file's write lock before anything is read.
 
+Before it locks its entries, every claim and lease operation reads the namespace's row of
+``anarchon_stores`` in the same transaction (loss-spec points 3 to 5): the server's epoch is
+compared with the recorded one (a change restarts the store-wide memory at that moment), the
+instance's ``memory`` with the recorded one, and the store-wide memory start becomes part of each
+entry's effective memory start = max(entry's, store-wide). That row is only ever locked before
+entry rows, so the lock order stays deadlock-free.
+
 Tables: :mod:`celery_anarchon.stores.sql_schema`. Rules: DESIGN.md "Who won", "Amnesia",
 "Timing" and "Leases". Units: instants
 are UTC integer ms (``*_ms``), durations given to a store are ms, options are seconds.
@@ -53,6 +60,9 @@ DEADLOCK_RETRIES = 5
 #: Claimed runs looked up per statement (keeps bind parameters far below every server's limit).
 _LOOKUP_CHUNK = 500
 _TOL = LATENESS_TOLERANCE_MS
+#: the recorded memory's "last used" time is refreshed at most this often (ms); the replacement
+#: rule adds it, so a coarse refresh never lets a value be replaced early
+MEMORY_USE_STEP_MS = 1000
 _ENTRY_KEY = ("namespace", "entry")
 _RUN_KEY = ("namespace", "entry", "slot_ms")
 
@@ -71,6 +81,23 @@ def _count(option: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"anarchon_store_options[{option!r}] = {value!r}: must be an integer >= 1")
     return value
+
+
+@dataclasses.dataclass
+class StoreNote:
+    """The namespace's row of ``anarchon_stores`` as one transaction saw it (loss-spec 3 to 5).
+
+    :param born_ms: the store-wide memory start, store clock ms.
+    :param epoch: the server's epoch now (``""`` for SQLite).
+    :param detail: why the memory began when it did (an epoch change names both), for refusals.
+    :param conflict: set when this instance's ``memory`` differs from the recorded value that is
+        still in use: the detail its claims are refused (forgotten) with.
+    """
+
+    born_ms: int
+    epoch: str
+    detail: str = ""
+    conflict: str | None = None
 
 
 @dataclasses.dataclass
@@ -104,8 +131,9 @@ class SQLStore(LeaseOps, Store):
     """The shared implementation of :class:`PostgreSQLStore` and :class:`SQLiteStore`.
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered, default
-    3600, DESIGN.md "Timing"), ``history_size`` (runs kept per entry, default 100) and
-    ``claim_timeout`` (seconds one round trip may take, default 5).
+    3600, DESIGN.md "Timing"; recorded in the store: every instance must use the same value),
+    ``history_size`` (runs kept per entry, default 100) and ``claim_timeout`` (seconds one round
+    trip may take, default 5). PostgreSQL adds ``durability`` and ``confirm_timeout``.
 
     :raises ConfigError: an unknown option, a bad option value or an unusable URL (no I/O is done).
     """
@@ -114,12 +142,14 @@ class SQLStore(LeaseOps, Store):
     holds_leases = True
     #: the dialect name SQLAlchemy reports ("postgresql" / "sqlite")
     dialect: ClassVar[str] = ""
+    #: options a subclass takes itself (named in the unknown-option error)
+    own_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, url: str, *, namespace: str, instance_id: str,
                  memory: float | dt.timedelta = DEFAULT_MEMORY_S,
                  history_size: int = DEFAULT_HISTORY_SIZE,
                  claim_timeout: float | dt.timedelta = DEFAULT_CLAIM_TIMEOUT_S, **options: Any) -> None:
-        reject_unknown_options(self.kind, options, {"memory"})
+        reject_unknown_options(self.kind, options, {"memory", *self.own_options})
         memory_s = _seconds("memory", memory)
         timeout_s = _seconds("claim_timeout", claim_timeout)
         super().__init__(url, namespace=namespace, instance_id=instance_id,
@@ -159,6 +189,23 @@ class SQLStore(LeaseOps, Store):
         """Versions and settings at prepare(): warnings, or ConfigError when it cannot serve."""
         return []
 
+    def _epoch_sql(self, conn: sa.Connection) -> sa.ColumnElement:
+        """The server's epoch as an SQL expression, read inside the transaction ("" : none)."""
+        return sa.literal("")
+
+    def _epoch_text(self, conn: sa.Connection, value: Any) -> str:
+        """The epoch as recorded, from the value of :meth:`_epoch_sql`."""
+        return str(value or "")
+
+    def _start_write(self, conn: sa.Connection, durable: bool) -> None:
+        """First statement of a writing transaction (PostgreSQL: how its commit waits)."""
+
+    def _commit(self, conn: sa.Connection, trans: sa.RootTransaction) -> bool:
+        """Commit; :returns: False when the commit happened but was not confirmed durable
+        (PostgreSQL: the wait for a synchronous standby was cancelled)."""
+        trans.commit()
+        return True
+
     # -- identity -------------------------------------------------------------------------
     @property
     def memory(self) -> Memory:
@@ -191,11 +238,16 @@ class SQLStore(LeaseOps, Store):
             engine.dispose(close=self._engine_pid == os.getpid())
 
     @contextlib.contextmanager
-    def _transaction(self, write: bool):
+    def _transaction(self, write: bool, state: dict | None = None, durable: bool = True):
         with self._get_engine().connect() as conn:
             conn.execution_options(anarchon_write=write)
-            with conn.begin():
+            with conn.begin() as trans:
+                if write:
+                    self._start_write(conn, durable)
                 yield conn
+                confirmed = self._commit(conn, trans) if write else (trans.commit() or True)
+                if state is not None:
+                    state["confirmed"] = confirmed
 
     def _unavailable(self, what: str, error: BaseException) -> StoreUnavailable:
         cause = getattr(error, "orig", None) or error
@@ -206,17 +258,32 @@ class SQLStore(LeaseOps, Store):
                                 f"{type(cause).__name__}: {text}")
 
     def _run(self, what: str, work: Callable[[sa.Connection], T], *, write: bool = True,
-             needs_schema: bool = True) -> T:
+             needs_schema: bool = True, durable: bool = True,
+             unconfirmed: Callable[[T], T] | None = None) -> T:
         """Run ``work(conn)`` in one transaction. Re-creates missing tables once (amnesia: the
         entries' memory then begins now), re-runs deadlock victims, and turns every driver error
-        into StoreUnavailable naming the masked URL and the cause."""
+        into StoreUnavailable naming the masked URL and the cause.
+
+        :param durable: the commit waits for what the store's durability setting asks
+            (PostgreSQL: synchronous standbys); False: the local disk only.
+        :param unconfirmed: called with the result when the commit was not confirmed durable;
+            its return value is the answer (default: a warning, and the result).
+        """
         errors = (sa_exc.SQLAlchemyError, *self._driver_errors())
         schema_made = False
         retries = 0
         while True:
             try:
-                with self._transaction(write) as conn:
-                    return work(conn)
+                state: dict = {}
+                with self._transaction(write, state, durable) as conn:
+                    result = work(conn)
+                if state.get("confirmed", True):
+                    return result
+                if unconfirmed is not None:
+                    return unconfirmed(result)
+                log.warning("%s store %s: %s committed on the primary, but no synchronous standby "
+                            "confirmed it within confirm_timeout", self.kind, self.safe_url, what)
+                return result
             except errors as error:
                 if needs_schema and not schema_made and self._missing_table(error):
                     log.warning("%s store %s: tables missing during %s: the store forgot its data; "
@@ -238,17 +305,24 @@ class SQLStore(LeaseOps, Store):
 
     # -- life cycle -----------------------------------------------------------------------
     def prepare(self, entries: Iterable[str]) -> list[str]:
-        """Create missing tables and note the memory start (now) of entries without one.
+        """Create missing tables, note the store-wide memory start, epoch and ``memory`` when the
+        namespace has none (loss-spec points 3 to 5), and the memory start of entries without
+        one: the store-wide one (an intact store need not refuse a new entry's first slots).
 
-        :returns: warnings for the operator (e.g. a PostgreSQL with ``fsync`` off).
+        :returns: warnings for the operator (e.g. a PostgreSQL with ``fsync`` off, or with
+            asynchronous standbys).
         :raises StoreUnavailable: the store cannot be reached.
-        :raises ConfigError: the server is too old, or (SQLite) the file cannot be created.
+        :raises ConfigError: the server is too old, (SQLite) the file cannot be created, or the
+            store recorded another ``memory`` that is still in use (naming both values).
         """
         names = sorted(set(entries))
 
         def work(conn: sa.Connection) -> list[str]:
             warnings = self._check_server(conn)
             schema.create_schema(conn)
+            note = self._note_store(conn, claiming=False)
+            if note.conflict is not None:
+                raise ConfigError(f"{self.kind} store {self.safe_url}: {note.conflict}")
             self._lock_entries(conn, names)
             return warnings
         return self._run("prepare", work)
@@ -258,14 +332,93 @@ class SQLStore(LeaseOps, Store):
         return self._run("read the clock", lambda conn: self._now_us(conn) // 1000,
                          write=False, needs_schema=False)
 
-    def _lock_entries(self, conn: sa.Connection, names: Iterable[str]) -> dict[str, Fence]:
-        """Create the missing entries (memory start = now) and lock every entry row, in the
-        order of their names. :returns: entry -> its fence."""
+    def _note_store(self, conn: sa.Connection, *, claiming: bool) -> StoreNote:
+        """Read the namespace's row of ``anarchon_stores`` with the server's epoch, in one
+        statement, and bring it up to date (loss-spec points 3 to 5):
+
+        * no row (a new or wiped store): noted now, with this epoch and this ``memory``;
+        * another epoch (PostgreSQL: a promotion, a restored or replaced server): the store-wide
+          memory start becomes now, so every entry refuses the slots before now + tolerance;
+        * another ``memory``: replaced when the recorded one was last used more than the new
+          memory + 2 x LATENESS_TOLERANCE_MS ago, else :attr:`StoreNote.conflict`;
+        * ``claiming``: the recorded memory's last use becomes now (at most every second).
+
+        Call it before locking any entry row (lock order). :raises ConfigError: never;
+        conflicts are returned.
+        """
+        st = schema.stores
+        ns = self.namespace
+        clock = schema.clock_ms(self.dialect)
+        one = sa.select(sa.literal(1).label("one")).subquery()
+        row = conn.execute(
+            sa.select(clock.label("now"), self._epoch_sql(conn).label("epoch_now"), st.c.born_ms,
+                      st.c.epoch, st.c.prev_epoch, st.c.memory_ms, st.c.memory_used_ms)
+            .select_from(one.outerjoin(st, st.c.namespace == ns))).one()
+        now, epoch = int(row.now), self._epoch_text(conn, row.epoch_now)
+
+        def reread():
+            return conn.execute(sa.select(st).where(st.c.namespace == ns)).one()
+        if row.born_ms is None:
+            conn.execute(self._insert(st).values(
+                namespace=ns, born_ms=clock, epoch=epoch, prev_epoch="", memory_ms=self.memory_ms,
+                memory_used_ms=clock).on_conflict_do_nothing(index_elements=("namespace",)))
+            row = reread()
+        if row.epoch != epoch:
+            changed = conn.execute(sa.update(st).where(st.c.namespace == ns, st.c.epoch == row.epoch)
+                                   .values(born_ms=clock, epoch=epoch, prev_epoch=row.epoch)).rowcount
+            if changed:
+                log.warning("%s store %s: the server's epoch changed from %r to %r (a promoted "
+                            "standby, a restored or replaced server): it may have lost the newest "
+                            "claims; the store's memory begins again now, and the runs of the next "
+                            "%d s are refused as forgotten", self.kind, self.safe_url, row.epoch,
+                            epoch, _TOL // 1000)
+            row = reread()
+        detail = ""
+        if row.prev_epoch:
+            detail = f" (the server's epoch changed from {row.prev_epoch!r} to {row.epoch!r})"
+        conflict = None
+        if row.memory_ms != self.memory_ms:
+            idle = now - row.memory_used_ms
+            wait_ms = self.memory_ms + 2 * _TOL + MEMORY_USE_STEP_MS
+            if idle > wait_ms:
+                replaced = conn.execute(sa.update(st).where(
+                    st.c.namespace == ns, st.c.memory_ms == row.memory_ms,
+                    st.c.memory_used_ms == row.memory_used_ms,
+                ).values(memory_ms=self.memory_ms, memory_used_ms=clock)).rowcount
+                if replaced:
+                    log.warning("%s store %s: the recorded 'memory' %g s (unused for %d s) is replaced "
+                                "by this instance's %g s", self.kind, self.safe_url,
+                                row.memory_ms / 1000, idle // 1000, self.memory_s)
+                row = reread()
+            if row.memory_ms != self.memory_ms:
+                recorded = row.memory_ms / 1000
+                conflict = (
+                    f"anarchon_store_options['memory'] is {self.memory_s:g} s on this instance, but the "
+                    f"store recorded 'memory' = {recorded:g} s, last used by a claim "
+                    f"{max(0, now - row.memory_used_ms) / 1000:.1f} s ago: use the same value on every "
+                    f"instance; to change it, stop every instance using {recorded:g} s and wait "
+                    f"{self.memory_s:g} s + {2 * _TOL // 1000} s ({wait_ms / 1000:g} s after their "
+                    "last claim), or use another anarchon_namespace")
+        elif claiming and now - row.memory_used_ms >= MEMORY_USE_STEP_MS:
+            conn.execute(sa.update(st).where(st.c.namespace == ns, st.c.memory_used_ms < now)
+                         .values(memory_used_ms=now))
+        return StoreNote(born_ms=row.born_ms, epoch=epoch, detail=detail, conflict=conflict)
+
+    def _lock_entries(self, conn: sa.Connection, names: Iterable[str],
+                      note: StoreNote | None = None) -> dict[str, Fence]:
+        """Create the missing entries and lock every entry row, in the order of their names. A
+        new entry's memory starts at the store-wide memory start when the namespace has one
+        (its memory is intact: nothing of the entry can have been lost), else now.
+
+        :param note: the transaction's :meth:`_note_store`, copied into the fences.
+        :returns: entry -> its fence."""
         names = sorted(set(names))
         if not names:
             return {}
-        e = schema.entries
-        born = schema.clock_ms(self.dialect)
+        e, st = schema.entries, schema.stores
+        born = sa.func.coalesce(
+            sa.select(st.c.born_ms).where(st.c.namespace == self.namespace).scalar_subquery(),
+            schema.clock_ms(self.dialect))
         conn.execute(self._insert(e).values(
             [{"namespace": self.namespace, "entry": n, "born_ms": born, "last_token": 0,
               "newest_slot": None} for n in names]).on_conflict_do_nothing(index_elements=_ENTRY_KEY))
@@ -273,7 +426,11 @@ class SQLStore(LeaseOps, Store):
             sa.select(e.c.entry, e.c.born_ms, e.c.last_token, e.c.newest_slot)
             .where(e.c.namespace == self.namespace, e.c.entry.in_(names))
             .order_by(e.c.entry).with_for_update())
-        return {r.entry: Fence(r.born_ms, r.last_token, r.newest_slot) for r in rows}
+        fences = {r.entry: Fence(r.born_ms, r.last_token, r.newest_slot) for r in rows}
+        if note is not None:
+            for fence in fences.values():
+                fence.store_born_ms, fence.memory_detail = note.born_ms, note.detail
+        return fences
 
     def _save_fences(self, conn: sa.Connection, fences: dict[str, Fence]) -> None:
         rows = [{"b_ns": self.namespace, "b_entry": name, "b_token": f.last_token,
@@ -297,23 +454,53 @@ class SQLStore(LeaseOps, Store):
         """
         if not requests:
             return []
-        results = self._run("claim", lambda conn: self._claim(conn, list(requests)))
+        results = self._run("claim", lambda conn: self._claim(conn, list(requests)),
+                            unconfirmed=self._unconfirmed)
         self._maybe_prune()
         return results
 
+    def _unconfirmed(self, results: list[ClaimResult]) -> list[ClaimResult]:
+        """The claim committed, but not durably as the store's durability asks: every win is
+        UNCONFIRMED (never sent; loss-spec point 1) and its history says so (best effort). A retry
+        of the same claim is confirmed again (its commit waits again) before it answers WON."""
+        detail = ("committed on the primary, but no synchronous standby confirmed it within "
+                  f"confirm_timeout {getattr(self, 'confirm_timeout', 0):g} s")
+        answers = [dataclasses.replace(r, outcome=Outcome.UNCONFIRMED, token=None, detail=detail)
+                   if r.outcome is Outcome.WON else r for r in results]
+        rows = {r.request.run: r for r in answers if r.outcome is Outcome.UNCONFIRMED}
+        log.warning("%s store %s: %d won claim(s) not confirmed durable in time: not sent",
+                    self.kind, self.safe_url, len(rows))
+
+        def work(conn: sa.Connection) -> None:
+            self._lock_entries(conn, {entry for entry, _ in rows})
+            now = self._now_us(conn) // 1000
+            self._write_history(conn, [
+                self._history_row(r.entry, r.slot_ms, RunEvent.UNCONFIRMED, now,
+                                  task_id=r.request.task_id, attempt=r.attempt, detail=detail)
+                for r in rows.values()], replace=True)
+        if rows:
+            try:
+                self._run("record unconfirmed claims", work, durable=False)
+            except StoreUnavailable as error:
+                log.warning("%s", error)
+        return answers
+
     def _claim(self, conn: sa.Connection, requests: list[ClaimRequest]) -> list[ClaimResult]:
-        fences = self._lock_entries(conn, (r.entry for r in requests))
+        note = self._note_store(conn, claiming=True)
+        fences = self._lock_entries(conn, (r.entry for r in requests), note)
         now_us = self._now_us(conn)
         now = now_us // 1000
         held = self._read_claims(conn, {r.run for r in requests}, now)
         opened = self._read_open_runs(conn, {r.entry for r in requests if r.lease is not None})
         writes = _ClaimWrites()
-        results = [self._decide(r, fences[r.entry], held, opened, now_us, writes) for r in requests]
+        results = [self._decide(r, fences[r.entry], held, opened, now_us, writes, note)
+                   for r in requests]
         self._write_claims(conn, writes, fences)
         return results
 
     def _read_claims(self, conn: sa.Connection, runs: set[tuple[str, int]], now: int) -> dict:
-        """Claims still remembered: (entry, slot) -> (winner, fingerprint, token, attempt)."""
+        """Claims still remembered: (entry, slot) -> (winner, fingerprint, token, attempt,
+        owner of the run's current attempt)."""
         c, r = schema.claims, schema.runs
         joined = c.outerjoin(r, sa.and_(r.c.namespace == c.c.namespace, r.c.entry == c.c.entry,
                                         r.c.slot_ms == c.c.slot_ms))
@@ -321,12 +508,14 @@ class SQLStore(LeaseOps, Store):
         ordered = sorted(runs)
         for i in range(0, len(ordered), _LOOKUP_CHUNK):
             rows = conn.execute(
-                sa.select(c.c.entry, c.c.slot_ms, c.c.winner, c.c.fingerprint, r.c.token, r.c.attempt)
+                sa.select(c.c.entry, c.c.slot_ms, c.c.winner, c.c.fingerprint, r.c.token, r.c.attempt,
+                          r.c.owner)
                 .select_from(joined)
                 .where(c.c.namespace == self.namespace, c.c.keep_until_ms >= now,
                        sa.tuple_(c.c.entry, c.c.slot_ms).in_(ordered[i:i + _LOOKUP_CHUNK])))
             for row in rows:
-                held[(row.entry, row.slot_ms)] = (row.winner, row.fingerprint, row.token, row.attempt)
+                held[(row.entry, row.slot_ms)] = (row.winner, row.fingerprint, row.token, row.attempt,
+                                                  row.owner)
         return held
 
     def _read_open_runs(self, conn: sa.Connection, names: set[str]) -> dict[str, dict[int, _Open]]:
@@ -351,9 +540,11 @@ class SQLStore(LeaseOps, Store):
     def _refusal(self, r: ClaimRequest, fence: Fence, now: int) -> tuple[Outcome, str] | None:
         """Forgotten, late or early on the store's clock, or None."""
         slot = r.slot_ms
-        if slot < fence.born_ms + _TOL:
-            return Outcome.FORGOTTEN, (f"store memory began at {iso(fence.born_ms)}; slots before "
-                                       f"{iso(fence.born_ms + _TOL)} are refused")
+        begun = fence.memory_start_ms
+        if slot < begun + _TOL:
+            why = fence.memory_detail if begun == fence.store_born_ms else ""
+            return Outcome.FORGOTTEN, (f"store memory began at {iso(begun)}{why}; slots before "
+                                       f"{iso(begun + _TOL)} are refused")
         if now - slot >= self.memory_ms:
             return Outcome.FORGOTTEN, f"slot is older than the store's memory of {self.memory_s:g} s"
         if now > slot + r.max_late_ms + _TOL:
@@ -364,15 +555,22 @@ class SQLStore(LeaseOps, Store):
         return None
 
     def _decide(self, r: ClaimRequest, fence: Fence, held: dict, opened: dict, now_us: int,
-                writes: _ClaimWrites) -> ClaimResult:
+                writes: _ClaimWrites, note: StoreNote) -> ClaimResult:
         now = now_us // 1000
         entry, slot = r.run
         if r.run in held:
-            winner, fingerprint, token, attempt = held[r.run]
+            winner, fingerprint, token, attempt, owner = held[r.run]
+            attempt = attempt or 1
+            if winner == self.instance_id and attempt > 1:
+                # a claim is for attempt 1: the run was taken over since (loss-spec point 6)
+                return ClaimResult(r, Outcome.LOST, owner, fingerprint, now, None, attempt,
+                                   detail=f"taken over as attempt {attempt}")
             outcome = Outcome.WON if winner == self.instance_id else Outcome.LOST
+            if outcome is Outcome.WON:
+                fence.changed = True   # a re-answered win writes, so its commit is confirmed too
             return ClaimResult(r, outcome, winner, fingerprint, now,
-                               token if outcome is Outcome.WON else None, attempt or 1)
-        refusal = self._refusal(r, fence, now)
+                               token if outcome is Outcome.WON else None, attempt)
+        refusal = (Outcome.FORGOTTEN, note.conflict) if note.conflict else self._refusal(r, fence, now)
         if refusal is None and r.lease is not None:
             refusal = self._lease_refusal(r, fence, opened[entry], now, writes)
         if refusal is not None:
@@ -388,9 +586,9 @@ class SQLStore(LeaseOps, Store):
             writes.new_runs.append({
                 "namespace": self.namespace, "entry": entry, "slot_ms": slot, "state": "queued",
                 "attempt": 1, "token": token, "owner": self.instance_id, "lease_expires_ms": None,
-                "queue_deadline_ms": deadline, "keep_until_ms": None})
+                "queue_deadline_ms": deadline, "keep_until_ms": None, "prev_token": None})
             opened[entry][slot] = _Open("queued", 1, None, deadline)
-        held[r.run] = (self.instance_id, r.fingerprint, token, 1)
+        held[r.run] = (self.instance_id, r.fingerprint, token, 1, self.instance_id)
         writes.claims.append({
             "namespace": self.namespace, "entry": entry, "slot_ms": slot, "winner": self.instance_id,
             "fingerprint": r.fingerprint, "claimed_ms": now,
@@ -433,7 +631,8 @@ class SQLStore(LeaseOps, Store):
             ins = self._insert(r)
             conn.execute(ins.on_conflict_do_update(index_elements=_RUN_KEY, set_={
                 k: ins.excluded[k] for k in ("state", "attempt", "token", "owner", "lease_expires_ms",
-                                             "queue_deadline_ms", "keep_until_ms")}), w.new_runs)
+                                             "queue_deadline_ms", "keep_until_ms", "prev_token")}),
+                w.new_runs)
         if w.superseded_runs:
             conn.execute(sa.update(r).where(
                 r.c.namespace == sa.bindparam("b_ns"), r.c.entry == sa.bindparam("b_entry"),
@@ -534,11 +733,12 @@ class SQLStore(LeaseOps, Store):
 
     # -- pruning --------------------------------------------------------------------------
     def _maybe_prune(self) -> None:
-        """At most every PRUNE_INTERVAL_S per process: delete claims past their keep-until time
+        """At most every PRUNE_INTERVAL_S (or half the memory, if shorter) per process: delete claims past their keep-until time
         and terminal runs past the memory. Best effort: a failure only delays it."""
         if time.monotonic() < self._next_prune:
             return
-        self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
+        # a short memory is pruned as often as it passes, so what it no longer promises goes soon
+        self._next_prune = time.monotonic() + min(PRUNE_INTERVAL_S, self.memory_s / 2)
         try:
             self.prune()
         except StoreUnavailable as error:

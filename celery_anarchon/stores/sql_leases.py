@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 
 from celery_anarchon.stores import sql_schema as schema
-from celery_anarchon.stores.base import LeasedRun, RunEvent, RunState, TakeoverOutcome
+from celery_anarchon.errors import StoreUnavailable
+from celery_anarchon.stores.base import (
+    LATENESS_TOLERANCE_MS, LeasedRun, RunEvent, RunState, TakeoverOutcome,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -38,6 +41,13 @@ class Fence:
     last_token: int              #: last fencing token issued for the entry (0: none)
     newest_slot: int | None      #: newest slot claimed for a leased run
     changed: bool = False
+    store_born_ms: int = 0       #: the store-wide memory start (anarchon_stores), when read
+    memory_detail: str = ""      #: why the store-wide memory began then (an epoch change)
+
+    @property
+    def memory_start_ms(self) -> int:
+        """The entry's effective memory start: max(entry's, store-wide) (loss-spec point 4)."""
+        return max(self.born_ms, self.store_born_ms)
 
     def issue_token(self, now_us: int) -> int:
         """The next fencing token: ``max(last + 1, store clock in us)``, so tokens keep growing
@@ -58,6 +68,7 @@ class LeaseOps:
     safe_url: str
     _run: Callable[..., Any]
     _lock_entries: Callable[..., dict[str, Fence]]
+    _note_store: Callable[..., Any]
     _save_fences: Callable[..., None]
     _now_us: Callable[..., int]
     _history_row: Callable[..., dict]
@@ -91,15 +102,18 @@ class LeaseOps:
         return False
 
     def _lease_op(self, what: str, entry: str, slot_ms: int,
-                  op: Callable[[sa.Connection, Fence, dict | None, int], T]) -> T:
-        """Run ``op(conn, fence, run_or_None, now_us)`` with the entry locked, then save the fence."""
+                  op: Callable[[sa.Connection, Fence, dict | None, int], T],
+                  unconfirmed: Callable[[T], T] | None = None) -> T:
+        """Run ``op(conn, fence, run_or_None, now_us)`` with the entry locked (after the store's
+        epoch was checked: loss-spec point 3), then save the fence."""
         def work(conn: sa.Connection) -> T:
-            fences = self._lock_entries(conn, [entry])
+            note = self._note_store(conn, claiming=False)
+            fences = self._lock_entries(conn, [entry], note)
             now_us = self._now_us(conn)
             result = op(conn, fences[entry], self._read_run(conn, entry, slot_ms), now_us)
             self._save_fences(conn, fences)
             return result
-        return self._run(what, work)
+        return self._run(what, work, unconfirmed=unconfirmed)
 
     def _lease_event(self, conn: sa.Connection, run: dict, event: RunEvent, now: int, *,
                      detail: str = "", task_id: str | None = None) -> None:
@@ -138,9 +152,18 @@ class LeaseOps:
         """Compare-and-set on ``expected_token`` (DESIGN.md "Leases": Takeover): REFUSED unless
         the run is still expired with that token; SUPERSEDED when a newer slot was claimed; LOST
         after ``max_attempts``; else TAKEN: queued again as the next attempt with a new token and
-        deadline = now + ``queue_timeout_ms``. :raises StoreUnavailable:"""
+        deadline = now + ``queue_timeout_ms``. The record keeps the token it replaced, so this
+        instance's retry with the same ``expected_token`` (its first reply was lost) answers TAKEN
+        again with the same record while the run is still queued (loss-spec point 8).
+
+        :raises StoreUnavailable: the outcome is unknown (also: committed on the primary but not
+            confirmed by a synchronous standby in time); retry with the same expected token.
+        """
         def op(conn, fence: Fence, run: dict | None, now_us: int):
             now = now_us // 1000
+            if (run is not None and run["state"] == "queued" and run["owner"] == self.instance_id
+                    and run.get("prev_token") == expected_token):
+                return TakeoverOutcome.TAKEN, self._leased(run, now)
             if (run is None or run["token"] != expected_token or run["state"] not in schema.OPEN_STATES
                     or not self._expired(run, now)):
                 return TakeoverOutcome.REFUSED, (self._leased(run, now) if run else None)
@@ -155,12 +178,20 @@ class LeaseOps:
                                   detail=f"no attempt finished after {run['attempt']} of {max_attempts}")
                 return TakeoverOutcome.LOST, self._leased(run, now)
             self._update_run(conn, run, state="queued", attempt=run["attempt"] + 1,
+                             prev_token=expected_token,
                              token=fence.issue_token(now_us), owner=self.instance_id,
                              lease_expires_ms=None, queue_deadline_ms=now + queue_timeout_ms)
             self._lease_event(conn, run, RunEvent.TAKEN_OVER, now, task_id="",
                               detail=f"token {expected_token} expired")
             return TakeoverOutcome.TAKEN, self._leased(run, now)
-        return self._lease_op("take over a run", entry, slot_ms, op)
+
+        def unconfirmed(answer):
+            if answer[0] is TakeoverOutcome.REFUSED:
+                return answer
+            raise StoreUnavailable(f"{self.kind} store {self.safe_url}: the takeover of {entry!r} "
+                                   f"{iso(slot_ms)} committed on the primary, but no synchronous "
+                                   "standby confirmed it in time; retry it with the same token")
+        return self._lease_op("take over a run", entry, slot_ms, op, unconfirmed)
 
     def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
         """Worker side: adopt a queued run (or one started with an expired lease): started, new
@@ -180,15 +211,19 @@ class LeaseOps:
 
     def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
         """Extend the lease held with ``token`` to now + ``duration_ms``; None when the token is
-        stale. A record the store forgot is re-created with this token (DESIGN.md "Leases":
-        Heartbeat). :raises StoreUnavailable:"""
+        stale. A missing record is re-created with this token only when the store forgot it (the
+        slot is older than the entry's effective memory start + tolerance: amnesia, an epoch
+        change; DESIGN.md "Leases": Heartbeat); missing while the memory is intact, it was pruned
+        after its run ended: None (loss-spec point 7). :raises StoreUnavailable:"""
         def op(conn, fence: Fence, run: dict | None, now_us: int):
             now = now_us // 1000
+            if run is None and slot_ms >= fence.memory_start_ms + LATENESS_TOLERANCE_MS:
+                return None
             if run is None:
                 run = {"namespace": self.namespace, "entry": entry, "slot_ms": slot_ms,
                        "state": "started", "attempt": 1, "token": token, "owner": owner,
                        "lease_expires_ms": now + duration_ms, "queue_deadline_ms": None,
-                       "keep_until_ms": None}
+                       "keep_until_ms": None, "prev_token": None}
                 conn.execute(sa.insert(schema.runs).values(**run))
                 if token > fence.last_token:
                     fence.last_token, fence.changed = token, True
@@ -226,9 +261,13 @@ class LeaseOps:
         return self._lease_op("requeue a run", entry, slot_ms, op)
 
     def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
-        """Tests only: born = (existing or now) - ``by_ms``."""
+        """Tests only: born = (existing or now) - ``by_ms``, for the entries and the store-wide
+        memory start."""
         def work(conn: sa.Connection) -> None:
-            e = schema.entries
+            e, st = schema.entries, schema.stores
+            self._note_store(conn, claiming=False)
+            conn.execute(sa.update(st).where(st.c.namespace == self.namespace)
+                         .values(born_ms=st.c.born_ms - by_ms))
             for name in self._lock_entries(conn, entries):
                 conn.execute(sa.update(e).where(e.c.namespace == self.namespace, e.c.entry == name)
                              .values(born_ms=e.c.born_ms - by_ms))

@@ -14,6 +14,10 @@ integers derived from the store's clock in microseconds (DESIGN.md "Words": fenc
 * ``anarchon_runs``: the record of each leased run (DESIGN.md "Leases"); ``keep_until_ms`` is set
   when the run reaches a terminal state (now + memory) and it is pruned after that.
 * ``anarchon_definitions``: fingerprint -> the text of the entry definition it stands for.
+* ``anarchon_stores``: one row per namespace: the store-wide memory start (``born_ms``), the
+  server's epoch it was noted under (PostgreSQL: system identifier and timeline; SQLite: none),
+  the epoch before the last change, and the recorded ``memory`` with the last time a claim used
+  it (loss-spec points 3 to 5). Never pruned.
 """
 from __future__ import annotations
 
@@ -74,6 +78,7 @@ runs = sa.Table(
     sa.Column("lease_expires_ms", _MS, nullable=True),
     sa.Column("queue_deadline_ms", _MS, nullable=True),
     sa.Column("keep_until_ms", _MS, nullable=True),      # set once terminal: pruned after it
+    sa.Column("prev_token", _MS, nullable=True),         # the token a takeover replaced
 )
 #: ``state IN ('queued', 'started')`` with literal values, so that PostgreSQL's generic plans
 #: can prove the partial index below applies
@@ -91,6 +96,20 @@ definitions = sa.Table(
     sa.Column("text", _TEXT, nullable=False),
     sa.Column("saved_ms", _MS, nullable=False),
 )
+
+
+stores = sa.Table(
+    "anarchon_stores", metadata,
+    sa.Column("namespace", _TEXT, primary_key=True),
+    sa.Column("born_ms", _MS, nullable=False),           # store-wide memory start
+    sa.Column("epoch", _TEXT, nullable=False),           # server epoch born_ms was noted under
+    sa.Column("prev_epoch", _TEXT, nullable=False),      # the epoch before the last change ("")
+    sa.Column("memory_ms", _MS, nullable=False),         # the recorded memory setting
+    sa.Column("memory_used_ms", _MS, nullable=False),    # last claim made with it (1 s steps)
+)
+
+#: columns added after a table's first release: (table, column, SQL type), added when missing
+_ADDED_COLUMNS = (("anarchon_runs", "prev_token", "BIGINT"),)
 
 
 def clock_us(dialect_name: str) -> sa.ColumnElement:
@@ -123,9 +142,13 @@ def create_schema(conn: sa.Connection) -> None:
 
     On PostgreSQL a transaction-scoped advisory lock keeps several instances that find the
     tables missing at once from racing on the catalog; on SQLite the caller's ``BEGIN
-    IMMEDIATE`` does the same.
+    IMMEDIATE`` does the same. Columns added in later versions are added to older tables.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(
             sa.func.hashtext(sa.literal("celery_anarchon schema")))))
     metadata.create_all(conn, checkfirst=True)
+    inspector = sa.inspect(conn)
+    for table, column, sql_type in _ADDED_COLUMNS:
+        if column not in {c["name"] for c in inspector.get_columns(table)}:
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")

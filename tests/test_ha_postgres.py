@@ -1,0 +1,135 @@
+"""PostgreSQL with streaming standbys (benchmarks/ha_postgres.py, servers of the test's own):
+a promotion never reopens a won run, and with a synchronous standby a claim is sent only once the
+standby has it (docs/stores.md, "PostgreSQL"; loss-spec points 1 and 3).
+
+Each test starts its own primary and standby (about 1.5 s) and breaks them."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import Outcome, RunEvent
+
+from conftest import IN_CI
+from test_store_contract import after_memory_restart, fresh_slot, prepared, req
+
+ha_postgres = pytest.importorskip("ha_postgres")
+
+if not ha_postgres.available():
+    if IN_CI:
+        pytest.fail("the PostgreSQL rig needs the server binaries, runuser and root", pytrace=False)
+    pytestmark = pytest.mark.skip("the PostgreSQL rig needs the server binaries, runuser and root")
+
+
+@pytest.fixture
+def namespace_ha():
+    return "ha-" + uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def opened():
+    stores = []
+
+    def _open(url, instance_id, namespace, **options):
+        store = open_store(url, namespace=namespace, instance_id=instance_id, options=options)
+        stores.append(store)
+        return store
+    yield _open
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def async_rig():
+    with ha_postgres.PostgresHA(standbys=1) as ha:
+        yield ha
+
+
+@pytest.fixture
+def sync_rig():
+    with ha_postgres.PostgresHA(standbys=1, synchronous="FIRST 1 (standby0)") as ha:
+        yield ha
+
+
+def test_promoted_lagging_standby_never_rewins_a_won_run(async_rig, opened, namespace_ha):
+    """A wins X on the primary while the asynchronous standby lags; the primary crashes and the
+    standby is promoted without X. B's claim of X through the promoted standby is refused
+    (forgotten: the timeline changed), never won (issue 8, "a promoted asynchronous standby")."""
+    ha = async_rig
+    a = opened(ha.url(), "A", namespace_ha)
+    warnings = a.prepare(["e"])
+    assert any("asynchronous" in w and "synchronous_standby_names" in w for w in warnings), warnings
+    prepared(a)
+    ha.wait_replayed()                    # the standby has the store's notes, not what follows
+    ha.pause_replication()
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+    a.close()
+    ha.kill_primary()
+    ha.promote()
+
+    b = opened(ha.url(), "B", namespace_ha)
+    again = b.claim([req("e", slot)])[0]
+    assert again.outcome is not Outcome.WON, again
+    assert again.outcome is Outcome.FORGOTTEN and "timeline" in again.detail, again
+    # the memory began again at the promotion: later runs are claimed as usual
+    assert b.claim([req("e", after_memory_restart(b))])[0].outcome is Outcome.WON
+
+
+def test_claim_waits_for_the_synchronous_standby_and_a_cancelled_wait_is_unconfirmed(
+        sync_rig, opened, namespace_ha):
+    """With synchronous_standby_names set (durability "auto"), a claim commits only once the
+    standby has it; when the wait is cancelled (confirm_timeout) PostgreSQL keeps the commit
+    locally and only warns: the claim is UNCONFIRMED, never WON, and its retry is confirmed again
+    before it answers WON. A WON claim survives a crash of the primary and a promotion."""
+    ha = sync_rig
+    a = opened(ha.url(), "A", namespace_ha, claim_timeout=3, confirm_timeout=1)
+    warnings = prepared(a).prepare(["e"])
+    assert not any("asynchronous" in w for w in warnings), warnings
+    slot = fresh_slot(a)
+    ha.pause_replication()
+    started = time.monotonic()
+    result = a.claim([req("e", slot)])[0]
+    waited = time.monotonic() - started
+    assert result.outcome is Outcome.UNCONFIRMED, result
+    assert result.token is None and waited >= 1.0, (result, waited)
+    assert a.history("e")[0].event is RunEvent.UNCONFIRMED
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.UNCONFIRMED, "a retry is not a send"
+
+    ha.resume_replication()
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON, "confirmed once the standby has it"
+    durable = slot + 1
+    assert a.claim([req("e", durable)])[0].outcome is Outcome.WON
+    a.close()
+    ha.pause_replication()                # nothing more reaches the standby
+    ha.kill_primary()
+    ha.promote()
+    b = opened(ha.url(), "B", namespace_ha)
+    survivor = b.claim([req("e", durable)])[0]
+    assert survivor.outcome is Outcome.LOST and survivor.winner == "A", survivor
+
+
+def test_durability_standby_needs_a_synchronous_standby(async_rig, opened, namespace_ha):
+    """durability="standby" on a primary without synchronous_standby_names cannot be kept: beat
+    refuses to start, naming the setting."""
+    from celery_anarchon.errors import ConfigError
+    a = opened(async_rig.url(), "A", namespace_ha, durability="standby")
+    with pytest.raises(ConfigError, match="synchronous_standby_names"):
+        a.prepare(["e"])
+
+
+def test_standby_down_blocks_claims_and_any_1_of_2_keeps_the_schedule(opened, namespace_ha):
+    """With FIRST 1 (standby0) and standby0 down, commits wait for it: the claim is UNCONFIRMED
+    after confirm_timeout and nothing is sent. With ANY 1 (standby0, standby1) one standby down
+    is fine: the claim is WON (after the other standby has it)."""
+    with ha_postgres.PostgresHA(standbys=2, synchronous="FIRST 1 (standby0)") as ha:
+        a = opened(ha.url(), "A", namespace_ha, claim_timeout=2, confirm_timeout=0.5)
+        prepared(a)
+        ha.stop(ha.standbys[0], "immediate")
+        slot = fresh_slot(a)
+        assert a.claim([req("e", slot)])[0].outcome is Outcome.UNCONFIRMED
+        ha.set_synchronous("ANY 1 (standby0, standby1)")
+        assert a.claim([req("e", slot + 1)])[0].outcome is Outcome.WON
