@@ -1,6 +1,7 @@
 """Claims per second for every store, next to the server's raw rate for a comparable primitive.
 
     .venv/bin/python benchmarks/claims.py [--runs 10000] [--batch 100] [--stores redis,nats,...]
+    .venv/bin/python benchmarks/claims.py --pg-confirmation   # PostgreSQL: standby wait off / on
 
 For each store it measures, on the local servers (see DEVELOPERS.md):
 
@@ -223,6 +224,34 @@ def bench_confirmation(n_runs: int, batch: int) -> None:
                   flush=True)
 
 
+def bench_pg_confirmation(n_runs: int, batch: int) -> None:
+    """Claims/s on a PostgreSQL primary with one streaming standby (rig of our own,
+    benchmarks/ha_postgres.py): the claim waiting for the primary's disk only, then for a
+    synchronous standby (synchronous_standby_names = 'FIRST 1 (standby0)', durability "auto")."""
+    from ha_postgres import PostgresHA
+    print(f"PostgreSQL primary + 1 streaming standby (loopback, fsync on): {n_runs} runs ({ENTRIES} "
+          f"entries), batches of {batch}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")
+    header = f"{'standby wait':<34}{'batched/s':>11}{'single/s':>10}{'unconfirmed':>13}"
+    print(header)
+    print("-" * len(header))
+    with PostgresHA(standbys=1) as ha:
+        for label, sync_names, options in (
+                ("none (durability=local)", "", {"durability": "local"}),
+                ("synchronous standby (auto, 'on')", "FIRST 1 (standby0)", {})):
+            ha.set_synchronous(sync_names)
+            row, unconfirmed = {}, 0
+            for name, n, size in (("batched", n_runs, batch), ("single", min(n_runs, 1000), 1)):
+                store = prepared("postgresql", ha.url(), options, "bench-" + uuid.uuid4().hex[:8])
+                runs = runs_for(n, int(time.time() * 1000))
+                start = time.perf_counter()
+                outcomes = claim_all(store, runs, size)
+                row[name] = len(runs) / (time.perf_counter() - start)
+                unconfirmed += sum(o is Outcome.UNCONFIRMED for o in outcomes.values())
+                store.close()
+            print(f"{label:<34}{row['batched']:>11.0f}{row['single']:>10.0f}{unconfirmed:>13}",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10_000)
@@ -230,7 +259,14 @@ def main() -> None:
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--confirmation", action="store_true",
                         help="Redis only: claims/s with durable claims off and on (own servers)")
+    parser.add_argument("--pg-confirmation", action="store_true",
+                        help="PostgreSQL only: claims/s without and with the synchronous standby wait "
+                             "(own primary and standby)")
     args = parser.parse_args()
+    if args.pg_confirmation:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        bench_pg_confirmation(args.runs, args.batch)
+        return
     if args.confirmation:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         bench_confirmation(args.runs, args.batch)

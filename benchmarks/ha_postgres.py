@@ -136,6 +136,8 @@ class ReplicationRelay:
             except OSError:
                 client.close()
                 continue
+            for s in (client, server):      # no Nagle: a commit's WAL must not wait for an ACK
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._pairs.append((client, server))
             threading.Thread(target=self._pump, args=(client, server), daemon=True).start()

@@ -244,7 +244,10 @@ class PostgreSQLStore(SQLStore):
         standbys = [tuple(r) for r in conn.execute(sa.text(
             "SELECT coalesce(application_name, ''), coalesce(sync_state, 'unknown') "
             "FROM pg_stat_replication ORDER BY 1"))]
-        asynchronous = [name or "?" for name, state in standbys if state not in ("sync", "quorum")]
+        # without pg_read_all_stats (pg_monitor) a user sees the standbys' names, not their state
+        hidden = [name or "?" for name, state in standbys if state == "unknown"]
+        asynchronous = [name or "?" for name, state in standbys
+                        if state not in ("sync", "quorum") and not (state == "unknown" and names.strip())]
         if self.durability == "standby" and not names.strip():
             raise ConfigError(
                 f"{where}: durability='standby' needs a synchronous standby, but the primary's "
@@ -267,6 +270,11 @@ class PostgreSQLStore(SQLStore):
                 f"the synchronous ones named in synchronous_standby_names = {names!r}; promote only "
                 "a synchronous standby (a promotion of another is caught by the timeline: a few "
                 "possible misses)")
+        if hidden and names.strip() and self.durability != "local":
+            warnings.append(
+                f"{where}: this user cannot see whether standby(s) {', '.join(hidden)} are "
+                "synchronous (pg_stat_replication.sync_state needs pg_read_all_stats); claims wait "
+                f"for synchronous_standby_names = {names!r}; GRANT pg_monitor TO this user for the check")
         if conn.info.get("anarchon_sysid") is None:
             warnings.append(
                 f"{where}: pg_control_system() is not executable by this user: the store's epoch is "
