@@ -73,15 +73,21 @@ def prepared(store, *entries):
     return store
 
 
-def claim_until_answered(store, requests, deadline):
-    """Claim, retrying a StoreUnavailable (a leader election) until ``deadline`` (monotonic)."""
+def until_answered(call, deadline):
+    """``call()``, retried on StoreUnavailable (a leader election, as beat retries) until
+    ``deadline`` (monotonic)."""
     while True:
         try:
-            return store.claim(requests)
+            return call()
         except StoreUnavailable:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def claim_until_answered(store, requests, deadline):
+    """Claim, retrying a StoreUnavailable (a leader election) until ``deadline`` (monotonic)."""
+    return until_answered(lambda: store.claim(requests), deadline)
 
 
 def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed, opened, namespace):
@@ -89,7 +95,8 @@ def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed
     claims stream's leader is SIGKILLed: every run has exactly one winner, before, during and
     after the kill, and after the killed server came back; the runs won before the kill are
     lost to their winner on every instance afterwards (R3: the quorum kept them)."""
-    stores = [opened(s.url, namespace, f"I{i}") for i, s in enumerate(healed.servers)]
+    # a short claim_timeout: a claim waiting on the election gives up and is retried sooner
+    stores = [opened(s.url, namespace, f"I{i}", claim_timeout=2) for i, s in enumerate(healed.servers)]
     prepared(stores[0])
     for store in stores[1:]:
         store.prepare(["e"])
@@ -206,7 +213,8 @@ def test_an_r1_stream_of_an_older_start_is_raised_to_three_replicas(healed, open
     healed.stream_leader(new.stream, not_on=leader)
     other = [s for s in healed.servers if s is not leader][0]
     late = opened(other.url, namespace, "LATE")
-    late.prepare(["e"])
+    # the other streams of the store (epoch, history) may still be electing their leaders
+    until_answered(lambda: late.prepare(["e"]), time.monotonic() + 20)
     lost = claim_until_answered(late, [req("e", slot)], time.monotonic() + 20)[0]
     assert lost.outcome is Outcome.LOST and lost.winner == "OLD", lost
 
