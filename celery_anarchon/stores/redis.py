@@ -51,7 +51,8 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import mask_url, reject_unknown_options, scheme_of
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS,
-    ClaimRequest, ClaimResult, HistoryNote, HistoryRecord, LeasedRun, Memory, Outcome, RunEvent, RunState, SKIP_EVENTS, Store,
+    ClaimRequest, ClaimResult, HistoryNote, HistoryRecord, LeasedRun, Memory, Outcome, RunEvent,
+    RunState, SKIP_EVENTS, Store,
     TakeoverOutcome,
 )
 from celery_anarchon.stores.redis_scripts import ENTRY_KEYS, SCRIPTS
@@ -424,6 +425,8 @@ class RedisStore(Store):
         return (self.min_replicas if "replica" in mode else 0), "aof" in mode
 
     def _confirmation(self) -> tuple[int | None, bool]:
+        """The plan of :meth:`_plan_confirmation`, read from the server once (prepare() sets it;
+        a store used without prepare() reads it at its first claim)."""
         if self._confirm is None:
             with self._unavailable("reading the server's setup"):
                 self._confirm = self._plan_confirmation(self._server_facts(self._redis()[0]))
