@@ -133,3 +133,27 @@ def test_standby_down_blocks_claims_and_any_1_of_2_keeps_the_schedule(opened, na
         assert a.claim([req("e", slot)])[0].outcome is Outcome.UNCONFIRMED
         ha.set_synchronous("ANY 1 (standby0, standby1)")
         assert a.claim([req("e", slot + 1)])[0].outcome is Outcome.WON
+
+
+def test_unconfirmed_takeover_is_retried_and_recognised(sync_rig, opened, namespace_ha):
+    """A takeover whose commit the synchronous standby did not confirm in time is not answered
+    TAKEN (StoreUnavailable: nothing is sent); its retry with the same expected token, once the
+    standby is back, answers TAKEN with the same record (loss-spec points 1 and 8)."""
+    from celery_anarchon.errors import StoreUnavailable
+    from celery_anarchon.stores.base import LeaseTerms, TakeoverOutcome
+    ha = sync_rig
+    a = opened(ha.url(), "A", namespace_ha, claim_timeout=3, confirm_timeout=1)
+    b = opened(ha.url(), "B", namespace_ha, claim_timeout=3, confirm_timeout=1)
+    prepared(a)
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])[0].outcome is Outcome.WON
+    deadline = time.monotonic() + 10
+    while not (expired := b.expired_runs(["e"])):
+        assert time.monotonic() < deadline, "the queue deadline did not pass"
+        time.sleep(0.05)
+    ha.pause_replication()
+    with pytest.raises(StoreUnavailable, match="synchronous standby"):
+        b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+    ha.resume_replication()
+    outcome, run = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+    assert outcome is TakeoverOutcome.TAKEN and (run.attempt, run.owner) == (2, "B"), (outcome, run)

@@ -532,3 +532,44 @@ def test_sqlite_commits_are_synchronous_full(namespace, tmpdir_path):
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2       # FULL
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     store.close()
+
+
+def test_sqlite_file_restored_from_a_backup_never_rewins_a_run(namespace, tmpdir_path):
+    """A SQLite file replaced by an older copy (a restored backup) lacks the newest claims: the
+    copy has another inode (the store's epoch), so its first claim restarts the memory and the
+    lost win is refused, never won again."""
+    maker = StoreMaker("sqlite", store_url("sqlite", tmpdir_path), namespace)
+    try:
+        a = prepared(maker("A"))
+        backup = os.path.join(tmpdir_path, "backup.sqlite3")
+        with sqlite3.connect(a.path) as source, sqlite3.connect(backup) as target:
+            source.backup(target)
+        slot = fresh_slot(a)
+        assert _claim_one(a, "e", slot).outcome is Outcome.WON
+        os.replace(backup, a.path)
+        for name in (a.path + "-wal", a.path + "-shm"):
+            if os.path.exists(name):
+                os.remove(name)
+        b = maker("B")
+        again = _claim_one(b, "e", slot)
+        assert again.outcome is Outcome.FORGOTTEN and "inode" in again.detail, again
+    finally:
+        maker.close_all()
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"durability": "sync"}, ["durability", "'sync'", "auto", "local", "standby"]),
+    ({"confirm_timeout": 5, "claim_timeout": 5}, ["confirm_timeout", "5 s", "claim_timeout"]),
+    ({"confirm_timeout": 0}, ["confirm_timeout", "0"]),
+])
+def test_postgresql_durability_options_are_validated(options, words):
+    with pytest.raises(ConfigError) as info:
+        _open(POSTGRES_URL, **options)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    store = _open(POSTGRES_URL, claim_timeout=4)
+    assert store.durability == "auto" and store.confirm_timeout == 2.0
+
+
+def test_sqlite_has_no_durability_option(tmpdir_path):
+    with pytest.raises(ConfigError, match="durability"):
+        _open("sqlite:///" + os.path.join(tmpdir_path, "x.sqlite3"), durability="standby")
