@@ -12,6 +12,14 @@ a beat (0.1 s to longer than max_late), a restart of the store server, a broker 
 latency on the store connection, a stopped worker under leased tasks, and one beat (beat-5)
 restarted with its clock 5 s ahead or behind (libfaketime) for a while.
 
+``--store redis-sentinel --beats 3``: the store is benchmarks/ha_redis.py's RedisHA (a master, two
+replicas, three Sentinels; nothing kept on disk), reached through ``sentinel://`` with
+``master_name`` by the beats, the workers and the harness's own history reads; its faults are
+SIGKILL of the master (Sentinel fails over on its own), ``SENTINEL FAILOVER``, a replica lagging
+when it is promoted (the writes it missed are lost), and beats stopped across a failover, besides
+the beat and broker faults (no latency fault: clients reach the master Sentinel names, without a
+proxy). ``--beats`` sets how many beats run (default 5); the last one is the skewed one.
+
 Servers of its own, on free ports: the broker is a redis-server that keeps its data (AOF,
 ``appendfsync always``); ``--store redis-aof`` a redis-server that keeps its data, ``--store redis``
 one that keeps nothing (its restart is amnesia: the store must turn it into recorded misses,
@@ -54,6 +62,7 @@ import chaos_app  # noqa: E402  (tests/apps: the schedule, also loaded by every 
 from chaos_analysis import analyse  # noqa: E402
 from chaos_faults import FAKETIME_LIB, KINDS, STORE_KINDS, Fault, FaultRunner, plan  # noqa: E402
 from chaos_servers import PostgresServer, RedisServer  # noqa: E402
+from ha_redis import RedisHA  # noqa: E402
 from tcp_proxy import TCPProxy  # noqa: E402
 
 from celery_anarchon.stores import open_store  # noqa: E402
@@ -71,7 +80,7 @@ HISTORY_SIZE = 600
 #: what a run writes into --out (besides beat-* and claims.sqlite3*), removed before a new run
 OUR_FILES = {"summary.json", "summary.txt", "executions.jsonl", "history.jsonl", "faults.jsonl",
              "instances.jsonl", "runs.jsonl", "worker-plain.log", "worker-leases.log", "broker.log",
-             "store.log", "postgresql.log", "broker-data", "store-data"}
+             "store.log", "postgresql.log", "broker-data", "store-data", "store-ha"}
 DUMP_EVERY_S = 15.0
 
 
@@ -95,6 +104,9 @@ class Harness:
         self.lock = threading.Lock()
         self.history: dict[tuple, dict] = {}
         self.store_server = self.pg = self.proxy = None
+        #: --store redis-sentinel: the rig, and a killed master to restart when a fault ends
+        self.ha: RedisHA | None = None
+        self.pending_rejoin = None
         self.broker = RedisServer("broker", out, persistent=True)
         #: SKEWED's clock offset (libfaketime's FAKETIME) for its next start, "" for none
         self.skew = ""
@@ -111,6 +123,11 @@ class Harness:
             self.store_server.start()
             self.direct_url = self.store_server.url
             target = self.store_server.port
+        elif self.kind == "redis-sentinel":    # clients go where Sentinel says: no proxy
+            self.ha = RedisHA(replicas=2, sentinels=3,
+                              folder=os.path.join(self.out, "store-ha")).start()
+            self.direct_url = self.ha.sentinel_url
+            target = None
         elif self.kind == "postgresql":
             self.pg = PostgresServer("postgresql", self.out)
             self.pg.create()
@@ -132,6 +149,8 @@ class Harness:
         self.store._backdate_memory_start(entries, 120_000)
 
     def store_options(self) -> dict:
+        if self.kind == "redis-sentinel":
+            return {"history_size": HISTORY_SIZE, "master_name": RedisHA.master_name}
         return {"history_size": HISTORY_SIZE}
 
     def env(self) -> dict:
@@ -299,6 +318,113 @@ class Harness:
     def set_latency(self, seconds: float) -> None:
         self.proxy.delay_s = seconds
 
+    # -- the replicated store (--store redis-sentinel) ------------------------------------------
+    def _rejoin(self, node) -> None:
+        """Start a killed node again (empty: the rig keeps nothing on disk) as a replica of the
+        current master, as an operator would."""
+        args = list(node.args)
+        if "--replicaof" in args:
+            at = args.index("--replicaof")
+            del args[at:at + 3]
+        node.args = (*args, "--replicaof", "127.0.0.1", str(self.ha.master.port))
+        self.ha.restart(node)
+
+    def _wait_demoted(self, old, since: float, timeout: float = 30) -> str:
+        """Until the old master (alive) answers as a replica: how long it was still a master."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if old.info("replication")["role"] == "slave":
+                    return f"{old.name} a replica {time.time() - since:.1f} s after the failover began"
+            except Exception:
+                pass
+            time.sleep(0.1)
+        return f"{old.name} still a master {timeout:g} s after the failover"
+
+    def master_kill(self, restart_after: float | None) -> str:
+        """SIGKILL the master and wait until Sentinel promotes a replica; ``restart_after``
+        seconds later restart the old master as a replica (None: :meth:`finish_failover` does).
+        Returns what happened."""
+        self.dump_history()     # a lost write may take history records with it
+        old = self.ha.master
+        began = time.time()
+        self.ha.kill(old)
+        new = self.ha.wait_new_master(old, timeout=60)
+        detail = (f"{old.name} (:{old.port}) killed; Sentinel promoted {new.name} (:{new.port}) "
+                  f"after {time.time() - began:.1f} s")
+        if restart_after is None:
+            self.pending_rejoin = old
+            return detail
+        time.sleep(restart_after)
+        self._rejoin(old)
+        return detail + f"; {old.name} restarted as its replica"
+
+    def sentinel_failover(self) -> str:
+        """``SENTINEL FAILOVER``; waits for the promotion and for the old master's demotion."""
+        self.dump_history()
+        old = self.ha.master
+        began = time.time()
+        new = self.ha.failover(timeout=60)
+        return (f"SENTINEL FAILOVER {old.name} -> {new.name} in {time.time() - began:.1f} s; "
+                + self._wait_demoted(old, began))
+
+    def lag_failover(self, lag_s: float, which: int) -> str:
+        """Replica ``which`` (0 or 1 of the two that are not the master) stops receiving the
+        master's writes (its replication is routed through a TCP proxy that stops forwarding),
+        ``lag_s`` later the other replica is stopped (SIGSTOP; Sentinel then sees it down) and
+        ``SENTINEL FAILOVER`` promotes the lagging one: the writes it missed are lost, the old
+        master and the other replica resync from it. (The rig's own proxies do not serve here:
+        Sentinel points every replica at the master's own address about 10 s after it sees it
+        replicate from elsewhere, and a failover re-points them too; this route lives < 10 s.)"""
+        self.dump_history()
+        old = self.ha.master
+        candidates = [n for n in self.ha.nodes if n is not old and n.alive()]
+        if len(candidates) != 2:
+            raise RuntimeError(f"lag-failover needs two live replicas, has {len(candidates)}")
+        lagging, other = candidates[which], candidates[1 - which]
+        proxy = TCPProxy(("127.0.0.1", old.port)).start()
+        stopped = False
+        try:
+            lagging.command("REPLICAOF", "127.0.0.1", str(proxy.port))
+            deadline = time.monotonic() + 20
+            while True:
+                info = lagging.info("replication")
+                if info.get("master_port") == proxy.port and info.get("master_link_status") == "up":
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{lagging.name} did not resync through the lag proxy")
+                time.sleep(0.05)
+            proxy.pause()
+            time.sleep(lag_s)
+            os.kill(other.proc.pid, signal.SIGSTOP)
+            stopped = True
+            sentinel = self.ha.sentinels[0]
+            deadline = time.monotonic() + 15
+            while not any(r["port"] == other.port and r["is_sdown"] for r in
+                          redis_sentinel_replicas(sentinel.port, self.ha.master_name)):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{sentinel.name} never saw {other.name} down")
+                time.sleep(0.1)
+            behind = (old.info("replication")["master_repl_offset"]
+                      - lagging.info("replication").get("slave_repl_offset", 0))
+            began = time.time()
+            new = self.ha.failover(timeout=60)
+        finally:
+            if stopped:
+                os.kill(other.proc.pid, signal.SIGCONT)
+            proxy.close()
+        return (f"{lagging.name} lagging {lag_s:.1f} s ({behind} bytes behind {old.name}), "
+                f"{other.name} stopped; SENTINEL FAILOVER promoted {new.name} in "
+                f"{time.time() - began:.1f} s; " + self._wait_demoted(old, began))
+
+    def finish_failover(self) -> str:
+        """The end of a fault that left a killed master down: restart it as a replica."""
+        if self.pending_rejoin is None:
+            return ""
+        node, self.pending_rejoin = self.pending_rejoin, None
+        self._rejoin(node)
+        return f"; {node.name} restarted as a replica"
+
     # -- history ----------------------------------------------------------------------------------
     def dump_history(self) -> None:
         """Keep every distinct history record seen (a restart without persistence wipes them)."""
@@ -351,6 +477,8 @@ class Harness:
             self.store_server.stop()
         if self.pg is not None:
             self.pg.destroy(keep_log_in=self.out)
+        if self.ha is not None:
+            self.ha.close()      # its folder (logs) stays in --out
         self.broker.stop()
 
     def write_files(self) -> None:
@@ -360,6 +488,23 @@ class Harness:
         with open(os.path.join(self.out, "history.jsonl"), "w", encoding="utf-8") as f:
             for rec in sorted(self.history.values(), key=lambda r: (r["entry"], r["slot_ms"])):
                 f.write(json.dumps(rec) + "\n")
+
+
+def redis_sentinel_replicas(port: int, master_name: str) -> list[dict]:
+    """``SENTINEL REPLICAS`` of the Sentinel on ``port``, as redis-py parses it (dicts)."""
+    import redis
+    with redis.Redis(port=port, decode_responses=True, socket_timeout=5) as client:
+        return client.sentinel_slaves(master_name)
+
+
+def use_beats(count: int) -> None:
+    """Run ``count`` beats, beat-1 to beat-<count>; the last one is the skewed one. At least 3:
+    up to MAX_BEATS_DOWN (2) are stopped at once, and one must always be there."""
+    global BEATS, SKEWED
+    if count < 3:
+        raise SystemExit(f"--beats {count}: at least 3 (up to 2 are stopped at once)")
+    BEATS = [f"beat-{n}" for n in range(1, count + 1)]
+    SKEWED = Harness.SKEWED = BEATS[-1]
 
 
 def fmt_s(value) -> str:
@@ -429,7 +574,7 @@ def report(summary: dict, faults: list, t0: float) -> str:
     return "\n".join(lines)
 
 
-def run(store: str, minutes: float, seed: int, out: str) -> int:
+def run(store: str, minutes: float, seed: int, out: str, beats: int = 5) -> int:
     os.makedirs(out, exist_ok=True)
     for name in os.listdir(out):     # the files of an earlier run in this folder, and only those
         path = os.path.join(out, name)
@@ -440,6 +585,7 @@ def run(store: str, minutes: float, seed: int, out: str) -> int:
             "this run's own): apt-get install redis-server")
         return 2
     seconds = minutes * 60
+    use_beats(beats)
     h = Harness(store, out, seed)
     if store == "sqlite":
         say("clock skew: not injected on SQLite (one host, one clock: the store's clock is the "
@@ -497,7 +643,7 @@ def finish(out: str, summary: dict, store: str, seed: int, minutes: float, fault
            errors: list, t0: float) -> int:
     """Write summary.json and summary.txt, print the report, and return the exit status."""
     seconds = minutes * 60
-    summary.update(store=store, seed=seed, minutes=minutes, window_s=seconds,
+    summary.update(store=store, seed=seed, minutes=minutes, window_s=seconds, beats=len(BEATS),
                    entries=len(chaos_app.SCHEDULE), skew=(
                        ", ".join(f"{o} from +{a - t0:.0f} s to +{b - t0:.0f} s"
                                  for a, b, o in summary["skew_windows"] if b) or "none"),
@@ -541,6 +687,8 @@ def main(argv=None) -> int:
     parser.add_argument("--store", choices=STORES, default="redis-aof")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--beats", type=int, default=len(BEATS),
+                        help="beat instances (default %(default)s; at least 3)")
     parser.add_argument("--out", default=None,
                         help="results folder (default: /tmp/anarchon-chaos-<store>-<seed>)")
     parser.add_argument("--reanalyse", action="store_true",
@@ -549,13 +697,14 @@ def main(argv=None) -> int:
     out = os.path.abspath(args.out or os.path.join("/tmp", f"anarchon-chaos-{args.store}-{args.seed}"))
     if args.reanalyse:
         return reanalyse(out)
-    return run(args.store, args.minutes, args.seed, out)
+    return run(args.store, args.minutes, args.seed, out, beats=args.beats)
 
 
 def reanalyse(out: str) -> int:
     """Analyse a finished run's files again (after a change to chaos_analysis.py)."""
     with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
         old = json.load(f)
+    use_beats(old.get("beats", 5))
     summary = analyse(out, chaos_app.ENTRY_PERIODS_MS, set(chaos_app.LEASED_ENTRIES),
                       old["t0_ms"], old["t1_ms"], worker_restarts=old.get("worker_restarts", []))
     summary.update(t0_ms=old["t0_ms"], t1_ms=old["t1_ms"], skew_windows=old["skew_windows"],

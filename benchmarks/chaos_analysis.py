@@ -79,6 +79,14 @@ CAUSES = {
                    "store-lock"),
     "lost": ("pause-runner", "broker-outage", "kill", "pause", "store-restart", "store-lock"),
 }
+#: the Sentinel rig's faults (--store redis-sentinel): a promotion changes the epoch (the new
+#: master's run_id), so the slots around it are refused ``forgotten``; a lagging replica, and the
+#: replicas' resync after a promotion, make a WAIT fall short (``unconfirmed``); until Sentinel
+#: promotes a replica the store cannot be reached, and claims and sends are held up
+FAILOVERS = ("master-kill", "failover", "lag-failover", "pause-failover")
+for _reason in ("forgotten", "unconfirmed", "store_unreachable", "unknown", "late_local", "late",
+                "send_failed", "overlapping", "superseded", "lost"):
+    CAUSES[_reason] += FAILOVERS
 #: a fault can affect runs whose slot is this long before it starts (their claims and sends are
 #: retried until max_late) ...
 WINDOW_BEFORE_S = 20.0

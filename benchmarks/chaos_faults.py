@@ -37,6 +37,15 @@ KINDS = {
                     "the first one 7-12 s: past the 6 s lease)",
     "skew": "one beat (beat-5) restarted with its clock 5 s ahead or behind (libfaketime) for "
             "20-60 s, then restarted with a true clock",
+    # the replicated store (--store redis-sentinel: a master, two replicas, three Sentinels)
+    "master-kill": "Sentinel rig: SIGKILL of the master; Sentinel fails over on its own; the old "
+                   "master restarted (empty) as a replica of the new one 0.5-5 s later",
+    "failover": "Sentinel rig: SENTINEL FAILOVER (the old master stays up and is demoted)",
+    "lag-failover": "Sentinel rig: one replica stops receiving the master's writes for 0.5-4 s, "
+                    "the other replica is stopped (SIGSTOP), and SENTINEL FAILOVER promotes the "
+                    "lagging one: the writes it missed are lost",
+    "pause-failover": "Sentinel rig: SIGSTOP of a beat for 3-25 s, with a failover (SENTINEL "
+                      "FAILOVER, or SIGKILL of the master) while it is stopped",
 }
 STORE_KINDS = {
     "redis": ("kill", "pause", "store-restart", "broker-outage", "latency", "pause-runner", "skew"),
@@ -45,14 +54,20 @@ STORE_KINDS = {
     "postgresql": ("kill", "pause", "store-restart", "broker-outage", "latency", "pause-runner",
                    "skew"),
     "sqlite": ("kill", "pause", "store-lock", "broker-outage", "pause-runner"),
+    # no latency fault: clients reach the master at the address Sentinel gives them (no proxy)
+    "redis-sentinel": ("kill", "pause", "broker-outage", "pause-runner", "skew", "master-kill",
+                       "failover", "lag-failover", "pause-failover"),
 }
 WEIGHTS = {"kill": 3, "pause": 3, "store-restart": 2, "store-lock": 2, "broker-outage": 2,
-           "latency": 2, "pause-runner": 1, "skew": 1}
+           "latency": 2, "pause-runner": 1, "skew": 1,
+           "master-kill": 2, "failover": 2, "lag-failover": 2, "pause-failover": 2}
 MEAN_GAP_S = 12.0
 #: Debian's faketime package (apt-get install faketime), on any architecture: the skew fault
 FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))),
                     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 MAX_BEATS_DOWN = 2
+#: fault kinds that hold a beat and the store at once
+BEAT_AND_STORE = ("pause-failover",)
 #: faults start this long after the measured window opens, and end this long before it closes
 LEAD_S, TAIL_S = 3.0, 12.0
 
@@ -129,6 +144,15 @@ def _draw(rng: random.Random, kind: str, at: float, beats: list[str], max_late: 
         fault.duration = rng.uniform(7, 12) if first else _log_uniform(rng, 0.5, 12)
     elif kind == "skew":
         fault.duration, fault.param = rng.uniform(20, 60), rng.choice(["+5s", "-5s"])
+    elif kind == "master-kill":         # duration: from the promotion to the old master's restart
+        fault.duration = rng.uniform(0.5, 5)
+    elif kind == "failover":
+        fault.duration = 0.1            # as long as the failover takes
+    elif kind == "lag-failover":        # duration: the lag before the failover; param: which replica
+        fault.duration, fault.param = rng.uniform(0.5, 4), rng.choice(["first", "second"])
+    elif kind == "pause-failover":      # duration: the beat's pause; param: how the master goes
+        fault.target, fault.duration = rng.choice(beats), rng.uniform(3, 25)
+        fault.param = rng.choice(["failover", "kill"])
     return fault
 
 
@@ -179,6 +203,9 @@ class FaultRunner:
             fault.skipped = "libfaketime is missing (apt-get install faketime)"
             return False
         with self.lock:
+            if fault.kind in BEAT_AND_STORE and "store" in self.busy:
+                fault.skipped = "the store fault before it is still on"
+                return False
             if fault.target:
                 if fault.target in self.beats_down:
                     fault.skipped = f"{fault.target} is already stopped or paused"
@@ -186,11 +213,14 @@ class FaultRunner:
                     fault.skipped = f"{MAX_BEATS_DOWN} beats are already stopped or paused"
                 else:
                     self.beats_down.add(fault.target)
+                    if fault.kind in BEAT_AND_STORE:
+                        self.busy.add("store")
                     return True
                 return False
             resource = {"store-restart": "store", "store-lock": "store", "latency": "latency",
                         "broker-outage": "broker", "pause-runner": "runner",
-                        "skew": "clock"}[fault.kind]
+                        "skew": "clock", "master-kill": "store", "failover": "store",
+                        "lag-failover": "store"}[fault.kind]
             if resource in self.busy:
                 fault.skipped = f"the {resource} fault before it is still on"
                 return False
@@ -202,6 +232,8 @@ class FaultRunner:
         with self.lock:
             self.beats_down.discard(fault.target)
             self.busy.discard(fault.target)
+            if fault.kind in BEAT_AND_STORE:
+                self.busy.discard("store")
 
     def _run(self, fault: Fault) -> None:
         if not self._claim(fault):
@@ -289,3 +321,25 @@ class FaultRunner:
             time.sleep(fault.duration)
         finally:
             self.h.signal_runner(signal.SIGCONT)
+
+    # -- the replicated store (Sentinel rig) ----------------------------------------------------
+    def _master_kill(self, fault: Fault) -> None:
+        fault.detail = self.h.master_kill(fault.duration)
+
+    def _failover(self, fault: Fault) -> None:
+        fault.detail = self.h.sentinel_failover()
+
+    def _lag_failover(self, fault: Fault) -> None:
+        fault.detail = self.h.lag_failover(fault.duration, 0 if fault.param == "first" else 1)
+
+    def _pause_failover(self, fault: Fault) -> None:
+        start = time.time()
+        self.h.signal_beat(fault.target, signal.SIGSTOP)
+        try:
+            time.sleep(min(1.0, fault.duration / 3))
+            fault.detail = (self.h.sentinel_failover() if fault.param == "failover"
+                            else self.h.master_kill(None))
+            time.sleep(max(0.0, start + fault.duration - time.time()))
+        finally:
+            self.h.signal_beat(fault.target, signal.SIGCONT)
+        fault.detail += self.h.finish_failover()
