@@ -733,8 +733,9 @@ class SQLStore(LeaseOps, Store):
 
     # -- pruning --------------------------------------------------------------------------
     def _maybe_prune(self) -> None:
-        """At most every PRUNE_INTERVAL_S (or half the memory, if shorter) per process: delete claims past their keep-until time
-        and terminal runs past the memory. Best effort: a failure only delays it."""
+        """At most every PRUNE_INTERVAL_S (or half the memory, if shorter) per process: delete
+        claims past their keep-until time and terminal runs past the memory. Best effort: a
+        failure only delays it."""
         if time.monotonic() < self._next_prune:
             return
         # a short memory is pruned as often as it passes, so what it no longer promises goes soon
