@@ -367,6 +367,8 @@ def test_sqlite_driver_errors_never_leak(tmpdir_path):
 
 
 # -- issue 8: writes the store may lose, rules shared by every instance ----------------------------
+# (the rolling change of memory, the retried claim after a takeover and the renewal of a pruned
+# run are also in test_store_contract.py, on every lease store)
 
 LEASE_FAST = LeaseTerms(queue_timeout_ms=300)
 
@@ -388,34 +390,8 @@ def test_rolling_memory_change_is_refused_at_prepare(stores):
     assert "same value on every instance" in message, message
 
 
-def test_claim_with_another_memory_never_rewins_a_run(stores):
-    """Rolling change of ``memory``: A (memory 3 s, max_late 1 s) wins X; B (memory 3600 s,
-    max_late 60 s) retries X 3.5 s later, when A's claim is past A's memory: B must not win
-    (issue 8, point 3)."""
-    a = prepared(stores("A", memory=3.0))
-    b = stores("B", memory=3600.0)
-    slot = fresh_slot(a)
-    won = _claim_one(a, "e", slot, max_late_ms=1000)
-    assert won.outcome is Outcome.WON
-    wait_until(lambda: a.now_ms() > won.store_ms + 3500, 10, "3.5 s on the store's clock")
-    again = _claim_one(b, "e", slot, max_late_ms=60_000)
-    assert again.outcome is not Outcome.WON, again
-    assert again.outcome is Outcome.FORGOTTEN and "3600" in again.detail and "3 s" in again.detail, again
 
 
-def test_retried_claim_after_a_takeover_is_lost_not_won_as_the_new_attempt(stores):
-    """A wins a leased run, B takes it over as attempt 2 (not adopted in time), A retries its
-    claim (its first reply was lost): LOST, naming attempt 2, never WON with B's token
-    (loss-spec point 6)."""
-    a, b = prepared(stores("A")), stores("B")
-    slot = fresh_slot(a)
-    assert _claim_one(a, "e", slot, lease=LEASE_FAST).outcome is Outcome.WON
-    expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline to pass")
-    outcome, run = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
-    assert outcome is TakeoverOutcome.TAKEN and run.attempt == 2
-    retried = _claim_one(a, "e", slot, lease=LEASE_FAST)
-    assert retried.outcome is Outcome.LOST, retried
-    assert retried.winner == "B" and retried.token is None and "attempt 2" in retried.detail, retried
 
 
 def test_retried_claim_whose_reply_was_lost_after_a_takeover_is_lost(namespace):
@@ -461,21 +437,6 @@ def _catch(errors, fn, *args):
         errors.append(error)
 
 
-def test_renewal_never_recreates_a_finished_run_that_was_pruned(stores):
-    """A runner paused past lease + memory renews a run that finished and was pruned while the
-    store's memory is intact: the renewal answers None (lease lost), it never brings the run back
-    (loss-spec point 7)."""
-    a = prepared(stores("A", memory=1.0))
-    slot = fresh_slot(a)
-    assert _claim_one(a, "e", slot, lease=LeaseTerms(60_000)).outcome is Outcome.WON
-    adopted, run = a.adopt("e", slot, "worker-1", 60_000)
-    assert adopted and a.release("e", slot, run.token)
-    finished = a.inspect("e", slot)
-    wait_until(lambda: a.now_ms() > finished.store_ms + 1100, 10, "the memory to pass")
-    a.prune()
-    assert a.inspect("e", slot) is None, "pruned"
-    assert a.renew("e", slot, run.token, "worker-1", 60_000) is None
-    assert a.inspect("e", slot) is None, "the renewal did not recreate the record"
 
 
 def test_takeover_whose_reply_was_lost_is_recognised_when_retried(stores):
