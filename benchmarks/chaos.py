@@ -326,8 +326,26 @@ class Harness:
         if "--replicaof" in args:
             at = args.index("--replicaof")
             del args[at:at + 3]
-        node.args = (*args, "--replicaof", "127.0.0.1", str(self.ha.master.port))
+        node.args = (*args, "--replicaof", "127.0.0.1", str(self._sync_master().port))
         self.ha.restart(node)
+
+    def _sync_master(self, timeout: float = 30):
+        """The master the Sentinels name now, once it answers as master (it becomes the rig's
+        ``master``). Sentinel may fail over again on its own (a new master slow to answer within
+        down-after, 1 s, is failed over too): the rig's idea of the master can be stale."""
+        deadline = time.monotonic() + timeout
+        while True:
+            port = self.ha._sentinel_master_port()
+            node = next((n for n in self.ha.nodes if n.port == port), None)
+            try:
+                if node is not None and node.info("replication")["role"] == "master":
+                    self.ha.master = node
+                    return node
+            except Exception:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no master named by the Sentinels answers as one after {timeout:g} s")
+            time.sleep(0.1)
 
     def _wait_demoted(self, old, since: float, timeout: float = 30) -> str:
         """Until the old master (alive) answers as a replica: how long it was still a master."""
@@ -346,7 +364,7 @@ class Harness:
         seconds later restart the old master as a replica (None: :meth:`finish_failover` does).
         Returns what happened."""
         self.dump_history()     # a lost write may take history records with it
-        old = self.ha.master
+        old = self._sync_master()
         began = time.time()
         self.ha.kill(old)
         new = self.ha.wait_new_master(old, timeout=60)
@@ -362,7 +380,7 @@ class Harness:
     def sentinel_failover(self) -> str:
         """``SENTINEL FAILOVER``; waits for the promotion and for the old master's demotion."""
         self.dump_history()
-        old = self.ha.master
+        old = self._sync_master()
         began = time.time()
         new = self.ha.failover(timeout=60)
         return (f"SENTINEL FAILOVER {old.name} -> {new.name} in {time.time() - began:.1f} s; "
@@ -377,8 +395,9 @@ class Harness:
         Sentinel points every replica at the master's own address about 10 s after it sees it
         replicate from elsewhere, and a failover re-points them too; this route lives < 10 s.)"""
         self.dump_history()
-        old = self.ha.master
-        candidates = [n for n in self.ha.nodes if n is not old and n.alive()]
+        old = self._sync_master()
+        candidates = [n for n in self.ha.nodes if n is not old and n.alive()
+                      and n.info("replication")["role"] == "slave"]
         if len(candidates) != 2:
             raise RuntimeError(f"lag-failover needs two live replicas, has {len(candidates)}")
         lagging, other = candidates[which], candidates[1 - which]
