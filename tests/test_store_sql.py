@@ -527,8 +527,9 @@ def test_postgresql_durability_options_are_validated(options, words):
     with pytest.raises(ConfigError) as info:
         _open(POSTGRES_URL, **options)
     assert all(w in str(info.value) for w in words), str(info.value)
-    store = _open(POSTGRES_URL, claim_timeout=4)
-    assert store.durability == "auto" and store.confirm_timeout == 2.0
+    assert _open(POSTGRES_URL).confirm_timeout == 2.0, "as on Redis"
+    store = _open(POSTGRES_URL, claim_timeout=3)
+    assert store.durability == "auto" and store.confirm_timeout == 1.5
 
 
 def test_sqlite_has_no_durability_option(tmpdir_path):

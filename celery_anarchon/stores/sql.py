@@ -72,7 +72,8 @@ class PostgreSQLStore(SQLStore):
     it), else ``local`` (the primary's disk; a promoted asynchronous standby is caught by the
     epoch below). ``"local"``: always ``local``. ``"standby"``: always ``on``, and prepare()
     refuses a primary without synchronous standbys. A commit that waits longer than
-    ``confirm_timeout`` seconds (default: half of claim_timeout; must be below it) is cancelled:
+    ``confirm_timeout`` seconds (default 2, or half of claim_timeout if lower, as on Redis; it
+    must be below claim_timeout) is cancelled:
     PostgreSQL then keeps it locally and only warns, so its won claims answer UNCONFIRMED and
     are never sent. (``statement_timeout`` does not bound that wait: PostgreSQL disables it
     before committing; the store sends a cancel request.)
@@ -100,7 +101,7 @@ class PostgreSQLStore(SQLStore):
         #: "auto", "local" or "standby" (see the class docstring)
         self.durability = durability
         #: seconds a commit may wait for the synchronous standbys before it counts as unconfirmed
-        self.confirm_timeout = (self.claim_timeout / 2 if confirm_timeout is None
+        self.confirm_timeout = (min(2.0, self.claim_timeout / 2) if confirm_timeout is None
                                 else _seconds("confirm_timeout", confirm_timeout))
         if self.confirm_timeout >= self.claim_timeout:
             raise ConfigError(
