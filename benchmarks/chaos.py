@@ -163,6 +163,8 @@ class Harness:
             "CHAOS_NAMESPACE": self.namespace, "CHAOS_QUEUE": self.queue,
             "CHAOS_MAX_LATE": str(MAX_LATE_S), "CHAOS_OUT": os.path.join(self.out, "executions.jsonl"),
         })
+        if self.kind == "redis-sentinel":   # see tests/apps/chaos_app.py
+            env["CHAOS_LOG_EVERY_SKIP"] = "1"
         return env
 
     # -- processes ---------------------------------------------------------------------------

@@ -67,6 +67,20 @@ if "CHAOS_BROKER" in os.environ:
     )
 celery_anarchon.install(app)
 
+if os.environ.get("CHAOS_LOG_EVERY_SKIP"):
+    # every skipped slot in the beat log, not one per entry and minute (the others are at DEBUG):
+    # on the Sentinel rig a failover can take the history records of refused slots with it, and
+    # the log is then the only record of why a run was not sent
+    import logging
+
+    class _SkipsOnly(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return record.levelno > logging.DEBUG or "skipped:" in str(record.msg)
+
+    _engine_log = logging.getLogger("celery_anarchon.scheduler")
+    _engine_log.setLevel(logging.DEBUG)
+    _engine_log.addFilter(_SkipsOnly())
+
 
 def note(task, kind: str, **extra) -> None:
     """Append one event of this execution to CHAOS_OUT (one write: lines never interleave)."""
