@@ -203,7 +203,8 @@ def log_reasons(out: str, instances: list[dict], periods_ms: dict[str, int]):
                 if m := WORKER_DROP.search(line):
                     state = m.group("state").strip()
                     run = (m.group("entry"), int(m.group("slot")))
-                    if state == "unknown to the store":
+                    # the lazy pattern stops at the first space: "unknown" (to the store)
+                    if state in ("unknown", "unknown to the store"):
                         reasons[run].add("forgotten")        # the store lost the run's record
                     elif state in ("superseded", "lost"):
                         reasons[run].add(state)
