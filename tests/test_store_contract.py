@@ -108,7 +108,7 @@ def _race(url, namespace, instance_id, runs, barrier, queue, batch, options=None
         for i in range(0, len(order), batch):
             part = [req(entry, slot) for entry, slot in order[i:i + batch]]
             for result in store.claim(part):
-                assert result.outcome in (Outcome.WON, Outcome.LOST), result
+                assert result.outcome in (Outcome.WON, Outcome.OTHER_WON), result
                 if result.outcome is Outcome.WON:
                     assert result.winner == instance_id
                     won.append(result.request.run)
@@ -159,11 +159,11 @@ def test_winner_is_recognised_on_retry(stores):
     other = b.claim([req("e", slot, fingerprint="fp2")])[0]
     if not a.recognises_winner:
         # the store cannot read the winner back: an unknown outcome is a loss, never a win
-        assert again.outcome in (Outcome.UNKNOWN, Outcome.LOST)
-        assert other.outcome in (Outcome.UNKNOWN, Outcome.LOST)
+        assert again.outcome in (Outcome.UNKNOWN, Outcome.OTHER_WON)
+        assert other.outcome in (Outcome.UNKNOWN, Outcome.OTHER_WON)
         return
     assert again.outcome is Outcome.WON and again.winner == "A"
-    assert other.outcome is Outcome.LOST
+    assert other.outcome is Outcome.OTHER_WON
     assert other.winner == "A" and other.winner_fingerprint == "fp1"
 
 
@@ -176,7 +176,7 @@ def test_claim_batch_answers_in_request_order(stores):
         requests.append(req("y", now - MAX_LATE_MS - 30_000))
     results = b.claim(requests)
     assert [r.request for r in results] == requests
-    assert [r.outcome for r in results][:3] == [Outcome.WON, Outcome.LOST, Outcome.WON]
+    assert [r.outcome for r in results][:3] == [Outcome.WON, Outcome.OTHER_WON, Outcome.WON]
     if a.checks_lateness:
         assert results[3].outcome is Outcome.LATE
 
@@ -240,7 +240,7 @@ def test_already_claimed_is_checked_before_late(lateness_stores):
     # pretend both arrive after max_late: a max_late of 0 makes every claim "late" after 10 s,
     # so offset the slot into the past instead
     later = b.claim([req("e", slot, max_late_ms=0)])[0]
-    assert later.outcome is Outcome.LOST
+    assert later.outcome is Outcome.OTHER_WON
     assert a.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.WON
     assert a.history("e")[0].event is RunEvent.CLAIMED
 
@@ -262,11 +262,11 @@ def test_memory_outlasts_jitter_plus_max_late(stores):
     assert a.memory.duration_s is None or a.memory.duration_s >= 2 + 60
     slot = store_now(a) - MAX_LATE_MS
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
-    assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.LOST
+    assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.OTHER_WON
     slot = fresh_slot(a)
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
     # b claims "at slot + max_late": same slot, the store must still say LOST
-    assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.LOST
+    assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.OTHER_WON
 
 
 def test_claim_older_than_memory_is_never_won_again(lateness_stores):
@@ -274,7 +274,7 @@ def test_claim_older_than_memory_is_never_won_again(lateness_stores):
     a, b = prepared(lateness_stores("A", memory=1.0)), lateness_stores("B", memory=1.0)
     slot = fresh_slot(a)
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
-    assert b.claim([req("e", slot)])[0].outcome is Outcome.LOST
+    assert b.claim([req("e", slot)])[0].outcome is Outcome.OTHER_WON
     wait_until(lambda: store_now(a) > slot + 1500, 10, "the memory to pass")
     again = b.claim([req("e", slot)])[0]
     assert again.outcome is Outcome.FORGOTTEN
@@ -415,9 +415,9 @@ def test_run_is_lost_after_max_attempts(lease_stores):
         outcome, new = a.take_over("e", slot, run.token, queue_timeout_ms=100, max_attempts=2)
         if outcome is not TakeoverOutcome.TAKEN:
             break
-    assert outcome is TakeoverOutcome.LOST
-    assert a.inspect("e", slot).state is RunState.LOST
-    assert a.history("e")[0].event is RunEvent.LOST
+    assert outcome is TakeoverOutcome.GIVEN_UP
+    assert a.inspect("e", slot).state is RunState.GIVEN_UP
+    assert a.history("e")[0].event is RunEvent.GIVEN_UP
 
 
 def test_overlap_skip_and_allow(lease_stores):
@@ -568,7 +568,7 @@ def test_a_retried_claim_answers_won_only_for_its_own_attempt(lease_stores):
     outcome, taken = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.TAKEN and taken.attempt == 2
     again = a.claim([req("e", slot, lease=terms)])[0]
-    assert again.outcome is Outcome.LOST, again
+    assert again.outcome is Outcome.OTHER_WON, again
     assert again.winner == "B" and "attempt 2" in again.detail
     assert again.token != taken.token
 

@@ -160,7 +160,7 @@ def test_entry_names_with_subject_syntax_never_collide(stores):
     for name in NAMES:
         assert [h.entry for h in store.history(name)] == [name]
     other = stores("B")
-    assert all(r.outcome is Outcome.LOST and r.winner == "A"
+    assert all(r.outcome is Outcome.OTHER_WON and r.winner == "A"
                for r in other.claim([req(name, slot) for name in NAMES]))
 
 
@@ -183,7 +183,7 @@ def test_repeated_claim_wins_again_after_the_window_and_never_before(stores):
     wait_until(b_wins, 6, "the window to pass", interval=0.05)
     # every claim answered before the window could have ended was lost to A
     early = [r for t, r in answers if t < before + 2.0]
-    assert early and all(r.outcome is Outcome.LOST and r.winner == "A" for r in early)
+    assert early and all(r.outcome is Outcome.OTHER_WON and r.winner == "A" for r in early)
     assert answers[-1][0] >= before + 2.0
     assert a.claim([req("e", slot, max_late_ms=0)])[0].winner == "B", "the new claim replaced A's"
 
@@ -284,7 +284,7 @@ def test_an_instance_too_far_off_is_refused_and_blocks_nobody(stores, offset_s, 
     assert ok.claim([req("e", slot)])[0].outcome is Outcome.WON, "a refused claim blocks nobody"
     # already claimed comes first: the skewed instance learns who won
     lost = skewed.claim([req("e", slot)])[0]
-    assert lost.outcome is Outcome.LOST and lost.winner == "OK"
+    assert lost.outcome is Outcome.OTHER_WON and lost.winner == "OK"
     assert ok.history("e")[0].event is RunEvent.CLAIMED
     near = stores("NEAR")
     near._clock = lambda: time.time() + 50
@@ -327,7 +327,7 @@ def test_a_deleted_stream_refuses_the_runs_it_forgot(stores):
     later = b._created_ms + 10_001
     wait_until(lambda: b.now_ms() > b._created_ms + 20, 5, "the server clock to move")
     assert b.claim([req("e", later)])[0].outcome is Outcome.WON
-    assert a.claim([req("e", later)])[0].outcome is Outcome.LOST
+    assert a.claim([req("e", later)])[0].outcome is Outcome.OTHER_WON
 
 
 def test_a_lost_epoch_marker_restarts_the_memory_for_every_instance(stores):
@@ -352,7 +352,7 @@ def test_a_lost_epoch_marker_restarts_the_memory_for_every_instance(stores):
     later = b._epoch.time_ms + LATENESS_TOLERANCE_MS + 1
     wait_until(lambda: b.now_ms() > b._epoch.time_ms + 20, 5, "the server clock to move")
     assert b.claim([req("e", later)])[0].outcome is Outcome.WON
-    assert a.claim([req("e", later)])[0].outcome is Outcome.LOST
+    assert a.claim([req("e", later)])[0].outcome is Outcome.OTHER_WON
 
 
 def test_a_slot_more_than_10_s_ahead_of_the_server_is_refused_as_early(stores):
@@ -411,7 +411,7 @@ def test_a_forked_child_gets_its_own_loop_and_leaves_the_parents_alone(stores):
     assert store._session is parent_session
     assert store.claim([req("e", slot + 2)])[0].outcome is Outcome.WON, "the parent's loop still works"
     other = stores("B").claim([req("e", slot + 1)])[0]
-    assert other.outcome is Outcome.LOST and other.winner == "A", "the child's claim stands"
+    assert other.outcome is Outcome.OTHER_WON and other.winner == "A", "the child's claim stands"
 
 
 # -- servers of our own: TLS, no JetStream ---------------------------------------------------------
@@ -510,5 +510,5 @@ def test_a_batch_takes_two_rounds(stores, monkeypatch):
     assert all(r.outcome is Outcome.WON for r in a.claim(batch))
     assert rounds == [32, 30], rounds
     rounds.clear()
-    assert all(r.outcome is Outcome.LOST and r.winner == "A" for r in b.claim(batch))
+    assert all(r.outcome is Outcome.OTHER_WON and r.winner == "A" for r in b.claim(batch))
     assert len(rounds) == 2 and rounds == [32, 30], rounds

@@ -95,7 +95,7 @@ def test_rabbitmq_claim_wins_again_only_after_slot_ttl(stores, broker):
     losses = 0
     while time.monotonic() - won_at < 1.7:
         result = b.claim([req("e", slot)])[0]
-        assert result.outcome is Outcome.LOST and result.winner is None, result
+        assert result.outcome is Outcome.OTHER_WON and result.winner is None, result
         losses += 1
         time.sleep(0.2)
     assert losses >= 5
@@ -240,7 +240,7 @@ def test_rabbitmq_publish_to_a_missing_queue_never_wins(stores):
     assert answers[run][0] is Outcome.UNKNOWN and "NO_ROUTE" in answers[run][1]
     # the run was never claimed: a real claim wins it; the next ones get their own answers
     assert [r.outcome for r in a.claim([req("e", slot), req("e", slot + 1)])] == [Outcome.WON] * 2
-    assert a.claim([req("e", slot)])[0].outcome is Outcome.LOST
+    assert a.claim([req("e", slot)])[0].outcome is Outcome.OTHER_WON
 
 
 # -- outcome unknown -----------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def test_rabbitmq_claim_retried_after_a_failure(stores, fault):
         if fault == "answer_lost":
             assert retry.outcome is Outcome.UNKNOWN, retry
             assert {h.slot_ms: h.event for h in a.history("e")}[slot] is RunEvent.UNKNOWN
-            assert stores("B").claim([req("e", slot)])[0].outcome is Outcome.LOST
+            assert stores("B").claim([req("e", slot)])[0].outcome is Outcome.OTHER_WON
         else:
             assert retry.outcome is Outcome.WON, retry
         maker.close_all()
@@ -323,7 +323,7 @@ def _batch_racer(url, namespace, instance_id, runs, barrier, queue):
             barrier.wait(timeout=60)
             for result in store.claim([req(entry, slot) for entry, slot in part]):
                 outcomes[result.outcome.value] += 1
-                assert result.outcome in (Outcome.WON, Outcome.LOST), result
+                assert result.outcome in (Outcome.WON, Outcome.OTHER_WON), result
                 assert (result.winner == instance_id) == (result.outcome is Outcome.WON), result
                 if result.outcome is Outcome.WON:
                     won.append(result.request.run)
@@ -378,7 +378,7 @@ def test_rabbitmq_queue_names_escape_and_never_collide(stores):
     other_ns = StoreMaker("rabbitmq", stores.url, stores.namespace + ".a")
     try:
         assert prepared(other_ns("B"), "b").claim([req("b", slot)])[0].outcome is Outcome.WON
-        assert store.claim([req("a.b", slot)])[0].outcome is Outcome.LOST
+        assert store.claim([req("a.b", slot)])[0].outcome is Outcome.OTHER_WON
     finally:
         other_ns.close_all()
 

@@ -194,7 +194,7 @@ def test_stream_id_refuses_an_older_slot_after_a_newer_one_as_superseded(stream_
     older = b.claim([req("e", now - 1000)])[0]
     assert older.outcome is Outcome.SUPERSEDED and "newer slot" in older.detail
     assert history_event(a, now - 1000) is RunEvent.SUPERSEDED
-    assert outcome(b, now) is Outcome.LOST, "the same id is a loss, not superseded"
+    assert outcome(b, now) is Outcome.OTHER_WON, "the same id is a loss, not superseded"
     assert outcome(a, now) is Outcome.WON, "the winner's retry reads its own record back"
     # a batch is claimed in slot order, so a late older run of the same tick is not refused
     results = b.claim([req("e", now + 2000), req("e", now + 1000)])
@@ -207,11 +207,11 @@ def test_stream_id_uses_sequence_0_only(stream_id):
     a, b = prepared(stream_id("A")), stream_id("B")
     slot = a.now_ms()
     assert outcome(a, slot) is Outcome.WON
-    assert outcome(b, slot) is Outcome.LOST
+    assert outcome(b, slot) is Outcome.OTHER_WON
     server, key = raw(stream_id), a.keys_of("e")["claims:stream"]
     assert [entry_id for entry_id, _ in server.xrange(key)] == [f"{slot}-0"]
     assert server.xadd(key, {"w": "rogue"}, id=f"{slot}-1") == f"{slot}-1", "the trap is real"
-    assert outcome(b, slot) is Outcome.LOST, "the store still reads <slot>-0's winner"
+    assert outcome(b, slot) is Outcome.OTHER_WON, "the store still reads <slot>-0's winner"
     assert outcome(b, slot - 1) is Outcome.SUPERSEDED
 
 
@@ -266,7 +266,7 @@ def test_stream_id_out_of_order_racers_never_win_a_run_twice(stream_id):
         p.join(timeout=30)
     assert not [err for _, _, err in reports if err]
     answers = [a for _, got, _ in reports for a in got]
-    assert {outcome for _, outcome in answers} <= {"won", "lost", "superseded"}
+    assert {outcome for _, outcome in answers} <= {"won", "other_won", "superseded"}
     winners = Counter(slot for slot, outcome in answers if outcome == "won")
     assert winners and max(winners.values()) == 1
 
@@ -289,7 +289,7 @@ def test_script_remembers_for_its_window_then_refuses_on_the_server_clock(script
     a, b = prepared(script("A", window=1)), script("B", window=1)
     slot = a.now_ms()
     assert outcome(a, slot) is Outcome.WON
-    assert outcome(b, slot) is Outcome.LOST
+    assert outcome(b, slot) is Outcome.OTHER_WON
     wait_until(lambda: a.now_ms() > slot + 1100, 5, "the window to pass")
     again = b.claim([req("e", slot)])[0]
     assert again.outcome is Outcome.FORGOTTEN and "older than the window" in again.detail
@@ -310,7 +310,7 @@ def test_script_count_trimming_never_reopens_a_trimmed_slot(script):
     for slot in slots[:2]:  # trimmed: refused, never won a second time
         assert b.claim([req("e", slot)])[0].outcome is Outcome.FORGOTTEN
     assert outcome(b, base) is Outcome.FORGOTTEN, "an older unclaimed slot is refused too"
-    assert outcome(b, slots[2]) is Outcome.LOST, "the newest 3 are remembered"
+    assert outcome(b, slots[2]) is Outcome.OTHER_WON, "the newest 3 are remembered"
     assert outcome(b, slots[1] + 500) is Outcome.WON, "out of order inside the window is fine"
 
 
@@ -328,12 +328,12 @@ def test_idmp_remembers_for_duration_then_refuses_on_the_server_clock(idmp):
 
     def repeat_refused():
         answers.append(b.claim([req("e", slot)])[0])
-        return answers[-1].outcome is not Outcome.LOST
+        return answers[-1].outcome is not Outcome.OTHER_WON
 
     wait_until(repeat_refused, 5, "the repeated claim to be refused after the duration")
     again = answers.pop()
     assert again.outcome is Outcome.FORGOTTEN and again.store_ms - slot >= 1000, again
-    assert answers and all(r.outcome is Outcome.LOST and r.winner == "A" for r in answers)
+    assert answers and all(r.outcome is Outcome.OTHER_WON and r.winner == "A" for r in answers)
 
 
 def test_idmp_remembers_max_size_runs_then_a_repeat_wins_again(idmp):
@@ -341,7 +341,7 @@ def test_idmp_remembers_max_size_runs_then_a_repeat_wins_again(idmp):
     base = a.now_ms() - 5000
     for i in range(3):
         assert outcome(a, base + i) is Outcome.WON
-    assert outcome(b, base + 2) is Outcome.LOST and outcome(b, base + 1) is Outcome.LOST
+    assert outcome(b, base + 2) is Outcome.OTHER_WON and outcome(b, base + 1) is Outcome.OTHER_WON
     again = b.claim([req("e", base)])[0]
     assert again.outcome is Outcome.WON and again.winner == "B", "the oldest of 3 was forgotten"
 
@@ -393,7 +393,7 @@ def test_idmp_live_stream_with_other_settings_is_kept_and_reported(idmp):
     assert "IDMP-DURATION 60 s, IDMP-MAXSIZE 50" in text and "duration=120, max_size=80" in text
     assert "Kept" in text and "1 runs now" in text
     assert stream_settings(idmp, a) == (60, 50)
-    assert outcome(b, slot) is Outcome.LOST, "changing them would have re-opened this run"
+    assert outcome(b, slot) is Outcome.OTHER_WON, "changing them would have re-opened this run"
 
 
 def test_idmp_stream_that_remembers_nothing_takes_the_new_settings(idmp):

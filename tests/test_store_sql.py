@@ -243,7 +243,7 @@ def test_prune_keeps_what_memory_promises(stores):
     a.claim([req("other", a.now_ms())])
     assert _rows(a, sql_schema.claims, entry="e") == 1
     assert _rows(a, sql_schema.claims, entry="e", slot_ms=future) == 1
-    assert b.claim([req("e", future)])[0].outcome is Outcome.LOST, "kept until slot + memory"
+    assert b.claim([req("e", future)])[0].outcome is Outcome.OTHER_WON, "kept until slot + memory"
     assert b.claim([req("e", past)])[0].outcome is Outcome.FORGOTTEN
     assert a.inspect("e", done) is None, "a finished run is pruned after the memory"
     assert a.inspect("e", in_flight).state is RunState.QUEUED, "a run in flight is never pruned"
@@ -336,7 +336,7 @@ def test_deleted_sqlite_file_is_noticed_as_amnesia(namespace, tmpdir_path):
         a, b = prepared(maker("A")), prepared(maker("B"))
         slot = fresh_slot(a)
         assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
-        assert b.claim([req("e", slot)])[0].outcome is Outcome.LOST
+        assert b.claim([req("e", slot)])[0].outcome is Outcome.OTHER_WON
         _remove_sqlite_file(a.path)
         again = b.claim([req("e", slot)])[0]
         assert again.outcome is Outcome.FORGOTTEN, again
@@ -423,7 +423,7 @@ def test_retried_claim_whose_reply_was_lost_after_a_takeover_is_lost(namespace):
         assert outcome is TakeoverOutcome.TAKEN and run.attempt == 2
         a2 = via_proxy("A", claim_timeout=2)
         retried = _claim_one(a2, "e", slot, lease=LEASE_FAST)
-        assert retried.outcome is Outcome.LOST and retried.token != run.token, retried
+        assert retried.outcome is Outcome.OTHER_WON and retried.token != run.token, retried
     finally:
         maker.close_all()
         via_proxy.close_all()

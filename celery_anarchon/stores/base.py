@@ -11,7 +11,7 @@ milliseconds too. User-facing settings are seconds and are converted by :mod:`ce
 The rules below come from DESIGN.md ("Who won", "Amnesia", "One run, in time", "Leases"):
 
 * A claim checks, in this order: already claimed (by this instance: ``WON`` again, the store
-  recognises its own winner; by another: ``LOST``), forgotten (the slot is older than the store's
+  recognises its own winner; by another: ``OTHER_WON``), forgotten (the slot is older than the store's
   memory, or the store's memory began after ``slot - LATENESS_TOLERANCE_MS``), late (store clock:
   ``now > slot + max_late + LATENESS_TOLERANCE_MS``), early (``slot > now + LATENESS_TOLERANCE_MS``),
   then for leased entries overlapping / superseding, then it records the claim.
@@ -46,21 +46,26 @@ class Outcome(str, enum.Enum):
     """The answer of the store to the claim of one run."""
 
     WON = "won"                  #: this instance holds the claim: it sends the run
-    LOST = "lost"                #: another instance holds the claim (the normal case)
+    OTHER_WON = "other_won"      #: another instance holds the claim (the normal case)
     LATE = "late"                #: refused: store clock says slot + max_late + tolerance has passed
     EARLY = "early"              #: refused: store clock says the slot is more than tolerance ahead
     FORGOTTEN = "forgotten"      #: refused: the store cannot remember that far back (amnesia, memory)
     OVERLAPPING = "overlapping"  #: refused: an earlier run of the leased entry is still alive
     SUPERSEDED = "superseded"    #: refused: a newer slot of the entry was already claimed
-    UNKNOWN = "unknown"          #: the store could not tell; counted as lost, a possible miss
+    UNKNOWN = "unknown"          #: the store could not tell; counted as not won, a possible miss
     #: won, but the claim was not confirmed durable (replicas, disk) in time: never sent, a
     #: possible miss (DESIGN.md "Amnesia and partial loss": durable claim)
     UNCONFIRMED = "unconfirmed"
+    LOST = "other_won"           #: old name of OTHER_WON (alias until every caller is renamed)
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls.OTHER_WON if value == "lost" else None  # written by an older version
 
     @property
     def is_skip(self) -> bool:
         """True for outcomes that mean nobody sends this run (recorded in history)."""
-        return self not in (Outcome.WON, Outcome.LOST)
+        return self not in (Outcome.WON, Outcome.OTHER_WON)
 
 
 class RunEvent(str, enum.Enum):
@@ -82,7 +87,12 @@ class RunEvent(str, enum.Enum):
     STARTED = "started"            #: leased: a worker adopted the run
     FINISHED = "finished"          #: leased: released by its runner
     TAKEN_OVER = "taken_over"      #: leased: re-sent as a new attempt (runner presumed dead)
-    LOST = "lost"                  #: leased: given up after max_attempts
+    GIVEN_UP = "given_up"          #: leased: given up after max_attempts
+    LOST = "given_up"              #: old name of GIVEN_UP (alias until every caller is renamed)
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls.GIVEN_UP if value == "lost" else None  # written by an older version
 
     @classmethod
     def for_skip(cls, outcome: Outcome) -> RunEvent:
@@ -101,12 +111,17 @@ class RunState(str, enum.Enum):
     QUEUED = "queued"
     STARTED = "started"
     FINISHED = "finished"
-    LOST = "lost"
+    GIVEN_UP = "given_up"
     SUPERSEDED = "superseded"
+    LOST = "given_up"  #: old name of GIVEN_UP (alias until every caller is renamed)
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls.GIVEN_UP if value == "lost" else None  # written by an older version
 
     @property
     def is_terminal(self) -> bool:
-        return self in (RunState.FINISHED, RunState.LOST, RunState.SUPERSEDED)
+        return self in (RunState.FINISHED, RunState.GIVEN_UP, RunState.SUPERSEDED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +164,8 @@ class ClaimRequest:
 class ClaimResult:
     """The store's answer for one :class:`ClaimRequest`.
 
-    :param winner: instance id that holds the claim (``WON``: this instance; ``LOST``: the other),
+    :param winner: instance id that holds the claim (``WON``: this instance; ``OTHER_WON``: the
+        other),
         ``None`` when nobody does.
     :param winner_fingerprint: the fingerprint recorded by the winner, ``""`` when unknown.
     :param store_ms: the store's clock when it decided, UTC ms (``None`` for stores without one).
@@ -239,9 +255,14 @@ class TakeoverOutcome(str, enum.Enum):
     """The answer to :meth:`Store.take_over`."""
 
     TAKEN = "taken"            #: this instance re-sends the run as ``run.attempt``
-    LOST = "lost"              #: max_attempts reached: the run is recorded lost
+    GIVEN_UP = "given_up"      #: max_attempts reached: the run is recorded given up
     SUPERSEDED = "superseded"  #: a newer slot of the entry was claimed: the run is abandoned
     REFUSED = "refused"        #: the token changed or the run is alive/finished: nothing to do
+    LOST = "given_up"          #: old name of GIVEN_UP (alias until every caller is renamed)
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls.GIVEN_UP if value == "lost" else None  # written by an older version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +404,7 @@ class Store(abc.ABC):
                   queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
         """One compare-and-set on ``expected_token``: if the run is still expired and no newer slot
         of the entry was claimed, queue it again as the next attempt with a new token and a queue
-        deadline of now + ``queue_timeout_ms``. After ``max_attempts`` it is recorded lost.
+        deadline of now + ``queue_timeout_ms``. After ``max_attempts`` it is recorded given up.
         Exactly one of several instances finding the same expired run gets ``TAKEN``."""
         self._no_leases()
 

@@ -857,7 +857,7 @@ class NATSStore(HistoryOps, Store):
         if not looked:
             return Outcome.WON, self.instance_id, r.fingerprint, ""
         winner, fingerprint = str(stored.body.get("i")), str(stored.body.get("f", ""))
-        return (Outcome.WON if winner == self.instance_id else Outcome.LOST), winner, fingerprint, ""
+        return (Outcome.WON if winner == self.instance_id else Outcome.OTHER_WON), winner, fingerprint, ""
 
     # -- tests ----------------------------------------------------------------------------------
     def _forget_everything(self) -> None:

@@ -559,7 +559,7 @@ class RabbitMQStore(EntryQueues, Store):
                                 "no answer, and the broker cannot tell who won (RabbitMQ): counted "
                                 "as lost")
             else:
-                answers[run] = (Outcome.LOST, "")
+                answers[run] = (Outcome.OTHER_WON, "")
         if confirms.tainted:
             s.retire_confirms()
         return answers

@@ -313,10 +313,10 @@ local function claim_one(b, slot_s, max_late, task_id, fingerprint, leased, queu
   local raw = redis.call('HGET', key(b, CLAIMS), slot_s)
   if raw then  -- already claimed: checked before anything else ("Who won")
     local c = cjson.decode(raw)
-    if c.w ~= INSTANCE then return {o = 'lost', w = c.w, f = c.f} end
+    if c.w ~= INSTANCE then return {o = 'other_won', w = c.w, f = c.f} end
     local run = leased and run_get(b, slot_s)
     if run and tonumber(run.a) > 1 then  -- a claim is for attempt 1: never WON with another's
-      return {o = 'lost', w = run.w or run.o, f = c.f,
+      return {o = 'other_won', w = run.w or run.o, f = c.f,
               d = 'taken over as attempt ' .. run.a .. ' by ' .. (run.w or run.o)}
     end
     if run then return {o = 'won', w = c.w, f = c.f, k = run.k, a = run.a} end
@@ -448,10 +448,10 @@ if newest and newest > tonumber(slot_s) then
   return reply('superseded')
 end
 if tonumber(run.a) >= tonumber(ARGV[10]) then
-  run.s = 'lost'
+  run.s = 'given_up'
   run_put(1, slot_s, run)
-  history_event(1, slot_s, 'lost', run, 'given up after ' .. run.a .. ' attempts')
-  return reply('lost')
+  history_event(1, slot_s, 'given_up', run, 'given up after ' .. run.a .. ' attempts')
+  return reply('given_up')
 end
 run = {s = 'queued', a = int(tonumber(run.a) + 1), k = int(next_token(1)), o = INSTANCE,
        w = INSTANCE, p = run.k, x = '', q = int(NOW + tonumber(ARGV[9]))}

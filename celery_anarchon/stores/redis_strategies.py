@@ -71,7 +71,7 @@ end
 local function id_ms(id) return tonumber(string.match(id, '^(%d+)')) end
 
 local function recorded(c)  -- the reply for a run whose claim record c = {w, f} was found
-  return {o = (c.w == INSTANCE) and 'won' or 'lost', w = c.w, f = c.f}
+  return {o = (c.w == INSTANCE) and 'won' or 'other_won', w = c.w, f = c.f}
 end
 
 local function won(b, slot_s, task_id, fingerprint)

@@ -563,9 +563,9 @@ class SQLStore(LeaseOps, Store):
             attempt = attempt or 1
             if winner == self.instance_id and attempt > 1:
                 # a claim is for attempt 1: the run was taken over since (loss-spec point 6)
-                return ClaimResult(r, Outcome.LOST, owner, fingerprint, now, None, attempt,
+                return ClaimResult(r, Outcome.OTHER_WON, owner, fingerprint, now, None, attempt,
                                    detail=f"taken over as attempt {attempt}")
-            outcome = Outcome.WON if winner == self.instance_id else Outcome.LOST
+            outcome = Outcome.WON if winner == self.instance_id else Outcome.OTHER_WON
             if outcome is Outcome.WON:
                 fence.changed = True   # a re-answered win writes, so its commit is confirmed too
             return ClaimResult(r, outcome, winner, fingerprint, now,

@@ -173,10 +173,10 @@ class LeaseOps:
                                   detail=f"a newer slot {iso(fence.newest_slot)} was claimed")
                 return TakeoverOutcome.SUPERSEDED, self._leased(run, now)
             if run["attempt"] >= max_attempts:
-                self._update_run(conn, run, state="lost", keep_until_ms=now + self.memory_ms)
-                self._lease_event(conn, run, RunEvent.LOST, now,
+                self._update_run(conn, run, state="given_up", keep_until_ms=now + self.memory_ms)
+                self._lease_event(conn, run, RunEvent.GIVEN_UP, now,
                                   detail=f"no attempt finished after {run['attempt']} of {max_attempts}")
-                return TakeoverOutcome.LOST, self._leased(run, now)
+                return TakeoverOutcome.GIVEN_UP, self._leased(run, now)
             self._update_run(conn, run, state="queued", attempt=run["attempt"] + 1,
                              prev_token=expected_token,
                              token=fence.issue_token(now_us), owner=self.instance_id,
