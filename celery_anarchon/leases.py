@@ -153,6 +153,53 @@ def _on_process_init(**kwargs) -> None:
     _stores.clear()           # never reuse the parent's connections
 
 
+# -- the safety net of the `celery` command ------------------------------------------------------
+
+def _uses_anarchon(app) -> bool:
+    conf = app.conf
+    if "anarchon" in str(conf.get("beat_scheduler") or ""):
+        return True
+    if any(isinstance(k, str) and k.startswith("anarchon_") for k in conf.keys()):
+        return True
+    return any(isinstance(item, dict) and "anarchon" in (item.get("options") or {})
+               for item in (conf.get("beat_schedule") or {}).values())
+
+
+def _safety_net(sender=None, **kwargs) -> None:
+    """A worker started by the ``celery`` command whose app uses celery_anarchon but whose app
+    module forgot ``celery_anarchon.install(app)`` gets the worker side anyway: without it a
+    leased run's body would run once per attempt. (A worker started another way has no such net:
+    beat refuses to start without install(app), and the docs say where the line goes.)"""
+    app = getattr(sender, "app", None)
+    if app is None or is_installed(app) or not _uses_anarchon(app):
+        return
+    install(app)
+    logger.warning("celery_anarchon: the app module of this worker does not call "
+                   "celery_anarchon.install(app); installed the worker side of leases for this "
+                   "worker. Add the call to the app module so every process that loads it has it.")
+
+
+def _unprotected_leased_message(sender=None, task=None, **kwargs) -> None:
+    """Say so when a leased run's message reaches a task without the worker side (it cannot be
+    stopped from a signal: Celery swallows exceptions raised in handlers)."""
+    headers = getattr(getattr(task, "request", None), "headers", None) or {}
+    if HEADER_TOKEN in headers and not type(task).__dict__.get(_PATCHED_ATTR):
+        logger.error("celery_anarchon: task %s runs a leased run (entry %s) on a worker without "
+                     "the worker side of leases: nothing stops a second attempt from running its "
+                     "body too. Call celery_anarchon.install(app) in the app module.",
+                     getattr(task, "name", "?"), headers.get(HEADER_ENTRY))
+
+
+def connect_command_signals() -> None:
+    """Connect the safety net to Celery's signals (idempotent). Called when the ``celery`` command
+    loads :mod:`celery_anarchon.cli` (its ``celery.commands`` entry point), so it covers every
+    worker the command starts."""
+    signals.worker_init.connect(_safety_net, weak=False,
+                                dispatch_uid="celery_anarchon.leases.safety_net")
+    signals.task_prerun.connect(_unprotected_leased_message, weak=False,
+                                dispatch_uid="celery_anarchon.leases.unprotected_leased_message")
+
+
 def _patch_tasks(app) -> None:
     for task in list(app.tasks.values()):
         cls = type(task)
@@ -295,13 +342,10 @@ def _store(app, namespace: str):
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
-            from celery_anarchon.scheduler import resolve_store_url
-            from celery_anarchon.stores import open_store
+            from celery_anarchon.app_store import open_app_store
             from celery_anarchon.timing import Settings
-            url, options, _ = resolve_store_url(app, Settings.from_app(app))
-            store = open_store(url, namespace=namespace,
-                               instance_id=f"worker:{socket.gethostname()}:{os.getpid()}",
-                               options=options)
+            store = open_app_store(app, Settings.from_app(app), namespace=namespace,
+                                   instance_id=f"worker:{socket.gethostname()}:{os.getpid()}")
             _stores[key] = store
         return store
 

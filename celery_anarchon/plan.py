@@ -15,9 +15,10 @@ from celery import schedules as celery_schedules
 
 from celery_anarchon import slots as slot_math
 from celery_anarchon import timing
+from celery_anarchon._util import duration
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.leases import is_installed
-from celery_anarchon.stores.base import LeaseTerms, Memory, Store
+from celery_anarchon.stores.base import LeaseTerms, Store
 
 #: uuid5 namespace of task ids (any fixed UUID works; this one is ours)
 _TASK_ID_NS = uuid.UUID("2f0c8e53-8b7a-4d0e-9c5e-6b1f6d2a9a11")
@@ -93,7 +94,7 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store
         if hasattr(anchor, "timestamp") and getattr(anchor, "tzinfo", None) is not None:
             anchor_s = anchor.timestamp()
         else:
-            anchor_s = timing.seconds(anchor, f"entry {name!r}: options['anarchon']['anchor']")
+            anchor_s = duration(anchor, f"entry {name!r}: options['anarchon']['anchor']")
     slots = slot_math.slots_for(schedule, entry=name, app_timezone=app.timezone, anchor_s=anchor_s)
     entry_timing = timing.resolve(name, {k: v for k, v in ours.items() if k != "anchor"}, settings,
                                   shortest_gap_s=slots.shortest_gap_ms / 1000,

@@ -14,8 +14,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import secrets
-import socket
 import time
 
 from celery import beat
@@ -23,13 +21,15 @@ from kombu.exceptions import EncodeError
 from kombu.utils.objects import cached_property
 
 from celery_anarchon import plan as plans_mod
-from celery_anarchon.engine import MAX_SLEEP_S, Engine, iso
+from celery_anarchon._util import iso
+from celery_anarchon.app_store import make_instance_id, resolve_store_url
+from celery_anarchon.engine import MAX_SLEEP_S, Engine
 from celery_anarchon.errors import ConfigError, SendOutcomeUnknown
 from celery_anarchon.messages import (
     HEADER_ATTEMPT, HEADER_ENTRY, HEADER_INSTANCE, HEADER_LEASE, HEADER_NAMESPACE, HEADER_SLOT,
     HEADER_TOKEN,
 )
-from celery_anarchon.stores import open_store, scheme_of, url_following_broker
+from celery_anarchon.stores import open_store
 from celery_anarchon.timing import Settings
 
 logger = logging.getLogger("celery_anarchon.scheduler")
@@ -60,31 +60,6 @@ def _exit_requested(exc: BaseException) -> bool:
         seen.add(id(exc))
         todo += [exc.__cause__, exc.__context__]
     return False
-
-
-
-def make_instance_id() -> str:
-    """``host:pid:random`` (the random suffix tells apart two processes that reuse a pid)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def resolve_store_url(app, settings: Settings) -> tuple[str, dict, str | None]:
-    """The store URL and options of ``app``: ``anarchon_store_url``, else the broker's.
-
-    :returns: ``(url, options, warning)``; ``warning`` is set for the embedded one-host default.
-    :raises ConfigError: the broker cannot serve as a store and no store URL is set.
-    """
-    options = dict(settings.store_options)
-    if settings.store_url:
-        return settings.store_url, options, None
-    broker = app.conf.broker_url or app.conf.broker_read_url or ""
-    if scheme_of(broker) == "sentinel":
-        transport = app.conf.broker_transport_options or {}
-        if "master_name" in transport:
-            options.setdefault("master_name", transport["master_name"])
-        return broker, options, None
-    url, warning = url_following_broker(broker)
-    return url, options, warning
 
 
 class Entry(beat.ScheduleEntry):

@@ -24,11 +24,11 @@ import dataclasses
 import difflib
 import logging
 import math
-from datetime import timedelta
 from typing import Any
 
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory
+from celery_anarchon._util import duration as seconds  # seconds(value, what): a duration >= 0
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, Memory
 
 logger = logging.getLogger(__name__)
 
@@ -47,23 +47,6 @@ OVERLAP_VALUES = ("skip", "allow")
 #: the Celery settings of celery_anarchon (any other anarchon_* key is a typo)
 SETTINGS = ("anarchon_heartbeat", "anarchon_jitter", "anarchon_lease", "anarchon_max_late",
             "anarchon_namespace", "anarchon_store_options", "anarchon_store_url")
-
-
-def seconds(value: Any, what: str) -> float:
-    """``value`` (int, float or timedelta) as seconds; ``what`` names it in the error.
-
-    :raises ConfigError: not a number or a timedelta, not finite, or negative.
-    """
-    if isinstance(value, timedelta):
-        result = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = float(value)
-    else:
-        raise ConfigError(f"{what}: {value!r} is not a duration; give seconds (int or float) or a "
-                          "datetime.timedelta")
-    if not math.isfinite(result) or result < 0:
-        raise ConfigError(f"{what}: {value!r} must be a finite number of seconds >= 0")
-    return result
 
 
 def _fmt(s: float) -> str:

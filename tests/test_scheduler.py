@@ -13,7 +13,8 @@ from celery.schedules import crontab
 
 from celery_anarchon import ConfigError, Scheduler, scheduled_at
 from celery_anarchon.errors import SendOutcomeUnknown
-from celery_anarchon.scheduler import _exit_requested, resolve_store_url
+from celery_anarchon.app_store import resolve_store_url
+from celery_anarchon.scheduler import _exit_requested
 from celery_anarchon.stores import url_following_broker
 from celery_anarchon.stores.base import RunEvent
 from celery_anarchon.timing import Settings
