@@ -199,7 +199,7 @@ def test_losing_a_claim_is_normal_and_quiet(sqlite_url, namespace, harnesses, ca
     with caplog.at_level(logging.DEBUG, "celery_anarchon"):
         b.engine.tick()
     assert len(a.sent) == 1 and b.sent == []
-    assert b.engine.stats["claim_lost"] == 1
+    assert b.engine.stats["claim_other_won"] == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
@@ -342,11 +342,11 @@ def test_a_lease_that_ran_out_during_a_store_outage_is_not_taken_over_at_once(sq
     adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
     assert adopted
     wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
-    h.engine._last_store_error_at = h.mono()                     # the store just failed for us
-    h.engine._check_leases()
+    h.engine.outage.last_error_at = h.mono()                   # the store just failed for us
+    h.engine.takeovers.check(h.engine.plans)
     assert h.store.inspect("e", slot).attempt == 1 and h.engine.stats["takeover_deferred"] == 1
     h.advance(3.5)                                               # past the grace: 2 x 1 s + 1 s
-    h.engine._check_leases()
+    h.engine.takeovers.check(h.engine.plans)
     assert h.store.inspect("e", slot).attempt == 2, "a runner silent past the grace is taken over"
 
 
@@ -389,9 +389,9 @@ def test_a_claim_whose_answer_was_lost_is_recognised_as_won(redis_proxy, namespa
     redis_proxy.swallow_replies = True
     h.engine.tick()                              # the claim reaches Redis; its answer does not
     assert len(h.sent) == sent_before
-    lost = other.engine.stats["claim_lost"]
+    lost = other.engine.stats["claim_other_won"]
     other.engine.tick()                          # another instance finds the run taken
-    assert other.engine.stats["claim_lost"] == lost + 1
+    assert other.engine.stats["claim_other_won"] == lost + 1
     redis_proxy.restore()
     wait_until(lambda: (h.engine.tick(), len(h.sent) > sent_before)[1], 10, "the retried claim",
                interval=0.05)
@@ -580,7 +580,7 @@ def test_a_takeover_whose_reply_was_lost_is_retried_and_sent_once(redis_proxy, n
             finally:
                 redis_proxy.swallow_replies = False
         h.store.take_over = reply_lost
-        h.engine._check_leases()                 # the takeover commits; its reply is lost
+        h.engine.takeovers.check(h.engine.plans)  # the takeover commits; its reply is lost
         assert len(calls) == 1
         assert h.sent == [("e", slot, 1)]
         assert direct.inspect("e", slot).attempt == 2, "the takeover reached the store"

@@ -198,7 +198,7 @@ def test_a_healthy_runner_pausing_less_than_its_lease_keeps_it(kind, make_cluste
 def test_a_beat_killed_between_claim_and_send_is_replaced(kind, make_cluster):
     c = make_cluster(kind, {"long": long_entry(1)})
     c.worker()
-    c.beat("b1", env={"ANARCHON_TEST_EXIT_AFTER_CLAIM": "long"}, wait=False)
+    c.beat("b1", env={"ANARCHON_LT_EXIT_BEFORE_SEND": "long"}, wait=False)
     wait_until(lambda: c.cluster.procs["b1"].popen.poll() is not None, 30, "b1 to exit after its claim")
     history = {h.slot_ms: h for h in c.store.history("long")}
     assert history[c.slot()].event is RunEvent.CLAIMED, "the claim without a send"

@@ -2,9 +2,12 @@
 
 ANARCHON_LT_BROKER, ANARCHON_LT_BACKEND, ANARCHON_LT_STORE, ANARCHON_LT_NAMESPACE, ANARCHON_LT_OUT
 (JSON lines, one per task event), ANARCHON_LT_ACKS_LATE ("1": acks_late + reject_on_worker_lost),
-ANARCHON_LT_SCHEDULE (JSON: name -> {task, every, anchor, args, queue, lease}).
+ANARCHON_LT_SCHEDULE (JSON: name -> {task, every, anchor, args, queue, lease}),
+ANARCHON_LT_EXIT_BEFORE_SEND (an entry name: beat exits at once when its won claim is about to be
+sent, before publishing: a beat killed between its claim and its send).
 """
 import json
+import logging
 import os
 import signal
 import time
@@ -36,6 +39,24 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+EXIT_BEFORE_SEND = os.environ.get("ANARCHON_LT_EXIT_BEFORE_SEND")
+if EXIT_BEFORE_SEND:
+    from celery_anarchon.scheduler import Scheduler
+
+    class ExitBeforeSend(Scheduler):
+        """The fault through the engine's send callback: the won claim (attempt 1) of the entry
+        ``EXIT_BEFORE_SEND`` makes the process exit before anything is published."""
+
+        def _send(self, plan, slot_ms, attempt, token, task_id):
+            if plan.name == EXIT_BEFORE_SEND and attempt == 1:
+                logging.getLogger(__name__).warning(
+                    "%s: exiting after the claim of slot %s (ANARCHON_LT_EXIT_BEFORE_SEND is set)",
+                    plan.name, slot_ms)
+                logging.shutdown()
+                os._exit(70)
+            super()._send(plan, slot_ms, attempt, token, task_id)
+
+    app.conf.beat_scheduler = "lease_app:ExitBeforeSend"
 if os.environ.get("ANARCHON_LT_NO_INSTALL") != "1":    # "1": a worker whose module forgot it
     celery_anarchon.install(app)
 

@@ -1,0 +1,246 @@
+"""The engine's coordinator: one tick of DESIGN.md "One run, in time", told through its parts."""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Callable
+
+from celery_anarchon._util import iso
+from celery_anarchon.engine.claims import ClaimRetries
+from celery_anarchon.engine.counters import Counters
+from celery_anarchon.engine.definitions import Definitions
+from celery_anarchon.engine.due import DueRuns
+from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.engine.outage import Outage
+from celery_anarchon.engine.sends import Send, SendFn, SendQueue
+from celery_anarchon.engine.skew import SkewCheck
+from celery_anarchon.engine.skips import SkipLog
+from celery_anarchon.engine.takeovers import Takeovers
+from celery_anarchon.errors import ConfigError, StoreError
+from celery_anarchon.plan import EntryPlan, task_id_for
+from celery_anarchon.stores.base import ClaimRequest, ClaimResult, Outcome, Store
+
+logger = logging.getLogger(__name__)
+
+#: the longest single sleep: a long wait is a chain of these, each re-reading the clock
+MAX_SLEEP_S = 60.0
+
+
+class Engine:
+    """Due runs, claims and sends for the plans of one beat instance.
+
+    :param store: the claim store (opened lazily by its first operation).
+    :param plans: entry name -> plan.
+    :param instance_id: this instance's id, recorded with its claims.
+    :param namespace: ``anarchon_namespace``, part of every task id.
+    :param send: publishes one won run; raises when the send failed (it is retried).
+    :param clock: the wall clock, seconds since the epoch (``time.time``): when a slot is due
+        and whether it is late; tests pass their own.
+    :param monotonic: a clock for elapsed time, seconds from any origin (``time.monotonic``):
+        every backoff, retry, wait and lease-check deadline; tests pass their own.
+    :param rng: the jitter source (default: the operating system's, never shared by forks).
+    """
+
+    def __init__(self, store: Store, plans: dict[str, EntryPlan], *, instance_id: str,
+                 namespace: str, send: SendFn, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.plans = dict(plans)
+        self.instance_id = instance_id
+        self.namespace = namespace
+        self.clock = clock
+        self.monotonic = monotonic
+        rng = rng or random.SystemRandom()
+        self.counters = Counters(monotonic)
+        self.stats = stats = self.counters.counts
+        self.outage = Outage(store, monotonic, stats)
+        self.notes = NoteBuffer(store, self.outage)
+        self.skips = SkipLog(store, instance_id, monotonic, stats, self.notes)
+        self.claims = ClaimRetries(store, instance_id, stats, self.notes, self.outage)
+        self.due = DueRuns(namespace, rng, self.skips, self.claims)
+        self.sends = SendQueue(send, clock, monotonic, stats, self.notes)
+        self.takeovers = Takeovers(store, namespace, monotonic, rng, stats, self.outage,
+                                   self.sends)
+        self.skew = SkewCheck(store, clock, monotonic)
+        self.definitions = Definitions(store)
+        self._prepared = False
+        self._seeded = False
+        self._stopping = False
+
+    @property
+    def send(self) -> SendFn:
+        """The send callback (replaceable: tests and fault injection wrap it)."""
+        return self.sends.send_fn
+
+    @send.setter
+    def send(self, send: SendFn) -> None:
+        self.sends.send_fn = send
+
+    @property
+    def rng(self) -> random.Random:
+        """The jitter source, shared by the heap and the lease checks' offsets."""
+        return self.due.rng
+
+    @rng.setter
+    def rng(self, rng: random.Random) -> None:
+        self.due.rng = self.takeovers.rng = rng
+
+    # -- public ------------------------------------------------------------------------------
+    def tick(self) -> float:
+        """Do what is due now; return the seconds to sleep before the next tick (0 < s <= 60)."""
+        if self._stopping:
+            return MAX_SLEEP_S
+        now = self.clock()
+        if not self._seeded:                   # 7. at start-up, the newest slot within max_late
+            self._seeded = True
+            for plan in self.plans.values():
+                self.due.seed(plan, now)
+        if not self._prepared:
+            self._prepare()
+        due = self.due.pop(now, self.plans)    # 1-2. slot + jitter came; late ones skipped
+        if not self._prepared:                 # no store yet: the runs wait, never sent blind
+            self.claims.hold(due)
+            due = []
+        due.extend(self.claims.due(now, self.plans, self._prepared))
+        if due:
+            self._claim(due)                   # 3-4. one batch; the won ones are sent
+        if self._stopping:                     # close() ran during the claim's sends
+            return MAX_SLEEP_S
+        self.sends.retry(now)                  # 5. failed sends retried until max_late
+        self.notes.flush()                     # 9. outcomes in the store's history
+        self._periodic()
+        return self._delay(self.clock())       # 6. never more than 60 s
+
+    def stop(self) -> None:
+        """Send nothing more (beat is shutting down, possibly from a signal handler in the middle
+        of a tick). A run won but not yet sent stays claimed without a send: the guarantee's
+        "winner dying between its claim and its send"; a leased one is taken over."""
+        self._stopping = True
+        self.sends.stop()
+
+    def update_plans(self, plans: dict[str, EntryPlan]) -> None:
+        """Replace the plans (the schedule changed): new or changed entries are scheduled anew,
+        removed ones are dropped; what this instance claimed is kept."""
+        old = self.plans
+        self.plans = dict(plans)
+        if not self._seeded:
+            return
+        now = self.clock()
+        for name, plan in self.plans.items():
+            if name not in old or old[name].fingerprint != plan.fingerprint:
+                self.due.forget(name)
+                self.due.seed(plan, now)
+                self.definitions.save(plan)
+        for name in set(old) - set(self.plans):
+            self.due.forget(name)
+        self.takeovers.forget_removed(self.plans)
+
+    def next_fire(self) -> float | None:
+        """When the next pending run fires (epoch seconds), for tests and the banner."""
+        return self.due.next_fire()
+
+    def start(self) -> bool:
+        """Prepare the store at start-up. An unreachable store is logged and retried by the
+        ticks (beat keeps running, sends nothing); a store that can never serve this
+        configuration (a server too old, an option that contradicts the live store) raises.
+
+        :raises ConfigError: the store refused the configuration.
+        :returns: whether the store is ready.
+        """
+        return self._prepare(at_start_up=True)
+
+    # -- the steps ------------------------------------------------------------------------------
+    def _prepare(self, at_start_up: bool = False) -> bool:
+        if not self.outage.may_try():
+            return False
+        try:
+            warnings = self.store.prepare(list(self.plans))
+            for plan in self.plans.values():
+                self.definitions.save(plan, quiet=False)
+        except StoreError as exc:
+            self.outage.failed(exc, "preparing the store")
+            return False
+        except ConfigError as exc:
+            if at_start_up:
+                raise
+            self.outage.refused(exc)
+            return False
+        for warning in warnings:
+            logger.warning("anarchon store %s: %s", self.store.safe_url, warning)
+        self.outage.recovered()
+        self._prepared = True
+        self.skew.check(self.plans.values())
+        return True
+
+    def _claim(self, requests: list[ClaimRequest]) -> None:
+        """Claim ``requests`` in one batch, each run once: the same run can come due in the heap
+        and wait in the claim retries (a store blip, then a re-seed), and a store answers won to
+        every copy of its own claim. The first copy wins (the heap's, built from the current
+        plan)."""
+        unique: dict[tuple[str, int], ClaimRequest] = {}
+        for request in requests:
+            unique.setdefault(request.run, request)
+        requests = list(unique.values())
+        try:
+            results = self.store.claim(requests)
+        except StoreError as exc:
+            self.claims.hold(requests)
+            self.outage.failed(exc, f"claiming {len(requests)} run(s)")
+            return
+        self.outage.recovered()
+        for result in results:
+            self.claims.answered(result.request.run)
+            self._on_result(result)
+
+    def _on_result(self, result: ClaimResult) -> None:
+        plan = self.plans.get(result.entry)
+        if plan is None:
+            return
+        self.definitions.check(plan, result)
+        outcome = result.outcome
+        self.stats[f"claim_{outcome.value}"] += 1
+        if outcome is Outcome.UNCONFIRMED:
+            # won in the store but not durable in time: never sent, and never asked again by this
+            # instance (a re-seed, a clock set back), since a store that reads its own claim back
+            # would answer won. The claim record stays: nobody else wins it either.
+            self.due.claimed(plan.name, result.slot_ms)
+        if outcome is Outcome.WON:
+            self.due.claimed(plan.name, result.slot_ms)
+            self.sends.send(Send(plan, result.slot_ms, result.attempt, result.token,
+                                 task_id_for(self.namespace, plan.name, result.slot_ms,
+                                             result.attempt)))
+        elif outcome is Outcome.OTHER_WON:     # the normal case, not an error
+            logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
+                         result.winner or "another instance")
+        else:
+            self.skips.refused(plan, result)
+
+    def _periodic(self) -> None:
+        now = self.monotonic()
+        self.takeovers.retry(self.plans)
+        if now >= self.takeovers.next_check:
+            self.takeovers.check(self.plans)
+        if now >= self.skew.next_check:
+            self.skew.check(self.plans.values())
+        self.counters.report_if_due(now)
+
+    def _delay(self, now: float) -> float:
+        """Seconds until the next thing to do: the next slot (wall clock ``now``) or the next
+        retry or check (monotonic), at most 60 s."""
+        mono = self.monotonic()
+        waits = [MAX_SLEEP_S]
+        nxt = self.next_fire()
+        if nxt is not None:
+            waits.append(nxt - now)
+        if self.claims or not self._prepared:
+            waits.append(max(self.outage.retry_at - mono, 0.05))
+        for retry_at in (self.sends.next_try(), self.takeovers.next_try()):
+            if retry_at is not None:
+                waits.append(retry_at - mono)
+        if self.notes:
+            waits.append(1.0)
+        if any(p.timing.lease is not None for p in self.plans.values()):
+            waits.append(max(self.takeovers.next_check - mono, 0.01))
+        return min(max(min(waits), 0.001), MAX_SLEEP_S)
