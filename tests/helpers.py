@@ -1,0 +1,25 @@
+"""Small helpers shared by the store tests (contract, per-store and HA): one copy of what four
+test files each wrote for themselves."""
+from __future__ import annotations
+
+from celery_anarchon.stores.base import ClaimRequest
+
+#: how far back :func:`prepared` moves the memory start: a store in service for a while
+BACKDATE_MS = 120_000
+
+
+def req(entry: str, slot_ms: int, *, max_late_ms: int = 60_000, lease=None, fingerprint: str = "fp",
+        task_id: str | None = None) -> ClaimRequest:
+    """A claim request for ``entry``'s run at ``slot_ms`` (task id ``t-<slot>`` unless given)."""
+    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=max_late_ms,
+                        task_id=task_id or f"t-{slot_ms}", fingerprint=fingerprint, lease=lease)
+
+
+def prepared(store, *entries: str):
+    """Prepare ``entries`` (default ``"e"``) and move their memory start two minutes back, as on a
+    store that has been running for a while (a new store refuses slots up to 10 s after its
+    memory began). Returns the store."""
+    entries = list(entries or ["e"])
+    store.prepare(entries)
+    store._backdate_memory_start(entries, BACKDATE_MS)
+    return store
