@@ -1,0 +1,97 @@
+"""The layers of the package hold (docs/architecture.md): the import-linter contracts of
+``.importlinter``, and no import cycle between any two modules. Imports inside functions count:
+a lazy import is still an import."""
+from __future__ import annotations
+
+import pathlib
+
+import grimp
+import pytest
+from importlinter import configuration
+from importlinter.application.use_cases import lint_imports
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIG = str(ROOT / ".importlinter")
+
+
+def _kept(contract: str, capsys) -> tuple[bool, str]:
+    configuration.configure()        # what the lint-imports command does first
+    capsys.readouterr()
+    kept = lint_imports(config_filename=CONFIG, limit_to_contracts=(contract,), cache_dir=None,
+                        no_logo=True)
+    return kept, capsys.readouterr().out
+
+
+def test_no_module_imports_a_layer_above_it(capsys):
+    """errors < _util, _tz < slots, timing, messages < stores < app_store < leases < plan < engine
+    < scheduler, cli."""
+    kept, report = _kept("layers", capsys)
+    assert kept, report
+
+
+def test_the_worker_side_never_imports_the_beat_side(capsys):
+    """leases, and everything it imports, never reach plan, engine, scheduler or cli."""
+    kept, report = _kept("worker-side", capsys)
+    assert kept, report
+
+
+def test_each_store_backend_stands_on_the_contract_never_on_another(capsys):
+    kept, report = _kept("stores", capsys)
+    assert kept, report
+
+
+def _cycles(graph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in graph.find_modules_directly_imported_by(module):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycles():
+    """No two modules of the package import each other, directly or through others (a package's
+    ``__init__`` counts as a module)."""
+    graph = grimp.build_graph("celery_anarchon", cache_dir=None)
+    cycles = _cycles(graph)
+    shown = []
+    for component in cycles:
+        first, *rest = component
+        chains = [graph.find_shortest_chain(importer=first, imported=m) for m in rest[:1]]
+        back = [graph.find_shortest_chain(importer=m, imported=first) for m in rest[:1]]
+        shown.append(f"{component}: e.g. {' -> '.join(chains[0] or ())} and back "
+                     f"{' -> '.join(back[0] or ())}")
+    assert not cycles, "import cycles:\n" + "\n".join(shown)
+
+
+@pytest.mark.parametrize("module", ["celery_anarchon._util", "celery_anarchon.errors"])
+def test_the_leaf_helpers_import_nothing_of_ours_but_errors(module):
+    graph = grimp.build_graph("celery_anarchon", cache_dir=None)
+    ours = {m for m in graph.find_modules_directly_imported_by(module)}
+    assert ours <= {"celery_anarchon.errors"}, ours
