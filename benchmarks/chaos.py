@@ -61,7 +61,8 @@ for path in (HERE, os.path.join(ROOT, "tests"), APPS, ROOT):
 import chaos_app  # noqa: E402  (tests/apps: the schedule, also loaded by every process)
 from chaos_analysis import analyse  # noqa: E402
 from chaos_faults import FAKETIME_LIB, KINDS, STORE_KINDS, Fault, FaultRunner, plan  # noqa: E402
-from chaos_servers import PostgresServer, RedisServer  # noqa: E402
+from procs import CeleryProcs  # noqa: E402
+from servers import PostgresServer, RedisServer  # noqa: E402
 from ha_redis import RedisHA  # noqa: E402
 from tcp_proxy import TCPProxy  # noqa: E402
 
@@ -99,6 +100,8 @@ class Harness:
         self.namespace = f"chaos-{seed}-{uuid.uuid4().hex[:6]}"
         self.queue = f"chaos-{self.namespace}"
         self.procs: dict[str, subprocess.Popen] = {}
+        #: the Celery processes (benchmarks/procs.py); ``procs`` holds their Popen by name
+        self.celery = CeleryProcs(out, app="chaos_app")
         self.incarnation: dict[str, int] = {}
         self.instances: list[dict] = []
         self.lock = threading.Lock()
@@ -169,10 +172,7 @@ class Harness:
 
     # -- processes ---------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str], env: dict, log: str) -> subprocess.Popen:
-        with open(log, "ab") as handle:
-            return subprocess.Popen([sys.executable, "-m", "celery", "-A", "chaos_app", *args],
-                                    env=env, cwd=self.out, stdout=handle, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        return self.celery.start(name, *args, env=env, log=log, append=True).popen
 
     WORKERS = {
         "worker-plain": ["-P", "threads", "-c", "16"],
@@ -230,19 +230,17 @@ class Harness:
         return [i for i in self.instances if i["beat"] == name][-1]
 
     def kill_beat(self, name: str) -> str:
-        proc = self.procs[name]
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        proc = self.celery.kill(name).popen
         with self.lock:
             inst = self._current(name)
             inst.update(ended=time.time(), ended_by="SIGKILL")
         return f"{name}.{inst['incarnation']} (pid {proc.pid})"
 
     def signal_beat(self, name: str, sig: int) -> None:
-        os.killpg(self.procs[name].pid, sig)
+        self.celery.signal(name, sig)
 
     def signal_runner(self, sig: int) -> None:
-        os.killpg(self.procs["worker-leases"].pid, sig)
+        self.celery.signal("worker-leases", sig)
 
     def wait_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout

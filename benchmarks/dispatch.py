@@ -82,6 +82,9 @@ import time
 
 import redis
 
+from procs import CeleryProcs
+from servers import RedisServer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -109,49 +112,29 @@ WORKLOAD_LABELS = {"1s": "1,000 entries every second", "1m": "10,000 entries eve
 
 # -- the Redis server of the benchmark ------------------------------------------------------------
 
-class OwnRedis:
-    """A redis-server on its own port and directory, started and stopped by us (no persistence)."""
+class OwnRedis(RedisServer):
+    """The benchmark's redis-server (benchmarks/servers.py) on ``port``, without persistence, with
+    four databases (broker, store, RedBeat), and a client to flush it and read its version."""
 
     def __init__(self, port: int, workdir: str) -> None:
-        self.port = port
-        self.url = f"redis://127.0.0.1:{port}"
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 raise SystemExit(f"port {port} is in use: pick another with --port")
-        binary = shutil.which("redis-server")
-        if not binary:
+        if not shutil.which("redis-server"):
             raise SystemExit("redis-server not found (apt-get install redis-server)")
-        self.log = os.path.join(workdir, "redis.log")
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", workdir, "--logfile", self.log, "--databases", "4"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        super().__init__("redis", workdir, persistent=False, port=port, args=("--databases", "4"))
+        try:
+            self.start()
+        except RuntimeError as exc:
+            raise SystemExit(f"{exc}; see {self.log}") from exc
         self.client = redis.Redis(host="127.0.0.1", port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise SystemExit(f"redis-server on port {port} did not start; see {self.log}")
-                time.sleep(0.05)
         self.version = self.client.info("server")["redis_version"]
 
     def db(self, n: int) -> str:
-        return f"{self.url}/{n}"
+        return f"redis://127.0.0.1:{self.port}/{n}"
 
     def flush(self) -> None:
         self.client.flushall()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
 
 # -- /proc ----------------------------------------------------------------------------------------
@@ -261,6 +244,7 @@ class Run:
         self.dir = os.path.join(workdir, f"{workload}-{system}")
         os.makedirs(self.dir, exist_ok=True)
         self.beats: list[subprocess.Popen] = []
+        self.celery = CeleryProcs(self.dir, app="dispatch_app")
         self.cpu0: dict[int, float] = {}
         self.cpu1: dict[int, float] = {}
         self.rss: dict[int, float] = {}
@@ -278,14 +262,8 @@ class Run:
         return env
 
     def start_beat(self, n: int) -> subprocess.Popen:
-        log = open(os.path.join(self.dir, f"beat-{n}.log"), "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "dispatch_app", "beat", "-l", "warning",
-             "--pidfile=", "-s", os.path.join(self.dir, f"beat-{n}-schedule")],
-            env=self.env(), cwd=self.dir, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        log.close()
-        return proc
+        return self.celery.start(f"beat-{n}", "beat", "-l", "warning", "--pidfile=", "-s",
+                                 os.path.join(self.dir, f"beat-{n}-schedule"), env=self.env()).popen
 
     def sample_cpu(self, into: dict, pids) -> None:
         for pid in pids:

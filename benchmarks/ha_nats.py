@@ -42,7 +42,7 @@ import tempfile
 import time
 import urllib.request
 
-from chaos_servers import free_port, wait_port
+from servers import free_port, wait_port
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 

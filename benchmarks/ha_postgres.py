@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 
-from chaos_servers import free_port, wait_port
+from servers import free_port, wait_port
 
 _TEMPLATE: str | None = None
 _TEMPLATE_LOCK = threading.Lock()

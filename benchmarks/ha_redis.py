@@ -42,7 +42,7 @@ import time
 
 import redis
 
-from chaos_servers import RedisServer, free_port, wait_port
+from servers import RedisServer, free_port, wait_port
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from tcp_proxy import TCPProxy  # noqa: E402

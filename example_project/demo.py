@@ -14,12 +14,14 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the process harness shared with the tests and the benchmarks (standard library only)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+from procs import CeleryProcs  # noqa: E402
 RUN = os.path.join(HERE, ".run")
 SECONDS = float(os.environ.get("ANARCHON_DEMO_SECONDS", "60"))
 BEATS = ("beat-1", "beat-2", "beat-3")
@@ -33,35 +35,19 @@ class Demo:
     def __init__(self) -> None:
         shutil.rmtree(RUN, ignore_errors=True)
         os.makedirs(RUN)
-        self.env = dict(os.environ, ANARCHON_DEMO_DIR=RUN,
-                        PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.celery = CeleryProcs(RUN, {"ANARCHON_DEMO_DIR": RUN}, app="proj", pythonpath=(HERE,))
         self.names: dict[str, str] = {}        # instance id -> beat name
         self.seen = 0
 
-    def start(self, name: str, *args: str) -> None:
-        with open(os.path.join(RUN, f"{name}.log"), "wb") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "proj", *args], cwd=RUN, env=self.env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def log(self, name: str) -> str:
-        with open(os.path.join(RUN, f"{name}.log"), encoding="utf-8", errors="replace") as f:
-            return f.read()
-
     def wait_ready(self, name: str, marker: str, timeout: float = 90) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.log(name)
-            if marker in text:
-                match = re.search(r"anarchon: instance (\S+),", text)
-                if match:
-                    self.names[match.group(1)] = name
-                return time.time()
-            if self.procs[name].poll() is not None:
-                sys.exit(f"{name} exited early:\n{text[-3000:]}")
-            time.sleep(0.1)
-        sys.exit(f"{name} did not start within {timeout:.0f} s:\n{self.log(name)[-3000:]}")
+        try:
+            ready = self.celery.wait_log(name, marker, timeout)
+        except AssertionError as exc:
+            sys.exit(str(exc))
+        match = re.search(r"anarchon: instance (\S+),", self.celery.text(name))
+        if match:
+            self.names[match.group(1)] = name
+        return ready
 
     def executions(self) -> list[dict]:
         path = os.path.join(RUN, "executions.jsonl")
@@ -83,23 +69,13 @@ class Demo:
             self.show_new()
             time.sleep(0.2)
 
-    def stop(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
     def run(self) -> int:
         os.environ["ANARCHON_DEMO_DIR"] = RUN
         sys.path.insert(0, HERE)
         from proj import app
 
-        from celery_anarchon.scheduler import resolve_store_url
-        from celery_anarchon.stores import mask_url, open_store
+        from celery_anarchon._util import mask_url
+        from celery_anarchon.app_store import resolve_store_url
         from celery_anarchon.timing import Settings
 
         settings = Settings.from_app(app)
@@ -107,10 +83,9 @@ class Demo:
         print(f"broker: {mask_url(app.conf.broker_url)}\nstore:  {mask_url(url)}\n"
               f"starting a worker and three beat instances ({', '.join(BEATS)}) ...", flush=True)
         try:
-            self.start("worker", "worker", "-l", "info", "-P", "threads", "-c", "4",
-                       "--without-gossip", "--without-mingle", "--without-heartbeat")
+            self.celery.worker("worker", pool="threads", concurrency=4)
             for name in BEATS:
-                self.start(name, "beat", "-l", "info", "--schedule", os.path.join(RUN, name + ".unused"))
+                self.celery.beat(name)
             self.wait_ready("worker", "ready.")
             ready = [self.wait_ready(name, "anarchon: instance") for name in BEATS]
             # a store that has just been created refuses runs of its first 10 s: it cannot tell
@@ -120,15 +95,14 @@ class Demo:
                   f"{hhmmss(start)} for {SECONDS:.0f} s.\n", flush=True)
             self.wait(start + SECONDS / 2)
             victim = BEATS[0]
-            os.killpg(self.procs[victim].pid, signal.SIGKILL)
+            self.celery.signal(victim, signal.SIGKILL)
             print(f"\n  >>> {hhmmss(time.time())}  {victim} killed with SIGKILL; the other beats "
                   "carry on <<<\n", flush=True)
             end = start + SECONDS
             self.wait(end)
             self.wait(time.time() + 3)      # let the last runs reach the worker
         finally:
-            for name in self.procs:
-                self.stop(name)
+            self.celery.stop_all()
         self.show_new()
         return self.summary(app, url, options, settings, start, end - 1)
 

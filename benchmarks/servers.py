@@ -1,6 +1,7 @@
-"""Servers of their own for the chaos run (benchmarks/chaos.py): they may be stopped, killed and
-restarted at will, unlike the shared ones (Redis 6379, PostgreSQL 5432, ...), which are never
-touched.
+"""Servers of our own, for the benchmarks (chaos.py, dispatch.py, the HA rigs ha_*.py) and the tests
+that use them: they may be stopped, killed and restarted at will, unlike the shared ones (Redis
+6379, PostgreSQL 5432, ...), which are never touched. The Celery processes that talk to them are
+started by benchmarks/procs.py.
 
 * :class:`RedisServer`: a ``redis-server`` on a free port, with its own directory; ``persistent``
   gives ``appendonly yes`` with ``appendfsync always`` (a write acknowledged to a client is on
@@ -49,15 +50,16 @@ class RedisServer:
     """A ``redis-server`` of our own on a free port (see the module docstring)."""
 
     def __init__(self, name: str, folder: str, *, persistent: bool, args: tuple[str, ...] = (),
-                 binary: str = "redis-server") -> None:
+                 binary: str = "redis-server", port: int | None = None) -> None:
         """:param args: more ``redis-server`` arguments, after the persistence ones (a later
             directive wins: ``("--save", "3600 1")`` gives RDB snapshots, ``("--replicaof", ...)``).
-        :param binary: the ``redis-server`` to run (another version, e.g. Redis 8)."""
+        :param binary: the ``redis-server`` to run (another version, e.g. Redis 8).
+        :param port: a fixed port (default: a free one)."""
         self.name = name
         self.persistent = persistent
         self.args = tuple(args)
         self.binary = binary
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.dir = os.path.join(folder, f"{name}-data")
         os.makedirs(self.dir, exist_ok=True)
         self.log = os.path.join(folder, f"{name}.log")
