@@ -1,0 +1,107 @@
+"""Fakes for the engine's parts: clocks the test moves, a store that answers what the test says,
+plans built without Celery."""
+from __future__ import annotations
+
+import collections
+from datetime import timezone
+
+from celery_anarchon import slots as slot_math
+from celery_anarchon.plan import EntryPlan
+from celery_anarchon.stores.base import LeasedRun, RunState
+from celery_anarchon.timing import EntryTiming, LeaseSettings
+
+#: a wall-clock origin on a 10 s slot boundary (epoch seconds)
+T0 = 1_700_000_000.0
+
+
+class FakeClock:
+    """A clock that moves only when told (``advance``, or ``now = ...``)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Clocks:
+    """The two clocks the engine takes: ``wall`` (epoch seconds) and ``mono`` (any origin)."""
+
+    def __init__(self, wall: float = T0, mono: float = 1000.0) -> None:
+        self.wall = FakeClock(wall)
+        self.mono = FakeClock(mono)
+
+    def advance(self, seconds: float) -> None:
+        """Time passes: both clocks move."""
+        self.wall.advance(seconds)
+        self.mono.advance(seconds)
+
+
+class FakeStore:
+    """The store operations the parts use; ``fail`` (an exception) makes every call raise it."""
+
+    safe_url = "fake://store"
+    kind = "fake"
+
+    def __init__(self, history_size: int = 100) -> None:
+        self.history_size = history_size
+        self.fail: Exception | None = None
+        self.recorded: list = []
+        self.calls: collections.Counter = collections.Counter()
+        self.expired: list[LeasedRun] = []
+        self.takeover_answers: list = []      # (outcome, run) or an exception, one per call
+        self.takeover_calls: list[tuple] = []
+        self.store_ms = None                  # a callable returning the store's clock, or None
+        self.definitions: dict[tuple[str, str], str] = {}
+
+    def _call(self, name: str) -> None:
+        self.calls[name] += 1
+        if self.fail is not None:
+            raise self.fail
+
+    def record_many(self, notes) -> None:
+        self._call("record_many")
+        self.recorded.extend(notes)
+
+    def now_ms(self):
+        self._call("now_ms")
+        return None if self.store_ms is None else self.store_ms()
+
+    def expired_runs(self, entries):
+        self._call("expired_runs")
+        return [run for run in self.expired if run.entry in entries]
+
+    def take_over(self, entry, slot_ms, token, *, queue_timeout_ms, max_attempts):
+        self.takeover_calls.append((entry, slot_ms, token))
+        self._call("take_over")
+        answer = self.takeover_answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def save_definition(self, entry, fingerprint, definition) -> None:
+        self._call("save_definition")
+        self.definitions[(entry, fingerprint)] = definition
+
+    def load_definition(self, entry, fingerprint):
+        self._call("load_definition")
+        return self.definitions.get((entry, fingerprint))
+
+
+def make_plan(name: str = "e", every_s: float = 10, *, jitter_s: float = 0.0,
+              max_late_s: float = 5.0, lease: LeaseSettings | None = None,
+              fingerprint: str = "f1") -> EntryPlan:
+    """A plan of an interval entry (epoch-aligned slots), without Celery."""
+    slots = slot_math.slots_for(every_s, entry=name, app_timezone=timezone.utc)
+    timing = EntryTiming(jitter_s=jitter_s, max_late_s=max_late_s, lease=lease)
+    return EntryPlan(name, None, slots, timing, {}, fingerprint, f'{{"definition": "{fingerprint}"}}')
+
+
+def leased_run(entry: str = "e", slot_ms: int = int(T0 * 1000), *, state: RunState = RunState.STARTED,
+               attempt: int = 1, token: int = 11, owner: str = "runner") -> LeasedRun:
+    """A leased run as the store's lease check returns it (expired)."""
+    return LeasedRun(entry, slot_ms, state, attempt, token, owner, lease_expires_ms=slot_ms,
+                     queue_deadline_ms=slot_ms, store_ms=slot_ms + 1)

@@ -1,0 +1,598 @@
+"""The engine's parts, each on its own, with injected clocks (wall and monotonic) and a fake
+store: the heap of due runs, the claim retries, the send queue, the history notes, the outage
+backoff, takeovers, skew, skip logging, definitions and counters. The whole engine against real
+stores is tests/test_engine.py."""
+from __future__ import annotations
+
+import collections
+import importlib
+import logging
+import pkgutil
+import random
+
+import pytest
+
+import celery_anarchon.engine
+from celery_anarchon.engine.claims import ClaimRetries, claim_request
+from celery_anarchon.engine.counters import STATS_EVERY_S, Counters
+from celery_anarchon.engine.definitions import Definitions
+from celery_anarchon.engine.due import DueRuns
+from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.engine.outage import BACKOFF_FIRST_S, BACKOFF_MAX_S, DOWN_REPORT_EVERY_S, Outage
+from celery_anarchon.engine.sends import SEND_RETRY_S, Send, SendQueue
+from celery_anarchon.engine.skew import SKEW_EVERY_S, SkewCheck
+from celery_anarchon.engine.skips import SKIP_LOG_EVERY_S, SkipLog
+from celery_anarchon.engine.takeovers import TAKEOVER_RETRY_S, Takeovers, grace_s
+from celery_anarchon.errors import SendOutcomeUnknown, StoreError
+from celery_anarchon.stores.base import (
+    ClaimResult, LeasedRun, Outcome, RunEvent, RunState, TakeoverOutcome,
+)
+from celery_anarchon.timing import LeaseSettings
+
+from engine_support import T0, Clocks, FakeStore, leased_run, make_plan
+
+T0_MS = int(T0 * 1000)
+LEASE = LeaseSettings(duration_s=6, heartbeat_s=1, queue_timeout_s=4, max_attempts=3)
+
+
+class Parts:
+    """The parts wired as the coordinator wires them, on fake clocks and a fake store."""
+
+    def __init__(self, *, send=None, rng=None) -> None:
+        self.clocks = Clocks()
+        self.store = FakeStore()
+        self.stats: collections.Counter = collections.Counter()
+        self.sent: list[tuple[str, int, int, int | None, str]] = []
+        self.outage = Outage(self.store, self.clocks.mono, self.stats)
+        self.notes = NoteBuffer(self.store, self.outage)
+        self.skips = SkipLog(self.store, "A", self.clocks.mono, self.stats, self.notes)
+        self.claims = ClaimRetries(self.store, "A", self.stats, self.notes, self.outage)
+        self.due = DueRuns("ns", rng or random.Random(7), self.skips, self.claims)
+        self.sends = SendQueue(send or self.record_send, self.clocks.wall, self.clocks.mono,
+                               self.stats, self.notes)
+        self.takeovers = Takeovers(self.store, "ns", self.clocks.mono, random.Random(7),
+                                   self.stats, self.outage, self.sends)
+
+    def record_send(self, plan, slot_ms, attempt, token, task_id):
+        self.sent.append((plan.name, slot_ms, attempt, token, task_id))
+
+    def events(self):
+        return [(n.entry, n.slot_ms, n.event) for n in self.notes.pending]
+
+
+@pytest.fixture
+def parts():
+    return Parts()
+
+
+def messages(caplog, level=logging.DEBUG):
+    return [r.getMessage() for r in caplog.records if r.levelno >= level]
+
+
+# -- the heap of due runs ----------------------------------------------------------------------
+
+def test_due_seeds_the_newest_slot_within_max_late(parts):
+    plan = make_plan(every_s=10, max_late_s=5)
+    parts.due.seed(plan, T0 + 3)                 # the slot at T0 is 3 s old: still within 5 s
+    assert parts.due.next_fire() == T0
+    assert [r.run for r in parts.due.pop(T0 + 3, {"e": plan})] == [("e", T0_MS)]
+    assert parts.due.next_fire() == T0 + 10
+
+
+def test_due_seeds_the_next_slot_when_the_last_is_past_max_late(parts):
+    plan = make_plan(every_s=10, max_late_s=5)
+    parts.due.seed(plan, T0 + 7)
+    assert parts.due.next_fire() == T0 + 10
+    assert parts.due.pop(T0 + 7, {"e": plan}) == []
+
+
+def test_due_fires_at_slot_plus_jitter_drawn_from_the_rng():
+    parts = Parts(rng=random.Random(3))
+    plan = make_plan(every_s=10, jitter_s=2, max_late_s=5)
+    parts.due.seed(plan, T0 + 0.5)
+    expected = T0 + random.Random(3).uniform(0, 2)
+    assert parts.due.next_fire() == pytest.approx(expected)
+    assert parts.due.pop(expected - 0.001, {"e": plan}) == []
+    assert [r.slot_ms for r in parts.due.pop(expected, {"e": plan})] == [T0_MS]
+
+
+def test_due_skips_slots_reached_late_without_a_burst(parts, caplog):
+    plan = make_plan(every_s=10, max_late_s=5)
+    parts.due.seed(plan, T0)
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        due = parts.due.pop(T0 + 36, {"e": plan})   # paused 36 s: slots T0 .. T0+30 late
+    assert due == []
+    assert parts.stats["late_local"] == 4
+    assert sorted(s for _, s, e in parts.events() if e is RunEvent.LATE_LOCAL) == [
+        T0_MS, T0_MS + 10_000, T0_MS + 20_000, T0_MS + 30_000]
+    assert parts.due.next_fire() == T0 + 40
+    assert any("skipped as late" in m for m in messages(caplog))
+
+
+def test_due_never_repeats_a_claimed_slot_after_the_clock_went_back(parts):
+    plan = make_plan(every_s=10, max_late_s=5)
+    parts.due.seed(plan, T0)
+    (request,) = parts.due.pop(T0, {"e": plan})
+    parts.due.claimed("e", request.slot_ms)
+    parts.due.forget("e")
+    parts.due.seed(plan, T0 + 1)                 # re-seeded (the entry changed): the same slot
+    assert parts.due.pop(T0 + 1, {"e": plan}) == []
+    assert parts.due.next_fire() == T0 + 10
+
+
+def test_due_reseed_leaves_a_waiting_claim_in_the_retries(parts):
+    plan = make_plan(every_s=10, max_late_s=5)
+    parts.claims.hold([claim_request("ns", plan, T0_MS)])
+    changed = make_plan(every_s=10, max_late_s=6, fingerprint="f2")
+    parts.due.seed(changed, T0 + 1)
+    assert parts.claims.waiting[("e", T0_MS)].fingerprint == "f2"
+    assert parts.due.next_fire() == T0 + 10, "the slot after the waiting claim is queued"
+
+
+def test_due_drops_removed_entries(parts):
+    plan = make_plan(every_s=10)
+    parts.due.seed(plan, T0)
+    assert parts.due.pop(T0, {}) == []
+    assert parts.due.next_fire() is None
+
+
+# -- the claim retries ---------------------------------------------------------------------------
+
+def test_claims_waiting_are_retried_only_when_the_store_may_answer(parts):
+    plan = make_plan(max_late_s=5)
+    parts.claims.hold([claim_request("ns", plan, T0_MS)])
+    assert parts.claims.due(T0 + 1, {"e": plan}, prepared=False) == []
+    parts.outage.failed(StoreError("down"), "claiming")
+    assert parts.claims.due(T0 + 1, {"e": plan}, prepared=True) == [], "in the backoff"
+    parts.clocks.advance(BACKOFF_FIRST_S)
+    assert [r.run for r in parts.claims.due(T0 + 1, {"e": plan}, prepared=True)] == [("e", T0_MS)]
+    parts.claims.answered(("e", T0_MS))
+    assert not parts.claims
+
+
+def test_claims_past_max_late_are_given_up_and_recorded(parts, caplog):
+    plan = make_plan(max_late_s=5)
+    parts.claims.hold([claim_request("ns", plan, T0_MS)])
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        assert parts.claims.due(T0 + 5.001, {"e": plan}, prepared=True) == []
+    assert parts.events() == [("e", T0_MS, RunEvent.UNREACHABLE)]
+    assert parts.stats["store_unreachable"] == 1 and not parts.claims
+    assert any("could not be reached until their max_late" in m for m in messages(caplog))
+
+
+def test_claims_of_removed_entries_are_dropped(parts):
+    parts.claims.hold([claim_request("ns", make_plan(), T0_MS)])
+    assert parts.claims.due(T0 + 1, {}, prepared=True) == [] and not parts.claims
+    assert parts.events() == []
+
+
+# -- the send queue -----------------------------------------------------------------------------
+
+def test_a_send_is_counted_and_noted(parts):
+    plan = make_plan()
+    parts.sends.send(Send(plan, T0_MS, 1, None, "tid"))
+    assert parts.sent == [("e", T0_MS, 1, None, "tid")]
+    assert parts.stats["sent"] == 1 and parts.events() == [("e", T0_MS, RunEvent.SENT)]
+
+
+def test_a_failed_send_is_retried_every_second_and_logged_once(caplog):
+    failures = [2]
+
+    def flaky(*args):
+        if failures[0]:
+            failures[0] -= 1
+            raise ConnectionError("broker down")
+        parts.sent.append(args)
+
+    parts = Parts(send=flaky)
+    parts.clocks.advance(1)
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        parts.sends.send(Send(make_plan(max_late_s=5), T0_MS, 1, None, "tid"))
+        parts.sends.retry(parts.clocks.wall())
+        assert failures == [1], "retried before its second"
+        parts.clocks.advance(SEND_RETRY_S)
+        parts.sends.retry(parts.clocks.wall())
+        parts.clocks.advance(SEND_RETRY_S)
+        parts.sends.retry(parts.clocks.wall())
+    assert len(parts.sent) == 1 and not parts.sends
+    assert sum("won but the send failed" in m for m in messages(caplog)) == 1
+
+
+def test_a_send_failing_until_max_late_is_recorded_failed():
+    def broken(*args):
+        raise ConnectionError("broker down")
+
+    parts = Parts(send=broken)
+    parts.sends.send(Send(make_plan(max_late_s=2), T0_MS, 1, None, "tid"))
+    parts.clocks.advance(2.5)
+    parts.sends.retry(parts.clocks.wall())
+    assert parts.stats["send_failed"] == 1 and not parts.sends
+    assert parts.events() == [("e", T0_MS, RunEvent.SEND_FAILED)]
+    assert parts.notes.pending[0].detail == "ConnectionError: broker down"
+
+
+def test_a_takeovers_send_gives_up_on_the_monotonic_clock():
+    """A wall clock set back does not keep a taken-over attempt's retries alive."""
+    def broken(*args):
+        raise ConnectionError("broker down")
+
+    parts = Parts(send=broken)
+    give_up_at = parts.clocks.mono() + 3
+    parts.sends.send(Send(make_plan(max_late_s=3, lease=LEASE), T0_MS, 2, 12, "tid",
+                          give_up_at=give_up_at))
+    parts.clocks.mono.advance(3.5)
+    parts.clocks.wall.advance(-3600)
+    parts.sends.retry(parts.clocks.wall())
+    assert parts.stats["send_failed"] == 1 and not parts.sends
+
+
+def test_a_publish_that_broke_off_is_never_published_again():
+    calls = []
+
+    def broke_off(*args):
+        calls.append(args)
+        raise SendOutcomeUnknown("ConnectionError: Connection closed by server.")
+
+    parts = Parts(send=broke_off)
+    parts.sends.send(Send(make_plan(), T0_MS, 1, None, "tid"))
+    parts.clocks.advance(SEND_RETRY_S * 3)
+    parts.sends.retry(parts.clocks.wall())
+    assert len(calls) == 1 and parts.stats["send_unknown"] == 1 and not parts.sends
+    assert parts.events() == [("e", T0_MS, RunEvent.SEND_UNKNOWN)]
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["plain", "leased"])
+def test_a_run_won_after_max_late_is_not_sent_unless_leased(parts, leased):
+    plan = make_plan(max_late_s=5, lease=LEASE if leased else None)
+    parts.clocks.advance(6)
+    parts.sends.send(Send(plan, T0_MS, 1, 7 if leased else None, "tid"))
+    if leased:
+        assert len(parts.sent) == 1
+        return
+    assert parts.sent == [] and parts.stats["send_failed"] == 1
+    assert [n.detail for n in parts.notes.pending] == [
+        "won after max_late: the claim answered too late"]
+
+
+def test_a_stopped_send_queue_sends_nothing(parts, caplog):
+    parts.sends.stop()
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        parts.sends.send(Send(make_plan(), T0_MS, 1, None, "tid"))
+    assert parts.sent == [] and any("beat is shutting down" in m for m in messages(caplog))
+
+
+def test_a_fault_injected_through_the_send_callback_leaves_the_claim_without_a_send():
+    """The fault the process tests inject (a beat exiting between its claim and its send) goes
+    through the send callback: whatever it raises that is not an Exception escapes the engine,
+    with nothing recorded as sent."""
+    class Exit(BaseException):
+        pass
+
+    def exits(*args):
+        raise Exit()
+
+    parts = Parts(send=exits)
+    with pytest.raises(Exit):
+        parts.sends.send(Send(make_plan(), T0_MS, 1, None, "tid"))
+    assert parts.stats["sent"] == 0 and parts.events() == []
+
+
+# -- the history notes ----------------------------------------------------------------------------
+
+def test_notes_are_written_in_one_call(parts):
+    parts.notes.add("e", T0_MS, RunEvent.SENT)
+    parts.notes.add("e", T0_MS + 10_000, RunEvent.SENT)
+    parts.notes.flush()
+    assert parts.store.calls["record_many"] == 1 and len(parts.store.recorded) == 2
+    assert not parts.notes
+    parts.notes.flush()
+    assert parts.store.calls["record_many"] == 1, "nothing to write: no call"
+
+
+def test_notes_are_kept_in_order_while_the_store_is_down(parts):
+    parts.notes.add("e", 1, RunEvent.SENT)
+    parts.store.fail = StoreError("down")
+    parts.notes.flush()
+    parts.notes.add("e", 2, RunEvent.SENT)
+    parts.notes.flush()
+    assert parts.store.calls["record_many"] == 1, "not asked again during the backoff"
+    assert parts.stats["store_errors"] == 1
+    parts.store.fail = None
+    parts.clocks.mono.advance(BACKOFF_FIRST_S)
+    parts.notes.flush()
+    assert [n.slot_ms for n in parts.store.recorded] == [1, 2]
+
+
+def test_notes_are_bounded(parts):
+    notes = NoteBuffer(parts.store, parts.outage, max_kept=3)
+    for slot in range(5):
+        notes.add("e", slot, RunEvent.SENT)
+    assert [n.slot_ms for n in notes.pending] == [2, 3, 4]
+
+
+# -- the outage backoff -----------------------------------------------------------------------------
+
+def test_outage_backs_off_doubling_up_to_ten_seconds(parts):
+    waits = []
+    for _ in range(7):
+        parts.outage.failed(StoreError("down"), "claiming")
+        waits.append(parts.outage.retry_at - parts.clocks.mono())
+        assert not parts.outage.may_try()
+        parts.clocks.mono.now = parts.outage.retry_at
+        assert parts.outage.may_try()
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, BACKOFF_MAX_S, BACKOFF_MAX_S]
+    assert parts.stats["store_errors"] == 7
+
+
+def test_outage_is_logged_once_then_every_minute_then_its_end(parts, caplog):
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        parts.outage.failed(StoreError("down"), "claiming")
+        parts.clocks.mono.advance(DOWN_REPORT_EVERY_S - 1)
+        parts.outage.failed(StoreError("down"), "claiming")
+        assert sum("unreachable" in m for m in messages(caplog)) == 1
+        parts.clocks.mono.advance(1)
+        parts.outage.failed(StoreError("down"), "claiming")
+        assert any("still unreachable after 60 s" in m for m in messages(caplog))
+        parts.clocks.mono.advance(5)
+        parts.outage.recovered()
+    assert any("reachable again after 65 s" in m for m in messages(caplog))
+    assert parts.outage.ok and parts.outage.may_try() and parts.outage.backoff == BACKOFF_FIRST_S
+
+
+def test_outage_is_timed_on_the_monotonic_clock(parts):
+    parts.outage.failed(StoreError("down"), "claiming")
+    parts.clocks.wall.advance(-3600)
+    parts.clocks.mono.advance(BACKOFF_FIRST_S)
+    assert parts.outage.may_try(), "a wall clock set back does not freeze the retries"
+
+
+def test_a_store_refusing_the_configuration_waits_the_longest_backoff(parts, caplog):
+    with caplog.at_level(logging.CRITICAL, "celery_anarchon"):
+        parts.outage.refused(Exception("Redis too old"))
+    assert not parts.outage.ok
+    assert parts.outage.retry_at == parts.clocks.mono() + BACKOFF_MAX_S
+    assert any("cannot serve this configuration" in m for m in messages(caplog))
+
+
+# -- takeovers -----------------------------------------------------------------------------------
+
+def taken(run: LeasedRun, token: int = 12) -> tuple:
+    new = LeasedRun(run.entry, run.slot_ms, RunState.QUEUED, run.attempt + 1, token, "",
+                    None, run.store_ms + 4000, run.store_ms)
+    return (TakeoverOutcome.TAKEN, new)
+
+
+def test_takeovers_send_an_expired_run_again_as_the_next_attempt(parts, caplog):
+    plan = make_plan(lease=LEASE)
+    run = leased_run()
+    parts.store.expired = [run]
+    parts.store.takeover_answers = [taken(run)]
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        parts.takeovers.check({"e": plan})
+    assert parts.store.takeover_calls == [("e", T0_MS, 11)]
+    assert [(s[1], s[2], s[3]) for s in parts.sent] == [(T0_MS, 2, 12)]
+    assert parts.stats["takeover_taken"] == 1
+    assert any("taken over as attempt 2" in m and "presumed dead" in m for m in messages(caplog))
+
+
+def test_takeovers_check_every_heartbeat_at_a_random_offset(parts):
+    plan = make_plan(lease=LEASE)
+    parts.takeovers.check({"e": plan})
+    now = parts.clocks.mono()
+    assert now < parts.takeovers.next_check <= now + 2 * LEASE.heartbeat_s
+    parts.takeovers.check({"e": make_plan()})    # no leased entry
+    assert parts.takeovers.next_check == parts.clocks.mono() + 60
+
+
+def test_takeovers_of_a_started_run_wait_a_grace_after_a_store_error(parts):
+    plan = make_plan(lease=LEASE)
+    run = leased_run()
+    parts.store.expired = [run]
+    parts.store.takeover_answers = [taken(run)]
+    parts.outage.last_error_at = parts.clocks.mono()
+    parts.takeovers.check({"e": plan})
+    assert parts.store.takeover_calls == [] and parts.stats["takeover_deferred"] == 1
+    parts.clocks.mono.advance(grace_s(plan))
+    parts.takeovers.check({"e": plan})
+    assert len(parts.sent) == 1
+
+
+def test_takeovers_of_a_queued_run_do_not_wait_the_grace(parts, caplog):
+    plan = make_plan(lease=LEASE)
+    run = leased_run(state=RunState.QUEUED)
+    parts.store.expired = [run]
+    parts.store.takeover_answers = [taken(run)]
+    parts.outage.last_error_at = parts.clocks.mono()
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        parts.takeovers.check({"e": plan})
+    assert len(parts.sent) == 1
+    assert any("queued past its deadline" in m for m in messages(caplog, logging.ERROR))
+
+
+def test_a_takeover_whose_answer_was_lost_is_asked_again_and_sent_once(parts):
+    plan = make_plan(lease=LEASE)
+    run = leased_run(state=RunState.QUEUED)
+    parts.store.expired = [run]
+    parts.store.takeover_answers = [StoreError("reply lost"), taken(run), taken(run)]
+    parts.takeovers.check({"e": plan})
+    assert parts.sent == [] and parts.takeovers.pending
+    assert parts.outage.last_error_at == parts.clocks.mono()
+    parts.takeovers.check({"e": plan})           # the pending one is asked by retry() only
+    assert len(parts.store.takeover_calls) == 1
+    parts.clocks.mono.advance(TAKEOVER_RETRY_S)
+    parts.takeovers.retry({"e": plan})
+    assert parts.store.takeover_calls == [("e", T0_MS, 11)] * 2, "the same expected token"
+    assert len(parts.sent) == 1 and not parts.takeovers.pending
+    parts.takeovers._take_over(plan, run)        # the store answers TAKEN again: the same record
+    assert len(parts.sent) == 1, "one attempt is never sent twice"
+
+
+def test_a_takeover_unanswered_until_its_queue_deadline_is_given_up(parts, caplog):
+    plan = make_plan(lease=LEASE)
+    run = leased_run(state=RunState.QUEUED)
+    parts.store.expired = [run]
+    parts.store.takeover_answers = [StoreError("down")]
+    parts.takeovers.check({"e": plan})
+    parts.clocks.mono.advance(LEASE.queue_timeout_s + 0.1)
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        parts.takeovers.retry({"e": plan})
+    assert not parts.takeovers.pending and parts.stats["takeover_unanswered"] == 1
+    assert any("got no answer from the store until its queue deadline" in m
+               for m in messages(caplog))
+
+
+def test_takeovers_of_removed_entries_are_forgotten(parts):
+    plan = make_plan(lease=LEASE)
+    parts.store.expired = [leased_run(state=RunState.QUEUED)]
+    parts.store.takeover_answers = [StoreError("down")]
+    parts.takeovers.check({"e": plan})
+    parts.takeovers.forget_removed({})
+    assert not parts.takeovers.pending
+
+
+def test_a_run_given_up_after_max_attempts_is_logged(parts, caplog):
+    plan = make_plan(lease=LEASE)
+    run = leased_run(attempt=3)
+    parts.store.expired = [run]
+    parts.store.takeover_answers = [(TakeoverOutcome.GIVEN_UP, None)]
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        parts.takeovers.check({"e": plan})
+    assert parts.sent == [] and parts.stats["takeover_given_up"] == 1
+    assert any("after 3 attempts" in m for m in messages(caplog, logging.ERROR))
+
+
+def test_a_stopped_engine_takes_nothing_over(parts):
+    parts.store.expired = [leased_run()]
+    parts.sends.stop()
+    parts.takeovers.check({"e": make_plan(lease=LEASE)})
+    assert parts.store.takeover_calls == []
+
+
+def test_a_lease_check_that_fails_counts_for_the_grace(parts):
+    parts.store.fail = StoreError("down")
+    parts.takeovers.check({"e": make_plan(lease=LEASE)})
+    assert parts.outage.last_error_at == parts.clocks.mono()
+    assert parts.stats["store_errors"] == 0, "a lease check does not start an outage backoff"
+
+
+# -- skew ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("store_ahead_s, level, says", [
+    (0.2, logging.INFO, "behind the store's clock"),
+    (-1.6, logging.WARNING, "; run NTP"),
+    (40.0, logging.ERROR, "more than half of max_late (30 s)"),
+])
+def test_skew_is_measured_against_the_store_clock(caplog, store_ahead_s, level, says):
+    clocks, store = Clocks(), FakeStore()
+    store.store_ms = lambda: int((clocks.wall() + store_ahead_s) * 1000)
+    skew = SkewCheck(store, clocks.wall, clocks.mono)
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        skew.check([make_plan(max_late_s=60)])
+    (record,) = [r for r in caplog.records if "this instance's clock is" in r.getMessage()]
+    assert record.levelno == level and says in record.getMessage()
+    assert f"{abs(store_ahead_s):.3f} s" in record.getMessage()
+    assert skew.next_check == clocks.mono() + SKEW_EVERY_S
+
+
+def test_skew_is_not_measured_on_a_store_without_a_clock_nor_when_it_fails(caplog):
+    clocks, store = Clocks(), FakeStore()
+    skew = SkewCheck(store, clocks.wall, clocks.mono)
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        skew.check([make_plan()])
+        store.fail = StoreError("down")
+        skew.check([make_plan()])
+    assert not [m for m in messages(caplog, logging.INFO) if "clock is" in m]
+    assert skew.next_check == clocks.mono() + SKEW_EVERY_S
+
+
+# -- skip logging ---------------------------------------------------------------------------------
+
+def refused(outcome: Outcome, slot_ms: int = T0_MS, detail: str = "") -> ClaimResult:
+    return ClaimResult(claim_request("ns", make_plan(), slot_ms), outcome, detail=detail)
+
+
+def test_skips_of_one_kind_are_logged_once_a_minute_with_the_count_hidden(parts, caplog):
+    plan = make_plan()
+    with caplog.at_level(logging.DEBUG, "celery_anarchon"):
+        parts.skips.refused(plan, refused(Outcome.LATE, T0_MS, "store clock"))
+        parts.clocks.mono.advance(SKIP_LOG_EVERY_S - 1)
+        parts.skips.refused(plan, refused(Outcome.LATE, T0_MS + 10_000))
+        parts.skips.refused(plan, refused(Outcome.EARLY, T0_MS + 20_000))  # another kind
+        parts.clocks.mono.advance(1)
+        parts.skips.refused(plan, refused(Outcome.LATE, T0_MS + 30_000))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 3
+    assert "late on the store's clock" in warned[0] and "(store clock)" in warned[0]
+    assert "early on the store's clock" in warned[1]
+    assert "1 more slot(s) of this entry skipped so in the last minute" in warned[2]
+    assert sum(r.levelno == logging.DEBUG and "skipped:" in r.getMessage()
+               for r in caplog.records) == 1
+
+
+def test_overlapping_and_superseded_skips_are_info(parts, caplog):
+    with caplog.at_level(logging.DEBUG, "celery_anarchon"):
+        parts.skips.refused(make_plan(), refused(Outcome.OVERLAPPING))
+        parts.skips.refused(make_plan(), refused(Outcome.SUPERSEDED))
+    assert [r.levelno for r in caplog.records] == [logging.INFO, logging.INFO]
+
+
+def test_late_local_skips_are_logged_counted_and_noted_up_to_the_history_size(caplog):
+    parts = Parts()
+    parts.store.history_size = 2
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        parts.skips.late_local(make_plan(), [1, 2, 3], 30_000)
+    assert parts.stats["late_local"] == 3
+    assert [s for _, s, _ in parts.events()] == [2, 3]
+    assert parts.notes.pending[0].detail == "A reached it 30.000 s late"
+    assert any("3 slots from" in m for m in messages(caplog))
+
+
+# -- definitions ----------------------------------------------------------------------------------
+
+def test_a_different_definition_is_named_once(caplog):
+    store = FakeStore()
+    store.definitions[("e", "theirs")] = '{"definition": "theirs"}'
+    definitions = Definitions(store)
+    ours = make_plan(fingerprint="ours")
+    result = ClaimResult(claim_request("ns", ours, T0_MS), Outcome.OTHER_WON, winner="B",
+                         winner_fingerprint="theirs")
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        definitions.check(ours, result)
+        definitions.check(ours, result)
+        definitions.check(ours, ClaimResult(result.request, Outcome.OTHER_WON, winner="B",
+                                            winner_fingerprint="ours"))
+    (message,) = messages(caplog, logging.WARNING)
+    assert "different definition" in message and '"theirs"' in message and "ours" in message
+
+
+def test_saving_a_definition_is_quiet_unless_asked(parts):
+    definitions = Definitions(parts.store)
+    parts.store.fail = StoreError("down")
+    definitions.save(make_plan())
+    with pytest.raises(StoreError):
+        definitions.save(make_plan(), quiet=False)
+
+
+# -- counters ---------------------------------------------------------------------------------------
+
+def test_counters_are_logged_every_five_minutes_when_there_are_any(caplog):
+    clocks = Clocks()
+    counters = Counters(clocks.mono)
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        counters.report_if_due(clocks.mono())          # nothing counted yet: nothing logged
+        counters.counts["sent"] += 1
+        counters.report_if_due(clocks.mono())
+        clocks.mono.advance(STATS_EVERY_S)
+        counters.report_if_due(clocks.mono())
+        clocks.mono.advance(STATS_EVERY_S)
+        counters.report_if_due(clocks.mono())
+    assert messages(caplog) == ["anarchon counters: {'sent': 1}"] * 2
+
+
+# -- loggers -----------------------------------------------------------------------------------------
+
+def test_every_engine_module_logs_under_its_own_name():
+    for info in pkgutil.iter_modules(celery_anarchon.engine.__path__):
+        module = importlib.import_module(f"celery_anarchon.engine.{info.name}")
+        if hasattr(module, "logger"):
+            assert module.logger.name == module.__name__
