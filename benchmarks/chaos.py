@@ -67,6 +67,7 @@ from ha_redis import RedisHA  # noqa: E402
 from tcp_proxy import TCPProxy  # noqa: E402
 
 from celery_anarchon.stores import open_store  # noqa: E402
+from backends import backdate_memory_start  # noqa: E402
 
 STORES = tuple(STORE_KINDS)
 BEATS = [f"beat-{n}" for n in range(1, 6)]
@@ -149,7 +150,7 @@ class Harness:
         entries = list(chaos_app.SCHEDULE)
         self.store.prepare(entries)
         # a store in service for a while (a brand-new one refuses its first 10 s of slots)
-        self.store._backdate_memory_start(entries, 120_000)
+        backdate_memory_start(self.store, entries, 120_000)
 
     def store_options(self) -> dict:
         if self.kind == "redis-sentinel":

@@ -37,6 +37,7 @@ from celery_anarchon.stores import open_store  # noqa: E402
 from celery_anarchon.stores.base import ClaimRequest, Outcome  # noqa: E402
 
 from conftest import AMQP_URL, NATS_URL, POSTGRES_URL, REDIS8_URL, REDIS_URL  # noqa: E402
+from backends import backdate_memory_start  # noqa: E402
 
 STORES = {
     "sqlite": (None, {}),
@@ -71,7 +72,7 @@ def prepared(kind, url, options, namespace):
     store = open_for(kind, url, options, namespace, "bench")
     entries = [f"bench-{e}" for e in range(ENTRIES)]
     store.prepare(entries)
-    store._backdate_memory_start(entries, 120_000)
+    backdate_memory_start(store, entries, 120_000)
     return store
 
 

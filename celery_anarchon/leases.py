@@ -45,7 +45,7 @@ from celery_anarchon.errors import LeaseLost, StoreError
 from celery_anarchon.messages import (
     HEADER_ATTEMPT, HEADER_ENTRY, HEADER_LEASE, HEADER_NAMESPACE, HEADER_SLOT, HEADER_TOKEN,
 )
-from celery_anarchon.stores.base import RunState
+from celery_anarchon.stores.base import RunState, lease_store
 
 logger = logging.getLogger("celery_anarchon.leases")
 
@@ -344,8 +344,9 @@ def _store(app, namespace: str):
         if store is None:
             from celery_anarchon.app_store import open_app_store
             from celery_anarchon.timing import Settings
-            store = open_app_store(app, Settings.from_app(app), namespace=namespace,
-                                   instance_id=f"worker:{socket.gethostname()}:{os.getpid()}")
+            store = lease_store(open_app_store(
+                app, Settings.from_app(app), namespace=namespace,
+                instance_id=f"worker:{socket.gethostname()}:{os.getpid()}"))
             _stores[key] = store
         return store
 

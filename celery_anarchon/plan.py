@@ -18,7 +18,7 @@ from celery_anarchon import timing
 from celery_anarchon._util import duration
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.leases import is_installed
-from celery_anarchon.stores.base import LeaseTerms, Store
+from celery_anarchon.stores.base import LEASE_STORE_NAMES, LeaseStore, LeaseTerms, Store
 
 #: uuid5 namespace of task ids (any fixed UUID works; this one is ours)
 _TASK_ID_NS = uuid.UUID("2f0c8e53-8b7a-4d0e-9c5e-6b1f6d2a9a11")
@@ -100,11 +100,11 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store
                                   shortest_gap_s=slots.shortest_gap_ms / 1000,
                                   memory=store.memory, is_interval=_is_interval(schedule))
     entry_timing = dataclasses.replace(entry_timing, anchor_s=anchor_s)
-    if entry_timing.lease is not None and not store.holds_leases:
+    if entry_timing.lease is not None and not isinstance(store, LeaseStore):
         raise ConfigError(
             f"entry {name!r} is leased (options['anarchon']['lease']) but the {store.kind} store "
-            "cannot hold leases: use Redis (strategy 'lease'), PostgreSQL or SQLite as "
-            "anarchon_store_url, or remove the lease.")
+            f"cannot hold leases: use {LEASE_STORE_NAMES} as anarchon_store_url, or remove the "
+            "lease.")
     if entry_timing.lease is not None and not is_installed(app):
         raise ConfigError(
             f"entry {name!r} is leased but celery_anarchon.install(app) was not called: without the "

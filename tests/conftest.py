@@ -14,11 +14,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-REDIS_URL = os.environ.get("ANARCHON_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
-POSTGRES_URL = os.environ.get("ANARCHON_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS8_URL = os.environ.get("ANARCHON_TEST_REDIS8_URL", "redis://127.0.0.1:6390/0")
-AMQP_URL = os.environ.get("ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-NATS_URL = os.environ.get("ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222")
+from backends import url_of  # noqa: E402  (tests/backends.py: one row per store)
+
+REDIS_URL = url_of("redis")
+POSTGRES_URL = url_of("postgresql")
+REDIS8_URL = url_of("redis-idmp")
+AMQP_URL = url_of("rabbitmq")
+NATS_URL = url_of("nats")
 
 #: the server rigs (benchmarks/chaos_servers.py, benchmarks/ha_*.py) are shared by tests and benchmarks
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

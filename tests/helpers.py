@@ -3,6 +3,7 @@ test files each wrote for themselves."""
 from __future__ import annotations
 
 from celery_anarchon.stores.base import ClaimRequest
+from backends import backdate_memory_start
 
 #: how far back :func:`prepared` moves the memory start: a store in service for a while
 BACKDATE_MS = 120_000
@@ -21,5 +22,5 @@ def prepared(store, *entries: str):
     memory began). Returns the store."""
     entries = list(entries or ["e"])
     store.prepare(entries)
-    store._backdate_memory_start(entries, BACKDATE_MS)
+    backdate_memory_start(store, entries, BACKDATE_MS)
     return store

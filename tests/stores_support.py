@@ -9,27 +9,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import Store
+from celery_anarchon.stores.base import ClaimStore
 
-from conftest import AMQP_URL, NATS_URL, POSTGRES_URL, REDIS8_URL, REDIS_URL, require_server
-
-#: the lease stores of DESIGN.md (they check lateness on their own clock and hold leases)
-LEASE_STORES = ("sqlite", "postgresql", "redis")
-#: the other stores of DESIGN.md's memory table, by backend module
-REDIS_STRATEGY_STORES = ("redis-stream-id", "redis-script", "redis-idmp")
-RABBITMQ_STORES = ("rabbitmq",)
-NATS_STORES = ("nats",)
-#: every store: the contract suite runs on each
-ALL_STORES = LEASE_STORES + REDIS_STRATEGY_STORES + RABBITMQ_STORES + NATS_STORES
-#: stores that refuse late and early claims on their own clock
-LATENESS_STORES = LEASE_STORES
-
-#: store options that select a variant of a backend (kind -> options)
-VARIANT_OPTIONS: dict[str, dict] = {
-    "redis-stream-id": {"strategy": "stream-id"},
-    "redis-script": {"strategy": "script"},
-    "redis-idmp": {"strategy": "idmp"},
-}
+import backends
+from backends import (  # noqa: F401  (re-exported: the lists the tests parametrize over)
+    ALL_STORES, LATENESS_STORES, LEASE_STORES, VARIANT_OPTIONS, backdate_memory_start,
+)
+from conftest import require_server
 
 
 @dataclass
@@ -39,9 +25,9 @@ class StoreMaker:
     kind: str
     url: str
     namespace: str
-    opened: list[Store] = field(default_factory=list)
+    opened: list[ClaimStore] = field(default_factory=list)
 
-    def __call__(self, instance_id: str | None = None, **options) -> Store:
+    def __call__(self, instance_id: str | None = None, **options) -> ClaimStore:
         options = {**VARIANT_OPTIONS.get(self.kind, {}), **options}
         store = open_store(self.url, namespace=self.namespace,
                            instance_id=instance_id or "inst-" + uuid.uuid4().hex[:6], options=options)
@@ -50,27 +36,8 @@ class StoreMaker:
 
     def wipe(self) -> None:
         """Make the server forget everything of this store (a Redis restarted without
-        persistence, a dropped database): the amnesia case."""
-        if self.kind == "rabbitmq":
-            from rabbitmq_tools import queue_names  # rabbitmqctl: AMQP cannot list queues
-            self("wiper")._forget_everything(queue_names)
-        elif self.kind == "nats":
-            store = self("wiper")
-            store._forget_everything()
-        elif self.kind.startswith("redis"):
-            import redis
-            redis.Redis.from_url(self.url).flushdb()
-        else:
-            import sqlalchemy as sa
-            url = self.url.replace("postgresql://", "postgresql+psycopg://", 1)
-            engine = sa.create_engine(url)
-            with engine.begin() as conn:
-                meta = sa.MetaData()
-                meta.reflect(conn)
-                for table in reversed(meta.sorted_tables):
-                    if table.name.startswith("anarchon_"):
-                        table.drop(conn)
-            engine.dispose()
+        persistence, a dropped database): the amnesia case (the registry's wipe of the kind)."""
+        backends.wipe(self.kind, self.url, self.namespace)
 
     def close_all(self) -> None:
         for store in self.opened:
@@ -79,24 +46,11 @@ class StoreMaker:
 
 def store_url(kind: str, tmpdir: str) -> str:
     """The URL of a real server (or file) for ``kind``; skips/fails when the server is down."""
-    if kind == "sqlite":
+    backend = backends.BY_KIND[kind]
+    if backend.url_variable is None:
         return "sqlite:///" + os.path.join(tmpdir, "claims.sqlite3")
-    if kind == "postgresql":
-        require_server(POSTGRES_URL, "PostgreSQL")
-        return POSTGRES_URL
-    if kind == "redis-idmp":
-        require_server(REDIS8_URL, "Redis >= 8.6 (built and started by .ci/run)")
-        return REDIS8_URL
-    if kind.startswith("redis"):
-        require_server(REDIS_URL, "Redis")
-        return REDIS_URL
-    if kind == "rabbitmq":
-        require_server(AMQP_URL, "RabbitMQ")
-        return AMQP_URL
-    if kind == "nats":
-        require_server(NATS_URL, "NATS JetStream")
-        return NATS_URL
-    raise ValueError(kind)
+    require_server(backend.url, backend.server)
+    return backend.url
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.02):

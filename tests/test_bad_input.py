@@ -27,6 +27,7 @@ from celery_anarchon.errors import StoreUnavailable  # noqa: E402
 from celery_anarchon.stores import open_store  # noqa: E402
 
 from conftest import AMQP_URL, REDIS_URL, require_server  # noqa: E402
+from backends import backdate_memory_start
 
 SQLITE = "sqlite:////tmp/anarchon-bad-input.sqlite3"
 
@@ -241,7 +242,7 @@ def test_odd_names_two_apps_and_a_rolling_restart_run_every_slot_once(tmp_path, 
     for ns in apps.values():
         s = open_store(REDIS_URL, namespace=ns, instance_id="test")
         s.prepare(list(names))
-        s._backdate_memory_start(list(names), 120_000)
+        backdate_memory_start(s, list(names), 120_000)
         s.close()
     cluster = Cluster(str(tmp_path), {**base, "ANARCHON_IT_NAMESPACE": apps["A"]})
     try:

@@ -29,6 +29,7 @@ from celery_anarchon.timing import Settings
 from conftest import REDIS_URL, require_server
 from stores_support import wait_until
 from tcp_proxy import TCPProxy, redis_address
+from backends import backdate_memory_start
 
 
 class Clock:
@@ -59,7 +60,7 @@ class Harness:
                                  store=self.store)
         if backdate:
             self.store.prepare(list(self.plans))
-            self.store._backdate_memory_start(list(self.plans), 120_000)
+            backdate_memory_start(self.store, list(self.plans), 120_000)
         self.sent: list[tuple[str, int, int]] = []
         self.clock = Clock()
         self.mono = Clock(time.monotonic)

@@ -19,6 +19,7 @@ from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import ClaimRequest, Outcome
 
 from conftest import IN_CI
+from backends import backdate_memory_start
 
 ha_nats = pytest.importorskip("ha_nats")
 
@@ -69,7 +70,7 @@ def prepared(store, *entries):
     """Prepared, with the entries' memory begun two minutes ago (a store running for a while)."""
     entries = list(entries or ["e"])
     store.prepare(entries)
-    store._backdate_memory_start(entries, 120_000)
+    backdate_memory_start(store, entries, 120_000)
     return store
 
 
@@ -178,7 +179,7 @@ def test_claim_streams_have_three_replicas_by_default_on_a_cluster(cluster, open
     for stream in (store.stream, store._kv_stream, store.epoch_stream):
         assert _replicas(cluster, stream) == 3, stream
     assert not any("replica" in w for w in warnings), warnings
-    store._backdate_memory_start(["e"], 120_000)
+    backdate_memory_start(store, ["e"], 120_000)
     assert store.claim([req("e", store.now_ms())])[0].outcome is Outcome.WON
 
 

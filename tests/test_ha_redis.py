@@ -17,6 +17,7 @@ from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, Outcome, RunEvent
 
 from stores_support import wait_until
+from backends import backdate_memory_start
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server is not installed")
@@ -48,7 +49,7 @@ def store(url, instance, namespace, **options):
 def prepared(s, *entries):
     entries = list(entries or ["e"])
     s.prepare(entries)
-    s._backdate_memory_start(entries, 120_000)
+    backdate_memory_start(s, entries, 120_000)
     return s
 
 
@@ -177,7 +178,7 @@ def test_durability_replica_without_replicas_warns_and_never_sends(namespace):
         s = store(ha.url, "A", namespace, durability="replica", confirm_timeout=CONFIRM)
         text = " ".join(s.prepare(["e"]))
         assert "durability='replica'" in text and "0 connected" in text
-        s._backdate_memory_start(["e"], 120_000)
+        backdate_memory_start(s, ["e"], 120_000)
         assert claim(s, s.now_ms()).outcome is Outcome.UNCONFIRMED
         text = " ".join(store(ha.url, "B", namespace).prepare(["e"]))
         assert "no replica" in text and "appendfsync always" in text

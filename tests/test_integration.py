@@ -31,6 +31,7 @@ from celery_anarchon.stores.base import RunEvent
 from cluster import Cluster, read_executions
 from conftest import REDIS_URL, require_server
 from stores_support import ALL_STORES, VARIANT_OPTIONS, store_url
+from backends import backdate_memory_start
 
 ENTRIES = {"every-1s": 1000, "every-2s": 2000, "every-5s": 5000, "every-minute": 60_000}
 BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/8"
@@ -81,7 +82,7 @@ def test_three_beats_send_every_slot_exactly_once(kind, tmp_path, namespace, cap
     # a store that has been in service for a while (a new one refuses its first 10 s of slots)
     store = open_store(url, namespace=namespace, instance_id="test", options=options)
     store.prepare(list(ENTRIES))
-    store._backdate_memory_start(list(ENTRIES), 120_000)
+    backdate_memory_start(store, list(ENTRIES), 120_000)
     queue = f"it-{namespace}"
     cluster = Cluster(str(tmp_path), {
         "ANARCHON_IT_BROKER": BROKER_URL, "ANARCHON_IT_STORE": url, "ANARCHON_IT_NAMESPACE": namespace,

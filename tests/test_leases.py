@@ -26,6 +26,7 @@ from celery_anarchon.stores.base import RunEvent, RunState
 from cluster import Cluster, read_executions
 from conftest import REDIS_URL, require_server
 from stores_support import LEASE_STORES, store_url, wait_until
+from backends import backdate_memory_start
 
 REDIS_BASE = REDIS_URL.rsplit("/", 1)[0]
 FAST = {"duration": 6, "heartbeat": 1, "queue_timeout": 4}
@@ -48,7 +49,7 @@ class LeaseCluster:
                     for name, spec in entries.items()}
         self.store = open_store(self.url, namespace=namespace, instance_id="test")
         self.store.prepare(list(schedule))
-        self.store._backdate_memory_start(list(schedule), 120_000)
+        backdate_memory_start(self.store, list(schedule), 120_000)
         self.cluster = Cluster(str(tmp_path), {
             "ANARCHON_LT_BROKER": REDIS_BASE + "/8", "ANARCHON_LT_BACKEND": REDIS_BASE + "/7",
             "ANARCHON_LT_STORE": self.url, "ANARCHON_LT_NAMESPACE": namespace,
@@ -355,7 +356,7 @@ def test_a_release_blocked_longer_than_the_lease_still_lands(namespace, caplog):
     beat_store = open_store(f"{REDIS_URL.rsplit('/', 1)[0]}/0", namespace=namespace, instance_id="b")
     try:
         beat_store.prepare(["e"])
-        beat_store._backdate_memory_start(["e"], 120_000)
+        backdate_memory_start(beat_store, ["e"], 120_000)
         slot = int(time.time() * 1000) // 1000 * 1000
         won = beat_store.claim([ClaimRequest("e", slot, 60_000, lease=LeaseTerms(10_000))])[0]
         assert won.token is not None

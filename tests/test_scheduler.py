@@ -21,6 +21,7 @@ from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
 from tcp_proxy import TCPProxy, redis_address
+from backends import backdate_memory_start
 
 
 def make_app(tmp_path, **conf):
@@ -52,7 +53,7 @@ def test_close_is_safe_twice_and_the_store_reopens_lazily(tmp_path):
         "tick": {"task": "proj.tick", "schedule": 10.0, "options": {"anarchon": {"jitter": 0}}}})
     sent = []
     scheduler = Scheduler(app)
-    scheduler.store._backdate_memory_start(["tick"], 120_000)   # not a new store: it claims
+    backdate_memory_start(scheduler.store, ["tick"], 120_000)   # not a new store: it claims
     scheduler.engine.send = lambda plan, slot, attempt, token, task_id: sent.append(slot)
     scheduler.close()
     scheduler.close()
@@ -82,7 +83,7 @@ def test_a_close_during_a_tick_ends_beat_and_nothing_more_is_sent(tmp_path):
         "a": {"task": "proj.a", "schedule": 2.0, "options": {"anarchon": {"jitter": 0}}},
         "b": {"task": "proj.b", "schedule": 2.0, "options": {"anarchon": {"jitter": 0}}}})
     scheduler = Scheduler(app)
-    scheduler.store._backdate_memory_start(["a", "b"], 120_000)   # not a new store: it claims
+    backdate_memory_start(scheduler.store, ["a", "b"], 120_000)   # not a new store: it claims
     calls = []
 
     def interrupted(plan, slot, attempt, token, task_id):

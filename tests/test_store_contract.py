@@ -20,6 +20,7 @@ from stores_support import (
     ALL_STORES, LATENESS_STORES, LEASE_STORES, VARIANT_OPTIONS, StoreMaker, new_tmpdir, store_url,
     wait_until,
 )
+from backends import backdate_memory_start
 
 MAX_LATE_MS = 60_000
 
@@ -70,7 +71,7 @@ def prepared(store, *entries):
     been running for a while (a new store refuses slots up to 10 s after its memory began)."""
     entries = list(entries or ["e"])
     store.prepare(entries)
-    store._backdate_memory_start(entries, 120_000)
+    backdate_memory_start(store, entries, 120_000)
     return store
 
 

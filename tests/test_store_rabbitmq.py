@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pathlib
 import threading
 import time
 import uuid
@@ -20,14 +21,15 @@ import pytest
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, Memory, Outcome, RunEvent
+from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, LeaseStore, Memory, Outcome, RunEvent
 from celery_anarchon.stores.rabbitmq import RabbitMQStore
-from celery_anarchon.stores.rabbitmq_amqp import QUEUE_NAME_MAX_BYTES, QueueNames, claim_arguments
+from celery_anarchon.stores.rabbitmq.protocol import QUEUE_NAME_MAX_BYTES, QueueNames, claim_arguments
 
 import conftest
 import rabbitmq_tools
 from conftest import AMQP_URL
 from rabbitmq_tools import need_rabbitmqctl, rabbitmqctl
+from backends import forget_rabbitmq_queues
 from stores_support import StoreMaker, store_url, wait_until
 from tcp_proxy import TCPProxy
 from test_store_contract import prepared, req
@@ -109,7 +111,7 @@ def test_rabbitmq_memory_and_flags():
     store = RabbitMQStore(AMQP_URL, namespace="n", instance_id="i")
     assert store.memory == Memory(300.0, None, setting="slot_ttl")
     assert store.now_ms() is None
-    assert (store.checks_lateness, store.holds_leases, store.recognises_winner) == (False, False, False)
+    assert (store.checks_lateness, isinstance(store, LeaseStore), store.recognises_winner) == (False, False, False)
     assert "slot_ttl=300s" in store.describe()
     assert RabbitMQStore(AMQP_URL, namespace="n", instance_id="i",
                          slot_ttl=timedelta(minutes=10)).memory.duration_s == 600.0
@@ -216,14 +218,14 @@ def test_rabbitmq_tests_without_rabbitmqctl_fail_under_ci(monkeypatch):
 
 def test_rabbitmq_store_code_runs_no_program():
     """The broker is reached over AMQP only; rabbitmqctl belongs to the tests."""
-    import celery_anarchon.stores.rabbitmq as store_module
-    import celery_anarchon.stores.rabbitmq_amqp as amqp_module
-    import celery_anarchon.stores.rabbitmq_entries as entries_module
-    for module in (store_module, amqp_module, entries_module):
-        source = open(module.__file__, encoding="utf-8").read()
-        assert "import subprocess" not in source and "os.system" not in source, module.__name__
+    import celery_anarchon.stores.rabbitmq as package
+    modules = sorted(pathlib.Path(package.__file__).parent.glob("*.py"))
+    assert len(modules) >= 4, modules
+    for module in modules:
+        source = module.read_text(encoding="utf-8")
+        assert "import subprocess" not in source and "os.system" not in source, module.name
     with pytest.raises(RuntimeError, match="queue_names"):
-        RabbitMQStore(AMQP_URL, namespace="n", instance_id="i")._forget_everything()
+        forget_rabbitmq_queues(RabbitMQStore(AMQP_URL, namespace="n", instance_id="i"))
 
 
 # -- a publish that could not be routed ------------------------------------------------------------

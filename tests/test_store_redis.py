@@ -15,12 +15,13 @@ from redis.crc import key_slot
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
-    LATENESS_TOLERANCE_MS, ClaimRequest, LeaseTerms, Outcome, TakeoverOutcome,
+    LATENESS_TOLERANCE_MS, ClaimRequest, LeaseStore, LeaseTerms, Outcome, TakeoverOutcome,
 )
 from celery_anarchon.stores.redis import RedisStore, parse_sentinel_url
 
 from conftest import REDIS_URL
 from stores_support import StoreMaker, store_url, wait_until
+from backends import backdate_memory_start
 
 NAMES = ["a:b", "a", "x}", "{x", "{x}", "it's", 'say "hi"', "with space", "with_space", "café",
          "cafe", "%3A", ":", "", "日本", "a}:{b"]
@@ -52,7 +53,7 @@ def server():
 def prepared(store, *entries):
     entries = list(entries or ["e"])
     store.prepare(entries)
-    store._backdate_memory_start(entries, 120_000)
+    backdate_memory_start(store, entries, 120_000)
     return store
 
 
@@ -289,7 +290,7 @@ def test_the_strategy_option_picks_the_strategy(strategy):
     test_store_redis_strategies.py)."""
     s = store(strategy=strategy)
     assert isinstance(s, RedisStore) and s.strategy == strategy
-    assert s.holds_leases is s.checks_lateness is (strategy == "lease")
+    assert isinstance(s, LeaseStore) is s.checks_lateness is (strategy == "lease")
 
 
 @pytest.mark.parametrize("option, value", [("memory", 0), ("memory", "1h"), ("memory", True),

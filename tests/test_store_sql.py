@@ -16,8 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores import open_store, sql_core, sql_schema
-from celery_anarchon.stores.base import LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.sql import core as sql_core, schema as sql_schema
+from celery_anarchon.stores.base import LeaseStore, LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome
 from celery_anarchon.stores.sql import PostgreSQLStore, SQLiteStore
 
 from conftest import POSTGRES_URL
@@ -62,7 +63,7 @@ def test_postgresql_every_scheme_means_psycopg_3(scheme):
     store = _open(f"{scheme}://{rest}")
     assert isinstance(store, PostgreSQLStore) and store.kind == "postgresql"
     assert store.engine_url.drivername == "postgresql+psycopg"
-    assert store.checks_lateness and store.holds_leases
+    assert store.checks_lateness and isinstance(store, LeaseStore)
 
 
 def test_postgresql_postgres_scheme_reaches_the_server():

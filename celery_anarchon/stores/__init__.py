@@ -9,12 +9,15 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
-from urllib.parse import urlsplit, urlunsplit
 
+from celery_anarchon._util import mask_url
 from celery_anarchon.errors import ConfigError
+from celery_anarchon.stores._common import (  # noqa: F401  (re-exported)
+    COMMON_OPTIONS, reject_unknown_options, scheme_of,
+)
 from celery_anarchon.stores.base import (  # noqa: F401  (re-exported)
-    ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseTerms, Memory, Outcome, RunEvent,
-    RunState, Store, TakeoverOutcome,
+    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, LeasedRun, LeaseStore, LeaseTerms, Memory,
+    Outcome, RunEvent, RunState, Store, TakeoverOutcome, lease_store,
 )
 
 #: scheme -> ("module:Class", extra that provides its client library or None)
@@ -36,31 +39,8 @@ STORES: dict[str, tuple[str, str | None]] = {
 #: client library module -> extra that installs it
 _EXTRA_OF_MODULE = {"redis": "redis", "psycopg": "postgres", "nats": "nats", "ephem": "solar"}
 
-#: Options every store accepts (``anarchon_store_options``); the rest belong to one backend.
-COMMON_OPTIONS = frozenset({"history_size", "claim_timeout"})
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs, banners and errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = parts.username or ""
-    host = netloc[1] if len(netloc) == 2 else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def scheme_of(url: str) -> str:
-    """The lower-case scheme of ``url`` (``""`` when it has none)."""
-    return urlsplit(url).scheme.lower() if "://" in url else ""
-
-
-def store_class(url: str) -> type[Store]:
-    """The Store class for ``url``'s scheme, importing its module on first use.
+def store_class(url: str) -> type[ClaimStore]:
+    """The store class for ``url``'s scheme, importing its module on first use.
 
     :raises ConfigError: unknown scheme (with the closest known one), or the client library of
         the store is not installed (with the extra to install).
@@ -87,7 +67,7 @@ def store_class(url: str) -> type[Store]:
     return getattr(module, class_name)
 
 
-def open_store(url: str, *, namespace: str, instance_id: str, options: dict | None = None) -> Store:
+def open_store(url: str, *, namespace: str, instance_id: str, options: dict | None = None) -> ClaimStore:
     """Build the store for ``url`` (no I/O: it connects on first use).
 
     :param url: ``anarchon_store_url``; its scheme picks the backend.
@@ -98,16 +78,6 @@ def open_store(url: str, *, namespace: str, instance_id: str, options: dict | No
     """
     cls = store_class(url)
     return cls(url, namespace=namespace, instance_id=instance_id, **dict(options or {}))
-
-
-def reject_unknown_options(store_kind: str, given: dict, known: set[str] | frozenset[str]) -> None:
-    """Raise ConfigError for keys of ``anarchon_store_options`` that ``store_kind`` does not use."""
-    unknown = sorted(set(given) - set(known) - COMMON_OPTIONS)
-    if unknown:
-        allowed = ", ".join(sorted(set(known) | COMMON_OPTIONS))
-        raise ConfigError(
-            f"anarchon_store_options: {', '.join(map(repr, unknown))} not understood by the "
-            f"{store_kind} store (a typo must not silently change a rule). Allowed: {allowed}.")
 
 
 def default_sqlite_url(broker_url: str | None) -> str:

@@ -28,9 +28,8 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-#: Lease stores refuse a run whose slot is older than max_late + this, or further than this in
-#: the future, on the store's clock (DESIGN.md "Timing": store-side lateness tolerance).
-LATENESS_TOLERANCE_MS = 10_000
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory, mask_url  # noqa: F401  (re-exported)
+from celery_anarchon.errors import ConfigError
 
 #: Default history kept per entry, in runs (``anarchon_store_options["history_size"]``).
 DEFAULT_HISTORY_SIZE = 100
@@ -194,7 +193,10 @@ class ClaimResult:
 
 @dataclasses.dataclass(frozen=True)
 class HistoryRecord:
-    """One run in an entry's history (the newest ``history_size`` runs are kept).
+    """One run in an entry's history (the newest ``history_size`` runs are kept), as
+    :meth:`ClaimStore.history` reads it, or an event to write with :meth:`ClaimStore.record_many`
+    (which writes it as this instance, on the store's clock: ``instance`` and ``store_ms`` are
+    not read there).
 
     :param store_ms: the store's clock (or the recording instance's, for stores without one)
         when the record was last written, UTC ms.
@@ -203,23 +205,15 @@ class HistoryRecord:
     entry: str
     slot_ms: int
     event: RunEvent
-    instance: str
-    store_ms: int
+    instance: str = ""
+    store_ms: int = 0
     task_id: str = ""
     attempt: int = 1
     detail: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class HistoryNote:
-    """An event to write with :meth:`Store.record_many` (same fields as :meth:`Store.record`)."""
-
-    entry: str
-    slot_ms: int
-    event: RunEvent
-    task_id: str = ""
-    attempt: int = 1
-    detail: str = ""
+#: Old name of an event to write: the same type as a record read back.
+HistoryNote = HistoryRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +246,7 @@ class LeasedRun:
 
 
 class TakeoverOutcome(str, enum.Enum):
-    """The answer to :meth:`Store.take_over`."""
+    """The answer to :meth:`LeaseStore.take_over`."""
 
     TAKEN = "taken"            #: this instance re-sends the run as ``run.attempt``
     GIVEN_UP = "given_up"      #: max_attempts reached: the run is recorded given up
@@ -265,37 +259,20 @@ class TakeoverOutcome(str, enum.Enum):
         return cls.GIVEN_UP if value == "lost" else None  # written by an older version
 
 
-@dataclasses.dataclass(frozen=True)
-class Memory:
-    """How long a store remembers a claimed run (DESIGN.md, store memory table).
-
-    :param duration_s: seconds, or ``None`` for forever.
-    :param count: runs per entry, or ``None`` when not limited by count.
-    :param setting: the store option that sets ``duration_s`` (named in error messages).
-    :param count_setting: the store option that sets ``count``.
-    """
-
-    duration_s: float | None
-    count: int | None = None
-    setting: str = "memory"
-    count_setting: str | None = None
-
-
-class Store(abc.ABC):
+class ClaimStore(abc.ABC):
     """One backend that decides claims. Construct with :func:`celery_anarchon.stores.open_store`.
 
     Construction does no I/O; the first operation connects (in the process that ticks: under
     ``celery worker -B`` that is a forked child). Every operation raises
     :class:`~celery_anarchon.errors.StoreUnavailable` when the store cannot be reached or does not
     answer within ``claim_timeout`` seconds, and never anything that would let a caller send blind.
+    A store that also holds leases is a :class:`LeaseStore`.
     """
 
     #: short backend name for logs and docs ("redis", "postgresql", "sqlite", ...)
     kind: ClassVar[str] = ""
     #: True when the store refuses late and early claims on its own clock
     checks_lateness: ClassVar[bool] = False
-    #: True when the store holds leases (lease operations below work)
-    holds_leases: ClassVar[bool] = False
     #: True when a claim retried by its winner is recognised as won (DESIGN.md "Who won"); a
     #: store that cannot read the winner back answers UNKNOWN instead (a possible miss)
     recognises_winner: ClassVar[bool] = True
@@ -313,7 +290,6 @@ class Store(abc.ABC):
     @property
     def safe_url(self) -> str:
         """The URL with its password masked, for logs and the banner."""
-        from celery_anarchon.stores import mask_url
         return mask_url(self.url)
 
     @property
@@ -367,7 +343,7 @@ class Store(abc.ABC):
         the record. Keeps the newest ``history_size`` runs of the entry.
         """
 
-    def record_many(self, notes: Sequence[HistoryNote]) -> None:
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
         """Write several :meth:`record` events, in one round trip where the backend allows it."""
         for note in notes:
             self.record(note.entry, note.slot_ms, note.event, task_id=note.task_id,
@@ -385,59 +361,67 @@ class Store(abc.ABC):
         """The text saved for ``fingerprint``, or ``None`` if unknown. Optional."""
         return None
 
-    # -- leases (only when holds_leases) --------------------------------------------------------
-    def _no_leases(self):
-        from celery_anarchon.errors import ConfigError
-        raise ConfigError(f"the {self.kind} store cannot hold leases; use Redis (strategy 'lease'),"
-                          " PostgreSQL or SQLite for leased entries")
 
+class LeaseStore(ClaimStore):
+    """A claim store that also keeps one record per leased run (state, attempt, fencing token,
+    lease expiry) on its own clock (DESIGN.md "Leases"). Lease stores check lateness."""
+
+    checks_lateness: ClassVar[bool] = True
+
+    @abc.abstractmethod
     def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
         """The record of one leased run, or ``None`` if the store has none."""
-        self._no_leases()
 
+    @abc.abstractmethod
     def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
         """Leased runs of ``entries`` that are started with an expired lease or queued past their
         deadline, on the store's clock."""
-        self._no_leases()
 
+    @abc.abstractmethod
     def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
                   queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
         """One compare-and-set on ``expected_token``: if the run is still expired and no newer slot
         of the entry was claimed, queue it again as the next attempt with a new token and a queue
         deadline of now + ``queue_timeout_ms``. After ``max_attempts`` it is recorded given up.
         Exactly one of several instances finding the same expired run gets ``TAKEN``."""
-        self._no_leases()
 
+    @abc.abstractmethod
     def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
         """Worker side, before the task body runs: succeeds when the run is queued (any attempt's
         message) or started with an expired lease; sets it started with a new token, ``owner`` and
         lease expiry = now + ``duration_ms``. Returns ``(adopted, record)``."""
-        self._no_leases()
 
+    @abc.abstractmethod
     def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
         """Extend the lease held with ``token`` to now + ``duration_ms``. ``None`` when the token is
         stale (the lease was taken over: the runner lost it). If the store forgot the record
         (amnesia) it is re-created with this token, so a live runner keeps its run."""
-        self._no_leases()
 
+    @abc.abstractmethod
     def release(self, entry: str, slot_ms: int, token: int) -> bool:
         """The runner is done: state finished, if ``token`` is still current."""
-        self._no_leases()
 
+    @abc.abstractmethod
     def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
                 queue_timeout_ms: int) -> bool:
         """A retry hands the run back: state queued, deadline = now + ``delay_ms`` +
         ``queue_timeout_ms`` (the retry's countdown), attempt unchanged, if ``token`` is current."""
-        self._no_leases()
 
-    # -- tests ----------------------------------------------------------------------------------
-    def _forget_everything(self) -> None:
-        """Tests only: make the server forget everything stores of this kind wrote (every
-        namespace), as a server restarted without its data would: the amnesia case."""
-        raise NotImplementedError
 
-    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
-        """Tests only: move the memory start of ``entries`` ``by_ms`` into the past, as if the
-        store had been running for a while (a fresh store refuses slots up to
-        LATENESS_TOLERANCE_MS after its memory began)."""
-        raise NotImplementedError
+#: The stores that hold leases, in the words of error messages (DESIGN.md "Leases").
+LEASE_STORE_NAMES = "Redis (strategy 'lease'), PostgreSQL or SQLite"
+
+
+def lease_store(store: ClaimStore) -> LeaseStore:
+    """``store`` as a :class:`LeaseStore` for the lease operations.
+
+    :raises ConfigError: the store cannot hold leases (naming the stores that can).
+    """
+    if not isinstance(store, LeaseStore):
+        raise ConfigError(f"the {store.kind} store cannot hold leases; use {LEASE_STORE_NAMES}"
+                          " for leased entries")
+    return store
+
+
+#: Old name of :class:`ClaimStore` (``celery_anarchon.stores.Store`` in user code).
+Store = ClaimStore

@@ -8,7 +8,7 @@ writes of an entry, a store purges the entry's keys down to the ``history_size``
 between, a few more are kept); :meth:`HistoryOps.history` reads every record of the entry through
 an ephemeral consumer and returns the newest ``history_size`` by slot. A record's ``store_ms`` is
 when the server stored it. Entry names and fingerprints are escaped by
-:func:`~celery_anarchon.stores.nats_io.token`.
+:func:`~celery_anarchon.stores.nats.io.token`.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import base64
 import json
 from collections.abc import Sequence
 
-from celery_anarchon.stores.base import HistoryNote, HistoryRecord, RunEvent, SKIP_EVENTS
-from celery_anarchon.stores.nats_io import (
+from celery_anarchon.stores.base import HistoryRecord, RunEvent, SKIP_EVENTS
+from celery_anarchon.stores.nats.io import (
     API, NO_MESSAGE_FOUND, STREAM_NOT_FOUND, WRONG_LAST_SEQUENCE, ApiError, reply_json, status_of,
     token,
 )
@@ -96,7 +96,7 @@ class HistoryOps:
         self._call("record", self._write_history,
                    [(entry, slot_ms, event, task_id, attempt, detail, event in SKIP_EVENTS)])
 
-    def record_many(self, notes: Sequence[HistoryNote]) -> None:
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
         """Write several events in one round trip."""
         if notes:
             self._call("record", self._write_history,

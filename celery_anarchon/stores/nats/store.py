@@ -64,8 +64,8 @@ cluster the marker and the claims have different leaders, so the check is not on
 publishes there: R3 is the promise, the epoch covers the whole cluster restarting. Every restart
 of a single server, clean or not, costs the runs of its first 10 s (``forgotten``).
 
-History and definitions: :mod:`celery_anarchon.stores.nats_history`. The event loop thread and the
-names: :mod:`celery_anarchon.stores.nats_io`.
+History and definitions: :mod:`celery_anarchon.stores.nats.history`. The event loop thread and the
+names: :mod:`celery_anarchon.stores.nats.io`.
 
 URLs: ``nats://[user:password@|token@]host[:port]`` or ``tls://...``, several separated by commas;
 credentials go to nats-py with the URL. TLS uses nats-py's own options, as store options ``tls``
@@ -82,17 +82,18 @@ import ssl
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
+from celery_anarchon._util import iso, mask_url
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores import mask_url, reject_unknown_options
+from celery_anarchon.stores._common import reject_unknown_options
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest, ClaimResult,
-    Memory, Outcome, RunEvent, Store,
+    ClaimStore, Memory, Outcome, RunEvent,
 )
-from celery_anarchon.stores.nats_history import HistoryOps
-from celery_anarchon.stores.nats_io import (
+from celery_anarchon.stores.nats.history import HistoryOps
+from celery_anarchon.stores.nats.io import (
     API, STREAM_NAME_IN_USE, STREAM_NOT_FOUND, WRONG_LAST_SEQUENCE, ApiError, Missing, Session,
     Stored, discard, logger,
     reply_json, stored_message, time_ms, token, uses_tls,
@@ -165,10 +166,6 @@ def _mask(part: str) -> str:
     return masked
 
 
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
-
-
 @dataclasses.dataclass(frozen=True)
 class _Skew:
     """This instance's clock minus the server's, ms, measured at ``wall_s`` / ``mono_s``."""
@@ -179,7 +176,7 @@ class _Skew:
     mono_s: float
 
 
-class NATSStore(HistoryOps, Store):
+class NATSStore(HistoryOps, ClaimStore):
     """NATS JetStream: the first publish of a run's message id wins (module docstring).
 
     :param duplicate_window: seconds a claimed run is remembered (default 300, at least 0.1).
@@ -196,7 +193,6 @@ class NATSStore(HistoryOps, Store):
 
     kind = "nats"
     checks_lateness = False
-    holds_leases = False
     recognises_winner = True
 
     def __init__(self, url: str, *, namespace: str, instance_id: str, **options) -> None:
@@ -593,12 +589,12 @@ class NATSStore(HistoryOps, Store):
         prev = marker.body.get("prev")
         if not isinstance(prev, int):
             prev = self._seen_before  # the writer had seen none; this instance had
-        was = f"epoch {_iso(int(prev))}" if isinstance(prev, int) else "an epoch unknown here"
-        return (f"epoch changed ({was} -> epoch {_iso(marker.time_ms)}): the epoch marker, kept "
+        was = f"epoch {iso(int(prev))}" if isinstance(prev, int) else "an epoch unknown here"
+        return (f"epoch changed ({was} -> epoch {iso(marker.time_ms)}): the epoch marker, kept "
                 f"in memory in stream {self.epoch_stream}, was lost, so the servers holding it "
                 "restarted and may have lost their newest claims; the store memory restarted at "
-                f"{_iso(marker.time_ms)}, slots before "
-                f"{_iso(marker.time_ms + LATENESS_TOLERANCE_MS)} are refused")
+                f"{iso(marker.time_ms)}, slots before "
+                f"{iso(marker.time_ms + LATENESS_TOLERANCE_MS)} are refused")
 
     def _warn(self, warnings: list[str]) -> None:
         for text in warnings:
@@ -852,48 +848,9 @@ class NATSStore(HistoryOps, Store):
             return Outcome.FORGOTTEN, None, "", self._epoch_detail(self._epoch)
         if r.slot_ms < born + LATENESS_TOLERANCE_MS:
             return (Outcome.FORGOTTEN, None, "",
-                    f"store memory began at {_iso(born)} (when stream {self.stream} was created); "
-                    f"slots before {_iso(born + LATENESS_TOLERANCE_MS)} are refused")
+                    f"store memory began at {iso(born)} (when stream {self.stream} was created); "
+                    f"slots before {iso(born + LATENESS_TOLERANCE_MS)} are refused")
         if not looked:
             return Outcome.WON, self.instance_id, r.fingerprint, ""
         winner, fingerprint = str(stored.body.get("i")), str(stored.body.get("f", ""))
         return (Outcome.WON if winner == self.instance_id else Outcome.OTHER_WON), winner, fingerprint, ""
-
-    # -- tests ----------------------------------------------------------------------------------
-    def _forget_everything(self) -> None:
-        """Tests only: delete every stream and bucket of this store kind, in every namespace."""
-        async def step(session, nc):
-            names, offset = [], 0
-            while True:
-                page = await self._api(session, nc, f"{API}.STREAM.NAMES", {"offset": offset})
-                names += page.get("streams") or []
-                offset += len(page.get("streams") or [])
-                if not page.get("streams") or offset >= int(page.get("total", 0)):
-                    break
-            ours = [n for n in names if n.startswith(("ANARCHON_", "KV_ANARCHON_"))]
-            for msg in await session.pipeline(nc, [(f"{API}.STREAM.DELETE.{n}", b"", None) for n in ours]):
-                with_error = json.loads(msg.data or b"{}").get("error")
-                if with_error and with_error.get("err_code") != STREAM_NOT_FOUND:
-                    raise ApiError("STREAM.DELETE", with_error)
-        self._call("forget everything", step)
-        self._ready.clear()
-
-    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
-        """Tests only: the memory of ``entries`` began ``by_ms`` earlier than the stream's
-        creation (or than a previous backdating). Kept as a message in the claims stream, so it
-        is lost with the stream."""
-        entries = list(dict.fromkeys(entries))
-        self._born_cache.clear()
-
-        async def step(session, nc):
-            info, _ = await self._claims_stream(session, nc)
-            created = time_ms(info["created"])
-            now = await self._get(session, nc, [{"last_by_subj": self._born_subject(e)} for e in entries])
-            born = [int(s.body.get("born_ms", created)) if s else created for s in now]
-            acks = await session.pipeline(nc, [
-                (self._born_subject(e), json.dumps({"born_ms": b - int(by_ms)}).encode(), None)
-                for e, b in zip(entries, born)])
-            for ack in acks:
-                reply_json(ack, self.stream)
-        if entries:
-            self._call("backdate memory start", step)

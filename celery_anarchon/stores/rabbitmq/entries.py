@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from collections.abc import Sequence
 
 import amqp
 
 from celery_anarchon.errors import StoreUnavailable
-from celery_anarchon.stores.base import HistoryNote, HistoryRecord, RunEvent
-from celery_anarchon.stores.rabbitmq_amqp import (
+from celery_anarchon.stores.base import HistoryRecord, RunEvent
+from celery_anarchon.stores.rabbitmq.protocol import (
     ONE_MESSAGE, Session, decode, fold_history, history_arguments,
 )
 
@@ -29,10 +28,6 @@ LOCK_POLL_S = 0.01
 
 def local_ms() -> int:
     return int(time.time() * 1000)
-
-
-def iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
 
 
 class EntryQueues:
@@ -112,28 +107,15 @@ class EntryQueues:
             raise StoreUnavailable(f"RabbitMQ store {self.safe_url}: the memory start of entry "
                                    f"{entry!r} could not be written")
 
-    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
-        with self._using("backdating the memory start") as s:
-            for entry in dict.fromkeys(entries):
-                queue = self.names.born(entry)
-                with self._entry_lock(s, entry):
-                    ch = s.channel()
-                    ch.queue_declare(queue, durable=True, auto_delete=False, arguments=ONE_MESSAGE)
-                    old = self._take_born(ch, queue, keep=False)
-                    ch.close()
-                    born = (old if old is not None else local_ms()) - int(by_ms)
-                    self._put_born(s, entry, born)
-                s.born[entry] = born
-
     # -- history (DESIGN.md "Words": one record per run) -------------------------------------
     def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
                attempt: int = 1, detail: str = "") -> None:
         """Append one event of a run to ``entry``'s history (skip events only fill: see
-        :func:`~celery_anarchon.stores.rabbitmq_amqp.fold_history`)."""
-        self.record_many([HistoryNote(entry, slot_ms, RunEvent(event), task_id=task_id,
+        :func:`~celery_anarchon.stores.rabbitmq.protocol.fold_history`)."""
+        self.record_many([HistoryRecord(entry, slot_ms, RunEvent(event), task_id=task_id,
                                       attempt=attempt, detail=detail)])
 
-    def record_many(self, notes: Sequence[HistoryNote]) -> None:
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
         """Append the events in one pipeline and wait for their confirms.
 
         :raises StoreUnavailable: the broker could not be reached or did not confirm in time.
@@ -142,7 +124,7 @@ class EntryQueues:
             with self._using(f"recording {len(notes)} history event(s)") as s:
                 self._publish_history(s, notes)
 
-    def _publish_history(self, s: Session, notes: Sequence[HistoryNote]) -> None:
+    def _publish_history(self, s: Session, notes: Sequence[HistoryRecord]) -> None:
         """Publish ``notes`` to their entries' history queues and wait for the confirms. A queue
         that vanished (the broker forgot it) is declared again and its events published again."""
         now = local_ms()

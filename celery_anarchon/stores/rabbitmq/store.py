@@ -69,10 +69,10 @@ readers never see a half-empty queue; the memory start is read under the same lo
 queue declared with another ``history_size`` is kept as it is (a warning). ``store_ms`` of a
 record is the recording instance's clock.
 
-Queue names escape namespace and entry (:func:`~celery_anarchon.stores.rabbitmq_amqp.escape`) and
+Queue names escape namespace and entry (:func:`~celery_anarchon.stores.rabbitmq.protocol.escape`) and
 hash pairs too long for AMQP's 255 bytes. The AMQP plumbing (names, arguments, confirms, the
-session) is in :mod:`~celery_anarchon.stores.rabbitmq_amqp`; the per-entry queues (lock, memory
-start, history) in :mod:`~celery_anarchon.stores.rabbitmq_entries`. Queues of entries removed from
+session) is in :mod:`~celery_anarchon.stores.rabbitmq.protocol`; the per-entry queues (lock, memory
+start, history) in :mod:`~celery_anarchon.stores.rabbitmq.entries`. Queues of entries removed from
 the schedule stay (one born and one history queue each, a few bytes).
 """
 from __future__ import annotations
@@ -84,23 +84,24 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import amqp
 import kombu
 import kombu.exceptions
 
-from celery_anarchon import timing
+from celery_anarchon import _util
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores import reject_unknown_options, scheme_of
+from celery_anarchon.stores._common import reject_unknown_options, scheme_of
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest,
-    ClaimResult, HistoryNote, Memory, Outcome, RunEvent, Store,
+    ClaimResult, ClaimStore, HistoryRecord, Memory, Outcome, RunEvent,
 )
-from celery_anarchon.stores.rabbitmq_amqp import (
+from celery_anarchon.stores.rabbitmq.protocol import (
     QueueNames, Session, claim_arguments, inequivalent, settings_arguments, valid_prefix,
 )
-from celery_anarchon.stores.rabbitmq_entries import EntryQueues, iso, local_ms
+from celery_anarchon._util import iso
+from celery_anarchon.stores.rabbitmq.entries import EntryQueues, local_ms
 
 logger = logging.getLogger(__name__)
 
@@ -121,13 +122,13 @@ _CHANNEL_REFUSALS = (amqp.exceptions.NotFound, amqp.exceptions.PreconditionFaile
 
 def _seconds(name: str, value) -> float:
     """A store option in seconds (int, float or timedelta), > 0, else ConfigError naming it."""
-    seconds = timing.seconds(value, f"anarchon_store_options[{name!r}]")
+    seconds = _util.duration(value, f"anarchon_store_options[{name!r}]")
     if seconds <= 0:
         raise ConfigError(f"anarchon_store_options[{name!r}] = {value!r}: must be more than 0 seconds")
     return seconds
 
 
-class RabbitMQStore(EntryQueues, Store):
+class RabbitMQStore(EntryQueues, ClaimStore):
     """RabbitMQ: one classic queue per run decides its claim (see the module docstring).
 
     :param slot_ttl: seconds a claimed run is remembered after its first claim (default 300):
@@ -142,7 +143,6 @@ class RabbitMQStore(EntryQueues, Store):
 
     kind = "rabbitmq"
     checks_lateness = False
-    holds_leases = False
     recognises_winner = False
 
     def __init__(self, url: str, *, namespace: str, instance_id: str, **options) -> None:
@@ -179,7 +179,7 @@ class RabbitMQStore(EntryQueues, Store):
                               "amqp:// or amqps:// URLs")
         self.ssl = ssl if ssl is not None else (scheme == "amqps")
         self.names = QueueNames(prefix, namespace)
-        self._session: _Session | None = None
+        self._session: Session | None = None
         self._lock = threading.RLock()
         self._probed = False
         self._warned: set[str] = set()
@@ -343,35 +343,6 @@ class RabbitMQStore(EntryQueues, Store):
                 "closes. Fix: give every instance the same slot_ttl; to change it, stop every "
                 f"instance, wait the old slot_ttl, delete that queue (rabbitmqctl delete_queue "
                 f"{self.names.settings()}) and start them with the new value.")
-
-    def _forget_everything(self, queue_names: Callable[[str], Iterable[str]] | None = None) -> None:
-        """Tests only: delete every queue of this store kind (any namespace, this prefix), as a
-        broker that lost its data would. AMQP cannot list queues: ``queue_names(vhost)`` gives
-        the broker's queue names (the tests ask ``rabbitmqctl list_queues``, in
-        tests/rabbitmq_tools.py; this module never runs a program).
-
-        :raises RuntimeError: ``queue_names`` not given.
-        """
-        if queue_names is None:
-            raise RuntimeError("RabbitMQStore._forget_everything needs queue_names(vhost): AMQP "
-                               "cannot list queues (tests pass rabbitmq_tools.queue_names)")
-        with self._using("forgetting everything") as s:
-            s.connect()
-            vhost = s.conn.virtual_host or "/"
-            ours = [n.strip() for n in queue_names(vhost) if self.names.is_ours(n.strip())]
-            ours.sort(key=lambda name: ".claim." in name)  # the memory starts first
-            # thousands of claim queues may be alive: pipelined over a few channels of a
-            # connection that waits long enough for them all
-            with kombu.Connection(self.url, ssl=self.ssl, connect_timeout=self.claim_timeout,
-                                  transport_options={"read_timeout": 300}) as conn:
-                channels = [conn.channel() for _ in range(DECLARE_CHANNELS)]
-                for i, name in enumerate(ours):
-                    channels[i % len(channels)].queue_delete(name, nowait=True)
-                for ch in channels:
-                    ch.basic_qos(0, 0, False)  # synchronous: every delete before it is done
-            s.reset()
-        self._uncertain.clear()
-        self._undelivered.clear()
 
     # -- claims -------------------------------------------------------------------------------
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
@@ -564,9 +535,9 @@ class RabbitMQStore(EntryQueues, Store):
             s.retire_confirms()
         return answers
 
-    def _claim_note(self, request: ClaimRequest, outcome: Outcome, detail: str) -> HistoryNote:
+    def _claim_note(self, request: ClaimRequest, outcome: Outcome, detail: str) -> HistoryRecord:
         event = RunEvent.CLAIMED if outcome is Outcome.WON else RunEvent.for_skip(outcome)
-        return HistoryNote(request.entry, request.slot_ms, event, task_id=request.task_id,
+        return HistoryRecord(request.entry, request.slot_ms, event, task_id=request.task_id,
                            detail=detail[:500])
 
 __all__ = ["RabbitMQStore", "DEFAULT_SLOT_TTL_S"]

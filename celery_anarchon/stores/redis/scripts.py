@@ -1,5 +1,5 @@
 """Lua scripts of the Redis ``lease`` store (:mod:`celery_anarchon.stores.redis`), and the prelude
-the other strategies' scripts share (:mod:`celery_anarchon.stores.redis_strategies`).
+the other strategies' scripts share (:mod:`celery_anarchon.stores.redis.strategies`).
 
 Each script is defined once here, with a comment per KEYS and ARGV item, and registered once per
 client (redis-py ``Script`` objects: EVALSHA, re-loaded by redis-py after NOSCRIPT).

@@ -25,7 +25,7 @@ ahead (early), as the lease strategy does, before its XADD.)
 Before any run, every claim script checks the memory settings recorded store-wide (spec point 5):
 another instance's, still in use, refuse the whole batch (forgotten, naming both).
 
-Keys: the lease strategy's block (:data:`~celery_anarchon.stores.redis_scripts.ENTRY_KEYS`: only
+Keys: the lease strategy's block (:data:`~celery_anarchon.stores.redis.scripts.ENTRY_KEYS`: only
 ``born``, ``claims`` and the two history keys are used) followed by the strategy's own keys, all
 under the entry's one hash tag. No key carries a TTL.
 """
@@ -34,11 +34,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.stores.base import ClaimRequest, ClaimResult, Memory, Store
-from celery_anarchon.stores.redis import (
-    STREAM_ID_HORIZON_MS, RedisStore, _items, _positive_int, _seconds, claim_results,
-)
-from celery_anarchon.stores.redis_scripts import HISTORY_READ, MEMORY_START, RECORD, SETTINGS_READ, lua
+from celery_anarchon.stores.base import ClaimRequest, ClaimResult, Memory
+from celery_anarchon.stores.redis.options import STREAM_ID_HORIZON_MS, _positive_int, _seconds
+from celery_anarchon.stores.redis.store import RedisStore, _items, claim_results
+from celery_anarchon.stores.redis.scripts import HISTORY_READ, MEMORY_START, RECORD, SETTINGS_READ, lua
 
 #: Default memory of ``script`` (``window``) and ``idmp`` (``duration``), seconds.
 DEFAULT_WINDOW_S = 300.0
@@ -289,19 +288,10 @@ class _ClaimOnlyRedisStore(RedisStore):
     script per batch whose runs are 4 ARGV items each (after :meth:`_claim_params`)."""
 
     checks_lateness = False
-    holds_leases = False
     #: the claim script
     CLAIM_SCRIPT = ""
     #: claim a batch in slot order (stream-id: an older slot after a newer one is refused)
     CLAIM_IN_SLOT_ORDER = False
-
-    inspect = Store.inspect
-    expired_runs = Store.expired_runs
-    take_over = Store.take_over
-    adopt = Store.adopt
-    renew = Store.renew
-    release = Store.release
-    requeue = Store.requeue
 
     def _script_texts(self) -> dict[str, str]:
         return {"claim": self.CLAIM_SCRIPT, "memory_start": MEMORY_START, "record": RECORD,
@@ -471,8 +461,3 @@ class RedisIdmpStore(_ClaimOnlyRedisStore):
                 + f"It changes when a beat starts while the stream remembers no run (every beat "
                   f"of this entry stopped for {s['d']} s); or set the options back.")
         return warnings
-
-
-#: strategy name -> class (RedisStore.__new__ picks from it)
-STRATEGY_CLASSES = {cls.strategy: cls
-                    for cls in (RedisStreamIdStore, RedisScriptStore, RedisIdmpStore)}

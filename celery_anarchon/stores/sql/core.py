@@ -41,13 +41,14 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores import reject_unknown_options
-from celery_anarchon.stores import sql_schema as schema
+from celery_anarchon._util import iso
+from celery_anarchon.stores._common import reject_unknown_options
+from celery_anarchon.stores.sql import schema
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS, SKIP_EVENTS,
-    ClaimRequest, ClaimResult, HistoryRecord, Memory, Outcome, RunEvent, RunState, Store,
+    ClaimRequest, ClaimResult, HistoryRecord, LeaseStore, Memory, Outcome, RunEvent, RunState,
 )
-from celery_anarchon.stores.sql_leases import Fence, LeaseOps, iso
+from celery_anarchon.stores.sql.leases import Fence, LeaseOps
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,7 +128,7 @@ class _ClaimWrites:
     superseded_history: dict[tuple, dict] = dataclasses.field(default_factory=dict)  # keep task id
 
 
-class SQLStore(LeaseOps, Store):
+class SQLStore(LeaseOps, LeaseStore):
     """The shared implementation of :class:`PostgreSQLStore` and :class:`SQLiteStore`.
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered, default
@@ -139,7 +140,6 @@ class SQLStore(LeaseOps, Store):
     """
 
     checks_lateness = True
-    holds_leases = True
     #: the dialect name SQLAlchemy reports ("postgresql" / "sqlite")
     dialect: ClassVar[str] = ""
     #: options a subclass takes itself (named in the unknown-option error)

@@ -1,5 +1,5 @@
 """Lease operations of the SQL stores (DESIGN.md "Leases"), a mixin of
-:class:`~celery_anarchon.stores.sql_core.SQLStore`.
+:class:`~celery_anarchon.stores.sql.core.SQLStore`.
 
 Every operation is one transaction that first locks the entry's row of ``anarchon_entries``
 (which serializes it with claims and other lease changes of the entry), reads the store's clock,
@@ -8,14 +8,14 @@ then compares and sets the run's record. Instants are UTC ms on the store's cloc
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
-from celery_anarchon.stores import sql_schema as schema
+from celery_anarchon._util import iso
+from celery_anarchon.stores.sql import schema
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.base import (
     LATENESS_TOLERANCE_MS, LeasedRun, RunEvent, RunState, TakeoverOutcome,
@@ -26,11 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def iso(ms: int) -> str:
-    """UTC ms as an ISO 8601 time, for details and logs."""
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclasses.dataclass
@@ -259,16 +254,3 @@ class LeaseOps:
                              queue_deadline_ms=now + delay_ms + queue_timeout_ms)
             return True
         return self._lease_op("requeue a run", entry, slot_ms, op)
-
-    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
-        """Tests only: born = (existing or now) - ``by_ms``, for the entries and the store-wide
-        memory start."""
-        def work(conn: sa.Connection) -> None:
-            e, st = schema.entries, schema.stores
-            self._note_store(conn, claiming=False)
-            conn.execute(sa.update(st).where(st.c.namespace == self.namespace)
-                         .values(born_ms=st.c.born_ms - by_ms))
-            for name in self._lock_entries(conn, entries):
-                conn.execute(sa.update(e).where(e.c.namespace == self.namespace, e.c.entry == name)
-                             .values(born_ms=e.c.born_ms - by_ms))
-        self._run("backdate the memory start", work)

@@ -2,7 +2,7 @@
 beat processes of one host share a file).
 
 Both check lateness on their own clock and hold leases (DESIGN.md "Timing", "Leases"). The shared
-implementation is :class:`~celery_anarchon.stores.sql_core.SQLStore`; this module holds only what
+implementation is :class:`~celery_anarchon.stores.sql.core.SQLStore`; this module holds only what
 differs: the URL, the engine (connection settings, timeouts, transaction start) and how the driver
 reports a missing table or a deadlock. Construction does no I/O.
 
@@ -27,8 +27,8 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores import mask_url
-from celery_anarchon.stores.sql_core import SQLStore, _seconds
+from celery_anarchon._util import mask_url
+from celery_anarchon.stores.sql.core import SQLStore, _seconds
 
 __all__ = ["PostgreSQLStore", "SQLiteStore", "SQLStore"]
 

@@ -1,204 +1,42 @@
-"""The Redis store, strategy ``lease`` (DESIGN.md store memory table: Redis ``lease``).
-
-The ``strategy`` store option picks how Redis claims: ``lease`` (this module), ``stream-id``,
-``script`` or ``idmp`` (:mod:`celery_anarchon.stores.redis_strategies`). ``RedisStore(...)`` builds
-the class of the strategy asked for, so the URL scheme table needs one class only.
-
-Every claim decision is taken inside one Lua script per batch, on the server's ``TIME``
-(DESIGN.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
-in :mod:`celery_anarchon.stores.redis_scripts`; the semantics are those of every lease store
-(``store-semantics.md``).
-
-Key layout: every key of one entry shares one hash tag; the namespace has one store-wide hash::
-
-    <key_prefix>:{<namespace>:<entry>}:<what>      (namespace and entry percent-escaped)
-    <key_prefix>:{<namespace>}:store               (epoch, store-wide memory start, settings)
-
-where ``<what>`` is one of :data:`~celery_anarchon.stores.redis_scripts.ENTRY_KEYS` or
-``definitions``. Escaping with ``urllib.parse.quote(name, safe="")`` is injective and leaves no
-``:``, ``{`` or ``}`` in a name, so two entries (or namespaces) can neither share nor reach into
-each other's keys. No key carries a TTL: claims are pruned by age inside the claim script. A batch
-claim touches the keys of several entries and the store-wide hash in one script, so the store
-needs one Redis (or a Sentinel-managed master), not a Redis Cluster.
-
-Losing writes (spec "exactly once when the store loses writes"): every script compares the
-server's ``run_id`` with the epoch recorded store-wide and restarts the memory when it changed
-(restart, failover), so the slots around the change are refused (forgotten); with ``durability``
-on, a won claim is confirmed on the replicas (``WAIT``) and/or the disk (``WAITAOF``) in the same
-round trip before it is answered WON, else it is answered UNCONFIRMED (never sent).
-
-URLs: ``redis://``, ``rediss://`` and ``unix://`` go to ``redis.Redis.from_url`` unchanged (query
-parameters included); ``sentinel://h1:26379;sentinel://h2:26379/0`` (as Celery's broker accepts
-it) with the ``master_name`` option uses ``redis.sentinel.Sentinel(...).master_for``.
+"""The Redis store: what every strategy shares (connections, options, the scripts' header,
+start-up checks, durability, history and definitions). The strategies are its subclasses:
+``lease`` (:mod:`.lease`) and ``stream-id``, ``script``, ``idmp`` (:mod:`.strategies`);
+``RedisStore(url, strategy=...)`` builds the class of the strategy asked for, which registers
+itself here when it is defined (no import of a strategy's module from here).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
-import math
 import threading
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
-from urllib.parse import quote, unquote, urlsplit
+from typing import ClassVar
+from urllib.parse import quote
 
 import redis
 import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from celery_anarchon._util import mask_url
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores import mask_url, reject_unknown_options, scheme_of
+from celery_anarchon.stores._common import scheme_of, translated
 from celery_anarchon.stores.base import (
-    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS,
-    ClaimRequest, ClaimResult, HistoryNote, HistoryRecord, LeasedRun, Memory, Outcome, RunEvent,
-    RunState, SKIP_EVENTS, Store,
-    TakeoverOutcome,
+    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest, ClaimResult,
+    ClaimStore, HistoryRecord, Outcome, RunEvent, SKIP_EVENTS,
 )
-from celery_anarchon.stores.redis_scripts import ENTRY_KEYS, SCRIPTS
-
-#: Options of ``anarchon_store_options`` every strategy understands (besides the common ones).
-OPTIONS = frozenset({"strategy", "key_prefix", "master_name", "sentinel_kwargs", "durability",
-                     "min_replicas", "confirm_timeout", "allow_eviction"})
-#: Values of the ``durability`` option: what a won claim is confirmed on before it is answered WON.
-DURABILITIES = ("auto", "none", "replica", "aof", "replica+aof")
-#: Default ``confirm_timeout``, seconds (lowered to half of ``claim_timeout`` when that is shorter).
-DEFAULT_CONFIRM_TIMEOUT_S = 2.0
-#: ``durability="auto"`` counts a replica only if it acknowledged within this many seconds
-#: (``INFO replication`` lag): a replica that is down or stalled does not stop the schedule.
-LIVE_REPLICA_LAG_S = 3
-#: The first Redis with WAITAOF.
-WAITAOF_VERSION = (7, 2)
-#: How long a claim made under the ``stream-id`` settings counts, ms, when another strategy wants
-#: to replace them (it has no memory setting: it remembers forever, so assume the lease default).
-STREAM_ID_HORIZON_MS = int(DEFAULT_MEMORY_S * 1000)
-#: Each strategy's own options (DESIGN.md store memory table: the setting of its memory).
-STRATEGY_OPTIONS = {"lease": ("memory",), "stream-id": (), "script": ("window",),
-                    "idmp": ("duration", "max_size")}
-STRATEGIES = tuple(STRATEGY_OPTIONS)
-#: The Redis version each strategy needs: streams (XADD with explicit ids) and scripts replicated by
-#: effects (TIME before writes) exist from 5.0; XADD ... IDMP from 8.6.
-MIN_VERSIONS = {"lease": (5, 0), "stream-id": (5, 0), "script": (5, 0), "idmp": (8, 6)}
-DEFAULT_KEY_PREFIX = "anarchon"
-SENTINEL_PORT = 26379
-#: maxmemory policies that may evict keys without a TTL (ours): claims would vanish.
-_EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
+from celery_anarchon.stores.redis.options import (
+    _EVICTING, DEFAULT_KEY_PREFIX, MIN_VERSIONS, LIVE_REPLICA_LAG_S, WAITAOF_VERSION, _durability,
+    _key_prefix, _positive_int, _seconds, _strategy, check_options, entry_key_prefix,
+    parse_sentinel_url,
+)
+from celery_anarchon.stores.redis.scripts import ENTRY_KEYS
 
 
-# -- options -----------------------------------------------------------------------------------
-
-def _seconds(name: str, value) -> float:
-    """A positive duration in seconds (int, float or timedelta), else ConfigError."""
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-            or not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"anarchon_store_options[{name!r}] = {value!r}: must be a number of seconds "
-                          "> 0 (int, float or timedelta)")
-    return float(seconds)
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"anarchon_store_options[{name!r}] = {value!r}: must be an integer >= 1")
-    return value
-
-
-def _strategy(value) -> str:
-    if isinstance(value, str) and value in STRATEGIES:
-        return value
-    raise ConfigError(f"anarchon_store_options['strategy'] = {value!r}: unknown Redis strategy; "
-                      "allowed: 'lease' (the default), 'stream-id', 'script', 'idmp'")
-
-
-def check_options(strategy: str, options: dict) -> None:
-    """ConfigError for an option of another strategy (a ``window`` with strategy ``idmp`` is a
-    typo or a half-done change, not something to ignore) or one no Redis strategy knows."""
-    for name in options:
-        owners = [s for s, names in STRATEGY_OPTIONS.items() if name in names and s != strategy]
-        if owners and name not in STRATEGY_OPTIONS[strategy]:
-            raise ConfigError(
-                f"anarchon_store_options[{name!r}] belongs to the Redis strategy {owners[0]!r}, not "
-                f"to {strategy!r} (the strategy in use); remove it, or set 'strategy' to "
-                f"{owners[0]!r}. Options of {strategy!r}: "
-                f"{', '.join(STRATEGY_OPTIONS[strategy]) or 'none besides the common ones'}.")
-    reject_unknown_options(f"redis (strategy {strategy!r})", options,
-                           OPTIONS | set(STRATEGY_OPTIONS[strategy]))
-
-
-def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float]:
-    """(durability, min_replicas, confirm_timeout s) from the options, validated (ConfigError
-    naming the option, the value and what is allowed)."""
-    mode = options.get("durability", "auto")
-    if mode not in DURABILITIES:
-        raise ConfigError(f"anarchon_store_options['durability'] = {mode!r}: must be one of "
-                          f"{', '.join(map(repr, DURABILITIES))} ('auto', the default: the "
-                          "replicas the master has and its AOF, if any)")
-    if "min_replicas" in options and "replica" not in mode:
-        raise ConfigError(f"anarchon_store_options['min_replicas'] = {options['min_replicas']!r} "
-                          f"applies to durability 'replica' or 'replica+aof', not {mode!r} ('auto' "
-                          "waits for every replica the master has connected)")
-    min_replicas = _positive_int("min_replicas", options.get("min_replicas", 1))
-    if "confirm_timeout" in options:
-        confirm = _seconds("confirm_timeout", options["confirm_timeout"])
-    else:
-        confirm = min(DEFAULT_CONFIRM_TIMEOUT_S, claim_timeout / 2)
-    if confirm >= claim_timeout:
-        raise ConfigError(f"anarchon_store_options['confirm_timeout'] = {confirm:g} s must be below "
-                          f"anarchon_store_options['claim_timeout'] = {claim_timeout:g} s (a claim's "
-                          "reply waits for its confirmation); lower confirm_timeout or raise "
-                          "claim_timeout")
-    return mode, min_replicas, confirm
-
-
-def _key_prefix(value) -> str:
-    if not isinstance(value, str) or not value or "{" in value or "}" in value:
-        raise ConfigError(f"anarchon_store_options['key_prefix'] = {value!r}: must be a non-empty "
-                          "string without '{' or '}' (braces would change the keys' hash tag)")
-    return value
-
-
-def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], dict]:
-    """``sentinel://[user:password@]host[:port][/db];sentinel://...`` -> (sentinels, master kwargs).
-
-    As Celery's broker: each part names one Sentinel (port 26379 by default); credentials and db
-    (given on any part, consistently) are those of the Redis master.
-    """
-    sentinels, master = [], {}
-    for part in filter(None, (p.strip() for p in url.split(";"))):
-        try:
-            bits = urlsplit(part)
-            host, port = bits.hostname, bits.port or SENTINEL_PORT
-        except ValueError as exc:
-            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: {exc}") from exc
-        if bits.scheme.lower() != "sentinel" or not host:
-            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: every part of a Sentinel "
-                              "URL must look like sentinel://[:password@]host[:port][/db]")
-        if bits.query:
-            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: Sentinel URLs take no query "
-                              "parameters; use anarchon_store_options['sentinel_kwargs']")
-        db = bits.path.strip("/")
-        given = {"username": unquote(bits.username) if bits.username else None,
-                 "password": unquote(bits.password) if bits.password is not None else None,
-                 "db": int(db) if db.isdigit() else None}
-        if db and not db.isdigit():
-            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: the db must be a number")
-        for name, value in given.items():
-            if value is not None and master.setdefault(name, value) != value:
-                raise ConfigError(f"anarchon_store_url {mask_url(url)!r}: the Sentinel parts give "
-                                  f"different {name} values")
-        sentinels.append((host, port))
-    if not sentinels:
-        raise ConfigError(f"anarchon_store_url {mask_url(url)!r}: no Sentinel given")
-    return sentinels, master
-
-
-def entry_key_prefix(key_prefix: str, namespace: str, entry: str) -> str:
-    """``<prefix>:{<namespace>:<entry>}``: the start of every key of one entry (one hash tag)."""
-    return f"{key_prefix}:{{{quote(namespace, safe='')}:{quote(entry, safe='')}}}"
-
-
-class RedisStore(Store):
-    """Redis, strategy ``lease``: claims, history and leases in Lua scripts on the server clock.
+class RedisStore(ClaimStore):
+    """Redis: claims and history in Lua scripts on the server clock; the ``lease`` strategy
+    (:class:`~celery_anarchon.stores.redis.lease.RedisLeaseStore`) holds leases too.
 
     ``RedisStore(url, strategy=...)`` returns an instance of the strategy's class (a subclass).
 
@@ -225,19 +63,23 @@ class RedisStore(Store):
     """
 
     kind = "redis"
-    checks_lateness = True
-    holds_leases = True
     #: the value of the ``strategy`` option this class implements
-    strategy = "lease"
+    strategy: ClassVar[str] = ""
     #: Lua constants of the keys the claim script needs after ENTRY_KEYS in each block
     EXTRA_KEYS: dict[str, str] = {}
+    #: strategy name -> class: each subclass with a ``strategy`` registers itself when defined
+    STRATEGY_CLASSES: ClassVar[dict[str, type[RedisStore]]] = {}
+    #: the driver errors that mean "unreachable or no answer" (kombu's ``connection_errors``)
+    connection_errors = (redis.exceptions.RedisError, OSError)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("strategy"):
+            RedisStore.STRATEGY_CLASSES[cls.strategy] = cls
 
     def __new__(cls, url: str = "", **kwargs):
         if cls is RedisStore:
-            strategy = _strategy(kwargs.get("strategy", "lease"))
-            if strategy != "lease":
-                from celery_anarchon.stores.redis_strategies import STRATEGY_CLASSES
-                cls = STRATEGY_CLASSES[strategy]
+            cls = RedisStore.STRATEGY_CLASSES[_strategy(kwargs.get("strategy", "lease"))]
         return super().__new__(cls)
 
     def __init__(self, url: str, *, namespace: str, instance_id: str, **options) -> None:
@@ -292,27 +134,18 @@ class RedisStore(Store):
 
     def _configure(self, options: dict) -> None:
         """Read the strategy's own options (validated; ConfigError naming option and value)."""
-        self.memory_s = _seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
-        #: ms sent in every script's header (the lease strategy's memory)
-        self._memory_ms = max(1, round(self.memory_s * 1000))
+        raise NotImplementedError
 
     def memory_settings(self) -> tuple[str, int]:
         """(text, horizon ms): the settings that decide this store's memory, as recorded
         store-wide (spec point 5), and how long a claim made under them stays claimable (another
         instance may replace them once unused for longer than its own horizon + 20 s)."""
-        return f"strategy=lease memory={self.memory_s:g}s", self._memory_ms
+        raise NotImplementedError
 
     @property
     def store_key(self) -> str:
         """The namespace's store-wide hash (epoch, memory start, memory settings)."""
         return f"{self.key_prefix}:{{{quote(self.namespace, safe='')}}}:store"
-
-    @property
-    def memory(self) -> Memory:
-        return Memory(duration_s=self.memory_s)
-
-    def describe(self) -> str:
-        return f"redis strategy={self.strategy} memory={self.memory_s:g}s"
 
     def keys_of(self, entry: str) -> dict[str, str]:
         """Every key of ``entry``, by what it holds (all share one hash tag)."""
@@ -332,7 +165,7 @@ class RedisStore(Store):
 
     def _script_texts(self) -> dict[str, str]:
         """The Lua scripts this strategy runs, by name."""
-        return SCRIPTS
+        raise NotImplementedError
 
     # -- connections --------------------------------------------------------------------------
     def _redis(self) -> tuple[redis.Redis, dict]:
@@ -360,17 +193,9 @@ class RedisStore(Store):
                 self._conn = (client, scripts)
             return self._conn
 
-    @contextlib.contextmanager
     def _unavailable(self, doing: str):
         """Turn every redis-py error into StoreUnavailable naming the masked URL and the cause."""
-        try:
-            yield
-        except (redis.exceptions.RedisError, OSError) as exc:
-            cause = str(exc)
-            if isinstance(exc, redis.sentinel.MasterNotFoundError):  # drop the clients' reprs
-                cause = cause.split(" : ")[0] + " (no Sentinel answered with it)"
-            raise StoreUnavailable(f"Redis store {self.safe_url}: {doing} failed: "
-                                   f"{type(exc).__name__}: {cause}") from exc
+        return translated("Redis", self.safe_url, doing, self.connection_errors, cause=_cause)
 
     def _header(self, count_replicas: bool = False) -> list:
         """ARGV[1..6] of every script (redis_scripts: "ARGV header")."""
@@ -506,7 +331,7 @@ class RedisStore(Store):
                if r.outcome is Outcome.WON else r for r in results]
         notes = [r for r in out if r.outcome is Outcome.UNCONFIRMED]
         with contextlib.suppress(StoreUnavailable):
-            self.record_many([HistoryNote(r.entry, r.slot_ms, RunEvent.UNCONFIRMED,
+            self.record_many([HistoryRecord(r.entry, r.slot_ms, RunEvent.UNCONFIRMED,
                                           task_id=r.request.task_id, attempt=r.attempt,
                                           detail=detail) for r in notes])
         return out
@@ -649,31 +474,6 @@ class RedisStore(Store):
         with self._unavailable("TIME"):
             seconds, micros = self._redis()[0].time()
         return int(seconds) * 1000 + int(micros) // 1000
-
-    def _backdate_memory_start(self, entries: Iterable[str], by_ms: int) -> None:
-        """Tests: the memory start of ``entries`` and of the store, ``by_ms`` back."""
-        self._call("memory_start", [k for e in entries for k in self._block(e)], int(by_ms))
-
-    # -- claims -------------------------------------------------------------------------------
-    def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        """Claim the batch in one EVALSHA (DESIGN.md "One run, in time" step 3): already claimed,
-        forgotten, late, early, superseded, overlapping, then won, all on the server's clock; the
-        batch's confirmation (``durability``) rides in the same round trip. A won claim not
-        confirmed in time answers UNCONFIRMED; a retried claim answers WON only for attempt 1
-        (a run taken over since is LOST, winner the current attempt's sender)."""
-        if not requests:
-            return []
-        blocks: dict[str, int] = {}
-        args: list = []
-        for r in requests:
-            lease = r.lease
-            args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), int(r.max_late_ms),
-                     r.task_id, r.fingerprint, "1" if lease else "0",
-                     int(lease.queue_timeout_ms) if lease else 0,
-                     "1" if lease and lease.overlap_allowed else "0"]
-        reply, unconfirmed = self._claim_call([k for e in blocks for k in self._block(e)], args)
-        return self._unconfirmed(claim_results(requests, reply), unconfirmed)
-
     # -- history ------------------------------------------------------------------------------
     def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
                attempt: int = 1, detail: str = "") -> None:
@@ -683,7 +483,7 @@ class RedisStore(Store):
         self._call("record", self._block(entry), int(slot_ms), event.value, task_id, int(attempt),
                    detail, "1" if event in SKIP_EVENTS else "0")
 
-    def record_many(self, notes: Sequence[HistoryNote]) -> None:
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
         """Several :meth:`record` events in one pipelined round trip."""
         if not notes:
             return
@@ -719,66 +519,6 @@ class RedisStore(Store):
             text = self._redis()[0].hget(self.keys_of(entry)["definitions"], fingerprint)
         return text.decode() if isinstance(text, bytes) else text
 
-    # -- leases (DESIGN.md "Leases"; every decision on the server's clock) ---------------------
-    def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
-        """The run's record with store_ms = the server's clock now, or None."""
-        reply = self._call("inspect", self._block(entry), int(slot_ms))
-        return _run(entry, slot_ms, reply)
-
-    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
-        """Started runs whose lease ended and queued runs past their deadline, judged on the
-        server's clock in one script for all ``entries`` ("Takeover")."""
-        entries = list(dict.fromkeys(entries))
-        if not entries:
-            return []
-        reply = self._call("expired_runs", [k for e in entries for k in self._block(e)])
-        return [_run(entries[int(f["b"]) - 1], int(f["s"]), {"now": reply["now"], "run": f["r"]})
-                for f in _items(reply.get("runs"))]
-
-    def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
-                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
-        """One compare-and-set on ``expected_token`` ("Takeover"): REFUSED unless still expired;
-        SUPERSEDED when a newer slot was claimed; LOST at ``max_attempts``; else TAKEN as the next
-        attempt, queued with a new token and deadline = now + ``queue_timeout_ms`` (ms).
-
-        A retry by the instance whose takeover committed (its reply was lost) answers TAKEN again
-        with the same record (spec point 8). With ``durability`` on, TAKEN is confirmed like a
-        claim, in the same round trip; a takeover not confirmed in time answers REFUSED: attempt
-        2 is not sent, the run stays queued under the new token and is taken over again once its
-        deadline passes (or TAKEN by this instance's retry once confirmed)."""
-        reply, unconfirmed = self._claim_call(
-            self._block(entry), [int(slot_ms), int(expected_token), int(queue_timeout_ms),
-                                 int(max_attempts)], script="take_over")
-        outcome = TakeoverOutcome(reply["outcome"])
-        if outcome is TakeoverOutcome.TAKEN and unconfirmed:
-            outcome = TakeoverOutcome.REFUSED
-        return outcome, _run(entry, slot_ms, reply)
-
-    def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
-        """Worker side ("Adopt"): a queued run, or one started with an expired lease, becomes
-        started with a new token, ``owner`` and lease expiry = now + ``duration_ms`` (ms)."""
-        reply = self._call("adopt", self._block(entry), int(slot_ms), owner, int(duration_ms))
-        return reply["adopted"] == "1", _run(entry, slot_ms, reply)
-
-    def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
-        """Heartbeat ("Heartbeat"): lease expiry = now + ``duration_ms`` (ms) if ``token`` is
-        current; None when stale. A record the store forgot is re-created with this token."""
-        reply = self._call("renew", self._block(entry), int(slot_ms), int(token), owner,
-                           int(duration_ms))
-        return _run(entry, slot_ms, reply)
-
-    def release(self, entry: str, slot_ms: int, token: int) -> bool:
-        """The runner is done ("Finished"): state finished if ``token`` is current."""
-        return self._call("release", self._block(entry), int(slot_ms), int(token))["done"] == "1"
-
-    def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
-                queue_timeout_ms: int) -> bool:
-        """A retry hands the run back ("Finished"): queued, deadline = now + ``delay_ms`` +
-        ``queue_timeout_ms`` (ms), attempt and token unchanged, if ``token`` is current."""
-        reply = self._call("requeue", self._block(entry), int(slot_ms), int(token), int(delay_ms),
-                           int(queue_timeout_ms))
-        return reply["done"] == "1"
-
 
 def claim_results(requests: Sequence[ClaimRequest], reply: dict) -> list[ClaimResult]:
     """The ClaimResults of a claim script's reply ``{now, results: [{o, w, f, k, a, d}]}``, whose
@@ -796,13 +536,8 @@ def _items(value) -> list:
     return value if isinstance(value, list) else []
 
 
-def _run(entry: str, slot_ms: int, reply: dict) -> LeasedRun | None:
-    """The LeasedRun in a script's reply (``run``: fields as decimal strings), or None."""
-    r = reply.get("run")
-    if not r:
-        return None
-    return LeasedRun(entry=entry, slot_ms=int(slot_ms), state=RunState(r["s"]), attempt=int(r["a"]),
-                     token=int(r["k"]), owner=r["o"],
-                     lease_expires_ms=int(r["x"]) if r.get("x") else None,
-                     queue_deadline_ms=int(r["q"]) if r.get("q") else None,
-                     store_ms=int(reply["now"]))
+def _cause(exc: BaseException) -> str:
+    cause = str(exc)
+    if isinstance(exc, redis.sentinel.MasterNotFoundError):  # drop the clients' reprs
+        cause = cause.split(" : ")[0] + " (no Sentinel answered with it)"
+    return f" failed: {type(exc).__name__}: {cause}"

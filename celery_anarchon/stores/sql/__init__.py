@@ -1,0 +1,8 @@
+"""The SQL stores, PostgreSQL and SQLite (DESIGN.md store memory table): one unit.
+
+* :mod:`.schema`: the tables (SQLAlchemy Core) and the server clock in SQL;
+* :mod:`.core`: :class:`~.core.SQLStore`, claims and history in one transaction per batch;
+* :mod:`.leases`: the lease operations and the fencing tokens;
+* :mod:`.servers`: what differs per server (:class:`PostgreSQLStore`, :class:`SQLiteStore`).
+"""
+from celery_anarchon.stores.sql.servers import PostgreSQLStore, SQLiteStore  # noqa: F401

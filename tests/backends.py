@@ -1,0 +1,265 @@
+"""The test backends: one row per store the tests and benchmarks run against.
+
+A row says how to reach the store (``kind``, the environment variable that points at a server and
+its default URL), the store options that pick the variant, how to wipe the server (the amnesia
+case) and how to backdate a store's memory start (a brand-new store refuses the slots of its first
+``LATENESS_TOLERANCE_MS``). The hooks know the backend's internals; production code has none.
+
+Which stores hold leases or check lateness is read from the store classes themselves (a store is
+built without I/O), never listed by hand. Adding a store: its module under
+``celery_anarchon/stores/``, one row of :data:`BACKENDS` (and its scheme in the URL table).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable, Iterable
+
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import ClaimStore, LeaseStore
+
+
+# -- how to wipe a server (the amnesia case) --------------------------------------------------------
+
+def _flush_redis(url: str, open_one: Callable[[], ClaimStore]) -> None:
+    import redis
+    redis.Redis.from_url(url).flushdb()
+
+
+def _drop_sql_tables(url: str, open_one: Callable[[], ClaimStore]) -> None:
+    import sqlalchemy as sa
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as conn:
+        meta = sa.MetaData()
+        meta.reflect(conn)
+        for table in reversed(meta.sorted_tables):
+            if table.name.startswith("anarchon_"):
+                table.drop(conn)
+    engine.dispose()
+
+
+def _delete_nats_streams(url: str, open_one: Callable[[], ClaimStore]) -> None:
+    """Delete every stream and bucket of this store kind, in every namespace."""
+    from celery_anarchon.stores.nats.io import API, STREAM_NOT_FOUND, ApiError
+    import json
+    store = open_one()
+
+    async def step(session, nc):
+        names, offset = [], 0
+        while True:
+            page = await store._api(session, nc, f"{API}.STREAM.NAMES", {"offset": offset})
+            names += page.get("streams") or []
+            offset += len(page.get("streams") or [])
+            if not page.get("streams") or offset >= int(page.get("total", 0)):
+                break
+        ours = [n for n in names if n.startswith(("ANARCHON_", "KV_ANARCHON_"))]
+        for msg in await session.pipeline(nc, [(f"{API}.STREAM.DELETE.{n}", b"", None) for n in ours]):
+            with_error = json.loads(msg.data or b"{}").get("error")
+            if with_error and with_error.get("err_code") != STREAM_NOT_FOUND:
+                raise ApiError("STREAM.DELETE", with_error)
+    store._call("forget everything", step)
+    store._ready.clear()
+
+
+def forget_rabbitmq_queues(store, queue_names: Callable[[str], Iterable[str]] | None = None) -> None:
+    """Delete every queue of this store kind (any namespace, this prefix), as a broker that lost
+    its data would. AMQP cannot list queues: ``queue_names(vhost)`` gives the broker's queue
+    names (``rabbitmq_tools.queue_names`` asks ``rabbitmqctl list_queues``).
+
+    :raises RuntimeError: ``queue_names`` not given.
+    """
+    import kombu
+    from celery_anarchon.stores.rabbitmq.store import DECLARE_CHANNELS
+    if queue_names is None:
+        raise RuntimeError("forgetting a RabbitMQ store needs queue_names(vhost): AMQP "
+                           "cannot list queues (tests pass rabbitmq_tools.queue_names)")
+    with store._using("forgetting everything") as s:
+        s.connect()
+        vhost = s.conn.virtual_host or "/"
+        ours = [n.strip() for n in queue_names(vhost) if store.names.is_ours(n.strip())]
+        ours.sort(key=lambda name: ".claim." in name)  # the memory starts first
+        # thousands of claim queues may be alive: pipelined over a few channels of a
+        # connection that waits long enough for them all
+        with kombu.Connection(store.url, ssl=store.ssl, connect_timeout=store.claim_timeout,
+                              transport_options={"read_timeout": 300}) as conn:
+            channels = [conn.channel() for _ in range(DECLARE_CHANNELS)]
+            for i, name in enumerate(ours):
+                channels[i % len(channels)].queue_delete(name, nowait=True)
+            for ch in channels:
+                ch.basic_qos(0, 0, False)  # synchronous: every delete before it is done
+        s.reset()
+    store._uncertain.clear()
+    store._undelivered.clear()
+
+
+def _delete_rabbitmq_queues(url: str, open_one: Callable[[], ClaimStore]) -> None:
+    from rabbitmq_tools import queue_names  # rabbitmqctl: AMQP cannot list queues
+    forget_rabbitmq_queues(open_one(), queue_names)
+
+
+# -- how to backdate a store's memory start ---------------------------------------------------------
+
+def _backdate_redis(store, entries: list[str], by_ms: int) -> None:
+    """The memory start of ``entries`` and of the store, ``by_ms`` back."""
+    store._call("memory_start", [k for e in entries for k in store._block(e)], int(by_ms))
+
+
+def _backdate_sql(store, entries: list[str], by_ms: int) -> None:
+    """born = (existing or now) - ``by_ms``, for the entries and the store-wide memory start."""
+    import sqlalchemy as sa
+    from celery_anarchon.stores.sql import schema
+
+    def work(conn: sa.Connection) -> None:
+        e, st = schema.entries, schema.stores
+        store._note_store(conn, claiming=False)
+        conn.execute(sa.update(st).where(st.c.namespace == store.namespace)
+                     .values(born_ms=st.c.born_ms - by_ms))
+        for name in store._lock_entries(conn, entries):
+            conn.execute(sa.update(e).where(e.c.namespace == store.namespace, e.c.entry == name)
+                         .values(born_ms=e.c.born_ms - by_ms))
+    store._run("backdate the memory start", work)
+
+
+def _backdate_nats(store, entries: list[str], by_ms: int) -> None:
+    """The memory of ``entries`` began ``by_ms`` earlier than the stream's creation (or than a
+    previous backdating). Kept as a message in the claims stream, so it is lost with the stream."""
+    import json
+    from celery_anarchon.stores.nats.io import reply_json, time_ms
+    store._born_cache.clear()
+
+    async def step(session, nc):
+        info, _ = await store._claims_stream(session, nc)
+        created = time_ms(info["created"])
+        now = await store._get(session, nc, [{"last_by_subj": store._born_subject(e)} for e in entries])
+        born = [int(s.body.get("born_ms", created)) if s else created for s in now]
+        acks = await session.pipeline(nc, [
+            (store._born_subject(e), json.dumps({"born_ms": b - int(by_ms)}).encode(), None)
+            for e, b in zip(entries, born)])
+        for ack in acks:
+            reply_json(ack, store.stream)
+    if entries:
+        store._call("backdate memory start", step)
+
+
+def _backdate_rabbitmq(store, entries: list[str], by_ms: int) -> None:
+    from celery_anarchon.stores.rabbitmq.entries import local_ms
+    from celery_anarchon.stores.rabbitmq.protocol import ONE_MESSAGE
+    with store._using("backdating the memory start") as s:
+        for entry in entries:
+            queue = store.names.born(entry)
+            with store._entry_lock(s, entry):
+                ch = s.channel()
+                ch.queue_declare(queue, durable=True, auto_delete=False, arguments=ONE_MESSAGE)
+                old = store._take_born(ch, queue, keep=False)
+                ch.close()
+                born = (old if old is not None else local_ms()) - int(by_ms)
+                store._put_born(s, entry, born)
+            s.born[entry] = born
+
+
+# -- the registry -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One store the tests run against.
+
+    :param kind: the test's name of the store ("redis-script": Redis, strategy script).
+    :param url_variable: the environment variable that points the tests at a server (``None``:
+        a file in the test's temporary folder).
+    :param default_url: the URL when the variable is unset.
+    :param server: what a skip message calls the server.
+    :param options: store options that select the variant.
+    :param wipe: ``wipe(url, open_one)``: make the server forget everything stores of this kind
+        wrote (every namespace); ``open_one()`` opens a store of the row.
+    :param backdate: ``backdate(store, entries, by_ms)``: move the memory start of ``entries``
+        ``by_ms`` into the past.
+    """
+
+    kind: str
+    url_variable: str | None
+    default_url: str
+    server: str
+    options: dict
+    wipe: Callable[[str, Callable[[], ClaimStore]], None]
+    backdate: Callable[[ClaimStore, list[str], int], None]
+
+    @property
+    def url(self) -> str:
+        """The server's URL (the variable's value, else the default)."""
+        if self.url_variable is None:
+            return self.default_url
+        return os.environ.get(self.url_variable, self.default_url)
+
+    def _probe(self) -> ClaimStore:
+        # building a store does no I/O: its class tells what it can do
+        url = self.url if self.url_variable else "sqlite:///probe.sqlite3"
+        return open_store(url, namespace="probe", instance_id="probe", options=dict(self.options))
+
+    @property
+    def holds_leases(self) -> bool:
+        return isinstance(self._probe(), LeaseStore)
+
+    @property
+    def checks_lateness(self) -> bool:
+        return self._probe().checks_lateness
+
+
+REDIS = "ANARCHON_TEST_REDIS_URL"
+
+BACKENDS: tuple[Backend, ...] = (
+    Backend("sqlite", None, "", "SQLite", {}, _drop_sql_tables, _backdate_sql),
+    Backend("postgresql", "ANARCHON_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test",
+            "PostgreSQL", {}, _drop_sql_tables, _backdate_sql),
+    Backend("redis", REDIS, "redis://127.0.0.1:6379/9", "Redis", {}, _flush_redis, _backdate_redis),
+    Backend("redis-stream-id", REDIS, "redis://127.0.0.1:6379/9", "Redis",
+            {"strategy": "stream-id"}, _flush_redis, _backdate_redis),
+    Backend("redis-script", REDIS, "redis://127.0.0.1:6379/9", "Redis",
+            {"strategy": "script"}, _flush_redis, _backdate_redis),
+    Backend("redis-idmp", "ANARCHON_TEST_REDIS8_URL", "redis://127.0.0.1:6390/0",
+            "Redis >= 8.6 (built and started by .ci/run)", {"strategy": "idmp"}, _flush_redis,
+            _backdate_redis),
+    Backend("rabbitmq", "ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//", "RabbitMQ",
+            {}, _delete_rabbitmq_queues, _backdate_rabbitmq),
+    Backend("nats", "ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222", "NATS JetStream", {},
+            _delete_nats_streams, _backdate_nats),
+)
+
+BY_KIND: dict[str, Backend] = {b.kind: b for b in BACKENDS}
+
+#: every store: the contract suite runs on each
+ALL_STORES = tuple(BY_KIND)
+#: the lease stores of DESIGN.md (they check lateness on their own clock and hold leases)
+LEASE_STORES = tuple(b.kind for b in BACKENDS if b.holds_leases)
+#: stores that refuse late and early claims on their own clock
+LATENESS_STORES = tuple(b.kind for b in BACKENDS if b.checks_lateness)
+#: store options that select a variant of a backend (kind -> options)
+VARIANT_OPTIONS: dict[str, dict] = {b.kind: dict(b.options) for b in BACKENDS if b.options}
+
+
+def url_of(kind: str) -> str:
+    """The server URL of ``kind`` (its variable, else its default)."""
+    return BY_KIND[kind].url
+
+
+def backdate_memory_start(store: ClaimStore, entries: Iterable[str], by_ms: int) -> None:
+    """Move the memory start of ``entries`` ``by_ms`` into the past, as if the store had been
+    running for a while (a fresh store refuses slots up to LATENESS_TOLERANCE_MS after its memory
+    began). Works on any store of the registry's backends."""
+    BY_KIND[store.kind].backdate(store, list(dict.fromkeys(entries)), int(by_ms))
+
+
+def wipe(kind: str, url: str, namespace: str | None = None) -> None:
+    """Make the server behind ``url`` forget everything stores of ``kind`` wrote."""
+    backend = BY_KIND[kind]
+    opened: list[ClaimStore] = []
+
+    def open_one() -> ClaimStore:
+        opened.append(open_store(url, namespace=namespace or "wiper-" + uuid.uuid4().hex[:6],
+                                 instance_id="wiper", options=dict(backend.options)))
+        return opened[-1]
+    try:
+        backend.wipe(url, open_one)
+    finally:
+        for store in opened:
+            store.close()
