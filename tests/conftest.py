@@ -22,7 +22,7 @@ REDIS8_URL = url_of("redis-idmp")
 AMQP_URL = url_of("rabbitmq")
 NATS_URL = url_of("nats")
 
-#: the server rigs (benchmarks/chaos_servers.py, benchmarks/ha_*.py) are shared by tests and benchmarks
+#: the server rigs (benchmarks/servers.py, benchmarks/ha_*.py) are shared by tests and benchmarks
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

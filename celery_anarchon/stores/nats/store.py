@@ -87,7 +87,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from celery_anarchon._util import iso, mask_url
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores._common import reject_unknown_options
+from celery_anarchon.stores._common import failed, reject_unknown_options, translated
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest, ClaimResult,
     ClaimStore, Memory, Outcome, RunEvent,
@@ -192,6 +192,9 @@ class NATSStore(HistoryOps, ClaimStore):
     """
 
     kind = "nats"
+    #: the driver errors that mean "unreachable or no answer": nats-py errors, OSError, API
+    #: errors, bad replies, timeouts (kombu's ``connection_errors``)
+    connection_errors = (Exception,)
     checks_lateness = False
     recognises_winner = True
 
@@ -302,19 +305,15 @@ class NATSStore(HistoryOps, ClaimStore):
                 raise ConfigError(f"NATS store {self.safe_url}: the URL asks for TLS but the server "
                                   "offers no TLS; configure TLS on it or use nats://")
             return await step(session, nc, *args)
-        try:
+        with translated("NATS", self.safe_url, doing, self.connection_errors, cause=self._cause):
             return session.run(work, self.claim_timeout)
-        except (StoreUnavailable, ConfigError):
-            raise
-        except TimeoutError as exc:
-            raise StoreUnavailable(f"NATS store {self.safe_url}: {doing}: no answer within "
-                                   f"{self.claim_timeout:g} s") from exc
-        except Missing as exc:
-            raise StoreUnavailable(f"NATS store {self.safe_url}: {doing}: nobody answered on "
-                                   f"{exc} (is JetStream enabled?)") from exc
-        except Exception as exc:  # nats-py errors, OSError, API errors, bad replies
-            raise StoreUnavailable(f"NATS store {self.safe_url}: {doing} failed: "
-                                   f"{type(exc).__name__}: {exc}") from exc
+
+    def _cause(self, exc: BaseException) -> str:
+        if isinstance(exc, TimeoutError):
+            return f": no answer within {self.claim_timeout:g} s"
+        if isinstance(exc, Missing):
+            return f": nobody answered on {exc} (is JetStream enabled?)"
+        return failed(exc)
 
     def close(self) -> None:
         """Close the client and stop the loop thread; idempotent, takes no lock (signal-safe).

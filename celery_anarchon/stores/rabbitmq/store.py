@@ -92,7 +92,7 @@ import kombu.exceptions
 
 from celery_anarchon import _util
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores._common import reject_unknown_options, scheme_of
+from celery_anarchon.stores._common import reject_unknown_options, scheme_of, translated
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest,
     ClaimResult, ClaimStore, HistoryRecord, Memory, Outcome, RunEvent,
@@ -142,6 +142,8 @@ class RabbitMQStore(EntryQueues, ClaimStore):
     """
 
     kind = "rabbitmq"
+    #: the driver errors that mean "unreachable or no answer" (kombu's ``connection_errors``)
+    connection_errors = (amqp.exceptions.AMQPError, kombu.exceptions.KombuError, OSError)
     checks_lateness = False
     recognises_winner = False
 
@@ -222,21 +224,17 @@ class RabbitMQStore(EntryQueues, ClaimStore):
         masked URL and the cause, and the session is dropped."""
         with self._lock:
             session = self._current()
-            try:
+            with translated("RabbitMQ", self.safe_url, doing, self.connection_errors,
+                            cause=self._cause, on_error=self._drop):
                 yield session
-            except (ConfigError, StoreUnavailable):
-                raise
-            except amqp.exceptions.AccessRefused as exc:
-                self._drop()
-                raise StoreUnavailable(
-                    f"RabbitMQ store {self.safe_url}: {doing} failed: the broker refused access "
-                    f"({exc.reply_text or exc}); check the user name, password and virtual host "
-                    "of anarchon_store_url and the user's permissions there") from exc
-            except (amqp.exceptions.AMQPError, kombu.exceptions.KombuError, OSError) as exc:
-                self._drop()
-                cause = str(exc) or f"no answer within claim_timeout ({self.claim_timeout:g} s)"
-                raise StoreUnavailable(f"RabbitMQ store {self.safe_url}: {doing} failed: "
-                                       f"{type(exc).__name__}: {cause}") from exc
+
+    def _cause(self, exc: BaseException) -> str:
+        if isinstance(exc, amqp.exceptions.AccessRefused):
+            return (f" failed: the broker refused access ({exc.reply_text or exc}); check the user "
+                    "name, password and virtual host of anarchon_store_url and the user's "
+                    "permissions there")
+        cause = str(exc) or f"no answer within claim_timeout ({self.claim_timeout:g} s)"
+        return f" failed: {type(exc).__name__}: {cause}"
 
     def close(self) -> None:
         """Release the connection; idempotent and safe in a signal handler (no lock taken)."""
@@ -376,8 +374,7 @@ class RabbitMQStore(EntryQueues, ClaimStore):
                      if outcome in (Outcome.WON, Outcome.FORGOTTEN, Outcome.UNKNOWN)]
             try:
                 self._publish_history(s, notes)
-            except (amqp.exceptions.AMQPError, kombu.exceptions.KombuError, OSError,
-                    StoreUnavailable) as exc:
+            except (*self.connection_errors, StoreUnavailable) as exc:
                 logger.warning("RabbitMQ store %s: claims decided, but their history was not "
                                "recorded: %s: %s", self.safe_url, type(exc).__name__, exc)
                 self._drop()
