@@ -16,10 +16,11 @@ import pytest
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import ClaimRequest, Outcome
+from celery_anarchon.stores.base import Outcome
 
 from conftest import IN_CI
 from backends import backdate_memory_start
+from helpers import prepared, req
 
 ha_nats = pytest.importorskip("ha_nats")
 
@@ -59,19 +60,6 @@ def opened():
     yield make
     for store in stores:
         store.close()
-
-
-def req(entry, slot_ms):
-    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=60_000, task_id=f"t-{slot_ms}",
-                        fingerprint="fp")
-
-
-def prepared(store, *entries):
-    """Prepared, with the entries' memory begun two minutes ago (a store running for a while)."""
-    entries = list(entries or ["e"])
-    store.prepare(entries)
-    backdate_memory_start(store, entries, 120_000)
-    return store
 
 
 def until_answered(call, deadline):

@@ -18,6 +18,7 @@ from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, Out
 
 from stores_support import wait_until
 from backends import backdate_memory_start
+from helpers import prepared
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server is not installed")
@@ -44,13 +45,6 @@ def rig(strategy: str, **kwargs) -> RedisHA:
 def store(url, instance, namespace, **options):
     return open_store(url, namespace=namespace, instance_id=instance,
                       options={"claim_timeout": 3, **options})
-
-
-def prepared(s, *entries):
-    entries = list(entries or ["e"])
-    s.prepare(entries)
-    backdate_memory_start(s, entries, 120_000)
-    return s
 
 
 def req(slot_ms, entry="e"):

@@ -20,7 +20,7 @@ from stores_support import (
     ALL_STORES, LATENESS_STORES, LEASE_STORES, VARIANT_OPTIONS, StoreMaker, new_tmpdir, store_url,
     wait_until,
 )
-from backends import backdate_memory_start
+from helpers import prepared
 
 MAX_LATE_MS = 60_000
 
@@ -64,15 +64,6 @@ def store_now(store) -> int:
         return int(time.time() * 1000)
     assert isinstance(now, int)
     return now
-
-
-def prepared(store, *entries):
-    """Prepare ``entries`` and move their memory start two minutes back, as on a store that has
-    been running for a while (a new store refuses slots up to 10 s after its memory began)."""
-    entries = list(entries or ["e"])
-    store.prepare(entries)
-    backdate_memory_start(store, entries, 120_000)
-    return store
 
 
 def fresh_slot(store) -> int:

@@ -22,7 +22,7 @@ import pytest
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, Memory, Outcome, RunEvent
+from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, Memory, Outcome, RunEvent
 from celery_anarchon._util import iso as _iso
 from celery_anarchon.stores.base import LeaseStore
 from celery_anarchon.stores.nats import NATSStore
@@ -30,7 +30,7 @@ from celery_anarchon.stores.nats.io import token
 
 from conftest import IN_CI, NATS_URL
 from stores_support import StoreMaker, store_url, wait_until
-from backends import backdate_memory_start
+from helpers import prepared, req
 
 NAMES = ["a.b", "a_2Eb", "a", "*", ">", "a.>", "with space", "with_space", "café", "cafe", "",
          "_", "日本", "x" * 300, "x" * 301, "tab\there", "%3A", ":"]
@@ -64,18 +64,6 @@ def _server(work):
         finally:
             await nc.close()
     return asyncio.run(main())
-
-
-def prepared(store, *entries):
-    entries = list(entries or ["e"])
-    store.prepare(entries)
-    backdate_memory_start(store, entries, 120_000)
-    return store
-
-
-def req(entry, slot_ms, max_late_ms=60_000, fingerprint="fp"):
-    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=max_late_ms,
-                        task_id=f"t-{slot_ms}", fingerprint=fingerprint)
 
 
 # -- options and URLs ------------------------------------------------------------------------------

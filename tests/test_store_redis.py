@@ -15,13 +15,13 @@ from redis.crc import key_slot
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
-    LATENESS_TOLERANCE_MS, ClaimRequest, LeaseStore, LeaseTerms, Outcome, TakeoverOutcome,
+    LATENESS_TOLERANCE_MS, LeaseStore, LeaseTerms, Outcome, TakeoverOutcome,
 )
 from celery_anarchon.stores.redis import RedisStore, parse_sentinel_url
 
 from conftest import REDIS_URL
 from stores_support import StoreMaker, store_url, wait_until
-from backends import backdate_memory_start
+from helpers import prepared, req
 
 NAMES = ["a:b", "a", "x}", "{x", "{x}", "it's", 'say "hi"', "with space", "with_space", "café",
          "cafe", "%3A", ":", "", "日本", "a}:{b"]
@@ -48,18 +48,6 @@ def server():
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     yield client
     client.close()
-
-
-def prepared(store, *entries):
-    entries = list(entries or ["e"])
-    store.prepare(entries)
-    backdate_memory_start(store, entries, 120_000)
-    return store
-
-
-def req(entry, slot_ms, lease=None):
-    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=60_000, task_id=f"t-{slot_ms}",
-                        fingerprint="fp", lease=lease)
 
 
 def store(namespace="ns", **options) -> RedisStore:

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
-    LATENESS_TOLERANCE_MS, ClaimRequest, LeaseStore, Outcome, RunEvent, lease_store,
+    LATENESS_TOLERANCE_MS, LeaseStore, Outcome, RunEvent, lease_store,
 )
 from celery_anarchon.stores.redis import RedisStore
 from celery_anarchon.stores.redis.strategies import (
@@ -29,7 +29,7 @@ from celery_anarchon.stores.redis.strategies import (
 from conftest import REDIS_URL, require_server
 from stores_support import StoreMaker, wait_until
 from test_store_redis import redis_maker, round_trips
-from backends import backdate_memory_start
+from helpers import prepared, req
 
 KINDS = ("redis-stream-id", "redis-script", "redis-idmp")
 
@@ -56,19 +56,6 @@ def idmp(namespace):
 
 def raw(maker: StoreMaker) -> redis.Redis:
     return redis.Redis.from_url(maker.url, decode_responses=True)
-
-
-def prepared(store, *entries):
-    """Prepared, with the memory start two minutes back (a fresh store refuses the first 10 s)."""
-    entries = list(entries or ["e"])
-    store.prepare(entries)
-    backdate_memory_start(store, entries, 120_000)
-    return store
-
-
-def req(entry, slot_ms, fingerprint="fp"):
-    return ClaimRequest(entry=entry, slot_ms=slot_ms, max_late_ms=60_000, task_id=f"t-{slot_ms}",
-                        fingerprint=fingerprint)
 
 
 def outcome(store, slot, entry="e"):
