@@ -46,9 +46,10 @@ from celery_anarchon.stores._common import reject_unknown_options
 from celery_anarchon.stores.sql import schema
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS, SKIP_EVENTS,
-    ClaimRequest, ClaimResult, HistoryRecord, LeaseStore, Memory, Outcome, RunEvent, RunState,
+    ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseStore, Memory, Outcome, RunEvent,
+    RunState, TakeoverOutcome,
 )
-from celery_anarchon.stores.sql.leases import Fence, LeaseOps
+from celery_anarchon.stores.sql.leases import Fence, SQLLeases
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,7 +129,7 @@ class _ClaimWrites:
     superseded_history: dict[tuple, dict] = dataclasses.field(default_factory=dict)  # keep task id
 
 
-class SQLStore(LeaseOps, LeaseStore):
+class SQLStore(LeaseStore):
     """The shared implementation of :class:`PostgreSQLStore` and :class:`SQLiteStore`.
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered, default
@@ -164,6 +165,12 @@ class SQLStore(LeaseOps, LeaseStore):
         self._engine_lock = threading.Lock()
         self._lock_pid = os.getpid()
         self._next_prune = 0.0
+        #: the lease operations, a part given what it needs of this store
+        self._leases = SQLLeases(
+            namespace=self.namespace, instance_id=self.instance_id, memory_ms=self.memory_ms,
+            kind=self.kind, safe_url=self.safe_url, run=self._run, lock_entries=self._lock_entries,
+            note_store=self._note_store, save_fences=self._save_fences, now_us=self._now_us,
+            history_row=self._history_row, write_history=self._write_history)
 
     # -- dialect hooks ----------------------------------------------------------------------
     def _engine_url(self, url: str) -> sa.URL:
@@ -758,3 +765,29 @@ class SQLStore(LeaseOps, LeaseStore):
                 deleted += conn.execute(sa.delete(table).where(table.c.keep_until_ms < now)).rowcount
             return deleted
         return self._run("prune", work)
+
+    # -- leases (DESIGN.md "Leases"; :class:`~.leases.SQLLeases`) ----------------------------
+    def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
+        return self._leases.inspect(entry, slot_ms)
+
+    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
+        return self._leases.expired_runs(entries)
+
+    def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
+                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
+        return self._leases.take_over(entry, slot_ms, expected_token,
+                                      queue_timeout_ms=queue_timeout_ms, max_attempts=max_attempts)
+
+    def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
+        return self._leases.adopt(entry, slot_ms, owner, duration_ms)
+
+    def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
+        return self._leases.renew(entry, slot_ms, token, owner, duration_ms)
+
+    def release(self, entry: str, slot_ms: int, token: int) -> bool:
+        return self._leases.release(entry, slot_ms, token)
+
+    def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
+                queue_timeout_ms: int) -> bool:
+        return self._leases.requeue(entry, slot_ms, token, delay_ms=delay_ms,
+                                    queue_timeout_ms=queue_timeout_ms)

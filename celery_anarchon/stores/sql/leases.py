@@ -1,5 +1,5 @@
-"""Lease operations of the SQL stores (DESIGN.md "Leases"), a mixin of
-:class:`~celery_anarchon.stores.sql.core.SQLStore`.
+"""Lease operations of the SQL stores (DESIGN.md "Leases"): a part of
+:class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store.
 
 Every operation is one transaction that first locks the entry's row of ``anarchon_entries``
 (which serializes it with claims and other lease changes of the entry), reads the store's clock,
@@ -52,22 +52,36 @@ class Fence:
         return self.last_token
 
 
-class LeaseOps:
-    """inspect, expired_runs, take_over, adopt, renew, release, requeue (see base.Store)."""
+class SQLLeases:
+    """inspect, expired_runs, take_over, adopt, renew, release, requeue (see base.LeaseStore).
 
-    # provided by SQLStore
-    namespace: str
-    instance_id: str
-    memory_ms: int
-    kind: str
-    safe_url: str
-    _run: Callable[..., Any]
-    _lock_entries: Callable[..., dict[str, Fence]]
-    _note_store: Callable[..., Any]
-    _save_fences: Callable[..., None]
-    _now_us: Callable[..., int]
-    _history_row: Callable[..., dict]
-    _write_history: Callable[..., None]
+    :param run: ``run(what, work, *, write=True, unconfirmed=None)``: ``work(conn)`` in one
+        transaction of the store, driver errors turned into StoreUnavailable.
+    :param lock_entries: ``lock_entries(conn, names, note)``: the entries' fences, rows locked.
+    :param note_store: ``note_store(conn, claiming=False)``: the store-wide note (epoch checked).
+    :param save_fences: ``save_fences(conn, fences)``: write the fences that changed.
+    :param now_us: ``now_us(conn)``: the store's clock, UTC microseconds.
+    :param history_row: ``history_row(entry, slot_ms, event, now, **fields)``: a history row.
+    :param write_history: ``write_history(conn, rows, *, replace, keep_task_id)``.
+    """
+
+    def __init__(self, *, namespace: str, instance_id: str, memory_ms: int, kind: str,
+                 safe_url: str, run: Callable[..., Any],
+                 lock_entries: Callable[..., dict[str, Fence]], note_store: Callable[..., Any],
+                 save_fences: Callable[..., None], now_us: Callable[..., int],
+                 history_row: Callable[..., dict], write_history: Callable[..., None]) -> None:
+        self.namespace = namespace
+        self.instance_id = instance_id
+        self.memory_ms = memory_ms
+        self.kind = kind
+        self.safe_url = safe_url
+        self._run = run
+        self._lock_entries = lock_entries
+        self._note_store = note_store
+        self._save_fences = save_fences
+        self._now_us = now_us
+        self._history_row = history_row
+        self._write_history = write_history
 
     def _read_run(self, conn: sa.Connection, entry: str, slot_ms: int) -> dict | None:
         r = schema.runs
