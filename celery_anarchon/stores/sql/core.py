@@ -45,10 +45,11 @@ from celery_anarchon._util import iso
 from celery_anarchon.stores._common import reject_unknown_options
 from celery_anarchon.stores.sql import schema
 from celery_anarchon.stores.base import (
-    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS, SKIP_EVENTS,
+    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS,
     ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseStore, Memory, Outcome, RunEvent,
     RunState, TakeoverOutcome,
 )
+from celery_anarchon.stores.sql.history import SQLHistory
 from celery_anarchon.stores.sql.leases import Fence, SQLLeases
 
 log = logging.getLogger(__name__)
@@ -165,12 +166,17 @@ class SQLStore(LeaseStore):
         self._engine_lock = threading.Lock()
         self._lock_pid = os.getpid()
         self._next_prune = 0.0
+        #: history and definitions, a part given what it needs of this store
+        self._history = SQLHistory(
+            namespace=self.namespace, instance_id=self.instance_id, history_size=self.history_size,
+            dialect=self.dialect, insert=self._insert, run=self._run,
+            lock_entries=self._lock_entries, now_us=self._now_us)
         #: the lease operations, a part given what it needs of this store
         self._leases = SQLLeases(
             namespace=self.namespace, instance_id=self.instance_id, memory_ms=self.memory_ms,
             kind=self.kind, safe_url=self.safe_url, run=self._run, lock_entries=self._lock_entries,
             note_store=self._note_store, save_fences=self._save_fences, now_us=self._now_us,
-            history_row=self._history_row, write_history=self._write_history)
+            history_row=self._history.row, write_history=self._history.write)
 
     # -- dialect hooks ----------------------------------------------------------------------
     def _engine_url(self, url: str) -> sa.URL:
@@ -481,8 +487,8 @@ class SQLStore(LeaseStore):
         def work(conn: sa.Connection) -> None:
             self._lock_entries(conn, {entry for entry, _ in rows})
             now = self._now_us(conn) // 1000
-            self._write_history(conn, [
-                self._history_row(r.entry, r.slot_ms, RunEvent.UNCONFIRMED, now,
+            self._history.write(conn, [
+                self._history.row(r.entry, r.slot_ms, RunEvent.UNCONFIRMED, now,
                                   task_id=r.request.task_id, attempt=r.attempt, detail=detail)
                 for r in rows.values()], replace=True)
         if rows:
@@ -538,12 +544,6 @@ class SQLStore(LeaseStore):
                                                        row.queue_deadline_ms)
         return opened
 
-    def _history_row(self, entry: str, slot_ms: int, event: RunEvent, now: int, *,
-                     task_id: str = "", attempt: int = 1, detail: str = "") -> dict:
-        return {"namespace": self.namespace, "entry": entry, "slot_ms": slot_ms,
-                "event": event.value, "instance": self.instance_id, "store_ms": now,
-                "task_id": task_id, "attempt": attempt, "detail": detail}
-
     def _refusal(self, r: ClaimRequest, fence: Fence, now: int) -> tuple[Outcome, str] | None:
         """Forgotten, late or early on the store's clock, or None."""
         slot = r.slot_ms
@@ -582,7 +582,7 @@ class SQLStore(LeaseStore):
             refusal = self._lease_refusal(r, fence, opened[entry], now, writes)
         if refusal is not None:
             outcome, detail = refusal
-            writes.skip_history.setdefault(r.run, self._history_row(
+            writes.skip_history.setdefault(r.run, self._history.row(
                 entry, slot, RunEvent.for_skip(outcome), now, detail=detail))
             return ClaimResult(r, outcome, None, "", now, detail=detail)
         token = None
@@ -600,7 +600,7 @@ class SQLStore(LeaseStore):
             "namespace": self.namespace, "entry": entry, "slot_ms": slot, "winner": self.instance_id,
             "fingerprint": r.fingerprint, "claimed_ms": now,
             "keep_until_ms": max(now, slot) + self.memory_ms})
-        writes.claimed_history[r.run] = self._history_row(entry, slot, RunEvent.CLAIMED, now,
+        writes.claimed_history[r.run] = self._history.row(entry, slot, RunEvent.CLAIMED, now,
                                                           task_id=r.task_id)
         return ClaimResult(r, Outcome.WON, self.instance_id, r.fingerprint, now, token, 1)
 
@@ -621,7 +621,7 @@ class SQLStore(LeaseStore):
                 del opened[s]
                 writes.superseded_runs.append({"b_ns": self.namespace, "b_entry": r.entry, "b_slot": s,
                                                "b_keep": now + self.memory_ms})
-                writes.superseded_history[(r.entry, s)] = self._history_row(
+                writes.superseded_history[(r.entry, s)] = self._history.row(
                     r.entry, s, RunEvent.SUPERSEDED, now, attempt=o.attempt,
                     detail=f"its {o.state} lease ended; slot {iso(r.slot_ms)} runs instead")
         return None
@@ -646,97 +646,27 @@ class SQLStore(LeaseStore):
                 r.c.slot_ms == sa.bindparam("b_slot"), schema.open_run,
             ).values(state=RunState.SUPERSEDED.value, keep_until_ms=sa.bindparam("b_keep")),
                 w.superseded_runs)
-        self._write_history(conn, list(w.skip_history.values()), replace=False, trim=False)
-        self._write_history(conn, list(w.claimed_history.values()), replace=True, trim=False)
-        self._write_history(conn, list(w.superseded_history.values()), replace=True, keep_task_id=True,
+        self._history.write(conn, list(w.skip_history.values()), replace=False, trim=False)
+        self._history.write(conn, list(w.claimed_history.values()), replace=True, trim=False)
+        self._history.write(conn, list(w.superseded_history.values()), replace=True, keep_task_id=True,
                             trim=False)
-        self._trim_history(conn, {run[0] for h in (w.skip_history, w.claimed_history,
+        self._history.trim(conn, {run[0] for h in (w.skip_history, w.claimed_history,
                                                    w.superseded_history) for run in h})
         self._save_fences(conn, fences)
 
-    # -- history --------------------------------------------------------------------------
-    def _write_history(self, conn: sa.Connection, rows: list[dict], *, replace: bool,
-                       keep_task_id: bool = False, trim: bool = True) -> None:
-        """Fill (``replace=False``) or replace history records (``keep_task_id``: an existing
-        record keeps its task id), then trim their entries."""
-        if not rows:
-            return
-        h = schema.history
-        ins = self._insert(h)
-        if replace:
-            columns = ["event", "instance", "store_ms", "attempt", "detail"]
-            if not keep_task_id:
-                columns.append("task_id")
-            stmt = ins.on_conflict_do_update(index_elements=_RUN_KEY,
-                                             set_={k: ins.excluded[k] for k in columns})
-        else:
-            stmt = ins.on_conflict_do_nothing(index_elements=_RUN_KEY)
-        conn.execute(stmt, rows)
-        if trim:
-            self._trim_history(conn, {r["entry"] for r in rows})
-
-    def _trim_history(self, conn: sa.Connection, names: set[str]) -> None:
-        """Keep the newest ``history_size`` runs of each entry of ``names``."""
-        if not names:
-            return
-        h = schema.history
-        newest = (sa.select(h.c.slot_ms)
-                  .where(h.c.namespace == sa.bindparam("b_ns"), h.c.entry == sa.bindparam("b_entry"))
-                  .order_by(h.c.slot_ms.desc()).limit(1).offset(self.history_size - 1).scalar_subquery())
-        conn.execute(sa.delete(h).where(h.c.namespace == sa.bindparam("b_ns"),
-                                        h.c.entry == sa.bindparam("b_entry"), h.c.slot_ms < newest),
-                     [{"b_ns": self.namespace, "b_entry": e} for e in sorted(names)])
-
+    # -- history and definitions (:class:`~.history.SQLHistory`) ----------------------------
     def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
                attempt: int = 1, detail: str = "") -> None:
-        """Write an event of a run, as this instance, at the store's time. SKIP_EVENTS only fill
-        a run without a record; other events replace it. Keeps the newest ``history_size`` runs.
-
-        :raises StoreUnavailable: the store cannot be reached.
-        """
-        def work(conn: sa.Connection) -> None:
-            self._lock_entries(conn, [entry])
-            row = self._history_row(entry, slot_ms, event, self._now_us(conn) // 1000,
-                                    task_id=task_id, attempt=attempt, detail=detail)
-            self._write_history(conn, [row], replace=event not in SKIP_EVENTS)
-        self._run("record", work)
+        self._history.record(entry, slot_ms, event, task_id=task_id, attempt=attempt, detail=detail)
 
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        """The entry's newest runs, newest slot first (at most ``limit`` or ``history_size``).
+        return self._history.history(entry, limit)
 
-        :raises StoreUnavailable: the store cannot be reached.
-        """
-        h = schema.history
-        query = (sa.select(h).where(h.c.namespace == self.namespace, h.c.entry == entry)
-                 .order_by(h.c.slot_ms.desc()).limit(limit or self.history_size))
-        rows = self._run("read history", lambda conn: conn.execute(query).all(), write=False)
-        known = {e.value for e in RunEvent}
-        return [HistoryRecord(entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(r.event),
-                              instance=r.instance, store_ms=r.store_ms, task_id=r.task_id,
-                              attempt=r.attempt, detail=r.detail) for r in rows if r.event in known]
-
-    # -- definitions ----------------------------------------------------------------------
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
-        """Remember the text of ``fingerprint`` (replaces an older text of the same fingerprint).
-
-        :raises StoreUnavailable: the store cannot be reached.
-        """
-        d = schema.definitions
-
-        def work(conn: sa.Connection) -> None:
-            ins = self._insert(d).values(namespace=self.namespace, entry=entry, fingerprint=fingerprint,
-                                         text=text, saved_ms=schema.clock_ms(self.dialect))
-            conn.execute(ins.on_conflict_do_update(
-                index_elements=("namespace", "entry", "fingerprint"),
-                set_={"text": ins.excluded.text, "saved_ms": ins.excluded.saved_ms}))
-        self._run("save a definition", work)
+        self._history.save_definition(entry, fingerprint, text)
 
     def load_definition(self, entry: str, fingerprint: str) -> str | None:
-        """The text saved for ``fingerprint``, or None. :raises StoreUnavailable:"""
-        d = schema.definitions
-        query = sa.select(d.c.text).where(d.c.namespace == self.namespace, d.c.entry == entry,
-                                          d.c.fingerprint == fingerprint)
-        return self._run("load a definition", lambda conn: conn.execute(query).scalar(), write=False)
+        return self._history.load_definition(entry, fingerprint)
 
     # -- pruning --------------------------------------------------------------------------
     def _maybe_prune(self) -> None:
