@@ -41,14 +41,14 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon._util import iso
 from celery_anarchon.stores._common import reject_unknown_options
 from celery_anarchon.stores.sql import schema
 from celery_anarchon.stores.base import (
-    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, LATENESS_TOLERANCE_MS,
+    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S,
     ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseStore, Memory, Outcome, RunEvent,
-    RunState, TakeoverOutcome,
+    TakeoverOutcome,
 )
+from celery_anarchon.stores.sql.claims import _ENTRY_KEY, _TOL, SQLClaims, StoreNote
 from celery_anarchon.stores.sql.history import SQLHistory
 from celery_anarchon.stores.sql.leases import Fence, SQLLeases
 
@@ -60,14 +60,9 @@ PRUNE_INTERVAL_S = 5.0
 #: How often a transaction that was chosen as a deadlock victim (or hit a serialization failure)
 #: is run again before the operation raises StoreUnavailable.
 DEADLOCK_RETRIES = 5
-#: Claimed runs looked up per statement (keeps bind parameters far below every server's limit).
-_LOOKUP_CHUNK = 500
-_TOL = LATENESS_TOLERANCE_MS
 #: the recorded memory's "last used" time is refreshed at most this often (ms); the replacement
 #: rule adds it, so a coarse refresh never lets a value be replaced early
 MEMORY_USE_STEP_MS = 1000
-_ENTRY_KEY = ("namespace", "entry")
-_RUN_KEY = ("namespace", "entry", "slot_ms")
 
 
 def _seconds(option: str, value: Any) -> float:
@@ -84,50 +79,6 @@ def _count(option: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"anarchon_store_options[{option!r}] = {value!r}: must be an integer >= 1")
     return value
-
-
-@dataclasses.dataclass
-class StoreNote:
-    """The namespace's row of ``anarchon_stores`` as one transaction saw it (loss-spec 3 to 5).
-
-    :param born_ms: the store-wide memory start, store clock ms.
-    :param epoch: the server's epoch now (``""`` for SQLite).
-    :param detail: why the memory began when it did (an epoch change names both), for refusals.
-    :param conflict: set when this instance's ``memory`` differs from the recorded value that is
-        still in use: the detail its claims are refused (forgotten) with.
-    """
-
-    born_ms: int
-    epoch: str
-    detail: str = ""
-    conflict: str | None = None
-
-
-@dataclasses.dataclass
-class _Open:
-    """A leased run in flight (queued or started), as the overlap check needs it."""
-
-    state: str
-    attempt: int
-    lease_expires_ms: int | None
-    queue_deadline_ms: int | None
-
-    def alive(self, now_ms: int) -> bool:
-        if self.state == "queued":
-            return self.queue_deadline_ms is not None and self.queue_deadline_ms >= now_ms
-        return self.lease_expires_ms is not None and self.lease_expires_ms >= now_ms
-
-
-@dataclasses.dataclass
-class _ClaimWrites:
-    """What one claim batch writes, collected while deciding and written in a few statements."""
-
-    claims: list[dict] = dataclasses.field(default_factory=list)
-    new_runs: list[dict] = dataclasses.field(default_factory=list)
-    superseded_runs: list[dict] = dataclasses.field(default_factory=list)
-    skip_history: dict[tuple, dict] = dataclasses.field(default_factory=dict)      # fill only
-    claimed_history: dict[tuple, dict] = dataclasses.field(default_factory=dict)   # replace
-    superseded_history: dict[tuple, dict] = dataclasses.field(default_factory=dict)  # keep task id
 
 
 class SQLStore(LeaseStore):
@@ -171,6 +122,11 @@ class SQLStore(LeaseStore):
             namespace=self.namespace, instance_id=self.instance_id, history_size=self.history_size,
             dialect=self.dialect, insert=self._insert, run=self._run,
             lock_entries=self._lock_entries, now_us=self._now_us)
+        #: the claim decisions of a batch, a part given what it needs of this store
+        self._claims = SQLClaims(
+            namespace=self.namespace, instance_id=self.instance_id, memory_s=self.memory_s,
+            memory_ms=self.memory_ms, insert=self._insert, note_store=self._note_store, lock_entries=self._lock_entries,
+            save_fences=self._save_fences, now_us=self._now_us, history=self._history)
         #: the lease operations, a part given what it needs of this store
         self._leases = SQLLeases(
             namespace=self.namespace, instance_id=self.instance_id, memory_ms=self.memory_ms,
@@ -467,7 +423,7 @@ class SQLStore(LeaseStore):
         """
         if not requests:
             return []
-        results = self._run("claim", lambda conn: self._claim(conn, list(requests)),
+        results = self._run("claim", lambda conn: self._claims.decide(conn, list(requests)),
                             unconfirmed=self._unconfirmed)
         self._maybe_prune()
         return results
@@ -497,162 +453,6 @@ class SQLStore(LeaseStore):
             except StoreUnavailable as error:
                 log.warning("%s", error)
         return answers
-
-    def _claim(self, conn: sa.Connection, requests: list[ClaimRequest]) -> list[ClaimResult]:
-        note = self._note_store(conn, claiming=True)
-        fences = self._lock_entries(conn, (r.entry for r in requests), note)
-        now_us = self._now_us(conn)
-        now = now_us // 1000
-        held = self._read_claims(conn, {r.run for r in requests}, now)
-        opened = self._read_open_runs(conn, {r.entry for r in requests if r.lease is not None})
-        writes = _ClaimWrites()
-        results = [self._decide(r, fences[r.entry], held, opened, now_us, writes, note)
-                   for r in requests]
-        self._write_claims(conn, writes, fences)
-        return results
-
-    def _read_claims(self, conn: sa.Connection, runs: set[tuple[str, int]], now: int) -> dict:
-        """Claims still remembered: (entry, slot) -> (winner, fingerprint, token, attempt,
-        owner of the run's current attempt)."""
-        c, r = schema.claims, schema.runs
-        joined = c.outerjoin(r, sa.and_(r.c.namespace == c.c.namespace, r.c.entry == c.c.entry,
-                                        r.c.slot_ms == c.c.slot_ms))
-        held: dict = {}
-        ordered = sorted(runs)
-        for i in range(0, len(ordered), _LOOKUP_CHUNK):
-            rows = conn.execute(
-                sa.select(c.c.entry, c.c.slot_ms, c.c.winner, c.c.fingerprint, r.c.token, r.c.attempt,
-                          r.c.owner)
-                .select_from(joined)
-                .where(c.c.namespace == self.namespace, c.c.keep_until_ms >= now,
-                       sa.tuple_(c.c.entry, c.c.slot_ms).in_(ordered[i:i + _LOOKUP_CHUNK])))
-            for row in rows:
-                held[(row.entry, row.slot_ms)] = (row.winner, row.fingerprint, row.token, row.attempt,
-                                                  row.owner)
-        return held
-
-    def _read_open_runs(self, conn: sa.Connection, names: set[str]) -> dict[str, dict[int, _Open]]:
-        r = schema.runs
-        opened: dict[str, dict[int, _Open]] = {name: {} for name in names}
-        if names:
-            for row in conn.execute(
-                    sa.select(r.c.entry, r.c.slot_ms, r.c.state, r.c.attempt, r.c.lease_expires_ms,
-                              r.c.queue_deadline_ms)
-                    .where(r.c.namespace == self.namespace, r.c.entry.in_(sorted(names)),
-                           schema.open_run)):
-                opened[row.entry][row.slot_ms] = _Open(row.state, row.attempt, row.lease_expires_ms,
-                                                       row.queue_deadline_ms)
-        return opened
-
-    def _refusal(self, r: ClaimRequest, fence: Fence, now: int) -> tuple[Outcome, str] | None:
-        """Forgotten, late or early on the store's clock, or None."""
-        slot = r.slot_ms
-        begun = fence.memory_start_ms
-        if slot < begun + _TOL:
-            why = fence.memory_detail if begun == fence.store_born_ms else ""
-            return Outcome.FORGOTTEN, (f"store memory began at {iso(begun)}{why}; slots before "
-                                       f"{iso(begun + _TOL)} are refused")
-        if now - slot >= self.memory_ms:
-            return Outcome.FORGOTTEN, f"slot is older than the store's memory of {self.memory_s:g} s"
-        if now > slot + r.max_late_ms + _TOL:
-            return Outcome.LATE, (f"store clock is {now - slot} ms past the slot (max_late "
-                                  f"{r.max_late_ms} ms + tolerance {_TOL} ms)")
-        if slot > now + _TOL:
-            return Outcome.EARLY, f"slot is {slot - now} ms ahead of the store clock (tolerance {_TOL} ms)"
-        return None
-
-    def _decide(self, r: ClaimRequest, fence: Fence, held: dict, opened: dict, now_us: int,
-                writes: _ClaimWrites, note: StoreNote) -> ClaimResult:
-        now = now_us // 1000
-        entry, slot = r.run
-        if r.run in held:
-            winner, fingerprint, token, attempt, owner = held[r.run]
-            attempt = attempt or 1
-            if winner == self.instance_id and attempt > 1:
-                # a claim is for attempt 1: the run was taken over since (loss-spec point 6)
-                return ClaimResult(r, Outcome.OTHER_WON, owner, fingerprint, now, None, attempt,
-                                   detail=f"taken over as attempt {attempt}")
-            outcome = Outcome.WON if winner == self.instance_id else Outcome.OTHER_WON
-            if outcome is Outcome.WON:
-                fence.changed = True   # a re-answered win writes, so its commit is confirmed too
-            return ClaimResult(r, outcome, winner, fingerprint, now,
-                               token if outcome is Outcome.WON else None, attempt)
-        refusal = (Outcome.FORGOTTEN, note.conflict) if note.conflict else self._refusal(r, fence, now)
-        if refusal is None and r.lease is not None:
-            refusal = self._lease_refusal(r, fence, opened[entry], now, writes)
-        if refusal is not None:
-            outcome, detail = refusal
-            writes.skip_history.setdefault(r.run, self._history.row(
-                entry, slot, RunEvent.for_skip(outcome), now, detail=detail))
-            return ClaimResult(r, outcome, None, "", now, detail=detail)
-        token = None
-        if r.lease is not None:
-            token = fence.issue_token(now_us)
-            fence.newest_slot = slot if fence.newest_slot is None else max(fence.newest_slot, slot)
-            deadline = now + r.lease.queue_timeout_ms
-            writes.new_runs.append({
-                "namespace": self.namespace, "entry": entry, "slot_ms": slot, "state": "queued",
-                "attempt": 1, "token": token, "owner": self.instance_id, "lease_expires_ms": None,
-                "queue_deadline_ms": deadline, "keep_until_ms": None, "prev_token": None})
-            opened[entry][slot] = _Open("queued", 1, None, deadline)
-        held[r.run] = (self.instance_id, r.fingerprint, token, 1, self.instance_id)
-        writes.claims.append({
-            "namespace": self.namespace, "entry": entry, "slot_ms": slot, "winner": self.instance_id,
-            "fingerprint": r.fingerprint, "claimed_ms": now,
-            "keep_until_ms": max(now, slot) + self.memory_ms})
-        writes.claimed_history[r.run] = self._history.row(entry, slot, RunEvent.CLAIMED, now,
-                                                          task_id=r.task_id)
-        return ClaimResult(r, Outcome.WON, self.instance_id, r.fingerprint, now, token, 1)
-
-    def _lease_refusal(self, r: ClaimRequest, fence: Fence, opened: dict[int, _Open], now: int,
-                       writes: _ClaimWrites) -> tuple[Outcome, str] | None:
-        """Superseded or overlapping (DESIGN.md "Leases": Overlap, Takeover); when the claim may
-        proceed, every dead earlier run of the entry becomes superseded."""
-        if fence.newest_slot is not None and fence.newest_slot > r.slot_ms:
-            return Outcome.SUPERSEDED, f"a newer slot {iso(fence.newest_slot)} was already claimed"
-        earlier = {s: o for s, o in opened.items() if s < r.slot_ms}
-        alive = sorted(s for s, o in earlier.items() if o.alive(now))
-        if alive and not r.lease.overlap_allowed:
-            o = earlier[alive[-1]]
-            return Outcome.OVERLAPPING, (f"the run of {iso(alive[-1])} is still {o.state} "
-                                         f"(attempt {o.attempt})")
-        for s, o in earlier.items():
-            if s not in alive:
-                del opened[s]
-                writes.superseded_runs.append({"b_ns": self.namespace, "b_entry": r.entry, "b_slot": s,
-                                               "b_keep": now + self.memory_ms})
-                writes.superseded_history[(r.entry, s)] = self._history.row(
-                    r.entry, s, RunEvent.SUPERSEDED, now, attempt=o.attempt,
-                    detail=f"its {o.state} lease ended; slot {iso(r.slot_ms)} runs instead")
-        return None
-
-    def _write_claims(self, conn: sa.Connection, w: _ClaimWrites, fences: dict[str, Fence]) -> None:
-        c, r = schema.claims, schema.runs
-        if w.claims:
-            ins = self._insert(c)
-            conn.execute(ins.on_conflict_do_update(  # an expired claim is replaced, never a live one
-                index_elements=_RUN_KEY, where=c.c.keep_until_ms < ins.excluded.claimed_ms,
-                set_={k: ins.excluded[k] for k in ("winner", "fingerprint", "claimed_ms", "keep_until_ms")}),
-                w.claims)
-        if w.new_runs:
-            ins = self._insert(r)
-            conn.execute(ins.on_conflict_do_update(index_elements=_RUN_KEY, set_={
-                k: ins.excluded[k] for k in ("state", "attempt", "token", "owner", "lease_expires_ms",
-                                             "queue_deadline_ms", "keep_until_ms", "prev_token")}),
-                w.new_runs)
-        if w.superseded_runs:
-            conn.execute(sa.update(r).where(
-                r.c.namespace == sa.bindparam("b_ns"), r.c.entry == sa.bindparam("b_entry"),
-                r.c.slot_ms == sa.bindparam("b_slot"), schema.open_run,
-            ).values(state=RunState.SUPERSEDED.value, keep_until_ms=sa.bindparam("b_keep")),
-                w.superseded_runs)
-        self._history.write(conn, list(w.skip_history.values()), replace=False, trim=False)
-        self._history.write(conn, list(w.claimed_history.values()), replace=True, trim=False)
-        self._history.write(conn, list(w.superseded_history.values()), replace=True, keep_task_id=True,
-                            trim=False)
-        self._history.trim(conn, {run[0] for h in (w.skip_history, w.claimed_history,
-                                                   w.superseded_history) for run in h})
-        self._save_fences(conn, fences)
 
     # -- history and definitions (:class:`~.history.SQLHistory`) ----------------------------
     def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
