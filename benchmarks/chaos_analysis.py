@@ -115,7 +115,7 @@ LOG_PRIORITY = ("claimed", "send_failed", "send_unknown", "forgotten", "unconfir
 
 _ISO = r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\+00:00)"
 _ENTRY = r"(?P<entry>[\w.-]+)"
-#: beat log lines (celery_anarchon/engine.py) -> reason
+#: beat log lines (celery_anarchon/engine/) -> reason
 BEAT_PATTERNS = [
     (re.compile(_ENTRY + r": slot " + _ISO + r" skipped as late"), "late_local"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" not claimed: the store .* could not be reached"),
