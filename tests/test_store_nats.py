@@ -42,7 +42,7 @@ def stores(namespace):
     yield maker
     cleaner = maker("cleaner")
     maker.close_all()
-    _server(lambda js: _delete(js, cleaner.stream, cleaner._kv_stream, cleaner.epoch_stream))
+    _server(lambda js: _delete(js, cleaner.stream, cleaner._history.kv_stream, cleaner.epoch_stream))
 
 
 def _delete(js, *names):

@@ -5,7 +5,7 @@ per key) holds ``h.<entry>.<slot>``, one record per run, and ``d.<entry>.<finger
 definitions. A skip event is a KV create (written only where the run has no record yet, DESIGN.md
 "One run, in time" step 9); other events are KV puts (they replace it). Every ``history_size / 4``
 writes of an entry, a store purges the entry's keys down to the ``history_size`` last written (in
-between, a few more are kept); :meth:`HistoryOps.history` reads every record of the entry through
+between, a few more are kept); :meth:`NATSHistory.history` reads every record of the entry through
 an ephemeral consumer and returns the newest ``history_size`` by slot. A record's ``store_ms`` is
 when the server stored it. Entry names and fingerprints are escaped by
 :func:`~celery_anarchon.stores.nats.io.token`.
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from celery_anarchon.stores.base import HistoryRecord, RunEvent, SKIP_EVENTS
 from celery_anarchon.stores.nats.io import (
@@ -25,45 +26,72 @@ from celery_anarchon.stores.nats.io import (
 _NS = 1_000_000_000
 
 
-class HistoryOps:
-    """The history and definition methods of :class:`~celery_anarchon.stores.nats.NATSStore`.
+class NATSHistory:
+    """The history and definitions of :class:`~celery_anarchon.stores.nats.NATSStore`: a part
+    given what it needs of the store; every method raises StoreUnavailable as the store's do.
 
-    Uses the store's ``_call``, ``_api``, ``_ensure``, ``_ready``, ``bucket``, ``history_size``
-    and ``instance_id``; every method raises StoreUnavailable as the store's do.
+    :param call: ``call(doing, step, *args)``: run ``step(session, nc, *args)`` on the store's
+        loop within ``claim_timeout`` (errors translated).
+    :param api: ``api(session, nc, subject, body)``: one JetStream API request.
+    :param ensure: ``ensure(session, nc, name, config)``: create or check a stream.
+    :param ready: the store's set of streams known to exist (shared, re-checked when missing).
+    :param replicas: ``replicas()``: the replicas the store's streams use (resolved on first use).
+    :param resolve_replicas: ``resolve_replicas(nc)``: resolve them.
     """
+
+    def __init__(self, *, bucket: str, stream: str, history_size: int, instance_id: str,
+                 claim_timeout: float, call: Callable[..., Any], api: Callable[..., Any],
+                 ensure: Callable[..., Any], ready: set[str], replicas: Callable[[], int],
+                 resolve_replicas: Callable[[Any], int]) -> None:
+        self.bucket = bucket
+        self.stream = stream
+        self.history_size = history_size
+        self.instance_id = instance_id
+        self.claim_timeout = claim_timeout
+        self._call = call
+        self._api = api
+        self._ensure = ensure
+        self._ready = ready
+        self._replicas = replicas
+        self._resolve_replicas = resolve_replicas
+        self._unpurged: dict[str, int] = {}  # entry -> history writes since this store trimmed it
+
+    @property
+    def replicas(self) -> int:
+        return self._replicas()
 
     def _key(self, what: str, entry: str, last: str) -> str:
         return f"$KV.{self.bucket}.{what}.{token(entry)}.{last}"
 
     @property
-    def _kv_stream(self) -> str:
+    def kv_stream(self) -> str:
         return f"KV_{self.bucket}"
 
-    async def _bucket(self, session, nc) -> None:
+    async def ensure_bucket(self, session, nc) -> None:
         """Create the bucket (with the store's ``replicas``) unless this store knows it exists."""
-        if self._kv_stream in self._ready:
+        if self.kv_stream in self._ready:
             return
         if self.stream not in self._ready:
             self._resolve_replicas(nc)
-        await self._ensure(session, nc, self._kv_stream, {
-            "name": self._kv_stream, "subjects": [f"$KV.{self.bucket}.>"], "retention": "limits",
+        await self._ensure(session, nc, self.kv_stream, {
+            "name": self.kv_stream, "subjects": [f"$KV.{self.bucket}.>"], "retention": "limits",
             "storage": "file", "discard": "new", "max_msgs_per_subject": 1, "max_msgs": -1,
             "max_bytes": -1, "max_msg_size": -1, "max_consumers": -1, "max_age": 0,
             "duplicate_window": 120 * _NS, "num_replicas": self.replicas, "allow_rollup_hdrs": True,
             "deny_delete": True, "allow_direct": True})
-        self._ready.add(self._kv_stream)
+        self._ready.add(self.kv_stream)
 
-    async def _kv(self, session, nc, requests: list[tuple]) -> list:
+    async def kv(self, session, nc, requests: list[tuple]) -> list:
         """One round of KV requests; the bucket is created again if it was deleted."""
-        await self._bucket(session, nc)
+        await self.ensure_bucket(session, nc)
         replies = await session.pipeline(nc, requests)
         if any(status_of(msg) == "503" for msg in replies):
-            self._ready.discard(self._kv_stream)
-            await self._bucket(session, nc)
+            self._ready.discard(self.kv_stream)
+            await self.ensure_bucket(session, nc)
             replies = await session.pipeline(nc, requests)
         return replies
 
-    async def _write_history(self, session, nc, writes: list[tuple]) -> None:
+    async def write(self, session, nc, writes: list[tuple]) -> None:
         """Write ``(entry, slot, event, task_id, attempt, detail, fill_only)`` records in one
         round: a fill-only write is a KV create (``Nats-Expected-Last-Subject-Sequence: 0``),
         the others a KV put. Every ``history_size / 4`` writes of an entry, this store trims it
@@ -79,11 +107,11 @@ class HistoryOps:
             self._unpurged[entry] = self._unpurged.get(entry, 0) + sum(w[0] == entry for w in writes)
             if self._unpurged[entry] >= every:
                 self._unpurged[entry] = 0
-                requests.append((f"{API}.STREAM.PURGE.{self._kv_stream}", json.dumps(
+                requests.append((f"{API}.STREAM.PURGE.{self.kv_stream}", json.dumps(
                     {"filter": self._key("h", entry, ">"), "keep": self.history_size}).encode(), None))
-        for msg in await self._kv(session, nc, requests):
+        for msg in await self.kv(session, nc, requests):
             try:
-                reply_json(msg, self._kv_stream)
+                reply_json(msg, self.kv_stream)
             except ApiError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:  # else a fill-only write found a record
                     raise
@@ -93,13 +121,13 @@ class HistoryOps:
         """Write one event of a run as this instance: a skip event only where the run has no
         record (KV create), others replace it (KV put). One round trip."""
         event = RunEvent(event)
-        self._call("record", self._write_history,
+        self._call("record", self.write,
                    [(entry, slot_ms, event, task_id, attempt, detail, event in SKIP_EVENTS)])
 
     def record_many(self, notes: Sequence[HistoryRecord]) -> None:
         """Write several events in one round trip."""
         if notes:
-            self._call("record", self._write_history,
+            self._call("record", self.write,
                        [(n.entry, n.slot_ms, RunEvent(n.event), n.task_id, n.attempt, n.detail,
                          RunEvent(n.event) in SKIP_EVENTS) for n in notes])
 
@@ -115,8 +143,8 @@ class HistoryOps:
     async def _read_history(self, session, nc, entry: str) -> list[HistoryRecord]:
         """Every run record of ``entry``: an ephemeral consumer delivering the last message of
         each key, fetched in one batch, then deleted."""
-        await self._bucket(session, nc)
-        stream = self._kv_stream
+        await self.ensure_bucket(session, nc)
+        stream = self.kv_stream
         try:
             created = await self._api(session, nc, f"{API}.CONSUMER.CREATE.{stream}", {
                 "stream_name": stream, "config": {
@@ -126,7 +154,7 @@ class HistoryOps:
             if exc.err_code != STREAM_NOT_FOUND:
                 raise
             self._ready.discard(stream)  # deleted: its history is gone
-            await self._bucket(session, nc)
+            await self.ensure_bucket(session, nc)
             return []
         name, pending = created["name"], int(created.get("num_pending", 0))
         records = []
@@ -155,21 +183,21 @@ class HistoryOps:
         """Remember ``text`` under (entry, fingerprint) in the history bucket (KV put)."""
         async def step(session, nc):
             key = self._key("d", entry, token(fingerprint))
-            [ack] = await self._kv(session, nc, [(key, text.encode(), None)])
-            reply_json(ack, self._kv_stream)
+            [ack] = await self.kv(session, nc, [(key, text.encode(), None)])
+            reply_json(ack, self.kv_stream)
         self._call("save definition", step)
 
     def load_definition(self, entry: str, fingerprint: str) -> str | None:
         """The text saved for ``fingerprint``, ``None`` if unknown."""
         async def step(session, nc):
-            subject = f"{API}.STREAM.MSG.GET.{self._kv_stream}"
+            subject = f"{API}.STREAM.MSG.GET.{self.kv_stream}"
             query = {"last_by_subj": self._key("d", entry, token(fingerprint))}
-            [msg] = await self._kv(session, nc, [(subject, json.dumps(query).encode(), None)])
+            [msg] = await self.kv(session, nc, [(subject, json.dumps(query).encode(), None)])
             try:
                 data = reply_json(msg, subject)["message"].get("data") or ""
             except ApiError as exc:
                 if exc.err_code == STREAM_NOT_FOUND:
-                    self._ready.discard(self._kv_stream)
+                    self._ready.discard(self.kv_stream)
                 if exc.err_code in (NO_MESSAGE_FOUND, STREAM_NOT_FOUND) or exc.code == 404:
                     return None
                 raise

@@ -90,9 +90,9 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores._common import failed, reject_unknown_options, translated
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest, ClaimResult,
-    ClaimStore, Memory, Outcome, RunEvent,
+    ClaimStore, HistoryRecord, Memory, Outcome, RunEvent,
 )
-from celery_anarchon.stores.nats.history import HistoryOps
+from celery_anarchon.stores.nats.history import NATSHistory
 from celery_anarchon.stores.nats.io import (
     API, STREAM_NAME_IN_USE, STREAM_NOT_FOUND, WRONG_LAST_SEQUENCE, ApiError, Missing, Session,
     Stored, discard, logger,
@@ -176,7 +176,7 @@ class _Skew:
     mono_s: float
 
 
-class NATSStore(HistoryOps, ClaimStore):
+class NATSStore(ClaimStore):
     """NATS JetStream: the first publish of a run's message id wins (module docstring).
 
     :param duplicate_window: seconds a claimed run is remembered (default 300, at least 0.1).
@@ -241,7 +241,12 @@ class NATSStore(HistoryOps, ClaimStore):
         self._created_ms: int | None = None  # the claims stream's creation, server ms
         self._ready: set[str] = set()        # streams known to exist (re-checked when missing)
         self._warned: set[str] = set()
-        self._unpurged: dict[str, int] = {}  # entry -> history writes since this store trimmed it
+        #: history and definitions, a part given what it needs of this store
+        self._history = NATSHistory(
+            bucket=self.bucket, stream=self.stream, history_size=self.history_size,
+            instance_id=self.instance_id, claim_timeout=self.claim_timeout, call=self._call,
+            api=self._api, ensure=self._ensure, ready=self._ready, replicas=lambda: self.replicas,
+            resolve_replicas=self._resolve_replicas)
 
     def _client_options(self, options: dict) -> dict:
         kwargs = {"name": f"celery_anarchon {self.instance_id}", "connect_timeout": self.claim_timeout}
@@ -528,11 +533,11 @@ class NATSStore(HistoryOps, ClaimStore):
     async def _bucket_time(self, session, nc) -> int:
         """The server's time, ms, from a write to the history bucket (not the claims stream, whose
         last write tells when it was last used)."""
-        await self._bucket(session, nc)
-        [ack] = await self._kv(session, nc, [(f"$KV.{self.bucket}.c.{token(self.instance_id)}",
+        await self._history.ensure_bucket(session, nc)
+        [ack] = await self._history.kv(session, nc, [(f"$KV.{self.bucket}.c.{token(self.instance_id)}",
                                               b"", None)])
-        seq = reply_json(ack, self._kv_stream)["seq"]
-        subject = f"{API}.STREAM.MSG.GET.{self._kv_stream}"
+        seq = reply_json(ack, self._history.kv_stream)["seq"]
+        subject = f"{API}.STREAM.MSG.GET.{self._history.kv_stream}"
         [msg] = await session.pipeline(nc, [(subject, json.dumps({"seq": seq}).encode(), None)])
         stored = stored_message(msg, subject)
         return stored.time_ms if stored is not None else round(self._clock() * 1000)
@@ -615,7 +620,7 @@ class NATSStore(HistoryOps, ClaimStore):
         """
         async def step(session, nc):
             self._ready.discard(self.stream)
-            self._ready.discard(self._kv_stream)
+            self._ready.discard(self._history.kv_stream)
             try:
                 info, warnings = await self._claims_stream(session, nc)
             except Missing:
@@ -627,8 +632,8 @@ class NATSStore(HistoryOps, ClaimStore):
             warnings += more
             epoch = await self._ensure(session, nc, self.epoch_stream, self._epoch_config())
             warnings += (await self._replicated(session, nc, epoch))[1]
-            await self._bucket(session, nc)
-            kv = await self._api(session, nc, f"{API}.STREAM.INFO.{self._kv_stream}")
+            await self._history.ensure_bucket(session, nc)
+            kv = await self._api(session, nc, f"{API}.STREAM.INFO.{self._history.kv_stream}")
             warnings += (await self._replicated(session, nc, kv))[1]
             warnings += self._topology_warnings(nc, info)
             await self._probe(session, nc)
@@ -822,7 +827,7 @@ class NATSStore(HistoryOps, ClaimStore):
             elif outcome.is_skip:
                 writes.append((r.entry, r.slot_ms, RunEvent.for_skip(outcome), r.task_id, 1, detail, True))
         if writes:
-            await self._write_history(session, nc, writes)
+            await self._history.write(session, nc, writes)
         return results
 
     def _judge(self, r: ClaimRequest, refusal, looked: bool, stored: Stored | None,
@@ -853,3 +858,20 @@ class NATSStore(HistoryOps, ClaimStore):
             return Outcome.WON, self.instance_id, r.fingerprint, ""
         winner, fingerprint = str(stored.body.get("i")), str(stored.body.get("f", ""))
         return (Outcome.WON if winner == self.instance_id else Outcome.OTHER_WON), winner, fingerprint, ""
+
+    # -- history and definitions (:class:`~.history.NATSHistory`) ----------------------------
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        self._history.record(entry, slot_ms, event, task_id=task_id, attempt=attempt, detail=detail)
+
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
+        self._history.record_many(notes)
+
+    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        return self._history.history(entry, limit)
+
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        self._history.save_definition(entry, fingerprint, text)
+
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        return self._history.load_definition(entry, fingerprint)
