@@ -148,13 +148,13 @@ def _backdate_rabbitmq(store, entries: list[str], by_ms: int) -> None:
     with store._using("backdating the memory start") as s:
         for entry in entries:
             queue = store.names.born(entry)
-            with store._entry_lock(s, entry):
+            with store._entries.entry_lock(s, entry):
                 ch = s.channel()
                 ch.queue_declare(queue, durable=True, auto_delete=False, arguments=ONE_MESSAGE)
-                old = store._take_born(ch, queue, keep=False)
+                old = store._entries.take_born(ch, queue, keep=False)
                 ch.close()
                 born = (old if old is not None else local_ms()) - int(by_ms)
-                store._put_born(s, entry, born)
+                store._entries.put_born(s, entry, born)
             s.born[entry] = born
 
 

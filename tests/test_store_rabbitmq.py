@@ -309,10 +309,10 @@ def test_rabbitmq_store_that_forgot_refuses_old_runs_even_with_a_cached_start(st
 def test_rabbitmq_memory_start_is_the_first_writers(stores):
     a, b = stores("A"), stores("B")
     a.prepare(["e"])
-    born = a._born(a._current(), "e")
+    born = a._entries.born(a._current(), "e")
     time.sleep(0.01)
     b.prepare(["e"])
-    assert b._born(b._current(), "e") == born
+    assert b._entries.born(b._current(), "e") == born
 
 
 # -- several processes -------------------------------------------------------------------------

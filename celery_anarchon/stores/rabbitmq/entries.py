@@ -8,14 +8,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import amqp
 
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.base import HistoryRecord, RunEvent
 from celery_anarchon.stores.rabbitmq.protocol import (
-    ONE_MESSAGE, Session, decode, fold_history, history_arguments,
+    ONE_MESSAGE, QueueNames, Session, decode, fold_history, history_arguments,
 )
 
 logger = logging.getLogger("celery_anarchon.stores.rabbitmq")
@@ -31,11 +32,31 @@ def local_ms() -> int:
 
 
 class EntryQueues:
-    """Lock, memory start and history of each entry, on the broker's queues."""
+    """Lock, memory start and history of each entry, on the broker's queues: a part of
+    :class:`~celery_anarchon.stores.rabbitmq.RabbitMQStore`, given what it needs of the store.
+
+    :param using: ``using(doing)``: the store's session as a context manager (locked, errors
+        translated, the session dropped on error).
+    :param drop: ``drop()``: drop the store's session (its connection may be broken).
+    :param warn_once: ``warn_once(message)``: log ``message`` once per store.
+    """
+
+    def __init__(self, *, names: QueueNames, namespace: str, instance_id: str, safe_url: str,
+                 claim_timeout: float, history_size: int, using: Callable[[str], Any],
+                 drop: Callable[[], None], warn_once: Callable[..., None]) -> None:
+        self.names = names
+        self.namespace = namespace
+        self.instance_id = instance_id
+        self.safe_url = safe_url
+        self.claim_timeout = claim_timeout
+        self.history_size = history_size
+        self._using = using
+        self._drop = drop
+        self._warn_once = warn_once
 
     # -- memory start (amnesia) -----------------------------------------------------------------
     @contextlib.contextmanager
-    def _entry_lock(self, s: Session, entry: str):
+    def entry_lock(self, s: Session, entry: str):
         """Hold ``entry``'s exclusive lock queue: one reader of its born and history queues at a
         time, across every instance. The broker frees it if this connection dies."""
         name = self.names.lock(entry)
@@ -61,25 +82,25 @@ class EntryQueues:
             except Exception:  # noqa: BLE001 - a lock left behind dies with the connection
                 self._drop()
 
-    def _born(self, s: Session, entry: str) -> int:
+    def born(self, s: Session, entry: str) -> int:
         """When the store's memory of ``entry`` began, UTC ms (the creating instance's clock);
         creates it (now) when the broker has none. Read once per connection."""
         born = s.born.get(entry)
         if born is not None:
             return born
         queue = self.names.born(entry)
-        with self._entry_lock(s, entry):
+        with self.entry_lock(s, entry):
             ch = s.channel()
             ch.queue_declare(queue, durable=True, auto_delete=False, arguments=ONE_MESSAGE)
-            born = self._take_born(ch, queue, keep=True)
+            born = self.take_born(ch, queue, keep=True)
             ch.close()  # synchronous: the requeue is done before the lock is released
             if born is None:
                 born = local_ms()
-                self._put_born(s, entry, born)
+                self.put_born(s, entry, born)
         s.born[entry] = born
         return born
 
-    def _take_born(self, ch, queue: str, *, keep: bool) -> int | None:
+    def take_born(self, ch, queue: str, *, keep: bool) -> int | None:
         """The born message's value (``None`` if there is none); requeued in place when ``keep``,
         else removed. Only under the entry's lock."""
         message = ch.basic_get(queue, no_ack=False)
@@ -97,7 +118,7 @@ class EntryQueues:
                          "instance's clock", self.safe_url, queue, message.body[:200])
             return local_ms()
 
-    def _put_born(self, s: Session, entry: str, born_ms: int) -> None:
+    def put_born(self, s: Session, entry: str, born_ms: int) -> None:
         confirms = s.confirms()
         tag = confirms.publish(self.names.born(entry), {
             "born_ms": int(born_ms), "instance": self.instance_id, "namespace": self.namespace,
@@ -122,9 +143,9 @@ class EntryQueues:
         """
         if notes:
             with self._using(f"recording {len(notes)} history event(s)") as s:
-                self._publish_history(s, notes)
+                self.publish_history(s, notes)
 
-    def _publish_history(self, s: Session, notes: Sequence[HistoryRecord]) -> None:
+    def publish_history(self, s: Session, notes: Sequence[HistoryRecord]) -> None:
         """Publish ``notes`` to their entries' history queues and wait for the confirms. A queue
         that vanished (the broker forgot it) is declared again and its events published again."""
         now = local_ms()
@@ -135,7 +156,7 @@ class EntryQueues:
             if not pending:
                 return
             for entry in dict.fromkeys(entry for entry, _ in pending):
-                warning = self._ensure_history(s, entry)
+                warning = self.ensure_history(s, entry)
                 if warning:
                     self._warn_once(warning, logging.WARNING)
             confirms = s.confirms()
@@ -151,7 +172,7 @@ class EntryQueues:
             raise StoreUnavailable(f"RabbitMQ store {self.safe_url}: the history queues of "
                                    f"{sorted({e for e, _ in pending})} vanished twice")
 
-    def _ensure_history(self, s: Session, entry: str) -> str | None:
+    def ensure_history(self, s: Session, entry: str) -> str | None:
         """Declare ``entry``'s history queue once per connection; one declared elsewhere with
         another bound is kept as it is (the warning is returned)."""
         if entry in s.histories:
@@ -177,12 +198,12 @@ class EntryQueues:
         if limit < 1:
             return []
         with self._using("reading history") as s:
-            events = s.ensure(lambda: self._read_history(s, entry))
+            events = s.ensure(lambda: self.read_history(s, entry))
         return fold_history(entry, events, limit)
 
-    def _read_history(self, s: Session, entry: str) -> list[dict]:
+    def read_history(self, s: Session, entry: str) -> list[dict]:
         queue = self.names.history(entry)
-        with self._entry_lock(s, entry):
+        with self.entry_lock(s, entry):
             ch = s.channel()
             try:
                 count = ch.queue_declare(queue, passive=True).message_count

@@ -128,7 +128,7 @@ def _seconds(name: str, value) -> float:
     return seconds
 
 
-class RabbitMQStore(EntryQueues, ClaimStore):
+class RabbitMQStore(ClaimStore):
     """RabbitMQ: one classic queue per run decides its claim (see the module docstring).
 
     :param slot_ttl: seconds a claimed run is remembered after its first claim (default 300):
@@ -189,6 +189,12 @@ class RabbitMQStore(EntryQueues, ClaimStore):
         self._uncertain: dict[tuple[str, int], float] = {}
         #: runs acked in a batch that then failed (the caller never saw the WON) -> monotonic time
         self._undelivered: dict[tuple[str, int], float] = {}
+        #: each entry's lock, memory start and history: a part given what it needs of this store
+        self._entries = EntryQueues(
+            names=self.names, namespace=self.namespace, instance_id=self.instance_id,
+            safe_url=self.safe_url, claim_timeout=self.claim_timeout,
+            history_size=self.history_size, using=self._using, drop=self._drop,
+            warn_once=self._warn_once)
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -266,10 +272,10 @@ class RabbitMQStore(EntryQueues, ClaimStore):
             if error:
                 raise ConfigError(error)
             for entry in entries:
-                warning = self._ensure_history(s, entry)
+                warning = self._entries.ensure_history(s, entry)
                 if warning:
                     warnings.append(warning)
-                self._born(s, entry)
+                self._entries.born(s, entry)
         warnings.append(self.durability_note())
         return warnings
 
@@ -373,7 +379,7 @@ class RabbitMQStore(EntryQueues, ClaimStore):
                      for run, (outcome, detail) in answers.items()
                      if outcome in (Outcome.WON, Outcome.FORGOTTEN, Outcome.UNKNOWN)]
             try:
-                self._publish_history(s, notes)
+                self._entries.publish_history(s, notes)
             except (*self.connection_errors, StoreUnavailable) as exc:
                 logger.warning("RabbitMQ store %s: claims decided, but their history was not "
                                "recorded: %s: %s", self.safe_url, type(exc).__name__, exc)
@@ -397,7 +403,7 @@ class RabbitMQStore(EntryQueues, ClaimStore):
         """
         entries = list(dict.fromkeys(entry for entry, _ in runs))
         for entry in entries:
-            self._born(s, entry)
+            self._entries.born(s, entry)
         try:
             self._declare_fast(s, entries, runs)
             failed: dict[tuple[str, int], tuple[Outcome, str]] = {}
@@ -407,7 +413,7 @@ class RabbitMQStore(EntryQueues, ClaimStore):
         refused = dict(failed)
         for run in runs:
             if run not in refused:
-                born = self._born(s, run[0])
+                born = self._entries.born(s, run[0])
                 if run[1] < born + LATENESS_TOLERANCE_MS:
                     refused[run] = (Outcome.FORGOTTEN, f"store memory began at {iso(born)} (queue "
                                     f"{self.names.born(run[0])})")
@@ -453,7 +459,7 @@ class RabbitMQStore(EntryQueues, ClaimStore):
                 logger.warning("RabbitMQ store %s: the broker lost the memory start of entry %r "
                                "(queue %s): runs before now + 10 s are refused as forgotten",
                                self.safe_url, entry, self.names.born(entry))
-                self._born(s, entry)
+                self._entries.born(s, entry)
         arguments = claim_arguments(self.slot_ttl_ms)
         for run in runs:
             queue = self.names.claim(*run)
@@ -535,6 +541,18 @@ class RabbitMQStore(EntryQueues, ClaimStore):
     def _claim_note(self, request: ClaimRequest, outcome: Outcome, detail: str) -> HistoryRecord:
         event = RunEvent.CLAIMED if outcome is Outcome.WON else RunEvent.for_skip(outcome)
         return HistoryRecord(request.entry, request.slot_ms, event, task_id=request.task_id,
-                           detail=detail[:500])
+                             detail=detail[:500])
+
+    # -- history (:class:`~.entries.EntryQueues`) -----------------------------------------------
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        self._entries.record(entry, slot_ms, event, task_id=task_id, attempt=attempt, detail=detail)
+
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
+        self._entries.record_many(notes)
+
+    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        return self._entries.history(entry, limit)
+
 
 __all__ = ["RabbitMQStore", "DEFAULT_SLOT_TTL_S"]
