@@ -1,0 +1,125 @@
+"""History and definitions of the SQL stores (``anarchon_history``, ``anarchon_definitions``): a
+part of :class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store.
+Instants are UTC ms on the store's clock.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
+from celery_anarchon.stores.sql import schema
+
+_RUN_KEY = ("namespace", "entry", "slot_ms")
+
+
+class SQLHistory:
+    """One record per run, the newest ``history_size`` runs of each entry, and definitions.
+
+    :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
+    :param run: ``run(what, work, *, write=True)``: ``work(conn)`` in one transaction of the store.
+    :param lock_entries: ``lock_entries(conn, names)``: lock the entries' rows.
+    :param now_us: ``now_us(conn)``: the store's clock, UTC microseconds.
+    """
+
+    def __init__(self, *, namespace: str, instance_id: str, history_size: int, dialect: str,
+                 insert: Callable[[sa.Table], Any], run: Callable[..., Any],
+                 lock_entries: Callable[..., Any], now_us: Callable[[sa.Connection], int]) -> None:
+        self.namespace = namespace
+        self.instance_id = instance_id
+        self.history_size = history_size
+        self.dialect = dialect
+        self._insert = insert
+        self._run = run
+        self._lock_entries = lock_entries
+        self._now_us = now_us
+
+    def row(self, entry: str, slot_ms: int, event: RunEvent, now: int, *,
+                     task_id: str = "", attempt: int = 1, detail: str = "") -> dict:
+        return {"namespace": self.namespace, "entry": entry, "slot_ms": slot_ms,
+                "event": event.value, "instance": self.instance_id, "store_ms": now,
+                "task_id": task_id, "attempt": attempt, "detail": detail}
+
+    def write(self, conn: sa.Connection, rows: list[dict], *, replace: bool,
+                       keep_task_id: bool = False, trim: bool = True) -> None:
+        """Fill (``replace=False``) or replace history records (``keep_task_id``: an existing
+        record keeps its task id), then trim their entries."""
+        if not rows:
+            return
+        h = schema.history
+        ins = self._insert(h)
+        if replace:
+            columns = ["event", "instance", "store_ms", "attempt", "detail"]
+            if not keep_task_id:
+                columns.append("task_id")
+            stmt = ins.on_conflict_do_update(index_elements=_RUN_KEY,
+                                             set_={k: ins.excluded[k] for k in columns})
+        else:
+            stmt = ins.on_conflict_do_nothing(index_elements=_RUN_KEY)
+        conn.execute(stmt, rows)
+        if trim:
+            self.trim(conn, {r["entry"] for r in rows})
+
+    def trim(self, conn: sa.Connection, names: set[str]) -> None:
+        """Keep the newest ``history_size`` runs of each entry of ``names``."""
+        if not names:
+            return
+        h = schema.history
+        newest = (sa.select(h.c.slot_ms)
+                  .where(h.c.namespace == sa.bindparam("b_ns"), h.c.entry == sa.bindparam("b_entry"))
+                  .order_by(h.c.slot_ms.desc()).limit(1).offset(self.history_size - 1).scalar_subquery())
+        conn.execute(sa.delete(h).where(h.c.namespace == sa.bindparam("b_ns"),
+                                        h.c.entry == sa.bindparam("b_entry"), h.c.slot_ms < newest),
+                     [{"b_ns": self.namespace, "b_entry": e} for e in sorted(names)])
+
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """Write an event of a run, as this instance, at the store's time. SKIP_EVENTS only fill
+        a run without a record; other events replace it. Keeps the newest ``history_size`` runs.
+
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        def work(conn: sa.Connection) -> None:
+            self._lock_entries(conn, [entry])
+            row = self.row(entry, slot_ms, event, self._now_us(conn) // 1000,
+                                    task_id=task_id, attempt=attempt, detail=detail)
+            self.write(conn, [row], replace=event not in SKIP_EVENTS)
+        self._run("record", work)
+
+    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        """The entry's newest runs, newest slot first (at most ``limit`` or ``history_size``).
+
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        h = schema.history
+        query = (sa.select(h).where(h.c.namespace == self.namespace, h.c.entry == entry)
+                 .order_by(h.c.slot_ms.desc()).limit(limit or self.history_size))
+        rows = self._run("read history", lambda conn: conn.execute(query).all(), write=False)
+        known = {e.value for e in RunEvent}
+        return [HistoryRecord(entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(r.event),
+                              instance=r.instance, store_ms=r.store_ms, task_id=r.task_id,
+                              attempt=r.attempt, detail=r.detail) for r in rows if r.event in known]
+
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        """Remember the text of ``fingerprint`` (replaces an older text of the same fingerprint).
+
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        d = schema.definitions
+
+        def work(conn: sa.Connection) -> None:
+            ins = self._insert(d).values(namespace=self.namespace, entry=entry, fingerprint=fingerprint,
+                                         text=text, saved_ms=schema.clock_ms(self.dialect))
+            conn.execute(ins.on_conflict_do_update(
+                index_elements=("namespace", "entry", "fingerprint"),
+                set_={"text": ins.excluded.text, "saved_ms": ins.excluded.saved_ms}))
+        self._run("save a definition", work)
+
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        """The text saved for ``fingerprint``, or None. :raises StoreUnavailable:"""
+        d = schema.definitions
+        query = sa.select(d.c.text).where(d.c.namespace == self.namespace, d.c.entry == entry,
+                                          d.c.fingerprint == fingerprint)
+        return self._run("load a definition", lambda conn: conn.execute(query).scalar(), write=False)
