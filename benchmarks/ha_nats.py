@@ -42,7 +42,7 @@ import tempfile
 import time
 import urllib.request
 
-from servers import free_port, wait_port
+from servers import free_port, stop_server
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
@@ -122,15 +122,7 @@ class NatsServer:
         self._signal(signal.SIGTERM)
 
     def _signal(self, sig: int) -> None:
-        if not self.alive():
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        wait_port(self.port, False, 10, f"nats-server {self.name}")
+        stop_server(self.proc, sig, self.port, f"nats-server {self.name}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

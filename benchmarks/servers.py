@@ -46,6 +46,20 @@ def wait_port(port: int, up: bool, timeout: float, what: str) -> None:
     raise RuntimeError(f"{what} on port {port} did not come {'up' if up else 'down'} in {timeout} s")
 
 
+def stop_server(proc: subprocess.Popen | None, sig: int, port: int, what: str) -> None:
+    """``sig`` to a server we started (SIGTERM: a clean shutdown; SIGKILL: a crash), SIGKILL if it
+    is still running after 20 s; returns once its port is closed."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    wait_port(port, False, 10, what)
+
+
 class RedisServer:
     """A ``redis-server`` of our own on a free port (see the module docstring)."""
 
@@ -91,15 +105,7 @@ class RedisServer:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: Redis shuts down cleanly (flushes its AOF); SIGKILL: a crash."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        wait_port(self.port, False, 10, f"redis-server {self.name}")
+        stop_server(self.proc, sig, self.port, f"redis-server {self.name}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
