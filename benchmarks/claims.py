@@ -36,19 +36,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from celery_anarchon.stores import open_store  # noqa: E402
 from celery_anarchon.stores.base import ClaimRequest, Outcome  # noqa: E402
 
-from conftest import AMQP_URL, NATS_URL, POSTGRES_URL, REDIS8_URL, REDIS_URL  # noqa: E402
-from backends import backdate_memory_start  # noqa: E402
+from backends import BY_KIND, backdate_memory_start  # noqa: E402
 
-STORES = {
-    "sqlite": (None, {}),
-    "postgresql": (POSTGRES_URL, {}),
-    "redis": (REDIS_URL, {}),
-    "redis-stream-id": (REDIS_URL, {"strategy": "stream-id"}),
-    "redis-script": (REDIS_URL, {"strategy": "script", "history_size": 20_000}),
-    "redis-idmp": (REDIS8_URL, {"strategy": "idmp", "max_size": 10_000}),
-    "rabbitmq": (AMQP_URL, {"slot_ttl": 60}),
-    "nats": (NATS_URL, {}),
+#: options of the benchmark over each test backend's own (tests/backends.py gives the URL and
+#: the options that pick the variant)
+BENCH_OPTIONS = {
+    "redis-script": {"history_size": 20_000},
+    "redis-idmp": {"max_size": 10_000},
+    "rabbitmq": {"slot_ttl": 60},
 }
+#: kind -> (server URL, or None for a SQLite file of the run's own; store options)
+STORES = {kind: (backend.url if backend.url_variable else None,
+                 {**backend.options, **BENCH_OPTIONS.get(kind, {})})
+          for kind, backend in BY_KIND.items()}
 #: RabbitMQ creates one durable queue per run (about 3-4 ms each): fewer runs keep it bearable
 RUNS_CAP = {"rabbitmq": 2000}
 ENTRIES = 10

@@ -257,7 +257,7 @@ def test_a_task_that_fails_for_good_releases_its_run(kind, acks_late, make_clust
     with pytest.raises(ValueError):
         result.get(timeout=10)
     try:
-        wait_until(lambda: (r := c.store.inspect("probe", c.slot())) and r.state is RunState.LOST,
+        wait_until(lambda: (r := c.store.inspect("probe", c.slot())) and r.state is RunState.GIVEN_UP,
                    30, f"the probe run to be recorded lost\n{c.cluster.logs()}", interval=0.2)
     finally:
         with c.client.connection_for_write() as conn:
@@ -276,10 +276,10 @@ def test_a_task_that_kills_its_worker_is_tried_max_attempts_then_lost(kind, make
     c.worker(concurrency=1)
     c.beat("b1")
     c.beat("b2")
-    wait_until(lambda: (r := c.store.inspect("long", c.slot())) and r.state is RunState.LOST, 60,
+    wait_until(lambda: (r := c.store.inspect("long", c.slot())) and r.state is RunState.GIVEN_UP, 60,
                f"the run to be recorded lost\n{c.cluster.logs()}", interval=0.2)
     assert [e["attempt"] for e in c.events("start")] == [1, 2, 3]
-    assert c.store.history("long")[0].event is RunEvent.LOST
+    assert c.store.history("long")[0].event is RunEvent.GIVEN_UP
     assert "recorded lost after 3 attempts" in c.logs("b1", "b2")
 
 
