@@ -10,7 +10,7 @@ from celery_anarchon._util import iso
 from celery_anarchon.engine.notes import NoteBuffer
 from celery_anarchon.engine.outage import Outage
 from celery_anarchon.plan import EntryPlan, task_id_for
-from celery_anarchon.stores.base import ClaimRequest, RunEvent, Store
+from celery_anarchon.stores.base import ClaimRequest, ClaimStore, RunEvent
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class ClaimRetries:
     :param outage: says when the store may be asked again.
     """
 
-    def __init__(self, store: Store, instance_id: str, stats: collections.Counter,
+    def __init__(self, store: ClaimStore, instance_id: str, stats: collections.Counter,
                  notes: NoteBuffer, outage: Outage) -> None:
         self.store = store
         self.instance_id = instance_id

@@ -19,7 +19,7 @@ from celery_anarchon.engine.skips import SkipLog
 from celery_anarchon.engine.takeovers import Takeovers
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
-from celery_anarchon.stores.base import ClaimRequest, ClaimResult, Outcome, Store
+from celery_anarchon.stores.base import ClaimRequest, ClaimResult, ClaimStore, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Engine:
     :param rng: the jitter source (default: the operating system's, never shared by forks).
     """
 
-    def __init__(self, store: Store, plans: dict[str, EntryPlan], *, instance_id: str,
+    def __init__(self, store: ClaimStore, plans: dict[str, EntryPlan], *, instance_id: str,
                  namespace: str, send: SendFn, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:

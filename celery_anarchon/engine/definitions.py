@@ -8,13 +8,13 @@ import logging
 from celery_anarchon._util import iso
 from celery_anarchon.errors import StoreError
 from celery_anarchon.plan import EntryPlan
-from celery_anarchon.stores.base import ClaimResult, Store
+from celery_anarchon.stores.base import ClaimResult, ClaimStore
 
 logger = logging.getLogger(__name__)
 
 
 class Definitions:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ClaimStore) -> None:
         self.store = store
         self._warned: set[tuple[str, str]] = set()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery_anarchon.engine.outage import Outage
 from celery_anarchon.errors import StoreError
-from celery_anarchon.stores.base import HistoryNote, RunEvent, Store
+from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent
 
 #: history notes kept while the store is unreachable
 MAX_PENDING_NOTES = 10_000
@@ -14,18 +14,19 @@ class NoteBuffer:
     """Notes waiting to be written to ``store``'s history; a failed write is kept and counted as
     a store error by ``outage``, which also says when to write again."""
 
-    def __init__(self, store: Store, outage: Outage, max_kept: int = MAX_PENDING_NOTES) -> None:
+    def __init__(self, store: ClaimStore, outage: Outage,
+                 max_kept: int = MAX_PENDING_NOTES) -> None:
         self.store = store
         self.outage = outage
         self.max_kept = max_kept
-        self.pending: list[HistoryNote] = []
+        self.pending: list[HistoryRecord] = []
 
     def __bool__(self) -> bool:
         return bool(self.pending)
 
     def add(self, entry: str, slot_ms: int, event: RunEvent, **fields) -> None:
         """Keep one note; the oldest are dropped past ``max_kept``."""
-        self.pending.append(HistoryNote(entry, slot_ms, event, **fields))
+        self.pending.append(HistoryRecord(entry, slot_ms, event, **fields))
         if len(self.pending) > self.max_kept:
             del self.pending[: len(self.pending) - self.max_kept]
 

@@ -8,7 +8,7 @@ import logging
 import math
 from typing import Callable
 
-from celery_anarchon.stores.base import Store
+from celery_anarchon.stores.base import ClaimStore
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class Outage:
     :param stats: the engine's counters (``store_errors``; ``store_unreachable`` is logged).
     """
 
-    def __init__(self, store: Store, monotonic: Callable[[], float],
+    def __init__(self, store: ClaimStore, monotonic: Callable[[], float],
                  stats: collections.Counter) -> None:
         self.store = store
         self.monotonic = monotonic

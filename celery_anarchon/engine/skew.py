@@ -8,7 +8,7 @@ from typing import Callable, Iterable
 
 from celery_anarchon.errors import StoreError
 from celery_anarchon.plan import EntryPlan
-from celery_anarchon.stores.base import Store
+from celery_anarchon.stores.base import ClaimStore
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class SkewCheck:
     :param monotonic: the clock of elapsed time (the round trip, the next measurement).
     """
 
-    def __init__(self, store: Store, clock: Callable[[], float],
+    def __init__(self, store: ClaimStore, clock: Callable[[], float],
                  monotonic: Callable[[], float]) -> None:
         self.store = store
         self.clock = clock

@@ -11,7 +11,7 @@ from typing import Callable
 from celery_anarchon._util import iso
 from celery_anarchon.engine.notes import NoteBuffer
 from celery_anarchon.plan import EntryPlan
-from celery_anarchon.stores.base import ClaimResult, Outcome, RunEvent, Store
+from celery_anarchon.stores.base import ClaimResult, ClaimStore, Outcome, RunEvent
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class SkipLog:
     :param notes: the history-note buffer.
     """
 
-    def __init__(self, store: Store, instance_id: str, monotonic: Callable[[], float],
+    def __init__(self, store: ClaimStore, instance_id: str, monotonic: Callable[[], float],
                  stats: collections.Counter, notes: NoteBuffer) -> None:
         self.store = store
         self.instance_id = instance_id

@@ -19,7 +19,7 @@ from celery_anarchon.engine.outage import Outage
 from celery_anarchon.engine.sends import Send, SendQueue
 from celery_anarchon.errors import StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
-from celery_anarchon.stores.base import LeasedRun, RunState, Store, TakeoverOutcome
+from celery_anarchon.stores.base import LeasedRun, LeaseStore, RunState, TakeoverOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Takeovers:
     :param sends: sends a taken-over attempt (and says whether beat is stopping).
     """
 
-    def __init__(self, store: Store, namespace: str, monotonic: Callable[[], float],
+    def __init__(self, store: LeaseStore, namespace: str, monotonic: Callable[[], float],
                  rng: random.Random, stats: collections.Counter, outage: Outage,
                  sends: SendQueue) -> None:
         self.store = store
