@@ -41,6 +41,14 @@ DEFAULT_MEMORY_S = 3600.0
 DEFAULT_CLAIM_TIMEOUT_S = 5.0
 
 
+def _reads_lost_as(member: str) -> classmethod:
+    """An enum's ``_missing_`` that reads the value ``"lost"``, written by an older version, as
+    ``member`` (``"lost"`` named both another's win and a run given up)."""
+    def _missing_(cls, value):
+        return cls[member] if value == "lost" else None
+    return classmethod(_missing_)
+
+
 class Outcome(str, enum.Enum):
     """The answer of the store to the claim of one run."""
 
@@ -55,11 +63,7 @@ class Outcome(str, enum.Enum):
     #: won, but the claim was not confirmed durable (replicas, disk) in time: never sent, a
     #: possible miss (DESIGN.md "Amnesia and partial loss": durable claim)
     UNCONFIRMED = "unconfirmed"
-    LOST = "other_won"           #: old name of OTHER_WON (alias until every caller is renamed)
-
-    @classmethod
-    def _missing_(cls, value):
-        return cls.OTHER_WON if value == "lost" else None  # written by an older version
+    _missing_ = _reads_lost_as("OTHER_WON")
 
     @property
     def is_skip(self) -> bool:
@@ -87,11 +91,7 @@ class RunEvent(str, enum.Enum):
     FINISHED = "finished"          #: leased: released by its runner
     TAKEN_OVER = "taken_over"      #: leased: re-sent as a new attempt (runner presumed dead)
     GIVEN_UP = "given_up"          #: leased: given up after max_attempts
-    LOST = "given_up"              #: old name of GIVEN_UP (alias until every caller is renamed)
-
-    @classmethod
-    def _missing_(cls, value):
-        return cls.GIVEN_UP if value == "lost" else None  # written by an older version
+    _missing_ = _reads_lost_as("GIVEN_UP")
 
     @classmethod
     def for_skip(cls, outcome: Outcome) -> RunEvent:
@@ -112,11 +112,7 @@ class RunState(str, enum.Enum):
     FINISHED = "finished"
     GIVEN_UP = "given_up"
     SUPERSEDED = "superseded"
-    LOST = "given_up"  #: old name of GIVEN_UP (alias until every caller is renamed)
-
-    @classmethod
-    def _missing_(cls, value):
-        return cls.GIVEN_UP if value == "lost" else None  # written by an older version
+    _missing_ = _reads_lost_as("GIVEN_UP")
 
     @property
     def is_terminal(self) -> bool:
@@ -212,10 +208,6 @@ class HistoryRecord:
     detail: str = ""
 
 
-#: Old name of an event to write: the same type as a record read back.
-HistoryNote = HistoryRecord
-
-
 @dataclasses.dataclass(frozen=True)
 class LeasedRun:
     """The record of one leased run, as the store holds it (it never expires on its own).
@@ -252,11 +244,7 @@ class TakeoverOutcome(str, enum.Enum):
     GIVEN_UP = "given_up"      #: max_attempts reached: the run is recorded given up
     SUPERSEDED = "superseded"  #: a newer slot of the entry was claimed: the run is abandoned
     REFUSED = "refused"        #: the token changed or the run is alive/finished: nothing to do
-    LOST = "given_up"          #: old name of GIVEN_UP (alias until every caller is renamed)
-
-    @classmethod
-    def _missing_(cls, value):
-        return cls.GIVEN_UP if value == "lost" else None  # written by an older version
+    _missing_ = _reads_lost_as("GIVEN_UP")
 
 
 class ClaimStore(abc.ABC):
