@@ -265,3 +265,37 @@ def test_a_takeover_is_confirmed_like_a_claim(namespace):
         ha.catch_up(ha.replicas[0])
         outcome, again = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
         assert outcome is TakeoverOutcome.TAKEN and again.token == record.token
+
+
+# -- leases across a failover ------------------------------------------------------------------
+
+def test_a_release_lost_in_a_failover_is_never_taken_over(namespace):
+    """The runner adopts (the replica has it), then releases on the master while the replica
+    lags; the master dies and the lagging replica is promoted: its record says started, and the
+    lease runs out. B finds the run expired, but the store lost writes to it (a new epoch): the
+    run is not taken over (recorded lost, a possible miss), so its body never runs twice."""
+    from celery_anarchon.stores.base import LeaseTerms, RunState, TakeoverOutcome
+    with RedisHA(replicas=1) as ha:
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        worker = store(ha.url, "worker", namespace, confirm_timeout=CONFIRM)
+        replica = ha.replicas[0]
+        slot = a.now_ms()
+        request = ClaimRequest(entry="e", slot_ms=slot, max_late_ms=60_000, task_id="t",
+                               fingerprint="fp", lease=LeaseTerms(queue_timeout_ms=60_000))
+        assert a.claim([request])[0].outcome is Outcome.WON
+        adopted, run = worker.adopt("e", slot, "w1", 500)
+        assert adopted
+        ha.wait_synced(replica)
+        ha.lag(replica)
+        assert worker.release("e", slot, run.token)
+        ha.kill(ha.master)
+        ha.promote(replica)
+        b = store(ha.url, "B", namespace, confirm_timeout=CONFIRM)
+        expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the stale lease to run out")[0]
+        assert expired.state is RunState.STARTED and expired.token == run.token, "release lost"
+        outcome, record = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        assert outcome is TakeoverOutcome.LOST, (outcome, record)
+        assert b.inspect("e", slot).state is RunState.LOST and not b.expired_runs(["e"])
+        note = b.history("e")[0]
+        assert note.event is RunEvent.LOST and "not taken over" in note.detail, note
+        assert run_id(replica) in note.detail, "the detail names the epoch change"

@@ -419,7 +419,10 @@ return cjson.encode({now = int(NOW), runs = found})
 
 #: Take over an expired run: one compare-and-set on the expected token. The new record keeps the
 #: token it replaced (p), so this instance's retry of a takeover whose reply was lost is TAKEN
-#: again with the same record, not REFUSED.
+#: again with the same record, not REFUSED. A run whose slot is older than the entry's memory
+#: start + 10 s (an epoch change or amnesia since it was claimed: the store may have lost writes
+#: to its record, such as its release) is never taken over: it becomes lost, and its history says
+#: why (DESIGN.md "Leases": a possible miss, never a second run of the body).
 #: KEYS: the store key, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: expected token.
 #: ARGV[9]: queue_timeout ms for the new attempt.  ARGV[10]: max_attempts.
@@ -440,6 +443,18 @@ if run and run.p and tonumber(run.p) == tonumber(ARGV[8]) and run.s == 'queued'
   return reply('taken')  -- this instance's own takeover, whose reply was lost: the same record
 end
 if not run or tonumber(run.k) ~= tonumber(ARGV[8]) or not expired(run) then return reply('refused') end
+local forgot = amnesia(1, tonumber(slot_s))
+if forgot then  -- the store may have lost writes to this record (its release, its adoption)
+  local why = 'not taken over: its lease record may be stale after the store lost writes'
+  if run.s == 'queued' then
+    why = 'not taken over: it was queued before the store lost writes, so its adoption may be ' ..
+      'lost and its first message may still be in the broker'
+  end
+  run.s = 'lost'
+  run_put(1, slot_s, run)
+  history_event(1, slot_s, 'lost', run, why .. ' (a possible miss; ' .. forgot .. ')')
+  return reply('lost')
+end
 local newest = num(redis.call('HGET', key(1, FENCE), 'newest'))
 if newest and newest > tonumber(slot_s) then
   run.s = 'superseded'
