@@ -157,3 +157,41 @@ def test_unconfirmed_takeover_is_retried_and_recognised(sync_rig, opened, namesp
     ha.resume_replication()
     outcome, run = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.TAKEN and (run.attempt, run.owner) == (2, "B"), (outcome, run)
+
+
+def test_a_release_lost_in_a_promotion_is_never_taken_over(async_rig, opened, namespace_ha):
+    """The runner adopts (the standby has it), then releases on the primary while the
+    asynchronous standby lags; the primary crashes and the standby is promoted: its record says
+    started, and the lease runs out. B finds the run expired, but the timeline changed (the store
+    may have lost writes to it): the run is not taken over (recorded lost, a possible miss), so
+    its body never runs twice."""
+    from celery_anarchon.stores.base import LeaseTerms, RunState, TakeoverOutcome
+    ha = async_rig
+    a = opened(ha.url(), "A", namespace_ha)
+    worker = opened(ha.url(), "worker", namespace_ha)
+    prepared(a)
+    slot = fresh_slot(a)
+    won = a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=60_000))])[0]
+    assert won.outcome is Outcome.WON
+    adopted, run = worker.adopt("e", slot, "w1", 500)
+    assert adopted
+    ha.wait_replayed()
+    ha.pause_replication()
+    assert worker.release("e", slot, run.token)
+    a.close()
+    worker.close()
+    ha.kill_primary()
+    ha.promote()
+
+    b = opened(ha.url(), "B", namespace_ha)
+    deadline = time.monotonic() + 10
+    while not (expired := b.expired_runs(["e"])):
+        assert time.monotonic() < deadline, "the stale lease did not run out"
+        time.sleep(0.05)
+    assert expired[0].state is RunState.STARTED and expired[0].token == run.token, "release lost"
+    outcome, record = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    assert outcome is TakeoverOutcome.LOST, (outcome, record)
+    assert b.inspect("e", slot).state is RunState.LOST and not b.expired_runs(["e"])
+    note = b.history("e")[0]
+    assert note.event is RunEvent.LOST and "not taken over" in note.detail, note
+    assert "timeline" in note.detail, note
