@@ -151,9 +151,12 @@ def test_a_won_again_retry_confirms_on_its_own_connection(strategy, namespace):
 def test_a_replica_that_is_down_does_not_stop_the_schedule(namespace):
     """durability "auto" waits for the replicas the master has connected, read per batch: a
     replica that dies costs at most one batch a wait of confirm_timeout, then claims are confirmed
-    by the others; the remaining replica is still waited for."""
+    by the others; the remaining replica is still waited for. When the last one is gone too, the
+    schedule pauses (unconfirmed) for at most replica_grace after replicas last confirmed claims,
+    then the master goes on alone."""
+    grace = 2.0
     with RedisHA(replicas=2) as ha:
-        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM, replica_grace=grace))
         strict = store(ha.url, "S", namespace, durability="replica", min_replicas=2,
                        confirm_timeout=CONFIRM)
         base = a.now_ms()
@@ -167,6 +170,38 @@ def test_a_replica_that_is_down_does_not_stop_the_schedule(namespace):
         assert claim(strict, base + 10).outcome is Outcome.UNCONFIRMED
         ha.lag(ha.replicas[0])
         assert claim(a, base + 20).outcome is Outcome.UNCONFIRMED, "the live replica is waited for"
+        ha.catch_up(ha.replicas[0])  # its proxy passes the connection's end on
+        ha.kill(ha.replicas[0])
+        wait_until(lambda: ha.master.info("replication")["connected_slaves"] == 0, 10,
+                   "the master to drop the last replica")
+        paused = claim(a, base + 30)
+        assert paused.outcome is Outcome.UNCONFIRMED, "within replica_grace one replica is needed"
+        assert "replica_grace" in paused.detail, paused.detail
+        seen = int(ha.master.command("HGET", a.store_key, "replicas_at"))
+        wait_until(lambda: a.now_ms() > seen + grace * 1000, 10, "replica_grace to pass")
+        assert claim(a, base + 40).outcome is Outcome.WON, "after the grace the master goes on alone"
+
+
+def test_an_old_master_that_lost_its_replicas_never_confirms_alone(namespace):
+    """A split brain: the replicas leave the master (one is promoted, the other follows it) while
+    the master still takes writes, and a client still on it claims. With durability "auto" the
+    master has no replica to wait for, but the store recorded that replicas confirmed claims a
+    moment ago: within replica_grace such a claim needs one replica, so it answers UNCONFIRMED
+    (not sent: it would be lost when the old master resyncs), never WON."""
+    with RedisHA(replicas=2) as ha:
+        old, new, other = ha.master, ha.replicas[0], ha.replicas[1]
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        base = a.now_ms()
+        assert claim(a, base).outcome is Outcome.WON, "confirmed by both replicas"
+        ha.promote(new)
+        other.command("REPLICAOF", "127.0.0.1", str(new.port))
+        wait_until(lambda: old.info("replication")["connected_slaves"] == 0, 10,
+                   "the old master to lose both replicas")
+        assert old.info("replication")["role"] == "master", "it still takes writes"
+        won = claim(a, base + 1)  # a's connection is still on the old master
+        assert won.outcome is Outcome.UNCONFIRMED, won
+        assert "0 of 1 replica" in won.detail, won.detail
+        assert a.history("e")[0].event is RunEvent.UNCONFIRMED
 
 
 def test_durability_replica_without_replicas_warns_and_never_sends(namespace):

@@ -59,7 +59,7 @@ from celery_anarchon.stores.redis_scripts import ENTRY_KEYS, SCRIPTS
 
 #: Options of ``anarchon_store_options`` every strategy understands (besides the common ones).
 OPTIONS = frozenset({"strategy", "key_prefix", "master_name", "sentinel_kwargs", "durability",
-                     "min_replicas", "confirm_timeout", "allow_eviction"})
+                     "min_replicas", "confirm_timeout", "replica_grace", "allow_eviction"})
 #: Values of the ``durability`` option: what a won claim is confirmed on before it is answered WON.
 DURABILITIES = ("auto", "none", "replica", "aof", "replica+aof")
 #: Default ``confirm_timeout``, seconds (lowered to half of ``claim_timeout`` when that is shorter).
@@ -67,6 +67,10 @@ DEFAULT_CONFIRM_TIMEOUT_S = 2.0
 #: ``durability="auto"`` counts a replica only if it acknowledged within this many seconds
 #: (``INFO replication`` lag): a replica that is down or stalled does not stop the schedule.
 LIVE_REPLICA_LAG_S = 3
+#: Default ``replica_grace``, seconds: Redis's own ``repl-timeout`` default. With durability
+#: "auto", a master with no live replica whose replicas confirmed claims within this long still
+#: needs one (an old master cut off by a failover must not confirm alone), then goes on alone.
+DEFAULT_REPLICA_GRACE_S = 60.0
 #: The first Redis with WAITAOF.
 WAITAOF_VERSION = (7, 2)
 #: How long a claim made under the ``stream-id`` settings counts, ms, when another strategy wants
@@ -125,9 +129,9 @@ def check_options(strategy: str, options: dict) -> None:
                            OPTIONS | set(STRATEGY_OPTIONS[strategy]))
 
 
-def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float]:
-    """(durability, min_replicas, confirm_timeout s) from the options, validated (ConfigError
-    naming the option, the value and what is allowed)."""
+def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float, float]:
+    """(durability, min_replicas, confirm_timeout s, replica_grace s) from the options, validated
+    (ConfigError naming the option, the value and what is allowed)."""
     mode = options.get("durability", "auto")
     if mode not in DURABILITIES:
         raise ConfigError(f"anarchon_store_options['durability'] = {mode!r}: must be one of "
@@ -147,7 +151,12 @@ def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float]:
                           f"anarchon_store_options['claim_timeout'] = {claim_timeout:g} s (a claim's "
                           "reply waits for its confirmation); lower confirm_timeout or raise "
                           "claim_timeout")
-    return mode, min_replicas, confirm
+    if "replica_grace" in options and mode != "auto":
+        raise ConfigError(f"anarchon_store_options['replica_grace'] = {options['replica_grace']!r} "
+                          f"applies to durability 'auto', not {mode!r} ('replica' always waits "
+                          "for min_replicas)")
+    grace = _seconds("replica_grace", options.get("replica_grace", DEFAULT_REPLICA_GRACE_S))
+    return mode, min_replicas, confirm, grace
 
 
 def _key_prefix(value) -> str:
@@ -219,6 +228,13 @@ class RedisStore(Store):
         (default 1).
     :param confirm_timeout: seconds each confirmation may wait (default 2, or half of
         ``claim_timeout`` if that is lower); must be below ``claim_timeout``.
+    :param replica_grace: durability ``auto`` only, seconds (default 60, Redis's own
+        ``repl-timeout`` default): a master with no live replica whose replicas confirmed claims
+        (store-wide note, server clock) within this long still needs one replica, so its claims
+        answer UNCONFIRMED (an old master cut off by a failover, still taking writes, must not
+        confirm alone); after it, the master goes on alone (a replica that is down pauses the
+        schedule for at most this long). For a strict demand use ``durability="replica"``; against
+        a longer partition set ``min-replicas-to-write`` on the server.
     :param allow_eviction: accept a ``maxmemory-policy`` that may evict the store's keys
         (``allkeys-*``), giving up the guarantee (default False: ConfigError at prepare).
     :raises ConfigError: an option with a bad value, or one of another strategy.
@@ -249,7 +265,8 @@ class RedisStore(Store):
         history_size = _positive_int("history_size", options.get("history_size", DEFAULT_HISTORY_SIZE))
         claim_timeout = _seconds("claim_timeout", options.get("claim_timeout", DEFAULT_CLAIM_TIMEOUT_S))
         self.key_prefix = _key_prefix(options.get("key_prefix", DEFAULT_KEY_PREFIX))
-        self.durability, self.min_replicas, self.confirm_timeout = _durability(options, claim_timeout)
+        (self.durability, self.min_replicas, self.confirm_timeout,
+         self.replica_grace) = _durability(options, claim_timeout)
         self.allow_eviction = options.get("allow_eviction", False)
         if not isinstance(self.allow_eviction, bool):
             raise ConfigError(f"anarchon_store_options['allow_eviction'] = {self.allow_eviction!r}:"
@@ -376,7 +393,7 @@ class RedisStore(Store):
         """ARGV[1..6] of every script (redis_scripts: "ARGV header")."""
         text, horizon = self.memory_settings()
         return [self.instance_id, self._memory_ms, self.history_size, text, horizon,
-                "1" if count_replicas else "0"]
+                int(self.replica_grace * 1000) if count_replicas else "0"]
 
     def _call(self, script: str, keys: list[str], *args) -> dict:
         """Run one registered script (KEYS: the store key, then ``keys``; ARGV: the header, then
@@ -448,12 +465,22 @@ class RedisStore(Store):
         live = int(reply.get("replicas", 0)) if auto else replicas
         if auto:
             self._replica_hint = live
-            if live > asked:  # a replica joined since the last batch: confirm on it too
+            # a replica joined since the last batch (or one is required within replica_grace):
+            # confirm on it too, by running the script again (a claim reads its win back, a
+            # takeover its own TAKEN); a takeover that took nothing has nothing to confirm, and
+            # running it again would answer REFUSED for the record it just changed
+            if live > asked and (script != "take_over" or reply.get("outcome") == "taken"):
                 reply, acked, fsynced, asked = self._claim_round(script, keys, args, live, aof)
         ms = self.confirm_timeout
         missing = []
         if live and acked < live:
             missing.append(f"{acked} of {live} replica{'s' if live != 1 else ''} acknowledged")
+            if auto and reply.get("held"):
+                missing.append(
+                    "the master has no replica online, but replicas confirmed claims "
+                    f"{(int(reply['now']) - int(reply['held'])) / 1000:g} s ago, within "
+                    f"replica_grace = {self.replica_grace:g} s: it may be an old master cut off "
+                    "by a failover")
         if aof and not fsynced:
             missing.append("the AOF fsync was not confirmed")
         if not missing:

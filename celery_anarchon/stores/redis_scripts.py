@@ -14,8 +14,9 @@ Conventions shared by every script (the semantics are in ``store-semantics.md``)
   entries' blocks follow it.
 * **ARGV header.** ``ARGV[1]`` this instance's id, ``ARGV[2]`` the store memory in ms,
   ``ARGV[3]`` history_size, ``ARGV[4]`` the text of this instance's memory settings,
-  ``ARGV[5]`` how long a claim made under them stays claimable (ms), ``ARGV[6]`` "1" when a
-  claim reply must count the live replicas; a script's own arguments start at ``ARGV[7]``.
+  ``ARGV[5]`` how long a claim made under them stays claimable (ms), ``ARGV[6]`` "0", or the
+  ``replica_grace`` in ms when a claim reply must count the live replicas (durability "auto");
+  a script's own arguments start at ``ARGV[7]``.
 * **Epoch.** Every script reads the server's ``run_id`` (``INFO server``) and compares it with
   the one recorded store-wide; a change (restart, failover) restarts the store's memory at that
   moment (spec "Epoch"), so the slots around it are refused, whichever instance asks first.
@@ -47,6 +48,7 @@ STORE_FIELDS = (
     "settings",       # the memory settings in use (text, e.g. "strategy=lease memory=3600s")
     "settings_used",  # store ms of the last claim made under them
     "taken_at",       # store ms of the last takeover answered TAKEN (a write its WAIT covers)
+    "replicas_at",    # store ms of the last claim batch the master had live replicas to wait for
 )
 
 #: What each key of an entry's block holds, in the order scripts receive them.
@@ -69,7 +71,8 @@ local MEMORY_MS = tonumber(ARGV[2])                 -- store memory, ms
 local HISTORY_SIZE = tonumber(ARGV[3])              -- runs of history kept per entry
 local SETTINGS = ARGV[4]                            -- this instance's memory settings (text)
 local HORIZON_MS = tonumber(ARGV[5])                -- how long a claim made under them counts, ms
-local COUNT_REPLICAS = ARGV[6] == '1'               -- claim replies say how many replicas are live
+local REPLICA_GRACE_MS = tonumber(ARGV[6]) or 0     -- "auto": replica_grace, ms ("0": not counted)
+local COUNT_REPLICAS = REPLICA_GRACE_MS > 0         -- claim replies say how many replicas to wait for
 local STORE = KEYS[1]                               -- the namespace's store-wide hash
 local NBLOCKS = (#KEYS - 1) / BLOCK
 local clock = redis.call('TIME')
@@ -161,19 +164,31 @@ local function settings_refusal()
 end
 
 -- online replicas that acknowledged within the last 3 s (INFO replication lag, in seconds): what
--- durability 'auto' waits for (a replica that is down or stalled stops counting)
+-- durability 'auto' waits for (a replica that is down or stalled stops counting). The batch's time
+-- is recorded store-wide when there are some (replicas_at). With none now, but some within the last
+-- REPLICA_GRACE_MS, one is still required (second value true): this may be an old master whose
+-- replicas left it for a new one while it takes writes (a split brain), whose wins would be lost
+-- when it resyncs; so its claims stay unconfirmed until the grace has passed, then it goes on alone.
 local function live_replicas()
-  if not COUNT_REPLICAS then return 0 end
+  if not COUNT_REPLICAS then return 0, false end
   local n = 0
   for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
     if tonumber(lag) <= 3 then n = n + 1 end
   end
-  return n
+  if n > 0 then
+    redis.call('HSET', STORE, 'replicas_at', int(NOW))
+    return n, false
+  end
+  local seen = num(redis.call('HGET', STORE, 'replicas_at'))
+  if seen and NOW - seen <= REPLICA_GRACE_MS then return 1, true end
+  return 0, false
 end
 
 -- a claim script's reply
 local function claim_reply(results)
-  return cjson.encode({now = int(NOW), results = results, replicas = int(live_replicas())})
+  local n, held = live_replicas()
+  return cjson.encode({now = int(NOW), results = results, replicas = int(n),
+                       held = held and int(num(redis.call('HGET', STORE, 'replicas_at'))) or nil})
 end
 
 -- max(last + 1, store clock in us): tokens keep growing even after the store forgot
@@ -264,7 +279,8 @@ def lua(body: str, extra_keys: tuple[str, ...] = ()) -> str:
 #:   +3 task id (history), +4 claimant's fingerprint, +5 "1" leased / "0",
 #:   +6 queue_timeout ms (leased), +7 "1" overlap allowed / "0" skip (leased).
 #: Reply: {now, results: [{o outcome, w winner, f fingerprint, k token, a attempt, d detail}],
-#: replicas: live replicas (when counted)}.
+#: replicas: replicas to wait for (when counted), held: replicas_at when none is live but one is
+#: required within replica_grace}.
 CLAIM = lua(r"""
 local function prune(b)  -- claims (and terminal runs) past their age; never by count
   local gone = redis.call('ZRANGEBYSCORE', key(b, EXPIRY), '-inf', NOW)
@@ -426,7 +442,7 @@ return cjson.encode({now = int(NOW), runs = found})
 #: KEYS: the store key, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: expected token.
 #: ARGV[9]: queue_timeout ms for the new attempt.  ARGV[10]: max_attempts.
-#: Reply: {now, outcome (TakeoverOutcome value), run?, replicas (live, when counted)}.
+#: Reply: {now, outcome (TakeoverOutcome value), run?, replicas (to wait for, when counted), held?}.
 TAKE_OVER = lua(r"""
 memory_start(1)
 local slot_s = ARGV[7]
@@ -435,8 +451,9 @@ local function reply(outcome)
   if outcome == 'taken' then  -- a write of this call, so that its WAIT covers the takeover
     redis.call('HSET', STORE, 'taken_at', int(NOW))
   end
-  return cjson.encode({now = int(NOW), outcome = outcome, run = run,
-                       replicas = int(live_replicas())})
+  local n, held = live_replicas()
+  return cjson.encode({now = int(NOW), outcome = outcome, run = run, replicas = int(n),
+                       held = held and int(num(redis.call('HGET', STORE, 'replicas_at'))) or nil})
 end
 if run and run.p and tonumber(run.p) == tonumber(ARGV[8]) and run.s == 'queued'
     and run.o == INSTANCE then
