@@ -234,13 +234,14 @@ def test_late_claim_refused_on_store_clock(lateness_stores):
 
 def test_already_claimed_is_checked_before_late(lateness_stores):
     """The history of a claimed run never says late: a late retry sees the claim first."""
-    a, b = prepared(lateness_stores("A")), lateness_stores("B")
-    slot = fresh_slot(a)
-    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
-    # pretend both arrive after max_late: a max_late of 0 makes every claim "late" after 10 s,
-    # so offset the slot into the past instead
-    later = b.claim([req("e", slot, max_late_ms=0)])[0]
-    assert later.outcome is Outcome.LOST
+    a, b = prepared(lateness_stores("A"), "e", "control"), lateness_stores("B")
+    # 15 s ago on the store's clock: in time for A's max_late of 60 s, but 5 s past slot +
+    # max_late + tolerance for a claim with max_late 0
+    slot = store_now(a) - LATENESS_TOLERANCE_MS - 5_000
+    assert a.claim([req("e", slot, max_late_ms=60_000)])[0].outcome is Outcome.WON
+    # the same claim of an unclaimed run is late: so the order of the checks matters below
+    assert b.claim([req("control", slot, max_late_ms=0)])[0].outcome is Outcome.LATE
+    assert b.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.LOST
     assert a.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.WON
     assert a.history("e")[0].event is RunEvent.CLAIMED
 
@@ -259,7 +260,6 @@ def test_skip_is_recorded_once_not_per_instance(lateness_stores):
 def test_memory_outlasts_jitter_plus_max_late(stores):
     """A run claimed at its slot is still remembered at slot + jitter + max_late."""
     a, b = prepared(stores("A")), stores("B")
-    assert a.memory.duration_s is None or a.memory.duration_s >= 2 + 60
     slot = store_now(a) - MAX_LATE_MS
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
     assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.LOST
@@ -267,6 +267,20 @@ def test_memory_outlasts_jitter_plus_max_late(stores):
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
     # b claims "at slot + max_late": same slot, the store must still say LOST
     assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.LOST
+
+
+def test_memory_outlasts_jitter_plus_max_late_on_the_store_clock(lateness_stores):
+    memory_ms, max_late_ms, jitter_ms = 3_000, 1_000, 500       # jitter + max_late < memory
+    a = prepared(lateness_stores("A", memory=memory_ms / 1000))
+    b = lateness_stores("B", memory=memory_ms / 1000)
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.WON
+    wait_until(lambda: store_now(a) > slot + jitter_ms + max_late_ms, 10,
+               "slot + jitter + max_late on the store's clock")
+    assert b.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.LOST
+    wait_until(lambda: store_now(a) > slot + memory_ms + 500, 10,
+               "the memory to pass on the store's clock")
+    assert b.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.FORGOTTEN
 
 
 def test_claim_older_than_memory_is_never_won_again(lateness_stores):

@@ -363,7 +363,7 @@ def test_sqlite_driver_errors_never_leak(tmpdir_path):
     with pytest.raises(StoreUnavailable) as info:
         store.claim([req("e", 1)])
     assert path in str(info.value)
-    assert not isinstance(info.value, sqlite3.Error)
+    assert isinstance(info.value.__cause__, sqlite3.Error)
 
 
 # -- issue 8: writes the store may lose, rules shared by every instance ----------------------------
