@@ -197,6 +197,9 @@ class PostgresHA:
         self.synchronous = synchronous
         self.primary = Node("primary", self.root)
         self.standbys = [Node(f"standby{i}", self.root) for i in range(standbys)]
+        # every node of the rig, whatever its role now: close() stops them all (an old primary
+        # left running by a promotion is in neither primary nor standbys any more)
+        self.nodes: list[Node] = [self.primary, *self.standbys]
         self.timings: dict[str, float] = {}    # step -> seconds, for the start-up cost
 
     # -- life cycle -----------------------------------------------------------------------
@@ -259,12 +262,21 @@ class PostgresHA:
         self._start(node)
 
     def close(self) -> None:
-        """Stop every node (immediately) and delete the rig's folder."""
-        for node in [self.primary, *self.standbys]:
+        """Stop every server the rig started (immediately), whatever was promoted or stopped since
+        (an old primary still running after :meth:`promote` too), and delete the rig's folder.
+        The folder is kept when a server could not be stopped, so that it can still be found
+        (``postmaster.pid``) and stopped by hand. :raises RuntimeError: a server still runs."""
+        for node in self.nodes:
             if node.relay is not None:
                 node.relay.close()
+        running = []
+        for node in self.nodes:
             if os.path.exists(os.path.join(node.data, "postmaster.pid")):
                 self.stop(node, "immediate")
+                if os.path.exists(os.path.join(node.data, "postmaster.pid")):
+                    running.append(node)
+        if running:
+            raise RuntimeError(f"PostgresHA.close(): {running} still running in {self.root}")
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- faults ---------------------------------------------------------------------------

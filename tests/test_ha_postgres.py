@@ -62,6 +62,10 @@ def test_promoted_lagging_standby_never_rewins_a_won_run(async_rig, opened, name
     a = opened(ha.url(), "A", namespace_ha)
     warnings = a.prepare(["e"])
     assert any("asynchronous" in w and "synchronous_standby_names" in w for w in warnings), warnings
+    # it protects against a promotion after the primary died, not against a split brain
+    (warning,) = [w for w in warnings if "asynchronous" in w]
+    assert "split brain" in warning and "fence the old primary" in warning, warning
+    assert "never a second run" not in warning, warning
     prepared(a)
     ha.wait_replayed()                    # the standby has the store's notes, not what follows
     ha.pause_replication()
@@ -195,3 +199,36 @@ def test_a_release_lost_in_a_promotion_is_never_taken_over(async_rig, opened, na
     note = b.history("e")[0]
     assert note.event is RunEvent.LOST and "not taken over" in note.detail, note
     assert "timeline" in note.detail, note
+
+
+def test_rig_close_stops_an_old_primary_left_running_by_a_promotion():
+    """The rig's close() stops every server it started, whatever was promoted since: here the
+    standby is promoted while the old primary still runs (a split brain), and after close() no
+    postgres of the rig's folder is left (its postmaster.pid processes are gone, its ports shut)."""
+    import os
+    import signal
+    from chaos_servers import port_open
+    ha = ha_postgres.PostgresHA(standbys=1).start()
+    servers = {}                                  # pid -> (node name, port), from postmaster.pid
+    try:
+        old = ha.primary
+        ha.promote()
+        assert port_open(old.port), "the old primary still runs"
+        for node in (old, ha.primary):
+            with open(os.path.join(node.data, "postmaster.pid")) as pid_file:
+                servers[int(pid_file.readline())] = (node.name, node.port)
+    finally:
+        ha.close()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as stat:     # a zombie waiting for its parent is gone too
+                return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            return False
+
+    left = {pid: what for pid, what in servers.items() if alive(pid) or port_open(what[1])}
+    for pid in left:                              # clean up what the rig leaked (its own only)
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"postgres left running after close(): {left} (folder {ha.root})"
