@@ -204,6 +204,35 @@ def test_an_old_master_that_lost_its_replicas_never_confirms_alone(namespace):
         assert a.history("e")[0].event is RunEvent.UNCONFIRMED
 
 
+def test_a_split_that_leaves_each_side_one_replica_confirms_on_neither(namespace):
+    """Three replicas, then a split {M, R3} | {R1, R2}: R1 is promoted and R2 follows it, R3 stays
+    with the old master M. Each side has one replica online, so counting only the replicas online
+    now, both would confirm the same slot. The store recorded that 3 replicas confirmed claims a
+    moment ago: within replica_grace a claim needs a majority of them (2), so both sides answer
+    UNCONFIRMED (a possible miss), never WON twice."""
+    with RedisHA(replicas=3) as ha:
+        old, (r1, r2, r3) = ha.master, ha.replicas
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        base = a.now_ms()
+        assert claim(a, base).outcome is Outcome.WON, "confirmed by the three replicas"
+        for node in (r1, r2, r3):
+            ha.wait_synced(node)
+        ha.promote(r1)
+        r2.command("REPLICAOF", "127.0.0.1", str(r1.port))
+        wait_until(lambda: old.info("replication")["connected_slaves"] == 1, 10,
+                   "the old master to keep only R3")
+        wait_until(lambda: r1.info("replication").get("slave0", {}).get("state") == "online", 10,
+                   "R2 to replicate the promoted R1")
+        b = store(r1.url, "B", namespace, confirm_timeout=CONFIRM)
+        b._backdate_memory_start(["e"], 120_000)  # as once the new epoch's first 10 s have passed
+        slot = base + 1
+        on_old, on_new = claim(a, slot), claim(b, slot)
+        assert on_old.outcome is Outcome.UNCONFIRMED, on_old
+        assert on_new.outcome is Outcome.UNCONFIRMED, on_new
+        for result in (on_old, on_new):
+            assert "1 of 2 replicas" in result.detail and "3 replicas" in result.detail, result.detail
+
+
 def test_durability_replica_without_replicas_warns_and_never_sends(namespace):
     """An explicit demand for a replica that is not there: a start-up warning, then every claim is
     UNCONFIRMED (a possible miss) rather than sent unconfirmed; "auto" warns that nothing keeps
@@ -250,6 +279,25 @@ def test_an_evicting_maxmemory_policy_is_a_config_error(namespace):
             store(ha.url, "A", namespace).prepare(["e"])
         warnings = store(ha.url, "B", namespace, allow_eviction=True).prepare(["e"])
         assert any("allkeys-lru" in w for w in warnings)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_evicting_policy_set_after_start_up_refuses_every_claim(strategy, namespace):
+    """prepare() saw noeviction; then the policy becomes allkeys-lru (CONFIG SET on a running
+    server). The claim script reads the policy itself, so the next claim is refused (forgotten,
+    a possible miss) with a detail naming the setting and the fix, never won over an evicted
+    claim; an instance with allow_eviction=True goes on (it gave up the guarantee)."""
+    with rig(strategy, replicas=0) as ha:
+        a = prepared(store(ha.url, "A", namespace, strategy=strategy))
+        assert claim(a, a.now_ms()).outcome is Outcome.WON
+        ha.master.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        refused = claim(a, a.now_ms() + 1)
+        assert refused.outcome is Outcome.FORGOTTEN, refused
+        for words in ("maxmemory-policy", "allkeys-lru", "noeviction", "volatile-", "allow_eviction"):
+            assert words in refused.detail, refused.detail
+        assert a.history("e")[0].event is RunEvent.FORGOTTEN
+        b = store(ha.url, "B", namespace, strategy=strategy, allow_eviction=True)
+        assert claim(b, b.now_ms() + 2).outcome is Outcome.WON
 
 
 # -- (i) Sentinel ----------------------------------------------------------------------------------------

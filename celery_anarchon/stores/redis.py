@@ -85,7 +85,8 @@ STRATEGIES = tuple(STRATEGY_OPTIONS)
 MIN_VERSIONS = {"lease": (5, 0), "stream-id": (5, 0), "script": (5, 0), "idmp": (8, 6)}
 DEFAULT_KEY_PREFIX = "anarchon"
 SENTINEL_PORT = 26379
-#: maxmemory policies that may evict keys without a TTL (ours): claims would vanish.
+#: maxmemory policies that may evict keys without a TTL (ours): claims would vanish. The claim
+#: scripts refuse every claim under one of them (any ``allkeys-*``), read per batch.
 _EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
 
@@ -392,8 +393,9 @@ class RedisStore(Store):
     def _header(self, count_replicas: bool = False) -> list:
         """ARGV[1..6] of every script (redis_scripts: "ARGV header")."""
         text, horizon = self.memory_settings()
+        grace = int(self.replica_grace * 1000) if count_replicas else 0
         return [self.instance_id, self._memory_ms, self.history_size, text, horizon,
-                int(self.replica_grace * 1000) if count_replicas else "0"]
+                f"{grace} {1 if self.allow_eviction else 0}"]
 
     def _call(self, script: str, keys: list[str], *args) -> dict:
         """Run one registered script (KEYS: the store key, then ``keys``; ARGV: the header, then
@@ -470,17 +472,22 @@ class RedisStore(Store):
             # takeover its own TAKEN); a takeover that took nothing has nothing to confirm, and
             # running it again would answer REFUSED for the record it just changed
             if live > asked and (script != "take_over" or reply.get("outcome") == "taken"):
+                counted = {k: reply[k] for k in ("online", "seen", "held") if k in reply}
                 reply, acked, fsynced, asked = self._claim_round(script, keys, args, live, aof)
+                reply.update(counted)  # the run again does not count: keep why `live` are needed
         ms = self.confirm_timeout
         missing = []
         if live and acked < live:
             missing.append(f"{acked} of {live} replica{'s' if live != 1 else ''} acknowledged")
             if auto and reply.get("held"):
+                online, seen = int(reply.get("online", 0)), int(reply["seen"])
                 missing.append(
-                    "the master has no replica online, but replicas confirmed claims "
+                    f"the master has {online} replica{'s' if online != 1 else ''} online, but "
+                    f"{seen} replica{'s' if seen != 1 else ''} confirmed claims "
                     f"{(int(reply['now']) - int(reply['held'])) / 1000:g} s ago, within "
-                    f"replica_grace = {self.replica_grace:g} s: it may be an old master cut off "
-                    "by a failover")
+                    f"replica_grace = {self.replica_grace:g} s, and a claim needs a majority of "
+                    f"them ({live}): it may be an old master cut off by a failover, or one side "
+                    "of a split")
         if aof and not fsynced:
             missing.append("the AOF fsync was not confirmed")
         if not missing:
@@ -638,7 +645,7 @@ class RedisStore(Store):
                 "around a restart are lost. Configure 'appendonly yes' (or RDB snapshots, e.g. "
                 "'save 60 1') on this server.")
         policy = settings.get("maxmemory-policy", "")
-        if policy in _EVICTING:
+        if policy in _EVICTING or policy.startswith("allkeys-"):
             text = (f"Redis store {self.safe_url}: maxmemory-policy is {policy}, which may evict the "
                     "store's keys: an evicted claim lets a run be won twice (partial loss of "
                     "writes that no epoch detects). Use 'noeviction' or a volatile-* policy (the "
