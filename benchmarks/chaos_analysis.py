@@ -52,7 +52,12 @@ from datetime import datetime
 #: history events that explain a run that did not run (RunEvent values)
 MISS_EVENTS = ("late", "late_local", "early", "forgotten", "overlapping", "superseded",
                "store_unreachable", "send_failed", "send_unknown", "unknown", "unconfirmed",
-               "claimed", "lost")
+               "claimed", "lost", "given_up", "not_taken_over")
+
+#: a leased run recorded lost because the store may have lost writes to its record (an epoch
+#: change or amnesia since its claim: its release or adoption may be gone), not after max_attempts:
+#: the stores' history detail (redis_scripts.TAKE_OVER, sql_leases) and the engine's log line
+NOT_TAKEN_OVER = "not taken over"
 
 #: which injected fault kinds (benchmarks/chaos_faults.py) can cause each miss reason
 CAUSES = {
@@ -78,6 +83,8 @@ CAUSES = {
     "superseded": ("pause-runner", "broker-outage", "kill", "pause", "latency", "store-restart",
                    "store-lock"),
     "lost": ("pause-runner", "broker-outage", "kill", "pause", "store-restart", "store-lock"),
+    # an expired run the store refused to take over after it lost writes (a restart, a failover)
+    "not_taken_over": ("store-restart",),
 }
 #: the Sentinel rig's faults (--store redis-sentinel): a promotion changes the epoch (the new
 #: master's run_id), so the slots around it are refused ``forgotten``; a lagging replica, and the
@@ -85,7 +92,7 @@ CAUSES = {
 #: promotes a replica the store cannot be reached, and claims and sends are held up
 FAILOVERS = ("master-kill", "failover", "lag-failover", "pause-failover")
 for _reason in ("forgotten", "unconfirmed", "store_unreachable", "unknown", "late_local", "late",
-                "send_failed", "overlapping", "superseded", "lost"):
+                "send_failed", "overlapping", "superseded", "lost", "not_taken_over"):
     CAUSES[_reason] += FAILOVERS
 #: a fault can affect runs whose slot is this long before it starts (their claims and sends are
 #: retried until max_late) ...
@@ -94,7 +101,7 @@ WINDOW_BEFORE_S = 20.0
 WINDOW_AFTER_S = 30.0
 #: leased runs feel a fault longer: a lease (6 s), queue timeouts and up to 3 attempts, periods up to
 #: 30 s, so a run delayed by a fault overlaps or supersedes the next one
-LEASE_REASONS = ("overlapping", "superseded", "lost")
+LEASE_REASONS = ("overlapping", "superseded", "lost", "not_taken_over")
 LEASE_WINDOW_BEFORE_S, LEASE_WINDOW_AFTER_S = 45.0, 75.0
 #: a store restart makes the store forget (a new epoch, or no persistence): slots whose claims were
 #: still retried when it went down (max_late 15 s + the 10 s tolerance) up to those the restarted
@@ -109,8 +116,8 @@ MAX_UNACKED_PER_OUTAGE = 10
 
 #: when only log lines name a reason: the store-side and broker-side ones first, since a paused
 #: instance's own late skip says less about the run than the outage the others met
-LOG_PRIORITY = ("claimed", "send_failed", "send_unknown", "forgotten", "unconfirmed",
-                "store_unreachable", "superseded", "overlapping", "lost", "late", "early", "unknown",
+LOG_PRIORITY = ("claimed", "send_failed", "send_unknown", "forgotten", "not_taken_over",
+                "unconfirmed", "store_unreachable", "superseded", "overlapping", "lost", "late", "early", "unknown",
                 "late_local")
 
 _ISO = r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\+00:00)"
@@ -122,6 +129,8 @@ BEAT_PATTERNS = [
      "store_unreachable"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" not sent: the send kept failing"), "send_failed"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" recorded lost after"), "lost"),
+    (re.compile(_ENTRY + r": slot " + _ISO + r" attempt \d+ recorded lost, not taken over"),
+     "not_taken_over"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" attempt \d+: the publish broke off"), "send_unknown"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" won but not sent: beat is shutting down"), "claimed"),
     (re.compile(_ENTRY + r": slot " + _ISO + r" won but not sent: the claim answered after"),
@@ -145,6 +154,15 @@ WORKER_REFUSED = re.compile(_ENTRY + r": slot (?P<slot>\d+) attempt (?P<attempt>
                             r"lease had been taken over")
 INSTANCE = re.compile(r"anarchon: instance (\S+),")
 SENDING = re.compile(r"Sending due task " + _ENTRY + r" \(\S+\) slot " + _ISO + r" attempt (\d+)")
+
+
+def miss_event(rec: dict) -> str:
+    """The miss reason a history record names: its event, except ``not_taken_over`` for a run
+    recorded lost because the store may have lost writes to it (:data:`NOT_TAKEN_OVER`)."""
+    event = "lost" if rec["event"] == "given_up" else rec["event"]   # given up after max_attempts
+    if event == "lost" and NOT_TAKEN_OVER in (rec.get("detail") or ""):
+        return "not_taken_over"
+    return event
 
 
 def iso_ms(text: str) -> int:
@@ -437,7 +455,8 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
             continue
         # not run: look for a recorded reason. The run's reason is the store's (its newest
         # history record that names one), else the first log reason in LOG_PRIORITY
-        recorded = [rec["event"] for rec in sorted(history.get(run, []), key=lambda r: r["store_ms"])
+        recorded = [miss_event(rec) for rec in sorted(history.get(run, []),
+                                                      key=lambda r: r["store_ms"])
                     if rec["event"] in MISS_EVENTS
                     and (rec["event"] != "claimed" or rec["instance"] in ended)]
         found = set(reasons.get(run, ())) | set(recorded)

@@ -23,6 +23,7 @@ docs/reliability.md).
 """
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import select
@@ -64,13 +65,15 @@ def _as_postgres(*args: str, cwd: str = "/tmp", check: bool = True) -> subproces
 
 
 def _template() -> str:
-    """A freshly initdb'd data folder, made once per process (initdb is the slow step)."""
+    """A freshly initdb'd data folder, made once per process (initdb is the slow step) and
+    deleted when the process exits."""
     global _TEMPLATE
     with _TEMPLATE_LOCK:
         if _TEMPLATE is None or not os.path.isdir(_TEMPLATE):
             root = tempfile.mkdtemp(prefix="anarchon-ha-pg-template-")
             shutil.chown(root, "postgres", "postgres")
             data = os.path.join(root, "data")
+            atexit.register(shutil.rmtree, root, True)     # about 40 MB a process otherwise
             _as_postgres(os.path.join(_bin_dir(), "initdb"), "-D", data, "-A", "trust", "-U",
                          "postgres", "--no-sync", "--no-instructions")
             _TEMPLATE = data
@@ -197,6 +200,9 @@ class PostgresHA:
         self.synchronous = synchronous
         self.primary = Node("primary", self.root)
         self.standbys = [Node(f"standby{i}", self.root) for i in range(standbys)]
+        # every node of the rig, whatever its role now: close() stops them all (an old primary
+        # left running by a promotion is in neither primary nor standbys any more)
+        self.nodes: list[Node] = [self.primary, *self.standbys]
         self.timings: dict[str, float] = {}    # step -> seconds, for the start-up cost
 
     # -- life cycle -----------------------------------------------------------------------
@@ -259,12 +265,21 @@ class PostgresHA:
         self._start(node)
 
     def close(self) -> None:
-        """Stop every node (immediately) and delete the rig's folder."""
-        for node in [self.primary, *self.standbys]:
+        """Stop every server the rig started (immediately), whatever was promoted or stopped since
+        (an old primary still running after :meth:`promote` too), and delete the rig's folder.
+        The folder is kept when a server could not be stopped, so that it can still be found
+        (``postmaster.pid``) and stopped by hand. :raises RuntimeError: a server still runs."""
+        for node in self.nodes:
             if node.relay is not None:
                 node.relay.close()
+        running = []
+        for node in self.nodes:
             if os.path.exists(os.path.join(node.data, "postmaster.pid")):
                 self.stop(node, "immediate")
+                if os.path.exists(os.path.join(node.data, "postmaster.pid")):
+                    running.append(node)
+        if running:
+            raise RuntimeError(f"PostgresHA.close(): {running} still running in {self.root}")
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- faults ---------------------------------------------------------------------------

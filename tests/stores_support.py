@@ -39,6 +39,61 @@ class StoreMaker:
         persistence, a dropped database): the amnesia case (the registry's wipe of the kind)."""
         backends.wipe(self.kind, self.url, self.namespace)
 
+    def snapshot(self) -> object:
+        """Lease stores: a copy of everything this namespace holds in the store, for
+        :meth:`lose_writes_since`."""
+        if self.kind == "redis":
+            import redis
+            client = redis.Redis.from_url(self.url)
+            try:
+                return {key: client.dump(key) for key in client.scan_iter(self._redis_pattern())}
+            finally:
+                client.close()
+        from celery_anarchon.stores import sql_schema as schema
+        with self._sql_engine().connect() as conn:
+            return {table.name: [dict(row) for row in conn.execute(
+                        table.select().where(table.c.namespace == self.namespace)).mappings()]
+                    for table in schema.metadata.sorted_tables}
+
+    def lose_writes_since(self, snapshot: object) -> None:
+        """Lease stores: the server comes back with what :meth:`snapshot` copied and another
+        identity, as a Redis restarted from an older snapshot or a promoted replica (or standby)
+        that missed the newest writes would: the namespace's data goes back to the snapshot
+        (later writes are lost) and the epoch recorded in it is not the server's (an epoch
+        change, which the store notices at its next operation)."""
+        older = "an-older-server"
+        if self.kind == "redis":
+            import redis
+            client = redis.Redis.from_url(self.url)
+            try:
+                for key in client.scan_iter(self._redis_pattern()):
+                    client.delete(key)
+                for key, value in snapshot.items():
+                    client.restore(key, 0, value, replace=True)
+                    if key.endswith(b":store"):
+                        client.hset(key, "epoch", older)
+            finally:
+                client.close()
+            return
+        from celery_anarchon.stores import sql_schema as schema
+        with self._sql_engine().begin() as conn:
+            for table in reversed(schema.metadata.sorted_tables):
+                conn.execute(table.delete().where(table.c.namespace == self.namespace))
+            for table in schema.metadata.sorted_tables:
+                if snapshot[table.name]:
+                    conn.execute(table.insert(), snapshot[table.name])
+            conn.execute(schema.stores.update().where(schema.stores.c.namespace == self.namespace)
+                         .values(epoch=older))
+
+    def _redis_pattern(self) -> str:
+        from urllib.parse import quote
+        return f"anarchon:{{{quote(self.namespace, safe='')}[:}}]*"
+
+    def _sql_engine(self):
+        import sqlalchemy as sa
+        return sa.create_engine(self.url.replace("postgresql://", "postgresql+psycopg://", 1),
+                                poolclass=sa.pool.NullPool)
+
     def close_all(self) -> None:
         for store in self.opened:
             store.close()

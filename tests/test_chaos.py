@@ -68,3 +68,32 @@ def test_sixty_seconds_of_chaos_on_redis_send_every_run_once_or_record_why_not(t
     assert wanted <= injected, f"never injected: {sorted(wanted - injected)}; {summary['faults']}"
     skew = [f for f in summary["faults"] if f["kind"] == "skew"]
     assert has_faketime or all(f["skipped"] for f in skew), "a skew without libfaketime counted"
+
+
+def test_a_leased_run_not_taken_over_after_a_failover_is_an_explained_miss(tmp_path):
+    """A leased run the store refused to take over because it may have lost writes to its record
+    (history ``lost``, detail "not taken over ... lost writes") is an explained miss, reason
+    ``not_taken_over``, when a failover was on around its slot; without such a fault it is not."""
+    import chaos_analysis
+
+    slot = 1_800_000_000_000
+    log = tmp_path / "beat-1.0.log"
+    log.write_text("anarchon: instance vm:1:a, ...\n")
+    (tmp_path / "instances.jsonl").write_text(json.dumps({"log": str(log)}) + "\n")
+    (tmp_path / "executions.jsonl").write_text("")
+    (tmp_path / "history.jsonl").write_text(json.dumps(
+        {"entry": "lease-00", "slot_ms": slot, "event": "lost", "instance": "vm:1:a",
+         "store_ms": slot + 9000, "task_id": "t", "attempt": 1,
+         "detail": "not taken over: its lease record may be stale after the store lost writes "
+                   "(a possible miss; the server epoch changed)"}) + "\n")
+
+    def verdict(kind):
+        (tmp_path / "faults.jsonl").write_text(json.dumps(
+            {"kind": kind, "started": slot / 1000 + 2, "ended": slot / 1000 + 3}) + "\n")
+        return chaos_analysis.analyse(str(tmp_path), {"lease-00": 3_600_000}, {"lease-00"},
+                                      slot - 1, slot)
+
+    summary = verdict("failover")
+    assert summary["explained_by_reason"] == {"not_taken_over": 1}, summary
+    assert summary["unexplained"] == 0
+    assert verdict("skew")["unexplained"] == 1, "a skew cannot make the store lose writes"

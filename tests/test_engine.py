@@ -598,3 +598,31 @@ def test_a_takeover_whose_reply_was_lost_is_retried_and_sent_once(redis_proxy, n
         assert direct.inspect("e", slot).attempt == 2
     finally:
         direct.close()
+
+
+def test_a_run_not_taken_over_after_the_store_lost_writes_is_logged_as_such(namespace, harnesses,
+                                                                            caplog):
+    """A takeover the store refuses because it may have lost writes to the run's record (an epoch
+    change since the claim: recorded lost at attempt 1 of 3) is logged with that reason, not as
+    "recorded lost after 1 attempts" (which reads as max_attempts)."""
+    require_server(REDIS_URL, "Redis")
+    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 4, "max_attempts": 3}
+    anchor = int(time.time() - 1) % 3600                       # the start-up slot: 1 s ago
+    h = make(harnesses, REDIS_URL, namespace,
+             {"e": (3600, {"jitter": 0, "max_late": 5, "anchor": anchor, "lease": lease})})
+    h.engine.tick()
+    (_, slot, _), = h.sent
+    adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
+    assert adopted
+    wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
+    # the server's identity changes under the store (a failover): its writes may be lost
+    h.store._redis()[0].hset(h.store.store_key, "epoch", "an-older-server")
+    h.advance(3.5)                                               # past the takeover grace
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        h.engine._check_leases()
+    assert h.store.inspect("e", slot).state.value == "lost" and h.sent == [("e", slot, 1)]
+    messages = [r.getMessage() for r in caplog.records if "recorded lost" in r.getMessage()
+                or "not taken over" in r.getMessage()]
+    assert len(messages) == 1, messages
+    assert "after 1 attempts" not in messages[0], messages[0]
+    assert "lost writes" in messages[0] and "an-older-server" in messages[0], messages[0]

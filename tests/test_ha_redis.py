@@ -146,9 +146,12 @@ def test_a_won_again_retry_confirms_on_its_own_connection(strategy, namespace):
 def test_a_replica_that_is_down_does_not_stop_the_schedule(namespace):
     """durability "auto" waits for the replicas the master has connected, read per batch: a
     replica that dies costs at most one batch a wait of confirm_timeout, then claims are confirmed
-    by the others; the remaining replica is still waited for."""
+    by the others; the remaining replica is still waited for. When the last one is gone too, the
+    schedule pauses (unconfirmed) for at most replica_grace after replicas last confirmed claims,
+    then the master goes on alone."""
+    grace = 2.0
     with RedisHA(replicas=2) as ha:
-        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM, replica_grace=grace))
         strict = store(ha.url, "S", namespace, durability="replica", min_replicas=2,
                        confirm_timeout=CONFIRM)
         base = a.now_ms()
@@ -162,6 +165,67 @@ def test_a_replica_that_is_down_does_not_stop_the_schedule(namespace):
         assert claim(strict, base + 10).outcome is Outcome.UNCONFIRMED
         ha.lag(ha.replicas[0])
         assert claim(a, base + 20).outcome is Outcome.UNCONFIRMED, "the live replica is waited for"
+        ha.catch_up(ha.replicas[0])  # its proxy passes the connection's end on
+        ha.kill(ha.replicas[0])
+        wait_until(lambda: ha.master.info("replication")["connected_slaves"] == 0, 10,
+                   "the master to drop the last replica")
+        paused = claim(a, base + 30)
+        assert paused.outcome is Outcome.UNCONFIRMED, "within replica_grace one replica is needed"
+        assert "replica_grace" in paused.detail, paused.detail
+        seen = int(ha.master.command("HGET", a.store_key, "replicas_at"))
+        wait_until(lambda: a.now_ms() > seen + grace * 1000, 10, "replica_grace to pass")
+        assert claim(a, base + 40).outcome is Outcome.WON, "after the grace the master goes on alone"
+
+
+def test_an_old_master_that_lost_its_replicas_never_confirms_alone(namespace):
+    """A split brain: the replicas leave the master (one is promoted, the other follows it) while
+    the master still takes writes, and a client still on it claims. With durability "auto" the
+    master has no replica to wait for, but the store recorded that replicas confirmed claims a
+    moment ago: within replica_grace such a claim needs one replica, so it answers UNCONFIRMED
+    (not sent: it would be lost when the old master resyncs), never WON."""
+    with RedisHA(replicas=2) as ha:
+        old, new, other = ha.master, ha.replicas[0], ha.replicas[1]
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        base = a.now_ms()
+        assert claim(a, base).outcome is Outcome.WON, "confirmed by both replicas"
+        ha.promote(new)
+        other.command("REPLICAOF", "127.0.0.1", str(new.port))
+        wait_until(lambda: old.info("replication")["connected_slaves"] == 0, 10,
+                   "the old master to lose both replicas")
+        assert old.info("replication")["role"] == "master", "it still takes writes"
+        won = claim(a, base + 1)  # a's connection is still on the old master
+        assert won.outcome is Outcome.UNCONFIRMED, won
+        assert "0 of 1 replica" in won.detail, won.detail
+        assert a.history("e")[0].event is RunEvent.UNCONFIRMED
+
+
+def test_a_split_that_leaves_each_side_one_replica_confirms_on_neither(namespace):
+    """Three replicas, then a split {M, R3} | {R1, R2}: R1 is promoted and R2 follows it, R3 stays
+    with the old master M. Each side has one replica online, so counting only the replicas online
+    now, both would confirm the same slot. The store recorded that 3 replicas confirmed claims a
+    moment ago: within replica_grace a claim needs a majority of them (2), so both sides answer
+    UNCONFIRMED (a possible miss), never WON twice."""
+    with RedisHA(replicas=3) as ha:
+        old, (r1, r2, r3) = ha.master, ha.replicas
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        base = a.now_ms()
+        assert claim(a, base).outcome is Outcome.WON, "confirmed by the three replicas"
+        for node in (r1, r2, r3):
+            ha.wait_synced(node)
+        ha.promote(r1)
+        r2.command("REPLICAOF", "127.0.0.1", str(r1.port))
+        wait_until(lambda: old.info("replication")["connected_slaves"] == 1, 10,
+                   "the old master to keep only R3")
+        wait_until(lambda: r1.info("replication").get("slave0", {}).get("state") == "online", 10,
+                   "R2 to replicate the promoted R1")
+        b = store(r1.url, "B", namespace, confirm_timeout=CONFIRM)
+        backdate_memory_start(b, ["e"], 120_000)  # as once the new epoch's first 10 s have passed
+        slot = base + 1
+        on_old, on_new = claim(a, slot), claim(b, slot)
+        assert on_old.outcome is Outcome.UNCONFIRMED, on_old
+        assert on_new.outcome is Outcome.UNCONFIRMED, on_new
+        for result in (on_old, on_new):
+            assert "1 of 2 replicas" in result.detail and "3 replicas" in result.detail, result.detail
 
 
 def test_durability_replica_without_replicas_warns_and_never_sends(namespace):
@@ -212,6 +276,25 @@ def test_an_evicting_maxmemory_policy_is_a_config_error(namespace):
         assert any("allkeys-lru" in w for w in warnings)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_evicting_policy_set_after_start_up_refuses_every_claim(strategy, namespace):
+    """prepare() saw noeviction; then the policy becomes allkeys-lru (CONFIG SET on a running
+    server). The claim script reads the policy itself, so the next claim is refused (forgotten,
+    a possible miss) with a detail naming the setting and the fix, never won over an evicted
+    claim; an instance with allow_eviction=True goes on (it gave up the guarantee)."""
+    with rig(strategy, replicas=0) as ha:
+        a = prepared(store(ha.url, "A", namespace, strategy=strategy))
+        assert claim(a, a.now_ms()).outcome is Outcome.WON
+        ha.master.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        refused = claim(a, a.now_ms() + 1)
+        assert refused.outcome is Outcome.FORGOTTEN, refused
+        for words in ("maxmemory-policy", "allkeys-lru", "noeviction", "volatile-", "allow_eviction"):
+            assert words in refused.detail, refused.detail
+        assert a.history("e")[0].event is RunEvent.FORGOTTEN
+        b = store(ha.url, "B", namespace, strategy=strategy, allow_eviction=True)
+        assert claim(b, b.now_ms() + 2).outcome is Outcome.WON
+
+
 # -- (i) Sentinel ----------------------------------------------------------------------------------------
 
 def test_sentinel_failover_end_to_end_through_the_store_api(namespace):
@@ -260,3 +343,37 @@ def test_a_takeover_is_confirmed_like_a_claim(namespace):
         ha.catch_up(ha.replicas[0])
         outcome, again = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
         assert outcome is TakeoverOutcome.TAKEN and again.token == record.token
+
+
+# -- leases across a failover ------------------------------------------------------------------
+
+def test_a_release_lost_in_a_failover_is_never_taken_over(namespace):
+    """The runner adopts (the replica has it), then releases on the master while the replica
+    lags; the master dies and the lagging replica is promoted: its record says started, and the
+    lease runs out. B finds the run expired, but the store lost writes to it (a new epoch): the
+    run is not taken over (recorded lost, a possible miss), so its body never runs twice."""
+    from celery_anarchon.stores.base import LeaseTerms, RunState, TakeoverOutcome
+    with RedisHA(replicas=1) as ha:
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
+        worker = store(ha.url, "worker", namespace, confirm_timeout=CONFIRM)
+        replica = ha.replicas[0]
+        slot = a.now_ms()
+        request = ClaimRequest(entry="e", slot_ms=slot, max_late_ms=60_000, task_id="t",
+                               fingerprint="fp", lease=LeaseTerms(queue_timeout_ms=60_000))
+        assert a.claim([request])[0].outcome is Outcome.WON
+        adopted, run = worker.adopt("e", slot, "w1", 500)
+        assert adopted
+        ha.wait_synced(replica)
+        ha.lag(replica)
+        assert worker.release("e", slot, run.token)
+        ha.kill(ha.master)
+        ha.promote(replica)
+        b = store(ha.url, "B", namespace, confirm_timeout=CONFIRM)
+        expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the stale lease to run out")[0]
+        assert expired.state is RunState.STARTED and expired.token == run.token, "release lost"
+        outcome, record = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        assert outcome is TakeoverOutcome.GIVEN_UP, (outcome, record)
+        assert b.inspect("e", slot).state is RunState.GIVEN_UP and not b.expired_runs(["e"])
+        note = b.history("e")[0]
+        assert note.event is RunEvent.GIVEN_UP and "not taken over" in note.detail, note
+        assert run_id(replica) in note.detail, "the detail names the epoch change"

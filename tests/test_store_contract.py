@@ -226,13 +226,14 @@ def test_late_claim_refused_on_store_clock(lateness_stores):
 
 def test_already_claimed_is_checked_before_late(lateness_stores):
     """The history of a claimed run never says late: a late retry sees the claim first."""
-    a, b = prepared(lateness_stores("A")), lateness_stores("B")
-    slot = fresh_slot(a)
-    assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
-    # pretend both arrive after max_late: a max_late of 0 makes every claim "late" after 10 s,
-    # so offset the slot into the past instead
-    later = b.claim([req("e", slot, max_late_ms=0)])[0]
-    assert later.outcome is Outcome.OTHER_WON
+    a, b = prepared(lateness_stores("A"), "e", "control"), lateness_stores("B")
+    # 15 s ago on the store's clock: in time for A's max_late of 60 s, but 5 s past slot +
+    # max_late + tolerance for a claim with max_late 0
+    slot = store_now(a) - LATENESS_TOLERANCE_MS - 5_000
+    assert a.claim([req("e", slot, max_late_ms=60_000)])[0].outcome is Outcome.WON
+    # the same claim of an unclaimed run is late: so the order of the checks matters below
+    assert b.claim([req("control", slot, max_late_ms=0)])[0].outcome is Outcome.LATE
+    assert b.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.OTHER_WON
     assert a.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.WON
     assert a.history("e")[0].event is RunEvent.CLAIMED
 
@@ -251,7 +252,6 @@ def test_skip_is_recorded_once_not_per_instance(lateness_stores):
 def test_memory_outlasts_jitter_plus_max_late(stores):
     """A run claimed at its slot is still remembered at slot + jitter + max_late."""
     a, b = prepared(stores("A")), stores("B")
-    assert a.memory.duration_s is None or a.memory.duration_s >= 2 + 60
     slot = store_now(a) - MAX_LATE_MS
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
     assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.OTHER_WON
@@ -259,6 +259,20 @@ def test_memory_outlasts_jitter_plus_max_late(stores):
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
     # b claims "at slot + max_late": same slot, the store must still say LOST
     assert b.claim([req("e", slot, max_late_ms=MAX_LATE_MS)])[0].outcome is Outcome.OTHER_WON
+
+
+def test_memory_outlasts_jitter_plus_max_late_on_the_store_clock(lateness_stores):
+    memory_ms, max_late_ms, jitter_ms = 3_000, 1_000, 500       # jitter + max_late < memory
+    a = prepared(lateness_stores("A", memory=memory_ms / 1000))
+    b = lateness_stores("B", memory=memory_ms / 1000)
+    slot = fresh_slot(a)
+    assert a.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.WON
+    wait_until(lambda: store_now(a) > slot + jitter_ms + max_late_ms, 10,
+               "slot + jitter + max_late on the store's clock")
+    assert b.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.OTHER_WON
+    wait_until(lambda: store_now(a) > slot + memory_ms + 500, 10,
+               "the memory to pass on the store's clock")
+    assert b.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.FORGOTTEN
 
 
 def test_claim_older_than_memory_is_never_won_again(lateness_stores):
@@ -598,3 +612,81 @@ def test_a_takeover_whose_reply_was_lost_is_recognised(lease_stores):
     assert (again[1].token, again[1].attempt) == (first[1].token, 2)
     assert c.take_over("e", slot, run.token, queue_timeout_ms=60_000,
                        max_attempts=3)[0] is TakeoverOutcome.REFUSED
+
+
+# -- lease records the store may have lost writes to (an epoch change, amnesia) -----------------
+
+def _expired_run(store, slot):
+    return wait_until(lambda: [r for r in store.expired_runs(["e"]) if r.slot_ms == slot], 10,
+                      "the run to show expired")[0]
+
+
+def _refused_takeover(store, other, slot, run):
+    """take_over of ``run`` by ``store`` is refused for good: the record becomes lost, its history
+    says why (once), expired_runs no longer returns it and a second takeover is refused."""
+    outcome, record = store.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    assert outcome is TakeoverOutcome.GIVEN_UP, (outcome, record)
+    assert record.state is RunState.GIVEN_UP and record.attempt == run.attempt
+    assert not [r for r in store.expired_runs(["e"]) if r.slot_ms == slot]
+    assert other.take_over("e", slot, run.token, queue_timeout_ms=60_000,
+                           max_attempts=3)[0] is TakeoverOutcome.REFUSED
+    assert other.inspect("e", slot).state is RunState.GIVEN_UP
+    [note] = [h for h in store.history("e") if h.slot_ms == slot]
+    assert note.event is RunEvent.GIVEN_UP and "not taken over" in note.detail, note
+    return note
+
+
+def test_a_run_whose_release_the_store_lost_is_never_taken_over(lease_stores):
+    """The runner adopts and releases; the store loses the release (it comes back from an older
+    copy with another epoch: a promoted replica, a snapshot restart). The record says started and
+    its lease expires, but the store may have lost writes to it: the run is not taken over (a
+    possible miss), because its body already ran (DESIGN.md "Leases": at most one body runs)."""
+    a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LEASE)])
+    _, run = worker.adopt("e", slot, "w1", 300)
+    older = lease_stores.snapshot()
+    assert worker.release("e", slot, run.token)
+    lease_stores.lose_writes_since(older)
+    expired = _expired_run(b, slot)
+    assert expired.state is RunState.STARTED and expired.token == run.token, "the release was lost"
+    note = _refused_takeover(b, a, slot, expired)
+    assert "epoch" in note.detail and "stale" in note.detail, note
+
+
+def test_a_queued_run_from_before_an_epoch_change_is_never_taken_over(lease_stores):
+    """A run queued (never adopted, as far as the store knows) before the epoch changed passes its
+    queue deadline: its first message may still be in the broker (or its adoption was lost), so a
+    takeover could run it twice: refused, and the history says so."""
+    a, b = prepared(lease_stores("A")), lease_stores("B")
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=300))])
+    lease_stores.lose_writes_since(lease_stores.snapshot())
+    expired = _expired_run(b, slot)
+    assert expired.state is RunState.QUEUED
+    note = _refused_takeover(b, a, slot, expired)
+    assert "epoch" in note.detail and "broker" in note.detail, note
+
+
+def test_a_runner_recreates_its_record_after_an_epoch_change_but_is_never_taken_over(
+        lease_stores):
+    """The store comes back without the run (an older copy, another epoch): its live runner
+    renews, re-creating the record with its token, and keeps renewing and can release. Once such
+    a runner dies, its run is not taken over: the store cannot tell what it lost."""
+    a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
+    older = lease_stores.snapshot()
+    done, dies = fresh_slot(a), fresh_slot(a) + 1000
+    a.claim([req("e", done, lease=LeaseTerms(60_000, overlap_allowed=True)),
+             req("e", dies, lease=LeaseTerms(60_000, overlap_allowed=True))])
+    _, finishing = worker.adopt("e", done, "w1", 30_000)
+    _, dying = worker.adopt("e", dies, "w2", 30_000)
+    lease_stores.lose_writes_since(older)
+    assert a.inspect("e", done) is None and a.inspect("e", dies) is None
+    renewed = worker.renew("e", done, finishing.token, "w1", 30_000)
+    assert renewed and renewed.state is RunState.STARTED and renewed.token == finishing.token
+    assert worker.renew("e", done, finishing.token, "w1", 30_000), "it keeps renewing"
+    assert worker.release("e", done, finishing.token)
+    assert worker.renew("e", dies, dying.token, "w2", 300)
+    note = _refused_takeover(b, a, dies, _expired_run(b, dies))
+    assert "epoch" in note.detail, note
+    assert a.inspect("e", done).state is RunState.FINISHED

@@ -377,6 +377,9 @@ def test_takeover_whose_reply_was_lost_answers_taken_on_retry(stores):
     ({"confirm_timeout": 0}, ["'confirm_timeout'"]),
     ({"confirm_timeout": 5, "claim_timeout": 5}, ["'confirm_timeout'", "'claim_timeout'", "below"]),
     ({"allow_eviction": "yes"}, ["'allow_eviction'"]),
+    ({"replica_grace": 0}, ["'replica_grace'", "0"]),
+    ({"replica_grace": "60"}, ["'replica_grace'", "'60'"]),
+    ({"durability": "replica", "replica_grace": 30}, ["'replica_grace'", "'auto'", "'replica'"]),
 ])
 def test_bad_durability_options_name_option_value_and_fix(options, words):
     with pytest.raises(ConfigError) as caught:
@@ -390,6 +393,8 @@ def test_every_strategy_takes_the_durability_options(strategy):
     s = store(strategy=strategy, durability="replica", min_replicas=2, confirm_timeout=1)
     assert (s.durability, s.min_replicas, s.confirm_timeout) == ("replica", 2, 1.0)
     assert store(strategy=strategy).durability == "auto"
+    assert store(strategy=strategy).replica_grace == 60.0, "Redis's repl-timeout default"
+    assert store(strategy=strategy, replica_grace=5.5).replica_grace == 5.5
 
 
 def test_memory_settings_are_recorded_store_wide(stores):

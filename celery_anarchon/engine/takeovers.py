@@ -199,9 +199,27 @@ class Takeovers:
             self.sends.send(Send(plan, run.slot_ms, new.attempt, new.token,
                                  task_id_for(self.namespace, plan.name, run.slot_ms, new.attempt),
                                  give_up_at=self.monotonic() + plan.timing.max_late_s))
+        elif outcome is TakeoverOutcome.GIVEN_UP and (new or run).attempt < lease.max_attempts:
+            # attempts left: the store refused the takeover because it may have lost writes to
+            # the run's record since it was claimed (an epoch change or amnesia: a release or an
+            # adoption it no longer has); its history detail says which (DESIGN.md "Leases")
+            logger.error("%s: slot %s attempt %d recorded lost, not taken over: the store may "
+                         "have lost writes to its record since it was claimed, so the run may "
+                         "still be running or may have finished (a possible miss, never a second "
+                         "run)%s", plan.name, iso(run.slot_ms), run.attempt,
+                         self._history_detail(run))
         elif outcome is TakeoverOutcome.GIVEN_UP:
             logger.error("%s: slot %s recorded lost after %d attempts: %s", plan.name,
                          iso(run.slot_ms), run.attempt, why)
         elif outcome is TakeoverOutcome.SUPERSEDED:
             logger.info("%s: slot %s superseded by a newer slot instead of a takeover (%s)",
                         plan.name, iso(run.slot_ms), why)
+
+    def _history_detail(self, run: LeasedRun) -> str:
+        """``": <detail>"`` of the run's history record (one read, best effort), or ""."""
+        try:
+            records = self.store.history(run.entry, 50)
+        except StoreError:
+            return ""
+        detail = next((r.detail for r in records if r.slot_ms == run.slot_ms), "")
+        return f": {detail}" if detail else ""

@@ -241,7 +241,9 @@ class TakeoverOutcome(str, enum.Enum):
     """The answer to :meth:`LeaseStore.take_over`."""
 
     TAKEN = "taken"            #: this instance re-sends the run as ``run.attempt``
-    GIVEN_UP = "given_up"      #: max_attempts reached: the run is recorded given up
+    #: max_attempts reached, or the store may have lost writes to the run's record (an epoch
+    #: change or amnesia since it was claimed): the run is recorded given up, not taken over
+    GIVEN_UP = "given_up"
     SUPERSEDED = "superseded"  #: a newer slot of the entry was claimed: the run is abandoned
     REFUSED = "refused"        #: the token changed or the run is alive/finished: nothing to do
     _missing_ = _reads_lost_as("GIVEN_UP")
@@ -370,8 +372,11 @@ class LeaseStore(ClaimStore):
                   queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
         """One compare-and-set on ``expected_token``: if the run is still expired and no newer slot
         of the entry was claimed, queue it again as the next attempt with a new token and a queue
-        deadline of now + ``queue_timeout_ms``. After ``max_attempts`` it is recorded given up.
-        Exactly one of several instances finding the same expired run gets ``TAKEN``."""
+        deadline of now + ``queue_timeout_ms``. After ``max_attempts`` it is recorded given up,
+        and so is a run whose slot is older than the entry's effective memory start + tolerance
+        (the store may have lost writes to its record, e.g. its release: a possible miss, never a
+        second run). Exactly one of several instances finding the same expired run gets
+        ``TAKEN``."""
 
     @abc.abstractmethod
     def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:

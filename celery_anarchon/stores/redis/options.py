@@ -12,7 +12,7 @@ from celery_anarchon.stores.base import DEFAULT_MEMORY_S
 
 #: Options of ``anarchon_store_options`` every strategy understands (besides the common ones).
 OPTIONS = frozenset({"strategy", "key_prefix", "master_name", "sentinel_kwargs", "durability",
-                     "min_replicas", "confirm_timeout", "allow_eviction"})
+                     "min_replicas", "confirm_timeout", "replica_grace", "allow_eviction"})
 #: Values of the ``durability`` option: what a won claim is confirmed on before it is answered WON.
 DURABILITIES = ("auto", "none", "replica", "aof", "replica+aof")
 #: Default ``confirm_timeout``, seconds (lowered to half of ``claim_timeout`` when that is shorter).
@@ -20,6 +20,10 @@ DEFAULT_CONFIRM_TIMEOUT_S = 2.0
 #: ``durability="auto"`` counts a replica only if it acknowledged within this many seconds
 #: (``INFO replication`` lag): a replica that is down or stalled does not stop the schedule.
 LIVE_REPLICA_LAG_S = 3
+#: Default ``replica_grace``, seconds: Redis's own ``repl-timeout`` default. With durability
+#: "auto", a master with no live replica whose replicas confirmed claims within this long still
+#: needs one (an old master cut off by a failover must not confirm alone), then goes on alone.
+DEFAULT_REPLICA_GRACE_S = 60.0
 #: The first Redis with WAITAOF.
 WAITAOF_VERSION = (7, 2)
 #: How long a claim made under the ``stream-id`` settings counts, ms, when another strategy wants
@@ -34,7 +38,8 @@ STRATEGIES = tuple(STRATEGY_OPTIONS)
 MIN_VERSIONS = {"lease": (5, 0), "stream-id": (5, 0), "script": (5, 0), "idmp": (8, 6)}
 DEFAULT_KEY_PREFIX = "anarchon"
 SENTINEL_PORT = 26379
-#: maxmemory policies that may evict keys without a TTL (ours): claims would vanish.
+#: maxmemory policies that may evict keys without a TTL (ours): claims would vanish. The claim
+#: scripts refuse every claim under one of them (any ``allkeys-*``), read per batch.
 _EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
 
@@ -71,9 +76,9 @@ def check_options(strategy: str, options: dict) -> None:
                            OPTIONS | set(STRATEGY_OPTIONS[strategy]))
 
 
-def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float]:
-    """(durability, min_replicas, confirm_timeout s) from the options, validated (ConfigError
-    naming the option, the value and what is allowed)."""
+def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float, float]:
+    """(durability, min_replicas, confirm_timeout s, replica_grace s) from the options, validated
+    (ConfigError naming the option, the value and what is allowed)."""
     mode = options.get("durability", "auto")
     if mode not in DURABILITIES:
         raise ConfigError(f"anarchon_store_options['durability'] = {mode!r}: must be one of "
@@ -93,7 +98,12 @@ def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float]:
                           f"anarchon_store_options['claim_timeout'] = {claim_timeout:g} s (a claim's "
                           "reply waits for its confirmation); lower confirm_timeout or raise "
                           "claim_timeout")
-    return mode, min_replicas, confirm
+    if "replica_grace" in options and mode != "auto":
+        raise ConfigError(f"anarchon_store_options['replica_grace'] = {options['replica_grace']!r} "
+                          f"applies to durability 'auto', not {mode!r} ('replica' always waits "
+                          "for min_replicas)")
+    grace = _seconds("replica_grace", options.get("replica_grace", DEFAULT_REPLICA_GRACE_S))
+    return mode, min_replicas, confirm, grace
 
 
 def _key_prefix(value) -> str:

@@ -14,8 +14,14 @@ Conventions shared by every script (the semantics are in ``store-semantics.md``)
   entries' blocks follow it.
 * **ARGV header.** ``ARGV[1]`` this instance's id, ``ARGV[2]`` the store memory in ms,
   ``ARGV[3]`` history_size, ``ARGV[4]`` the text of this instance's memory settings,
-  ``ARGV[5]`` how long a claim made under them stays claimable (ms), ``ARGV[6]`` "1" when a
-  claim reply must count the live replicas; a script's own arguments start at ``ARGV[7]``.
+  ``ARGV[5]`` how long a claim made under them stays claimable (ms), ``ARGV[6]`` two words:
+  "0", or the ``replica_grace`` in ms when a claim reply must count the replicas (durability
+  "auto"), then "1" when ``allow_eviction`` is set, else "0" (e.g. ``"60000 0"``); a script's own
+  arguments start at ``ARGV[7]``.
+* **Eviction.** Every claim script reads ``maxmemory_policy`` (``INFO memory``): under an
+  ``allkeys-*`` policy, unless ``allow_eviction``, the whole batch is refused (forgotten), since an
+  evicted claim could be won again (spec point 9: eviction is partial loss; the policy may change
+  after ``prepare()``).
 * **Epoch.** Every script reads the server's ``run_id`` (``INFO server``) and compares it with
   the one recorded store-wide; a change (restart, failover) restarts the store's memory at that
   moment (spec "Epoch"), so the slots around it are refused, whichever instance asks first.
@@ -47,6 +53,8 @@ STORE_FIELDS = (
     "settings",       # the memory settings in use (text, e.g. "strategy=lease memory=3600s")
     "settings_used",  # store ms of the last claim made under them
     "taken_at",       # store ms of the last takeover answered TAKEN (a write its WAIT covers)
+    "replicas_at",    # store ms of the last claim batch the master had live replicas to wait for
+    "replicas_seen",  # JSON {count: store ms}: when claim batches last had that many replicas online
 )
 
 #: What each key of an entry's block holds, in the order scripts receive them.
@@ -69,7 +77,9 @@ local MEMORY_MS = tonumber(ARGV[2])                 -- store memory, ms
 local HISTORY_SIZE = tonumber(ARGV[3])              -- runs of history kept per entry
 local SETTINGS = ARGV[4]                            -- this instance's memory settings (text)
 local HORIZON_MS = tonumber(ARGV[5])                -- how long a claim made under them counts, ms
-local COUNT_REPLICAS = ARGV[6] == '1'               -- claim replies say how many replicas are live
+local REPLICA_GRACE_MS = tonumber(string.match(ARGV[6], '^(%d+)')) or 0  -- "auto": replica_grace ms
+local ALLOW_EVICTION = string.match(ARGV[6], ' (%d)$') == '1'  -- allow_eviction set
+local COUNT_REPLICAS = REPLICA_GRACE_MS > 0         -- claim replies say how many replicas to wait for
 local STORE = KEYS[1]                               -- the namespace's store-wide hash
 local NBLOCKS = (#KEYS - 1) / BLOCK
 local clock = redis.call('TIME')
@@ -145,11 +155,29 @@ local function amnesia(b, slot)
   return nil
 end
 
--- Claim scripts only: why claims made under this instance's memory settings are refused (the
--- store records other settings, still in use), or nil after recording ours with their last use.
--- That write also makes a WAIT after the script cover every earlier write of the master,
--- including a claim this instance reads back as its own (a won-again answer on a new connection).
+-- why every claim is refused because the server may evict the store's keys (an allkeys-*
+-- maxmemory-policy: an evicted claim could be won again), or nil. Read in every claim, not only
+-- at prepare(): CONFIG SET can change the policy of a running server (spec point 9).
+local function eviction_refusal()
+  if ALLOW_EVICTION then return nil end
+  local policy = string.match(redis.call('INFO', 'memory'), 'maxmemory_policy:([%w%-]+)')
+  if policy and string.sub(policy, 1, 8) == 'allkeys-' then
+    return "the server's maxmemory-policy is " .. policy .. ', which may evict the store\'s ' ..
+      'keys (an evicted claim could be won again): every claim is refused, a possible miss. ' ..
+      'Set maxmemory-policy to noeviction or a volatile-* policy (the store\'s keys carry no ' ..
+      "TTL), or set anarchon_store_options['allow_eviction'] = True to accept that risk"
+  end
+  return nil
+end
+
+-- Claim scripts only: why every claim of the batch is refused, or nil: the server may evict the
+-- store's keys (eviction_refusal), or the store records other memory settings than this
+-- instance's, still in use; else nil, after recording ours with their last use. That write also
+-- makes a WAIT after the script cover every earlier write of the master, including a claim this
+-- instance reads back as its own (a won-again answer on a new connection).
 local function settings_refusal()
+  local evicting = eviction_refusal()
+  if evicting then return evicting end
   local rec = redis.call('HMGET', STORE, 'settings', 'settings_used')
   if rec[1] and rec[1] ~= SETTINGS and NOW - (num(rec[2]) or 0) <= HORIZON_MS + 2 * TOL then
     return 'the store records the memory settings "' .. rec[1] .. '" (last used at ' ..
@@ -160,20 +188,50 @@ local function settings_refusal()
   return nil
 end
 
--- online replicas that acknowledged within the last 3 s (INFO replication lag, in seconds): what
--- durability 'auto' waits for (a replica that is down or stalled stops counting)
+-- The replicas a claim (or takeover) batch must be confirmed on, with durability 'auto': every
+-- replica online now (acknowledged within the last 3 s, INFO replication lag in seconds; one that
+-- is down or stalled stops counting) and, within REPLICA_GRACE_MS of the last batch that had a
+-- larger group online, a majority of that group: floor((1 + seen) / 2), at least 1. The count
+-- online is recorded store-wide with the time (replicas_seen; replicas_at: the last batch with
+-- any). This may be an old master cut off by a failover that still takes writes (a split brain)
+-- or one side of a split where each side keeps some replicas: without a majority of the group,
+-- its wins could be lost or won again on the other side, so they stay unconfirmed until the grace
+-- has passed; then it goes on with the replicas online.
+-- Returns: replicas to wait for, online now, and when a majority is required beyond those
+-- online, the recorded group's size and the time it was last seen (else nil, nil).
 local function live_replicas()
-  if not COUNT_REPLICAS then return 0 end
+  if not COUNT_REPLICAS then return 0, 0, nil, nil end
   local n = 0
   for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
     if tonumber(lag) <= 3 then n = n + 1 end
   end
-  return n
+  local seen = cjson.decode(redis.call('HGET', STORE, 'replicas_seen') or '{}')
+  if n > 0 then
+    seen[int(n)] = int(NOW)
+    redis.call('HSET', STORE, 'replicas_at', int(NOW), 'replicas_seen', cjson.encode(seen))
+  end
+  local group, group_at = 0, nil
+  for count, at in pairs(seen) do
+    local c, t = tonumber(count), tonumber(at)
+    if c and t and NOW - t <= REPLICA_GRACE_MS and c > group then group, group_at = c, t end
+  end
+  local need = math.max(1, math.floor((1 + group) / 2))
+  if group > 0 and need > n then return need, n, group, group_at end
+  return n, n, nil, nil
+end
+
+-- the confirmation fields of a claim or takeover reply: replicas (to wait for), online, and when
+-- a majority of a recent group is required: seen (its size) and held (when it was last online)
+local function with_replicas(reply)
+  local need, online, group, group_at = live_replicas()
+  reply.replicas, reply.online = int(need), int(online)
+  if group then reply.seen, reply.held = int(group), int(group_at) end
+  return cjson.encode(reply)
 end
 
 -- a claim script's reply
 local function claim_reply(results)
-  return cjson.encode({now = int(NOW), results = results, replicas = int(live_replicas())})
+  return with_replicas({now = int(NOW), results = results})
 end
 
 -- max(last + 1, store clock in us): tokens keep growing even after the store forgot
@@ -258,13 +316,16 @@ def lua(body: str, extra_keys: tuple[str, ...] = ()) -> str:
 
 #: Claim a batch of runs: all runs of a tick in one EVALSHA.
 #: KEYS: the store key, then one ENTRY_KEYS block per distinct entry of the batch.
-#: ARGV[1..6]: header (instance id, memory ms, history_size, settings, horizon ms, count replicas).
+#: ARGV[1..6]: header (instance id, memory ms, history_size, settings, horizon ms, replica grace and
+#:   allow_eviction).
 #: ARGV[7..]: 8 items per request, in request order:
 #:   +0 entry block number (1-based), +1 slot (UTC ms, decimal), +2 max_late ms,
 #:   +3 task id (history), +4 claimant's fingerprint, +5 "1" leased / "0",
 #:   +6 queue_timeout ms (leased), +7 "1" overlap allowed / "0" skip (leased).
 #: Reply: {now, results: [{o outcome, w winner, f fingerprint, k token, a attempt, d detail}],
-#: replicas: live replicas (when counted)}.
+#: replicas: replicas to wait for (when counted), online: replicas online now, seen and held: when
+#: more are required than are online, the size of the recent group whose majority is required
+#: and when it was last online (within replica_grace)}.
 CLAIM = lua(r"""
 local function prune(b)  -- claims (and terminal runs) past their age; never by count
   local gone = redis.call('ZRANGEBYSCORE', key(b, EXPIRY), '-inf', NOW)
@@ -419,11 +480,15 @@ return cjson.encode({now = int(NOW), runs = found})
 
 #: Take over an expired run: one compare-and-set on the expected token. The new record keeps the
 #: token it replaced (p), so this instance's retry of a takeover whose reply was lost is TAKEN
-#: again with the same record, not REFUSED.
+#: again with the same record, not REFUSED. A run whose slot is older than the entry's memory
+#: start + 10 s (an epoch change or amnesia since it was claimed: the store may have lost writes
+#: to its record, such as its release) is never taken over: it becomes lost, and its history says
+#: why (DESIGN.md "Leases": a possible miss, never a second run of the body).
 #: KEYS: the store key, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: expected token.
 #: ARGV[9]: queue_timeout ms for the new attempt.  ARGV[10]: max_attempts.
-#: Reply: {now, outcome (TakeoverOutcome value), run?, replicas (live, when counted)}.
+#: Reply: {now, outcome (TakeoverOutcome value), run?, replicas (to wait for, when counted), online,
+#: seen?, held?} (as the claim reply).
 TAKE_OVER = lua(r"""
 memory_start(1)
 local slot_s = ARGV[7]
@@ -432,14 +497,25 @@ local function reply(outcome)
   if outcome == 'taken' then  -- a write of this call, so that its WAIT covers the takeover
     redis.call('HSET', STORE, 'taken_at', int(NOW))
   end
-  return cjson.encode({now = int(NOW), outcome = outcome, run = run,
-                       replicas = int(live_replicas())})
+  return with_replicas({now = int(NOW), outcome = outcome, run = run})
 end
 if run and run.p and tonumber(run.p) == tonumber(ARGV[8]) and run.s == 'queued'
     and run.o == INSTANCE then
   return reply('taken')  -- this instance's own takeover, whose reply was lost: the same record
 end
 if not run or tonumber(run.k) ~= tonumber(ARGV[8]) or not expired(run) then return reply('refused') end
+local forgot = amnesia(1, tonumber(slot_s))
+if forgot then  -- the store may have lost writes to this record (its release, its adoption)
+  local why = 'not taken over: its lease record may be stale after the store lost writes'
+  if run.s == 'queued' then
+    why = 'not taken over: it was queued before the store lost writes, so its adoption may be ' ..
+      'lost and its first message may still be in the broker'
+  end
+  run.s = 'given_up'
+  run_put(1, slot_s, run)
+  history_event(1, slot_s, 'given_up', run, why .. ' (a possible miss; ' .. forgot .. ')')
+  return reply('given_up')
+end
 local newest = num(redis.call('HGET', key(1, FENCE), 'newest'))
 if newest and newest > tonumber(slot_s) then
   run.s = 'superseded'

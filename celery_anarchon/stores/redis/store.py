@@ -57,6 +57,13 @@ class RedisStore(ClaimStore):
         (default 1).
     :param confirm_timeout: seconds each confirmation may wait (default 2, or half of
         ``claim_timeout`` if that is lower); must be below ``claim_timeout``.
+    :param replica_grace: durability ``auto`` only, seconds (default 60, Redis's own
+        ``repl-timeout`` default): a master with no live replica whose replicas confirmed claims
+        (store-wide note, server clock) within this long still needs one replica, so its claims
+        answer UNCONFIRMED (an old master cut off by a failover, still taking writes, must not
+        confirm alone); after it, the master goes on alone (a replica that is down pauses the
+        schedule for at most this long). For a strict demand use ``durability="replica"``; against
+        a longer partition set ``min-replicas-to-write`` on the server.
     :param allow_eviction: accept a ``maxmemory-policy`` that may evict the store's keys
         (``allkeys-*``), giving up the guarantee (default False: ConfigError at prepare).
     :raises ConfigError: an option with a bad value, or one of another strategy.
@@ -91,7 +98,8 @@ class RedisStore(ClaimStore):
         history_size = _positive_int("history_size", options.get("history_size", DEFAULT_HISTORY_SIZE))
         claim_timeout = _seconds("claim_timeout", options.get("claim_timeout", DEFAULT_CLAIM_TIMEOUT_S))
         self.key_prefix = _key_prefix(options.get("key_prefix", DEFAULT_KEY_PREFIX))
-        self.durability, self.min_replicas, self.confirm_timeout = _durability(options, claim_timeout)
+        (self.durability, self.min_replicas, self.confirm_timeout,
+         self.replica_grace) = _durability(options, claim_timeout)
         self.allow_eviction = options.get("allow_eviction", False)
         if not isinstance(self.allow_eviction, bool):
             raise ConfigError(f"anarchon_store_options['allow_eviction'] = {self.allow_eviction!r}:"
@@ -200,8 +208,9 @@ class RedisStore(ClaimStore):
     def _header(self, count_replicas: bool = False) -> list:
         """ARGV[1..6] of every script (redis_scripts: "ARGV header")."""
         text, horizon = self.memory_settings()
+        grace = int(self.replica_grace * 1000) if count_replicas else 0
         return [self.instance_id, self._memory_ms, self.history_size, text, horizon,
-                "1" if count_replicas else "0"]
+                f"{grace} {1 if self.allow_eviction else 0}"]
 
     def _call(self, script: str, keys: list[str], *args) -> dict:
         """Run one registered script (KEYS: the store key, then ``keys``; ARGV: the header, then
@@ -273,12 +282,27 @@ class RedisStore(ClaimStore):
         live = int(reply.get("replicas", 0)) if auto else replicas
         if auto:
             self._replica_hint = live
-            if live > asked:  # a replica joined since the last batch: confirm on it too
+            # a replica joined since the last batch (or one is required within replica_grace):
+            # confirm on it too, by running the script again (a claim reads its win back, a
+            # takeover its own TAKEN); a takeover that took nothing has nothing to confirm, and
+            # running it again would answer REFUSED for the record it just changed
+            if live > asked and (script != "take_over" or reply.get("outcome") == "taken"):
+                counted = {k: reply[k] for k in ("online", "seen", "held") if k in reply}
                 reply, acked, fsynced, asked = self._claim_round(script, keys, args, live, aof)
+                reply.update(counted)  # the run again does not count: keep why `live` are needed
         ms = self.confirm_timeout
         missing = []
         if live and acked < live:
             missing.append(f"{acked} of {live} replica{'s' if live != 1 else ''} acknowledged")
+            if auto and reply.get("held"):
+                online, seen = int(reply.get("online", 0)), int(reply["seen"])
+                missing.append(
+                    f"the master has {online} replica{'s' if online != 1 else ''} online, but "
+                    f"{seen} replica{'s' if seen != 1 else ''} confirmed claims "
+                    f"{(int(reply['now']) - int(reply['held'])) / 1000:g} s ago, within "
+                    f"replica_grace = {self.replica_grace:g} s, and a claim needs a majority of "
+                    f"them ({live}): it may be an old master cut off by a failover, or one side "
+                    "of a split")
         if aof and not fsynced:
             missing.append("the AOF fsync was not confirmed")
         if not missing:
@@ -436,7 +460,7 @@ class RedisStore(ClaimStore):
                 "around a restart are lost. Configure 'appendonly yes' (or RDB snapshots, e.g. "
                 "'save 60 1') on this server.")
         policy = settings.get("maxmemory-policy", "")
-        if policy in _EVICTING:
+        if policy in _EVICTING or policy.startswith("allkeys-"):
             text = (f"Redis store {self.safe_url}: maxmemory-policy is {policy}, which may evict the "
                     "store's keys: an evicted claim lets a run be won twice (partial loss of "
                     "writes that no epoch detects). Use 'noeviction' or a volatile-* policy (the "

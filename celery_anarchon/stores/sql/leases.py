@@ -163,7 +163,11 @@ class SQLLeases:
         after ``max_attempts``; else TAKEN: queued again as the next attempt with a new token and
         deadline = now + ``queue_timeout_ms``. The record keeps the token it replaced, so this
         instance's retry with the same ``expected_token`` (its first reply was lost) answers TAKEN
-        again with the same record while the run is still queued (loss-spec point 8).
+        again with the same record while the run is still queued (loss-spec point 8). A run whose
+        slot is older than the entry's effective memory start + tolerance (an epoch change or
+        amnesia since it was claimed: the store may have lost writes to its record, such as its
+        release) is never taken over: LOST, with a history detail saying why (DESIGN.md
+        "Leases": a possible miss, never a second run of the body).
 
         :raises StoreUnavailable: the outcome is unknown (also: committed on the primary but not
             confirmed by a synchronous standby in time); retry with the same expected token.
@@ -176,6 +180,19 @@ class SQLLeases:
             if (run is None or run["token"] != expected_token or run["state"] not in schema.OPEN_STATES
                     or not self._expired(run, now)):
                 return TakeoverOutcome.REFUSED, (self._leased(run, now) if run else None)
+            begun = fence.memory_start_ms
+            if slot_ms < begun + LATENESS_TOLERANCE_MS:
+                # the store may have lost writes to this record (its release, its adoption)
+                why = "its lease record may be stale after the store lost writes"
+                if run["state"] == "queued":
+                    why = ("it was queued before the store lost writes, so its adoption may be "
+                           "lost and its first message may still be in the broker")
+                since = fence.memory_detail if begun == fence.store_born_ms else " (amnesia)"
+                self._update_run(conn, run, state="given_up", keep_until_ms=now + self.memory_ms)
+                self._lease_event(conn, run, RunEvent.GIVEN_UP, now, detail=(
+                    f"not taken over: {why} (a possible miss; the store's memory began again at "
+                    f"{iso(begun)}{since})"))
+                return TakeoverOutcome.GIVEN_UP, self._leased(run, now)
             if fence.newest_slot is not None and fence.newest_slot > slot_ms:
                 self._update_run(conn, run, state="superseded", keep_until_ms=now + self.memory_ms)
                 self._lease_event(conn, run, RunEvent.SUPERSEDED, now,

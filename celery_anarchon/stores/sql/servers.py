@@ -70,8 +70,9 @@ class PostgreSQLStore(SQLStore):
     ``synchronous_commit`` for itself. ``durability="auto"`` (default): ``on`` when the primary's
     ``synchronous_standby_names`` is set (the commit waits until a synchronous standby flushed
     it), else ``local`` (the primary's disk; a promoted asynchronous standby is caught by the
-    epoch below). ``"local"``: always ``local``. ``"standby"``: always ``on``, and prepare()
-    refuses a primary without synchronous standbys. A commit that waits longer than
+    epoch below when the primary died first, not in a split brain: an old primary still serving
+    some instances can win the same runs; see docs/stores.md). ``"local"``: always ``local``.
+    ``"standby"``: always ``on``, and prepare() refuses a primary without synchronous standbys. A commit that waits longer than
     ``confirm_timeout`` seconds (default 2, or half of claim_timeout if lower, as on Redis; it
     must be below claim_timeout) is cancelled:
     PostgreSQL then keeps it locally and only warns, so its won claims answer UNCONFIRMED and
@@ -262,18 +263,24 @@ class PostgreSQLStore(SQLStore):
             warnings.append(
                 f"{where}: {len(asynchronous)} standby(s) ({', '.join(asynchronous)}) replicate "
                 f"asynchronously{' for the claims (durability=local)' if names.strip() else ''}: a "
-                "promoted standby may lack the newest claims. The store notices the promotion (a new "
-                "timeline) and refuses the runs of the 10 s after it as forgotten (possible misses, "
-                "never a second run). To make every claim durable on a standby before it is sent, set "
-                "synchronous_standby_names = 'FIRST 1 (name)' (or 'ANY 1 (a, b)': one may be down) "
-                "on the primary and keep durability='auto'; claims then wait for it")
+                "promoted standby may lack the newest claims. When the primary died before the "
+                "promotion, the store notices it (a new timeline) and refuses the runs of the 10 s "
+                "after it as forgotten (possible misses). That does not cover a split brain: an old "
+                "primary still serving some instances after a promotion and the promoted standby "
+                "can both win the same run (sent twice). Set synchronous_standby_names = "
+                "'FIRST 1 (name)' (or 'ANY 1 (a, b)': one may be down) on the primary and keep "
+                "durability='auto' (or 'standby'): claims then wait for the standby, so an old "
+                "primary cut off from it answers unconfirmed; and fence the old primary at a "
+                "failover (stop it or cut it off; failover tooling does it). Never start an old "
+                "primary again as a primary without resyncing it (pg_rewind or a new base backup): "
+                "it can win runs again, undetected")
         elif asynchronous and self.durability != "local":
             warnings.append(
                 f"{where}: standby(s) {', '.join(asynchronous)} are not synchronous (state "
                 f"{', '.join(s for _, s in standbys if s not in ('sync', 'quorum'))}); claims wait for "
                 f"the synchronous ones named in synchronous_standby_names = {names!r}; promote only "
-                "a synchronous standby (a promotion of another is caught by the timeline: a few "
-                "possible misses)")
+                "a synchronous standby (a promotion of another after the primary died is caught by "
+                "the timeline: a few possible misses) and fence the old primary at a failover")
         if hidden and names.strip() and self.durability != "local":
             warnings.append(
                 f"{where}: this user cannot see whether standby(s) {', '.join(hidden)} are "
