@@ -234,8 +234,10 @@ def test_a_retry_longer_than_the_lease_keeps_its_run(kind, make_cluster):
     starts = c.events("start")
     assert [(e["retries"], e["attempt"]) for e in starts] == [(0, 1), (1, 1)]
     assert "taken over" not in c.logs("b1")
-    run = c.store.inspect("long", c.slot())
-    assert run.state is RunState.FINISHED and run.attempt == 1
+    # the body wrote "end" and returned; the worker releases the run right after
+    run = wait_until(lambda: (r := c.store.inspect("long", c.slot())) and r.state is RunState.FINISHED
+                     and r, 10, f"the run to be released\n{c.cluster.logs()}", interval=0.1)
+    assert run.attempt == 1
 
 
 @pytest.mark.parametrize("acks_late", [False, True], ids=["default-acks", "acks-late"])

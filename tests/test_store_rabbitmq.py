@@ -59,7 +59,7 @@ def now_ms() -> int:
 def holds_a_claim(conn, queue: str) -> bool:
     """True while ``queue`` exists and holds its claim, asked without touching its expiry: a
     mandatory publish (a publish is no "use" for x-expires) is nacked by a full queue and
-    returned when the queue is gone."""
+    returned when the queue is gone; False otherwise."""
     ch = conn.channel()
     returned = []
     ch.events["basic_return"].add(lambda *args: returned.append(args))
@@ -72,8 +72,10 @@ def holds_a_claim(conn, queue: str) -> bool:
         acked = False
     finally:
         ch.close()
-    assert not (acked and not returned), f"{queue} was empty: the probe would have claimed it"
-    return not returned
+    # acked and not returned: a queue took the probe. Seen when the probe meets the queue while
+    # the broker expires it (x-expires): the claim is gone either way, and the test's next claim
+    # proves it (a live queue holding the probe would make that claim lose)
+    return not returned and not acked
 
 
 def url_with_password(password: str) -> str:
