@@ -23,7 +23,7 @@ from celery_anarchon.engine import Engine
 from celery_anarchon.errors import SendOutcomeUnknown
 from celery_anarchon.plan import build_plans
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import RunEvent
+from celery_anarchon.stores.base import RunEvent, RunState
 from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
@@ -619,8 +619,8 @@ def test_a_run_not_taken_over_after_the_store_lost_writes_is_logged_as_such(name
     h.store._redis()[0].hset(h.store.store_key, "epoch", "an-older-server")
     h.advance(3.5)                                               # past the takeover grace
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
-        h.engine._check_leases()
-    assert h.store.inspect("e", slot).state.value == "lost" and h.sent == [("e", slot, 1)]
+        h.engine.takeovers.check(h.engine.plans)
+    assert h.store.inspect("e", slot).state is RunState.GIVEN_UP and h.sent == [("e", slot, 1)]
     messages = [r.getMessage() for r in caplog.records if "recorded lost" in r.getMessage()
                 or "not taken over" in r.getMessage()]
     assert len(messages) == 1, messages
