@@ -49,7 +49,7 @@ class StoreMaker:
                 return {key: client.dump(key) for key in client.scan_iter(self._redis_pattern())}
             finally:
                 client.close()
-        from celery_anarchon.stores import sql_schema as schema
+        from celery_anarchon.stores.sql import schema
         with self._sql_engine().connect() as conn:
             return {table.name: [dict(row) for row in conn.execute(
                         table.select().where(table.c.namespace == self.namespace)).mappings()]
@@ -75,7 +75,7 @@ class StoreMaker:
             finally:
                 client.close()
             return
-        from celery_anarchon.stores import sql_schema as schema
+        from celery_anarchon.stores.sql import schema
         with self._sql_engine().begin() as conn:
             for table in reversed(schema.metadata.sorted_tables):
                 conn.execute(table.delete().where(table.c.namespace == self.namespace))

@@ -1,7 +1,7 @@
 """The implementation shared by the SQL lease stores (:mod:`celery_anarchon.stores.sql`).
 
 SQLAlchemy Core, no ORM; the dialects differ only in how they connect, their clock
-(:func:`~celery_anarchon.stores.sql_schema.clock_us`) and how they lock:
+(:func:`~celery_anarchon.stores.sql.schema.clock_us`) and how they lock:
 
 * PostgreSQL (psycopg 3, READ COMMITTED): every writing transaction first locks the rows of its
   entries in ``anarchon_entries`` (``INSERT ... ON CONFLICT DO NOTHING`` then ``SELECT ... ORDER
@@ -19,7 +19,7 @@ instance's ``memory`` with the recorded one, and the store-wide memory start bec
 entry's effective memory start = max(entry's, store-wide). That row is only ever locked before
 entry rows, so the lock order stays deadlock-free.
 
-Tables: :mod:`celery_anarchon.stores.sql_schema`. Rules: DESIGN.md "Who won", "Amnesia",
+Tables: :mod:`celery_anarchon.stores.sql.schema`. Rules: DESIGN.md "Who won", "Amnesia",
 "Timing" and "Leases". Units: instants
 are UTC integer ms (``*_ms``), durations given to a store are ms, options are seconds.
 """
