@@ -12,6 +12,19 @@ class ConfigError(ValueError):
     """
 
 
+class UnknownEntry(ConfigError):
+    """No entry of that name: not in ``beat_schedule``, not in the store."""
+
+
+class EntryExists(ConfigError):
+    """An entry of that name exists already (``add`` of a name in the store or in ``beat_schedule``)."""
+
+
+class EntryOwnedByConfig(ConfigError):
+    """The entry is defined in ``beat_schedule``: change it there (pause, resume and run-now work
+    on it; update and remove do not)."""
+
+
 class StoreError(Exception):
     """A store operation failed. Beat logs it and retries; it never sends without a won claim."""
 

@@ -9,8 +9,11 @@ was doing and the cause.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
+
+import tenacity
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 
@@ -58,3 +61,30 @@ def translated(store: str, safe_url: str, doing: str,
         if on_error is not None:
             on_error()
         raise StoreUnavailable(f"{store} store {safe_url}: {doing}{cause(exc)}") from exc
+
+
+def retrying(retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool], *,
+             attempts: int | None = None, deadline_s: float | None = None,
+             wait_s: float = 0.05, max_wait_s: float = 1.0,
+             sleep: Callable[[float], None] = time.sleep) -> tenacity.Retrying:
+    """The one retry loop of the stores (tenacity): retry while the error matches ``retry_on``,
+    with exponential backoff from ``wait_s`` up to ``max_wait_s`` seconds and random jitter,
+    until ``attempts`` tries or ``deadline_s`` seconds on the monotonic clock; the last error is
+    re-raised unchanged. Use as ``for attempt in retrying(...): with attempt: ...`` or
+    ``retrying(...)(fn, *args)``.
+
+    :param retry_on: exception classes, or a predicate of the exception (e.g. "a deadlock").
+    :raises ValueError: neither ``attempts`` nor ``deadline_s`` given (a loop must end).
+    """
+    if attempts is None and deadline_s is None:
+        raise ValueError("retrying() needs attempts or deadline_s: a retry loop must end")
+    stops = []
+    if attempts is not None:
+        stops.append(tenacity.stop_after_attempt(attempts))
+    if deadline_s is not None:
+        stops.append(tenacity.stop_after_delay(deadline_s))
+    stop = stops[0] if len(stops) == 1 else tenacity.stop_any(*stops)
+    retry = (tenacity.retry_if_exception_type(retry_on) if isinstance(retry_on, tuple)
+             else tenacity.retry_if_exception(retry_on))
+    return tenacity.Retrying(stop=stop, retry=retry, reraise=True, sleep=sleep,
+                             wait=tenacity.wait_random_exponential(multiplier=wait_s, max=max_wait_s))

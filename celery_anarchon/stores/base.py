@@ -63,6 +63,8 @@ class Outcome(str, enum.Enum):
     #: won, but the claim was not confirmed durable (replicas, disk) in time: never sent, a
     #: possible miss (DESIGN.md "Amnesia and partial loss": durable claim)
     UNCONFIRMED = "unconfirmed"
+    #: refused: the entry is paused (checked inside the claim; :mod:`.entry_store`)
+    PAUSED = "paused"
     _missing_ = _reads_lost_as("OTHER_WON")
 
     @property
@@ -87,6 +89,7 @@ class RunEvent(str, enum.Enum):
     UNKNOWN = "unknown"            #: the claim's outcome could not be read back
     UNCONFIRMED = "unconfirmed"    #: won, not confirmed durable in time: not sent (replaces claimed)
     UNREACHABLE = "store_unreachable"  #: skipped: the store could not be reached until max_late
+    PAUSED = "paused"              #: skipped: the entry was paused (detail: by whom, why)
     STARTED = "started"            #: leased: a worker adopted the run
     FINISHED = "finished"          #: leased: released by its runner
     TAKEN_OVER = "taken_over"      #: leased: re-sent as a new attempt (runner presumed dead)
@@ -101,7 +104,8 @@ class RunEvent(str, enum.Enum):
 
 #: Events that only fill an empty history slot: they never overwrite what a winner recorded.
 SKIP_EVENTS = frozenset({RunEvent.LATE, RunEvent.LATE_LOCAL, RunEvent.EARLY, RunEvent.FORGOTTEN,
-                         RunEvent.OVERLAPPING, RunEvent.UNKNOWN, RunEvent.UNREACHABLE})
+                         RunEvent.OVERLAPPING, RunEvent.UNKNOWN, RunEvent.UNREACHABLE,
+                         RunEvent.PAUSED})
 
 
 class RunState(str, enum.Enum):

@@ -1,0 +1,207 @@
+"""The entry store contract: what the instances of one namespace share besides claims.
+
+An :class:`EntryStore` is a claim store that also keeps, per namespace:
+
+* **store entries**: definitions written at run time (``celery_anarchon.schedules(app).add``),
+  as canonical JSON text (data, never code: nothing is pickled or evaluated);
+* **pauses**, of any entry, config (``beat_schedule``) or store: a pause is checked inside the
+  atomic claim, so it holds at once on every instance, synced or not;
+* **run-now requests**: one extra run of an entry, with its own slot, one per request id;
+* **instance records**: each live beat's heartbeat (host, pid, version, started, last tick, the
+  digest of the fingerprints of the config entries it runs), expiring on the store's clock.
+
+Every change to entries, pauses or requests raises the namespace's **entries version**, so an
+instance follows with one cheap read per ``anarchon_sync_interval`` (:meth:`entries_version`) and
+loads everything only when it moved (:meth:`load_entries`).
+
+Units as in :mod:`celery_anarchon.stores.base`: UTC integer milliseconds; the store's clock for
+``*_ms`` it writes. What a store can do is its type: ``isinstance(store, EntryStore)``; stores that
+cannot hold entries raise :class:`~celery_anarchon.errors.ConfigError` through
+:func:`entry_store`, naming :data:`ENTRY_STORE_NAMES`.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.stores.base import ClaimStore
+
+#: The stores that hold entries, pauses and run-now requests, in the words of error messages.
+ENTRY_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pause:
+    """A pause of one entry: every claim of its runs answers ``paused`` until it is resumed.
+
+    :param reason: why, as the operator wrote it (may be ``""``).
+    :param by: who paused it (a user name, ``host:pid``, or what the caller passed).
+    :param at_ms: when, on the store's clock, UTC ms.
+    """
+
+    reason: str
+    by: str
+    at_ms: int
+
+    def describe(self) -> str:
+        """``paused by <by>: <reason>``, the detail recorded with a paused run."""
+        return f"paused by {self.by}" + (f": {self.reason}" if self.reason else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredEntry:
+    """What the store keeps under one entry name.
+
+    :param name: the entry's name.
+    :param definition: canonical JSON of a store entry (:mod:`celery_anarchon.entry_json`), or
+        ``None`` when the store only holds a pause for a config entry of that name.
+    :param pause: the entry's pause, ``None`` when it runs.
+    :param version: grows with every change of this name (definition or pause).
+    :param updated_ms: the store's clock at the last change, UTC ms.
+    :param updated_by: who made the last change.
+    """
+
+    name: str
+    definition: str | None
+    pause: Pause | None
+    version: int
+    updated_ms: int
+    updated_by: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """One extra run of an entry (``run_now``), claimed like any run, with its own slot.
+
+    :param entry: the entry's name.
+    :param request_id: the caller's id: the same id twice is one request (one run).
+    :param slot_ms: the run's slot, UTC ms (the store's clock at the request; never one of the
+        entry's scheduled slots).
+    :param by: who asked.
+    :param requested_ms: when, on the store's clock, UTC ms.
+    """
+
+    entry: str
+    request_id: str
+    slot_ms: int
+    by: str
+    requested_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EntrySnapshot:
+    """Everything :meth:`EntryStore.load_entries` read, at one entries version."""
+
+    version: int
+    entries: Mapping[str, StoredEntry]
+    requests: tuple[RunRequest, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceRecord:
+    """One live beat instance, as its heartbeat recorded it.
+
+    :param instance_id: the instance's id (the one recorded with its claims).
+    :param host: its host name.
+    :param pid: its process id.
+    :param version: the celery_anarchon version it runs.
+    :param started_ms: when it started, UTC ms (its own clock).
+    :param last_tick_ms: its last tick, UTC ms (its own clock).
+    :param skew_ms: its clock minus the store's, ms (``None`` when unknown).
+    :param entries: how many entries it runs (config and store).
+    :param fingerprints_digest: digest of the fingerprints of the config entries it runs; the
+        mapping itself is read with :meth:`EntryStore.load_fingerprints`.
+    :param seen_ms: the store's clock when the heartbeat was written, UTC ms (read back only).
+    :param expires_ms: when the record expires on the store's clock, UTC ms (read back only).
+    """
+
+    instance_id: str
+    host: str
+    pid: int
+    version: str
+    started_ms: int
+    last_tick_ms: int
+    skew_ms: int | None
+    entries: int
+    fingerprints_digest: str
+    seen_ms: int = 0
+    expires_ms: int = 0
+
+
+class EntryStore(ClaimStore):
+    """A claim store that also keeps store entries, pauses, run-now requests and instance records.
+
+    Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
+    do. The claim (:meth:`ClaimStore.claim`) of a run whose entry is paused answers
+    ``Outcome.PAUSED`` (after the "already claimed" check, before every other), atomically with the
+    pause: a pause written before the claim always holds. A paused run is recorded once in the
+    history as ``RunEvent.PAUSED`` with :meth:`Pause.describe` as its detail.
+    """
+
+    @abc.abstractmethod
+    def entries_version(self) -> int:
+        """The namespace's entries version: one cheap read (``0`` before any change). It grows
+        with every change of an entry, a pause or a run-now request."""
+
+    @abc.abstractmethod
+    def load_entries(self) -> EntrySnapshot:
+        """Every stored entry and pause of the namespace, and the run-now requests younger than the
+        store's memory, with the version they were read at (one consistent read)."""
+
+    @abc.abstractmethod
+    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
+        """Write a store entry's definition (canonical JSON, checked by the caller).
+
+        :param create: ``True``: add (the name must be new); ``False``: update (it must exist).
+        :raises EntryExists: ``create`` and the name holds a definition already.
+        :raises UnknownEntry: not ``create`` and the name holds no definition.
+        """
+
+    @abc.abstractmethod
+    def remove_entry(self, name: str, *, by: str) -> bool:
+        """Remove a store entry's definition and its pause. ``False`` when there was none."""
+
+    @abc.abstractmethod
+    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
+        """Pause (``pause`` set) or resume (``None``) the entry ``name``, config or store entry.
+        The pause's ``at_ms`` is replaced by the store's clock."""
+
+    @abc.abstractmethod
+    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
+        """Record a run-now request unless one with ``request_id`` exists for ``entry``; return the
+        request as stored (the first one's slot when the id was seen before)."""
+
+    @abc.abstractmethod
+    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
+        """Write this instance's heartbeat; it expires ``ttl_ms`` later on the store's clock."""
+
+    @abc.abstractmethod
+    def instances(self) -> list[InstanceRecord]:
+        """The live instances of the namespace (heartbeat not expired on the store's clock),
+        with ``seen_ms`` and ``expires_ms`` filled in."""
+
+    @abc.abstractmethod
+    def remove_instance(self, instance_id: str) -> None:
+        """Drop an instance's heartbeat (it is shutting down)."""
+
+    @abc.abstractmethod
+    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
+        """Keep the mapping config entry name -> fingerprint under its ``digest`` (written once per
+        distinct digest; kept at least as long as an instance record names it)."""
+
+    @abc.abstractmethod
+    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
+        """The mapping saved under ``digest``, or ``None`` if unknown."""
+
+
+def entry_store(store: ClaimStore) -> EntryStore:
+    """``store`` as an :class:`EntryStore`.
+
+    :raises ConfigError: the store cannot hold entries (naming the stores that can).
+    """
+    if not isinstance(store, EntryStore):
+        raise ConfigError(f"the {store.kind} store cannot hold entries, pauses or run-now requests;"
+                          f" use {ENTRY_STORE_NAMES} as anarchon_store_url for runtime schedules")
+    return store
