@@ -1,6 +1,6 @@
 """The claim decisions of the SQL stores: one batch in one transaction, every run checked in the
-order of the contract (:mod:`celery_anarchon.stores.base`): already claimed, forgotten, late,
-early, then for leased runs superseded and overlapping; else won. A part of
+order of the contract (:mod:`celery_anarchon.stores.base`, :mod:`.entry_store`): already claimed,
+paused, forgotten, late, early, then for leased runs superseded and overlapping; else won. A part of
 :class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store. Instants are
 UTC ms on the store's clock.
 """
@@ -77,6 +77,8 @@ class SQLClaims:
     :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
     :param note_store: ``note_store(conn, claiming=True)``: the store-wide note (epoch checked).
     :param lock_entries: ``lock_entries(conn, names, note)``: the entries' fences, rows locked.
+    :param pauses: ``pauses(conn, names)``: the entries' pauses (read after the rows are locked:
+        a pause written before the claim took them holds).
     :param save_fences: ``save_fences(conn, fences)``: write the fences that changed.
     :param now_us: ``now_us(conn)``: the store's clock, UTC microseconds.
     :param history: the store's history part (rows written in the same transaction).
@@ -85,6 +87,7 @@ class SQLClaims:
     def __init__(self, *, namespace: str, instance_id: str, memory_s: float, memory_ms: int,
                  insert: Callable[[sa.Table], Any], note_store: Callable[..., Any],
                  lock_entries: Callable[..., dict[str, Fence]],
+                 pauses: Callable[[sa.Connection, Any], dict[str, Any]],
                  save_fences: Callable[..., None], now_us: Callable[[sa.Connection], int],
                  history: SQLHistory) -> None:
         self.namespace = namespace
@@ -94,6 +97,7 @@ class SQLClaims:
         self._insert = insert
         self._note_store = note_store
         self._lock_entries = lock_entries
+        self._pauses = pauses
         self._save_fences = save_fences
         self._now_us = now_us
         self._history = history
@@ -101,13 +105,14 @@ class SQLClaims:
     def decide(self, conn: sa.Connection, requests: list[ClaimRequest]) -> list[ClaimResult]:
         note = self._note_store(conn, claiming=True)
         fences = self._lock_entries(conn, (r.entry for r in requests), note)
+        pauses = self._pauses(conn, {r.entry for r in requests})
         now_us = self._now_us(conn)
         now = now_us // 1000
         held = self._read_claims(conn, {r.run for r in requests}, now)
         opened = self._read_open_runs(conn, {r.entry for r in requests if r.lease is not None})
         writes = _ClaimWrites()
-        results = [self._decide(r, fences[r.entry], held, opened, now_us, writes, note)
-                   for r in requests]
+        results = [self._decide(r, fences[r.entry], held, opened, now_us, writes, note,
+                                pauses.get(r.entry)) for r in requests]
         self._write_claims(conn, writes, fences)
         return results
 
@@ -162,7 +167,7 @@ class SQLClaims:
         return None
 
     def _decide(self, r: ClaimRequest, fence: Fence, held: dict, opened: dict, now_us: int,
-                writes: _ClaimWrites, note: StoreNote) -> ClaimResult:
+                writes: _ClaimWrites, note: StoreNote, pause: Any = None) -> ClaimResult:
         now = now_us // 1000
         entry, slot = r.run
         if r.run in held:
@@ -177,7 +182,12 @@ class SQLClaims:
                 fence.changed = True   # a re-answered win writes, so its commit is confirmed too
             return ClaimResult(r, outcome, winner, fingerprint, now,
                                token if outcome is Outcome.WON else None, attempt)
-        refusal = (Outcome.FORGOTTEN, note.conflict) if note.conflict else self._refusal(r, fence, now)
+        if pause is not None:
+            refusal = (Outcome.PAUSED, pause.describe())
+        elif note.conflict:
+            refusal = (Outcome.FORGOTTEN, note.conflict)
+        else:
+            refusal = self._refusal(r, fence, now)
         if refusal is None and r.lease is not None:
             refusal = self._lease_refusal(r, fence, opened[entry], now, writes)
         if refusal is not None:

@@ -34,7 +34,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
@@ -48,7 +48,11 @@ from celery_anarchon.stores.base import (
     ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseStore, Memory, Outcome, RunEvent,
     TakeoverOutcome,
 )
+from celery_anarchon.stores.entry_store import (
+    EntrySnapshot, EntryStore, InstanceRecord, Pause, RunRequest, StoredEntry,
+)
 from celery_anarchon.stores.sql.claims import _ENTRY_KEY, _TOL, SQLClaims, StoreNote
+from celery_anarchon.stores.sql.entries import SQLEntries
 from celery_anarchon.stores.sql.history import SQLHistory
 from celery_anarchon.stores.sql.leases import Fence, SQLLeases
 
@@ -81,8 +85,10 @@ def _count(option: str, value: Any) -> int:
     return value
 
 
-class SQLStore(LeaseStore):
-    """The shared implementation of :class:`PostgreSQLStore` and :class:`SQLiteStore`.
+class SQLStore(LeaseStore, EntryStore):
+    """The shared implementation of :class:`PostgreSQLStore` and :class:`SQLiteStore`: a lease
+    store and an entry store (store entries, pauses, run-now requests, instance records:
+    :class:`~.entries.SQLEntries`).
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered, default
     3600, DESIGN.md "Timing"; recorded in the store: every instance must use the same value),
@@ -122,10 +128,15 @@ class SQLStore(LeaseStore):
             namespace=self.namespace, instance_id=self.instance_id, history_size=self.history_size,
             dialect=self.dialect, insert=self._insert, run=self._run,
             lock_entries=self._lock_entries, now_us=self._now_us)
+        #: entries, pauses, run-now requests, instance records, a part given what it needs
+        self._entries = SQLEntries(namespace=self.namespace, memory_ms=self.memory_ms,
+                                   insert=self._insert, run=self._run,
+                                   lock_entries=self._lock_entries, now_us=self._now_us)
         #: the claim decisions of a batch, a part given what it needs of this store
         self._claims = SQLClaims(
             namespace=self.namespace, instance_id=self.instance_id, memory_s=self.memory_s,
-            memory_ms=self.memory_ms, insert=self._insert, note_store=self._note_store, lock_entries=self._lock_entries,
+            memory_ms=self.memory_ms, insert=self._insert, note_store=self._note_store,
+            lock_entries=self._lock_entries, pauses=self._entries.pauses,
             save_fences=self._save_fences, now_us=self._now_us, history=self._history)
         #: the lease operations, a part given what it needs of this store
         self._leases = SQLLeases(
@@ -165,6 +176,11 @@ class SQLStore(LeaseStore):
     def _epoch_text(self, conn: sa.Connection, value: Any) -> str:
         """The epoch as recorded, from the value of :meth:`_epoch_sql`."""
         return str(value or "")
+
+    def _isolation(self, purpose: str | None) -> str | None:
+        """The isolation level of a read (``"snapshot"``: several statements that must agree;
+        ``"single"``: one statement), or None for the engine's."""
+        return None
 
     def _start_write(self, conn: sa.Connection, durable: bool) -> None:
         """First statement of a writing transaction (PostgreSQL: how its commit waits)."""
@@ -207,9 +223,11 @@ class SQLStore(LeaseStore):
             engine.dispose(close=self._engine_pid == os.getpid())
 
     @contextlib.contextmanager
-    def _transaction(self, write: bool, state: dict | None = None, durable: bool = True):
+    def _transaction(self, write: bool, state: dict | None = None, durable: bool = True,
+                     isolation: str | None = None):
         with self._get_engine().connect() as conn:
-            conn.execution_options(anarchon_write=write)
+            level = self._isolation(isolation)
+            conn.execution_options(anarchon_write=write, **({"isolation_level": level} if level else {}))
             with conn.begin() as trans:
                 if write:
                     self._start_write(conn, durable)
@@ -228,7 +246,7 @@ class SQLStore(LeaseStore):
 
     def _run(self, what: str, work: Callable[[sa.Connection], T], *, write: bool = True,
              needs_schema: bool = True, durable: bool = True,
-             unconfirmed: Callable[[T], T] | None = None) -> T:
+             unconfirmed: Callable[[T], T] | None = None, isolation: str | None = None) -> T:
         """Run ``work(conn)`` in one transaction. Re-creates missing tables once (amnesia: the
         entries' memory then begins now), re-runs deadlock victims, and turns every driver error
         into StoreUnavailable naming the masked URL and the cause.
@@ -237,6 +255,7 @@ class SQLStore(LeaseStore):
             (PostgreSQL: synchronous standbys); False: the local disk only.
         :param unconfirmed: called with the result when the commit was not confirmed durable;
             its return value is the answer (default: a warning, and the result).
+        :param isolation: a read's purpose for :meth:`_isolation` ("snapshot", "single").
         """
         errors = (sa_exc.SQLAlchemyError, *self._driver_errors())
         schema_made = False
@@ -244,7 +263,7 @@ class SQLStore(LeaseStore):
         while True:
             try:
                 state: dict = {}
-                with self._transaction(write, state, durable) as conn:
+                with self._transaction(write, state, durable, isolation) as conn:
                     result = work(conn)
                 if state.get("confirmed", True):
                     return result
@@ -493,7 +512,7 @@ class SQLStore(LeaseStore):
             deleted = 0
             for table in (schema.claims, schema.runs):
                 deleted += conn.execute(sa.delete(table).where(table.c.keep_until_ms < now)).rowcount
-            return deleted
+            return deleted + self._entries.prune(conn, now)
         return self._run("prune", work)
 
     # -- leases (DESIGN.md "Leases"; :class:`~.leases.SQLLeases`) ----------------------------
@@ -521,3 +540,37 @@ class SQLStore(LeaseStore):
                 queue_timeout_ms: int) -> bool:
         return self._leases.requeue(entry, slot_ms, token, delay_ms=delay_ms,
                                     queue_timeout_ms=queue_timeout_ms)
+
+    # -- entries, pauses, requests, instances (:class:`~.entries.SQLEntries`) -----------------
+    def entries_version(self) -> int:
+        return self._entries.entries_version()
+
+    def load_entries(self) -> EntrySnapshot:
+        return self._entries.load_entries()
+
+    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
+        return self._entries.put_entry(name, definition, by=by, create=create)
+
+    def remove_entry(self, name: str, *, by: str) -> bool:
+        return self._entries.remove_entry(name, by=by)
+
+    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
+        return self._entries.set_pause(name, pause, by=by)
+
+    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
+        return self._entries.request_run(entry, request_id, slot_ms, by=by)
+
+    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
+        self._entries.record_instance(record, ttl_ms)
+
+    def instances(self) -> list[InstanceRecord]:
+        return self._entries.instances()
+
+    def remove_instance(self, instance_id: str) -> None:
+        self._entries.remove_instance(instance_id)
+
+    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
+        self._entries.save_fingerprints(digest, fingerprints)
+
+    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
+        return self._entries.load_fingerprints(digest)

@@ -18,6 +18,19 @@ integers derived from the store's clock in microseconds (DESIGN.md "Words": fenc
   server's epoch it was noted under (PostgreSQL: system identifier and timeline; SQLite: none),
   the epoch before the last change, and the recorded ``memory`` with the last time a claim used
   it (loss-spec points 3 to 5). Never pruned.
+
+The entry store (:mod:`celery_anarchon.stores.entry_store`, :mod:`.entries`):
+
+* ``anarchon_schedule_entries``: one row per name that holds a store entry's definition
+  (canonical JSON text, ``NULL`` for a pause of a config entry) and/or a pause (``pause_at_ms``
+  set), with the name's version (the namespace's entries version of its last change).
+* ``anarchon_schedule_versions``: one row per namespace: the entries version, raised in the
+  transaction of every write to entries, pauses or run-now requests.
+* ``anarchon_run_requests``: run-now requests, one per (entry, request id); pruned after the
+  store's memory.
+* ``anarchon_instances``: each live beat's heartbeat (JSON fields), until ``expires_ms``.
+* ``anarchon_fingerprints``: digest -> JSON mapping entry -> fingerprint; ``used_ms`` is
+  refreshed by each heartbeat naming the digest, and it is pruned a day after its last use.
 """
 from __future__ import annotations
 
@@ -97,6 +110,52 @@ definitions = sa.Table(
     sa.Column("saved_ms", _MS, nullable=False),
 )
 
+schedule_entries = sa.Table(
+    "anarchon_schedule_entries", metadata,
+    sa.Column("namespace", _TEXT, primary_key=True),
+    sa.Column("name", _TEXT, primary_key=True),
+    sa.Column("definition", _TEXT, nullable=True),       # canonical JSON; NULL: a pause only
+    sa.Column("pause_reason", _TEXT, nullable=True),
+    sa.Column("pause_by", _TEXT, nullable=True),
+    sa.Column("pause_at_ms", _MS, nullable=True),        # set while paused (store clock)
+    sa.Column("version", _MS, nullable=False),           # the entries version of its last change
+    sa.Column("updated_ms", _MS, nullable=False),
+    sa.Column("updated_by", _TEXT, nullable=False),
+)
+
+schedule_versions = sa.Table(
+    "anarchon_schedule_versions", metadata,
+    sa.Column("namespace", _TEXT, primary_key=True),
+    sa.Column("version", _MS, nullable=False),
+)
+
+run_requests = sa.Table(
+    "anarchon_run_requests", metadata,
+    sa.Column("namespace", _TEXT, primary_key=True),
+    sa.Column("entry", _TEXT, primary_key=True),
+    sa.Column("request_id", _TEXT, primary_key=True),
+    sa.Column("slot_ms", _MS, nullable=False),
+    sa.Column("requested_by", _TEXT, nullable=False),
+    sa.Column("requested_ms", _MS, nullable=False),
+    sa.Index("anarchon_run_requests_requested", "namespace", "requested_ms"),
+)
+
+instances = sa.Table(
+    "anarchon_instances", metadata,
+    sa.Column("namespace", _TEXT, primary_key=True),
+    sa.Column("instance_id", _TEXT, primary_key=True),
+    sa.Column("fields", _TEXT, nullable=False),          # JSON of the InstanceRecord's fields
+    sa.Column("seen_ms", _MS, nullable=False),
+    sa.Column("expires_ms", _MS, nullable=False),
+)
+
+fingerprints = sa.Table(
+    "anarchon_fingerprints", metadata,
+    sa.Column("namespace", _TEXT, primary_key=True),
+    sa.Column("digest", _TEXT, primary_key=True),
+    sa.Column("mapping", _TEXT, nullable=False),         # JSON: entry name -> fingerprint
+    sa.Column("used_ms", _MS, nullable=False),           # saved, or named by a heartbeat
+)
 
 stores = sa.Table(
     "anarchon_stores", metadata,

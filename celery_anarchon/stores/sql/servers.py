@@ -218,6 +218,10 @@ class PostgreSQLStore(SQLStore):
         import psycopg
         return (psycopg.Error,)
 
+    def _isolation(self, purpose: str | None) -> str | None:
+        # a snapshot of several statements; one statement needs no transaction around it
+        return {"snapshot": "REPEATABLE READ", "single": "AUTOCOMMIT"}.get(purpose or "")
+
     def _missing_table(self, error: BaseException) -> bool:
         return _sqlstate(error) in ("42P01", "42703")         # undefined_table, undefined_column
 

@@ -1,0 +1,277 @@
+"""Store entries, pauses, run-now requests and instance records of the SQL stores (the
+:class:`~celery_anarchon.stores.entry_store.EntryStore` contract): a part of
+:class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store.
+
+Every write is one transaction that locks the name's row of ``anarchon_entries`` first (the row
+every claim of the entry locks, so a pause and a claim of the same entry are serialized: a pause
+committed before a claim took the row always holds), then writes, then raises the namespace's
+entries version (``anarchon_schedule_versions``, always the last row a transaction locks, so the
+lock order stays deadlock-free). A name's version is the entries version of its last change.
+
+Tables: :mod:`celery_anarchon.stores.sql.schema`. Instants are UTC ms on the store's clock.
+Definitions are JSON text, stored as text: nothing is pickled or evaluated.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from celery_anarchon.errors import EntryExists, UnknownEntry
+from celery_anarchon.stores.entry_store import (
+    EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
+)
+from celery_anarchon.stores.sql import schema
+
+T = TypeVar("T")
+#: fingerprints no heartbeat named for this long are pruned (ms): a day
+FINGERPRINTS_KEEP_MS = 86_400_000
+#: the fields of an instance record written by its heartbeat (the others are read back only)
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
+                       if f.name not in ("seen_ms", "expires_ms"))
+
+
+def _stored(row: Any) -> StoredEntry:
+    pause = (Pause(reason=row.pause_reason or "", by=row.pause_by or "", at_ms=row.pause_at_ms)
+             if row.pause_at_ms is not None else None)
+    return StoredEntry(name=row.name, definition=row.definition, pause=pause, version=row.version,
+                       updated_ms=row.updated_ms, updated_by=row.updated_by)
+
+
+def _request(row: Any) -> RunRequest:
+    return RunRequest(entry=row.entry, request_id=row.request_id, slot_ms=row.slot_ms,
+                      by=row.requested_by, requested_ms=row.requested_ms)
+
+
+class SQLEntries:
+    """The EntryStore operations of one namespace.
+
+    :param memory_ms: the store's memory, ms: run-now requests older than it are not loaded and
+        are pruned.
+    :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
+    :param run: ``run(what, work, *, write=True, isolation=None)``: ``work(conn)`` in one
+        transaction of the store, driver errors turned into StoreUnavailable.
+    :param lock_entries: ``lock_entries(conn, names)``: lock the entries' rows (claim order).
+    :param now_us: ``now_us(conn)``: the store's clock, UTC microseconds.
+    """
+
+    def __init__(self, *, namespace: str, memory_ms: int, insert: Callable[[sa.Table], Any],
+                 run: Callable[..., Any], lock_entries: Callable[..., Any],
+                 now_us: Callable[[sa.Connection], int]) -> None:
+        self.namespace = namespace
+        self.memory_ms = memory_ms
+        self._insert = insert
+        self._run = run
+        self._lock_entries = lock_entries
+        self._now_us = now_us
+
+    # -- inside other transactions -------------------------------------------------------------
+    def pauses(self, conn: sa.Connection, names: Iterable[str]) -> dict[str, Pause]:
+        """The pauses of ``names`` (the claim reads them after locking the entries' rows)."""
+        names = sorted(set(names))
+        if not names:
+            return {}
+        t = schema.schedule_entries
+        rows = conn.execute(sa.select(t.c.name, t.c.pause_reason, t.c.pause_by, t.c.pause_at_ms)
+                            .where(t.c.namespace == self.namespace, t.c.name.in_(names),
+                                   t.c.pause_at_ms.isnot(None)))
+        return {r.name: Pause(r.pause_reason or "", r.pause_by or "", r.pause_at_ms) for r in rows}
+
+    def prune(self, conn: sa.Connection, now: int) -> int:
+        """Delete run-now requests older than the memory, expired instance records and
+        fingerprints unused for FINGERPRINTS_KEEP_MS. :returns: rows deleted."""
+        rq, inst, fp = schema.run_requests, schema.instances, schema.fingerprints
+        return (conn.execute(sa.delete(rq).where(rq.c.requested_ms < now - self.memory_ms)).rowcount
+                + conn.execute(sa.delete(inst).where(inst.c.expires_ms < now)).rowcount
+                + conn.execute(sa.delete(fp).where(fp.c.used_ms < now - FINGERPRINTS_KEEP_MS)).rowcount)
+
+    def _bump(self, conn: sa.Connection) -> int:
+        """Raise the namespace's entries version (the last row the transaction locks)."""
+        v = schema.schedule_versions
+        ins = self._insert(v).values(namespace=self.namespace, version=1)
+        conn.execute(ins.on_conflict_do_update(index_elements=("namespace",),
+                                               set_={"version": v.c.version + 1}))
+        return conn.execute(sa.select(v.c.version).where(v.c.namespace == self.namespace)).scalar_one()
+
+    def _read(self, conn: sa.Connection, name: str) -> Any:
+        t = schema.schedule_entries
+        return conn.execute(sa.select(t).where(t.c.namespace == self.namespace, t.c.name == name)).first()
+
+    def _write(self, what: str, name: str, op: Callable[[sa.Connection, Any, int], T]) -> T:
+        """``op(conn, row_or_None, now_ms)`` with the entry's row of ``anarchon_entries`` locked."""
+        def work(conn: sa.Connection):
+            self._lock_entries(conn, [name])
+            return op(conn, self._read(conn, name), self._now_us(conn) // 1000)
+        return self._run(what, work)
+
+    # -- the contract ----------------------------------------------------------------------------
+    def entries_version(self) -> int:
+        """The namespace's entries version (``0`` before any change): one read."""
+        v = schema.schedule_versions
+        query = sa.select(v.c.version).where(v.c.namespace == self.namespace)
+        return self._run("read the entries version",
+                         lambda conn: conn.execute(query).scalar() or 0, write=False,
+                         isolation="single")
+
+    def load_entries(self) -> EntrySnapshot:
+        """Every entry and pause, the requests younger than the memory, and the version, read in
+        one snapshot (PostgreSQL: REPEATABLE READ; SQLite: one read transaction)."""
+        t, rq, v = schema.schedule_entries, schema.run_requests, schema.schedule_versions
+
+        def work(conn: sa.Connection) -> EntrySnapshot:
+            version = conn.execute(sa.select(v.c.version).where(v.c.namespace == self.namespace)).scalar()
+            now = self._now_us(conn) // 1000
+            entries = {r.name: _stored(r) for r in conn.execute(
+                sa.select(t).where(t.c.namespace == self.namespace).order_by(t.c.name))}
+            requests = tuple(_request(r) for r in conn.execute(
+                sa.select(rq).where(rq.c.namespace == self.namespace,
+                                    rq.c.requested_ms >= now - self.memory_ms)
+                .order_by(rq.c.requested_ms, rq.c.entry, rq.c.request_id)))
+            return EntrySnapshot(version=version or 0, entries=entries, requests=requests)
+        return self._run("load the entries", work, write=False, isolation="snapshot")
+
+    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
+        """Add (``create``) or update a store entry's definition, keeping its pause.
+
+        :raises EntryExists: ``create`` and the name holds a definition.
+        :raises UnknownEntry: not ``create`` and the name holds none.
+        """
+        t = schema.schedule_entries
+
+        def op(conn: sa.Connection, row: Any, now: int) -> StoredEntry:
+            if create and row is not None and row.definition is not None:
+                raise EntryExists(f"entry {name!r} exists already in the store (namespace "
+                                  f"{self.namespace!r}): update it, or remove it first")
+            if not create and (row is None or row.definition is None):
+                raise UnknownEntry(f"entry {name!r} is not in the store (namespace "
+                                   f"{self.namespace!r}): add it first")
+            values = {"definition": definition, "version": self._bump(conn), "updated_ms": now,
+                      "updated_by": by}
+            if row is None:
+                conn.execute(sa.insert(t).values(namespace=self.namespace, name=name, **values))
+            else:
+                conn.execute(sa.update(t).where(t.c.namespace == self.namespace, t.c.name == name)
+                             .values(**values))
+            return _stored(self._read(conn, name))
+        return self._write("write an entry", name, op)
+
+    def remove_entry(self, name: str, *, by: str) -> bool:
+        """Remove a store entry's definition and its pause; ``False`` (nothing written) when the
+        name holds no definition."""
+        t = schema.schedule_entries
+
+        def op(conn: sa.Connection, row: Any, now: int) -> bool:
+            if row is None or row.definition is None:
+                return False
+            conn.execute(sa.delete(t).where(t.c.namespace == self.namespace, t.c.name == name))
+            self._bump(conn)
+            return True
+        return self._write("remove an entry", name, op)
+
+    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
+        """Pause or resume (``None``) ``name``; the pause's time is the store's clock. A resumed
+        name without a definition leaves no row; the answer then has neither."""
+        t = schema.schedule_entries
+
+        def op(conn: sa.Connection, row: Any, now: int) -> StoredEntry:
+            version = self._bump(conn)
+            values = {"pause_reason": pause.reason if pause else None,
+                      "pause_by": pause.by if pause else None,
+                      "pause_at_ms": now if pause else None,
+                      "version": version, "updated_ms": now, "updated_by": by}
+            where = sa.and_(t.c.namespace == self.namespace, t.c.name == name)
+            if row is None and pause is None:
+                return StoredEntry(name, None, None, version, now, by)
+            if row is None:
+                conn.execute(sa.insert(t).values(namespace=self.namespace, name=name,
+                                                 definition=None, **values))
+            elif pause is None and row.definition is None:
+                conn.execute(sa.delete(t).where(where))
+                return StoredEntry(name, None, None, version, now, by)
+            else:
+                conn.execute(sa.update(t).where(where).values(**values))
+            return _stored(self._read(conn, name))
+        return self._write("pause an entry" if pause else "resume an entry", name, op)
+
+    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
+        """Insert the request unless ``(entry, request_id)`` exists; the stored one is returned.
+        Only a new request raises the entries version."""
+        rq = schema.run_requests
+
+        def work(conn: sa.Connection) -> RunRequest:
+            now = self._now_us(conn) // 1000
+            inserted = conn.execute(self._insert(rq).values(
+                namespace=self.namespace, entry=entry, request_id=request_id, slot_ms=int(slot_ms),
+                requested_by=by, requested_ms=now,
+            ).on_conflict_do_nothing(index_elements=("namespace", "entry", "request_id"))
+                .returning(rq.c.slot_ms)).first()
+            if inserted is not None:
+                self._bump(conn)
+            return _request(conn.execute(sa.select(rq).where(
+                rq.c.namespace == self.namespace, rq.c.entry == entry,
+                rq.c.request_id == request_id)).one())
+        return self._run("request a run", work)
+
+    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
+        """Write the heartbeat, expiring ``ttl_ms`` later on the store's clock, and refresh the
+        fingerprints it names."""
+        inst, fp = schema.instances, schema.fingerprints
+        fields = json.dumps({k: getattr(record, k) for k in _RECORD_FIELDS}, sort_keys=True)
+
+        def work(conn: sa.Connection) -> None:
+            now = self._now_us(conn) // 1000
+            ins = self._insert(inst).values(namespace=self.namespace, instance_id=record.instance_id,
+                                            fields=fields, seen_ms=now, expires_ms=now + int(ttl_ms))
+            conn.execute(ins.on_conflict_do_update(
+                index_elements=("namespace", "instance_id"),
+                set_={k: ins.excluded[k] for k in ("fields", "seen_ms", "expires_ms")}))
+            conn.execute(sa.update(fp).where(fp.c.namespace == self.namespace,
+                                             fp.c.digest == record.fingerprints_digest)
+                         .values(used_ms=now))
+        self._run("record the instance", work, durable=False)
+
+    def instances(self) -> list[InstanceRecord]:
+        """The records not expired on the store's clock, by instance id."""
+        inst = schema.instances
+
+        def work(conn: sa.Connection) -> list[InstanceRecord]:
+            now = self._now_us(conn) // 1000
+            rows = conn.execute(sa.select(inst).where(inst.c.namespace == self.namespace,
+                                                      inst.c.expires_ms >= now)
+                                .order_by(inst.c.instance_id))
+            out = []
+            for r in rows:
+                fields = {k: v for k, v in json.loads(r.fields).items() if k in _RECORD_FIELDS}
+                out.append(InstanceRecord(**{**fields, "instance_id": r.instance_id},
+                                          seen_ms=r.seen_ms, expires_ms=r.expires_ms))
+            return out
+        return self._run("read the instances", work, write=False)
+
+    def remove_instance(self, instance_id: str) -> None:
+        """Drop the instance's heartbeat."""
+        inst = schema.instances
+        self._run("remove the instance", lambda conn: conn.execute(sa.delete(inst).where(
+            inst.c.namespace == self.namespace, inst.c.instance_id == instance_id)), durable=False)
+
+    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
+        """Keep ``fingerprints`` under ``digest`` (content-addressed: a second save only
+        refreshes its last use)."""
+        fp = schema.fingerprints
+        text = json.dumps(dict(fingerprints), sort_keys=True)
+
+        def work(conn: sa.Connection) -> None:
+            ins = self._insert(fp).values(namespace=self.namespace, digest=digest, mapping=text,
+                                          used_ms=self._now_us(conn) // 1000)
+            conn.execute(ins.on_conflict_do_update(index_elements=("namespace", "digest"),
+                                                   set_={"used_ms": ins.excluded.used_ms}))
+        self._run("save fingerprints", work, durable=False)
+
+    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
+        """The mapping saved under ``digest``, or ``None``."""
+        fp = schema.fingerprints
+        query = sa.select(fp.c.mapping).where(fp.c.namespace == self.namespace, fp.c.digest == digest)
+        text = self._run("load fingerprints", lambda conn: conn.execute(query).scalar(), write=False)
+        return None if text is None else json.loads(text)
