@@ -239,7 +239,7 @@ def test_rabbitmq_publish_to_a_missing_queue_never_wins(stores):
     slot = now_ms()
     run, request = ("e", slot), req("e", slot)
     with a._using("test") as session:
-        answers = a._publish_claims(session, [run], {run: request})
+        answers = a._claims.publish(session, [run], {run: request})
         assert session.confirms_channel is None, "the channel that saw NO_ROUTE is retired"
     assert answers[run][0] is Outcome.UNKNOWN and "NO_ROUTE" in answers[run][1]
     # the run was never claimed: a real claim wins it; the next ones get their own answers
@@ -263,7 +263,7 @@ def test_rabbitmq_claim_retried_after_a_failure(stores, fault):
     try:
         maker = StoreMaker("rabbitmq", _through(proxy), stores.namespace)
         a = prepared(maker("A", claim_timeout=1))
-        original = a._publish_claims
+        original = a._claims.publish
 
         def fail_then_publish(session, runs, first):
             if fault == "answer_lost":
@@ -271,14 +271,14 @@ def test_rabbitmq_claim_retried_after_a_failure(stores, fault):
             else:
                 proxy.outage()
             return original(session, runs, first)
-        a._publish_claims = fail_then_publish
+        a._claims.publish = fail_then_publish
         slot = now_ms()
         started = time.monotonic()
         with pytest.raises(StoreUnavailable):
             a.claim([req("e", slot)])
         assert time.monotonic() - started < 5
         proxy.restore()
-        a._publish_claims = original
+        a._claims.publish = original
         retry = a.claim([req("e", slot)])[0]
         if fault == "answer_lost":
             assert retry.outcome is Outcome.UNKNOWN, retry

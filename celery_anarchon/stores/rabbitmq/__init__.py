@@ -1,6 +1,7 @@
 """The RabbitMQ store (DESIGN.md store memory table: RabbitMQ): one unit.
 
 * :mod:`.store`: :class:`RabbitMQStore`, a claim is a publish to a one-message queue per run;
+* :mod:`.claims`: the claim queues (the broker's probe, the slot_ttl marker, declare, publish);
 * :mod:`.entries`: per-entry queues (memory start, history, the entry lock);
 * :mod:`.protocol`: queue names and arguments, message bodies, publisher confirms, the session.
 """

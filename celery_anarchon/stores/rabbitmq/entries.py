@@ -1,7 +1,6 @@
 """The per-entry queues of the RabbitMQ store: the entry's lock, its memory start (amnesia) and
-its history. A mixin of :class:`~celery_anarchon.stores.rabbitmq.RabbitMQStore` (the module
-docstring there explains the design); it uses the store's ``names``, ``claim_timeout``,
-``history_size``, ``_using``, ``_drop`` and ``_warn_once``.
+its history. A part of :class:`~celery_anarchon.stores.rabbitmq.store.RabbitMQStore` (its module
+docstring explains the design), given what it needs of the store.
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from typing import Any
 import amqp
 
 from celery_anarchon.errors import StoreUnavailable
+from celery_anarchon.stores._common import retrying
 from celery_anarchon.stores.base import HistoryRecord, RunEvent
 from celery_anarchon.stores.rabbitmq.protocol import (
     ONE_MESSAGE, QueueNames, Session, decode, fold_history, history_arguments,
@@ -23,8 +23,10 @@ logger = logging.getLogger("celery_anarchon.stores.rabbitmq")
 
 #: history events kept per run of history_size (a claim, a send, and skips of other instances)
 HISTORY_EVENTS_PER_RUN = 4
-#: how often a reader waiting for an entry's lock tries again, seconds
+#: how soon a reader refused an entry's lock tries again, seconds (then backing off up to
+#: LOCK_POLL_MAX_S; the lock is held for one read of a history or memory start)
 LOCK_POLL_S = 0.01
+LOCK_POLL_MAX_S = 0.1
 
 
 def local_ms() -> int:
@@ -58,21 +60,29 @@ class EntryQueues:
     @contextlib.contextmanager
     def entry_lock(self, s: Session, entry: str):
         """Hold ``entry``'s exclusive lock queue: one reader of its born and history queues at a
-        time, across every instance. The broker frees it if this connection dies."""
+        time, across every instance. The broker frees it if this connection dies.
+
+        Taking it is a retry, not a wait on a condition: the broker answers the declare of an
+        exclusive queue that another connection holds with RESOURCE_LOCKED (405, the channel is
+        closed), and nothing tells when it is free but declaring again (backoff from
+        ``LOCK_POLL_S`` to ``LOCK_POLL_MAX_S``, for ``claim_timeout`` seconds).
+
+        :raises StoreUnavailable: still locked by another instance after ``claim_timeout``.
+        """
         name = self.names.lock(entry)
-        deadline = time.monotonic() + self.claim_timeout
-        while True:
+
+        def take():
             ch = s.channel()
-            try:
-                ch.queue_declare(name, exclusive=True, auto_delete=True)
-                break
-            except amqp.exceptions.ResourceLocked:
-                if time.monotonic() > deadline:
-                    raise StoreUnavailable(
-                        f"RabbitMQ store {self.safe_url}: entry {entry!r} stayed locked by another "
-                        f"instance for {self.claim_timeout:g} s (queue {name!r}, held while its "
-                        "memory start or history is read)") from None
-                time.sleep(LOCK_POLL_S)
+            ch.queue_declare(name, exclusive=True, auto_delete=True)
+            return ch
+        try:
+            ch = retrying((amqp.exceptions.ResourceLocked,), deadline_s=self.claim_timeout,
+                          wait_s=LOCK_POLL_S, max_wait_s=LOCK_POLL_MAX_S)(take)
+        except amqp.exceptions.ResourceLocked:
+            raise StoreUnavailable(
+                f"RabbitMQ store {self.safe_url}: entry {entry!r} stayed locked by another "
+                f"instance for {self.claim_timeout:g} s (queue {name!r}, held while its "
+                "memory start or history is read)") from None
         try:
             yield
         finally:
@@ -129,13 +139,6 @@ class EntryQueues:
                                    f"{entry!r} could not be written")
 
     # -- history (DESIGN.md "Words": one record per run) -------------------------------------
-    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
-               attempt: int = 1, detail: str = "") -> None:
-        """Append one event of a run to ``entry``'s history (skip events only fill: see
-        :func:`~celery_anarchon.stores.rabbitmq.protocol.fold_history`)."""
-        self.record_many([HistoryRecord(entry, slot_ms, RunEvent(event), task_id=task_id,
-                                      attempt=attempt, detail=detail)])
-
     def record_many(self, notes: Sequence[HistoryRecord]) -> None:
         """Append the events in one pipeline and wait for their confirms.
 
