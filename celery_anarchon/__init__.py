@@ -4,7 +4,8 @@ Every instance computes the same slots from the same ``beat_schedule``, waits a 
 and claims each run in a shared store with one atomic operation: exactly one instance sends it.
 
 Public names: :class:`Scheduler`, :class:`ConfigError`, :func:`scheduled_at`, :func:`cron`,
-:func:`install`, :func:`current_lease`, :class:`LeaseLost`.
+:func:`install`, :func:`current_lease`, :class:`LeaseLost`, :func:`schedules` (change the schedule
+at run time: add, update, remove, pause, resume, run now).
 """
 from celery_anarchon.errors import ConfigError, LeaseLost, StoreError, StoreUnavailable
 from celery_anarchon.messages import scheduled_at
@@ -12,7 +13,7 @@ from celery_anarchon.messages import scheduled_at
 __version__ = "0.1.0"
 
 __all__ = ["Scheduler", "ConfigError", "LeaseLost", "StoreError", "StoreUnavailable",
-           "scheduled_at", "cron", "install", "current_lease", "__version__"]
+           "scheduled_at", "cron", "install", "current_lease", "schedules", "__version__"]
 
 
 def __getattr__(name):
@@ -23,6 +24,9 @@ def __getattr__(name):
     if name == "cron":
         from celery_anarchon.slots import cron
         return cron
+    if name == "schedules":
+        from celery_anarchon.schedule_api import schedules
+        return schedules
     if name in ("install", "current_lease"):
         from celery_anarchon import leases
         return getattr(leases, name)

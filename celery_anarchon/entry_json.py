@@ -304,6 +304,14 @@ def _storable_zone(tz: datetime.tzinfo) -> str | None:
     return name
 
 
+def _zoned(schedule: Any, out: dict, zone: datetime.tzinfo | None) -> dict:
+    """``out`` with the schedule's own ``timezone``; its repr when the zone has no IANA name."""
+    if zone is None:
+        return out
+    name = _storable_zone(zone)
+    return {"repr": repr(schedule)} if name is None else {**out, "timezone": name}
+
+
 def schedule_json(schedule: Any) -> dict:
     """A schedule object as the ``"schedule"`` data of a definition.
 
@@ -316,28 +324,16 @@ def schedule_json(schedule: Any) -> dict:
     if isinstance(schedule, dict):
         return schedule
     if _is_number(schedule) or isinstance(schedule, datetime.timedelta):
-        return {"every": _seconds(schedule if _is_number(schedule)
-                                  else schedule.total_seconds())}
+        return {"every": _seconds(schedule)}
     hooks = hasattr(schedule, "anarchon_next") or hasattr(schedule, "anarchon_shortest_gap")
     if isinstance(schedule, slots.cron) and not hooks:
-        out: dict = {"cron": schedule.expr}
-        zone = schedule._zone  # the cron's own zone (None: the app's)
-        if zone is not None:
-            name = _storable_zone(zone)
-            if name is None:
-                return {"repr": repr(schedule)}
-            out["timezone"] = name
-        return out
+        # the cron's own zone (None: the app's)
+        return _zoned(schedule, {"cron": schedule.expr}, schedule._zone)
     if isinstance(schedule, celery_schedules.crontab) and not hooks:
         fields = {f: _field_text(getattr(schedule, f"_orig_{f}")) for f in CRONTAB_FIELDS}
-        out = {"crontab": {f: v for f, v in fields.items() if v != "*"}}
-        own = vars(schedule).get("tz")  # set on the instance, as django-celery-beat does
-        if own is not None:
-            name = _storable_zone(own)
-            if name is None:
-                return {"repr": repr(schedule)}
-            out["timezone"] = name
-        return out
+        # a zone set on the instance, as django-celery-beat does (None: the app's)
+        return _zoned(schedule, {"crontab": {f: v for f, v in fields.items() if v != "*"}},
+                      vars(schedule).get("tz"))
     if isinstance(schedule, celery_schedules.solar) and not hooks:
         return {"solar": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
     if (isinstance(schedule, celery_schedules.schedule) and not hooks

@@ -1,0 +1,441 @@
+"""Change the schedule at run time: ``celery_anarchon.schedules(app)``.
+
+::
+
+    with celery_anarchon.schedules(app) as s:
+        s.add("report", task="proj.tasks.report", schedule=crontab(minute=0, hour=3),
+              kwargs={"full": True}, options={"queue": "reports"})
+        s.pause("nightly-billing", reason="migration")      # a beat_schedule entry too
+        s.run_now("report", request_id="ticket-4711")        # one extra run, once per id
+        s.resume("nightly-billing")
+
+Store entries live in the app's store (``anarchon_store_url``), per namespace, as JSON
+(:mod:`celery_anarchon.entry_json`); every live beat instance follows within
+``anarchon_sync_interval``. Pause, resume and run-now work on every entry, config
+(``beat_schedule``) or store; add, update and remove only on store entries. Every definition is
+checked before it is written, with the rules and messages of a beat start-up
+(:func:`celery_anarchon.plan.build_plan`): an unsafe entry is refused now, not at 3 a.m. What
+each operation guarantees: docs/schedules.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import getpass
+import json
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from celery import beat
+
+from celery_anarchon import entry_json
+from celery_anarchon.app_store import make_instance_id, open_app_store
+from celery_anarchon.errors import ConfigError, EntryOwnedByConfig, UnknownEntry
+from celery_anarchon.plan import build_plan
+from celery_anarchon.slots import SlotSchedule
+from celery_anarchon.stores.base import ClaimStore
+from celery_anarchon.stores.entry_store import (
+    EntrySnapshot, EntryStore, Pause, RunRequest, StoredEntry, entry_store,
+)
+from celery_anarchon.timing import Settings
+
+#: where an entry is defined (:attr:`ScheduledEntry.source`)
+CONFIG, STORE, UNKNOWN = "config", "store", "unknown"
+#: the entry Celery's beat adds itself when results expire (owned by the configuration too)
+CELERY_DEFAULT_ENTRIES = ("celery.backend_cleanup",)
+_UNSET: Any = object()
+
+
+def default_by() -> str:
+    """``user@host:pid``: who made a change, when the caller does not say."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (containers)
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledEntry:
+    """One entry as :meth:`Schedules.get` and :meth:`Schedules.list` read it.
+
+    :param name: the entry's name.
+    :param source: ``"config"`` (this app's ``beat_schedule``), ``"store"`` (added at run time)
+        or ``"unknown"`` (the store holds only a pause for a name neither defines here: a config
+        entry of other hosts' ``beat_schedule``, or of none any more).
+    :param definition: the definition as data (:mod:`celery_anarchon.entry_json`); a config
+        entry's parts that cannot be data are ``{"repr": ...}`` with ``"storable": false``;
+        ``None`` for ``"unknown"``.
+    :param pause: the entry's pause, ``None`` when it runs.
+    :param version: the store's version of this name (0: the store holds nothing for it).
+    :param updated_ms: the store's clock at the last change of this name, UTC ms (None: never).
+    :param updated_by: who made that change (None: never).
+    :param shadowed: a config entry whose name the store also defines: beat_schedule wins.
+    """
+
+    name: str
+    source: str
+    definition: dict | None
+    pause: Pause | None = None
+    version: int = 0
+    updated_ms: int | None = None
+    updated_by: str | None = None
+    shadowed: bool = False
+
+    @property
+    def paused(self) -> bool:
+        """True while the entry is paused (every claim of its runs answers ``paused``)."""
+        return self.pause is not None
+
+    def as_json(self) -> dict:
+        """Plain JSON values (the CLI's ``list --json``)."""
+        out = dataclasses.asdict(self)
+        out["paused"] = self.paused
+        return out
+
+
+class Schedules:
+    """Store entries, pauses and run-now requests of one Celery app's namespace.
+
+    Build it with :func:`celery_anarchon.schedules`; close it (or use ``with``). Methods raise
+    :class:`~celery_anarchon.errors.StoreUnavailable` when the store cannot be reached; after that
+    the outcome of a write is unknown (retrying it is safe: each write is idempotent, and a
+    ``run_now`` retried with its ``request_id`` is one request).
+
+    :param app: the Celery app (its ``anarchon_*`` settings, ``beat_schedule``, ``timezone`` and
+        ``tasks``).
+    :param store: a store to use instead of the app's (then not closed by :meth:`close`).
+    :param by: who makes the changes (default :func:`default_by`, ``user@host:pid``).
+    :raises ConfigError: a bad ``anarchon_*`` setting, or a store that cannot hold entries
+        (naming the stores that can: ``entry_store.ENTRY_STORE_NAMES``).
+    """
+
+    def __init__(self, app, *, store: ClaimStore | None = None, by: str | None = None) -> None:
+        self.app = app
+        self.settings = Settings.from_app(app)
+        own = store is None
+        if store is None:
+            store = open_app_store(app, self.settings, instance_id="api:" + make_instance_id())
+        try:
+            self.store: EntryStore = entry_store(store)
+        except ConfigError:
+            if own:
+                store.close()
+            raise
+        self._own_store = own
+        self._prepared = False
+        self.by = by or default_by()
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the store's connections (the app's own store only). Safe to call twice."""
+        if self._own_store:
+            self.store.close()
+
+    def __enter__(self) -> Schedules:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _ready(self) -> EntryStore:
+        if not self._prepared:  # creates the tables/keys a store needs, as a beat start-up does
+            self.store.prepare(())
+            self._prepared = True
+        return self.store
+
+    # -- writing -------------------------------------------------------------------------------
+    def add(self, name: str, *, task: str, schedule: Any, args: list | tuple = (),
+            kwargs: dict | None = None, options: dict | None = None,
+            anarchon: dict | None = None, by: str | None = None,
+            check_task: bool = True) -> ScheduledEntry:
+        """Add a store entry; every live instance runs it within ``anarchon_sync_interval``.
+
+        :param task: the task's registered name.
+        :param schedule: seconds (a number or a ``timedelta``), a ``crontab``,
+            :class:`celery_anarchon.cron`, a ``solar``, or the data form
+            (``{"every": 60}``, ``{"crontab": {...}, "timezone": ...}``, ``{"cron": "...",
+            "timezone": ...}``, ``{"solar": ..., "lat": ..., "lon": ...}``).
+        :param args: positional arguments (JSON values).
+        :param kwargs: keyword arguments (JSON values).
+        :param options: ``apply_async`` options (JSON values): queue, priority, expires, ...
+            An ``"anarchon"`` key in them is taken as ``anarchon``.
+        :param anarchon: the per-entry settings of ``beat_schedule``'s ``options['anarchon']``:
+            ``jitter``, ``max_late``, ``anchor`` (seconds), ``lease``.
+        :param check_task: refuse a task name this app does not register (skipped when the app
+            registers no task of its own: then it cannot be known here).
+        :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name``.
+        :raises EntryExists: the store holds an entry of that name.
+        :raises ConfigError: the definition is invalid or breaks a timing rule (the start-up
+            message), or the task is not registered.
+        """
+        self._not_config(name, "add")
+        definition = self._definition(name, task=task, schedule=schedule, args=args,
+                                      kwargs=kwargs, options=options, anarchon=anarchon)
+        text = self._check(name, definition, check_task)
+        return self._as_scheduled(self._ready().put_entry(name, text, by=by or self.by, create=True))
+
+    def update(self, name: str, *, task: str = _UNSET, schedule: Any = _UNSET,
+               args: list | tuple = _UNSET, kwargs: dict = _UNSET, options: dict = _UNSET,
+               anarchon: dict = _UNSET, by: str | None = None,
+               check_task: bool = True) -> ScheduledEntry:
+        """Change a store entry: each argument given replaces that part of the definition (the
+        others are kept; ``anarchon`` and ``options`` are replaced whole). The new slots follow
+        the start-up rule on every instance within ``anarchon_sync_interval``. Two updates of one
+        entry at once: the last one written wins.
+
+        :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name`` (change it there).
+        :raises UnknownEntry: the store holds no entry ``name``.
+        :raises ConfigError: nothing to change, or as :meth:`add`.
+        """
+        self._not_config(name, "update")
+        changes = {k: v for k, v in dict(task=task, schedule=schedule, args=args, kwargs=kwargs,
+                                          options=options, anarchon=anarchon).items()
+                   if v is not _UNSET}
+        if not changes:
+            raise ConfigError(f"entry {name!r}: nothing to change; fix: give task, schedule, args, "
+                              "kwargs, options or anarchon")
+        stored = self._snapshot().entries.get(name)
+        if stored is None or stored.definition is None:
+            raise self._unknown(name)
+        current = json.loads(stored.definition)
+        merged = {k: current.get(k) for k in ("task", "schedule", "args", "kwargs", "options",
+                                              "anarchon") if k in current}
+        merged.update(changes)
+        definition = self._definition(name, **{k: merged.get(k) for k in (
+            "task", "schedule", "args", "kwargs", "options", "anarchon")})
+        text = self._check(name, definition, check_task)
+        return self._as_scheduled(self._ready().put_entry(name, text, by=by or self.by, create=False))
+
+    def remove(self, name: str, *, by: str | None = None) -> None:
+        """Remove a store entry (and its pause): no instance claims its runs after its next sync;
+        a run already claimed is still sent.
+
+        :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name`` (remove it there).
+        :raises UnknownEntry: the store holds no entry ``name``.
+        """
+        self._not_config(name, "remove")
+        if not self._ready().remove_entry(name, by=by or self.by):
+            raise self._unknown(name)
+
+    def pause(self, name: str, reason: str = "", *, by: str | None = None) -> ScheduledEntry:
+        """Pause an entry, config or store: from now on every claim of its runs, on every
+        instance (synced or not), answers ``paused`` and nothing is sent; each paused run is
+        recorded once in the history with ``reason`` and who paused it.
+
+        :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``.
+        """
+        if not isinstance(reason, str):
+            raise ConfigError(f"entry {name!r}: reason {reason!r} must be text")
+        by = by or self.by
+        self._known(name, self._snapshot())
+        stored = self._ready().set_pause(name, Pause(reason=reason, by=by, at_ms=0), by=by)
+        return self._as_scheduled(stored)
+
+    def resume(self, name: str, *, by: str | None = None) -> ScheduledEntry:
+        """Lift an entry's pause: its next slot runs (what was paused is not caught up).
+
+        :raises UnknownEntry: nothing defines ``name`` and the store holds no pause of it.
+        """
+        snapshot = self._snapshot()
+        stored = snapshot.entries.get(name)
+        if stored is None or stored.pause is None:
+            self._known(name, snapshot)
+        return self._as_scheduled(self._ready().set_pause(name, None, by=by or self.by))
+
+    def run_now(self, name: str, request_id: str | None = None, *,
+                by: str | None = None) -> RunRequest:
+        """One extra run of an entry, config or store, claimed like any run with a slot of its
+        own (the store's clock now, never one of the entry's scheduled slots); the schedule does
+        not move. An instance that runs the entry claims it at its next sync; it is sent once.
+
+        :param request_id: the caller's id (default: a new uuid4): the same id twice is one
+            request and one run; the answer is then the first request.
+        :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``.
+        :raises ConfigError: the entry is paused (resume it first: every claim would refuse the
+            run), or its definition is invalid.
+        """
+        by = by or self.by
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        if not isinstance(request_id, str) or not request_id:
+            raise ConfigError(f"entry {name!r}: request_id {request_id!r} must be non-empty text")
+        snapshot = self._snapshot()
+        entry = self._known(name, snapshot)
+        stored = snapshot.entries.get(name)
+        if stored is not None and stored.pause is not None:
+            raise ConfigError(f"entry {name!r} is {stored.pause.describe()}: every claim of a run "
+                              f"would answer paused; fix: resume it first (celery anarchon resume "
+                              f"{name})")
+        plan = build_plan(name, entry, app=self.app, settings=self.settings, store=self.store)
+        now = self.store.now_ms()
+        slot = extra_slot(name, plan.slots, int(time.time() * 1000) if now is None else now,
+                          {r.slot_ms for r in snapshot.requests if r.entry == name})
+        return self._ready().request_run(name, request_id, slot, by=by)
+
+    # -- reading -------------------------------------------------------------------------------
+    def get(self, name: str) -> ScheduledEntry:
+        """The entry ``name`` with its pause.
+
+        :raises UnknownEntry: neither ``beat_schedule`` nor the store knows ``name``.
+        """
+        for found in self._entries(self._snapshot(), only=name):
+            return found
+        raise self._unknown(name)
+
+    def list(self) -> list[ScheduledEntry]:
+        """Every entry: this app's ``beat_schedule``, the store's entries, and pauses of other
+        names (``source == "unknown"``), by name."""
+        return self._entries(self._snapshot())
+
+    # -- internals -----------------------------------------------------------------------------
+    def _snapshot(self) -> EntrySnapshot:
+        return self._ready().load_entries()
+
+    def _config(self) -> dict:
+        return dict(self.app.conf.beat_schedule or {})
+
+    def _config_entry(self, name: str, item: dict) -> beat.ScheduleEntry:
+        # last_run_at given: a schedule class of the user's may have no now() (beat never asks)
+        return beat.ScheduleEntry(**{"last_run_at": datetime.datetime.now(datetime.timezone.utc),
+                                     **item, "name": name, "app": self.app})
+
+    def _not_config(self, name: str, what: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"entry name {name!r}: not a non-empty string; fix: name the entry")
+        if name in self._config() or name in CELERY_DEFAULT_ENTRIES:
+            raise EntryOwnedByConfig(
+                f"entry {name!r} is defined in beat_schedule: {what} it there and restart beat "
+                "(pause, resume and run-now work on it here)")
+
+    def _unknown(self, name: str) -> UnknownEntry:
+        names = sorted(self._config()) + sorted(self._store_names())
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return UnknownEntry(f"no entry {name!r}{hint}: neither beat_schedule nor the store "
+                            f"(namespace {self.settings.namespace!r}) defines it; fix: check the "
+                            "name (celery anarchon list), or add it")
+
+    def _store_names(self) -> list[str]:
+        try:
+            return [n for n, s in self.store.load_entries().entries.items() if s.definition]
+        except Exception:  # only for a hint in an error message
+            return []
+
+    def _known(self, name: str, snapshot: EntrySnapshot) -> beat.ScheduleEntry:
+        """The entry ``name`` (config first, as the engine does), or UnknownEntry."""
+        config = self._config()
+        if name in config:
+            return self._config_entry(name, config[name])
+        stored = snapshot.entries.get(name)
+        if stored is not None and stored.definition is not None:
+            return entry_json.parse(name, stored.definition, app=self.app)
+        raise self._unknown(name)
+
+    def _definition(self, name: str, *, task, schedule, args, kwargs, options, anarchon) -> dict:
+        options = dict(options or {}) if isinstance(options, dict) or options is None else options
+        if isinstance(options, dict) and "anarchon" in options:
+            if anarchon:
+                raise ConfigError(f"entry {name!r}: the per-entry settings are given twice "
+                                  "(options['anarchon'] and anarchon=); fix: give anarchon= only")
+            anarchon = options.pop("anarchon")
+        out = {"task": task, "schedule": entry_json.schedule_json(schedule),
+               "args": list(args) if isinstance(args, tuple) else ([] if args is None else args),
+               "kwargs": {} if kwargs is None else kwargs, "options": options}
+        if anarchon:
+            out["anarchon"] = entry_json.anarchon_json(anarchon) if isinstance(anarchon, dict) \
+                else anarchon
+        return out
+
+    def _check(self, name: str, definition: dict, check_task: bool) -> str:
+        """The canonical text of a definition that parses, builds a plan (every timing rule,
+        with the start-up message) and names a registered task."""
+        text = entry_json.canonical(definition, name=name)
+        entry = entry_json.parse(name, text, app=self.app)
+        build_plan(name, entry, app=self.app, settings=self.settings, store=self.store)
+        if check_task:
+            self._check_task(name, entry.task)
+        return text
+
+    def _check_task(self, name: str, task: str) -> None:
+        tasks = self.app.tasks  # finalizes the app: autodiscovered and imported tasks are in
+        own = sorted(t for t in tasks if not t.startswith("celery."))
+        if not own or task in tasks:
+            return  # no task of its own: the app cannot know which names the workers register
+        close = difflib.get_close_matches(task, own, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"entry {name!r}: task {task!r} is not registered in app "
+                          f"{self.app.main!r}{hint}; fix: use a registered task name, import the "
+                          "module that defines it (imports, include, autodiscover_tasks), or pass "
+                          "check_task=False if only the workers know it")
+
+    def _entries(self, snapshot: EntrySnapshot, only: str | None = None) -> list[ScheduledEntry]:
+        config = self._config()
+        names = sorted(set(config) | set(snapshot.entries)) if only is None else [only]
+        out = []
+        for name in names:
+            stored = snapshot.entries.get(name)
+            if name in config:
+                out.append(self._scheduled(name, CONFIG, self._config_data(name, config[name]),
+                                           stored, shadowed=bool(stored and stored.definition)))
+            elif stored is not None and stored.definition is not None:
+                out.append(self._scheduled(name, STORE, json.loads(stored.definition), stored))
+            elif stored is not None:
+                out.append(self._scheduled(name, UNKNOWN, None, stored))
+        return out
+
+    def _config_data(self, name: str, item: dict) -> dict:
+        try:
+            return entry_json.from_entry(self._config_entry(name, item))
+        except Exception:  # a broken beat_schedule entry: shown, never stored
+            return {"task": item.get("task"), "schedule": {"repr": repr(item.get("schedule"))},
+                    "storable": False}
+
+    @staticmethod
+    def _scheduled(name: str, source: str, definition: dict | None, stored: StoredEntry | None,
+                   shadowed: bool = False) -> ScheduledEntry:
+        if stored is None:
+            return ScheduledEntry(name, source, definition)
+        return ScheduledEntry(name, source, definition, stored.pause, stored.version,
+                              stored.updated_ms, stored.updated_by, shadowed)
+
+    def _as_scheduled(self, stored: StoredEntry) -> ScheduledEntry:
+        config = self._config()
+        if stored.name in config:
+            return self._scheduled(stored.name, CONFIG,
+                                   self._config_data(stored.name, config[stored.name]), stored,
+                                   shadowed=stored.definition is not None)
+        if stored.definition is not None:
+            return self._scheduled(stored.name, STORE, json.loads(stored.definition), stored)
+        return self._scheduled(stored.name, UNKNOWN, None, stored)
+
+
+#: how far past now a run-now slot may move to avoid the entry's slots, ms
+EXTRA_SLOT_SEARCH_MS = 1000
+
+
+def extra_slot(name: str, slots: SlotSchedule, now_ms: int, taken: set[int] | frozenset = frozenset()) -> int:
+    """The slot of a run-now request: ``now_ms``, moved 1 ms later while it is one of the entry's
+    scheduled slots or another request's (a request must never share a scheduled run's claim).
+
+    :raises ConfigError: no such slot within :data:`EXTRA_SLOT_SEARCH_MS` (an entry that runs
+        every millisecond).
+    """
+    for slot in range(now_ms, now_ms + EXTRA_SLOT_SEARCH_MS):
+        if slot not in taken and slots.next_after(slot - 1) != slot:
+            return slot
+    raise ConfigError(f"entry {name!r}: no millisecond within {EXTRA_SLOT_SEARCH_MS} ms of now is "
+                      "free of its scheduled slots; fix: wait for its next run instead")
+
+
+def schedules(app, *, store: ClaimStore | None = None, by: str | None = None) -> Schedules:
+    """The runtime schedule of ``app``'s namespace (also ``celery_anarchon.schedules(app)``).
+
+    :raises ConfigError: the store cannot hold entries (RabbitMQ, NATS): the message names the
+        stores that can.
+    """
+    return Schedules(app, store=store, by=by)

@@ -1,0 +1,236 @@
+"""The runtime schedule API (celery_anarchon.schedules(app)) against real stores: what it writes,
+what it refuses (with the messages a beat start-up gives), and the errors that name the problem."""
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+from celery import Celery
+from celery.beat import ScheduleEntry
+from celery.schedules import crontab
+
+import celery_anarchon
+from celery_anarchon import ConfigError, cron, entry_json
+from celery_anarchon.errors import EntryExists, EntryOwnedByConfig, UnknownEntry
+from celery_anarchon.plan import build_plan
+from celery_anarchon.schedule_api import ScheduledEntry, Schedules, default_by, extra_slot
+from celery_anarchon.slots import IntervalSlots
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, EntryStore
+from celery_anarchon.timing import Settings
+
+from backends import BACKENDS, url_of
+from conftest import require_server
+
+#: the test rows whose store holds entries (read from the classes: a store is built without I/O)
+ENTRY_STORES = tuple(b.kind for b in BACKENDS if isinstance(b._probe(), EntryStore))
+
+
+def store_url(kind: str, tmp_path) -> tuple[str, dict]:
+    backend = next(b for b in BACKENDS if b.kind == kind)
+    if backend.url_variable is None:
+        return f"sqlite:///{tmp_path / 'store.sqlite3'}", {}
+    require_server(backend.url, backend.server)
+    return backend.url, dict(backend.options)
+
+
+def make_app(url: str, namespace: str, options: dict | None = None, *, tasks: bool = True, **conf):
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=url, anarchon_namespace=namespace,
+                    anarchon_store_options=options or {}, timezone="UTC",
+                    beat_schedule={"config-entry": {"task": "proj.report", "schedule": 60.0}},
+                    **conf)
+    if tasks:
+        @app.task(name="proj.report", shared=False)
+        def report(*args, **kwargs):
+            return None
+    return app
+
+
+@pytest.fixture
+def api(tmp_path, namespace):
+    app = make_app(f"sqlite:///{tmp_path / 'store.sqlite3'}", namespace)
+    with celery_anarchon.schedules(app) as s:
+        yield s
+
+
+@pytest.mark.parametrize("kind", ENTRY_STORES)
+def test_a_store_entry_from_add_to_remove(kind, tmp_path, namespace):
+    """add, get, list, update, pause, run_now (twice with one id), resume, remove: each written
+    once, read back with who did it, and the entries version raised by every write."""
+    url, options = store_url(kind, tmp_path)
+    app = make_app(url, namespace, options)
+    with celery_anarchon.schedules(app, by="ops@test") as s:
+        store = s.store
+        before = store.entries_version()
+        added = s.add("report", task="proj.report", schedule=crontab(minute="*/5"),
+                      args=(1, "x"), kwargs={"full": True}, options={"queue": "reports"},
+                      anarchon={"max_late": 30})
+        assert isinstance(added, ScheduledEntry) and added.source == "store"
+        assert added.definition == {"task": "proj.report", "args": [1, "x"], "kwargs": {"full": True},
+                                    "options": {"queue": "reports"}, "anarchon": {"max_late": 30},
+                                    "schedule": {"crontab": {"minute": "*/5"}}}
+        assert added.updated_by == "ops@test" and not added.paused
+        assert store.entries_version() > before
+        raw = store.load_entries().entries["report"].definition
+        assert raw == entry_json.canonical(added.definition)     # canonical JSON text, nothing else
+        assert [e.name for e in s.list()] == ["config-entry", "report"]
+        assert s.get("config-entry").source == "config"
+
+        v = store.entries_version()
+        updated = s.update("report", schedule=cron("0 3 * * *", tz="Europe/Paris"), by="dev@test")
+        assert updated.definition["schedule"] == {"cron": "0 3 * * *", "timezone": "Europe/Paris"}
+        assert updated.definition["kwargs"] == {"full": True}       # what was not given is kept
+        assert updated.updated_by == "dev@test" and updated.version > added.version
+        assert store.entries_version() > v
+
+        paused = s.pause("report", reason="migration")
+        assert paused.paused and paused.pause.reason == "migration" and paused.pause.by == "ops@test"
+        assert s.get("report").pause.describe() == "paused by ops@test: migration"
+        with pytest.raises(ConfigError, match="paused by ops@test: migration.*resume it first"):
+            s.run_now("report", request_id="r-1")
+        assert not s.resume("report").paused
+        assert not s.get("report").paused
+
+        first = s.run_now("report", request_id="r-1")
+        again = s.run_now("report", request_id="r-1")
+        assert again == first and first.entry == "report" and first.by == "ops@test"
+        assert [r.request_id for r in store.load_entries().requests if r.entry == "report"] == ["r-1"]
+        other = s.run_now("report")                       # a new id: a second request, its own slot
+        assert other.request_id != "r-1" and other.slot_ms != first.slot_ms
+
+        s.remove("report")
+        with pytest.raises(UnknownEntry, match="no entry 'report'"):
+            s.get("report")
+        with pytest.raises(UnknownEntry):
+            s.remove("report")
+        assert [e.name for e in s.list()] == ["config-entry"]
+
+
+def test_beat_schedule_entries_are_owned_by_the_config_but_pause_resume_and_run_now(api):
+    for call in (lambda: api.add("config-entry", task="proj.report", schedule=5),
+                 lambda: api.update("config-entry", schedule=5),
+                 lambda: api.remove("config-entry")):
+        with pytest.raises(EntryOwnedByConfig, match="'config-entry' is defined in beat_schedule"):
+            call()
+    assert api.pause("config-entry", reason="quiet hours").paused
+    listed = {e.name: e for e in api.list()}
+    assert listed["config-entry"].source == "config" and listed["config-entry"].paused
+    assert listed["config-entry"].definition["schedule"] == {"every": 60}
+    with pytest.raises(ConfigError, match="resume it first"):
+        api.run_now("config-entry")
+    assert not api.resume("config-entry").paused
+    request = api.run_now("config-entry", request_id="once")
+    assert request.slot_ms % 60_000 != 0                 # never one of its scheduled slots
+    assert api.store.load_entries().requests[-1] == request
+
+
+def test_unknown_entries_and_names_taken(api):
+    api.add("report", task="proj.report", schedule=10)
+    with pytest.raises(EntryExists, match="'report' exists already"):
+        api.add("report", task="proj.report", schedule=20)
+    for call in (lambda: api.get("reprot"), lambda: api.update("reprot", schedule=5),
+                 lambda: api.remove("reprot"), lambda: api.pause("reprot"),
+                 lambda: api.resume("reprot"), lambda: api.run_now("reprot")):
+        with pytest.raises(UnknownEntry, match="no entry 'reprot' \\(did you mean 'report'\\?\\)"):
+            call()
+    with pytest.raises(ConfigError, match="nothing to change"):
+        api.update("report")
+    assert api.get("report").definition["schedule"] == {"every": 10}
+
+
+def test_an_unsafe_entry_is_refused_with_the_start_up_message_and_nothing_is_written(api):
+    app = api.app
+    config = ScheduleEntry(name="fast", task="proj.report", schedule=1,
+                           options={"anarchon": {"jitter": 0.5}}, app=app)
+    with pytest.raises(ConfigError) as at_start_up:
+        build_plan("fast", config, app=app, settings=Settings.from_app(app), store=api.store)
+    with pytest.raises(ConfigError) as at_add:
+        api.add("fast", task="proj.report", schedule=1, anarchon={"jitter": 0.5})
+    assert str(at_add.value) == str(at_start_up.value)
+    assert "half the shortest gap" in str(at_add.value)
+    # a leased entry needs install(app), as at start-up; and an update is checked the same way
+    with pytest.raises(ConfigError, match="install\\(app\\) was not called"):
+        api.add("leased", task="proj.report", schedule=60, anarchon={"lease": True})
+    api.add("slow", task="proj.report", schedule=60)
+    with pytest.raises(ConfigError, match="max_late 1 s must be greater than jitter 2 s"):
+        api.update("slow", anarchon={"max_late": 1})
+    with pytest.raises(ConfigError, match="key 'schedule.crontab.hour'"):
+        api.update("slow", schedule={"crontab": {"hour": "24"}})
+    assert [e.name for e in api.list()] == ["config-entry", "slow"]
+    assert api.get("slow").definition["schedule"] == {"every": 60}
+
+
+def test_a_task_no_worker_registered_is_refused_where_that_can_be_known(tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    with celery_anarchon.schedules(make_app(url, namespace)) as s:
+        with pytest.raises(ConfigError, match="task 'proj.reprot' is not registered in app 'proj' "
+                                              "\\(did you mean 'proj.report'\\?\\)"):
+            s.add("a", task="proj.reprot", schedule=60)
+        assert s.add("a", task="proj.reprot", schedule=60, check_task=False).name == "a"
+    # an app that registers no task of its own cannot know the workers' names: not checked
+    with celery_anarchon.schedules(make_app(url, namespace, tasks=False)) as s:
+        assert s.add("b", task="elsewhere.task", schedule=60).name == "b"
+
+
+@pytest.mark.parametrize("url", ["amqp://guest:guest@127.0.0.1:5672//", "nats://127.0.0.1:4222"])
+def test_a_store_that_cannot_hold_entries_names_the_ones_that_can(url, namespace):
+    with pytest.raises(ConfigError) as info:
+        celery_anarchon.schedules(make_app(url, namespace))
+    assert ENTRY_STORE_NAMES in str(info.value) and "anarchon_store_url" in str(info.value)
+
+
+def test_schedules_given_as_python_objects_are_stored_as_data(api):
+    zoned = crontab(minute="30", hour="2")
+    zoned.tz = datetime.timezone.utc                           # a crontab with a zone of its own
+    cases = {
+        "a": (datetime.timedelta(minutes=2), {"every": 120}),
+        "b": (zoned, {"crontab": {"minute": "30", "hour": "2"}, "timezone": "UTC"}),
+        "c": (cron("0 22 L * *"), {"cron": "0 22 L * *"}),
+        "d": ({"every": 15}, {"every": 15}),
+    }
+    for name, (sched, data) in cases.items():
+        assert api.add(name, task="proj.report", schedule=sched).definition["schedule"] == data
+    anchored = api.add("e", task="proj.report", schedule=3600, options={"anarchon": {
+        "anchor": datetime.datetime(1970, 1, 1, 0, 15, tzinfo=datetime.timezone.utc)}})
+    assert anchored.definition["anarchon"] == {"anchor": 900} and anchored.definition["options"] == {}
+    stored = json.loads(api.store.load_entries().entries["e"].definition)
+    assert stored["anarchon"] == {"anchor": 900}
+    with pytest.raises(ConfigError, match="cannot be stored as data"):
+        api.add("f", task="proj.report", schedule=celery_anarchon_custom())
+
+
+def celery_anarchon_custom():
+    class Mine:
+        def anarchon_next(self, after):
+            return after + datetime.timedelta(seconds=10)
+
+        def anarchon_shortest_gap(self):
+            return datetime.timedelta(seconds=10)
+    return Mine()
+
+
+def test_a_run_now_slot_is_never_a_scheduled_slot_nor_another_requests():
+    every_second = IntervalSlots(1000)
+    assert extra_slot("e", every_second, 5_000) == 5_001
+    assert extra_slot("e", every_second, 5_001, {5_001, 5_002}) == 5_003
+    assert extra_slot("e", every_second, 5_500) == 5_500
+    with pytest.raises(ConfigError, match="no millisecond within 1000 ms"):
+        extra_slot("e", IntervalSlots(1), 5_000)
+
+
+def test_who_made_a_change_defaults_to_user_at_host_and_pid(api):
+    import os
+    import socket
+    assert default_by().endswith(f"@{socket.gethostname()}:{os.getpid()}")
+    assert api.add("x", task="proj.report", schedule=60).updated_by == default_by()
+
+
+def test_a_given_store_is_the_callers_to_close(tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    store = open_store(url, namespace=namespace, instance_id="mine", options={})
+    with Schedules(make_app(url, namespace), store=store) as s:
+        s.add("x", task="proj.report", schedule=60)
+    assert store.load_entries().entries["x"].definition      # still open, still usable
+    store.close()
