@@ -19,29 +19,12 @@ from celery_anarchon.stores.base import (
 from celery_anarchon.stores.sql import schema
 from celery_anarchon.stores.sql.history import SQLHistory
 from celery_anarchon.stores.sql.leases import Fence
+from celery_anarchon.stores.sql.memory import StoreNote
 
 #: Claimed runs looked up per statement (keeps bind parameters far below every server's limit).
 _LOOKUP_CHUNK = 500
 _TOL = LATENESS_TOLERANCE_MS
-_ENTRY_KEY = ("namespace", "entry")
 _RUN_KEY = ("namespace", "entry", "slot_ms")
-
-
-@dataclasses.dataclass
-class StoreNote:
-    """The namespace's row of ``anarchon_stores`` as one transaction saw it (loss-spec 3 to 5).
-
-    :param born_ms: the store-wide memory start, store clock ms.
-    :param epoch: the server's epoch now (``""`` for SQLite).
-    :param detail: why the memory began when it did (an epoch change names both), for refusals.
-    :param conflict: set when this instance's ``memory`` differs from the recorded value that is
-        still in use: the detail its claims are refused (forgotten) with.
-    """
-
-    born_ms: int
-    epoch: str
-    detail: str = ""
-    conflict: str | None = None
 
 
 @dataclasses.dataclass

@@ -31,7 +31,6 @@ import datetime as dt
 import logging
 import math
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,8 +39,9 @@ from typing import Any, ClassVar, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
+from celery_anarchon._util import positive_int, seconds
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores._common import reject_unknown_options
+from celery_anarchon.stores._common import reject_unknown_options, retrying, translated
 from celery_anarchon.stores.sql import schema
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S,
@@ -51,10 +51,11 @@ from celery_anarchon.stores.base import (
 from celery_anarchon.stores.entry_store import (
     EntrySnapshot, EntryStore, InstanceRecord, Pause, RunRequest, StoredEntry,
 )
-from celery_anarchon.stores.sql.claims import _ENTRY_KEY, _TOL, SQLClaims, StoreNote
+from celery_anarchon.stores.sql.claims import SQLClaims
 from celery_anarchon.stores.sql.entries import SQLEntries
 from celery_anarchon.stores.sql.history import SQLHistory
 from celery_anarchon.stores.sql.leases import Fence, SQLLeases
+from celery_anarchon.stores.sql.memory import SQLMemory, StoreNote
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,25 +65,6 @@ PRUNE_INTERVAL_S = 5.0
 #: How often a transaction that was chosen as a deadlock victim (or hit a serialization failure)
 #: is run again before the operation raises StoreUnavailable.
 DEADLOCK_RETRIES = 5
-#: the recorded memory's "last used" time is refreshed at most this often (ms); the replacement
-#: rule adds it, so a coarse refresh never lets a value be replaced early
-MEMORY_USE_STEP_MS = 1000
-
-
-def _seconds(option: str, value: Any) -> float:
-    """``value`` (int, float or timedelta) as seconds > 0, else ConfigError naming the option."""
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
-    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-            or not math.isfinite(seconds) or seconds <= 0):
-        raise ConfigError(f"anarchon_store_options[{option!r}] = {value!r}: must be a duration in "
-                          "seconds greater than 0 (int, float or timedelta)")
-    return float(seconds)
-
-
-def _count(option: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"anarchon_store_options[{option!r}] = {value!r}: must be an integer >= 1")
-    return value
 
 
 class SQLStore(LeaseStore, EntryStore):
@@ -109,10 +91,11 @@ class SQLStore(LeaseStore, EntryStore):
                  history_size: int = DEFAULT_HISTORY_SIZE,
                  claim_timeout: float | dt.timedelta = DEFAULT_CLAIM_TIMEOUT_S, **options: Any) -> None:
         reject_unknown_options(self.kind, options, {"memory", *self.own_options})
-        memory_s = _seconds("memory", memory)
-        timeout_s = _seconds("claim_timeout", claim_timeout)
+        memory_s = seconds("memory", memory)
+        timeout_s = seconds("claim_timeout", claim_timeout)
         super().__init__(url, namespace=namespace, instance_id=instance_id,
-                         history_size=_count("history_size", history_size), claim_timeout=timeout_s)
+                         history_size=positive_int("history_size", history_size),
+                         claim_timeout=timeout_s)
         #: how long a claimed run is remembered, seconds and ms
         self.memory_s = memory_s
         self.memory_ms = math.ceil(memory_s * 1000)
@@ -123,6 +106,11 @@ class SQLStore(LeaseStore, EntryStore):
         self._engine_lock = threading.Lock()
         self._lock_pid = os.getpid()
         self._next_prune = 0.0
+        #: the store-wide note and the entries' fences, a part given what it needs of this store
+        self._memory = SQLMemory(namespace=self.namespace, kind=self.kind, safe_url=self.safe_url,
+                                 dialect=self.dialect, memory_s=memory_s, memory_ms=self.memory_ms,
+                                 insert=self._insert, epoch_sql=self._epoch_sql,
+                                 epoch_text=self._epoch_text)
         #: history and definitions, a part given what it needs of this store
         self._history = SQLHistory(
             namespace=self.namespace, instance_id=self.instance_id, history_size=self.history_size,
@@ -236,20 +224,35 @@ class SQLStore(LeaseStore, EntryStore):
                 if state is not None:
                     state["confirmed"] = confirmed
 
-    def _unavailable(self, what: str, error: BaseException) -> StoreUnavailable:
+    def _cause(self, error: BaseException) -> str:
+        """The end of a StoreUnavailable message: the driver's error, its first line, with the
+        URL's password masked."""
         cause = getattr(error, "orig", None) or error
         text = (str(cause).strip().splitlines() or [""])[0]
         if self.engine_url.password:
             text = text.replace(str(self.engine_url.password), "***")
-        return StoreUnavailable(f"{self.kind} store {self.safe_url}: {what} failed: "
-                                f"{type(cause).__name__}: {text}")
+        return f" failed: {type(cause).__name__}: {text}"
+
+    def _once(self, what: str, work: Callable[[sa.Connection], T], write: bool, durable: bool,
+              unconfirmed: Callable[[T], T] | None, isolation: str | None) -> T:
+        state: dict = {}
+        with self._transaction(write, state, durable, isolation) as conn:
+            result = work(conn)
+        if state.get("confirmed", True):
+            return result
+        if unconfirmed is not None:
+            return unconfirmed(result)
+        log.warning("%s store %s: %s committed on the primary, but no synchronous standby "
+                    "confirmed it within confirm_timeout", self.kind, self.safe_url, what)
+        return result
 
     def _run(self, what: str, work: Callable[[sa.Connection], T], *, write: bool = True,
              needs_schema: bool = True, durable: bool = True,
              unconfirmed: Callable[[T], T] | None = None, isolation: str | None = None) -> T:
         """Run ``work(conn)`` in one transaction. Re-creates missing tables once (amnesia: the
-        entries' memory then begins now), re-runs deadlock victims, and turns every driver error
-        into StoreUnavailable naming the masked URL and the cause.
+        entries' memory then begins now), re-runs deadlock victims (``DEADLOCK_RETRIES``), and
+        turns every driver error into StoreUnavailable naming the masked URL and the cause
+        (:func:`~celery_anarchon.stores._common.translated`).
 
         :param durable: the commit waits for what the store's durability setting asks
             (PostgreSQL: synchronous standbys); False: the local disk only.
@@ -258,32 +261,21 @@ class SQLStore(LeaseStore, EntryStore):
         :param isolation: a read's purpose for :meth:`_isolation` ("snapshot", "single").
         """
         errors = (sa_exc.SQLAlchemyError, *self._driver_errors())
-        schema_made = False
-        retries = 0
-        while True:
+
+        def attempts() -> T:
+            return retrying(self._retryable, attempts=DEADLOCK_RETRIES + 1, wait_s=0.01,
+                            max_wait_s=0.2)(self._once, what, work, write, durable, unconfirmed,
+                                             isolation)
+        with translated(self.kind, self.safe_url, what, errors, cause=self._cause):
             try:
-                state: dict = {}
-                with self._transaction(write, state, durable, isolation) as conn:
-                    result = work(conn)
-                if state.get("confirmed", True):
-                    return result
-                if unconfirmed is not None:
-                    return unconfirmed(result)
-                log.warning("%s store %s: %s committed on the primary, but no synchronous standby "
-                            "confirmed it within confirm_timeout", self.kind, self.safe_url, what)
-                return result
+                return attempts()
             except errors as error:
-                if needs_schema and not schema_made and self._missing_table(error):
-                    log.warning("%s store %s: tables missing during %s: the store forgot its data; "
-                                "re-creating them (docs/timing.md, \"Amnesia\")", self.kind, self.safe_url, what)
-                    self._run("create the schema", schema.create_schema, needs_schema=False)
-                    schema_made = True
-                    continue
-                if retries < DEADLOCK_RETRIES and self._retryable(error):
-                    retries += 1
-                    time.sleep(random.uniform(0.005, 0.03) * retries)
-                    continue
-                raise self._unavailable(what, error) from error
+                if not (needs_schema and self._missing_table(error)):
+                    raise
+            log.warning("%s store %s: tables missing during %s: the store forgot its data; "
+                        "re-creating them (docs/timing.md, \"Amnesia\")", self.kind, self.safe_url, what)
+            self._run("create the schema", schema.create_schema, needs_schema=False)
+            return attempts()
 
     def _now_us(self, conn: sa.Connection) -> int:
         return int(conn.execute(sa.select(schema.clock_us(self.dialect))).scalar_one())
@@ -321,114 +313,16 @@ class SQLStore(LeaseStore, EntryStore):
                          write=False, needs_schema=False)
 
     def _note_store(self, conn: sa.Connection, *, claiming: bool) -> StoreNote:
-        """Read the namespace's row of ``anarchon_stores`` with the server's epoch, in one
-        statement, and bring it up to date (loss-spec points 3 to 5):
-
-        * no row (a new or wiped store): noted now, with this epoch and this ``memory``;
-        * another epoch (PostgreSQL: a promotion, a restored or replaced server): the store-wide
-          memory start becomes now, so every entry refuses the slots before now + tolerance;
-        * another ``memory``: replaced when the recorded one was last used more than the new
-          memory + 2 x LATENESS_TOLERANCE_MS ago, else :attr:`StoreNote.conflict`;
-        * ``claiming``: the recorded memory's last use becomes now (at most every second).
-
-        Call it before locking any entry row (lock order). :raises ConfigError: never;
-        conflicts are returned.
-        """
-        st = schema.stores
-        ns = self.namespace
-        clock = schema.clock_ms(self.dialect)
-        one = sa.select(sa.literal(1).label("one")).subquery()
-        row = conn.execute(
-            sa.select(clock.label("now"), self._epoch_sql(conn).label("epoch_now"), st.c.born_ms,
-                      st.c.epoch, st.c.prev_epoch, st.c.memory_ms, st.c.memory_used_ms)
-            .select_from(one.outerjoin(st, st.c.namespace == ns))).one()
-        now, epoch = int(row.now), self._epoch_text(conn, row.epoch_now)
-
-        def reread():
-            return conn.execute(sa.select(st).where(st.c.namespace == ns)).one()
-        if row.born_ms is None:
-            conn.execute(self._insert(st).values(
-                namespace=ns, born_ms=clock, epoch=epoch, prev_epoch="", memory_ms=self.memory_ms,
-                memory_used_ms=clock).on_conflict_do_nothing(index_elements=("namespace",)))
-            row = reread()
-        if row.epoch != epoch:
-            changed = conn.execute(sa.update(st).where(st.c.namespace == ns, st.c.epoch == row.epoch)
-                                   .values(born_ms=clock, epoch=epoch, prev_epoch=row.epoch)).rowcount
-            if changed:
-                log.warning("%s store %s: the server's epoch changed from %r to %r (a promoted "
-                            "standby, a restored or replaced server): it may have lost the newest "
-                            "claims; the store's memory begins again now, and the runs of the next "
-                            "%d s are refused as forgotten", self.kind, self.safe_url, row.epoch,
-                            epoch, _TOL // 1000)
-            row = reread()
-        detail = ""
-        if row.prev_epoch:
-            detail = f" (the server's epoch changed from {row.prev_epoch!r} to {row.epoch!r})"
-        conflict = None
-        if row.memory_ms != self.memory_ms:
-            idle = now - row.memory_used_ms
-            wait_ms = self.memory_ms + 2 * _TOL + MEMORY_USE_STEP_MS
-            if idle > wait_ms:
-                replaced = conn.execute(sa.update(st).where(
-                    st.c.namespace == ns, st.c.memory_ms == row.memory_ms,
-                    st.c.memory_used_ms == row.memory_used_ms,
-                ).values(memory_ms=self.memory_ms, memory_used_ms=clock)).rowcount
-                if replaced:
-                    log.warning("%s store %s: the recorded 'memory' %g s (unused for %d s) is replaced "
-                                "by this instance's %g s", self.kind, self.safe_url,
-                                row.memory_ms / 1000, idle // 1000, self.memory_s)
-                row = reread()
-            if row.memory_ms != self.memory_ms:
-                recorded = row.memory_ms / 1000
-                conflict = (
-                    f"anarchon_store_options['memory'] is {self.memory_s:g} s on this instance, but the "
-                    f"store recorded 'memory' = {recorded:g} s, last used by a claim "
-                    f"{max(0, now - row.memory_used_ms) / 1000:.1f} s ago: use the same value on every "
-                    f"instance; to change it, stop every instance using {recorded:g} s and wait "
-                    f"{self.memory_s:g} s + {2 * _TOL // 1000} s ({wait_ms / 1000:g} s after their "
-                    "last claim), or use another anarchon_namespace")
-        elif claiming and now - row.memory_used_ms >= MEMORY_USE_STEP_MS:
-            conn.execute(sa.update(st).where(st.c.namespace == ns, st.c.memory_used_ms < now)
-                         .values(memory_used_ms=now))
-        return StoreNote(born_ms=row.born_ms, epoch=epoch, detail=detail, conflict=conflict)
+        """The namespace's store-wide note, brought up to date (:meth:`.SQLMemory.note_store`)."""
+        return self._memory.note_store(conn, claiming=claiming)
 
     def _lock_entries(self, conn: sa.Connection, names: Iterable[str],
                       note: StoreNote | None = None) -> dict[str, Fence]:
-        """Create the missing entries and lock every entry row, in the order of their names. A
-        new entry's memory starts at the store-wide memory start when the namespace has one
-        (its memory is intact: nothing of the entry can have been lost), else now.
-
-        :param note: the transaction's :meth:`_note_store`, copied into the fences.
-        :returns: entry -> its fence."""
-        names = sorted(set(names))
-        if not names:
-            return {}
-        e, st = schema.entries, schema.stores
-        born = sa.func.coalesce(
-            sa.select(st.c.born_ms).where(st.c.namespace == self.namespace).scalar_subquery(),
-            schema.clock_ms(self.dialect))
-        conn.execute(self._insert(e).values(
-            [{"namespace": self.namespace, "entry": n, "born_ms": born, "last_token": 0,
-              "newest_slot": None} for n in names]).on_conflict_do_nothing(index_elements=_ENTRY_KEY))
-        rows = conn.execute(
-            sa.select(e.c.entry, e.c.born_ms, e.c.last_token, e.c.newest_slot)
-            .where(e.c.namespace == self.namespace, e.c.entry.in_(names))
-            .order_by(e.c.entry).with_for_update())
-        fences = {r.entry: Fence(r.born_ms, r.last_token, r.newest_slot) for r in rows}
-        if note is not None:
-            for fence in fences.values():
-                fence.store_born_ms, fence.memory_detail = note.born_ms, note.detail
-        return fences
+        """Create and lock the entries' rows, in name order (:meth:`.SQLMemory.lock_entries`)."""
+        return self._memory.lock_entries(conn, names, note)
 
     def _save_fences(self, conn: sa.Connection, fences: dict[str, Fence]) -> None:
-        rows = [{"b_ns": self.namespace, "b_entry": name, "b_token": f.last_token,
-                 "b_newest": f.newest_slot} for name, f in fences.items() if f.changed]
-        if rows:
-            e = schema.entries
-            conn.execute(sa.update(e).where(e.c.namespace == sa.bindparam("b_ns"),
-                                            e.c.entry == sa.bindparam("b_entry"))
-                         .values(last_token=sa.bindparam("b_token"),
-                                 newest_slot=sa.bindparam("b_newest")), rows)
+        self._memory.save_fences(conn, fences)
 
     # -- claims ---------------------------------------------------------------------------
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:

@@ -27,8 +27,8 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon._util import mask_url
-from celery_anarchon.stores.sql.core import SQLStore, _seconds
+from celery_anarchon._util import mask_url, seconds
+from celery_anarchon.stores.sql.core import SQLStore
 
 __all__ = ["PostgreSQLStore", "SQLiteStore", "SQLStore"]
 
@@ -103,7 +103,7 @@ class PostgreSQLStore(SQLStore):
         self.durability = durability
         #: seconds a commit may wait for the synchronous standbys before it counts as unconfirmed
         self.confirm_timeout = (min(2.0, self.claim_timeout / 2) if confirm_timeout is None
-                                else _seconds("confirm_timeout", confirm_timeout))
+                                else seconds("confirm_timeout", confirm_timeout))
         if self.confirm_timeout >= self.claim_timeout:
             raise ConfigError(
                 f"anarchon_store_options['confirm_timeout'] = {self.confirm_timeout:g} s must be below "
