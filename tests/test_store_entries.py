@@ -20,7 +20,7 @@ from celery_anarchon.stores.entry_store import (
 from backends import BACKENDS
 from helpers import prepared
 from stores_support import wait_until
-from test_store_contract import _maker, fresh_slot, req
+from test_store_contract import _maker, fresh_slot, req, store_now
 
 DEFINITION = '{"schedule":{"every":60},"task":"proj.tasks.report"}'
 OTHER_DEFINITION = '{"schedule":{"every":30},"task":"proj.tasks.report"}'
@@ -186,7 +186,7 @@ def test_a_pause_refuses_the_claim_at_once_even_on_an_instance_that_never_synced
     paused = a.set_pause("report", Pause("migrating the reports table", "alice", 0), by="alice")
     assert paused.pause.reason == "migrating the reports table" and paused.pause.by == "alice"
     assert paused.definition is None, "a pause of a config entry holds no definition"
-    assert abs(paused.pause.at_ms - a.now_ms()) < 5_000, "the pause's time is the store's clock"
+    assert abs(paused.pause.at_ms - store_now(a)) < 5_000, "the pause's time is the store's clock"
     detail = paused.pause.describe()
     assert detail == "paused by alice: migrating the reports table"
 
@@ -274,7 +274,7 @@ def test_the_same_request_id_twice_is_one_request_with_the_first_slot(stores):
     first = a.request_run("report", "deploy-42", slot, by="alice")
     assert (first.entry, first.request_id, first.slot_ms, first.by) == ("report", "deploy-42", slot,
                                                                         "alice")
-    assert abs(first.requested_ms - a.now_ms()) < 5_000, "requested on the store's clock"
+    assert abs(first.requested_ms - store_now(a)) < 5_000, "requested on the store's clock"
     again = b.request_run("report", "deploy-42", slot + 1000, by="bob")
     assert again == first, "the first request is returned, whoever asks again"
     other = b.request_run("report", "deploy-43", slot + 1000, by="bob")
@@ -297,9 +297,9 @@ def test_instance_records_expire_on_the_store_clock(stores):
     mine = listed["A"]
     assert mine == _record("A", seen_ms=mine.seen_ms, expires_ms=mine.expires_ms), \
         "every field read back as written"
-    assert mine.expires_ms == mine.seen_ms + 1_500 and abs(mine.seen_ms - a.now_ms()) < 5_000
+    assert mine.expires_ms == mine.seen_ms + 1_500 and abs(mine.seen_ms - store_now(a)) < 5_000
     wait_until(lambda: "A" not in {r.instance_id for r in b.instances()}, 15, "A's record to expire")
-    assert b.now_ms() >= mine.expires_ms, "expired by the store's clock, not before"
+    assert store_now(b) >= mine.expires_ms, "expired by the store's clock, not before"
     assert [r.instance_id for r in a.instances()] == ["B"]
 
     a.record_instance(_record("A", last_tick_ms=9_000), ttl_ms=60_000)   # a heartbeat again

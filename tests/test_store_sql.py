@@ -331,6 +331,23 @@ def test_reads_recreate_missing_tables(stores):
     assert a.load_definition("e", "fp") is None
 
 
+def test_entry_operations_on_a_new_database_create_the_tables_without_an_amnesia_warning(
+        namespace, tmpdir_path, caplog):
+    """An admin tool may write entries before any beat prepared the store: a new database is not
+    a store that forgot its data. Tables that vanish later still are (the warning, as before)."""
+    maker = StoreMaker("sqlite", store_url("sqlite", tmpdir_path), namespace)
+    a = maker("A")
+    with caplog.at_level("WARNING"):
+        assert a.entries_version() == 0
+        a.put_entry("report", '{"task": "t"}', by="admin", create=True)
+    assert not [r for r in caplog.records if "forgot" in r.getMessage()], caplog.text
+    maker.wipe()
+    with caplog.at_level("WARNING"):
+        assert a.entries_version() == 0
+    assert [r for r in caplog.records if "forgot its data" in r.getMessage()]
+    maker.close_all()
+
+
 def test_deleted_sqlite_file_is_noticed_as_amnesia(namespace, tmpdir_path):
     maker = StoreMaker("sqlite", store_url("sqlite", tmpdir_path), namespace)
     try:

@@ -64,9 +64,19 @@ class SQLEntries:
         self.namespace = namespace
         self.memory_ms = memory_ms
         self._insert = insert
-        self._run = run
+        self._store_run = run
         self._lock_entries = lock_entries
         self._now_us = now_us
+        self._schema_checked = False
+
+    def _run(self, what: str, work: Callable[[sa.Connection], T], **options: Any) -> T:
+        """The store's ``run``, after creating missing tables once per process: an admin tool may
+        write entries before any beat prepared the store, and a new database is no amnesia
+        (tables that vanish later are: the store's ``run`` re-creates them with its warning)."""
+        if not self._schema_checked:
+            self._store_run("create the schema", schema.create_schema, needs_schema=False)
+            self._schema_checked = True
+        return self._store_run(what, work, **options)
 
     # -- inside other transactions -------------------------------------------------------------
     def pauses(self, conn: sa.Connection, names: Iterable[str]) -> dict[str, Pause]:
