@@ -80,6 +80,15 @@ def _unknown(name: str, where: str, given: dict, allowed: tuple[str, ...]) -> No
                          "silently change the entry)")
 
 
+def check_keys(name: str, obj: dict) -> None:
+    """Refuse a key of a definition (or of a part of one, as ``update`` takes) that is not in
+    :data:`KEYS`.
+
+    :raises ConfigError: naming the entry, the key, its value and the allowed keys.
+    """
+    _unknown(name, "", obj, KEYS)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -252,7 +261,7 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
         raise ConfigError(f"entry {name!r}: the definition {_show(obj)} is not a JSON object; fix: "
                           'give {"task": ..., "schedule": ...}')
     obj = json.loads(canonical(obj, name=name))  # a copy, JSON values only
-    _unknown(name, "", obj, KEYS)
+    check_keys(name, obj)
     task = obj.get("task")
     if not isinstance(task, str) or not task:
         raise _error(name, "task", task, "missing or not a task name",

@@ -371,7 +371,8 @@ class Schedules:
         raise ConfigError(f"entry {name!r}: task {task!r} is not registered in app "
                           f"{self.app.main!r}{hint}; fix: use a registered task name, import the "
                           "module that defines it (imports, include, autodiscover_tasks), or pass "
-                          "check_task=False if only the workers know it")
+                          "check_task=False (command line: --no-check-task) if only the workers "
+                          "know it")
 
     def _entries(self, snapshot: EntrySnapshot, only: str | None = None) -> list[ScheduledEntry]:
         config = self._config()

@@ -1,0 +1,292 @@
+"""The bodies of the ``celery anarchon ...`` commands (:mod:`celery_anarchon.cli` declares them
+and imports this module only when a command runs, so that every ``celery`` run stays light).
+
+Each body prints for people (a table, a line) or, with ``--json``, JSON for scripts, and ends
+with the exit code of :mod:`celery_anarchon.cli`: 0 done, 1 store unreachable or another
+failure, 2 bad input, 3 unknown entry, 4 owned by ``beat_schedule`` or exists already.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+
+import click
+
+from celery_anarchon import entry_json
+from celery_anarchon._util import iso
+from celery_anarchon.app_store import make_instance_id, open_app_store
+from celery_anarchon.errors import (
+    ConfigError, EntryExists, EntryOwnedByConfig, StoreError, UnknownEntry,
+)
+from celery_anarchon.schedule_api import Schedules, ScheduledEntry
+from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord
+from celery_anarchon.timing import Settings
+
+#: exit codes (documented in docs/schedules.md)
+EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_UNKNOWN_ENTRY, EXIT_OWNED_OR_EXISTS = 1, 2, 3, 4
+#: the flags of add/update that are parts of a definition: flag -> definition key
+_PART_FLAGS = {"task": "task", "args_": "args", "kwargs_": "kwargs", "options_": "options",
+               "anarchon": "anarchon"}
+#: the five fields of --crontab, in crontab(5) order
+_CRONTAB_ORDER = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+
+
+@contextlib.contextmanager
+def _exit_codes() -> Iterator[None]:
+    """Print an error as ``Error: ...`` on stderr and exit with its code."""
+    try:
+        yield
+    except UnknownEntry as exc:
+        _fail(exc, EXIT_UNKNOWN_ENTRY)
+    except (EntryOwnedByConfig, EntryExists) as exc:
+        _fail(exc, EXIT_OWNED_OR_EXISTS)
+    except ConfigError as exc:
+        _fail(exc, EXIT_BAD_INPUT)
+    except StoreError as exc:
+        _fail(exc, EXIT_FAILURE)
+
+
+def _fail(exc: Exception, code: int):
+    click.echo(f"Error: {exc}", err=True)
+    raise click.exceptions.Exit(code)
+
+
+@contextlib.contextmanager
+def _schedules(app) -> Iterator[Schedules]:
+    with _exit_codes(), Schedules(app) as s:
+        yield s
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _schedule_of(flags: dict) -> dict | None:
+    kinds = [k for k in ("every", "crontab_", "cron") if flags.get(k) is not None]
+    if len(kinds) > 1:
+        raise click.UsageError("give one schedule: --every, --crontab or --cron")
+    if flags.get("timezone") is not None and kinds not in (["crontab_"], ["cron"]):
+        raise click.UsageError("--timezone goes with --crontab or --cron (give it again with them)")
+    zone = {"timezone": flags["timezone"]} if flags.get("timezone") is not None else {}
+    if not kinds:
+        return None
+    if kinds == ["every"]:
+        return {"every": _number(flags["every"])}
+    if kinds == ["cron"]:
+        return {"cron": flags["cron"], **zone}
+    fields = flags["crontab_"].split()
+    if len(fields) != 5:
+        raise click.UsageError(f"--crontab {flags['crontab_']!r}: give five fields, "
+                               '"minute hour day-of-month month day-of-week" (e.g. "0 3 * * 1-5")')
+    return {"crontab": {k: v for k, v in zip(_CRONTAB_ORDER, fields) if v != "*"}, **zone}
+
+
+def _parts(name: str, flags: dict) -> dict:
+    """The definition parts the flags give (``update`` changes only these)."""
+    given = [f for f in (*_PART_FLAGS, "every", "crontab_", "cron", "timezone")
+             if flags.get(f) is not None]
+    if flags.get("definition") is not None:
+        if given:
+            raise click.UsageError("--json-definition replaces the other flags: give one or the other")
+        entry_json.check_keys(name, flags["definition"])
+        return dict(flags["definition"])
+    parts = {key: flags[flag] for flag, key in _PART_FLAGS.items() if flags.get(flag) is not None}
+    schedule = _schedule_of(flags)
+    if schedule is not None:
+        parts["schedule"] = schedule
+    return parts
+
+
+def _print_entry(verb: str, entry: ScheduledEntry, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(entry.as_json(), sort_keys=True))
+        return
+    definition = entry.definition or {}
+    what = (f": {entry_json.describe_schedule(definition.get('schedule'))} -> "
+            f"{definition.get('task')}" if definition else "")
+    state = entry.pause.describe() if entry.pause else "running"
+    click.echo(f"{verb} {entry.name} ({entry.source}{what}; {state}; version {entry.version})")
+
+
+def write(app, name: str, flags: dict, *, create: bool) -> None:
+    """``add`` (``create``) or ``update``."""
+    with _exit_codes():
+        parts = _parts(name, flags)
+    if create and ("task" not in parts or "schedule" not in parts):
+        raise click.UsageError("add needs --task and one of --every, --crontab or --cron "
+                               "(or --json-definition)")
+    if not create and not parts:
+        raise click.UsageError("update needs at least one flag to change (see --help)")
+    with _schedules(app) as s:
+        call = s.add if create else s.update
+        entry = call(name, **parts, by=flags.get("by"), check_task=not flags.get("no_check_task"))
+    _print_entry("added" if create else "updated", entry, flags.get("as_json"))
+
+
+def remove(app, name: str, by: str | None) -> None:
+    with _schedules(app) as s:
+        s.remove(name, by=by)
+    click.echo(f"removed {name}")
+
+
+def pause(app, name: str, reason: str, by: str | None, as_json: bool) -> None:
+    with _schedules(app) as s:
+        entry = s.pause(name, reason, by=by)
+    _print_entry("paused", entry, as_json)
+
+
+def resume(app, name: str, by: str | None, as_json: bool) -> None:
+    with _schedules(app) as s:
+        entry = s.resume(name, by=by)
+    _print_entry("resumed", entry, as_json)
+
+
+def run_now(app, name: str, request_id: str | None, by: str | None, as_json: bool) -> None:
+    with _schedules(app) as s:
+        request = s.run_now(name, request_id, by=by)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(request), sort_keys=True))
+    else:
+        click.echo(f"run-now {name}: request {request.request_id}, slot {iso(request.slot_ms)}, "
+                   f"by {request.by} at {iso(request.requested_ms)}")
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def list_entries(app, as_json: bool) -> None:
+    """``list``: a table, or a JSON list of :meth:`ScheduledEntry.as_json`."""
+    with _schedules(app) as s:
+        entries = s.list()
+    if as_json:
+        click.echo(json.dumps([e.as_json() for e in entries], sort_keys=True))
+        return
+    rows = [("NAME", "SOURCE", "SCHEDULE", "TASK", "STATE")]
+    for e in entries:
+        d = e.definition or {}
+        source = e.source + (" (store copy ignored)" if e.shadowed else "")
+        rows.append((e.name, source, entry_json.describe_schedule(d.get("schedule", "-")),
+                     str(d.get("task", "-")), e.pause.describe() if e.pause else "running"))
+    _table(rows)
+
+
+# -- status -------------------------------------------------------------------------------------
+
+def _open(app):
+    settings = Settings.from_app(app)
+    return settings, open_app_store(app, settings, instance_id="cli:" + make_instance_id())
+
+
+def _instances(store: EntryStore) -> None:
+    """The live instances, the entries only some of them run, and their disagreements."""
+    records = store.instances()
+    click.echo(f"\nlive instances: {len(records)}")
+    for r in records:
+        skew = "?" if r.skew_ms is None else f"{r.skew_ms:+d} ms"
+        click.echo(f"  {r.host}:{r.pid}  {r.instance_id}  version {r.version}  started "
+                   f"{iso(r.started_ms)}  last tick {iso(r.last_tick_ms)}  skew {skew}  "
+                   f"{r.entries} entries")
+    mappings: dict[str, dict[str, str] | None] = {}
+    for r in records:
+        if r.fingerprints_digest not in mappings:
+            mappings[r.fingerprints_digest] = store.load_fingerprints(r.fingerprints_digest)
+    known = [(r, mappings[r.fingerprints_digest]) for r in records
+             if mappings[r.fingerprints_digest] is not None]
+    for r in records:
+        if mappings[r.fingerprints_digest] is None:
+            click.echo(f"  ({r.host}:{r.pid}: its entries are not saved yet)")
+    _partial(known)
+    _disagreements(store, known)
+
+
+def _who(r: InstanceRecord) -> str:
+    return f"{r.host}:{r.pid}"
+
+
+def _partial(known: list[tuple[InstanceRecord, dict[str, str]]]) -> None:
+    names = sorted({n for _, m in known for n in m})
+    partial = [(n, [_who(r) for r, m in known if n in m], [_who(r) for r, m in known if n not in m])
+               for n in names]
+    partial = [p for p in partial if p[2]]
+    if partial:
+        click.echo("\nbeat_schedule entries only some instances run (removed from, or not yet "
+                   "added to, the others):")
+        for name, by, not_by in partial:
+            click.echo(f"  {name}: run by {', '.join(by)}; not by {', '.join(not_by)}")
+
+
+def _disagreements(store: EntryStore, known: list[tuple[InstanceRecord, dict[str, str]]]) -> None:
+    found = []
+    for name in sorted({n for _, m in known for n in m}):
+        by_fingerprint: dict[str, list[str]] = {}
+        for r, m in known:
+            if name in m:
+                by_fingerprint.setdefault(m[name], []).append(_who(r))
+        if len(by_fingerprint) > 1:
+            found.append((name, by_fingerprint))
+    if not found:
+        return
+    click.echo("\ninstances that disagree (each sends the slots of its own definition):")
+    for name, by_fingerprint in found:
+        click.echo(f"  {name}:")
+        for fingerprint, hosts in sorted(by_fingerprint.items()):
+            definition = store.load_definition(name, fingerprint) or "definition not saved"
+            click.echo(f"    {fingerprint} on {', '.join(hosts)}: {definition}")
+
+
+def _store_entries(snapshot, config: set[str]) -> list[str]:
+    """Print the store's entries, the pauses and the recent run-now requests; return the names of
+    the store entries."""
+    defined = {n: e for n, e in snapshot.entries.items() if e.definition is not None}
+    click.echo(f"\nstore entries: {len(defined)} (entries version {snapshot.version})")
+    for name, e in sorted(defined.items()):
+        d = json.loads(e.definition)
+        note = "  (beat_schedule defines it too: ignored)" if name in config else ""
+        click.echo(f"  {name}  {entry_json.describe_schedule(d.get('schedule'))}  {d.get('task')}  "
+                   f"updated {iso(e.updated_ms)} by {e.updated_by}{note}")
+    pauses = sorted((n, e.pause) for n, e in snapshot.entries.items() if e.pause is not None)
+    click.echo(f"\npauses: {len(pauses)}")
+    for name, p in pauses:
+        click.echo(f"  {name}: {p.describe()} (since {iso(p.at_ms)})")
+    if snapshot.requests:
+        click.echo(f"\nrun-now requests: {len(snapshot.requests)}")
+        for r in snapshot.requests:
+            click.echo(f"  {r.entry}: request {r.request_id}, slot {iso(r.slot_ms)}, by {r.by}")
+    return sorted(defined)
+
+
+def status(app, runs: int) -> None:
+    """``status``: the store and its clock; on an entry store the live instances, their
+    disagreements, the store entries and pauses; the newest runs of every entry."""
+    settings, store = _open(app)
+    try:
+        click.echo(f"store: {store.safe_url} ({store.kind})  namespace: {settings.namespace}")
+        try:
+            before = time.time()
+            now = store.now_ms()
+            if now is not None:
+                skew = now / 1000 - (before + time.time()) / 2
+                click.echo(f"store clock: {iso(now)}  (this host is {skew:+.3f} s off)")
+            config = set(app.conf.beat_schedule or {})
+            names = set(config)
+            if isinstance(store, EntryStore):
+                _instances(store)
+                names |= set(_store_entries(store.load_entries(), config))
+            else:
+                click.echo(f"\n(the {store.kind} store holds no runtime entries, pauses or "
+                           "instance records)")
+            for name in sorted(names):
+                click.echo(f"\n{name}")
+                for rec in store.history(name, limit=runs):
+                    click.echo(f"  {iso(rec.slot_ms)}  {rec.event.value:<17} {rec.instance}  "
+                               f"attempt {rec.attempt}  {rec.task_id} {rec.detail}")
+        except StoreError as exc:
+            raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()

@@ -1,0 +1,155 @@
+"""The command line, as people and scripts run it: `celery -A cli_app anarchon ...` as a real
+subprocess (tests/apps/cli_app.py) against real stores: its output, its JSON and its exit codes
+(0 done, 1 store unreachable, 2 bad input, 3 unknown entry, 4 owned by beat_schedule or exists)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, InstanceRecord
+
+from conftest import POSTGRES_URL, require_server
+
+APPS = pathlib.Path(__file__).parent / "apps"
+
+
+def cli(store_url: str, namespace: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``celery -A cli_app anarchon <args>``; the result has stdout, stderr, returncode."""
+    path = os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "ANARCHON_CLI_STORE": store_url,
+           "ANARCHON_CLI_NAMESPACE": namespace}
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "cli_app", "anarchon", *args],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=APPS)
+
+
+def ok(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    return done.stdout
+
+
+def fails(done: subprocess.CompletedProcess, code: int, *words: str) -> None:
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    for word in words:
+        assert word in done.stderr, (word, done.stderr)
+
+
+def test_add_update_pause_run_now_list_remove_and_their_exit_codes(tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+
+    def run(*args):
+        return cli(url, namespace, *args)
+
+    out = ok(run("add", "report", "--task", "cli_app.report", "--crontab", "*/5 * * * 1-5",
+                 "--timezone", "Europe/Paris", "--kwargs", '{"full": true}', "--by", "ops"))
+    assert "added report (store: crontab */5 * * * 1-5 Europe/Paris -> cli_app.report; running" in out
+    fails(run("add", "report", "--task", "cli_app.report", "--every", "10"), 4, "exists already")
+    fails(run("add", "config-entry", "--task", "cli_app.report", "--every", "10"), 4,
+          "'config-entry' is defined in beat_schedule")
+    fails(run("update", "config-entry", "--every", "10"), 4, "beat_schedule")
+    fails(run("update", "nope", "--every", "10"), 3, "no entry 'nope'")
+    fails(run("remove", "nope"), 3, "no entry 'nope'")
+    # bad input: the start-up message of a timing rule, an unregistered task, usage errors
+    fails(run("add", "fast", "--task", "cli_app.report", "--every", "1", "--anarchon",
+              '{"jitter": 0.5}'), 2, "must be less than half the shortest gap")
+    fails(run("add", "typo", "--task", "cli_app.reprot", "--every", "10"), 2,
+          "did you mean 'cli_app.report'?", "--no-check-task")
+    fails(run("add", "x", "--task", "cli_app.report", "--every", "10", "--cron", "* * * * *"), 2,
+          "give one schedule")
+    fails(run("add", "x", "--task", "cli_app.report", "--every", "10", "--kwargs", "[1]"), 2,
+          "is not a JSON object")
+    fails(run("add", "x", "--json-definition", '{"task": "cli_app.report", "schedul": {}}'), 2,
+          "key 'schedul'", "did you mean 'schedule'?")
+    fails(run("add", "x", "--task", "cli_app.report", "--crontab", "0 3 * *"), 2, "five fields")
+
+    updated = json.loads(ok(run("update", "report", "--every", "30", "--json")))
+    assert updated["definition"]["schedule"] == {"every": 30}
+    assert updated["definition"]["kwargs"] == {"full": True} and updated["updated_by"].count("@") == 1
+    ok(run("add", "nightly", "--json-definition", json.dumps({
+        "task": "cli_app.report", "schedule": {"cron": "0 3 * * *", "timezone": "Asia/Tokyo"},
+        "anarchon": {"max_late": 120}})))
+
+    assert "paused config-entry (config: every 60 s" in ok(run("pause", "config-entry", "--reason",
+                                                                "db migration", "--by", "ops"))
+    fails(run("run-now", "config-entry"), 2, "paused by ops: db migration", "resume it first")
+    first = json.loads(ok(run("run-now", "report", "--request-id", "t-1", "--json")))
+    again = json.loads(ok(run("run-now", "report", "--request-id", "t-1", "--json")))
+    assert first == again and first["request_id"] == "t-1"       # one request, one run
+
+    table = ok(run("list")).splitlines()
+    assert table[0].split() == ["NAME", "SOURCE", "SCHEDULE", "TASK", "STATE"]
+    rows = {line.split()[0]: line for line in table[1:]}
+    assert "paused by ops: db migration" in rows["config-entry"]
+    assert "every 30 s" in rows["report"] and "running" in rows["report"]
+    assert "cron 0 3 * * * Asia/Tokyo" in rows["nightly"]
+    listed = {e["name"]: e for e in json.loads(ok(run("list", "--json")))}
+    assert listed["config-entry"]["paused"] and listed["config-entry"]["source"] == "config"
+    assert listed["nightly"]["definition"]["anarchon"] == {"max_late": 120}
+
+    assert "resumed config-entry" in ok(run("resume", "config-entry"))
+    assert ok(run("remove", "report")) == "removed report\n"
+    assert [e["name"] for e in json.loads(ok(run("list", "--json")))] == ["config-entry", "nightly"]
+
+
+def test_status_shows_live_instances_what_they_disagree_on_store_entries_and_pauses(tmp_path, namespace):
+    """Two live instances: one still runs an entry the other dropped from its beat_schedule, and
+    they run different definitions of another; status names both, with the hosts and the
+    definitions, besides the store's entries, pauses and run-now requests."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    store = open_store(url, namespace=namespace, instance_id="test", options={})
+    try:
+        store.prepare(())
+        store.save_definition("config-entry", "aaaa11112222", '{"schedule":"every 60 s (old)"}')
+        store.save_definition("config-entry", "bbbb33334444", '{"schedule":"every 30 s (new)"}')
+        store.save_fingerprints("d-old", {"config-entry": "aaaa11112222", "dropped": "cccc55556666"})
+        store.save_fingerprints("d-new", {"config-entry": "bbbb33334444"})
+        for iid, host, digest in (("i-old", "old-host", "d-old"), ("i-new", "new-host", "d-new")):
+            store.record_instance(InstanceRecord(iid, host, 4242, "0.1.0", 1_000, 2_000, 12, 2,
+                                                 digest), ttl_ms=600_000)
+        store.put_entry("added", json.dumps({"task": "cli_app.report", "schedule": {"every": 90}}),
+                        by="ops", create=True)
+        store.request_run("added", "req-9", 1_796_000_000_001, by="ops")
+    finally:
+        store.close()
+    ok(cli(url, namespace, "pause", "config-entry", "--reason", "release", "--by", "ops"))
+    out = ok(cli(url, namespace, "status"))
+    assert "live instances: 2" in out
+    assert "old-host:4242  i-old" in out and "new-host:4242  i-new" in out and "skew +12 ms" in out
+    assert "dropped: run by old-host:4242; not by new-host:4242" in out
+    assert "instances that disagree" in out
+    assert 'aaaa11112222 on old-host:4242: {"schedule":"every 60 s (old)"}' in out
+    assert 'bbbb33334444 on new-host:4242: {"schedule":"every 30 s (new)"}' in out
+    assert "store entries: 1" in out and "added  every 90 s  cli_app.report" in out
+    assert "config-entry: paused by ops: release" in out
+    assert "added: request req-9" in out
+
+
+def test_a_store_that_cannot_hold_entries_or_cannot_be_reached(namespace):
+    fails(cli("amqp://guest:guest@127.0.0.1:5672//", namespace, "list"), 2, ENTRY_STORE_NAMES)
+    fails(cli("nats://127.0.0.1:4222", namespace, "pause", "config-entry"), 2, ENTRY_STORE_NAMES)
+    # nothing listens on port 1: the store is unreachable
+    fails(cli("postgresql://postgres@127.0.0.1:1/test", namespace, "list"), 1, "Error: ", "postgresql")
+
+
+def test_the_commands_on_postgresql(namespace):
+    require_server(POSTGRES_URL, "PostgreSQL")
+    ok(cli(POSTGRES_URL, namespace, "add", "pg", "--task", "cli_app.report", "--every", "45"))
+    assert [e["definition"]["schedule"] for e in json.loads(ok(cli(POSTGRES_URL, namespace, "list",
+                                                                   "--json")))
+            if e["name"] == "pg"] == [{"every": 45}]
+    ok(cli(POSTGRES_URL, namespace, "remove", "pg"))
+
+
+def test_loading_the_command_module_stays_light():
+    """Every `celery` run imports cli.py: no store driver, no API, no engine until a command runs."""
+    code = ("import sys, celery_anarchon.cli; "
+            "heavy = [m for m in sys.modules if m.startswith(('sqlalchemy', 'redis', 'nats', "
+            "'celery_anarchon.schedule_api', 'celery_anarchon.cli_commands', 'celery_anarchon.engine', "
+            "'celery_anarchon.plan'))]; print(heavy)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
