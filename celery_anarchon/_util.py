@@ -1,5 +1,6 @@
-"""Leaf helpers: time formatting, URL masking, option validation, and the store-side values the
-timing rules need. The bottom layer: it imports nothing of ours but :mod:`celery_anarchon.errors`.
+"""Leaf helpers: time formatting, clock skew, URL masking, option validation, and the store-side
+values the timing rules need. The bottom layer: it imports nothing of ours but
+:mod:`celery_anarchon.errors`.
 """
 from __future__ import annotations
 
@@ -38,6 +39,31 @@ class Memory:
 def iso(ms: int) -> str:
     """UTC ms as ISO 8601 with milliseconds (``2026-01-01T00:00:00.000+00:00``), for logs."""
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+# -- clocks ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Skew:
+    """This instance's clock minus a store's, from one reading of the store's clock taken between
+    two readings of this one (DESIGN.md "Clocks"); positive when this clock is ahead. The one
+    computation of the skew: the engine's check (``engine/skew``) and the NATS store's claim
+    bound use it.
+
+    :param offset_ms: this clock minus the store's, ms: the middle of the round trip against the
+        store's reading.
+    :param uncertainty_ms: how far the true offset may be from ``offset_ms``, ms: half the round
+        trip, plus 1 ms for a store clock read in whole milliseconds.
+    """
+
+    offset_ms: float
+    uncertainty_ms: float
+
+    @classmethod
+    def measured(cls, before_s: float, after_s: float, store_ms: float) -> Skew:
+        """The skew from ``store_ms`` (the store's clock, UTC ms) read between this clock's
+        readings ``before_s`` and ``after_s`` (epoch seconds)."""
+        return cls((before_s + after_s) * 500 - store_ms, (after_s - before_s) * 500 + 1)
 
 
 # -- URLs ------------------------------------------------------------------------------------------
@@ -146,5 +172,5 @@ def one_of(name: str, value: Any, allowed: tuple) -> Any:
     return value
 
 
-__all__ = ["LATENESS_TOLERANCE_MS", "Memory", "iso", "mask_url", "store_option", "duration",
-           "seconds", "positive_int", "one_of"]
+__all__ = ["LATENESS_TOLERANCE_MS", "Memory", "Skew", "iso", "mask_url", "store_option",
+           "duration", "seconds", "positive_int", "one_of"]

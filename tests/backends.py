@@ -48,7 +48,7 @@ def _delete_nats_streams(url: str, open_one: Callable[[], ClaimStore]) -> None:
     async def step(session, nc):
         names, offset = [], 0
         while True:
-            page = await store._api(session, nc, f"{API}.STREAM.NAMES", {"offset": offset})
+            page = await session.api(nc, f"{API}.STREAM.NAMES", {"offset": offset})
             names += page.get("streams") or []
             offset += len(page.get("streams") or [])
             if not page.get("streams") or offset >= int(page.get("total", 0)):
@@ -59,7 +59,7 @@ def _delete_nats_streams(url: str, open_one: Callable[[], ClaimStore]) -> None:
             if with_error and with_error.get("err_code") != STREAM_NOT_FOUND:
                 raise ApiError("STREAM.DELETE", with_error)
     store._call("forget everything", step)
-    store._ready.clear()
+    store._streams.ready.clear()
 
 
 def forget_rabbitmq_queues(store, queue_names: Callable[[str], Iterable[str]] | None = None) -> None:
@@ -126,15 +126,16 @@ def _backdate_nats(store, entries: list[str], by_ms: int) -> None:
     previous backdating). Kept as a message in the claims stream, so it is lost with the stream."""
     import json
     from celery_anarchon.stores.nats.io import reply_json, time_ms
-    store._born_cache.clear()
+    store._claims.born.clear()
 
     async def step(session, nc):
         info, _ = await store._claims_stream(session, nc)
         created = time_ms(info["created"])
-        now = await store._get(session, nc, [{"last_by_subj": store._born_subject(e)} for e in entries])
+        now = await session.get(nc, store.stream,
+                                [{"last_by_subj": store._names.born_subject(e)} for e in entries])
         born = [int(s.body.get("born_ms", created)) if s else created for s in now]
         acks = await session.pipeline(nc, [
-            (store._born_subject(e), json.dumps({"born_ms": b - int(by_ms)}).encode(), None)
+            (store._names.born_subject(e), json.dumps({"born_ms": b - int(by_ms)}).encode(), None)
             for e, b in zip(entries, born)])
         for ack in acks:
             reply_json(ack, store.stream)

@@ -220,7 +220,7 @@ def test_an_unused_stream_takes_the_new_duplicate_window(stores):
     """A stream that stored nothing (or nothing within the new window + 20 s) gets the new
     instance's window, with a warning naming both."""
     async def create(js):
-        await js.add_stream(name=stores("x").stream, subjects=[f"{stores('x')._root}.>"],
+        await js.add_stream(name=stores("x").stream, subjects=[f"{stores('x')._names.root}.>"],
                             duplicate_window=300, max_age=600, max_msgs_per_subject=1)
     _server(create)
     warnings = stores("B", duplicate_window=600).prepare(["e"])
@@ -256,7 +256,7 @@ def test_now_is_the_servers_clock(stores):
     before = time.time() * 1000
     now = store.now_ms()
     assert before - 1000 < now < time.time() * 1000 + 1000
-    assert abs(store._skew.offset_ms) < 1000
+    assert abs(store._server_clock.skew.offset_ms) < 1000
 
 
 @pytest.mark.parametrize("offset_s, outcome, word", [(200, Outcome.EARLY, "ahead of"),
@@ -271,7 +271,7 @@ def test_an_instance_too_far_off_is_refused_and_blocks_nobody(stores, offset_s, 
     refused = skewed.claim([req("e", slot)])[0]
     assert refused.outcome is outcome and refused.winner is None
     assert f"{word} the NATS server's" in refused.detail and "120 s allowed" in refused.detail
-    assert abs(skewed._skew.offset_ms - offset_s * 1000) < 1000
+    assert abs(skewed._server_clock.skew.offset_ms - offset_s * 1000) < 1000
     assert ok.claim([req("e", slot)])[0].outcome is Outcome.WON, "a refused claim blocks nobody"
     # already claimed comes first: the skewed instance learns who won
     lost = skewed.claim([req("e", slot)])[0]
@@ -306,17 +306,17 @@ def test_a_deleted_stream_refuses_the_runs_it_forgot(stores):
     a, b = prepared(stores("A")), stores("B")
     slot = a.now_ms() + 1
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
-    first = a._created_ms
+    first = a._streams.created_ms
     _server(lambda js: _delete(js, a.stream))
     again = b.claim([req("e", slot)])[0]
     assert again.outcome is Outcome.FORGOTTEN and "store memory began" in again.detail
-    assert b._created_ms > first
+    assert b._streams.created_ms > first
     # the winner's own retry (its cache still knew the old stream) is refused too, not won again
     assert a.claim([req("e", slot)])[0].outcome is Outcome.FORGOTTEN
     # the history bucket kept the claim: a skip never overwrites it
     assert b.history("e")[0].event is RunEvent.CLAIMED
-    later = b._created_ms + 10_001
-    wait_until(lambda: b.now_ms() > b._created_ms + 20, 5, "the server clock to move")
+    later = b._streams.created_ms + 10_001
+    wait_until(lambda: b.now_ms() > b._streams.created_ms + 20, 5, "the server clock to move")
     assert b.claim([req("e", later)])[0].outcome is Outcome.WON
     assert a.claim([req("e", later)])[0].outcome is Outcome.OTHER_WON
 
@@ -329,19 +329,19 @@ def test_a_lost_epoch_marker_restarts_the_memory_for_every_instance(stores):
     a, b = prepared(stores("A")), stores("B")
     slot = a.now_ms() - 1000
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
-    old = a._epoch
+    old = a._epoch.marker
     _server(lambda js: _delete(js, a.epoch_stream))
     fresh = slot + 500
     refused = b.claim([req("e", fresh)])[0]
     assert refused.outcome is Outcome.FORGOTTEN, refused
     assert "epoch changed" in refused.detail and "may have lost their newest claims" in refused.detail
-    assert b._epoch.time_ms > old.time_ms
+    assert b._epoch.marker.time_ms > old.time_ms
     mine = a.claim([req("e", fresh + 1)])[0]
     assert mine.outcome is Outcome.FORGOTTEN, "the other instance reads the same new epoch"
-    assert f"epoch {_iso(old.time_ms)} -> epoch {_iso(b._epoch.time_ms)}" in mine.detail
+    assert f"epoch {_iso(old.time_ms)} -> epoch {_iso(b._epoch.marker.time_ms)}" in mine.detail
     assert a.claim([req("e", slot)])[0].outcome is Outcome.FORGOTTEN, "never won again"
-    later = b._epoch.time_ms + LATENESS_TOLERANCE_MS + 1
-    wait_until(lambda: b.now_ms() > b._epoch.time_ms + 20, 5, "the server clock to move")
+    later = b._epoch.marker.time_ms + LATENESS_TOLERANCE_MS + 1
+    wait_until(lambda: b.now_ms() > b._epoch.marker.time_ms + 20, 5, "the server clock to move")
     assert b.claim([req("e", later)])[0].outcome is Outcome.WON
     assert a.claim([req("e", later)])[0].outcome is Outcome.OTHER_WON
 

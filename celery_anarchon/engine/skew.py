@@ -1,11 +1,13 @@
 """Skew measurement: this instance's clock against the store's, every five minutes, logged at
-INFO, a warning past 1 s, an error past half the smallest max_late (DESIGN.md "Clocks")."""
+INFO, a warning past 1 s, an error past half the smallest max_late (DESIGN.md "Clocks"). The skew
+itself is :class:`celery_anarchon._util.Skew`, the computation the NATS store's claims use too."""
 from __future__ import annotations
 
 import logging
 import math
 from typing import Callable, Iterable
 
+from celery_anarchon._util import Skew
 from celery_anarchon.errors import StoreError
 from celery_anarchon.plan import EntryPlan
 from celery_anarchon.stores.base import ClaimStore
@@ -29,6 +31,8 @@ class SkewCheck:
         self.clock = clock
         self.monotonic = monotonic
         self.next_check = -math.inf           #: monotonic; -inf: due at the first tick
+        #: the last measurement: this instance's clock minus the store's, ms (None: not yet)
+        self.skew_ms: int | None = None
 
     def check(self, plans: Iterable[EntryPlan]) -> None:
         """Measure once and log the skew; the limit is half the smallest max_late of ``plans``."""
@@ -42,14 +46,15 @@ class SkewCheck:
             return
         if store_ms is None:
             return
-        skew_s = (store_ms - (before + after) * 500) / 1000
+        ahead_s = Skew.measured(before, after, store_ms).offset_ms / 1000
+        self.skew_ms = round(ahead_s * 1000)
         limit_s = min((p.timing.max_late_s for p in plans), default=60.0) / 2
         message = ("this instance's clock is %.3f s %s the store's clock (round trip %.1f ms)",
-                   abs(skew_s), "behind" if skew_s > 0 else "ahead of", took * 1000)
-        if abs(skew_s) > limit_s:
+                   abs(ahead_s), "behind" if ahead_s < 0 else "ahead of", took * 1000)
+        if abs(ahead_s) > limit_s:
             logger.error(message[0] + ": more than half of max_late (%g s); its claims will be "
                          "refused as late or early. Run NTP on every host.", *message[1:], limit_s)
-        elif abs(skew_s) > 1:
+        elif abs(ahead_s) > 1:
             logger.warning(message[0] + "; run NTP on every host.", *message[1:])
         else:
             logger.info(*message)

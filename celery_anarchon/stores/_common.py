@@ -66,7 +66,8 @@ def translated(store: str, safe_url: str, doing: str,
 def retrying(retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool], *,
              attempts: int | None = None, deadline_s: float | None = None,
              wait_s: float = 0.05, max_wait_s: float = 1.0,
-             sleep: Callable[[float], None] = time.sleep) -> tenacity.Retrying:
+             sleep: Callable[[float], None] = time.sleep,
+             asynchronous: bool = False) -> tenacity.Retrying | tenacity.AsyncRetrying:
     """The one retry loop of the stores (tenacity): retry while the error matches ``retry_on``,
     with exponential backoff from ``wait_s`` up to ``max_wait_s`` seconds and random jitter,
     until ``attempts`` tries or ``deadline_s`` seconds on the monotonic clock; the last error is
@@ -74,6 +75,9 @@ def retrying(retry_on: tuple[type[BaseException], ...] | Callable[[BaseException
     ``retrying(...)(fn, *args)``.
 
     :param retry_on: exception classes, or a predicate of the exception (e.g. "a deadlock").
+    :param asynchronous: for a coroutine (the NATS store's event loop): a tenacity
+        ``AsyncRetrying`` that waits with ``asyncio.sleep`` (``sleep`` is not used), as
+        ``async for attempt in retrying(..., asynchronous=True): with attempt: ...``.
     :raises ValueError: neither ``attempts`` nor ``deadline_s`` given (a loop must end).
     """
     if attempts is None and deadline_s is None:
@@ -86,5 +90,7 @@ def retrying(retry_on: tuple[type[BaseException], ...] | Callable[[BaseException
     stop = stops[0] if len(stops) == 1 else tenacity.stop_any(*stops)
     retry = (tenacity.retry_if_exception_type(retry_on) if isinstance(retry_on, tuple)
              else tenacity.retry_if_exception(retry_on))
-    return tenacity.Retrying(stop=stop, retry=retry, reraise=True, sleep=sleep,
-                             wait=tenacity.wait_random_exponential(multiplier=wait_s, max=max_wait_s))
+    wait = tenacity.wait_random_exponential(multiplier=wait_s, max=max_wait_s)
+    if asynchronous:
+        return tenacity.AsyncRetrying(stop=stop, retry=retry, reraise=True, wait=wait)
+    return tenacity.Retrying(stop=stop, retry=retry, reraise=True, sleep=sleep, wait=wait)

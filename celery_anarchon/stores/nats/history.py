@@ -22,6 +22,7 @@ from celery_anarchon.stores.nats.io import (
     API, NO_MESSAGE_FOUND, STREAM_NOT_FOUND, WRONG_LAST_SEQUENCE, ApiError, reply_json, status_of,
     token,
 )
+from celery_anarchon.stores.nats.streams import Streams
 
 _NS = 1_000_000_000
 
@@ -30,35 +31,23 @@ class NATSHistory:
     """The history and definitions of :class:`~celery_anarchon.stores.nats.NATSStore`: a part
     given what it needs of the store; every method raises StoreUnavailable as the store's do.
 
+    :param streams: the store's streams: the bucket is created through it, with its replicas,
+        and noted in its ``ready`` set (re-checked when missing).
     :param call: ``call(doing, step, *args)``: run ``step(session, nc, *args)`` on the store's
         loop within ``claim_timeout`` (errors translated).
-    :param api: ``api(session, nc, subject, body)``: one JetStream API request.
-    :param ensure: ``ensure(session, nc, name, config)``: create or check a stream.
-    :param ready: the store's set of streams known to exist (shared, re-checked when missing).
-    :param replicas: ``replicas()``: the replicas the store's streams use (resolved on first use).
-    :param resolve_replicas: ``resolve_replicas(nc)``: resolve them.
     """
 
-    def __init__(self, *, bucket: str, stream: str, history_size: int, instance_id: str,
-                 claim_timeout: float, call: Callable[..., Any], api: Callable[..., Any],
-                 ensure: Callable[..., Any], ready: set[str], replicas: Callable[[], int],
-                 resolve_replicas: Callable[[Any], int]) -> None:
-        self.bucket = bucket
-        self.stream = stream
+    def __init__(self, *, streams: Streams, history_size: int, instance_id: str,
+                 claim_timeout: float, call: Callable[..., Any]) -> None:
+        self.streams = streams
+        self.bucket = streams.names.bucket
+        self.stream = streams.names.stream
         self.history_size = history_size
         self.instance_id = instance_id
         self.claim_timeout = claim_timeout
         self._call = call
-        self._api = api
-        self._ensure = ensure
-        self._ready = ready
-        self._replicas = replicas
-        self._resolve_replicas = resolve_replicas
+        self._ready = streams.ready
         self._unpurged: dict[str, int] = {}  # entry -> history writes since this store trimmed it
-
-    @property
-    def replicas(self) -> int:
-        return self._replicas()
 
     def _key(self, what: str, entry: str, last: str) -> str:
         return f"$KV.{self.bucket}.{what}.{token(entry)}.{last}"
@@ -72,13 +61,13 @@ class NATSHistory:
         if self.kv_stream in self._ready:
             return
         if self.stream not in self._ready:
-            self._resolve_replicas(nc)
-        await self._ensure(session, nc, self.kv_stream, {
+            self.streams.resolve_replicas(nc)
+        await self.streams.ensure(session, nc, self.kv_stream, {
             "name": self.kv_stream, "subjects": [f"$KV.{self.bucket}.>"], "retention": "limits",
             "storage": "file", "discard": "new", "max_msgs_per_subject": 1, "max_msgs": -1,
             "max_bytes": -1, "max_msg_size": -1, "max_consumers": -1, "max_age": 0,
-            "duplicate_window": 120 * _NS, "num_replicas": self.replicas, "allow_rollup_hdrs": True,
-            "deny_delete": True, "allow_direct": True})
+            "duplicate_window": 120 * _NS, "num_replicas": self.streams.replicas,
+            "allow_rollup_hdrs": True, "deny_delete": True, "allow_direct": True})
         self._ready.add(self.kv_stream)
 
     async def kv(self, session, nc, requests: list[tuple]) -> list:
@@ -146,7 +135,7 @@ class NATSHistory:
         await self.ensure_bucket(session, nc)
         stream = self.kv_stream
         try:
-            created = await self._api(session, nc, f"{API}.CONSUMER.CREATE.{stream}", {
+            created = await session.api(nc, f"{API}.CONSUMER.CREATE.{stream}", {
                 "stream_name": stream, "config": {
                     "deliver_policy": "last_per_subject", "ack_policy": "none", "mem_storage": True,
                     "filter_subject": self._key("h", entry, ">"), "inactive_threshold": 30 * _NS}})
@@ -177,6 +166,16 @@ class NATSHistory:
             await sub.unsubscribe()
             await session.pipeline(nc, [(f"{API}.CONSUMER.DELETE.{stream}.{name}", b"", None)])
         return records
+
+    async def server_time(self, session, nc) -> int | None:
+        """The server's time, UTC ms, from a write to this bucket (not the claims stream, whose
+        last write tells when it was last used); ``None`` when it cannot be read back."""
+        await self.ensure_bucket(session, nc)
+        [ack] = await self.kv(session, nc, [(f"$KV.{self.bucket}.c.{token(self.instance_id)}",
+                                             b"", None)])
+        seq = reply_json(ack, self.kv_stream)["seq"]
+        [stored] = await session.get(nc, self.kv_stream, [{"seq": seq}])
+        return stored.time_ms if stored is not None else None
 
     # -- definitions --------------------------------------------------------------------------
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:

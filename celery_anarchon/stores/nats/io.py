@@ -11,7 +11,7 @@ set) and starts a session of its own.
 Requests are pipelined: :meth:`Session.pipeline` publishes every request of a round, in order, on
 one connection, each with its own reply subject under one inbox subscription, then waits for all
 the replies. The server reads a connection in order, so a request sent after a publish is handled
-after that publish was routed to its stream (the claim relies on it: see ``nats.py``).
+after that publish was routed to its stream (the claim relies on it: see :mod:`.claims`).
 """
 from __future__ import annotations
 
@@ -61,6 +61,42 @@ def token(name: str) -> str:
     if len(out) > _MAX_TOKEN:
         out = out[:_MAX_TOKEN - 35] + "_ZZ" + hashlib.sha256(raw).hexdigest()[:32]
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Names:
+    """The streams and subjects of one store (namespace and instance escaped by :func:`token`).
+
+    :param stream: the claims stream ``ANARCHON_CLAIMS_<ns>``, over ``<root>.>``.
+    :param bucket: the history bucket ``ANARCHON_HISTORY_<ns>``.
+    :param root: ``anarchon.claims.<ns>``: runs, memory starts (``born``) and clock probes.
+    :param clock_subject: this instance's clock probe subject ``<root>.clock.<instance>``.
+    :param epoch_stream: the epoch stream ``ANARCHON_EPOCH_<ns>``, over ``epoch_subject``.
+    """
+
+    stream: str
+    bucket: str
+    root: str
+    clock_subject: str
+    epoch_stream: str
+    epoch_subject: str
+
+    @classmethod
+    def of(cls, namespace: str, instance_id: str) -> Names:
+        """The names of ``namespace``'s streams and ``instance_id``'s clock subject."""
+        ns = token(namespace)
+        root = f"anarchon.claims.{ns}"
+        return cls(stream=f"ANARCHON_CLAIMS_{ns}", bucket=f"ANARCHON_HISTORY_{ns}", root=root,
+                   clock_subject=f"{root}.clock.{token(instance_id)}",
+                   epoch_stream=f"ANARCHON_EPOCH_{ns}", epoch_subject=f"anarchon.epoch.{ns}")
+
+    def run_subject(self, entry: str, slot_ms: int) -> str:
+        """The subject a claim of (entry, slot) is published to."""
+        return f"{self.root}.run.{token(entry)}.{int(slot_ms)}"
+
+    def born_subject(self, entry: str) -> str:
+        """The subject of an entry's memory start when it differs from the stream's creation."""
+        return f"{self.root}.born.{token(entry)}"
 
 
 def time_ms(text: str) -> int:
@@ -248,6 +284,22 @@ class Session:
         finally:
             for reply, _ in pending:
                 self.waiting.pop(reply, None)
+
+    async def api(self, nc, subject: str, body: dict | None = None) -> dict:
+        """One JetStream API request (``body`` sent as JSON); its JSON reply.
+
+        :raises Missing: nobody answered. :raises ApiError: the reply is an API error.
+        """
+        payload = b"" if body is None else json.dumps(body).encode()
+        [msg] = await self.pipeline(nc, [(subject, payload, None)])
+        return reply_json(msg, subject)
+
+    async def get(self, nc, stream: str, queries: list[dict]) -> list[Stored | None]:
+        """Messages of ``stream`` in one round, each by ``{"seq": n}`` or ``{"last_by_subj": s}``
+        (``None`` where there is none)."""
+        subject = f"{API}.STREAM.MSG.GET.{stream}"
+        replies = await self.pipeline(nc, [(subject, json.dumps(q).encode(), None) for q in queries])
+        return [stored_message(msg, subject) for msg in replies]
 
     def shutdown(self, timeout: float = 1.0) -> None:
         """Close the client and stop the loop thread (this process's session only)."""
