@@ -53,10 +53,17 @@ def available() -> bool:
 
 
 class NatsServer:
-    """One ``nats-server`` with JetStream, on free loopback ports (client, cluster, monitor)."""
+    """One ``nats-server`` with JetStream, on free loopback ports (client, cluster, monitor).
 
-    def __init__(self, name: str, folder: str, *, cluster: NatsCluster | None = None) -> None:
+    :param jetstream: False for a server without JetStream (no ``-js``).
+    :param args: more ``nats-server`` arguments, last (e.g. ``--tls``, ``--tlscert``, ...).
+    """
+
+    def __init__(self, name: str, folder: str, *, cluster: NatsCluster | None = None,
+                 jetstream: bool = True, args: tuple[str, ...] = ()) -> None:
         self.name = name
+        self.jetstream = jetstream
+        self.args = tuple(args)
         self.port = free_port()
         self.cluster_port = free_port() if cluster is not None else None
         self.monitor_port = free_port()
@@ -72,12 +79,13 @@ class NatsServer:
 
     def _args(self) -> list[str]:
         args = [NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-m", str(self.monitor_port),
-                "-js", "-sd", self.store_dir, "-n", self.name, "-l", self.log]
+                *(("-js", "-sd", self.store_dir) if self.jetstream else ()),
+                "-n", self.name, "-l", self.log]
         if self._cluster is not None:
             routes = ",".join(f"nats://127.0.0.1:{s.cluster_port}" for s in self._cluster.servers)
             args += ["--cluster_name", self._cluster.name,
                      "--cluster", f"nats://127.0.0.1:{self.cluster_port}", "--routes", routes]
-        return args
+        return args + list(self.args)
 
     def start(self, *, wait: bool = True, timeout: float = 30) -> None:
         """Start (or restart) the server with the same name, ports and store folder.

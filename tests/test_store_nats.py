@@ -13,7 +13,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import tempfile
 import time
 
 import nats
@@ -28,6 +27,7 @@ from celery_anarchon.stores.base import LeaseStore
 from celery_anarchon.stores.nats import NATSStore
 from celery_anarchon.stores.nats.io import token
 
+import ha_nats  # benchmarks/ha_nats.py: the rigs' nats-server launcher
 from conftest import IN_CI, NATS_URL
 from stores_support import StoreMaker, store_url, wait_until
 from helpers import prepared, req
@@ -407,9 +407,6 @@ def test_a_forked_child_gets_its_own_loop_and_leaves_the_parents_alone(stores):
 
 # -- servers of our own: TLS, no JetStream ---------------------------------------------------------
 
-NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
-
-
 def _need(path: str, what: str) -> None:
     if os.path.exists(path) or shutil.which(path):
         return
@@ -419,29 +416,22 @@ def _need(path: str, what: str) -> None:
 
 
 @pytest.fixture
-def own_server():
-    """Start a nats-server of our own on a free port with the given arguments."""
-    _need(NATS_SERVER, "nats-server")
-    procs, folder = [], tempfile.mkdtemp(prefix="anarchon-nats-")
+def own_server(tmp_path):
+    """``own_server(*args, jetstream=True) -> port``: a nats-server of our own (the rigs'
+    ``ha_nats.NatsServer``, free ports, its files in ``tmp_path``), stopped after the test."""
+    _need(ha_nats.NATS_SERVER, "nats-server")
+    servers = []
 
-    def start(*args) -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs.append(subprocess.Popen([NATS_SERVER, "-a", "127.0.0.1", "-p", str(port), *args],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder))
-
-        def up():
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        wait_until(up, 10, "nats-server to listen")
-        return port
-    start.folder = folder
+    def start(*args, jetstream: bool = True) -> int:
+        server = ha_nats.NatsServer(f"own{len(servers)}", str(tmp_path), jetstream=jetstream,
+                                    args=args)
+        servers.append(server)
+        server.start()
+        return server.port
+    start.folder = str(tmp_path)
     yield start
-    for proc in procs:
-        proc.terminate()
-        proc.wait(timeout=10)
-    shutil.rmtree(folder, ignore_errors=True)
+    for server in servers:
+        server.stop()
 
 
 def test_tls_connection_through_nats_py_options(own_server):
@@ -451,8 +441,7 @@ def test_tls_connection_through_nats_py_options(own_server):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=nats.test", "-addext", "subjectAltName=DNS:nats.test",
                     "-keyout", key, "-out", cert], check=True, capture_output=True)
-    port = own_server("-js", "-sd", os.path.join(folder, "js"), "--tls", "--tlscert", cert,
-                      "--tlskey", key)
+    port = own_server("--tls", "--tlscert", cert, "--tlskey", key)
     context = ssl.create_default_context(cafile=cert)
     store = open_store(f"tls://user:pw@127.0.0.1:{port}", namespace="tls", instance_id="A",
                        options={"tls": context, "tls_hostname": "nats.test"})
@@ -469,7 +458,7 @@ def test_tls_connection_through_nats_py_options(own_server):
 
 
 def test_a_server_without_jetstream_is_a_config_error(own_server):
-    port = own_server()
+    port = own_server(jetstream=False)
     store = open_store(f"nats://127.0.0.1:{port}", namespace="ns", instance_id="A",
                        options={"claim_timeout": 2})
     with pytest.raises(ConfigError, match="JetStream"):
