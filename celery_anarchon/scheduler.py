@@ -20,6 +20,7 @@ from celery import beat
 from kombu.exceptions import EncodeError
 from kombu.utils.objects import cached_property
 
+from celery_anarchon import entry_json
 from celery_anarchon import plan as plans_mod
 from celery_anarchon._util import iso
 from celery_anarchon.app_store import make_instance_id, resolve_store_url
@@ -30,7 +31,8 @@ from celery_anarchon.messages import (
     HEADER_TOKEN,
 )
 from celery_anarchon.stores import open_store
-from celery_anarchon.timing import Settings
+from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore
+from celery_anarchon.timing import Settings, check_sync_interval
 
 logger = logging.getLogger("celery_anarchon.scheduler")
 
@@ -75,7 +77,8 @@ class Scheduler(beat.Scheduler):
 
     Settings (Celery configuration; seconds): ``anarchon_store_url``, ``anarchon_store_options``,
     ``anarchon_namespace``, ``anarchon_jitter``, ``anarchon_max_late``, ``anarchon_lease``,
-    ``anarchon_heartbeat``; per entry ``options={"anarchon": {...}}`` (see docs/configuration).
+    ``anarchon_heartbeat``, ``anarchon_sync_interval``; per entry ``options={"anarchon": {...}}``
+    (see docs/configuration). On a store that holds entries, the store's entries run too.
 
     :raises ConfigError: at start-up, for any unsafe or invalid setting or entry.
     """
@@ -94,6 +97,7 @@ class Scheduler(beat.Scheduler):
                                 instance_id=self._instance_id, options=options)
         self.engine: Engine | None = None
         self._plans_snapshot: dict | None = None
+        self._store_plans: dict[str, tuple[str, object]] = {}   # name -> (definition, plan|None)
         self._closing = False
         self._in_tick = False
         self._broker_used_at = 0.0
@@ -111,14 +115,17 @@ class Scheduler(beat.Scheduler):
         self.merge_inplace(self.app.conf.beat_schedule)
         self.install_default_entries(self.data)
         plans = self._build_plans()
+        if isinstance(self.store, EntryStore):
+            check_sync_interval(self._settings, self.store.memory)
         if self._store_warning:
             logger.warning(self._store_warning)
-        self.engine = Engine(self.store, plans, instance_id=self._instance_id,
-                             namespace=self._settings.namespace, send=self._send)
+        self.engine = self._make_engine(plans)
         self._plans_snapshot = copy.copy(self.schedule)
         self.engine.start()
-        logger.info("anarchon: instance %s, store %s, namespace %r, %d entries", self._instance_id,
-                    self.store.safe_url, self._settings.namespace, len(plans))
+        logger.info("anarchon: instance %s, store %s, namespace %r, %d entries%s",
+                    self._instance_id, self.store.safe_url, self._settings.namespace, len(plans),
+                    f", store entries followed every {self._settings.sync_interval_s:g} s"
+                    if self.engine.sync is not None else "")
 
     def merge_inplace(self, b) -> None:
         """Celery's merge, with an entry Celery cannot build (an unknown key, a schedule object
@@ -143,6 +150,40 @@ class Scheduler(beat.Scheduler):
     def _build_plans(self) -> dict:
         return plans_mod.build_plans(dict(self.schedule), app=self.app, settings=self._settings,
                                      store=self.store)
+
+    def _make_engine(self, plans: dict) -> Engine:
+        return Engine(self.store, plans, instance_id=self._instance_id,
+                      namespace=self._settings.namespace, send=self._send,
+                      sync_interval_s=self._settings.sync_interval_s,
+                      build_store_plans=self._build_store_plans)
+
+    def _build_store_plans(self, snapshot: EntrySnapshot) -> dict:
+        """The plans of the store's entries (the engine's callback at each sync that loaded):
+        each definition parsed (:func:`celery_anarchon.entry_json.parse`) and checked by the
+        start-up rules (:func:`celery_anarchon.plan.build_plan`), once per definition text. An
+        invalid one is logged by name and left out; the others run."""
+        built, plans = {}, {}
+        for name, stored in snapshot.entries.items():
+            if stored.definition is None:          # a pause of a config entry, no definition
+                continue
+            known = self._store_plans.get(name)
+            if known is None or known[0] != stored.definition:
+                try:
+                    entry = entry_json.parse(name, stored.definition, app=self.app,
+                                             entry_cls=self.Entry)
+                    plan = plans_mod.build_plan(name, entry, app=self.app,
+                                                settings=self._settings, store=self.store)
+                except Exception as exc:           # a bad definition never stops the others
+                    logger.error("anarchon: store entry %r is not valid on this instance and is "
+                                 "left out (the others run): %s", name, exc,
+                                 exc_info=not isinstance(exc, ConfigError))
+                    plan = None
+                known = (stored.definition, plan)
+            built[name] = known
+            if known[1] is not None:
+                plans[name] = known[1]
+        self._store_plans = built
+        return plans
 
     def tick(self, *args, **kwargs) -> float:
         """One iteration: claim and send what is due. Never raises: a failure is logged and
@@ -173,11 +214,14 @@ class Scheduler(beat.Scheduler):
         handler calls it in the middle of a tick, then raises ``SystemExit``, which a client
         library may turn into another error: the engine then sends nothing more and the tick
         ends beat with ``SystemExit`` (never a retried publish). Outside a tick the store and
-        broker reopen lazily."""
+        broker reopen lazily, and this instance's heartbeat is removed from an entry store
+        (inside a tick the store may be in use: beat's second close, after the tick, does it)."""
         if self._in_tick:
             self._closing = True
             if self.engine is not None:
                 self.engine.stop()
+        elif self.engine is not None:
+            self.engine.close()
         try:
             self.store.close()
         finally:
@@ -210,9 +254,7 @@ class Scheduler(beat.Scheduler):
         self.__dict__.pop("producer", None)
         self.__dict__.pop("connection", None)
         if self.engine is not None:
-            plans = self.engine.plans
-            self.engine = Engine(self.store, plans, instance_id=self._instance_id,
-                                 namespace=self._settings.namespace, send=self._send)
+            self.engine = self._make_engine(self.engine.config_plans)
 
     def _follow_schedule_changes(self) -> None:
         """Entries added or changed at run time (``add``, ``update_from_dict``) are checked and

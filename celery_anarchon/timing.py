@@ -38,6 +38,10 @@ DEFAULT_LEASE_S = 30.0
 DEFAULT_HEARTBEAT_S = 5.0
 DEFAULT_QUEUE_TIMEOUT_S = 300.0
 DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_SYNC_INTERVAL_S = 5.0
+#: a run-now request is claimed with a max_late of at least 2 x the sync interval + this, seconds
+#: (the instances see it up to one interval late, and one more interval covers a missed sync)
+RUN_NOW_MARGIN_S = 5.0
 
 #: keys allowed in ``options={"anarchon": {...}}``
 ENTRY_KEYS = ("anchor", "jitter", "lease", "max_late")
@@ -46,7 +50,8 @@ LEASE_KEYS = ("duration", "heartbeat", "max_attempts", "overlap", "queue_timeout
 OVERLAP_VALUES = ("skip", "allow")
 #: the Celery settings of celery_anarchon (any other anarchon_* key is a typo)
 SETTINGS = ("anarchon_heartbeat", "anarchon_jitter", "anarchon_lease", "anarchon_max_late",
-            "anarchon_namespace", "anarchon_store_options", "anarchon_store_url")
+            "anarchon_namespace", "anarchon_store_options", "anarchon_store_url",
+            "anarchon_sync_interval")
 
 
 def _fmt(s: float) -> str:
@@ -87,6 +92,8 @@ class Settings:
     """The ``anarchon_*`` settings of a Celery app (defaults applied, types checked).
 
     :param jitter_s: ``anarchon_jitter`` or ``None`` (default: 2 s lowered per entry).
+    :param sync_interval_s: ``anarchon_sync_interval``: how often an instance reads the store's
+        entries version (and heartbeats), seconds (default 5).
     """
 
     jitter_s: float | None
@@ -96,6 +103,12 @@ class Settings:
     namespace: str
     store_url: str | None
     store_options: dict
+    sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S
+
+    @property
+    def run_now_max_late_s(self) -> float:
+        """The least max_late of a run-now request's claim, seconds: 2 x sync interval + 5 s."""
+        return 2 * self.sync_interval_s + RUN_NOW_MARGIN_S
 
     @classmethod
     def from_app(cls, app) -> Settings:
@@ -115,8 +128,12 @@ class Settings:
         max_late_s = seconds(conf.get("anarchon_max_late", DEFAULT_MAX_LATE_S), "anarchon_max_late")
         lease_s = seconds(conf.get("anarchon_lease", DEFAULT_LEASE_S), "anarchon_lease")
         heartbeat_s = seconds(conf.get("anarchon_heartbeat", DEFAULT_HEARTBEAT_S), "anarchon_heartbeat")
+        sync_s = seconds(conf.get("anarchon_sync_interval", DEFAULT_SYNC_INTERVAL_S),
+                         "anarchon_sync_interval")
         if max_late_s <= 0:
             raise ConfigError(f"anarchon_max_late: {max_late_s:g} s must be more than 0 (default 60)")
+        if sync_s <= 0:
+            raise ConfigError(f"anarchon_sync_interval: {sync_s:g} s must be more than 0 (default 5)")
         if lease_s <= 0 or heartbeat_s <= 0:
             raise ConfigError("anarchon_lease and anarchon_heartbeat must be more than 0 seconds "
                               f"(got {lease_s:g} s and {heartbeat_s:g} s; defaults 30 and 5)")
@@ -135,7 +152,8 @@ class Settings:
         options = conf.get("anarchon_store_options") or {}
         if not isinstance(options, dict):
             raise ConfigError(f"anarchon_store_options: {options!r} must be a dict")
-        return cls(jitter_s, max_late_s, lease_s, heartbeat_s, namespace, store_url, dict(options))
+        return cls(jitter_s, max_late_s, lease_s, heartbeat_s, namespace, store_url, dict(options),
+                   sync_interval_s=sync_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,10 +280,28 @@ def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
     return EntryTiming(jitter_s, max_late_s, None, lease)
 
 
+def check_sync_interval(settings: Settings, memory: Memory) -> None:
+    """The sync interval against the store's memory: a run-now request is claimed up to
+    :attr:`Settings.run_now_max_late_s` after its slot, which the store must still remember (the
+    rule "jitter + max_late < store memory" of DESIGN.md "Timing", for run-now requests).
+
+    :raises ConfigError: naming both values and the fix.
+    """
+    span = settings.run_now_max_late_s
+    if memory.duration_s is not None and span >= memory.duration_s:
+        raise ConfigError(
+            f"anarchon_sync_interval {_fmt(settings.sync_interval_s)}: a run-now request is claimed "
+            f"up to 2 x the sync interval + {_fmt(RUN_NOW_MARGIN_S)} = {_fmt(span)} after it was "
+            f"made, which must be less than the store's memory of a claimed run "
+            f"({_fmt(memory.duration_s)}, store option {memory.setting!r}), or a late claim could "
+            f"win it a second time. Fix: lower anarchon_sync_interval (default 5) or set "
+            f"anarchon_store_options[{memory.setting!r}] to at least {math.ceil(span * 2):g}.")
+
+
 def ms(s: float) -> int:
     """Seconds to integer milliseconds (rounded)."""
     return int(round(s * 1000))
 
 
-__all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "Settings", "resolve", "seconds",
-           "split_entry_options", "ms", "LATENESS_TOLERANCE_MS"]
+__all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "Settings", "check_sync_interval",
+           "resolve", "seconds", "split_entry_options", "ms", "LATENESS_TOLERANCE_MS"]

@@ -8,6 +8,7 @@ from datetime import timezone
 from celery_anarchon import slots as slot_math
 from celery_anarchon.plan import EntryPlan
 from celery_anarchon.stores.base import LeasedRun, RunState
+from celery_anarchon.stores.entry_store import EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry
 from celery_anarchon.timing import EntryTiming, LeaseSettings
 
 #: a wall-clock origin on a 10 s slot boundary (epoch seconds)
@@ -89,6 +90,66 @@ class FakeStore:
     def load_definition(self, entry, fingerprint):
         self._call("load_definition")
         return self.definitions.get((entry, fingerprint))
+
+
+class FakeEntryStore(FakeStore):
+    """:class:`FakeStore` with the entry store's operations the sync and heartbeat parts use;
+    the test writes entries, pauses and run-now requests with ``put``, ``pause`` and ``request``
+    (each raises the entries version, as a store's writes do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 0
+        self.entries: dict[str, StoredEntry] = {}
+        self.requests: list[RunRequest] = []
+        self.records: dict[str, InstanceRecord] = {}
+        self.ttls: dict[str, int] = {}
+        self.fingerprints: dict[str, dict[str, str]] = {}
+
+    def put(self, name: str, definition: str | None, pause: Pause | None = None, by: str = "t") -> None:
+        self.version += 1
+        self.entries[name] = StoredEntry(name, definition, pause, self.version, 0, by)
+
+    def remove(self, name: str) -> None:
+        self.version += 1
+        del self.entries[name]
+
+    def pause(self, name: str, pause: Pause | None, by: str = "t") -> None:
+        old = self.entries.get(name)
+        self.put(name, old.definition if old else None, pause, by)
+
+    def request(self, entry: str, request_id: str, slot_ms: int) -> None:
+        self.version += 1
+        self.requests.append(RunRequest(entry, request_id, slot_ms, "t", slot_ms))
+
+    def entries_version(self) -> int:
+        self._call("entries_version")
+        return self.version
+
+    def load_entries(self) -> EntrySnapshot:
+        self._call("load_entries")
+        return EntrySnapshot(self.version, dict(self.entries), tuple(self.requests))
+
+    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
+        self._call("record_instance")
+        self.records[record.instance_id] = record
+        self.ttls[record.instance_id] = ttl_ms
+
+    def instances(self) -> list[InstanceRecord]:
+        self._call("instances")
+        return list(self.records.values())
+
+    def remove_instance(self, instance_id: str) -> None:
+        self._call("remove_instance")
+        self.records.pop(instance_id, None)
+
+    def save_fingerprints(self, digest: str, fingerprints) -> None:
+        self._call("save_fingerprints")
+        self.fingerprints[digest] = dict(fingerprints)
+
+    def load_fingerprints(self, digest: str):
+        self._call("load_fingerprints")
+        return self.fingerprints.get(digest)
 
 
 def make_plan(name: str = "e", every_s: float = 10, *, jitter_s: float = 0.0,

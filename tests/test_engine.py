@@ -18,12 +18,14 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 from celery.schedules import crontab
 
-from celery_anarchon import install
+from celery_anarchon import entry_json, install
 from celery_anarchon.engine import Engine
-from celery_anarchon.errors import SendOutcomeUnknown
-from celery_anarchon.plan import build_plans
+from celery_anarchon.engine.instances import host_pid
+from celery_anarchon.errors import SendOutcomeUnknown, StoreUnavailable
+from celery_anarchon.plan import build_plan, build_plans
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent, RunState
+from celery_anarchon.stores.entry_store import Pause
 from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
@@ -46,7 +48,7 @@ class Clock:
 
 class Harness:
     def __init__(self, url, namespace, entries, *, instance="A", store_options=None, send=None,
-                 backdate=True):
+                 backdate=True, sync_s=None):
         self.app = Celery("proj", set_as_current=False)
         self.app.conf.broker_url = "memory://"
         if any("lease" in opts for _, opts in entries.values()):
@@ -66,7 +68,20 @@ class Harness:
         self.mono = Clock(time.monotonic)
         self.engine = Engine(self.store, self.plans, instance_id=instance, namespace=namespace,
                              send=send or self.record_send, clock=self.clock, rng=random.Random(7),
-                             monotonic=self.mono)
+                             monotonic=self.mono, sync_interval_s=sync_s,
+                             build_store_plans=self.store_plans)
+
+    def store_plans(self, snapshot):
+        """Store entries -> plans, as the scheduler builds them (entry_json, then build_plan)."""
+        settings = Settings.from_app(self.app)
+        return {name: build_plan(name, entry_json.parse(name, stored.definition, app=self.app),
+                                 app=self.app, settings=settings, store=self.store)
+                for name, stored in snapshot.entries.items() if stored.definition is not None}
+
+    def sync(self, seconds=1.0):
+        """The next sync comes (only the monotonic clock moves), and a tick does it."""
+        self.mono.offset += seconds
+        self.engine.tick()
 
     def advance(self, seconds: float):
         """Time passes (both clocks move), without waiting for it."""
@@ -628,3 +643,125 @@ def test_a_run_not_taken_over_after_the_store_lost_writes_is_logged_as_such(name
     assert len(messages) == 1, messages
     assert "after 1 attempts" not in messages[0], messages[0]
     assert "lost writes" in messages[0] and "an-older-server" in messages[0], messages[0]
+
+
+# -- the store's entries (issue 10): SQLite, an entry store ---------------------------------------
+
+def _definition(**anarchon):
+    return entry_json.canonical({"task": "proj.t", "schedule": {"every": 2}, "anarchon": anarchon})
+
+
+def _info(caplog, start=""):
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.INFO and r.getMessage().startswith(start)]
+
+
+def test_a_store_entry_runs_follows_an_update_and_a_removal_and_no_slot_is_claimed_twice(
+        sqlite_url, namespace, harnesses, caplog):
+    """The store answers won again to its own claim: a re-seed after an update (the newest slot
+    within max_late is the one just sent) must not claim it again, or it is sent twice."""
+    h = make(harnesses, sqlite_url, namespace, {"cfg": (3600, {"jitter": 0})}, sync_s=1)
+    batches = _recording_claims(h)
+    h.store.put_entry("s", _definition(jitter=0, max_late=10), by="test", create=True)
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        h.engine.tick()                          # start-up: the sync loads "s", its newest slot
+        (slot,) = [s for n, s, _ in h.sent if n == "s"]
+        h.store.put_entry("s", _definition(jitter=0, max_late=9), by="test", create=False)
+        h.sync()                                 # the wall clock stays: slot is still the newest
+        assert h.engine.plans["s"].timing.max_late_s == 9
+        h.store.remove_entry("s", by="test")
+        h.sync()
+    assert [s for n, s, _ in h.sent if n == "s"].count(slot) == 1, h.sent
+    assert [run for b in batches for run in b].count(("s", slot)) == 1, batches
+    assert "s" not in h.engine.plans and "cfg" in h.engine.plans
+    synced = _info(caplog, "anarchon: synced entries version")
+    assert [m.split(": ", 2)[2] for m in synced] == [
+        "+1 -0 ~0 (1 store entries)", "+0 -0 ~1 (1 store entries)", "+0 -1 ~0 (0 store entries)"]
+
+
+def test_a_paused_entry_is_skipped_at_info_once_and_its_slot_not_claimed_after_resume(
+        sqlite_url, namespace, harnesses, caplog):
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})}, sync_s=1)
+    batches = _recording_claims(h)
+    h.store.set_pause("e", Pause("maintenance", "ops", 0), by="ops")
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        h.engine.tick()                          # the pause is decided inside the claim
+        ((_, paused),) = batches[0]
+        h.store.set_pause("e", None, by="ops")
+        h.engine.update_plans(_changed_plans(h, {"e": (2, {"jitter": 0, "max_late": 9})}))
+        h.sync()                                 # resumed, re-seeded: the paused slot is newest
+    assert [run for b in batches for run in b].count(("e", paused)) == 1, batches
+    assert ("e", paused, 1) not in h.sent
+    assert h.history("e")[paused].event is RunEvent.PAUSED
+    assert "anarchon: entry e is paused by ops: maintenance" in _info(caplog)
+    assert _info(caplog, "anarchon: entry e is resumed"), "(by whom: when the store kept the name)"
+    (skip,) = [m for m in _info(caplog, "e: slot") if "paused" in m]
+    assert skip.endswith("skipped: the entry is paused (paused by ops: maintenance)")
+
+
+def test_a_run_now_request_is_claimed_at_once_and_sent_once(sqlite_url, namespace, harnesses,
+                                                           caplog):
+    anchor = int(time.time() + 1800) % 3600       # the scheduled slots are half an hour away
+    entries = {"e": (3600, {"max_late": 5, "anchor": anchor})}
+    a = make(harnesses, sqlite_url, namespace, entries, instance="A", sync_s=1)
+    b = make(harnesses, sqlite_url, namespace, entries, instance="B", backdate=False, sync_s=1)
+    a.engine.tick()
+    b.engine.tick()
+    batches = _recording_claims(a)
+    slot = a.store.now_ms()
+    assert a.store.request_run("e", "r1", slot, by="test").slot_ms == slot
+    assert a.store.request_run("e", "r1", slot + 500, by="test").slot_ms == slot, "one request"
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        a.sync()
+        b.sync()
+    assert a.sent == [("e", slot, 1)] and b.sent == []
+    assert b.engine.stats["claim_other_won"] == 1
+    assert batches == [[("e", slot)]]
+    assert a.history("e")[slot].event is RunEvent.SENT
+    assert any(m.startswith("anarchon: entry e: run-now request r1 by test") for m in _info(caplog))
+    a.store.request_run("e", "r2", slot + 1, by="test")     # the version moves again
+    a.sync()
+    assert a.sent == [("e", slot, 1), ("e", slot + 1, 1)], "r1 is not claimed again"
+    assert batches[1:] == [[("e", slot + 1)]]
+
+
+def test_instances_with_other_definitions_of_an_entry_both_log_it_and_leave_at_close(
+        sqlite_url, namespace, harnesses, caplog):
+    a = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0, "max_late": 30})},
+             instance="A", sync_s=1)
+    b = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})}, instance="B",
+             backdate=False, sync_s=1)
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        a.engine.tick()
+        b.engine.tick()                          # B finds A at start-up
+        a.sync()                                 # A finds B at its next heartbeat
+        b.sync()                                 # the same disagreement: not logged again
+    errors = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith("anarchon: instances disagree on entry 'e'")]
+    assert len(errors) == 2, errors
+    for message in errors:
+        assert a.plans["e"].definition in message and b.plans["e"].definition in message
+        assert host_pid() in message
+    assert {i.instance_id for i in a.store.instances()} == {"A", "B"}
+    a.engine.close()
+    assert {i.instance_id for i in b.store.instances()} == {"B"}
+
+
+def test_a_store_error_while_syncing_backs_off_and_never_stops_beat(sqlite_url, namespace,
+                                                                   harnesses, caplog):
+    h = make(harnesses, sqlite_url, namespace, {"cfg": (3600, {"jitter": 0})}, sync_s=1)
+    load, failures = h.store.load_entries, [StoreUnavailable("database is locked")]
+
+    def flaky():
+        if failures:
+            raise failures.pop()
+        return load()
+    h.store.load_entries = flaky
+    h.store.put_entry("s", _definition(jitter=0, max_late=10), by="test", create=True)
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        assert 0 < h.engine.tick() <= 60
+    assert "s" not in h.engine.plans
+    assert any("unreachable while syncing the store's entries" in r.getMessage()
+               for r in caplog.records)
+    wait_until(lambda: (h.engine.tick(), "s" in h.engine.plans)[1], 5,
+               "the sync after the backoff", interval=0.05)

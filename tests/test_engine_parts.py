@@ -1,6 +1,7 @@
 """The engine's parts, each on its own, with injected clocks (wall and monotonic) and a fake
 store: the heap of due runs, the claim retries, the send queue, the history notes, the outage
-backoff, takeovers, skew, skip logging, definitions and counters. The whole engine against real
+backoff, takeovers, skew, skip logging, definitions, counters, the sync of the store's entries and
+the instance heartbeat. The whole engine against real
 stores is tests/test_engine.py."""
 from __future__ import annotations
 
@@ -17,19 +18,22 @@ from celery_anarchon.engine.claims import ClaimRetries, claim_request
 from celery_anarchon.engine.counters import STATS_EVERY_S, Counters
 from celery_anarchon.engine.definitions import Definitions
 from celery_anarchon.engine.due import DueRuns
+from celery_anarchon.engine.instances import Heartbeat, fingerprints_digest
 from celery_anarchon.engine.notes import NoteBuffer
 from celery_anarchon.engine.outage import BACKOFF_FIRST_S, BACKOFF_MAX_S, DOWN_REPORT_EVERY_S, Outage
 from celery_anarchon.engine.sends import SEND_RETRY_S, Send, SendQueue
 from celery_anarchon.engine.skew import SKEW_EVERY_S, SkewCheck
 from celery_anarchon.engine.skips import SKIP_LOG_EVERY_S, SkipLog
+from celery_anarchon.engine.sync import EntrySync
 from celery_anarchon.engine.takeovers import TAKEOVER_RETRY_S, Takeovers, grace_s
 from celery_anarchon.errors import SendOutcomeUnknown, StoreError
 from celery_anarchon.stores.base import (
     ClaimResult, LeasedRun, Outcome, RunEvent, RunState, TakeoverOutcome,
 )
+from celery_anarchon.stores.entry_store import InstanceRecord, Pause
 from celery_anarchon.timing import LeaseSettings
 
-from engine_support import T0, Clocks, FakeStore, leased_run, make_plan
+from engine_support import T0, Clocks, FakeEntryStore, FakeStore, leased_run, make_plan
 
 T0_MS = int(T0 * 1000)
 LEASE = LeaseSettings(duration_s=6, heartbeat_s=1, queue_timeout_s=4, max_attempts=3)
@@ -117,6 +121,29 @@ def test_due_never_repeats_a_claimed_slot_after_the_clock_went_back(parts):
     parts.due.forget("e")
     parts.due.seed(plan, T0 + 1)                 # re-seeded (the entry changed): the same slot
     assert parts.due.pop(T0 + 1, {"e": plan}) == []
+    assert parts.due.next_fire() == T0 + 10
+
+
+def test_due_reseed_never_queues_a_handled_slot_again(parts):
+    """A re-seed after the entry changed queues the slot after the newest one this instance
+    handled (won, unconfirmed or paused), not the newest within max_late: the store would answer
+    won again to its own claim (a second send), or run a paused slot after a resume."""
+    plan = make_plan(every_s=10, max_late_s=30)
+    parts.due.seed(plan, T0 + 20)
+    assert [r.slot_ms for r in parts.due.pop(T0 + 20, {"e": plan})] == [T0_MS + 20_000]
+    parts.due.claimed("e", T0_MS + 20_000)
+    changed = make_plan(every_s=10, max_late_s=31, fingerprint="f2")
+    parts.due.forget("e")
+    parts.due.seed(changed, T0 + 25)
+    assert parts.due.next_fire() == T0 + 30
+    assert parts.due.pop(T0 + 29, {"e": changed}) == []
+
+
+def test_due_never_claims_a_run_now_run_as_a_scheduled_one(parts):
+    plan = make_plan(every_s=10, max_late_s=5)
+    parts.due.requested.add(("e", T0_MS))
+    parts.due.seed(plan, T0)
+    assert parts.due.pop(T0, {"e": plan}) == []
     assert parts.due.next_fire() == T0 + 10
 
 
@@ -529,6 +556,15 @@ def test_skips_of_one_kind_are_logged_once_a_minute_with_the_count_hidden(parts,
                for r in caplog.records) == 1
 
 
+def test_paused_runs_are_info_once_per_run(parts, caplog):
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        for slot in (T0_MS, T0_MS + 10_000):
+            parts.skips.refused(make_plan(), refused(Outcome.PAUSED, slot, "paused by ops: disk"))
+    logged = [r for r in caplog.records if "paused" in r.getMessage()]
+    assert [r.levelno for r in logged] == [logging.INFO] * 2
+    assert "skipped: the entry is paused (paused by ops: disk)" in logged[0].getMessage()
+
+
 def test_overlapping_and_superseded_skips_are_info(parts, caplog):
     with caplog.at_level(logging.DEBUG, "celery_anarchon"):
         parts.skips.refused(make_plan(), refused(Outcome.OVERLAPPING))
@@ -596,3 +632,240 @@ def test_every_engine_module_logs_under_its_own_name():
         module = importlib.import_module(f"celery_anarchon.engine.{info.name}")
         if hasattr(module, "logger"):
             assert module.logger.name == module.__name__
+
+
+# -- the sync of the store's entries -------------------------------------------------------------
+
+SYNC_S = 5.0
+
+
+def store_plans(snapshot):
+    """Store entries -> plans as the scheduler's callback does (here the definition is the
+    fingerprint; "bad" stands for a definition that does not parse: left out)."""
+    return {name: make_plan(name, fingerprint=stored.definition)
+            for name, stored in snapshot.entries.items()
+            if stored.definition not in (None, "bad")}
+
+
+class Synced:
+    """An entry sync on a fake entry store, fake clocks and the outage part."""
+
+    def __init__(self, build=store_plans) -> None:
+        self.clocks = Clocks()
+        self.store = FakeEntryStore()
+        self.stats: collections.Counter = collections.Counter()
+        self.outage = Outage(self.store, self.clocks.mono, self.stats)
+        self.requested: set = set()
+        self.sync = EntrySync(self.store, build, SYNC_S, "ns", self.clocks.mono, self.outage,
+                              self.requested)
+
+
+def test_sync_reads_the_version_every_interval_and_loads_only_when_it_moved():
+    s = Synced()
+    s.store.put("a", "fa")
+    assert s.sync.due() and s.sync.follow(), "the first sync loads"
+    assert set(s.sync.store_plans) == {"a"}
+    assert not s.sync.due()
+    s.clocks.mono.advance(SYNC_S - 0.001)
+    assert not s.sync.due()
+    s.clocks.mono.advance(0.001)
+    assert s.sync.due() and not s.sync.follow(), "the version did not move: nothing loaded"
+    assert (s.store.calls["entries_version"], s.store.calls["load_entries"]) == (2, 1)
+    s.store.put("b", "fb")
+    s.clocks.wall.advance(-3600)                     # the wall clock does not time the sync
+    s.clocks.mono.advance(SYNC_S)
+    assert s.sync.follow() and set(s.sync.store_plans) == {"a", "b"}
+    assert s.sync.version == s.store.version and s.store.calls["load_entries"] == 2
+
+
+def test_sync_logs_each_version_it_loads_with_what_changed(caplog):
+    s = Synced()
+    s.store.put("a", "fa")
+    s.store.put("b", "fb")
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        s.sync.follow()
+        s.store.put("a", "fa2")
+        s.store.remove("b")
+        s.store.put("c", "fc")
+        s.clocks.mono.advance(SYNC_S)
+        s.sync.follow()
+    assert messages(caplog, logging.INFO) == [
+        "anarchon: synced entries version 2: +2 -0 ~0 (2 store entries)",
+        "anarchon: synced entries version 5: +1 -1 ~1 (2 store entries)"]
+
+
+def test_sync_merges_the_config_plans_which_win_a_name_clash(caplog):
+    s = Synced()
+    s.store.put("shared", "from-store")
+    s.store.put("mine", "fm")
+    s.sync.follow()
+    config = {"shared": make_plan("shared", fingerprint="from-config")}
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        merged = s.sync.merge(config)
+        s.sync.merge(config)
+    assert merged["shared"].fingerprint == "from-config" and set(merged) == {"shared", "mine"}
+    (message,) = messages(caplog, logging.WARNING)
+    assert "store entry 'shared' has the name of a beat_schedule entry" in message
+
+
+def test_sync_without_a_callback_follows_pauses_and_requests_only():
+    s = Synced(build=None)
+    s.store.put("a", "fa")
+    assert s.sync.follow() and s.sync.store_plans == {}
+
+
+def test_sync_logs_a_pause_once_and_its_resume(caplog):
+    s = Synced()
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        s.store.put("a", "fa", Pause("disk full", "ops", 1))
+        s.store.pause("cfg", Pause("", "alice", 2))      # a config entry: a pause only
+        s.sync.follow()
+        s.store.put("b", "fb")                           # another change: the pauses stay
+        s.clocks.mono.advance(SYNC_S)
+        s.sync.follow()
+        s.store.pause("a", None, by="bob")
+        s.clocks.mono.advance(SYNC_S)
+        s.sync.follow()
+    pauses = [m for m in messages(caplog, logging.INFO) if "synced" not in m]
+    assert pauses == ["anarchon: entry a is paused by ops: disk full",
+                      "anarchon: entry cfg is paused by alice",
+                      "anarchon: entry a is resumed by bob"]
+
+
+def test_a_failed_sync_backs_off_and_is_retried(caplog):
+    s = Synced()
+    s.store.put("a", "fa")
+    s.store.fail = StoreError("down")
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        assert not s.sync.follow()
+    assert "unreachable while syncing the store's entries" in messages(caplog)[0]
+    assert not s.sync.due(), "in the backoff"
+    assert s.sync.next_try() == s.clocks.mono() + BACKOFF_FIRST_S
+    s.store.fail = None
+    s.clocks.mono.advance(BACKOFF_FIRST_S)
+    assert s.sync.due() and s.sync.follow() and set(s.sync.store_plans) == {"a"}
+    assert s.outage.ok
+
+
+def test_run_now_requests_are_claimed_once_with_a_max_late_covering_two_syncs():
+    s = Synced()
+    s.store.put("a", "fa")
+    slot = T0_MS + 4_321                                 # between two scheduled slots
+    s.store.request("a", "r1", slot)
+    s.store.request("gone", "r2", slot)                  # an entry this instance does not run
+    s.sync.follow()
+    plans = s.sync.merge({})
+    (claim,) = s.sync.requests_due(T0 + 4.5, plans)
+    assert claim.run == ("a", slot) and claim.fingerprint == "fa"
+    assert claim.max_late_ms == 2 * 5_000 + 5_000, "max(max_late 5 s, 2 x sync + 5 s)"
+    assert s.sync.requests_due(T0 + 4.5, plans) == [], "asked once"
+    assert ("a", slot) in s.requested
+    long_late = {"a": make_plan("a", max_late_s=60, fingerprint="fa")}
+    s.requested.clear()
+    assert s.sync.requests_due(T0 + 4.5, long_late)[0].max_late_ms == 60_000
+
+
+def test_run_now_requests_past_their_max_late_or_on_a_scheduled_slot_are_let_pass():
+    s = Synced()
+    s.store.put("a", "fa")
+    s.store.request("a", "old", T0_MS + 1)
+    s.store.request("a", "on-the-schedule", T0_MS + 20_000)
+    s.sync.follow()
+    assert s.sync.requests_due(T0 + 20, s.sync.merge({})) == []
+    assert s.requested == {("a", T0_MS + 1), ("a", T0_MS + 20_000)}
+    s.store.requests = [r for r in s.store.requests if r.request_id != "old"]   # pruned
+    s.store.version += 1
+    s.clocks.mono.advance(SYNC_S)
+    s.sync.follow()
+    assert s.requested == {("a", T0_MS + 20_000)}, "kept only while the store holds it"
+
+
+def test_an_engine_on_a_store_that_cannot_hold_entries_follows_nothing():
+    from celery_anarchon.engine import Engine
+    store = FakeStore()
+    engine = Engine(store, {"e": make_plan()}, instance_id="A", namespace="ns", send=None,
+                    sync_interval_s=SYNC_S, build_store_plans=store_plans)
+    assert engine.sync is None and engine.heartbeat is None
+    engine.close()
+    assert not store.calls, "no store I/O"
+
+
+# -- the instance heartbeat ----------------------------------------------------------------------
+
+class Beating:
+    """Two heartbeats (this instance "A" and another "B") on one fake entry store."""
+
+    def __init__(self) -> None:
+        self.clocks = Clocks()
+        self.store = FakeEntryStore()
+        self.stats: collections.Counter = collections.Counter()
+        self.outage = Outage(self.store, self.clocks.mono, self.stats)
+        self.skew = SkewCheck(self.store, self.clocks.wall, self.clocks.mono)
+        self.a = Heartbeat(self.store, "A", self.clocks.wall, 15_000, self.outage, self.skew)
+        self.b = Heartbeat(self.store, "B", self.clocks.wall, 15_000, self.outage, self.skew)
+
+
+def config(**fingerprints):
+    return {name: make_plan(name, fingerprint=fp) for name, fp in fingerprints.items()}
+
+
+def test_heartbeat_records_the_instance_and_saves_its_fingerprints_once():
+    h = Beating()
+    h.clocks.advance(1)
+    h.a.beat(config(e="f1", g="g1"), entries=3)
+    h.clocks.advance(5)
+    h.a.beat(config(e="f1", g="g1"), entries=3)
+    record = h.store.records["A"]
+    digest = fingerprints_digest({"e": "f1", "g": "g1"})
+    assert isinstance(record, InstanceRecord) and record.fingerprints_digest == digest
+    assert record.entries == 3 and record.started_ms == T0_MS
+    assert record.last_tick_ms == T0_MS + 6_000 and h.store.ttls["A"] == 15_000
+    assert h.store.fingerprints == {digest: {"e": "f1", "g": "g1"}}
+    assert h.store.calls["save_fingerprints"] == 1 and h.store.calls["record_instance"] == 2
+    h.a.beat(config(e="f2", g="g1"), entries=3)
+    assert h.store.calls["save_fingerprints"] == 2, "a new digest is saved"
+    h.a.leave()
+    assert "A" not in h.store.records
+
+
+def test_fingerprints_digest_ignores_order():
+    assert fingerprints_digest({"a": "1", "b": "2"}) == fingerprints_digest({"b": "2", "a": "1"})
+    assert fingerprints_digest({"a": "1"}) != fingerprints_digest({"a": "2"})
+
+
+def test_a_disagreement_is_logged_once_and_again_when_it_changes(caplog):
+    h = Beating()
+    h.store.definitions[("e", "f2")] = '{"definition": "f2"}'
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        h.b.beat(config(e="f2", other="o"), entries=2)    # B runs another definition of e
+        h.a.beat(config(e="f1", g="g1"), entries=2)
+        first = messages(caplog, logging.ERROR)
+        h.a.beat(config(e="f1", g="g1"), entries=2)    # the same set: not logged again
+        assert messages(caplog, logging.ERROR) == first
+        h.b.beat(config(e="f2", g="g2"), entries=2)     # B also disagrees on g now
+        h.a.beat(config(e="f1", g="g1"), entries=2)
+        h.b.beat(config(e="f1", g="g1"), entries=2)     # B deployed the same code as A
+        h.a.beat(config(e="f1", g="g1"), entries=2)
+    (one,) = first
+    assert one.startswith("anarchon: instances disagree on entry 'e': this instance (")
+    assert 'runs f1: {"definition": "f1"}' in one and 'runs f2: {"definition": "f2"}' in one
+    errors = [(m.split("'")[1], m.split(" runs ")[1][:2]) for m in messages(caplog, logging.ERROR)]
+    assert errors == [("e", "f1"),                        # A, once
+                      ("e", "f2"), ("g", "g2"),            # B, when it disagreed on g too
+                      ("e", "f1"), ("g", "g1")], "A again, when the set changed"
+    assert messages(caplog, logging.WARNING)[-2:] == [
+        "anarchon: the live instances agree again on every beat_schedule entry"] * 2
+
+
+def test_a_heartbeat_that_fails_backs_off_and_a_fingerprint_not_yet_saved_waits():
+    h = Beating()
+    h.store.records["C"] = InstanceRecord("C", "h", 1, "v", 0, 0, None, 1, "not-saved-yet")
+    h.a.beat(config(e="f1"), entries=1)
+    assert h.a.reported == frozenset(), "an unknown digest is compared at the next heartbeat"
+    h.store.fail = StoreError("down")
+    h.a.beat(config(e="f1"), entries=1)
+    assert not h.outage.may_try() and h.stats["store_errors"] == 1
+    calls = sum(h.store.calls.values())
+    h.a.beat(config(e="f1"), entries=1)
+    assert sum(h.store.calls.values()) == calls, "not asked during the backoff"
+    h.a.leave()                                         # quiet on a store error

@@ -16,10 +16,12 @@ from celery_anarchon.errors import SendOutcomeUnknown
 from celery_anarchon.app_store import resolve_store_url
 from celery_anarchon.scheduler import _exit_requested
 from celery_anarchon.stores import url_following_broker
+from celery_anarchon import entry_json
 from celery_anarchon.stores.base import RunEvent
 from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
+from stores_support import wait_until
 from tcp_proxy import TCPProxy, redis_address
 from backends import backdate_memory_start
 
@@ -266,3 +268,46 @@ def test_install_wraps_tasks_without_changing_plain_calls(tmp_path):
     assert type(app.tasks[add.name]).__dict__.get("_anarchon_patched")
     assert add(1, 2) == (3, None)                        # a plain call
     assert add.apply((2, 3), task_id="abc").get() == (5, "abc"), "the request survives the wrapper"
+
+
+def test_store_entries_run_and_an_invalid_one_is_left_out_by_name(tmp_path, caplog):
+    """The store's entries become plans (entry_json, then the start-up rules); one that breaks a
+    rule on this instance is logged by name, once, and the others run; a beat_schedule entry
+    wins a name clash."""
+    app = make_app(tmp_path, anarchon_sync_interval=0.2)
+    scheduler = Scheduler(app)
+    store = scheduler.store
+
+    def put(name, **schedule_and_anarchon):
+        definition = {"task": "proj.t", "schedule": {"every": 10}, **schedule_and_anarchon}
+        store.put_entry(name, entry_json.canonical(definition), by="test", create=True)
+    put("good")
+    put("bad", schedule={"every": 1}, anarchon={"jitter": 0.9})   # jitter >= half the gap
+    put("tick", schedule={"every": 20})                            # the config's name
+    try:
+        with caplog.at_level(logging.INFO, "celery_anarchon"):
+            scheduler.tick()
+            assert "good" in scheduler.engine.plans and "bad" not in scheduler.engine.plans
+            assert scheduler.engine.plans["tick"].slots.shortest_gap_ms == 10_000, "config wins"
+            put("good2")
+            wait_until(lambda: (scheduler.tick(), "good2" in scheduler.engine.plans)[1], 5,
+                       "the next sync")
+        bad = [r for r in caplog.records if "store entry 'bad'" in r.getMessage()]
+        assert len(bad) == 1 and bad[0].levelno == logging.ERROR
+        assert bad[0].getMessage().startswith(
+            "anarchon: store entry 'bad' is not valid on this instance and is left out (the others "
+            "run): entry 'bad': jitter 0.9 s")
+        assert "store entry 'tick' has the name of a beat_schedule entry" in caplog.text
+        assert any(i.instance_id == scheduler._instance_id for i in store.instances())
+    finally:
+        scheduler.close()
+    assert not [i for i in store.instances() if i.instance_id == scheduler._instance_id], \
+        "close() removes this instance's record"
+    store.close()
+
+
+def test_a_sync_interval_the_store_cannot_cover_stops_beat_at_start_up(tmp_path):
+    app = make_app(tmp_path, anarchon_sync_interval=2000)           # memory: 3600 s
+    with pytest.raises(ConfigError) as info:
+        Scheduler(app)
+    assert "anarchon_sync_interval 2000 s" in str(info.value)

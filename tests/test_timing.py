@@ -13,7 +13,7 @@ from celery_anarchon import ConfigError, install
 from celery_anarchon.plan import build_plan, build_plans, task_id_for
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Memory
-from celery_anarchon.timing import Settings, resolve
+from celery_anarchon.timing import Settings, check_sync_interval, resolve
 
 
 def make_app(**conf):
@@ -208,3 +208,30 @@ def test_a_leased_entry_needs_a_store_that_holds_leases(url, options):
     message = error_of(600, {"anarchon": {"lease": True}}, store_options=options, url=url)
     assert "entry 'report' is leased" in message and "cannot hold leases" in message
     assert "Redis (strategy 'lease'), PostgreSQL or SQLite" in message
+
+
+def test_the_sync_interval_defaults_to_five_seconds_and_is_checked_like_the_others():
+    settings = Settings.from_app(make_app())
+    assert settings.sync_interval_s == 5 and settings.run_now_max_late_s == 15
+    assert Settings.from_app(make_app(anarchon_sync_interval=timedelta(seconds=1))).sync_interval_s == 1
+    for value, expected in [(0, "anarchon_sync_interval: 0 s must be more than 0 (default 5)"),
+                            ("5s", "'5s' is not a duration"), (-1, "finite number of seconds")]:
+        with pytest.raises(ConfigError) as info:
+            Settings.from_app(make_app(anarchon_sync_interval=value))
+        assert expected in str(info.value) and "anarchon_sync_interval" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        Settings.from_app(make_app(anarchon_sync_intervall=5))
+    assert "did you mean 'anarchon_sync_interval'?" in str(info.value)
+
+
+def test_a_run_now_claim_must_stay_within_the_store_memory():
+    check_sync_interval(Settings.from_app(make_app()), Memory(3600))
+    check_sync_interval(Settings.from_app(make_app()), Memory(None))
+    with pytest.raises(ConfigError) as info:
+        check_sync_interval(Settings.from_app(make_app(anarchon_sync_interval=60)), Memory(120))
+    assert str(info.value) == (
+        "anarchon_sync_interval 60 s: a run-now request is claimed up to 2 x the sync interval "
+        "+ 5 s = 125 s after it was made, which must be less than the store's memory of a claimed "
+        "run (120 s, store option 'memory'), or a late claim could win it a second time. Fix: "
+        "lower anarchon_sync_interval (default 5) or set anarchon_store_options['memory'] to at "
+        "least 250.")

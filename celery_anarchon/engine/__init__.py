@@ -24,7 +24,11 @@ The parts, each in its module, each given what it needs by the coordinator (:cla
 * ``skew``: this instance's clock measured against the store's;
 * ``skips``: skipped slots in the log, rate-limited;
 * ``definitions``: entry definitions saved, and a different definition named in the log;
-* ``counters``: the counters and their periodic log.
+* ``counters``: the counters and their periodic log;
+* ``sync`` (an entry store only): the store's entries, pauses and run-now requests, followed
+  every ``anarchon_sync_interval``;
+* ``instances`` (an entry store only): this instance's heartbeat, and the live instances that
+  run another definition of a config entry.
 """
 from celery_anarchon.engine.coordinator import MAX_SLEEP_S, Engine
 from celery_anarchon.engine.sends import SendFn

@@ -11,27 +11,33 @@ from celery_anarchon.engine.claims import ClaimRetries
 from celery_anarchon.engine.counters import Counters
 from celery_anarchon.engine.definitions import Definitions
 from celery_anarchon.engine.due import DueRuns
+from celery_anarchon.engine.instances import TTL_INTERVALS, Heartbeat
 from celery_anarchon.engine.notes import NoteBuffer
 from celery_anarchon.engine.outage import Outage
 from celery_anarchon.engine.sends import Send, SendFn, SendQueue
 from celery_anarchon.engine.skew import SkewCheck
 from celery_anarchon.engine.skips import SkipLog
+from celery_anarchon.engine.sync import BuildStorePlans, EntrySync
 from celery_anarchon.engine.takeovers import Takeovers
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
 from celery_anarchon.stores.base import ClaimRequest, ClaimResult, ClaimStore, Outcome
+from celery_anarchon.stores.entry_store import EntryStore
 
 logger = logging.getLogger(__name__)
 
 #: the longest single sleep: a long wait is a chain of these, each re-reading the clock
 MAX_SLEEP_S = 60.0
+#: claim answers after which this instance never asks for that scheduled slot again: a store
+#: that reads its own claim back answers won again (a second send), and a paused run is skipped
+HANDLED = (Outcome.WON, Outcome.UNCONFIRMED, Outcome.PAUSED)
 
 
 class Engine:
     """Due runs, claims and sends for the plans of one beat instance.
 
     :param store: the claim store (opened lazily by its first operation).
-    :param plans: entry name -> plan.
+    :param plans: entry name -> plan, of the config (``beat_schedule``) entries.
     :param instance_id: this instance's id, recorded with its claims.
     :param namespace: ``anarchon_namespace``, part of every task id.
     :param send: publishes one won run; raises when the send failed (it is retried).
@@ -40,14 +46,23 @@ class Engine:
     :param monotonic: a clock for elapsed time, seconds from any origin (``time.monotonic``):
         every backoff, retry, wait and lease-check deadline; tests pass their own.
     :param rng: the jitter source (default: the operating system's, never shared by forks).
+    :param sync_interval_s: ``anarchon_sync_interval``, seconds: on an
+        :class:`~celery_anarchon.stores.entry_store.EntryStore`, how often the store's entries,
+        pauses and run-now requests are followed and this instance's heartbeat written; ``None``
+        (or another store): the engine runs ``plans`` only.
+    :param build_store_plans: store entries -> plans (the scheduler's; ``None``: store entries
+        are not run).
     """
 
     def __init__(self, store: ClaimStore, plans: dict[str, EntryPlan], *, instance_id: str,
                  namespace: str, send: SendFn, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 sync_interval_s: float | None = None,
+                 build_store_plans: BuildStorePlans | None = None) -> None:
         self.store = store
-        self.plans = dict(plans)
+        self.config_plans = dict(plans)
+        self.plans = dict(plans)            #: what runs: the config plans and the store's
         self.instance_id = instance_id
         self.namespace = namespace
         self.clock = clock
@@ -65,6 +80,14 @@ class Engine:
                                    self.sends)
         self.skew = SkewCheck(store, clock, monotonic)
         self.definitions = Definitions(store)
+        self.sync: EntrySync | None = None
+        self.heartbeat: Heartbeat | None = None
+        if isinstance(store, EntryStore) and sync_interval_s:
+            self.sync = EntrySync(store, build_store_plans, sync_interval_s, namespace, monotonic,
+                                  self.outage, self.due.requested)
+            self.heartbeat = Heartbeat(store, instance_id, clock,
+                                       int(TTL_INTERVALS * sync_interval_s * 1000), self.outage,
+                                       self.skew)
         self._prepared = False
         self._seeded = False
         self._stopping = False
@@ -99,10 +122,12 @@ class Engine:
                 self.due.seed(plan, now)
         if not self._prepared:
             self._prepare()
+        requested = self._follow_store(now)    # the store's entries, pauses, run-now requests
         due = self.due.pop(now, self.plans)    # 1-2. slot + jitter came; late ones skipped
         if not self._prepared:                 # no store yet: the runs wait, never sent blind
             self.claims.hold(due)
             due = []
+        due.extend(requested)
         due.extend(self.claims.due(now, self.plans, self._prepared))
         if due:
             self._claim(due)                   # 3-4. one batch; the won ones are sent
@@ -121,21 +146,16 @@ class Engine:
         self.sends.stop()
 
     def update_plans(self, plans: dict[str, EntryPlan]) -> None:
-        """Replace the plans (the schedule changed): new or changed entries are scheduled anew,
-        removed ones are dropped; what this instance claimed is kept."""
-        old = self.plans
-        self.plans = dict(plans)
-        if not self._seeded:
-            return
-        now = self.clock()
-        for name, plan in self.plans.items():
-            if name not in old or old[name].fingerprint != plan.fingerprint:
-                self.due.forget(name)
-                self.due.seed(plan, now)
-                self.definitions.save(plan)
-        for name in set(old) - set(self.plans):
-            self.due.forget(name)
-        self.takeovers.forget_removed(self.plans)
+        """Replace the config plans (``beat_schedule`` changed); the store's entries are kept
+        (a config entry wins a name clash). See :meth:`_set_plans`."""
+        self.config_plans = dict(plans)
+        self._set_plans(self.sync.merge(self.config_plans) if self.sync else self.config_plans)
+
+    def close(self) -> None:
+        """Drop this instance's heartbeat from an entry store (beat is shutting down); a later
+        tick writes it again. Never raises for a store error."""
+        if self.heartbeat is not None:
+            self.heartbeat.leave()
 
     def next_fire(self) -> float | None:
         """When the next pending run fires (epoch seconds), for tests and the banner."""
@@ -157,7 +177,7 @@ class Engine:
             return False
         try:
             warnings = self.store.prepare(list(self.plans))
-            for plan in self.plans.values():
+            for plan in self.config_plans.values():
                 self.definitions.save(plan, quiet=False)
         except StoreError as exc:
             self.outage.failed(exc, "preparing the store")
@@ -173,6 +193,37 @@ class Engine:
         self._prepared = True
         self.skew.check(self.plans.values())
         return True
+
+    def _set_plans(self, plans: dict[str, EntryPlan]) -> None:
+        """Run ``plans``: new or changed entries are seeded anew by the start-up rule (the newest
+        slot within max_late, never one this instance handled), removed ones are dropped; what
+        this instance claimed is kept. A config entry's definition is saved (a store entry's is
+        in the store already)."""
+        old = self.plans
+        self.plans = dict(plans)
+        if not self._seeded:
+            return
+        now = self.clock()
+        for name, plan in self.plans.items():
+            if name not in old or old[name].fingerprint != plan.fingerprint:
+                self.due.forget(name)
+                self.due.seed(plan, now)
+                if name in self.config_plans:
+                    self.definitions.save(plan)
+        for name in set(old) - set(self.plans):
+            self.due.forget(name)
+        self.takeovers.forget_removed(self.plans)
+
+    def _follow_store(self, now: float) -> list[ClaimRequest]:
+        """On an entry store, every sync interval: the store's entries (plans changed when their
+        version moved), this instance's heartbeat, and the claims of the run-now requests."""
+        sync = self.sync
+        if sync is None or not self._prepared or not sync.due():
+            return []
+        if sync.follow():
+            self._set_plans(sync.merge(self.config_plans))
+        self.heartbeat.beat(self.config_plans, len(self.plans))
+        return sync.requests_due(now, self.plans)
 
     def _claim(self, requests: list[ClaimRequest]) -> None:
         """Claim ``requests`` in one batch, each run once: the same run can come due in the heap
@@ -198,19 +249,19 @@ class Engine:
         plan = self.plans.get(result.entry)
         if plan is None:
             return
-        self.definitions.check(plan, result)
+        if plan.name in self.config_plans:     # a store entry differs while an update syncs
+            self.definitions.check(plan, result)
         outcome = result.outcome
         self.stats[f"claim_{outcome.value}"] += 1
-        if outcome is Outcome.UNCONFIRMED:
-            # won in the store but not durable in time: never sent, and never asked again by this
-            # instance (a re-seed, a clock set back), since a store that reads its own claim back
-            # would answer won. The claim record stays: nobody else wins it either.
+        if outcome in HANDLED and result.request.run not in self.due.requested:
+            # UNCONFIRMED: won in the store but not durable in time: never sent, and never asked
+            # again (the claim record stays: nobody else wins it either)
             self.due.claimed(plan.name, result.slot_ms)
         if outcome is Outcome.WON:
-            self.due.claimed(plan.name, result.slot_ms)
             self.sends.send(Send(plan, result.slot_ms, result.attempt, result.token,
                                  task_id_for(self.namespace, plan.name, result.slot_ms,
-                                             result.attempt)))
+                                             result.attempt),
+                                 deadline_ms=result.slot_ms + result.request.max_late_ms))
         elif outcome is Outcome.OTHER_WON:     # the normal case, not an error
             logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
                          result.winner or "another instance")
@@ -241,6 +292,8 @@ class Engine:
                 waits.append(retry_at - mono)
         if self.notes:
             waits.append(1.0)
+        if self.sync is not None and self._prepared:
+            waits.append(max(self.sync.next_try() - mono, 0.05))
         if any(p.timing.lease is not None for p in self.plans.values()):
             waits.append(max(self.takeovers.next_check - mono, 0.01))
         return min(max(min(waits), 0.001), MAX_SLEEP_S)

@@ -37,11 +37,15 @@ class DueRuns:
         self.claims = claims
         self._heap: list[tuple[float, int, str]] = []
         self._pending: dict[str, int] = {}            # entry -> the slot waiting in the heap
-        self._last_claimed: dict[str, int] = {}       # entry -> newest slot this instance claimed
+        self._last_claimed: dict[str, int] = {}       # entry -> newest slot this instance handled
+        #: run-now runs (entry, slot_ms) this instance handled: never claimed as scheduled runs
+        self.requested: set[tuple[str, int]] = set()
 
     def seed(self, plan: EntryPlan, now: float) -> None:
         """Queue the entry's first run: the newest slot still within max_late (so a deploy that
-        restarts every instance at once loses no run), else the next one. Nothing older.
+        restarts every instance at once loses no run), else the next one. Nothing older, and
+        never a slot this instance already handled (a re-seed after the entry changed: a store
+        that reads its own claim back would answer won again, a second send).
 
         A re-seed (the entry changed at run time) whose slot already waits in the claim retries
         (the store was unreachable) does not queue it a second time: the waiting claim takes the
@@ -52,6 +56,9 @@ class DueRuns:
         while first <= now_ms:
             latest, first = first, plan.slots.next_after(first)
         slot = latest if latest is not None else first
+        handled = self._last_claimed.get(plan.name, -1)
+        if slot <= handled:
+            slot = plan.slots.next_after(handled)
         if (plan.name, slot) in self.claims:
             self.claims.hold([claim_request(self.namespace, plan, slot)])
             slot = plan.slots.next_after(slot)
@@ -62,7 +69,8 @@ class DueRuns:
         self._pending.pop(name, None)
 
     def claimed(self, name: str, slot_ms: int) -> None:
-        """This instance claimed (or must never ask again for) ``slot_ms`` of ``name``."""
+        """This instance handled ``slot_ms`` of ``name`` (won, unconfirmed, paused): it never
+        asks for it, nor for an older slot, again."""
         self._last_claimed[name] = max(self._last_claimed.get(name, -1), slot_ms)
 
     def next_fire(self) -> float | None:
@@ -80,7 +88,7 @@ class DueRuns:
             if plan is None or self._pending.get(name) != slot_ms:
                 continue                       # entry removed or re-seeded
             self._schedule_next(plan, slot_ms, now_ms)
-            if slot_ms <= self._last_claimed.get(name, -1):
+            if slot_ms <= self._last_claimed.get(name, -1) or (name, slot_ms) in self.requested:
                 logger.debug("%s: slot %s was already claimed here (the clock went back or the "
                              "entry was re-seeded)", name, iso(slot_ms))
                 continue

@@ -1,6 +1,7 @@
 """Skips in the log: slots this instance reached too late (every one recorded in history), and
 claims the store refused (late or early on its clock, forgotten, overlapping, superseded, ...),
-the same kind of refusal of one entry logged at most once a minute."""
+the same kind of refusal of one entry logged at most once a minute; a paused run (an operator's
+choice, not a fault) at INFO, once per run."""
 from __future__ import annotations
 
 import collections
@@ -25,6 +26,7 @@ SKIP_REASONS = {
     Outcome.OVERLAPPING: "an earlier run of this leased entry is still running (overlap='skip')",
     Outcome.SUPERSEDED: "a newer slot of this entry was already claimed",
     Outcome.UNKNOWN: "the store could not tell whether the claim was won; counted as lost",
+    Outcome.PAUSED: "the entry is paused",
     Outcome.UNCONFIRMED: "won, but the store did not confirm the claim durable (on its replicas or disk) in time; not sent, so a failover cannot make it run twice",
 }
 
@@ -67,10 +69,14 @@ class SkipLog:
         """Log a skip; the same kind of skip of one entry at most once a minute (each run is in
         the store's history anyway), with the number of the ones not logged."""
         outcome = result.outcome
+        detail = f" ({result.detail})" if result.detail else ""
+        if outcome is Outcome.PAUSED:          # asked once per run: never retried
+            logger.info("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
+                        SKIP_REASONS[outcome], detail)
+            return
         now = self.monotonic()
         key = (plan.name, outcome.value)
         last, hidden = self._logged.get(key, (-math.inf, 0))
-        detail = f" ({result.detail})" if result.detail else ""
         if now - last < SKIP_LOG_EVERY_S:
             self._logged[key] = (last, hidden + 1)
             logger.debug("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),

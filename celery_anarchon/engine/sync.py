@@ -1,0 +1,163 @@
+"""Following the store's entries (an :class:`~celery_anarchon.stores.entry_store.EntryStore`):
+every ``anarchon_sync_interval`` on the monotonic clock one cheap read of the entries version;
+when it moved (and at the first sync) every store entry, pause and run-now request is loaded,
+the store entries become plans (through the scheduler's callback), and the run-now requests this
+instance has not handled yet are claimed at once. Store errors go through the outage backoff."""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable
+
+from celery_anarchon import timing
+from celery_anarchon._util import iso
+from celery_anarchon.engine.outage import Outage
+from celery_anarchon.errors import StoreError
+from celery_anarchon.plan import EntryPlan, task_id_for
+from celery_anarchon.stores.base import ClaimRequest
+from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, Pause, RunRequest
+
+logger = logging.getLogger(__name__)
+
+#: store entries -> plans (the scheduler's callback): an invalid definition is logged by the
+#: callback and left out, the others are returned
+BuildStorePlans = Callable[[EntrySnapshot], "dict[str, EntryPlan]"]
+
+
+class EntrySync:
+    """The store's entries, pauses and run-now requests, as this instance last read them.
+
+    :param store: the entry store.
+    :param build_store_plans: store entries -> plans, or ``None`` (store entries are not run;
+        pauses and run-now requests are still followed).
+    :param interval_s: ``anarchon_sync_interval``, seconds.
+    :param namespace: ``anarchon_namespace``, part of every task id.
+    :param monotonic: the clock of elapsed time, seconds from any origin.
+    :param outage: the store outage backoff (a failed sync backs off like any store operation).
+    :param requested: the run-now runs ``(entry, slot_ms)`` this instance handled, shared with
+        the heap of due runs (which never claims one of them as a scheduled run); kept here to
+        the requests the store still holds.
+    """
+
+    def __init__(self, store: EntryStore, build_store_plans: BuildStorePlans | None,
+                 interval_s: float, namespace: str, monotonic: Callable[[], float],
+                 outage: Outage, requested: set[tuple[str, int]]) -> None:
+        self.store = store
+        self.build_store_plans = build_store_plans
+        self.interval_s = interval_s
+        self.namespace = namespace
+        self.monotonic = monotonic
+        self.outage = outage
+        self.version: int | None = None                 #: the entries version last loaded
+        self.store_plans: dict[str, EntryPlan] = {}
+        self.requests: tuple[RunRequest, ...] = ()
+        #: run-now runs (entry, slot_ms) this instance claimed or let pass: never claimed again
+        self.requested = requested
+        self.next_sync = -math.inf                      #: monotonic; -inf: at the first tick
+        self._pauses: dict[str, Pause] = {}
+        self._clashes: set[str] = set()
+
+    @property
+    def request_max_late_ms(self) -> int:
+        """The least max_late of a run-now claim: 2 x the sync interval + 5 s, ms."""
+        return timing.ms(2 * self.interval_s + timing.RUN_NOW_MARGIN_S)
+
+    def due(self) -> bool:
+        """Whether a sync is due (its interval passed, and the store is not in its backoff)."""
+        return self.monotonic() >= self.next_sync and self.outage.may_try()
+
+    def next_try(self) -> float:
+        """The monotonic time of the next sync."""
+        return max(self.next_sync, self.outage.retry_at)
+
+    def follow(self) -> bool:
+        """One sync: read the entries version; load everything when it moved (and at the first
+        call). A store error is logged and backed off (retried at the next :meth:`due`).
+
+        :returns: whether a new snapshot was loaded (the plans may have changed).
+        """
+        try:
+            version = self.store.entries_version()
+            snapshot = self.store.load_entries() if version != self.version else None
+        except StoreError as exc:
+            self.outage.failed(exc, "syncing the store's entries")
+            return False
+        self.outage.recovered()
+        self.next_sync = self.monotonic() + self.interval_s
+        if snapshot is None:
+            return False
+        old = self.store_plans
+        self.store_plans = self.build_store_plans(snapshot) if self.build_store_plans else {}
+        self.requests = snapshot.requests
+        self.requested &= {(r.entry, r.slot_ms) for r in snapshot.requests}
+        self._log_pauses(snapshot, old)
+        self._log_sync(snapshot.version, old)
+        self.version = snapshot.version
+        return True
+
+    def merge(self, config: dict[str, EntryPlan]) -> dict[str, EntryPlan]:
+        """The plans to run: ``config`` (``beat_schedule``) and the store's entries; a config
+        entry wins a name clash (logged once per clash)."""
+        clashes = set(config) & set(self.store_plans)
+        for name in sorted(clashes - self._clashes):
+            logger.warning("anarchon: store entry %r has the name of a beat_schedule entry: the "
+                           "beat_schedule one runs, the store's is ignored. Fix: remove the store "
+                           "entry or rename one of them.", name)
+        self._clashes = clashes
+        plans = dict(config)
+        plans.update((n, p) for n, p in self.store_plans.items() if n not in config)
+        return plans
+
+    def requests_due(self, now: float, plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
+        """The claims of the run-now requests not handled here yet, of entries in ``plans``, each
+        with max_late = max(the plan's, :attr:`request_max_late_ms`); a request already past it
+        on the wall clock ``now`` (another instance ran it) and one whose slot is a scheduled
+        slot of its entry (that run is the schedule's) are let pass. Each is asked once."""
+        now_ms = int(now * 1000)
+        claims = []
+        for request in self.requests:
+            run = (request.entry, request.slot_ms)
+            plan = plans.get(request.entry)
+            if plan is None or run in self.requested:
+                continue
+            self.requested.add(run)
+            max_late_ms = max(plan.max_late_ms, self.request_max_late_ms)
+            if now_ms - request.slot_ms > max_late_ms:
+                logger.debug("%s: run-now request %s is past its max_late here", request.entry,
+                             request.request_id)
+            elif plan.slots.next_after(request.slot_ms - 1) == request.slot_ms:
+                logger.debug("%s: run-now request %s is a scheduled slot: the schedule runs it",
+                             request.entry, request.request_id)
+            else:
+                logger.info("anarchon: entry %s: run-now request %s by %s, slot %s", request.entry,
+                            request.request_id, request.by, iso(request.slot_ms))
+                claims.append(ClaimRequest(
+                    entry=plan.name, slot_ms=request.slot_ms, max_late_ms=max_late_ms,
+                    task_id=task_id_for(self.namespace, plan.name, request.slot_ms, 1),
+                    fingerprint=plan.fingerprint, lease=plan.lease_terms))
+        return claims
+
+    def _log_pauses(self, snapshot: EntrySnapshot, old: dict[str, EntryPlan]) -> None:
+        pauses = {name: stored.pause for name, stored in snapshot.entries.items()
+                  if stored.pause is not None}
+        for name in sorted(pauses):
+            if self._pauses.get(name) != pauses[name]:
+                logger.info("anarchon: entry %s is %s", name, pauses[name].describe())
+        for name in sorted(set(self._pauses) - set(pauses)):
+            stored = snapshot.entries.get(name)
+            if stored is None and name in old and name not in self.store_plans:
+                continue                               # the store entry was removed
+            logger.info("anarchon: entry %s is resumed%s", name,
+                        f" by {stored.updated_by}" if stored is not None else "")
+        self._pauses = pauses
+
+    def _log_sync(self, version: int, old: dict[str, EntryPlan]) -> None:
+        new = self.store_plans
+        added = sorted(set(new) - set(old))
+        removed = sorted(set(old) - set(new))
+        changed = sorted(n for n in set(new) & set(old) if new[n].fingerprint != old[n].fingerprint)
+        logger.info("anarchon: synced entries version %d: +%d -%d ~%d (%d store entries)",
+                    version, len(added), len(removed), len(changed), len(new))
+        if added or removed or changed:
+            logger.debug("anarchon: store entries added %s, removed %s, changed %s", added,
+                         removed, changed)
