@@ -1,9 +1,10 @@
 """What only the Redis strategies stream-id, script and idmp promise: each one's memory, its own
-refusals, the idmp server checks and settings, and their options.
+refusals, the idmp server checks and settings, and their options; and, on every Redis strategy
+(lease too), how the entry store and the pause inside the claim script are built.
 
-The promises every store makes are proved by test_store_contract.py (these three kinds are in
-``REDIS_STRATEGY_STORES``). Memories are shown with small settings and waits on the server's
-clock (``wait_until``), never sleeps.
+The promises every store makes are proved by test_store_contract.py and, for entries and pauses,
+test_store_entries.py (every Redis kind is an entry store). Memories are shown with small
+settings and waits on the server's clock (``wait_until``), never sleeps.
 """
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from redis.crc import key_slot
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
-    LATENESS_TOLERANCE_MS, LeaseStore, Outcome, RunEvent, lease_store,
+    LATENESS_TOLERANCE_MS, LeaseStore, LeaseTerms, Outcome, RunEvent, lease_store,
 )
+from celery_anarchon.stores.entry_store import InstanceRecord, Pause
 from celery_anarchon.stores.redis import RedisStore
+from celery_anarchon.stores.redis.entries import DAY_MS
 from celery_anarchon.stores.redis.strategies import (
     RedisIdmpStore, RedisScriptStore, RedisStreamIdStore,
 )
@@ -32,10 +35,18 @@ from test_store_redis import redis_maker, round_trips
 from helpers import prepared, req
 
 KINDS = ("redis-stream-id", "redis-script", "redis-idmp")
+#: every Redis strategy: each is an entry store
+EVERY_KIND = ("redis", *KINDS)
+DEFINITION = '{"schedule":{"every":60},"task":"proj.tasks.report"}'
 
 
 @pytest.fixture(params=KINDS)
 def stores(request, namespace):
+    yield from redis_maker(request.param, namespace)
+
+
+@pytest.fixture(params=EVERY_KIND)
+def every(request, namespace):
     yield from redis_maker(request.param, namespace)
 
 
@@ -445,3 +456,110 @@ def test_each_strategys_memory_settings_are_recorded_store_wide(kind, ours, thei
             assert word in str(caught.value)
         refused = b.claim([req("e", a.now_ms() + 1)])[0]
         assert refused.outcome is Outcome.FORGOTTEN and words[0] in refused.detail
+
+
+# -- the entry store and the pause, every strategy -------------------------------------------------
+
+def test_the_pause_is_decided_inside_the_claim_script_in_one_round_trip(every, monkeypatch):
+    """A batch of a running and a paused entry is one EVALSHA: the pause is read by the claim
+    script itself, so it holds on an instance that never read the entries; each paused run is
+    answered with who paused and why and recorded once, and a leased one gets no lease record."""
+    ops = every("ops")
+    ops.set_pause("held", Pause("maintenance", "ops", 0), by="ops")
+    a = prepared(every("A"), "run", "held")
+    now = a.now_ms()
+    sent = round_trips(a, monkeypatch)
+    lease = LeaseTerms(queue_timeout_ms=60_000) if isinstance(a, LeaseStore) else None
+    results = a.claim([req("run", now + i) for i in range(3)]
+                      + [req("held", now + i, lease=lease) for i in range(3)])
+    assert sent == [["EVALSHA"]]
+    assert [r.outcome for r in results] == [Outcome.WON] * 3 + [Outcome.PAUSED] * 3
+    assert {(r.detail, r.winner, r.token) for r in results[3:]} == {
+        ("paused by ops: maintenance", None, None)}
+    again = a.claim([req("held", now + i, lease=lease) for i in range(3)])
+    assert [r.outcome for r in again] == [Outcome.PAUSED] * 3
+    for i in range(3):
+        assert [(h.event, h.instance) for h in a.history("held") if h.slot_ms == now + i] == [
+            (RunEvent.PAUSED, "A")], "recorded once"
+        if lease:
+            assert a.inspect("held", now + i) is None
+
+
+def test_a_slot_refused_as_paused_is_won_once_after_the_resume(every):
+    """A paused answer writes no claim: after the resume the same slot is won by the first
+    instance that claims it, its retry is won again and the others lose it. On idmp the XADD of
+    the paused run was undone in the claim script (the stream holds no entry for it) and the
+    slot was marked as never won, since IDMP keeps the id."""
+    a, b = prepared(every("A")), every("B")
+    a.set_pause("e", Pause("", "ops", 0), by="ops")
+    slot = a.now_ms()
+    assert outcome(b, slot) is Outcome.PAUSED and outcome(a, slot) is Outcome.PAUSED
+    if every.kind == "redis-idmp":
+        assert raw(every).xlen(a.keys_of("e")["claims:idmp"]) == 0, "the paused XADD was undone"
+    a.set_pause("e", None, by="ops")
+    won = b.claim([req("e", slot)])[0]
+    assert won.outcome is Outcome.WON and won.winner == "B"
+    assert outcome(b, slot) is Outcome.WON, "the winner's retry"
+    lost = a.claim([req("e", slot)])[0]
+    assert lost.outcome is Outcome.OTHER_WON and lost.winner == "B"
+    assert history_event(a, slot) is RunEvent.CLAIMED, "the claim replaces the paused record"
+    assert outcome(a, slot + 1) is Outcome.WON
+
+
+def test_every_write_is_one_script_raising_the_version_and_reads_are_one_round_trip(
+        every, monkeypatch):
+    """put, pause, resume, run-now and remove are one EVALSHA each (the version is raised in the
+    same script); entries_version() is one GET; load_entries(), instances() and a heartbeat are
+    one round trip each."""
+    a = prepared(every("A"))
+    sent = round_trips(a, monkeypatch)
+    a.put_entry("e", DEFINITION, by="x", create=True)
+    a.set_pause("e", Pause("", "x", 0), by="x")
+    a.set_pause("e", None, by="x")
+    a.request_run("e", "r1", a.now_ms(), by="x")
+    a.remove_entry("e", by="x")
+    assert [names for names in sent if names] == [["EVALSHA"]] * 5
+    sent.clear()
+    assert a.entries_version() == 5
+    assert sent == [[]], "one round trip, no script"
+    sent.clear()
+    a.load_entries(), a.instances()
+    a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
+    assert len(sent) == 3 and sent[2] == ["EVALSHA"]
+
+
+def test_namespace_keys_share_one_hash_tag_and_carry_no_ttl(every):
+    a = prepared(every("A"))
+    a.put_entry("e", DEFINITION, by="x", create=True)
+    a.set_pause("e", Pause("", "x", 0), by="x")
+    a.request_run("e", "r1", a.now_ms(), by="x")
+    a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
+    a.save_fingerprints("d", {"e": "fp"})
+    keys = a.namespace_keys
+    assert keys["store"] == a.store_key
+    assert len({key_slot(k.encode()) for k in keys.values()}) == 1
+    assert all(k.startswith(f"anarchon:{{{every.namespace}}}:") for k in keys.values())
+    server = raw(every)
+    assert all(server.exists(k) and server.ttl(k) == -1 for k in keys.values()), \
+        {k: server.ttl(k) for k in keys.values()}
+    assert not set(keys.values()) & set(a.keys_of("e").values())
+
+
+def test_old_requests_and_expired_instances_are_pruned_by_the_next_write(script):
+    """Run-now requests live as long as the store's memory (here the script window, 1 s; a day
+    when it is unbounded, stream-id); an expired instance record is dropped by the next heartbeat,
+    both on the server's clock."""
+    a = prepared(script("A", window=1))
+    assert a._entries.horizon_ms == 1000
+    assert RedisStore(REDIS_URL, namespace="n", instance_id="i",
+                      strategy="stream-id")._entries.horizon_ms == DAY_MS
+    first = a.request_run("e", "r1", a.now_ms(), by="x")
+    a.record_instance(InstanceRecord("old", "h", 1, "1", 0, 0, None, 1, ""), 1)
+    wait_until(lambda: a.now_ms() > first.requested_ms + 1000, 5, "the window to pass")
+    assert [r.request_id for r in a.load_entries().requests] == [], "too old to be loaded"
+    a.request_run("e", "r2", a.now_ms(), by="x")
+    a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, ""), 60_000)
+    server, keys = raw(script), a.namespace_keys
+    assert server.hkeys(keys["requests"]) == ["e r2"] and server.zcard(keys["requests:age"]) == 1
+    assert server.hkeys(keys["instances"]) == ["A"] and server.zcard(keys["instances:expiry"]) == 1
+    assert [r.request_id for r in a.load_entries().requests] == ["r2"]

@@ -7,13 +7,14 @@ scheme table needs one class only.
 
 Every claim decision is taken inside one Lua script per batch, on the server's ``TIME``
 (DESIGN.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
-in :mod:`celery_anarchon.stores.redis.scripts`; the semantics are those of every lease store
+in :mod:`celery_anarchon.stores.redis.lease_scripts` (on the prelude of :mod:`.scripts`); the semantics are those of every lease store
 (``store-semantics.md``).
 
 Key layout: every key of one entry shares one hash tag; the namespace has one store-wide hash::
 
     <key_prefix>:{<namespace>:<entry>}:<what>      (namespace and entry percent-escaped)
     <key_prefix>:{<namespace>}:store               (epoch, store-wide memory start, settings)
+    <key_prefix>:{<namespace>}:<what>              (entries, pauses, requests, instances: .entries)
 
 where ``<what>`` is one of :data:`~celery_anarchon.stores.redis.scripts.ENTRY_KEYS` or
 ``definitions``. Escaping with ``urllib.parse.quote(name, safe="")`` is injective and leaves no
@@ -40,8 +41,8 @@ from celery_anarchon.stores.base import (
     DEFAULT_MEMORY_S, ClaimRequest, ClaimResult, LeasedRun, LeaseStore, Memory, RunState,
     TakeoverOutcome,
 )
-from celery_anarchon.stores.redis.options import _seconds
-from celery_anarchon.stores.redis.scripts import SCRIPTS
+from celery_anarchon import _util
+from celery_anarchon.stores.redis.lease_scripts import SCRIPTS
 from celery_anarchon.stores.redis.store import RedisStore, _items, claim_results
 
 
@@ -53,7 +54,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
 
     def _configure(self, options: dict) -> None:
         """Read the strategy's own options (validated; ConfigError naming option and value)."""
-        self.memory_s = _seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
+        self.memory_s = _util.seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
         #: ms sent in every script's header (the lease strategy's memory)
         self._memory_ms = max(1, round(self.memory_s * 1000))
 
@@ -77,7 +78,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
     # -- claims -------------------------------------------------------------------------------
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
         """Claim the batch in one EVALSHA (DESIGN.md "One run, in time" step 3): already claimed,
-        forgotten, late, early, superseded, overlapping, then won, all on the server's clock; the
+        paused, forgotten, late, early, superseded, overlapping, then won, all on the server's clock; the
         batch's confirmation (``durability``) rides in the same round trip. A won claim not
         confirmed in time answers UNCONFIRMED; a retried claim answers WON only for attempt 1
         (a run taken over since is LOST, winner the current attempt's sender)."""
@@ -90,7 +91,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
             args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), int(r.max_late_ms),
                      r.task_id, r.fingerprint, "1" if lease else "0",
                      int(lease.queue_timeout_ms) if lease else 0,
-                     "1" if lease and lease.overlap_allowed else "0"]
+                     "1" if lease and lease.overlap_allowed else "0", r.entry]
         reply, unconfirmed = self._claim_call([k for e in blocks for k in self._block(e)], args)
         return self._unconfirmed(claim_results(requests, reply), unconfirmed)
     # -- leases (DESIGN.md "Leases"; every decision on the server's clock) ---------------------

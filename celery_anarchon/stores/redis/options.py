@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote, urlsplit
 
+import redis
+
 from celery_anarchon import _util
 from celery_anarchon._util import mask_url
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.stores._common import reject_unknown_options
+from celery_anarchon.stores._common import reject_unknown_options, scheme_of
 from celery_anarchon.stores.base import DEFAULT_MEMORY_S
 
 #: Options of ``anarchon_store_options`` every strategy understands (besides the common ones).
@@ -45,20 +47,9 @@ _EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
 # -- options -----------------------------------------------------------------------------------
 
-def _seconds(name: str, value) -> float:
-    """A positive duration in seconds (int, float or timedelta), else ConfigError."""
-    return _util.seconds(name, value)
-
-
-def _positive_int(name: str, value) -> int:
-    return _util.positive_int(name, value)
-
-
 def _strategy(value) -> str:
-    if isinstance(value, str) and value in STRATEGIES:
-        return value
-    raise ConfigError(f"anarchon_store_options['strategy'] = {value!r}: unknown Redis strategy; "
-                      "allowed: 'lease' (the default), 'stream-id', 'script', 'idmp'")
+    """The ``strategy`` option: one of :data:`STRATEGIES` ('lease' by default)."""
+    return _util.one_of("strategy", value, STRATEGIES)
 
 
 def check_options(strategy: str, options: dict) -> None:
@@ -79,18 +70,14 @@ def check_options(strategy: str, options: dict) -> None:
 def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float, float]:
     """(durability, min_replicas, confirm_timeout s, replica_grace s) from the options, validated
     (ConfigError naming the option, the value and what is allowed)."""
-    mode = options.get("durability", "auto")
-    if mode not in DURABILITIES:
-        raise ConfigError(f"anarchon_store_options['durability'] = {mode!r}: must be one of "
-                          f"{', '.join(map(repr, DURABILITIES))} ('auto', the default: the "
-                          "replicas the master has and its AOF, if any)")
+    mode = _util.one_of("durability", options.get("durability", "auto"), DURABILITIES)
     if "min_replicas" in options and "replica" not in mode:
         raise ConfigError(f"anarchon_store_options['min_replicas'] = {options['min_replicas']!r} "
                           f"applies to durability 'replica' or 'replica+aof', not {mode!r} ('auto' "
                           "waits for every replica the master has connected)")
-    min_replicas = _positive_int("min_replicas", options.get("min_replicas", 1))
+    min_replicas = _util.positive_int("min_replicas", options.get("min_replicas", 1))
     if "confirm_timeout" in options:
-        confirm = _seconds("confirm_timeout", options["confirm_timeout"])
+        confirm = _util.seconds("confirm_timeout", options["confirm_timeout"])
     else:
         confirm = min(DEFAULT_CONFIRM_TIMEOUT_S, claim_timeout / 2)
     if confirm >= claim_timeout:
@@ -102,8 +89,16 @@ def _durability(options: dict, claim_timeout: float) -> tuple[str, int, float, f
         raise ConfigError(f"anarchon_store_options['replica_grace'] = {options['replica_grace']!r} "
                           f"applies to durability 'auto', not {mode!r} ('replica' always waits "
                           "for min_replicas)")
-    grace = _seconds("replica_grace", options.get("replica_grace", DEFAULT_REPLICA_GRACE_S))
+    grace = _util.seconds("replica_grace", options.get("replica_grace", DEFAULT_REPLICA_GRACE_S))
     return mode, min_replicas, confirm, grace
+
+
+def _allow_eviction(value) -> bool:
+    """The ``allow_eviction`` option: True or False (no other truthy value: it gives up the
+    guarantee, so it must be meant)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{_util.store_option('allow_eviction')} = {value!r}: must be True or False")
+    return value
 
 
 def _key_prefix(value) -> str:
@@ -146,6 +141,40 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], dict]:
     if not sentinels:
         raise ConfigError(f"anarchon_store_url {mask_url(url)!r}: no Sentinel given")
     return sentinels, master
+
+
+def namespace_key_prefix(key_prefix: str, namespace: str) -> str:
+    """``<prefix>:{<namespace>}``: the start of every key of the namespace itself (the store-wide
+    hash, entries, pauses, requests, instances: one hash tag)."""
+    return f"{key_prefix}:{{{quote(namespace, safe='')}}}"
+
+
+def sentinel_setup(url: str, options: dict, safe_url: str) -> tuple | None:
+    """For a ``sentinel://`` URL: (sentinels, master kwargs, ``master_name``, ``sentinel_kwargs``)
+    from the URL and the options; ``None`` for any other URL (checked with redis-py's parser).
+
+    :raises ConfigError: no ``master_name`` for a Sentinel URL, ``sentinel_kwargs`` not a dict,
+        either option with another URL, or a URL redis-py cannot parse.
+    """
+    if scheme_of(url) == "sentinel":
+        master_name = options.get("master_name")
+        if not isinstance(master_name, str) or not master_name:
+            raise ConfigError(f"anarchon_store_url {safe_url!r} is a Sentinel URL: set "
+                              "anarchon_store_options['master_name'] to the master's name")
+        sentinel_kwargs = options.get("sentinel_kwargs") or {}
+        if not isinstance(sentinel_kwargs, dict):
+            raise ConfigError(f"anarchon_store_options['sentinel_kwargs'] = {sentinel_kwargs!r}:"
+                              " must be a dict of connection arguments")
+        return (*parse_sentinel_url(url), master_name, sentinel_kwargs)
+    for name in ("master_name", "sentinel_kwargs"):
+        if name in options:
+            raise ConfigError(f"anarchon_store_options[{name!r}] applies to sentinel:// URLs"
+                              f" only, not to {safe_url!r}")
+    try:
+        redis.connection.parse_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"anarchon_store_url {safe_url!r}: {exc}") from exc
+    return None
 
 
 def entry_key_prefix(key_prefix: str, namespace: str, entry: str) -> str:

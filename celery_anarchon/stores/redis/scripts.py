@@ -1,7 +1,9 @@
-"""Lua scripts of the Redis ``lease`` store (:mod:`celery_anarchon.stores.redis`), and the prelude
-the other strategies' scripts share (:mod:`celery_anarchon.stores.redis.strategies`).
+"""The prelude every claim-side Lua script of the Redis store shares, and the scripts every
+strategy runs (memory start, history, settings). The lease strategy's own scripts are in
+:mod:`.lease_scripts`, the other strategies' claims in :mod:`.strategy_scripts`, the entry store's
+in :mod:`.entries`.
 
-Each script is defined once here, with a comment per KEYS and ARGV item, and registered once per
+Each script is defined once, with a comment per KEYS and ARGV item, and registered once per
 client (redis-py ``Script`` objects: EVALSHA, re-loaded by redis-py after NOSCRIPT).
 
 Conventions shared by every script (the semantics are in ``store-semantics.md``):
@@ -10,8 +12,9 @@ Conventions shared by every script (the semantics are in ``store-semantics.md``)
   keys in :data:`ENTRY_KEYS` order (a strategy's claim script: followed by its own keys, see
   :func:`lua`); ``key(b, WHAT)`` is key WHAT of block ``b`` (1-based). No key name is ever built
   inside Lua, and every key of a block shares one hash tag.
-* **Store key.** ``KEYS[1]`` is the namespace's store-wide hash (:data:`STORE_FIELDS`); the
-  entries' blocks follow it.
+* **Namespace keys.** ``KEYS[1]`` is the namespace's store-wide hash (:data:`STORE_FIELDS`),
+  ``KEYS[2]`` its pauses (hash: entry name -> pause record, written by :mod:`.entries`); the
+  entries' blocks follow them.
 * **ARGV header.** ``ARGV[1]`` this instance's id, ``ARGV[2]`` the store memory in ms,
   ``ARGV[3]`` history_size, ``ARGV[4]`` the text of this instance's memory settings,
   ``ARGV[5]`` how long a claim made under them stays claimable (ms), ``ARGV[6]`` two words:
@@ -28,6 +31,9 @@ Conventions shared by every script (the semantics are in ``store-semantics.md``)
 * **Memory start.** Every script notes the memory start of an entry that has none: the
   store-wide start when the store's memory is intact (an entry the store never saw cannot have
   lost claims), now when the store is new, wiped or changed epoch (DESIGN.md "Amnesia").
+* **Pause.** Every claim script, for each run not already claimed, reads the entry's pause
+  (``pause_refusal``) before any other refusal: a paused run answers ``paused`` with the pause's
+  ``paused by <by>: <reason>``, recorded once in its history (fill only).
 * **Clock.** Every decision uses the server's ``TIME``, read once per script (DESIGN.md "Clocks":
   lateness and leases are judged on the store's clock).
 * **Numbers.** Lua numbers are doubles and ``tostring`` keeps only 14 digits, which would round a
@@ -38,10 +44,11 @@ Conventions shared by every script (the semantics are in ``store-semantics.md``)
 Records (JSON objects of strings):
 
 * claim ``{w: winner, f: fingerprint, t: claimed at ms}`` in ``claims`` (field = slot);
+* pause ``{r: reason, b: by, t: paused at ms}`` in the namespace's pauses (field = entry name);
 * history ``{e: event, i: instance, t: ms, k: task id, a: attempt, d: detail}`` in ``history``;
 * leased run ``{s: state, a: attempt, k: token, o: owner, w: the instance that sent the current
   attempt, p: the token a takeover replaced, x: lease expiry ms or "", q: queue deadline ms or
-  ""}`` in ``runs``.
+  ""}`` in ``runs`` (:mod:`.lease_scripts`).
 """
 from __future__ import annotations
 
@@ -81,12 +88,14 @@ local REPLICA_GRACE_MS = tonumber(string.match(ARGV[6], '^(%d+)')) or 0  -- "aut
 local ALLOW_EVICTION = string.match(ARGV[6], ' (%d)$') == '1'  -- allow_eviction set
 local COUNT_REPLICAS = REPLICA_GRACE_MS > 0         -- claim replies say how many replicas to wait for
 local STORE = KEYS[1]                               -- the namespace's store-wide hash
-local NBLOCKS = (#KEYS - 1) / BLOCK
+local PAUSES = KEYS[2]                              -- the namespace's pauses: name -> pause record
+local HEAD = 2                                      -- namespace keys before the entries' blocks
+local NBLOCKS = (#KEYS - HEAD) / BLOCK
 local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)  -- store ms
 local NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])              -- store us
 
-local function key(b, what) return KEYS[1 + (b - 1) * BLOCK + what] end
+local function key(b, what) return KEYS[HEAD + (b - 1) * BLOCK + what] end
 local function int(n) return string.format('%d', n) end
 local function num(s) if not s or s == '' then return nil end return tonumber(s) end
 
@@ -234,27 +243,14 @@ local function claim_reply(results)
   return with_replicas({now = int(NOW), results = results})
 end
 
--- max(last + 1, store clock in us): tokens keep growing even after the store forgot
-local function next_token(b)
-  local last = num(redis.call('HGET', key(b, FENCE), 'token')) or 0
-  local token = math.max(last + 1, NOW_US)
-  redis.call('HSET', key(b, FENCE), 'token', int(token))
-  return token
-end
-
--- keep slot's claim and terminal run until at least until_ms (pruning is by age only)
-local function keep_until(b, slot_s, until_ms)
-  local cur = redis.call('ZSCORE', key(b, EXPIRY), slot_s)
-  if not cur or tonumber(cur) < until_ms then
-    redis.call('ZADD', key(b, EXPIRY), int(until_ms), slot_s)
-  end
-end
-
-local function history_get(b, slot_s)
-  local raw = redis.call('HGET', key(b, HISTORY), slot_s)
+-- the JSON record in field of hash k, decoded, or nil
+local function hget_json(k, field)
+  local raw = redis.call('HGET', k, field)
   if raw then return cjson.decode(raw) end
   return nil
 end
+
+local function history_get(b, slot_s) return hget_json(key(b, HISTORY), slot_s) end
 
 -- write a run's history record (fill_only: only if it has none), keep the newest HISTORY_SIZE
 local function history_put(b, slot_s, event, task_id, attempt, detail, fill_only)
@@ -271,37 +267,29 @@ local function history_put(b, slot_s, event, task_id, attempt, detail, fill_only
   end
 end
 
--- a lease event replaces the record, keeping its task id; the attempt is the run's
-local function history_event(b, slot_s, event, run, detail)
-  local old = history_get(b, slot_s)
-  history_put(b, slot_s, event, old and old.k or '', tonumber(run.a), detail or '', false)
-end
-
-local function run_get(b, slot_s)
-  local raw = redis.call('HGET', key(b, RUNS), slot_s)
-  if raw then return cjson.decode(raw) end
-  return nil
-end
-
-local function run_put(b, slot_s, run)
-  redis.call('HSET', key(b, RUNS), slot_s, cjson.encode(run))
-  if run.s == 'queued' or run.s == 'started' then
-    redis.call('ZADD', key(b, ACTIVE), slot_s, slot_s)
-  else  -- terminal: may be pruned after the memory
-    redis.call('ZREM', key(b, ACTIVE), slot_s)
-    keep_until(b, slot_s, NOW + MEMORY_MS)
+-- the pause of the entry called name as Pause.describe() words it ('paused by <by>: <reason>'),
+-- or nil when it runs; read once per entry and script
+local pauses_read = {}
+local function pause_of(name)
+  local why = pauses_read[name]
+  if why == nil then
+    local p = hget_json(PAUSES, name)
+    why = p and ('paused by ' .. p.b .. ((p.r ~= '' and (': ' .. p.r)) or '')) or false
+    pauses_read[name] = why
   end
+  return why or nil
 end
 
-local function alive(run)
-  if run.s == 'queued' then return (num(run.q) or 0) >= NOW end
-  if run.s == 'started' then return (num(run.x) or 0) >= NOW end
-  return false
+-- the reply for a run of entry name (block b) when the entry is paused, recorded once in its
+-- history (fill only, as every skip); nil when it runs. Checked after "already claimed", before
+-- every other refusal (EntryStore: a pause written before the claim always holds).
+local function pause_refusal(b, slot_s, task_id, name)
+  local why = pause_of(name)
+  if not why then return nil end
+  history_put(b, slot_s, 'paused', task_id, 1, why, true)
+  return {o = 'paused', d = why}
 end
 
-local function expired(run)
-  return (run.s == 'queued' or run.s == 'started') and not alive(run)
-end
 """
 
 
@@ -314,110 +302,8 @@ def lua(body: str, extra_keys: tuple[str, ...] = ()) -> str:
     return header + _PRELUDE + body
 
 
-#: Claim a batch of runs: all runs of a tick in one EVALSHA.
-#: KEYS: the store key, then one ENTRY_KEYS block per distinct entry of the batch.
-#: ARGV[1..6]: header (instance id, memory ms, history_size, settings, horizon ms, replica grace and
-#:   allow_eviction).
-#: ARGV[7..]: 8 items per request, in request order:
-#:   +0 entry block number (1-based), +1 slot (UTC ms, decimal), +2 max_late ms,
-#:   +3 task id (history), +4 claimant's fingerprint, +5 "1" leased / "0",
-#:   +6 queue_timeout ms (leased), +7 "1" overlap allowed / "0" skip (leased).
-#: Reply: {now, results: [{o outcome, w winner, f fingerprint, k token, a attempt, d detail}],
-#: replicas: replicas to wait for (when counted), online: replicas online now, seen and held: when
-#: more are required than are online, the size of the recent group whose majority is required
-#: and when it was last online (within replica_grace)}.
-CLAIM = lua(r"""
-local function prune(b)  -- claims (and terminal runs) past their age; never by count
-  local gone = redis.call('ZRANGEBYSCORE', key(b, EXPIRY), '-inf', NOW)
-  for _, s in ipairs(gone) do
-    redis.call('HDEL', key(b, CLAIMS), s)
-    if not redis.call('ZSCORE', key(b, ACTIVE), s) then redis.call('HDEL', key(b, RUNS), s) end
-  end
-  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', key(b, EXPIRY), '-inf', NOW) end
-end
-
-local function refusal(b, slot_s, slot, max_late, leased, overlap)
-  local forgot = amnesia(b, slot)
-  if forgot then return 'forgotten', forgot end
-  if NOW - slot >= MEMORY_MS then
-    return 'forgotten', 'the slot is older than the store memory (' .. int(MEMORY_MS) .. ' ms)'
-  end
-  if NOW > slot + max_late + TOL then
-    return 'late', 'store clock ' .. iso(NOW) .. ' is past slot + max_late + 10 s'
-  end
-  if slot > NOW + TOL then
-    return 'early', 'slot is more than 10 s ahead of the store clock ' .. iso(NOW)
-  end
-  if not leased then return nil end
-  local newest = num(redis.call('HGET', key(b, FENCE), 'newest'))
-  if newest and newest > slot then
-    return 'superseded', 'a newer slot (' .. iso(newest) .. ') was already claimed'
-  end
-  local live, dead = nil, {}
-  for _, s in ipairs(redis.call('ZRANGEBYSCORE', key(b, ACTIVE), '-inf', '(' .. slot_s)) do
-    local run = run_get(b, s)
-    if run and alive(run) then live = live or s elseif run then dead[#dead + 1] = {s, run} end
-  end
-  if live and not overlap then
-    return 'overlapping', 'the run of ' .. iso(tonumber(live)) .. ' is still alive'
-  end
-  for _, pair in ipairs(dead) do
-    pair[2].s = 'superseded'
-    run_put(b, pair[1], pair[2])
-    history_event(b, pair[1], 'superseded', pair[2], 'the run of ' .. iso(slot) .. ' superseded it')
-  end
-  return nil
-end
-
-local function claim_one(b, slot_s, max_late, task_id, fingerprint, leased, queue_timeout, overlap)
-  local slot = tonumber(slot_s)
-  local raw = redis.call('HGET', key(b, CLAIMS), slot_s)
-  if raw then  -- already claimed: checked before anything else ("Who won")
-    local c = cjson.decode(raw)
-    if c.w ~= INSTANCE then return {o = 'other_won', w = c.w, f = c.f} end
-    local run = leased and run_get(b, slot_s)
-    if run and tonumber(run.a) > 1 then  -- a claim is for attempt 1: never WON with another's
-      return {o = 'other_won', w = run.w or run.o, f = c.f,
-              d = 'taken over as attempt ' .. run.a .. ' by ' .. (run.w or run.o)}
-    end
-    if run then return {o = 'won', w = c.w, f = c.f, k = run.k, a = run.a} end
-    return {o = 'won', w = c.w, f = c.f}
-  end
-  local skip, detail = refusal(b, slot_s, slot, max_late, leased, overlap)
-  if skip then
-    history_put(b, slot_s, skip, task_id, 1, detail, true)
-    return {o = skip, d = detail}
-  end
-  redis.call('HSET', key(b, CLAIMS), slot_s, cjson.encode({w = INSTANCE, f = fingerprint, t = int(NOW)}))
-  keep_until(b, slot_s, math.max(NOW, slot) + MEMORY_MS)
-  history_put(b, slot_s, 'claimed', task_id, 1, '', false)
-  if not leased then return {o = 'won', w = INSTANCE, f = fingerprint} end
-  local newest = num(redis.call('HGET', key(b, FENCE), 'newest'))
-  if not newest or slot > newest then redis.call('HSET', key(b, FENCE), 'newest', slot_s) end
-  local run = {s = 'queued', a = '1', k = int(next_token(b)), o = INSTANCE, w = INSTANCE, x = '',
-               q = int(NOW + queue_timeout)}
-  run_put(b, slot_s, run)
-  return {o = 'won', w = INSTANCE, f = fingerprint, k = run.k, a = run.a}
-end
-
-for b = 1, NBLOCKS do prune(b) end
-local refused = settings_refusal()
-local results = {}
-for i = 7, #ARGV, 8 do
-  local b, slot_s, task_id = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 3]
-  if refused then
-    history_put(b, slot_s, 'forgotten', task_id, 1, refused, true)
-    results[#results + 1] = {o = 'forgotten', d = refused}
-  else
-    results[#results + 1] = claim_one(b, slot_s, tonumber(ARGV[i + 2]), task_id, ARGV[i + 4],
-      ARGV[i + 5] == '1', tonumber(ARGV[i + 6]), ARGV[i + 7] == '1')
-  end
-end
-return claim_reply(results)
-""")
-
 #: Note (or move back, for tests) when the store's memory of each entry (and of the store) began.
-#: KEYS: the store key, then one ENTRY_KEYS block per entry.
+#: KEYS: the namespace keys, then one ENTRY_KEYS block per entry.
 #: ARGV[1..6]: header.  ARGV[7]: ms to move the memory start back ("0": only note missing ones).
 #: Reply: {now}.
 MEMORY_START = lua(r"""
@@ -431,7 +317,7 @@ return cjson.encode({now = int(NOW)})
 """)
 
 #: Write one event into a run's history.
-#: KEYS: the store key, then the entry's ENTRY_KEYS block.
+#: KEYS: the namespace keys, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: event (RunEvent value).  ARGV[9]: task id.
 #: ARGV[10]: attempt.  ARGV[11]: detail.  ARGV[12]: "1" fill only (skip events) / "0" replace.
 #: Reply: {now}.
@@ -442,7 +328,7 @@ return cjson.encode({now = int(NOW)})
 """)
 
 #: Read an entry's newest runs.
-#: KEYS: the store key, then the entry's ENTRY_KEYS block.
+#: KEYS: the namespace keys, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: how many runs at most.
 #: Reply: {now, records: [{s slot, r history record}]}, newest first.
 HISTORY_READ = lua(r"""
@@ -455,181 +341,14 @@ end
 return cjson.encode({now = int(NOW), records = records})
 """)
 
-#: Read one leased run.
-#: KEYS: the store key, then the entry's ENTRY_KEYS block.  ARGV[1..6]: header.  ARGV[7]: slot (ms).
-#: Reply: {now, run?}.
-INSPECT = lua(r"""
-memory_start(1)
-return cjson.encode({now = int(NOW), run = run_get(1, ARGV[7])})
-""")
-
-#: Leased runs started with an expired lease or queued past their deadline.
-#: KEYS: the store key, then one ENTRY_KEYS block per entry.  ARGV[1..6]: header.
-#: Reply: {now, runs: [{b entry block, s slot, r run}]}.
-EXPIRED_RUNS = lua(r"""
-local found = {}
-for b = 1, NBLOCKS do
-  memory_start(b)
-  for _, s in ipairs(redis.call('ZRANGE', key(b, ACTIVE), 0, -1)) do
-    local run = run_get(b, s)
-    if run and expired(run) then found[#found + 1] = {b = int(b), s = s, r = run} end
-  end
-end
-return cjson.encode({now = int(NOW), runs = found})
-""")
-
-#: Take over an expired run: one compare-and-set on the expected token. The new record keeps the
-#: token it replaced (p), so this instance's retry of a takeover whose reply was lost is TAKEN
-#: again with the same record, not REFUSED. A run whose slot is older than the entry's memory
-#: start + 10 s (an epoch change or amnesia since it was claimed: the store may have lost writes
-#: to its record, such as its release) is never taken over: it becomes lost, and its history says
-#: why (DESIGN.md "Leases": a possible miss, never a second run of the body).
-#: KEYS: the store key, then the entry's ENTRY_KEYS block.
-#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: expected token.
-#: ARGV[9]: queue_timeout ms for the new attempt.  ARGV[10]: max_attempts.
-#: Reply: {now, outcome (TakeoverOutcome value), run?, replicas (to wait for, when counted), online,
-#: seen?, held?} (as the claim reply).
-TAKE_OVER = lua(r"""
-memory_start(1)
-local slot_s = ARGV[7]
-local run = run_get(1, slot_s)
-local function reply(outcome)
-  if outcome == 'taken' then  -- a write of this call, so that its WAIT covers the takeover
-    redis.call('HSET', STORE, 'taken_at', int(NOW))
-  end
-  return with_replicas({now = int(NOW), outcome = outcome, run = run})
-end
-if run and run.p and tonumber(run.p) == tonumber(ARGV[8]) and run.s == 'queued'
-    and run.o == INSTANCE then
-  return reply('taken')  -- this instance's own takeover, whose reply was lost: the same record
-end
-if not run or tonumber(run.k) ~= tonumber(ARGV[8]) or not expired(run) then return reply('refused') end
-local forgot = amnesia(1, tonumber(slot_s))
-if forgot then  -- the store may have lost writes to this record (its release, its adoption)
-  local why = 'not taken over: its lease record may be stale after the store lost writes'
-  if run.s == 'queued' then
-    why = 'not taken over: it was queued before the store lost writes, so its adoption may be ' ..
-      'lost and its first message may still be in the broker'
-  end
-  run.s = 'given_up'
-  run_put(1, slot_s, run)
-  history_event(1, slot_s, 'given_up', run, why .. ' (a possible miss; ' .. forgot .. ')')
-  return reply('given_up')
-end
-local newest = num(redis.call('HGET', key(1, FENCE), 'newest'))
-if newest and newest > tonumber(slot_s) then
-  run.s = 'superseded'
-  run_put(1, slot_s, run)
-  history_event(1, slot_s, 'superseded', run, 'a newer slot (' .. iso(newest) .. ') was claimed')
-  return reply('superseded')
-end
-if tonumber(run.a) >= tonumber(ARGV[10]) then
-  run.s = 'given_up'
-  run_put(1, slot_s, run)
-  history_event(1, slot_s, 'given_up', run, 'given up after ' .. run.a .. ' attempts')
-  return reply('given_up')
-end
-run = {s = 'queued', a = int(tonumber(run.a) + 1), k = int(next_token(1)), o = INSTANCE,
-       w = INSTANCE, p = run.k, x = '', q = int(NOW + tonumber(ARGV[9]))}
-run_put(1, slot_s, run)
-history_event(1, slot_s, 'taken_over', run, '')
-return reply('taken')
-""")
-
-#: Worker side: adopt a queued run (or one started with an expired lease) before the body runs.
-#: KEYS: the store key, then the entry's ENTRY_KEYS block.
-#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: owner (this execution).
-#: ARGV[9]: lease duration ms.
-#: Reply: {now, adopted "1"/"0", run?}.
-ADOPT = lua(r"""
-memory_start(1)
-local slot_s = ARGV[7]
-local run = run_get(1, slot_s)
-local adopted = '0'
-if run and (run.s == 'queued' or (run.s == 'started' and expired(run))) then
-  run = {s = 'started', a = run.a, k = int(next_token(1)), o = ARGV[8], w = run.w, p = run.p,
-         x = int(NOW + tonumber(ARGV[9])), q = ''}
-  run_put(1, slot_s, run)
-  history_event(1, slot_s, 'started', run, '')
-  adopted = '1'
-end
-return cjson.encode({now = int(NOW), adopted = adopted, run = run})
-""")
-
-#: Heartbeat: extend the lease held with a token. A missing record is re-created only when the
-#: store forgot it (the slot is older than the entry's memory start + 10 s: amnesia, new epoch);
-#: missing while the memory is intact, it was pruned after it finished: the lease is lost.
-#: KEYS: the store key, then the entry's ENTRY_KEYS block.
-#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: token.  ARGV[9]: owner.
-#: ARGV[10]: lease duration ms.
-#: Reply: {now, run?} (no run: the token is stale, the runner lost the lease).
-RENEW = lua(r"""
-memory_start(1)
-local slot_s, token = ARGV[7], tonumber(ARGV[8])
-local run = run_get(1, slot_s)
-if not run and tonumber(slot_s) >= memory_start(1) + TOL then
-  run = nil  -- the store remembers this run's time: its record was pruned after it finished
-elseif not run then  -- amnesia: the live runner keeps its run, and the fence covers its token
-  run = {s = 'started', a = '1', k = ARGV[8], o = ARGV[9], x = int(NOW + tonumber(ARGV[10])), q = ''}
-  run_put(1, slot_s, run)
-  local last = num(redis.call('HGET', key(1, FENCE), 'token')) or 0
-  if last < token then redis.call('HSET', key(1, FENCE), 'token', ARGV[8]) end
-elseif tonumber(run.k) == token and run.s == 'started' then
-  run.x = int(NOW + tonumber(ARGV[10]))
-  run_put(1, slot_s, run)
-else
-  run = nil
-end
-return cjson.encode({now = int(NOW), run = run})
-""")
-
-#: The runner is done: state finished, if its token is current.
-#: KEYS: the store key, then the entry's ENTRY_KEYS block.  ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: token.
-#: Reply: {now, done "1"/"0"}.
-RELEASE = lua(r"""
-memory_start(1)
-local slot_s = ARGV[7]
-local run = run_get(1, slot_s)
-local done = '0'
-if run and tonumber(run.k) == tonumber(ARGV[8]) and run.s == 'started' then
-  run.s, run.x = 'finished', ''
-  run_put(1, slot_s, run)
-  history_event(1, slot_s, 'finished', run, '')
-  done = '1'
-end
-return cjson.encode({now = int(NOW), done = done})
-""")
-
-#: A retry hands the run back to the queue, if its token is current (attempt and token kept).
-#: KEYS: the store key, then the entry's ENTRY_KEYS block.
-#: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: token.  ARGV[9]: retry delay ms.
-#: ARGV[10]: queue_timeout ms.
-#: Reply: {now, done "1"/"0"}.
-REQUEUE = lua(r"""
-memory_start(1)
-local slot_s = ARGV[7]
-local run = run_get(1, slot_s)
-local done = '0'
-if run and tonumber(run.k) == tonumber(ARGV[8]) and run.s == 'started' then
-  run.s, run.x = 'queued', ''
-  run.q = int(NOW + tonumber(ARGV[9]) + tonumber(ARGV[10]))
-  run_put(1, slot_s, run)
-  done = '1'
-end
-return cjson.encode({now = int(NOW), done = done})
-""")
-
 #: Read the memory settings recorded store-wide (prepare: refuse an instance with others).
-#: KEYS: the store key.  ARGV[1..6]: header.
+#: KEYS: the namespace keys.  ARGV[1..6]: header.
 #: Reply: {now, settings ("" if none), used (ms of their last claim, "" if none)}.
 SETTINGS_READ = lua(r"""
 local rec = redis.call('HMGET', STORE, 'settings', 'settings_used')
 return cjson.encode({now = int(NOW), settings = rec[1] or '', used = rec[2] or ''})
 """)
 
-#: Every script, by the attribute name the store registers it under.
-SCRIPTS = {"settings": SETTINGS_READ,
-    "claim": CLAIM, "memory_start": MEMORY_START, "record": RECORD, "history": HISTORY_READ,
-    "inspect": INSPECT, "expired_runs": EXPIRED_RUNS, "take_over": TAKE_OVER, "adopt": ADOPT,
-    "renew": RENEW, "release": RELEASE, "requeue": REQUEUE,
-}
+#: The scripts every strategy registers, by name.
+SHARED = {"settings": SETTINGS_READ, "memory_start": MEMORY_START, "record": RECORD,
+          "history": HISTORY_READ}

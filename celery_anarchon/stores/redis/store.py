@@ -1,5 +1,7 @@
 """The Redis store: what every strategy shares (connections, options, the scripts' header,
-start-up checks, durability, history and definitions). The strategies are its subclasses:
+start-up checks, durability, history, definitions, and the entry store of :mod:`.entries`, composed
+in). The server's facts and the durability rules are in :mod:`.server`. The strategies are its
+subclasses:
 ``lease`` (:mod:`.lease`) and ``stream-id``, ``script``, ``idmp`` (:mod:`.strategies`);
 ``RedisStore(url, strategy=...)`` builds the class of the strategy asked for, which registers
 itself here when it is defined (no import of a strategy's module from here).
@@ -10,32 +12,40 @@ import contextlib
 import dataclasses
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import ClassVar
-from urllib.parse import quote
 
 import redis
 import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from celery_anarchon import _util
 from celery_anarchon._util import mask_url
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores._common import scheme_of, translated
+from celery_anarchon.stores._common import translated
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest, ClaimResult,
-    ClaimStore, HistoryRecord, Outcome, RunEvent, SKIP_EVENTS,
+    HistoryRecord, Outcome, RunEvent, SKIP_EVENTS,
+)
+from celery_anarchon.stores.entry_store import (
+    EntrySnapshot, EntryStore, InstanceRecord, Pause, RunRequest, StoredEntry,
+)
+from celery_anarchon.stores.redis import server
+from celery_anarchon.stores.redis.entries import (
+    SCRIPTS as ENTRY_SCRIPTS, RedisEntries, namespace_keys,
 )
 from celery_anarchon.stores.redis.options import (
-    _EVICTING, DEFAULT_KEY_PREFIX, MIN_VERSIONS, LIVE_REPLICA_LAG_S, WAITAOF_VERSION, _durability,
-    _key_prefix, _positive_int, _seconds, _strategy, check_options, entry_key_prefix,
-    parse_sentinel_url,
+    DEFAULT_KEY_PREFIX, MIN_VERSIONS, _allow_eviction, _durability, _key_prefix, _strategy,
+    check_options, entry_key_prefix, sentinel_setup,
 )
 from celery_anarchon.stores.redis.scripts import ENTRY_KEYS
 
 
-class RedisStore(ClaimStore):
-    """Redis: claims and history in Lua scripts on the server clock; the ``lease`` strategy
+class RedisStore(EntryStore):
+    """Redis: claims and history in Lua scripts on the server clock, and (every strategy) store
+    entries, pauses, run-now requests and instance records (:mod:`.entries`; the pause is checked
+    inside each claim script); the ``lease`` strategy
     (:class:`~celery_anarchon.stores.redis.lease.RedisLeaseStore`) holds leases too.
 
     ``RedisStore(url, strategy=...)`` returns an instance of the strategy's class (a subclass).
@@ -95,15 +105,14 @@ class RedisStore(ClaimStore):
                               f"is the {self.strategy!r} class; open the store with RedisStore")
         check_options(self.strategy, options)
         self._configure(options)
-        history_size = _positive_int("history_size", options.get("history_size", DEFAULT_HISTORY_SIZE))
-        claim_timeout = _seconds("claim_timeout", options.get("claim_timeout", DEFAULT_CLAIM_TIMEOUT_S))
+        history_size = _util.positive_int("history_size",
+                                          options.get("history_size", DEFAULT_HISTORY_SIZE))
+        claim_timeout = _util.seconds("claim_timeout",
+                                      options.get("claim_timeout", DEFAULT_CLAIM_TIMEOUT_S))
         self.key_prefix = _key_prefix(options.get("key_prefix", DEFAULT_KEY_PREFIX))
         (self.durability, self.min_replicas, self.confirm_timeout,
          self.replica_grace) = _durability(options, claim_timeout)
-        self.allow_eviction = options.get("allow_eviction", False)
-        if not isinstance(self.allow_eviction, bool):
-            raise ConfigError(f"anarchon_store_options['allow_eviction'] = {self.allow_eviction!r}:"
-                              " must be True or False")
+        self.allow_eviction = _allow_eviction(options.get("allow_eviction", False))
         super().__init__(url, namespace=namespace, instance_id=instance_id,
                          history_size=history_size, claim_timeout=claim_timeout)
         #: (replicas to wait for (None: count per batch), wait for the AOF): set by the first
@@ -111,28 +120,14 @@ class RedisStore(ClaimStore):
         self._confirm: tuple[int | None, bool] | None = None
         #: durability "auto": live replicas at the last batch (what the next WAIT asks for)
         self._replica_hint = 0
-        self._sentinel = None
-        if scheme_of(url) == "sentinel":
-            master_name = options.get("master_name")
-            if not isinstance(master_name, str) or not master_name:
-                raise ConfigError(f"anarchon_store_url {self.safe_url!r} is a Sentinel URL: set "
-                                  "anarchon_store_options['master_name'] to the master's name")
-            sentinel_kwargs = options.get("sentinel_kwargs") or {}
-            if not isinstance(sentinel_kwargs, dict):
-                raise ConfigError(f"anarchon_store_options['sentinel_kwargs'] = {sentinel_kwargs!r}:"
-                                  " must be a dict of connection arguments")
-            self._sentinel = (*parse_sentinel_url(url), master_name, sentinel_kwargs)
-        else:
-            for name in ("master_name", "sentinel_kwargs"):
-                if name in options:
-                    raise ConfigError(f"anarchon_store_options[{name!r}] applies to sentinel:// URLs"
-                                      f" only, not to {self.safe_url!r}")
-            try:
-                redis.connection.parse_url(url)
-            except ValueError as exc:
-                raise ConfigError(f"anarchon_store_url {self.safe_url!r}: {exc}") from exc
+        #: Sentinel URLs: (sentinels, master kwargs, master name, sentinel kwargs), else None
+        self._sentinel = sentinel_setup(url, options, self.safe_url)
         self._conn: tuple[redis.Redis, dict] | None = None  # (client, its registered scripts)
         self._lock = threading.Lock()
+        self.namespace_keys = namespace_keys(self.key_prefix, self.namespace)
+        self._entries = RedisEntries(
+            self.namespace_keys, self._redis, self._unavailable, self._memory_ms,
+            f"Redis store {self.safe_url}, namespace {self.namespace!r}")
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -153,7 +148,12 @@ class RedisStore(ClaimStore):
     @property
     def store_key(self) -> str:
         """The namespace's store-wide hash (epoch, memory start, memory settings)."""
-        return f"{self.key_prefix}:{{{quote(self.namespace, safe='')}}}:store"
+        return self.namespace_keys["store"]
+
+    @property
+    def _head_keys(self) -> list[str]:
+        """The keys every claim-side script takes first: the store-wide hash, the pauses."""
+        return [self.namespace_keys["store"], self.namespace_keys["pauses"]]
 
     def keys_of(self, entry: str) -> dict[str, str]:
         """Every key of ``entry``, by what it holds (all share one hash tag)."""
@@ -197,7 +197,7 @@ class RedisStore(ClaimStore):
                         sentinels, sentinel_kwargs={**own, **sentinel_kwargs}, **kwargs)
                     client = sentinel.master_for(master_name, **master)
                 scripts = {name: client.register_script(text)
-                           for name, text in self._script_texts().items()}
+                           for name, text in {**self._script_texts(), **ENTRY_SCRIPTS}.items()}
                 self._conn = (client, scripts)
             return self._conn
 
@@ -213,57 +213,28 @@ class RedisStore(ClaimStore):
                 f"{grace} {1 if self.allow_eviction else 0}"]
 
     def _call(self, script: str, keys: list[str], *args) -> dict:
-        """Run one registered script (KEYS: the store key, then ``keys``; ARGV: the header, then
-        ``args``); its JSON reply."""
+        """Run one registered script (KEYS: the namespace keys, then ``keys``; ARGV: the header,
+        then ``args``); its JSON reply."""
         with self._unavailable(script):
-            reply = self._redis()[1][script](keys=[self.store_key, *keys],
+            reply = self._redis()[1][script](keys=[*self._head_keys, *keys],
                                              args=[*self._header(), *args])
         return json.loads(reply)
 
-    # -- durable claims -------------------------------------------------------------------------
-    def _server_facts(self, client) -> dict:
-        """What durability depends on: version, AOF, its fsync policy, live replicas."""
-        text, version = self._server_version(client)
-        facts = {"version_text": text, "version": version, "aof": False, "fsync": "",
-                 "replicas": 0}
-        with contextlib.suppress(redis.exceptions.ResponseError):
-            facts["aof"] = str(client.info("persistence").get("aof_enabled", "0")) == "1"
-        with contextlib.suppress(redis.exceptions.ResponseError):
-            facts["fsync"] = client.config_get("appendfsync").get("appendfsync", "")
-        info = client.info("replication")
-        facts["replicas"] = sum(
-            1 for name, r in info.items()
-            if name.startswith("slave") and isinstance(r, dict) and r.get("state") == "online"
-            and int(r.get("lag", 0)) <= LIVE_REPLICA_LAG_S)
-        return facts
-
+    # -- durable claims (:mod:`.server`) ---------------------------------------------------------
     def _plan_confirmation(self, facts: dict) -> tuple[int | None, bool]:
-        """(replicas to wait for, None: as many as are live per batch; wait for the AOF)."""
-        has_waitaof = facts["version"] is not None and facts["version"] >= WAITAOF_VERSION
-        mode = self.durability
-        if "aof" in mode and mode != "auto":
-            if not has_waitaof:
-                raise ConfigError(
-                    f"Redis store {self.safe_url}: durability={mode!r} confirms the AOF fsync with "
-                    f"WAITAOF, which needs Redis >= 7.2; the server runs Redis "
-                    f"{facts['version_text']}. Use durability 'replica' or 'auto', or upgrade.")
-            if not facts["aof"]:
-                raise ConfigError(
-                    f"Redis store {self.safe_url}: durability={mode!r} needs the server's AOF "
-                    "('appendonly yes'), which is off; turn it on or choose another durability.")
-        if mode == "none":
-            return 0, False
-        if mode == "auto":
+        """:func:`.server.plan_confirmation` for this store's options; with durability "auto",
+        the first batch's WAIT asks for the replicas live now."""
+        if self.durability == "auto":
             self._replica_hint = facts["replicas"]
-            return None, facts["aof"] and has_waitaof
-        return (self.min_replicas if "replica" in mode else 0), "aof" in mode
+        return server.plan_confirmation(facts, durability=self.durability,
+                                        min_replicas=self.min_replicas, safe_url=self.safe_url)
 
     def _confirmation(self) -> tuple[int | None, bool]:
         """The plan of :meth:`_plan_confirmation`, read from the server once (prepare() sets it;
         a store used without prepare() reads it at its first claim)."""
         if self._confirm is None:
             with self._unavailable("reading the server's setup"):
-                self._confirm = self._plan_confirmation(self._server_facts(self._redis()[0]))
+                self._confirm = self._plan_confirmation(server.server_facts(self._redis()[0]))
         return self._confirm
 
     def _claim_call(self, keys: list[str], args: list, script: str = "claim") -> tuple[dict, str]:
@@ -290,25 +261,9 @@ class RedisStore(ClaimStore):
                 counted = {k: reply[k] for k in ("online", "seen", "held") if k in reply}
                 reply, acked, fsynced, asked = self._claim_round(script, keys, args, live, aof)
                 reply.update(counted)  # the run again does not count: keep why `live` are needed
-        ms = self.confirm_timeout
-        missing = []
-        if live and acked < live:
-            missing.append(f"{acked} of {live} replica{'s' if live != 1 else ''} acknowledged")
-            if auto and reply.get("held"):
-                online, seen = int(reply.get("online", 0)), int(reply["seen"])
-                missing.append(
-                    f"the master has {online} replica{'s' if online != 1 else ''} online, but "
-                    f"{seen} replica{'s' if seen != 1 else ''} confirmed claims "
-                    f"{(int(reply['now']) - int(reply['held'])) / 1000:g} s ago, within "
-                    f"replica_grace = {self.replica_grace:g} s, and a claim needs a majority of "
-                    f"them ({live}): it may be an old master cut off by a failover, or one side "
-                    "of a split")
-        if aof and not fsynced:
-            missing.append("the AOF fsync was not confirmed")
-        if not missing:
-            return reply, ""
-        return reply, (f"won, but not confirmed durable within {ms:g} s ({'; '.join(missing)}): "
-                       "not sent, so a failover cannot make it run twice")
+        return reply, server.unconfirmed_detail(
+            reply, acked=acked, live=live, aof=aof, fsynced=fsynced, auto=auto,
+            confirm_timeout=self.confirm_timeout, replica_grace=self.replica_grace)
 
     def _claim_round(self, name, keys, args, replicas, aof) -> tuple[dict, int, bool, int]:
         """One pipelined round trip: script ``name``, then WAIT / WAITAOF (reloads the script
@@ -317,7 +272,7 @@ class RedisStore(ClaimStore):
         script = scripts[name]
         asked = self._replica_hint if replicas is None else replicas
         timeout_ms = max(1, round(self.confirm_timeout * 1000))
-        full_keys = [self.store_key, *keys]
+        full_keys = [*self._head_keys, *keys]
         full_args = [*self._header(count_replicas=replicas is None), *args]
         with self._unavailable(name):
             for _ in range(2):
@@ -383,7 +338,7 @@ class RedisStore(ClaimStore):
         with self._unavailable("prepare"):
             client, scripts = self._redis()
             client.ping()
-            text, version = self._server_version(client)
+            text, version = server.server_version(client)
             need = MIN_VERSIONS[self.strategy]
             if version is not None and version < need:
                 usable = [s for s, v in MIN_VERSIONS.items() if version >= v]
@@ -399,12 +354,14 @@ class RedisStore(ClaimStore):
             pipe.execute()
         self._check_settings()
         with self._unavailable("prepare"):
-            facts = self._server_facts(client)
+            facts = server.server_facts(client)
         self._confirm = self._plan_confirmation(facts)
         self._call("memory_start", [k for e in entries for k in self._block(e)], 0)
         warnings = self._prepare_strategy(entries)
         with self._unavailable("prepare"):
-            return warnings + self._warnings(client, facts)
+            return warnings + server.warnings(
+                client, facts, self._confirm, safe_url=self.safe_url, durability=self.durability,
+                allow_eviction=self.allow_eviction)
 
     def _check_settings(self) -> None:
         """ConfigError when the store records other memory settings that are still in use (spec
@@ -429,69 +386,6 @@ class RedisStore(ClaimStore):
     def _prepare_strategy(self, entries: list[str]) -> list[str]:
         """What the strategy sets up at start-up (after the memory start); its warnings."""
         return []
-
-    @staticmethod
-    def _server_version(client) -> tuple[str, tuple[int, ...] | None]:
-        """``redis_version`` of ``INFO server`` as text and (major, minor); None if unreadable."""
-        text = ""
-        try:
-            text = str(client.info("server").get("redis_version", ""))
-            return text, tuple(int(p) for p in text.split(".")[:2])
-        except (redis.exceptions.ResponseError, ValueError):
-            return text, None
-
-    def _warnings(self, client, facts: dict) -> list[str]:
-        settings = {}
-        try:
-            for name in ("save", "appendonly", "maxmemory-policy"):
-                settings.update(client.config_get(name))
-        except redis.exceptions.ResponseError:  # CONFIG refused (managed Redis): ask INFO
-            with contextlib.suppress(redis.exceptions.ResponseError):
-                info = client.info("persistence")
-                if str(info.get("aof_enabled", "0")) == "1":
-                    settings["appendonly"] = "yes"
-                settings["maxmemory-policy"] = client.info("memory").get("maxmemory_policy", "")
-        warnings = []
-        if settings.get("save") == "" and settings.get("appendonly") == "no":
-            warnings.append(
-                f"Redis store {self.safe_url}: this Redis keeps no data on disk (CONFIG save is "
-                "empty and appendonly is no), so a restart forgets every claim. Amnesia protection "
-                "turns that into recorded misses ('store forgot'), never duplicates, but runs due "
-                "around a restart are lost. Configure 'appendonly yes' (or RDB snapshots, e.g. "
-                "'save 60 1') on this server.")
-        policy = settings.get("maxmemory-policy", "")
-        if policy in _EVICTING or policy.startswith("allkeys-"):
-            text = (f"Redis store {self.safe_url}: maxmemory-policy is {policy}, which may evict the "
-                    "store's keys: an evicted claim lets a run be won twice (partial loss of "
-                    "writes that no epoch detects). Use 'noeviction' or a volatile-* policy (the "
-                    "store's keys carry no TTL)")
-            if not self.allow_eviction:
-                raise ConfigError(text + ", or set anarchon_store_options['allow_eviction'] = True"
-                                  " to accept that risk.")
-            warnings.append(text + "; allow_eviction=True gives up the guarantee.")
-        replicas, aof = self._confirm
-        if self.durability == "auto" and not facts["replicas"] and facts["fsync"] != "always":
-            warnings.append(
-                f"Redis store {self.safe_url}: this Redis has no replica and no AOF with "
-                "'appendfsync always', so a crash may lose the newest claims. Each restart is a "
-                "new epoch: the runs due around it are refused ('store forgot'), never run twice, "
-                "but they are missed. For durable claims add a replica (durability 'auto' waits "
-                "for it) or set 'appendonly yes' with 'appendfsync always'.")
-        if replicas and facts["replicas"] < replicas:
-            warnings.append(
-                f"Redis store {self.safe_url}: durability={self.durability!r} needs {replicas} "
-                f"replica(s) to acknowledge each claim; the master has {facts['replicas']} "
-                "connected and acknowledging now: until more connect, every claim is answered "
-                "unconfirmed (not sent).")
-        if self.durability == "auto" and facts["aof"] and not aof:
-            warnings.append(
-                f"Redis store {self.safe_url}: the server uses AOF but runs Redis "
-                f"{facts['version_text']}, which has no WAITAOF (Redis >= 7.2): claims are not "
-                "confirmed on disk" + ("" if facts["fsync"] == "always" else
-                                       f" and appendfsync is {facts['fsync']!r}, so a crash may "
-                                       "lose the newest ones (a new epoch refuses their slots)")
-                + ".")
-        return warnings
 
     def now_ms(self) -> int:
         """The server's ``TIME``, UTC ms (the clock every claim and lease decision uses)."""
@@ -532,6 +426,40 @@ class RedisStore(ClaimStore):
                               instance=h["r"]["i"], store_ms=int(h["r"]["t"]), task_id=h["r"]["k"],
                               attempt=int(h["r"]["a"]), detail=h["r"]["d"])
                 for h in _items(reply.get("records"))]
+
+    # -- entries, pauses, requests, instances (EntryStore, in :mod:`.entries`) -------------------
+    def entries_version(self) -> int:
+        return self._entries.version()
+
+    def load_entries(self) -> EntrySnapshot:
+        return self._entries.load()
+
+    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
+        return self._entries.put(name, definition, by=by, create=create)
+
+    def remove_entry(self, name: str, *, by: str) -> bool:
+        return self._entries.remove(name, by=by)
+
+    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
+        return self._entries.set_pause(name, pause, by=by)
+
+    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
+        return self._entries.request_run(entry, request_id, slot_ms, by=by)
+
+    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
+        self._entries.record_instance(record, ttl_ms)
+
+    def instances(self) -> list[InstanceRecord]:
+        return self._entries.instances()
+
+    def remove_instance(self, instance_id: str) -> None:
+        self._entries.remove_instance(instance_id)
+
+    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
+        self._entries.save_fingerprints(digest, fingerprints)
+
+    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
+        return self._entries.load_fingerprints(digest)
 
     # -- definitions --------------------------------------------------------------------------
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:

@@ -2,7 +2,8 @@
 
 ``RedisStore(url, strategy=...)`` (:mod:`celery_anarchon.stores.redis`) builds these classes. They
 share the ``lease`` strategy's connections, errors, key layout, memory start ("Amnesia"), history
-and definitions (same keys, same scripts); each has its own claim script. They hold no leases
+and definitions (same keys, same scripts), and the entry store (:mod:`.entries`); each has its
+own claim script (:mod:`.strategy_scripts`). They hold no leases
 (``plan.py`` refuses a leased entry on them) and do not apply max_late on their own clock
 (``checks_lateness`` is False: stream-id refuses only early slots, script only slots older than its
 window), so the clock-skew limit of DESIGN.md's memory table applies (``docs/stores.md``).
@@ -10,23 +11,26 @@ window), so the clock-skew limit of DESIGN.md's memory table applies (``docs/sto
 Every claim script, for each run of the batch, in this order (DESIGN.md "Who won", "Amnesia"):
 
 1. already claimed: the winner recorded inside the claim is read back: this instance -> WON (a
-   retry after a timeout), another -> LOST with its fingerprint;
-2. the store's memory of the entry began after ``slot - 10 s`` (a new store, or it lost its data,
+   retry after a timeout), another -> OTHER_WON with its fingerprint;
+2. the entry is paused -> PAUSED, detail ``Pause.describe()``, recorded once in history;
+3. the store's memory of the entry began after ``slot - 10 s`` (a new store, or it lost its data,
    e.g. a FLUSHDB) -> FORGOTTEN;
-3. the strategy's own refusals (below), recorded once in history (fill only);
-4. won: the claim, the winner (instance id, fingerprint, store ms) and the history record
+4. the strategy's own refusals (below), recorded once in history (fill only);
+5. won: the claim, the winner (instance id, fingerprint, store ms) and the history record
    ``claimed`` are written by the same script.
 
-(idmp checks 2 before 1: only its XADD can tell "claimed", and a slot refused by 2 was never won,
+(idmp checks 3 first: only its XADD can tell "claimed", and a slot refused by 3 was never won,
 since the memory start moves only when the data is lost. It then refuses, on the server's clock, a
 slot older than its ``duration`` (forgotten: IDMP may no longer remember it) or more than 10 s
-ahead (early), as the lease strategy does, before its XADD.)
+ahead (early), as the lease strategy does, before its XADD; then 1 and 2 as above: the XADD of a
+paused run is undone in the same script and the slot marked as never won.)
 
 Before any run, every claim script checks the memory settings recorded store-wide (spec point 5):
 another instance's, still in use, refuse the whole batch (forgotten, naming both).
 
 Keys: the lease strategy's block (:data:`~celery_anarchon.stores.redis.scripts.ENTRY_KEYS`: only
-``born``, ``claims`` and the two history keys are used) followed by the strategy's own keys, all
+``born``, ``claims`` (idmp: ``claims`` and ``claims:expiry``, for runs refused as paused) and
+the two history keys are used) followed by the strategy's own keys, all
 under the entry's one hash tag. No key carries a TTL.
 """
 from __future__ import annotations
@@ -35,9 +39,13 @@ from collections.abc import Sequence
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores.base import ClaimRequest, ClaimResult, Memory
-from celery_anarchon.stores.redis.options import STREAM_ID_HORIZON_MS, _positive_int, _seconds
+from celery_anarchon import _util
+from celery_anarchon.stores.redis.options import STREAM_ID_HORIZON_MS
+from celery_anarchon.stores.redis.scripts import SHARED
 from celery_anarchon.stores.redis.store import RedisStore, _items, claim_results
-from celery_anarchon.stores.redis.scripts import HISTORY_READ, MEMORY_START, RECORD, SETTINGS_READ, lua
+from celery_anarchon.stores.redis.strategy_scripts import (
+    IDMP_CLAIM, IDMP_SETTINGS, SCRIPT_CLAIM, STREAM_ID_CLAIM,
+)
 
 #: Default memory of ``script`` (``window``) and ``idmp`` (``duration``), seconds.
 DEFAULT_WINDOW_S = 300.0
@@ -52,240 +60,12 @@ IDMP_MAXSIZE_RANGE = (1, 10_000)
 #: winner's retry and a loser read the recorded winner back; older entries are trimmed.
 STREAM_KEEP_MIN = 100
 
-# -- Lua ------------------------------------------------------------------------------------------
-
-#: Helpers of the three claim scripts. ARGV after the header: the strategy's parameters, then 4
-#: items per request: entry block number (1-based), slot (UTC ms), task id, fingerprint.
-_HELPERS = r"""
-local function fields(flat)  -- a stream entry's field list -> table
-  local t = {}
-  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
-  return t
-end
-
-local function xinfo(stream)  -- XINFO STREAM as a table
-  return fields(redis.call('XINFO', 'STREAM', stream))
-end
-
-local function id_ms(id) return tonumber(string.match(id, '^(%d+)')) end
-
-local function recorded(c)  -- the reply for a run whose claim record c = {w, f} was found
-  return {o = (c.w == INSTANCE) and 'won' or 'other_won', w = c.w, f = c.f}
-end
-
-local function won(b, slot_s, task_id, fingerprint)
-  history_put(b, slot_s, 'claimed', task_id, 1, '', false)
-  return {o = 'won', w = INSTANCE, f = fingerprint}
-end
-
-local function skipped(b, slot_s, task_id, outcome, detail)  -- recorded once (fill only)
-  history_put(b, slot_s, outcome, task_id, 1, detail, true)
-  return {o = outcome, d = detail}
-end
-
-local function claim_all(first, claim_one)
-  local refused = settings_refusal()  -- other memory settings in use: nothing is claimed
-  local results = {}
-  for i = first, #ARGV, 4 do
-    local b, slot_s, task_id = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]
-    if refused then
-      results[#results + 1] = skipped(b, slot_s, task_id, 'forgotten', refused)
-    else
-      results[#results + 1] = claim_one(b, slot_s, task_id, ARGV[i + 3])
-    end
-  end
-  return claim_reply(results)
-end
-"""
-
-#: stream-id: XADD <slot>-0 to the entry's stream; stream ids only grow (DESIGN.md: memory forever).
-#: KEYS: the store key, then per entry, ENTRY_KEYS then STREAM.
-#: ARGV[7]: entries to keep (MAXLEN ~).  ARGV[8..]: runs.
-#: Refusals: EARLY (slot more than 10 s ahead of the server's clock: an instance with a fast clock
-#: must not push the id past everyone's slots), SUPERSEDED (a newer slot is in the stream), UNKNOWN
-#: (this very id is the stream's last one but its entry is gone: nobody can tell the winner).
-STREAM_ID_CLAIM = lua(_HELPERS + r"""
-local KEEP = ARGV[7]
-return claim_all(8, function(b, slot_s, task_id, fingerprint)
-  local stream, id, slot = key(b, STREAM), slot_s .. '-0', tonumber(slot_s)
-  local found = redis.call('XRANGE', stream, id, id)[1]
-  if found then return recorded(fields(found[2])) end
-  local forgot = amnesia(b, slot)
-  if forgot then return skipped(b, slot_s, task_id, 'forgotten', forgot) end
-  if slot > NOW + TOL then
-    return skipped(b, slot_s, task_id, 'early',
-      'slot is more than 10 s ahead of the store clock ' .. iso(NOW) .. '; is this host ahead?')
-  end
-  -- sequence is always 0: an XADD of <slot>-1 after <slot>-0 would be accepted (a second winner)
-  local added = redis.pcall('XADD', stream, 'MAXLEN', '~', KEEP, id,
-                            'w', INSTANCE, 'f', fingerprint, 't', int(NOW))
-  if type(added) ~= 'table' or not added.err then return won(b, slot_s, task_id, fingerprint) end
-  if not string.find(added.err, 'equal or smaller', 1, true) then error(added.err) end
-  local last = xinfo(stream)['last-generated-id']
-  if last == id then
-    return skipped(b, slot_s, task_id, 'unknown',
-      'the slot was claimed but its entry (and the name of its winner) is gone from the stream')
-  end
-  return skipped(b, slot_s, task_id, 'superseded',
-    'a newer slot (' .. iso(id_ms(last)) .. ') was already claimed; stream ids only grow')
-end)
-""", extra_keys=("STREAM",))
-
-#: script: the claimed slots of each entry in a sorted set (score = slot), the winners in the
-#: ``claims`` hash; trimmed by window (server clock) and by count (history_size).
-#: KEYS: the store key, then per entry, ENTRY_KEYS then SLOTS, FLOOR.
-#: ARGV[7]: window ms.  ARGV[8..]: runs.
-#: FLOOR is the newest slot ever trimmed: a slot at or below it cannot be told apart from a claim
-#: the store forgot, so it is refused (FORGOTTEN), never won again; so is a slot older than the
-#: window on the server's clock. Window trimming runs first, count trimming after the batch (so a
-#: run repeated inside one batch finds its own claim).
-SCRIPT_CLAIM = lua(_HELPERS + r"""
-local WINDOW = tonumber(ARGV[7])
-
-local function forget(b, gone)  -- gone: slots in ascending order, already out of SLOTS
-  if #gone == 0 then return end
-  for _, s in ipairs(gone) do redis.call('HDEL', key(b, CLAIMS), s) end
-  local floor = num(redis.call('GET', key(b, FLOOR)))
-  local newest = gone[#gone]
-  if not floor or tonumber(newest) > floor then redis.call('SET', key(b, FLOOR), newest) end
-end
-
-local function trim_window(b)
-  local horizon = '(' .. int(NOW - WINDOW)
-  local gone = redis.call('ZRANGEBYSCORE', key(b, SLOTS), '-inf', horizon)
-  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', key(b, SLOTS), '-inf', horizon) end
-  forget(b, gone)
-end
-
-local function trim_count(b)
-  local excess = redis.call('ZCARD', key(b, SLOTS)) - HISTORY_SIZE
-  if excess <= 0 then return end
-  local gone = redis.call('ZRANGE', key(b, SLOTS), 0, excess - 1)
-  redis.call('ZREMRANGEBYRANK', key(b, SLOTS), 0, excess - 1)
-  forget(b, gone)
-end
-
-for b = 1, NBLOCKS do trim_window(b) end
-local reply = claim_all(8, function(b, slot_s, task_id, fingerprint)
-  local slot = tonumber(slot_s)
-  local raw = redis.call('HGET', key(b, CLAIMS), slot_s)
-  if raw then return recorded(cjson.decode(raw)) end
-  local forgot = amnesia(b, slot)
-  if forgot then return skipped(b, slot_s, task_id, 'forgotten', forgot) end
-  if slot < NOW - WINDOW then
-    return skipped(b, slot_s, task_id, 'forgotten', 'the slot is older than the window (' ..
-      int(WINDOW) .. ' ms) on the store clock ' .. iso(NOW))
-  end
-  local floor = num(redis.call('GET', key(b, FLOOR)))
-  if floor and slot <= floor then
-    return skipped(b, slot_s, task_id, 'forgotten', 'the store no longer remembers the runs up ' ..
-      'to ' .. iso(floor) .. ' (trimmed by window or history_size): this one cannot be claimed safely')
-  end
-  redis.call('HSET', key(b, CLAIMS), slot_s,
-             cjson.encode({w = INSTANCE, f = fingerprint, t = int(NOW)}))
-  redis.call('ZADD', key(b, SLOTS), slot_s, slot_s)
-  return won(b, slot_s, task_id, fingerprint)
-end)
-for b = 1, NBLOCKS do trim_count(b) end
-return reply
-""", extra_keys=("SLOTS", "FLOOR"))
-
-_IDMP_STREAM = r"""
-local DURATION, MAXSIZE = ARGV[7], ARGV[8]
-local PRODUCER = 'anarchon'  -- one producer, shared by every instance, in each entry's stream
-
--- a missing stream is created with this store's IDMP settings before its first claim: setting
--- them later would wipe what it remembers (XCFGSET needs an existing stream; 0-1 is a placeholder)
-local function ensure_stream(b)
-  local stream = key(b, STREAM)
-  if redis.call('EXISTS', stream) == 1 then return false end
-  redis.call('XADD', stream, '0-1', 'created', int(NOW))
-  redis.call('XDEL', stream, '0-1')
-  redis.call('XCFGSET', stream, 'IDMP-DURATION', DURATION, 'IDMP-MAXSIZE', MAXSIZE)
-  return true
-end
-"""
-
-#: idmp (Redis >= 8.6): XADD ... IDMP <producer> <slot> * w <instance> f <fingerprint>. A repeated
-#: XADD returns the first entry's id and adds nothing; reading that entry back tells, in the same
-#: script, who won. An id newer than the stream's last entry before the XADD is a new claim.
-#: KEYS: the store key, then per entry, ENTRY_KEYS then STREAM.
-#: ARGV[7]: IDMP-DURATION s.  ARGV[8]: IDMP-MAXSIZE.  ARGV[9]: entries kept (MAXLEN ~).
-#: ARGV[10..]: runs.
-IDMP_CLAIM = lua(_HELPERS + _IDMP_STREAM + r"""
-local KEEP = ARGV[9]
-
-local function id_after(a, b)
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, bm = tonumber(am), tonumber(bm)
-  return am > bm or (am == bm and tonumber(as) > tonumber(bs))
-end
-
-return claim_all(10, function(b, slot_s, task_id, fingerprint)
-  local slot = tonumber(slot_s)
-  local forgot = amnesia(b, slot)  -- first: only the XADD itself can tell "claimed"
-  if forgot then return skipped(b, slot_s, task_id, 'forgotten', forgot) end
-  -- on the server's clock, as the lease strategy: a slot IDMP may no longer remember, or one so
-  -- far ahead that an instance with a fast clock claims what others have not reached
-  if NOW - slot >= tonumber(DURATION) * 1000 then
-    return skipped(b, slot_s, task_id, 'forgotten', 'the slot is older than the IDMP duration (' ..
-      DURATION .. ' s) on the store clock ' .. iso(NOW) .. '; is this host behind?')
-  end
-  if slot > NOW + TOL then
-    return skipped(b, slot_s, task_id, 'early',
-      'slot is more than 10 s ahead of the store clock ' .. iso(NOW) .. '; is this host ahead?')
-  end
-  local stream = key(b, STREAM)
-  ensure_stream(b)
-  local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-  local id = redis.call('XADD', stream, 'IDMP', PRODUCER, slot_s, 'MAXLEN', '~', KEEP, '*',
-                        'w', INSTANCE, 'f', fingerprint, 't', int(NOW))
-  local entry = redis.call('XRANGE', stream, id, id)[1]
-  if not entry then
-    return skipped(b, slot_s, task_id, 'unknown',
-      'the slot was claimed but its entry (and the name of its winner) is gone from the stream')
-  end
-  if not top or id_after(id, top[1]) then return won(b, slot_s, task_id, fingerprint) end
-  return recorded(fields(entry[2]))
-end)
-""", extra_keys=("STREAM",))
-
-#: idmp, at start-up: create missing streams with this store's settings; report a live stream with
-#: other settings, and change them only when it remembers no run (iids-tracked 0, which already
-#: leaves out expired ones): then the wipe XCFGSET does cannot re-open a claim.
-#: KEYS: the store key, then per entry, ENTRY_KEYS then STREAM.  ARGV[7]: IDMP-DURATION s.  ARGV[8]: IDMP-MAXSIZE.
-#: Reply: {now, streams: [{b block, a created|same|changed|kept, d duration, m maxsize,
-#: n runs remembered}]}.
-IDMP_SETTINGS = lua(_HELPERS + _IDMP_STREAM + r"""
-local streams = {}
-for b = 1, NBLOCKS do
-  memory_start(b)
-  local r = {b = int(b), a = 'created'}
-  if not ensure_stream(b) then
-    local info = xinfo(key(b, STREAM))
-    r.d, r.m = int(info['idmp-duration']), int(info['idmp-maxsize'])
-    r.n = int(info['iids-tracked'])
-    if r.d == DURATION and r.m == MAXSIZE then
-      r.a = 'same'
-    elseif tonumber(r.n) == 0 then
-      redis.call('XCFGSET', key(b, STREAM), 'IDMP-DURATION', DURATION, 'IDMP-MAXSIZE', MAXSIZE)
-      r.a = 'changed'
-    else
-      r.a = 'kept'
-    end
-  end
-  streams[#streams + 1] = r
-end
-return cjson.encode({now = int(NOW), streams = streams})
-""", extra_keys=("STREAM",))
-
 # -- stores ---------------------------------------------------------------------------------------
 
 
 class _ClaimOnlyRedisStore(RedisStore):
     """What the three strategies share: no leases, no lateness check of their own, one claim
-    script per batch whose runs are 4 ARGV items each (after :meth:`_claim_params`)."""
+    script per batch whose runs are 5 ARGV items each (after :meth:`_claim_params`)."""
 
     checks_lateness = False
     #: the claim script
@@ -294,8 +74,7 @@ class _ClaimOnlyRedisStore(RedisStore):
     CLAIM_IN_SLOT_ORDER = False
 
     def _script_texts(self) -> dict[str, str]:
-        return {"claim": self.CLAIM_SCRIPT, "memory_start": MEMORY_START, "record": RECORD,
-                "history": HISTORY_READ, "settings": SETTINGS_READ}
+        return {**SHARED, "claim": self.CLAIM_SCRIPT}
 
     def _claim_params(self) -> list:
         """The script's parameters between the header and the runs."""
@@ -316,7 +95,7 @@ class _ClaimOnlyRedisStore(RedisStore):
         for i in order:
             r = requests[i]
             args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), r.task_id,
-                     r.fingerprint]
+                     r.fingerprint, r.entry]
         reply, unconfirmed = self._claim_call(
             [k for e in blocks for k in self._claim_block(e)], [*self._claim_params(), *args])
         results = self._unconfirmed(claim_results([requests[i] for i in order], reply), unconfirmed)
@@ -364,7 +143,7 @@ class RedisScriptStore(_ClaimOnlyRedisStore):
     CLAIM_SCRIPT = SCRIPT_CLAIM
 
     def _configure(self, options: dict) -> None:
-        self.window_s = _seconds("window", options.get("window", DEFAULT_WINDOW_S))
+        self.window_s = _util.seconds("window", options.get("window", DEFAULT_WINDOW_S))
         self._memory_ms = max(1, round(self.window_s * 1000))
 
     @property
@@ -385,7 +164,7 @@ class RedisScriptStore(_ClaimOnlyRedisStore):
 
 def _whole(name: str, value, low: int, high: int, unit: str = "") -> int:
     """An integer option within the server's range, else ConfigError naming option and range."""
-    number = _seconds(name, value) if unit else _positive_int(name, value)
+    number = _util.seconds(name, value) if unit else _util.positive_int(name, value)
     if number != int(number) or not low <= number <= high:
         raise ConfigError(f"anarchon_store_options[{name!r}] = {value!r}: must be a whole number"
                           f"{' of seconds' if unit else ''} from {low} to {high} (Redis IDMP-"

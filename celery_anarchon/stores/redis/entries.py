@@ -1,0 +1,317 @@
+"""The entry store of the Redis store, every strategy (:mod:`celery_anarchon.stores.entry_store`):
+store entries, pauses, run-now requests, instance records and fingerprint mappings of one
+namespace. :class:`RedisEntries` is composed into :class:`~.store.RedisStore`, which hands it its
+connection and its error translation; the pause itself is read inside every claim script
+(``pause_refusal`` in :mod:`.scripts`).
+
+Keys, all under the namespace's one hash tag ``<prefix>:{<namespace>}`` (that of the store-wide
+hash ``:store``)::
+
+    :entries            hash   name -> {d: definition (absent: only a pause), v: version,
+                                        t: changed at ms, b: by}
+    :pauses             hash   name -> {r: reason, b: by, t: paused at ms}
+    :entries:version    string the namespace's entries version
+    :requests           hash   "<entry> <request id>" (percent-escaped) -> {e, i, s: slot, b, t}
+    :requests:age       zset   request field scored by its request ms
+    :instances          hash   instance id -> "<seen ms> <expires ms> <record JSON>"
+    :instances:expiry   zset   instance id scored by its expiry ms
+    :fingerprints       hash   digest -> JSON {config entry name: fingerprint}
+    :fingerprints:kept  zset   digest scored by the ms until which it is kept
+
+Every write of an entry, a pause or a request is one Lua script that raises ``:entries:version``
+in the same script (atomic with the write); :meth:`RedisEntries.version` is one GET, and the other
+reads are one MULTI (one consistent read). Every time is the server's ``TIME``: an instance
+record expires on the store's clock. No key carries a TTL: requests (older than the store's
+memory, or a day when it is unbounded), expired instance records and fingerprint mappings no
+heartbeat named for a day are pruned by the scripts that write their kind. Numbers are written as
+decimal strings (``%d``), definitions as the caller's JSON text: nothing is pickled or evaluated.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from typing import ContextManager
+from urllib.parse import quote
+
+import redis
+
+from celery_anarchon.errors import EntryExists, UnknownEntry
+from celery_anarchon.stores.entry_store import (
+    EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
+)
+from celery_anarchon.stores.redis.options import namespace_key_prefix
+
+#: The namespace's keys, by role (``<prefix>:{<namespace>}:<role>``); ``store`` is the store-wide
+#: hash of :data:`~.scripts.STORE_FIELDS`.
+ROLES = ("store", "pauses", "entries", "entries:version", "requests", "requests:age", "instances",
+         "instances:expiry", "fingerprints", "fingerprints:kept")
+#: How long run-now requests are kept when the store's memory is unbounded (stream-id), ms.
+DAY_MS = 86_400_000
+
+
+def namespace_keys(key_prefix: str, namespace: str) -> dict[str, str]:
+    """Every key of the namespace itself, by role (:data:`ROLES`), all with one hash tag."""
+    start = namespace_key_prefix(key_prefix, namespace)
+    return {role: f"{start}:{role}" for role in ROLES}
+
+
+# -- Lua -------------------------------------------------------------------------------------------
+
+_PRELUDE = r"""
+local clock = redis.call('TIME')
+local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)  -- store ms
+local function int(n) return string.format('%d', n) end
+local function decoded(raw) if raw then return cjson.decode(raw) end return nil end
+
+-- a change of one name: the namespace's version goes up in the same script and becomes the name's
+local function changed(rec, by, version_key)
+  rec.v, rec.t, rec.b = int(redis.call('INCR', version_key)), int(NOW), by
+  return rec
+end
+
+-- drop the members of zset (and their fields of hash) scored up to upto
+local function prune(hash, zset, upto)
+  local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', upto)
+  for _, m in ipairs(gone) do redis.call('HDEL', hash, m) end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', zset, '-inf', upto) end
+end
+
+-- keep member of zset at least until until_ms
+local function keep(zset, member, until_ms)
+  local cur = redis.call('ZSCORE', zset, member)
+  if not cur or tonumber(cur) < until_ms then redis.call('ZADD', zset, int(until_ms), member) end
+end
+"""
+
+#: Add (create "1") or update ("0") a store entry's definition.
+#: KEYS: entries, pauses, entries:version.  ARGV: name, definition, by, create.
+#: Reply: {o: ok|exists|unknown, r: the name's record, p: its pause?}.
+ENTRY_PUT = _PRELUDE + r"""
+local rec = decoded(redis.call('HGET', KEYS[1], ARGV[1])) or {}
+if ARGV[4] == '1' and rec.d then return cjson.encode({o = 'exists'}) end
+if ARGV[4] ~= '1' and not rec.d then return cjson.encode({o = 'unknown'}) end
+rec.d = ARGV[2]
+changed(rec, ARGV[3], KEYS[3])
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(rec))
+return cjson.encode({o = 'ok', r = rec, p = decoded(redis.call('HGET', KEYS[2], ARGV[1]))})
+"""
+
+#: Remove a store entry's definition and its pause (nothing when it has no definition).
+#: KEYS: entries, pauses, entries:version.  ARGV: name.  Reply: {o: ok|none}.
+ENTRY_REMOVE = _PRELUDE + r"""
+local rec = decoded(redis.call('HGET', KEYS[1], ARGV[1]))
+if not (rec and rec.d) then return cjson.encode({o = 'none'}) end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('INCR', KEYS[3])
+return cjson.encode({o = 'ok'})
+"""
+
+#: Pause ("1") or resume ("0") the entry called name (config or store entry).
+#: KEYS: entries, pauses, entries:version.  ARGV: name, pause, reason, pause's by, by.
+#: Reply: {o: ok, r: the name's record (dropped when it holds neither definition nor pause), p?}.
+ENTRY_PAUSE = _PRELUDE + r"""
+local rec = changed(decoded(redis.call('HGET', KEYS[1], ARGV[1])) or {}, ARGV[5], KEYS[3])
+local pause = nil
+if ARGV[2] == '1' then
+  pause = {r = ARGV[3], b = ARGV[4], t = int(NOW)}
+  redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(pause))
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+if rec.d or pause then
+  redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(rec))
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return cjson.encode({o = 'ok', r = rec, p = pause})
+"""
+
+#: Record a run-now request unless its field exists (then: the first request, unchanged).
+#: KEYS: requests, requests:age, entries:version.
+#: ARGV: field, entry, request id, slot ms, by, horizon ms (older requests are pruned).
+#: Reply: the request's record {e, i, s, b, t}.
+REQUEST_RUN = _PRELUDE + r"""
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if raw then return raw end
+prune(KEYS[1], KEYS[2], '(' .. int(NOW - tonumber(ARGV[6])))
+raw = cjson.encode({e = ARGV[2], i = ARGV[3], s = ARGV[4], b = ARGV[5], t = int(NOW)})
+redis.call('HSET', KEYS[1], ARGV[1], raw)
+redis.call('ZADD', KEYS[2], int(NOW), ARGV[1])
+redis.call('INCR', KEYS[3])
+return raw
+"""
+
+#: An instance's heartbeat: its record, expiring ttl ms later on the server's clock; drops expired
+#: records; keeps the fingerprint mapping it names a day past its expiry, drops those past theirs.
+#: KEYS: instances, instances:expiry, fingerprints, fingerprints:kept.
+#: ARGV: instance id, record JSON, ttl ms, fingerprints digest ("" for none), keep ms.
+#: Reply: {now}.
+INSTANCE_RECORD = _PRELUDE + r"""
+local expires = NOW + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], int(NOW) .. ' ' .. int(expires) .. ' ' .. ARGV[2])
+redis.call('ZADD', KEYS[2], int(expires), ARGV[1])
+prune(KEYS[1], KEYS[2], int(NOW))
+if ARGV[4] ~= '' then keep(KEYS[4], ARGV[4], expires + tonumber(ARGV[5])) end
+prune(KEYS[3], KEYS[4], int(NOW))
+return cjson.encode({now = int(NOW)})
+"""
+
+#: Keep a fingerprint mapping under its digest (a day at least; heartbeats naming it extend it).
+#: KEYS: fingerprints, fingerprints:kept.  ARGV: digest, mapping JSON, keep ms.  Reply: {now}.
+FINGERPRINTS_SAVE = _PRELUDE + r"""
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+keep(KEYS[2], ARGV[1], NOW + tonumber(ARGV[3]))
+return cjson.encode({now = int(NOW)})
+"""
+
+#: The entry store's scripts, by the name the store registers them under.
+SCRIPTS = {"entry_put": ENTRY_PUT, "entry_remove": ENTRY_REMOVE, "entry_pause": ENTRY_PAUSE,
+           "request_run": REQUEST_RUN, "instance_record": INSTANCE_RECORD,
+           "fingerprints_save": FINGERPRINTS_SAVE}
+
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
+                       if f.name not in ("seen_ms", "expires_ms"))
+
+
+# -- the operations --------------------------------------------------------------------------------
+
+class RedisEntries:
+    """The :class:`~celery_anarchon.stores.entry_store.EntryStore` operations of one Redis
+    namespace (the store's methods of the same names call these).
+
+    :param keys: the namespace's keys (:func:`namespace_keys`).
+    :param connection: ``connection()`` -> (client, its registered scripts by name), the store's
+        (the scripts of :data:`SCRIPTS` among them).
+    :param unavailable: ``unavailable(doing)``: a context manager that turns driver errors into
+        :class:`~celery_anarchon.errors.StoreUnavailable`.
+    :param horizon_ms: how long run-now requests are kept, ms (the store's memory; ``0``: unbounded,
+        then :data:`DAY_MS`).
+    :param where: how errors name the store and namespace (``"Redis store <url>, namespace 'x'"``).
+    """
+
+    def __init__(self, keys: Mapping[str, str], connection: Callable[[], tuple[redis.Redis, dict]],
+                 unavailable: Callable[[str], ContextManager], horizon_ms: int, where: str) -> None:
+        self.keys = dict(keys)
+        self._connection = connection
+        self._unavailable = unavailable
+        self.horizon_ms = int(horizon_ms) or DAY_MS
+        self.where = where
+
+    def _run(self, script: str, roles: tuple[str, ...], *args) -> str:
+        with self._unavailable(script.replace("_", " ")):
+            scripts = self._connection()[1]
+            return scripts[script](keys=[self.keys[r] for r in roles], args=list(args))
+
+    def _read(self, doing: str, fill: Callable[[redis.client.Pipeline], None]) -> list:
+        """One MULTI/EXEC (a consistent read): ``fill(pipe)`` queues the commands."""
+        with self._unavailable(doing):
+            pipe = self._connection()[0].pipeline(transaction=True)
+            fill(pipe)
+            return pipe.execute()
+
+    # -- entries, pauses, requests ------------------------------------------------------------
+    def version(self) -> int:
+        """The namespace's entries version: one GET (0 before any change)."""
+        with self._unavailable("read the entries version"):
+            value = self._connection()[0].get(self.keys["entries:version"])
+        return int(value or 0)
+
+    def load(self) -> EntrySnapshot:
+        """Every entry and pause, and the requests younger than the horizon, in one MULTI."""
+        k = self.keys
+        version, entries, pauses, requests, (secs, micros) = self._read("load entries", lambda p: (
+            p.get(k["entries:version"]), p.hgetall(k["entries"]), p.hgetall(k["pauses"]),
+            p.hgetall(k["requests"]), p.time()))
+        now = int(secs) * 1000 + int(micros) // 1000
+        stored = {name: _stored(name, json.loads(raw),
+                                json.loads(pauses[name]) if name in pauses else None)
+                  for name, raw in entries.items()}
+        young = [r for r in map(_request, map(json.loads, requests.values()))
+                 if r.requested_ms > now - self.horizon_ms]
+        young.sort(key=lambda r: (r.requested_ms, r.entry, r.request_id))
+        return EntrySnapshot(version=int(version or 0), entries=stored, requests=tuple(young))
+
+    def put(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
+        """Add or update a definition (see :meth:`EntryStore.put_entry`)."""
+        reply = json.loads(self._run("entry_put", ("entries", "pauses", "entries:version"),
+                                     name, definition, by, "1" if create else "0"))
+        if reply["o"] == "exists":
+            raise EntryExists(f"{self.where}: the store holds an entry {name!r} already; update "
+                              "it, or remove it first")
+        if reply["o"] == "unknown":
+            raise UnknownEntry(f"{self.where}: the store holds no entry {name!r}; add it first")
+        return _stored(name, reply["r"], reply.get("p"))
+
+    def remove(self, name: str, *, by: str) -> bool:
+        """Remove a definition and its pause; False when there was no definition."""
+        reply = self._run("entry_remove", ("entries", "pauses", "entries:version"), name)
+        return json.loads(reply)["o"] == "ok"
+
+    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
+        """Pause or resume ``name`` (the pause's time is the server's)."""
+        reply = json.loads(self._run(
+            "entry_pause", ("entries", "pauses", "entries:version"), name,
+            "1" if pause else "0", pause.reason if pause else "", pause.by if pause else "", by))
+        return _stored(name, reply["r"], reply.get("p"))
+
+    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
+        """Insert-if-absent on (entry, request id); the request as stored."""
+        field = f"{quote(entry, safe='')} {quote(request_id, safe='')}"
+        raw = self._run("request_run", ("requests", "requests:age", "entries:version"), field,
+                        entry, request_id, int(slot_ms), by, self.horizon_ms)
+        return _request(json.loads(raw))
+
+    # -- instances, fingerprints --------------------------------------------------------------
+    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
+        """Write the heartbeat, expiring ``ttl_ms`` later on the server's clock."""
+        text = json.dumps({f: getattr(record, f) for f in _RECORD_FIELDS}, sort_keys=True)
+        self._run("instance_record", ("instances", "instances:expiry", "fingerprints",
+                                      "fingerprints:kept"),
+                  record.instance_id, text, max(0, int(ttl_ms)), record.fingerprints_digest, DAY_MS)
+
+    def instances(self) -> list[InstanceRecord]:
+        """The records not expired on the server's clock (one MULTI), by instance id."""
+        (secs, micros), records = self._read("read instances", lambda p: (
+            p.time(), p.hgetall(self.keys["instances"])))
+        now = int(secs) * 1000 + int(micros) // 1000
+        out = []
+        for raw in records.values():
+            seen, expires, text = raw.split(" ", 2)
+            if int(expires) > now:
+                data = json.loads(text)
+                out.append(InstanceRecord(**{f: data[f] for f in _RECORD_FIELDS if f in data},
+                                          seen_ms=int(seen), expires_ms=int(expires)))
+        return sorted(out, key=lambda r: r.instance_id)
+
+    def remove_instance(self, instance_id: str) -> None:
+        """Drop an instance's heartbeat (one MULTI)."""
+        self._read("remove instance", lambda p: (
+            p.hdel(self.keys["instances"], instance_id),
+            p.zrem(self.keys["instances:expiry"], instance_id)))
+
+    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
+        """Keep the mapping under ``digest`` (a day, and while heartbeats name it)."""
+        self._run("fingerprints_save", ("fingerprints", "fingerprints:kept"), digest,
+                  json.dumps(dict(fingerprints), sort_keys=True), DAY_MS)
+
+    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
+        """The mapping saved under ``digest``, or None."""
+        with self._unavailable("load fingerprints"):
+            raw = self._connection()[0].hget(self.keys["fingerprints"], digest)
+        return json.loads(raw) if raw else None
+
+
+def _stored(name: str, rec: dict, pause: dict | None) -> StoredEntry:
+    """A StoredEntry from the scripts' record ``{d?, v, t, b}`` and pause ``{r, b, t}``."""
+    return StoredEntry(name=name, definition=rec.get("d"),
+                       pause=Pause(reason=pause["r"], by=pause["b"], at_ms=int(pause["t"]))
+                       if pause else None,
+                       version=int(rec["v"]), updated_ms=int(rec["t"]), updated_by=rec["b"])
+
+
+def _request(rec: dict) -> RunRequest:
+    """A RunRequest from the script's record ``{e, i, s, b, t}``."""
+    return RunRequest(entry=rec["e"], request_id=rec["i"], slot_ms=int(rec["s"]), by=rec["b"],
+                      requested_ms=int(rec["t"]))

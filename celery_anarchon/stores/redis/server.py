@@ -1,0 +1,165 @@
+"""What the Redis store reads and judges about its server: the version, AOF and replicas
+(:func:`server_facts`), how a won claim is confirmed durable (:func:`plan_confirmation`, the
+``durability`` option), why a batch's wins are not confirmed (:func:`unconfirmed_detail`), and the
+start-up warnings about what the server may lose (:func:`warnings`).
+
+Functions of the values they are given (no store object): the store calls them with its options.
+The count of live replicas here (online, lag <= :data:`~.options.LIVE_REPLICA_LAG_S`) is the one
+the claim scripts apply per batch (``live_replicas`` in :mod:`.scripts`); this one plans the first
+batch's WAIT and words the warnings.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import redis
+
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.stores.redis.options import _EVICTING, LIVE_REPLICA_LAG_S, WAITAOF_VERSION
+
+
+def server_version(client: redis.Redis) -> tuple[str, tuple[int, ...] | None]:
+    """``redis_version`` of ``INFO server`` as text and (major, minor); None if unreadable."""
+    text = ""
+    try:
+        text = str(client.info("server").get("redis_version", ""))
+        return text, tuple(int(p) for p in text.split(".")[:2])
+    except (redis.exceptions.ResponseError, ValueError):
+        return text, None
+
+
+def server_facts(client: redis.Redis) -> dict:
+    """What durability depends on: ``version_text``, ``version``, ``aof`` (bool), ``fsync``
+    (appendfsync, "" if unreadable), ``replicas`` (online, acknowledged within 3 s).
+
+    :raises redis.exceptions.RedisError: the server did not answer (the caller translates it).
+    """
+    text, version = server_version(client)
+    facts = {"version_text": text, "version": version, "aof": False, "fsync": "", "replicas": 0}
+    with contextlib.suppress(redis.exceptions.ResponseError):
+        facts["aof"] = str(client.info("persistence").get("aof_enabled", "0")) == "1"
+    with contextlib.suppress(redis.exceptions.ResponseError):
+        facts["fsync"] = client.config_get("appendfsync").get("appendfsync", "")
+    info = client.info("replication")
+    facts["replicas"] = sum(
+        1 for name, r in info.items()
+        if name.startswith("slave") and isinstance(r, dict) and r.get("state") == "online"
+        and int(r.get("lag", 0)) <= LIVE_REPLICA_LAG_S)
+    return facts
+
+
+def plan_confirmation(facts: dict, *, durability: str, min_replicas: int,
+                      safe_url: str) -> tuple[int | None, bool]:
+    """(replicas to wait for, ``None``: as many as are live per batch; wait for the AOF) for the
+    ``durability`` option on a server with ``facts``.
+
+    :raises ConfigError: durability ``aof`` / ``replica+aof`` without WAITAOF (Redis < 7.2) or
+        without AOF.
+    """
+    has_waitaof = facts["version"] is not None and facts["version"] >= WAITAOF_VERSION
+    if "aof" in durability and durability != "auto":
+        if not has_waitaof:
+            raise ConfigError(
+                f"Redis store {safe_url}: durability={durability!r} confirms the AOF fsync with "
+                f"WAITAOF, which needs Redis >= 7.2; the server runs Redis "
+                f"{facts['version_text']}. Use durability 'replica' or 'auto', or upgrade.")
+        if not facts["aof"]:
+            raise ConfigError(
+                f"Redis store {safe_url}: durability={durability!r} needs the server's AOF "
+                "('appendonly yes'), which is off; turn it on or choose another durability.")
+    if durability == "none":
+        return 0, False
+    if durability == "auto":
+        return None, facts["aof"] and has_waitaof
+    return (min_replicas if "replica" in durability else 0), "aof" in durability
+
+
+def unconfirmed_detail(reply: dict, *, acked: int, live: int, aof: bool, fsynced: bool, auto: bool,
+                       confirm_timeout: float, replica_grace: float) -> str:
+    """Why the wins of a claim (or takeover) batch are not confirmed, ``""`` when they are.
+
+    :param reply: the script's reply (``now``; with ``auto``: ``online``, ``seen``, ``held``).
+    :param acked: replicas that acknowledged (WAIT); ``live``: replicas that had to.
+    :param fsynced: the AOF fsync was confirmed (WAITAOF), needed when ``aof``.
+    :param confirm_timeout: seconds each confirmation waited; ``replica_grace``: seconds.
+    """
+    missing = []
+    if live and acked < live:
+        missing.append(f"{acked} of {live} replica{'s' if live != 1 else ''} acknowledged")
+        if auto and reply.get("held"):
+            online, seen = int(reply.get("online", 0)), int(reply["seen"])
+            missing.append(
+                f"the master has {online} replica{'s' if online != 1 else ''} online, but "
+                f"{seen} replica{'s' if seen != 1 else ''} confirmed claims "
+                f"{(int(reply['now']) - int(reply['held'])) / 1000:g} s ago, within "
+                f"replica_grace = {replica_grace:g} s, and a claim needs a majority of "
+                f"them ({live}): it may be an old master cut off by a failover, or one side "
+                "of a split")
+    if aof and not fsynced:
+        missing.append("the AOF fsync was not confirmed")
+    if not missing:
+        return ""
+    return (f"won, but not confirmed durable within {confirm_timeout:g} s ({'; '.join(missing)}): "
+            "not sent, so a failover cannot make it run twice")
+
+
+def warnings(client: redis.Redis, facts: dict, confirm: tuple[int | None, bool], *, safe_url: str,
+             durability: str, allow_eviction: bool) -> list[str]:
+    """The start-up warnings: no data on disk, an evicting ``maxmemory-policy`` (with
+    ``allow_eviction``), no replica and no ``appendfsync always``, fewer replicas than needed,
+    AOF without WAITAOF.
+
+    :param confirm: the plan of :func:`plan_confirmation`.
+    :raises ConfigError: ``maxmemory-policy`` may evict the store's keys and not ``allow_eviction``.
+    """
+    settings = {}
+    try:
+        for name in ("save", "appendonly", "maxmemory-policy"):
+            settings.update(client.config_get(name))
+    except redis.exceptions.ResponseError:  # CONFIG refused (managed Redis): ask INFO
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            info = client.info("persistence")
+            if str(info.get("aof_enabled", "0")) == "1":
+                settings["appendonly"] = "yes"
+            settings["maxmemory-policy"] = client.info("memory").get("maxmemory_policy", "")
+    out = []
+    if settings.get("save") == "" and settings.get("appendonly") == "no":
+        out.append(
+            f"Redis store {safe_url}: this Redis keeps no data on disk (CONFIG save is "
+            "empty and appendonly is no), so a restart forgets every claim. Amnesia protection "
+            "turns that into recorded misses ('store forgot'), never duplicates, but runs due "
+            "around a restart are lost. Configure 'appendonly yes' (or RDB snapshots, e.g. "
+            "'save 60 1') on this server.")
+    policy = settings.get("maxmemory-policy", "")
+    if policy in _EVICTING or policy.startswith("allkeys-"):
+        text = (f"Redis store {safe_url}: maxmemory-policy is {policy}, which may evict the "
+                "store's keys: an evicted claim lets a run be won twice (partial loss of "
+                "writes that no epoch detects). Use 'noeviction' or a volatile-* policy (the "
+                "store's keys carry no TTL)")
+        if not allow_eviction:
+            raise ConfigError(text + ", or set anarchon_store_options['allow_eviction'] = True"
+                              " to accept that risk.")
+        out.append(text + "; allow_eviction=True gives up the guarantee.")
+    replicas, aof = confirm
+    if durability == "auto" and not facts["replicas"] and facts["fsync"] != "always":
+        out.append(
+            f"Redis store {safe_url}: this Redis has no replica and no AOF with "
+            "'appendfsync always', so a crash may lose the newest claims. Each restart is a "
+            "new epoch: the runs due around it are refused ('store forgot'), never run twice, "
+            "but they are missed. For durable claims add a replica (durability 'auto' waits "
+            "for it) or set 'appendonly yes' with 'appendfsync always'.")
+    if replicas and facts["replicas"] < replicas:
+        out.append(
+            f"Redis store {safe_url}: durability={durability!r} needs {replicas} "
+            f"replica(s) to acknowledge each claim; the master has {facts['replicas']} "
+            "connected and acknowledging now: until more connect, every claim is answered "
+            "unconfirmed (not sent).")
+    if durability == "auto" and facts["aof"] and not aof:
+        out.append(
+            f"Redis store {safe_url}: the server uses AOF but runs Redis "
+            f"{facts['version_text']}, which has no WAITAOF (Redis >= 7.2): claims are not "
+            "confirmed on disk" + ("" if facts["fsync"] == "always" else
+                                   f" and appendfsync is {facts['fsync']!r}, so a crash may "
+                                   "lose the newest ones (a new epoch refuses their slots)")
+            + ".")
+    return out
