@@ -52,6 +52,8 @@ Records (JSON objects of strings):
 """
 from __future__ import annotations
 
+from celery_anarchon.stores.redis.options import LIVE_REPLICA_LAG_S
+
 #: The fields of the store-wide hash ``<prefix>:{<namespace>}:store`` (``KEYS[1]`` of every script).
 STORE_FIELDS = (
     "epoch",          # the server's run_id when the store's memory last (re)started
@@ -197,9 +199,19 @@ local function settings_refusal()
   return nil
 end
 
+-- The replicas online now: connected and acknowledged within LIVE_LAG_S (INFO replication lag,
+-- in seconds; one that is down or stalled stops counting). The one count of live replicas: the
+-- claims' confirmation below and the store's start-up plan (SETTINGS_READ) use it.
+local function online_replicas()
+  local n = 0
+  for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
+    if tonumber(lag) <= LIVE_LAG_S then n = n + 1 end
+  end
+  return n
+end
+
 -- The replicas a claim (or takeover) batch must be confirmed on, with durability 'auto': every
--- replica online now (acknowledged within the last 3 s, INFO replication lag in seconds; one that
--- is down or stalled stops counting) and, within REPLICA_GRACE_MS of the last batch that had a
+-- replica online now and, within REPLICA_GRACE_MS of the last batch that had a
 -- larger group online, a majority of that group: floor((1 + seen) / 2), at least 1. The count
 -- online is recorded store-wide with the time (replicas_seen; replicas_at: the last batch with
 -- any). This may be an old master cut off by a failover that still takes writes (a split brain)
@@ -210,10 +222,7 @@ end
 -- online, the recorded group's size and the time it was last seen (else nil, nil).
 local function live_replicas()
   if not COUNT_REPLICAS then return 0, 0, nil, nil end
-  local n = 0
-  for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
-    if tonumber(lag) <= 3 then n = n + 1 end
-  end
+  local n = online_replicas()
   local seen = cjson.decode(redis.call('HGET', STORE, 'replicas_seen') or '{}')
   if n > 0 then
     seen[int(n)] = int(NOW)
@@ -299,6 +308,7 @@ def lua(body: str, extra_keys: tuple[str, ...] = ()) -> str:
     header = f"local BLOCK = {len(ENTRY_KEYS) + len(extra_keys)}\n"
     header += "".join(f"local {name} = {len(ENTRY_KEYS) + i}\n"
                       for i, name in enumerate(extra_keys, 1))
+    header += f"local LIVE_LAG_S = {LIVE_REPLICA_LAG_S}\n"  # a replica's lag that still counts, s
     return header + _PRELUDE + body
 
 
@@ -341,12 +351,14 @@ end
 return cjson.encode({now = int(NOW), records = records})
 """)
 
-#: Read the memory settings recorded store-wide (prepare: refuse an instance with others).
+#: Read the memory settings recorded store-wide (prepare: refuse an instance with others) and the
+#: replicas online now (the store's plan of the claims' confirmation).
 #: KEYS: the namespace keys.  ARGV[1..6]: header.
-#: Reply: {now, settings ("" if none), used (ms of their last claim, "" if none)}.
+#: Reply: {now, settings ("" if none), used (ms of their last claim, "" if none), online}.
 SETTINGS_READ = lua(r"""
 local rec = redis.call('HMGET', STORE, 'settings', 'settings_used')
-return cjson.encode({now = int(NOW), settings = rec[1] or '', used = rec[2] or ''})
+return cjson.encode({now = int(NOW), settings = rec[1] or '', used = rec[2] or '',
+                     online = int(online_replicas())})
 """)
 
 #: The scripts every strategy registers, by name.

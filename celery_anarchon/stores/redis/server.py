@@ -3,10 +3,9 @@
 ``durability`` option), why a batch's wins are not confirmed (:func:`unconfirmed_detail`), and the
 start-up warnings about what the server may lose (:func:`warnings`).
 
-Functions of the values they are given (no store object): the store calls them with its options.
-The count of live replicas here (online, lag <= :data:`~.options.LIVE_REPLICA_LAG_S`) is the one
-the claim scripts apply per batch (``live_replicas`` in :mod:`.scripts`); this one plans the first
-batch's WAIT and words the warnings.
+Functions of the values they are given (no store object): the store calls them with its options
+and with the replicas online as the scripts count them (``online_replicas`` in :mod:`.scripts`,
+read at start-up by the settings script: one rule for the plan, the warnings and every batch).
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import contextlib
 import redis
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.stores.redis.options import _EVICTING, LIVE_REPLICA_LAG_S, WAITAOF_VERSION
+from celery_anarchon.stores.redis.options import _EVICTING, WAITAOF_VERSION
 
 
 def server_version(client: redis.Redis) -> tuple[str, tuple[int, ...] | None]:
@@ -28,23 +27,19 @@ def server_version(client: redis.Redis) -> tuple[str, tuple[int, ...] | None]:
         return text, None
 
 
-def server_facts(client: redis.Redis) -> dict:
+def server_facts(client: redis.Redis, replicas: int) -> dict:
     """What durability depends on: ``version_text``, ``version``, ``aof`` (bool), ``fsync``
-    (appendfsync, "" if unreadable), ``replicas`` (online, acknowledged within 3 s).
+    (appendfsync, "" if unreadable), and ``replicas``: the replicas online, as given.
 
     :raises redis.exceptions.RedisError: the server did not answer (the caller translates it).
     """
     text, version = server_version(client)
-    facts = {"version_text": text, "version": version, "aof": False, "fsync": "", "replicas": 0}
+    facts = {"version_text": text, "version": version, "aof": False, "fsync": "",
+             "replicas": int(replicas)}
     with contextlib.suppress(redis.exceptions.ResponseError):
         facts["aof"] = str(client.info("persistence").get("aof_enabled", "0")) == "1"
     with contextlib.suppress(redis.exceptions.ResponseError):
         facts["fsync"] = client.config_get("appendfsync").get("appendfsync", "")
-    info = client.info("replication")
-    facts["replicas"] = sum(
-        1 for name, r in info.items()
-        if name.startswith("slave") and isinstance(r, dict) and r.get("state") == "online"
-        and int(r.get("lag", 0)) <= LIVE_REPLICA_LAG_S)
     return facts
 
 

@@ -233,8 +233,10 @@ class RedisStore(EntryStore):
         """The plan of :meth:`_plan_confirmation`, read from the server once (prepare() sets it;
         a store used without prepare() reads it at its first claim)."""
         if self._confirm is None:
+            online = int(self._call("settings", [])["online"])
             with self._unavailable("reading the server's setup"):
-                self._confirm = self._plan_confirmation(server.server_facts(self._redis()[0]))
+                facts = server.server_facts(self._redis()[0], online)
+            self._confirm = self._plan_confirmation(facts)
         return self._confirm
 
     def _claim_call(self, keys: list[str], args: list, script: str = "claim") -> tuple[dict, str]:
@@ -352,9 +354,9 @@ class RedisStore(EntryStore):
             for script in scripts.values():
                 pipe.script_load(script.script)
             pipe.execute()
-        self._check_settings()
+        online = self._check_settings()
         with self._unavailable("prepare"):
-            facts = server.server_facts(client)
+            facts = server.server_facts(client, online)
         self._confirm = self._plan_confirmation(facts)
         self._call("memory_start", [k for e in entries for k in self._block(e)], 0)
         warnings = self._prepare_strategy(entries)
@@ -363,18 +365,18 @@ class RedisStore(EntryStore):
                 client, facts, self._confirm, safe_url=self.safe_url, durability=self.durability,
                 allow_eviction=self.allow_eviction)
 
-    def _check_settings(self) -> None:
+    def _check_settings(self) -> int:
         """ConfigError when the store records other memory settings that are still in use (spec
-        point 5: a rolling change of ``memory`` must not shorten what the store remembers)."""
+        point 5: a rolling change of ``memory`` must not shorten what the store remembers);
+        else the replicas online now, as the claim scripts count them."""
         reply = self._call("settings", [])
         ours, horizon = self.memory_settings()
         theirs, used = reply["settings"], int(reply["used"] or 0)
-        if not theirs or theirs == ours:
-            return
         unused_ms = int(reply["now"]) - used
         wait_ms = horizon + 2 * LATENESS_TOLERANCE_MS
-        if unused_ms > wait_ms:
-            return  # nobody claimed under them for long enough: the first claim replaces them
+        if not theirs or theirs == ours or unused_ms > wait_ms:
+            # (theirs unused for long enough: this instance's first claim replaces them)
+            return int(reply["online"])
         raise ConfigError(
             f"Redis store {self.safe_url}, namespace {self.namespace!r}: the store's memory "
             f"settings are \"{theirs}\" (last used by a claim {unused_ms / 1000:.0f} s ago), this "
