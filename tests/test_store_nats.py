@@ -348,7 +348,7 @@ def test_a_lost_epoch_marker_restarts_the_memory_for_every_instance(stores):
 
 def test_a_slot_more_than_10_s_ahead_of_the_server_is_refused_as_early(stores):
     """So that no claim taken before a server restart is for a slot the epoch change does not
-    refuse (module docstring, "Amnesia and partial loss")."""
+    refuse (stores/nats/memory.py, "Amnesia and partial loss")."""
     a = prepared(stores("A"))
     now = a.now_ms()
     early = a.claim([req("e", now + LATENESS_TOLERANCE_MS + 2000)])[0]
