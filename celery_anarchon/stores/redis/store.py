@@ -413,7 +413,7 @@ class RedisStore(EntryStore):
             for n in notes:
                 event = RunEvent(n.event)
                 scripts["record"](
-                    keys=[self.store_key, *self._block(n.entry)],
+                    keys=[*self._head_keys, *self._block(n.entry)],
                     args=[*self._header(), int(n.slot_ms), event.value, n.task_id, int(n.attempt),
                           n.detail, "1" if event in SKIP_EVENTS else "0"], client=pipe)
             pipe.execute()
