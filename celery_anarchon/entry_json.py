@@ -147,21 +147,21 @@ def _crontab(name: str, sched: dict, app) -> celery_schedules.crontab:
                      ' (or a cron string: {"cron": "0 */2 * * *"})')
     _unknown(name, "schedule.crontab", fields, CRONTAB_FIELDS)
     for field, value in fields.items():
-        ok = isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
-        if not ok:
+        if not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
             raise _error(name, f"schedule.crontab.{field}", value, "not a crontab field",
                          'give the field as text, e.g. "0", "*/15", "1-5" or "mon,wed"')
-        try:
-            celery_schedules.crontab(**{field: value})
-        except (ValueError, TypeError, KeyError) as exc:
-            raise _error(name, f"schedule.crontab.{field}", value,
-                         f"Celery's crontab refuses it ({exc})",
-                         "write the field in crontab syntax within its range: minute 0-59, hour "
-                         "0-23, day_of_week 0-6 or sun-sat, day_of_month 1-31, month_of_year "
-                         "1-12") from None
     try:
         result = celery_schedules.crontab(**fields, app=app)
-    except ValueError as exc:  # each field alone is valid: no day of any month matches
+    except (ValueError, TypeError, KeyError) as exc:
+        for field, value in fields.items():  # name the field Celery refuses alone, if one
+            try:
+                celery_schedules.crontab(**{field: value})
+            except (ValueError, TypeError, KeyError) as field_exc:
+                raise _error(name, f"schedule.crontab.{field}", value,
+                             f"Celery's crontab refuses it ({field_exc})",
+                             "write the field in crontab syntax within its range: minute 0-59, "
+                             "hour 0-23, day_of_week 0-6 or sun-sat, day_of_month 1-31, "
+                             "month_of_year 1-12") from None
         raise _error(name, "schedule.crontab", fields, f"Celery's crontab refuses it ({exc})",
                      "choose a day_of_month that exists in the month_of_year") from None
     if "timezone" in sched:
@@ -244,9 +244,11 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
 
     The entry holds real schedule objects (``celery.schedules.schedule``, ``crontab`` with its own
     zone, :class:`celery_anarchon.cron`, ``solar``) and ``options['anarchon']`` as a beat_schedule
-    entry would; its slots are built once here (:func:`celery_anarchon.slots.slots_for`) so that a
-    schedule no host could compute fails now. The timing rules are not applied here: pass the
-    entry to :func:`celery_anarchon.plan.build_plan`.
+    entry would. What needs the slots (a crontab step larger than its field, an expression that
+    never fires, a period that is not whole milliseconds, an anchor) and the timing rules are
+    checked by :func:`celery_anarchon.plan.build_plan`, which every caller applies next, with the
+    start-up messages (building the slots once per entry: they cost most of a sync of 10,000
+    crontab entries).
 
     :param name: the entry's name (named in every error).
     :param app: the Celery app (its ``timezone`` for a crontab or cron without ``timezone``).
@@ -281,7 +283,6 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
     if "schedule" not in obj:
         raise _error(name, "schedule", None, "missing", f"give one of {_KINDS_TEXT}")
     schedule = _schedule(name, obj["schedule"], app)
-    slots.slots_for(schedule, entry=name, app_timezone=app.timezone, anchor_s=ours.get("anchor"))
     if ours:
         options["anarchon"] = ours
     return entry_cls(name=name, task=task, schedule=schedule, args=tuple(args), kwargs=kwargs,

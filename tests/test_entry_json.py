@@ -144,8 +144,6 @@ def test_canonical_text_is_sorted_and_compact_and_refuses_what_is_not_json():
      ["key 'schedule.crontab.minute'", "1.5", "not a crontab field"]),
     ({"task": "t", "schedule": {"crontab": {"day_of_month": "30", "month_of_year": "2"}}},
      ["key 'schedule.crontab'", "never occurs", "day_of_month that exists"]),
-    ({"task": "t", "schedule": {"crontab": {"minute": "*/120"}}},   # the start-up message
-     ["entry 'r'", "minute field '*/120'", "step 120 is larger", "fix:"]),
     ({"task": "t", "schedule": {"crontab": {"minute": "0"}, "timezone": "Europe/Pariss"}},
      ["key 'schedule.timezone'", '"Europe/Pariss"', "unknown time zone", "IANA name"]),
     ({"task": "t", "schedule": {"cron": "0 3 * * *", "timezone": 2}},
@@ -153,6 +151,7 @@ def test_canonical_text_is_sorted_and_compact_and_refuses_what_is_not_json():
     ({"task": "t", "schedule": {"cron": "0 25 * * *"}},
      ["entry 'r': key 'schedule.cron'", "'0 25 * * *' is not a valid cron expression", "fix"]),
     ({"task": "t", "schedule": {"cron": "0 3 * *"}}, ["key 'schedule.cron'", "has 4 fields"]),
+    ({"task": "t", "schedule": {"cron": "0 0 30 2 *"}}, ["key 'schedule.cron'", "never fires"]),
     ({"task": "t", "schedule": {"cron": ["0", "3"]}}, ["key 'schedule.cron'", "not a cron expression"]),
     ({"task": "t", "schedule": {"solar": "sunrse", "lat": 1, "lon": 2}},
      ["key 'schedule'", "Celery's solar refuses it", "sunrise"]),
@@ -169,6 +168,19 @@ def test_a_bad_definition_names_the_entry_the_key_the_value_and_the_fix(definiti
     assert message.startswith("entry 'r'"), message
     for word in words:
         assert word in message, (word, message)
+
+
+@pytest.mark.parametrize("schedule, words", [
+    ({"crontab": {"minute": "*/120"}}, ["minute field '*/120'", "step 120 is larger", "fix:"]),
+    ({"every": 0.0005}, ["period", "is not a whole number of milliseconds", "fix:"]),
+])
+def test_what_needs_the_slots_is_refused_by_the_plan_with_the_start_up_message(schedule, words):
+    app = make_app()
+    entry = entry_json.parse("r", {"task": "t", "schedule": schedule}, app=app)
+    with pytest.raises(ConfigError) as info:
+        plan_of("r", entry, app)
+    for word in ["entry 'r'", *words]:
+        assert word in str(info.value), (word, str(info.value))
 
 
 def test_timing_rules_apply_to_a_definition_with_the_start_up_message():
