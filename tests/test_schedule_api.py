@@ -162,6 +162,16 @@ def test_an_unsafe_entry_is_refused_with_the_start_up_message_and_nothing_is_wri
     assert api.get("slow").definition["schedule"] == {"every": 60}
 
 
+def test_the_memory_rules_are_those_of_the_apps_store(tmp_path, namespace):
+    """jitter + max_late must stay within what the store remembers (Redis script: 5 min window)."""
+    url, options = store_url("redis-script", tmp_path)
+    with celery_anarchon.schedules(make_app(url, namespace, options)) as s:
+        with pytest.raises(ConfigError, match="less than the store's memory of a claimed run"):
+            s.add("late", task="proj.report", schedule=3600, anarchon={"max_late": 400})
+        assert s.add("ok", task="proj.report", schedule=3600, anarchon={"max_late": 200}).name == "ok"
+        s.remove("ok")
+
+
 def test_a_task_no_worker_registered_is_refused_where_that_can_be_known(tmp_path, namespace):
     url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
     with celery_anarchon.schedules(make_app(url, namespace)) as s:
