@@ -86,24 +86,21 @@ def status(ctx, runs):
     cli_commands.status(ctx.obj.app, runs)
 
 
-@anarchon.command(cls=CeleryCommand)
-@click.argument("name")
-@_definition_options
-@click.pass_context
-def add(ctx, name, **flags):
-    """Add a store entry NAME (every live beat runs it within anarchon_sync_interval)."""
-    from celery_anarchon import cli_commands
-    cli_commands.write(ctx.obj.app, name, flags, create=True)
+def _write_command(verb: str, create: bool, help_text: str):
+    """``add`` (``create``) or ``update``: the same flags, one body."""
+    @anarchon.command(name=verb, cls=CeleryCommand, help=help_text)
+    @click.argument("name")
+    @_definition_options
+    @click.pass_context
+    def command(ctx, name, **flags):
+        from celery_anarchon import cli_commands
+        cli_commands.write(ctx.obj.app, name, flags, create=create)
+    return command
 
 
-@anarchon.command(cls=CeleryCommand)
-@click.argument("name")
-@_definition_options
-@click.pass_context
-def update(ctx, name, **flags):
-    """Change a store entry NAME: only the parts given change."""
-    from celery_anarchon import cli_commands
-    cli_commands.write(ctx.obj.app, name, flags, create=False)
+add = _write_command("add", True, "Add a store entry NAME (every live beat runs it within "
+                     "anarchon_sync_interval).")
+update = _write_command("update", False, "Change a store entry NAME: only the parts given change.")
 
 
 @anarchon.command(cls=CeleryCommand)
