@@ -20,7 +20,7 @@ from redis.crc import key_slot
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
-    LATENESS_TOLERANCE_MS, LeaseStore, LeaseTerms, Outcome, RunEvent, lease_store,
+    LATENESS_TOLERANCE_MS, HistoryRecord, LeaseStore, LeaseTerms, Outcome, RunEvent, lease_store,
 )
 from celery_anarchon.stores.entry_store import InstanceRecord, Pause
 from celery_anarchon.stores.redis import RedisStore
@@ -563,3 +563,20 @@ def test_old_requests_and_expired_instances_are_pruned_by_the_next_write(script)
     assert server.hkeys(keys["requests"]) == ["e r2"] and server.zcard(keys["requests:age"]) == 1
     assert server.hkeys(keys["instances"]) == ["A"] and server.zcard(keys["instances:expiry"]) == 1
     assert [r.request_id for r in a.load_entries().requests] == ["r2"]
+
+
+def test_record_many_writes_what_record_writes_in_one_pipeline(every, monkeypatch):
+    """The batch of history notes (sends, unconfirmed wins) lands in the entries' history as
+    single records do: skip events fill an empty record only."""
+    a = prepared(every("A"), "e", "f")
+    now = a.now_ms()
+    assert outcome(a, now) is Outcome.WON
+    sent = round_trips(a, monkeypatch)
+    a.record_many([HistoryRecord("e", now, RunEvent.SENT, task_id="t", detail="sent"),
+                   HistoryRecord("f", now, RunEvent.LATE_LOCAL, detail="late here"),
+                   HistoryRecord("e", now + 1, RunEvent.UNREACHABLE)])
+    assert sent[-1] == ["EVALSHA"] * 3, "one pipeline (redis-py checks its scripts before)"
+    a.record("e", now, RunEvent.LATE_LOCAL, detail="never over a sent run")
+    assert [(h.event, h.detail) for h in a.history("e")] == [
+        (RunEvent.UNREACHABLE, ""), (RunEvent.SENT, "sent")]
+    assert [(h.event, h.detail) for h in a.history("f")] == [(RunEvent.LATE_LOCAL, "late here")]
