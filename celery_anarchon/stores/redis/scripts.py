@@ -277,9 +277,11 @@ local function history_put(b, slot_s, event, task_id, attempt, detail, fill_only
 end
 
 -- the pause of the entry called name as Pause.describe() words it ('paused by <by>: <reason>'),
--- or nil when it runs; read once per entry and script
-local pauses_read = {}
+-- or nil when it runs; read once per entry and script (nothing when no entry is paused)
+local pauses_read, any_paused = {}, nil
 local function pause_of(name)
+  if any_paused == nil then any_paused = redis.call('EXISTS', PAUSES) == 1 end
+  if not any_paused then return nil end
   local why = pauses_read[name]
   if why == nil then
     local p = hget_json(PAUSES, name)
