@@ -1,0 +1,324 @@
+"""Store entries changed at run time, followed by three real ``celery beat`` processes and a real
+worker, on SQLite, PostgreSQL and Redis (one cluster per store, every scenario in sequence, sync
+interval 1 s), and two beats that disagree on a ``beat_schedule`` entry (default sync interval).
+
+The scenario on one entry ``dyn`` (the worker records every execution, as integration_app does):
+
+1. **add** (every 1 s) through ``schedules(app)``: its first run comes within the sync interval
+   plus one period (and is no older than one period before the add: the start-up rule), then
+   every slot runs exactly once;
+2. **update** to every 1.5 s with other kwargs: once every instance logged the sync, every slot
+   is one of the new schedule (a 1-s slot left on one instance would be won and sent: nobody else
+   claims it) with the new kwargs, none is missed, none runs twice;
+3. **pause** (reason, who): no slot after the pause was written runs (decided inside the claim, on
+   every instance, synced or not), and the paused slots are in the history as ``paused`` with
+   the reason and who paused;
+4. **resume**: every slot after the resume was written runs;
+5. **run_now** twice with one request id (and once more after it ran, and every instance synced
+   again for another request): one request, one slot of its own, exactly one execution;
+6. **remove**: no slot after every instance logged the sync runs.
+
+A duplicate can come late (a claim or a send retried until max_late): the checks are made at the
+end, on what the worker executed plus what the broker still holds once the beats stopped.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import re
+import sys
+import time
+
+import pytest
+
+import celery_anarchon
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import HistoryRecord, RunEvent
+
+from backends import backdate_memory_start
+from cluster import APPS, Cluster, read_executions
+from conftest import REDIS_URL, require_server
+from stores_support import VARIANT_OPTIONS, store_url
+from test_integration import BROKER_URL, queued_messages
+
+sys.path.insert(0, APPS)
+import schedules_app  # noqa: E402  (tests/apps: the app the processes run)
+
+#: the stores of the must-show (Redis: its default strategy)
+KINDS = ("sqlite", "postgresql", "redis")
+#: anarchon_sync_interval and anarchon_max_late of the beats, seconds
+SYNC_S, MAX_LATE_S = 1.0, 5.0
+#: the slack of a deadline past what the design allows: ticks, the worker, two busy cores
+SLACK_S = 2.0
+#: the periods of ``dyn`` before and after the update, ms (slots: multiples since the epoch)
+FIRST_MS, SECOND_MS = 1000, 1500
+#: the jitter of a 1-s and a 1.5-s entry (a quarter of the gap), seconds
+JITTER_S = 0.375
+#: a slot this long before a change was claimed before it (jitter, and a tick's delay)
+CLAIMED_BY_S = 1.0
+BEATS = ("beat-a", "beat-b", "beat-c")
+SYNCED = re.compile(r"anarchon: synced entries version (\d+):")
+
+
+class Run:
+    """One cluster's processes, its executions file and the test's clock of phases."""
+
+    def __init__(self, cluster: Cluster, out: str, beats: tuple[str, ...]) -> None:
+        self.cluster, self.out, self.beats = cluster, out, beats
+        self.costs: dict[str, float] = {}
+        self._began = time.monotonic()
+
+    def phase(self, name: str) -> None:
+        """Close the phase that ran since the last call (its cost, seconds)."""
+        now = time.monotonic()
+        self.costs[name] = now - self._began
+        self._began = now
+
+    def wait(self, predicate, timeout: float, what: str):
+        """Poll ``predicate`` until it returns a true value (every process still running).
+
+        :raises AssertionError: ``timeout`` passed, or a process exited (with the logs).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            dead = [p.name for p in self.cluster.procs.values() if not p.alive()]
+            if dead or time.monotonic() > deadline:
+                why = f"{dead} exited" if dead else f"timed out after {timeout} s"
+                raise AssertionError(f"{why} waiting for {what}\n{self.cluster.logs()}")
+            time.sleep(0.05)
+
+    def synced(self, version: int, timeout: float = SYNC_S + 10) -> float:
+        """Wait until every beat logged a sync at ``version`` or later; returns when the last one
+        was seen (epoch seconds: after every instance switched)."""
+        def all_synced():
+            return all(any(int(v) >= version for v in SYNCED.findall(self.cluster.text(b)))
+                       for b in self.beats)
+        self.wait(all_synced, timeout, f"every beat to sync entries version {version}")
+        return time.time()
+
+    def runs(self, entry: str = "dyn") -> list[dict]:
+        return [x for x in read_executions(self.out) if x["entry"] == entry]
+
+
+def slots_between(period_ms: int, lo_ms: float, hi_ms: float) -> list[int]:
+    """The slots of an interval entry (anchor 0) in ``(lo_ms, hi_ms]``."""
+    first = int(lo_ms) // period_ms * period_ms + period_ms
+    return list(range(first, int(hi_ms) + 1, period_ms))
+
+
+def cluster_env(kind: str, url: str, namespace: str, out: str, **more: str) -> dict:
+    return {"ANARCHON_SC_BROKER": BROKER_URL, "ANARCHON_SC_STORE": url,
+            "ANARCHON_SC_NAMESPACE": namespace, "ANARCHON_SC_QUEUE": f"sc-{namespace}",
+            "ANARCHON_SC_OUT": out,
+            "ANARCHON_SC_STORE_OPTIONS": json.dumps(VARIANT_OPTIONS.get(kind, {})), **more}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
+    require_server(REDIS_URL, "Redis (the broker)")
+    began = time.monotonic()
+    url = store_url(kind, str(tmp_path))
+    out = str(tmp_path / "executions.jsonl")
+    env = cluster_env(kind, url, namespace, out, ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S),
+                      ANARCHON_SC_MAX_LATE=str(MAX_LATE_S), ANARCHON_SC_CLOCK="1")
+    # a store that has been in service for a while (a new one refuses its first 10 s of slots)
+    store = open_store(url, namespace=namespace, instance_id="test",
+                       options=dict(VARIANT_OPTIONS.get(kind, {})))
+    store.prepare(["clock", "dyn"])
+    backdate_memory_start(store, ["clock", "dyn"], 120_000)
+    api = celery_anarchon.schedules(schedules_app.make_app(env), by="tester@ops")
+    cluster = Cluster(str(tmp_path), env, app="schedules_app")
+    run = Run(cluster, out, BEATS)
+    t: dict[str, float] = {}
+    try:
+        cluster.worker("worker")
+        for name in BEATS:
+            cluster.beat(name)
+        cluster.wait_log("worker", "ready.", timeout=60)
+        run.synced(0, timeout=60)
+        run.phase("start")
+
+        # 1. add: runs within the sync interval plus one period, then every slot
+        t["add"] = time.time()
+        api.add("dyn", task=schedules_app.TASK, schedule=FIRST_MS / 1000, kwargs={"phase": "add"})
+        t["added"] = time.time()
+        t["add_synced"] = run.synced(api.store.entries_version())
+        run.wait(lambda: len(run.runs()) >= 3, SYNC_S + 3 + SLACK_S + 3, "three runs of dyn")
+        run.phase("add")
+
+        # 2. update: 1 s -> 1.5 s and new kwargs, on every instance
+        t["update"] = time.time()
+        api.update("dyn", schedule=SECOND_MS / 1000, kwargs={"phase": "update"})
+        t["update_synced"] = run.synced(api.store.entries_version())
+        run.wait(lambda: len([x for x in run.runs() if x["slot"] > t["update_synced"] * 1000]) >= 3,
+                 3 * SECOND_MS / 1000 + SLACK_S + 3, "three runs of the updated dyn")
+        run.phase("update")
+
+        # 3. pause: holds at once, recorded in the history as paused with reason and who
+        t["pause"] = time.time()
+        api.pause("dyn", reason="maintenance window")
+        t["paused"] = time.time()
+
+        def paused_slots():
+            found = [h for h in store.history("dyn", limit=100)
+                     if h.event is RunEvent.PAUSED and h.slot_ms > t["paused"] * 1000]
+            return found if len(found) >= 3 else None
+        paused = run.wait(paused_slots, 3 * SECOND_MS / 1000 + SLACK_S + 3,
+                          "three paused slots in the history")
+        for name in BEATS:   # each instance noticed the pause at its sync (logged once)
+            cluster.wait_log(name, "entry dyn is paused by tester@ops: maintenance window", 10)
+        run.phase("pause")
+
+        # 4. resume: the next slots run again
+        t["resume"] = time.time()
+        api.resume("dyn")
+        t["resumed"] = time.time()
+        run.wait(lambda: len([x for x in run.runs() if x["slot"] > t["resumed"] * 1000]) >= 2,
+                 2 * SECOND_MS / 1000 + SLACK_S + 3, "two runs after the resume")
+        run.phase("resume")
+
+        # 5. run_now twice with one request id (and again after it ran): one run
+        first = api.run_now("dyn", request_id="ticket-4711")
+        second = api.run_now("dyn", request_id="ticket-4711")
+        run.wait(lambda: any(x["slot"] == first.slot_ms for x in run.runs()),
+                 2 * SYNC_S + 5 + SLACK_S, "the run-now run")
+        for name in BEATS:   # every instance claimed it (one won)
+            cluster.wait_log(name, "run-now request ticket-4711", 10)
+        third = api.run_now("dyn", request_id="ticket-4711")
+        # another request: every instance syncs again (and looks at ticket-4711 again) before
+        # the removal
+        other = api.run_now("dyn", request_id="ticket-4712")
+        run.synced(api.store.entries_version())
+        run.wait(lambda: any(x["slot"] == other.slot_ms for x in run.runs()),
+                 2 * SYNC_S + 5 + SLACK_S, "the second run-now run")
+        run.phase("run_now")
+
+        # 6. remove: nothing runs once every instance synced
+        t["remove"] = time.time()
+        api.remove("dyn")
+        t["remove_synced"] = run.synced(api.store.entries_version())
+        # the pacemaker: once the clock entry ran a slot two periods later, a run of dyn due
+        # meanwhile would have been sent before it (one queue, FIFO)
+        run.wait(lambda: any(x["slot"] > (t["remove_synced"] + 2 * SECOND_MS / 1000 + JITTER_S)
+                             * 1000 for x in run.runs("clock")),
+                 2 * SECOND_MS / 1000 + SLACK_S + 5, "the clock entry's runs after the removal")
+        run.phase("remove")
+        for name in BEATS:
+            cluster.stop(name)
+        queue = env["ANARCHON_SC_QUEUE"]
+        run.wait(lambda: not queued_messages(queue), 15, "the worker to empty the queue")
+    finally:
+        cluster.stop_all()
+        api.close()
+    left = queued_messages(env["ANARCHON_SC_QUEUE"])
+    run.phase("stop")
+    history = {h.slot_ms: h for h in store.history("dyn", limit=500)}
+    store.close()
+
+    everything = read_executions(out) + [{"entry": h.get("anarchon_entry"),
+                                          "slot": h.get("anarchon_slot"), "kwargs": {},
+                                          "queued": True} for h in left]
+    counts = collections.Counter((x["entry"], x["slot"]) for x in everything)
+    duplicates = {r: n for r, n in counts.items() if n > 1}
+    dyn = sorted((x for x in everything if x["entry"] == "dyn"), key=lambda x: x["slot"])
+    by_slot = {x["slot"]: x for x in dyn}
+    ms = {k: v * 1000 for k, v in t.items()}
+    scheduled = [x for x in dyn if x["slot"] not in (first.slot_ms, other.slot_ms)]
+    with capsys.disabled():
+        print(f"\n[{kind}] {len(dyn)} runs of dyn, {len(everything)} executions, "
+              f"{len(duplicates)} duplicates; cost (s): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in run.costs.items())
+              + f", total {time.monotonic() - began:.1f}")
+    logs = cluster.logs()
+    assert not duplicates, f"runs executed twice: {duplicates}\n{logs}"
+    assert not left, f"sent, never executed: {left}"
+
+    # 1. add: the first run within sync interval + period (+ jitter, slack); nothing older than
+    # one period before the add (start-up rule); then every slot up to the update
+    head = scheduled[0]
+    assert head["kwargs"] == {"phase": "add"}
+    assert head["executed_at"] - t["added"] <= SYNC_S + FIRST_MS / 1000 + JITTER_S + SLACK_S, head
+    assert head["slot"] > ms["add"] - FIRST_MS, head
+    want = slots_between(FIRST_MS, ms["add_synced"], ms["update"] - CLAIMED_BY_S * 1000)
+    assert [s for s in want if s not in by_slot] == [], (want, sorted(by_slot))
+
+    # 2. update: after every instance synced, only the new schedule and kwargs; none missed
+    after = [x for x in scheduled if ms["update_synced"] < x["slot"] <= ms["pause"]]
+    wrong = [x for x in after if x["slot"] % SECOND_MS or x["kwargs"] != {"phase": "update"}]
+    assert not wrong, f"runs of the old definition after every instance synced: {wrong}"
+    want = slots_between(SECOND_MS, ms["update_synced"], ms["pause"] - CLAIMED_BY_S * 1000)
+    assert len(want) >= 2 and [s for s in want if s not in by_slot] == [], (want, sorted(by_slot))
+
+    # 3. pause: no slot after the pause was written ran until the resume (a slot just before
+    # the resume is claimed after it, and runs); paused in the history with reason and who
+    window = (ms["paused"], ms["resume"] - SECOND_MS)
+    ran = [x for x in scheduled if window[0] < x["slot"] < window[1]]
+    assert not ran, (f"runs of slots after the pause was written: {ran}, times {t}, history "
+                     f"{[history.get(x['slot']) for x in ran]}\n{logs}")
+    for record in paused:
+        assert record.detail == "paused by tester@ops: maintenance window", record
+    assert len(slots_between(SECOND_MS, *window)) >= 2, window
+    for slot in slots_between(SECOND_MS, *window):
+        assert slot in history and history[slot].event is RunEvent.PAUSED, (slot, history.get(slot))
+
+    # 4. resume: every slot after the resume was written ran (up to the removal)
+    want = slots_between(SECOND_MS, ms["resumed"], ms["remove"] - CLAIMED_BY_S * 1000)
+    assert len(want) >= 1 and [s for s in want if s not in by_slot] == [], (want, sorted(by_slot))
+
+    # 5. run_now: one request (the same slot for the same id), a slot of its own, one execution
+    assert first == second == third, (first, second, third)
+    assert first.slot_ms % SECOND_MS != 0 and other.slot_ms != first.slot_ms, (first, other)
+    assert counts[("dyn", first.slot_ms)] == 1 and counts[("dyn", other.slot_ms)] == 1
+
+    # 6. remove: nothing after every instance synced
+    late = [x for x in dyn if x["slot"] > ms["remove_synced"]]
+    assert not late, f"runs after every instance synced the removal: {late}"
+    assert all(x["instance"] for x in scheduled if not x.get("queued"))
+
+
+def test_two_beats_with_different_definitions_both_log_it(tmp_path, namespace):
+    """Two instances with different ``beat_schedule`` definitions of ``drift`` (as in a rolling
+    deploy), at the default sync interval: each logs an error naming the entry, both definitions
+    and the other's host:pid; once one stops (its record removed, or expired), the other logs
+    that they agree again."""
+    began = time.monotonic()
+    url = store_url("sqlite", str(tmp_path))
+    env = cluster_env("sqlite", url, namespace, str(tmp_path / "executions.jsonl"))
+    cluster = Cluster(str(tmp_path), env, app="schedules_app")
+    try:
+        one = cluster.beat("beat-a", env={"ANARCHON_SC_DRIFT_EVERY": "3600"})
+        two = cluster.beat("beat-b", env={"ANARCHON_SC_DRIFT_EVERY": "7200"})
+        # the default interval: the second sees the first at once, the first within 5 s
+        for name, other in (("beat-a", two), ("beat-b", one)):
+            cluster.wait_log(name, "anarchon: instances disagree on entry 'drift'", 30)
+            line = next(ln for ln in cluster.text(name).splitlines()
+                        if "instances disagree on entry 'drift'" in ln)
+            assert f":{other.pid} run" in line, line                   # the other's host:pid
+            assert f":{cluster.procs[name].pid})" in line, line        # this instance's
+            for period in ("period_ms=3600000", "period_ms=7200000"):  # both definitions
+                assert period in line, line
+        cluster.stop("beat-b")
+        cluster.wait_log("beat-a", "the live instances agree again", 3 * 5 + 10)
+    finally:
+        cluster.stop_all()
+    print(f"disagreement test: {time.monotonic() - began:.1f} s")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_history_notes_written_in_one_batch_read_back(kind, tmp_path, namespace):
+    """The beats write their send notes with ``record_many``: on an entry store (the claim-side
+    scripts take the pauses key too) they must land in the entry's history like ``record``'s."""
+    store = open_store(store_url(kind, str(tmp_path)), namespace=namespace, instance_id="notes",
+                       options=dict(VARIANT_OPTIONS.get(kind, {})))
+    try:
+        store.prepare(["dyn"])
+        store.record_many([HistoryRecord(entry="dyn", slot_ms=60_000, event=RunEvent.SENT,
+                                         task_id="t-1")])
+        store.record("dyn", 120_000, RunEvent.SENT, task_id="t-2")
+        assert [(h.slot_ms, h.event, h.task_id) for h in store.history("dyn")] == [
+            (120_000, RunEvent.SENT, "t-2"), (60_000, RunEvent.SENT, "t-1")]
+    finally:
+        store.close()
