@@ -199,15 +199,12 @@ class ClaimQueues:
         """The pipeline was refused: declare one by one to learn which queue (a refusal closes the
         channel, so a new one follows each). A missing born queue means the broker forgot the
         entry: its memory starts again now. Returns answers for the runs that cannot be claimed."""
-        ch = s.channel()
-        failed: Answers = {}
-        try:
-            ch.queue_declare(self.names.settings(), durable=True, auto_delete=False,
-                             arguments=settings_arguments(self.slot_ttl_ms))
-        except amqp.exceptions.PreconditionFailed as exc:
-            detail = self.settings_error(exc)
+        detail = self.check_settings(s)
+        if detail:
             self._warn_once(detail)
             return {run: (Outcome.FORGOTTEN, detail) for run in runs}  # loss-spec point 5
+        ch = s.channel()
+        failed: Answers = {}
         for entry in entries:
             try:
                 ch.queue_declare(self.names.born(entry), passive=True)

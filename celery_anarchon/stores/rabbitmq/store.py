@@ -204,10 +204,15 @@ class RabbitMQStore(ClaimStore):
 
     def _drop(self) -> None:
         """Forget the session after an error (its connection may hold unread frames)."""
+        self._let_go(release=False)
+
+    def _let_go(self, *, release: bool) -> None:
+        """Forget the session; ``release`` closes its connection, else its resources are only
+        collected (no I/O on a connection that may be broken). Never the parent's, after a fork."""
         session, self._session = self._session, None
         if session is not None and session.pid == os.getpid():
             with contextlib.suppress(Exception):
-                session.conn.collect()
+                (session.conn.release if release else session.conn.collect)()
 
     @contextlib.contextmanager
     def _using(self, doing: str):
@@ -229,10 +234,7 @@ class RabbitMQStore(ClaimStore):
 
     def close(self) -> None:
         """Release the connection; idempotent and safe in a signal handler (no lock taken)."""
-        session, self._session = self._session, None
-        if session is not None and session.pid == os.getpid():
-            with contextlib.suppress(Exception):
-                session.conn.release()
+        self._let_go(release=True)
 
     # -- life cycle ---------------------------------------------------------------------------
     def prepare(self, entries: Iterable[str]) -> list[str]:
