@@ -42,7 +42,7 @@ import tempfile
 import time
 import urllib.request
 
-from servers import free_port, stop_server
+from servers import Rig, free_port, stop_server, wait_for
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
@@ -111,15 +111,12 @@ class NatsServer:
 
     def wait_healthy(self, timeout: float = 30) -> None:
         """:raises RuntimeError: the server died or was not healthy within ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def up() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"nats-server {self.name} exited ({self.proc.returncode}); "
                                    f"see {self.log}")
-            if self.healthy():
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"nats-server {self.name} not healthy in {timeout} s; see {self.log}")
+            return self.healthy()
+        wait_for(up, timeout, f"nats-server {self.name} to be healthy (see {self.log})")
 
     def kill(self) -> None:
         """SIGKILL (a crash); returns once the client port is closed."""
@@ -159,7 +156,7 @@ class NatsServer:
         shutil.copytree(copy, self.store_dir)
 
 
-class NatsCluster:
+class NatsCluster(Rig):
     """``size`` JetStream servers ``n1..n<size>``; with ``size`` > 1 a cluster with routes between
     every pair (module docstring). A context manager: started on enter, removed on exit."""
 
@@ -211,10 +208,9 @@ class NatsCluster:
         replicas = min(3, sum(s.alive() for s in self.servers))
         config = {"name": "RIG_READY", "subjects": ["rig.ready"], "storage": "memory",
                   "num_replicas": replicas}
-        while self.request("$JS.API.STREAM.CREATE.RIG_READY", config) is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"JetStream of {self.url} not ready in {timeout} s")
-            time.sleep(0.1)
+        wait_for(lambda: self.request("$JS.API.STREAM.CREATE.RIG_READY", config) is not None,
+                 max(0.1, deadline - time.monotonic()), f"JetStream of {self.url} to be ready",
+                 interval=0.1)
         self.request("$JS.API.STREAM.DELETE.RIG_READY")
 
     def request(self, subject: str, body: dict | None = None, timeout: float = 2) -> dict | None:
@@ -249,32 +245,19 @@ class NatsCluster:
 
         :raises RuntimeError: no such leader within ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info = self.stream_info(stream)
-            leader = ((info or {}).get("cluster") or {}).get("leader")
-            if leader:
-                server = self.by_name(leader) if len(self.servers) > 1 else self.servers[0]
-                if server.alive() and server is not not_on:
-                    return server
-            time.sleep(0.05)
-        raise RuntimeError(f"no leader of stream {stream} within {timeout} s")
+        def leader() -> NatsServer | None:
+            name = ((self.stream_info(stream) or {}).get("cluster") or {}).get("leader")
+            if not name:
+                return None
+            server = self.by_name(name) if len(self.servers) > 1 else self.servers[0]
+            return server if server.alive() and server is not not_on else None
+        return wait_for(leader, timeout, f"a leader of stream {stream}")
 
     def close(self) -> None:
         """SIGKILL every server and remove the folder."""
         for server in self.servers:
             server.kill()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self) -> NatsCluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def main() -> None:

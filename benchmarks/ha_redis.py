@@ -38,11 +38,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import redis
 
-from servers import RedisServer, free_port, wait_port
+from servers import RedisServer, Rig, free_port, wait_for, wait_port
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from tcp_proxy import TCPProxy  # noqa: E402
@@ -57,17 +56,9 @@ _COMMON = ("--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1")
 
 
 def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except (redis.exceptions.RedisError, OSError):
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+    """:func:`servers.wait_for`, a Redis error counting as "not yet" (a server still starting)."""
+    return wait_for(predicate, timeout, what, interval=0.02,
+                    ignore=(redis.exceptions.RedisError, OSError))
 
 
 class Node(RedisServer):
@@ -124,7 +115,7 @@ class SentinelNode:
             self.proc.wait(10)
 
 
-class RedisHA:
+class RedisHA(Rig):
     """A master, ``replicas`` replicas (each through its own proxy) and ``sentinels`` Sentinels.
 
     :param replicas: how many replicas (0 or more).
@@ -198,12 +189,6 @@ class RedisHA:
             node.stop(signal.SIGKILL)
         if self._own_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self) -> RedisHA:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- addresses --------------------------------------------------------------------------------
     @property

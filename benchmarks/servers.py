@@ -9,6 +9,9 @@ started by benchmarks/procs.py.
 * :class:`PostgresServer`: a PostgreSQL cluster of its own (``initdb`` in a temporary directory,
   ``pg_ctl`` on a free port, run as the ``postgres`` user), restarted with ``pg_ctl stop -m
   immediate`` (a crash: the WAL replays committed transactions) or ``-m fast``.
+* What the rigs share: :func:`wait_for` (the one wait for a condition), :func:`wait_port`,
+  :func:`stop_server`, :func:`postgres_bin_dir` and :func:`as_postgres`, and :class:`Rig` (a
+  context manager that leaves nothing running when its start fails).
 """
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -37,13 +44,50 @@ def port_open(port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def wait_port(port: int, up: bool, timeout: float, what: str) -> None:
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval: float = 0.05,
+             ignore: tuple[type[BaseException], ...] = ()) -> T:
+    """Poll ``predicate()`` every ``interval`` seconds until it returns a true value, and return
+    that value: the one wait of the servers and rigs (a wait for a condition, not a retry).
+
+    :param ignore: exceptions of ``predicate`` that count as "not yet" (a server still starting).
+    :raises RuntimeError: ``timeout`` seconds passed (naming ``what``); or what ``predicate``
+        raised that is not in ``ignore`` (a server that exited, say).
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if port_open(port) == up:
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} on port {port} did not come {'up' if up else 'down'} in {timeout} s")
+    while True:
+        try:
+            value = predicate()
+        except ignore:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_port(port: int, up: bool, timeout: float, what: str) -> None:
+    """Until ``port`` of 127.0.0.1 accepts connections (``up``) or refuses them.
+
+    :raises RuntimeError: not within ``timeout`` seconds."""
+    wait_for(lambda: port_open(port) == up, timeout,
+             f"{what} on port {port} to come {'up' if up else 'down'}")
+
+
+class Rig:
+    """Servers started together (the HA rigs): a context manager that calls ``start()`` on enter,
+    ``close()`` if that fails (nothing is left running), and ``close()`` on exit. A subclass
+    gives ``start() -> self`` and an idempotent ``close()``."""
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def stop_server(proc: subprocess.Popen | None, sig: int, port: int, what: str) -> None:
@@ -92,16 +136,14 @@ class RedisServer:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         wait_port(self.port, True, 20, f"redis-server {self.name}")
         # the port answers before an AOF is loaded: wait until PING works
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            out = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True,
-                                 text=True)
-            if out.stdout.strip() == "PONG":
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server {self.name} exited; see {self.log}")
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server {self.name} does not answer PING")
+        wait_for(self._pong, 20, f"redis-server {self.name} to answer PING")
+
+    def _pong(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"redis-server {self.name} exited; see {self.log}")
+        out = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True,
+                             text=True)
+        return out.stdout.strip() == "PONG"
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """SIGTERM: Redis shuts down cleanly (flushes its AOF); SIGKILL: a crash."""
@@ -111,6 +153,27 @@ class RedisServer:
         return self.proc is not None and self.proc.poll() is None
 
 
+def postgres_bin_dir() -> str:
+    """The folder of the newest PostgreSQL server binaries (``/usr/lib/postgresql/*/bin``).
+
+    :raises RuntimeError: none installed."""
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    if not bins:
+        raise RuntimeError("PostgreSQL server binaries (pg_ctl, initdb) not found")
+    return os.path.dirname(bins[-1])
+
+
+def as_postgres(*args: str, cwd: str = "/tmp", check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``args`` as the ``postgres`` user (``runuser``), output captured.
+
+    :raises RuntimeError: it failed and ``check`` (naming the command, its code and stderr)."""
+    out = subprocess.run(["runuser", "-u", "postgres", "--", *args], capture_output=True, text=True,
+                         cwd=cwd)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({out.returncode}): {out.stderr.strip()}")
+    return out
+
+
 class PostgresServer:
     """A PostgreSQL cluster of our own (see the module docstring); never the shared one on 5432."""
 
@@ -118,10 +181,7 @@ class PostgresServer:
         self.name = name
         self.port = free_port()
         self.folder = folder
-        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-        if not bins:
-            raise RuntimeError("PostgreSQL server binaries (pg_ctl, initdb) not found")
-        self.bin = os.path.dirname(bins[-1])
+        self.bin = postgres_bin_dir()
         self.root = tempfile.mkdtemp(prefix="anarchon-chaos-pg-")  # postgres must reach it
         self.data = os.path.join(self.root, "data")
         self.log = os.path.join(self.root, "postgresql.log")
@@ -132,8 +192,7 @@ class PostgresServer:
         return f"postgresql://postgres@127.0.0.1:{self.port}/chaos"
 
     def _as_postgres(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["runuser", "-u", "postgres", "--", *args], capture_output=True,
-                              text=True, check=check, cwd=self.root)
+        return as_postgres(*args, check=check, cwd=self.root)
 
     def create(self) -> None:
         self._as_postgres(os.path.join(self.bin, "initdb"), "-D", self.data, "-A", "trust",
