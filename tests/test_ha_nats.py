@@ -7,7 +7,6 @@ instance was told it won is never won again (a possible miss, never a duplicate)
 """
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import defaultdict
@@ -15,29 +14,24 @@ from collections import defaultdict
 import pytest
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Outcome
 
-from conftest import IN_CI
 from backends import backdate_memory_start
+from ha_support import need, opened_stores, rig_fixture, until_answered
 from helpers import prepared, req
+from stores_support import wait_until
 
 ha_nats = pytest.importorskip("ha_nats")
 
 
 def _need_server():
-    if not ha_nats.available():
-        if IN_CI:
-            pytest.fail(f"nats-server is missing ({ha_nats.NATS_SERVER})")
-        pytest.skip(f"nats-server is missing ({ha_nats.NATS_SERVER})")
+    need(ha_nats.available(), f"nats-server is missing ({ha_nats.NATS_SERVER})")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One three-server cluster for the module; each test leaves every server running."""
-    _need_server()
-    with ha_nats.NatsCluster(3) as c:
-        yield c
+#: one three-server cluster for the module; each test leaves every server running
+cluster = rig_fixture(lambda: ha_nats.NatsCluster(3), scope="module", needs=_need_server)
+single = rig_fixture(lambda: ha_nats.NatsCluster(1), needs=_need_server)
+opened = opened_stores()
 
 
 @pytest.fixture
@@ -49,34 +43,9 @@ def healed(cluster):
     cluster.wait_ready()
 
 
-@pytest.fixture
-def opened():
-    stores = []
-
-    def make(url, namespace, instance_id, **options):
-        store = open_store(url, namespace=namespace, instance_id=instance_id, options=options)
-        stores.append(store)
-        return store
-    yield make
-    for store in stores:
-        store.close()
-
-
-def until_answered(call, deadline):
-    """``call()``, retried on StoreUnavailable (a leader election, as beat retries) until
-    ``deadline`` (monotonic)."""
-    while True:
-        try:
-            return call()
-        except StoreUnavailable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def claim_until_answered(store, requests, deadline):
-    """Claim, retrying a StoreUnavailable (a leader election) until ``deadline`` (monotonic)."""
-    return until_answered(lambda: store.claim(requests), deadline)
+def claim_until_answered(store, requests, within_s: float):
+    """Claim, retrying a StoreUnavailable (a leader election) for ``within_s`` seconds."""
+    return until_answered(lambda: store.claim(requests), within_s)
 
 
 def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed, opened, namespace):
@@ -143,11 +112,10 @@ def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed
     # the runs won before the kill: lost to their winners on every instance that is still there
     survivors = [s for s, server in zip(stores, healed.servers) if server is not leader]
     for store in survivors:
-        note(claim_until_answered(store, [req("e", s) for s in before], time.monotonic() + 20))
+        note(claim_until_answered(store, [req("e", s) for s in before], 20))
     leader.start()
     for store in stores:
-        note(claim_until_answered(store, [req("e", s) for s in before + during],
-                                  time.monotonic() + 20))
+        note(claim_until_answered(store, [req("e", s) for s in before + during], 20))
     twice = {s: w for s, w in winners.items() if len(w) > 1}
     assert not twice, f"runs won by two instances: {twice}"
     assert all(len(winners[s]) == 1 for s in during), "every run got its one winner"
@@ -193,18 +161,17 @@ def test_an_r1_stream_of_an_older_start_is_raised_to_three_replicas(healed, open
     keeps = opened(healed.url, namespace, "KEEP", replicas=1)
     assert any("has 3 replicas" in w and "kept" in w for w in keeps.prepare(["e"]))
     assert _replicas(healed, new.stream) == 3, "never lowered"
-    wait_caught_up = time.monotonic() + 10
-    while not all(r.get("current") for r in healed.stream_info(new.stream)["cluster"]["replicas"]):
-        assert time.monotonic() < wait_caught_up, "the new replicas did not catch up"
-        time.sleep(0.05)
+    wait_until(lambda: all(r.get("current")
+                           for r in healed.stream_info(new.stream)["cluster"]["replicas"]),
+               10, "the new replicas to catch up")
     leader = healed.stream_leader(new.stream)
     leader.kill()
     healed.stream_leader(new.stream, not_on=leader)
     other = [s for s in healed.servers if s is not leader][0]
     late = opened(other.url, namespace, "LATE")
     # the other streams of the store (epoch, history) may still be electing their leaders
-    until_answered(lambda: late.prepare(["e"]), time.monotonic() + 20)
-    lost = claim_until_answered(late, [req("e", slot)], time.monotonic() + 20)[0]
+    until_answered(lambda: late.prepare(["e"]), 20)
+    lost = claim_until_answered(late, [req("e", slot)], 20)[0]
     assert lost.outcome is Outcome.OTHER_WON and lost.winner == "OLD", lost
 
 
@@ -215,13 +182,6 @@ def test_replicas_are_validated(cluster, opened, namespace):
     too_many = opened(cluster.url, namespace, "A", replicas=5)
     with pytest.raises(ConfigError, match="5 replicas cannot be placed on cluster 'anarchon'"):
         too_many.prepare(["e"])
-
-
-@pytest.fixture
-def single():
-    _need_server()
-    with ha_nats.NatsCluster(1) as c:
-        yield c
 
 
 def test_single_server_restarted_after_losing_its_newest_writes_never_rewins(single, opened,
@@ -242,10 +202,10 @@ def test_single_server_restarted_after_losing_its_newest_writes_never_rewins(sin
     server.start()
     b = opened(single.url, namespace, "B")
     b.prepare(["e"])
-    again = claim_until_answered(b, [req("e", x2)], time.monotonic() + 10)[0]
+    again = claim_until_answered(b, [req("e", x2)], 10)[0]
     assert again.outcome is not Outcome.WON, f"X2 won twice: by A, then by B ({again})"
     assert again.outcome is Outcome.FORGOTTEN and "epoch" in again.detail, again
-    retried = claim_until_answered(a, [req("e", x2)], time.monotonic() + 10)[0]
+    retried = claim_until_answered(a, [req("e", x2)], 10)[0]
     assert retried.outcome is Outcome.FORGOTTEN, retried
     kept = b.claim([req("e", x1)])[0]
     assert kept.outcome in (Outcome.OTHER_WON, Outcome.FORGOTTEN) and kept.outcome is not Outcome.WON
@@ -267,7 +227,7 @@ def test_whole_cluster_restart_is_an_epoch_change_for_every_instance(healed, ope
         server.start(wait=False)
     for server in healed.servers:
         server.wait_healthy()
-    fresh = claim_until_answered(b, [req("e", now - 1000)], time.monotonic() + 20)[0]
+    fresh = claim_until_answered(b, [req("e", now - 1000)], 20)[0]
     assert fresh.outcome is Outcome.FORGOTTEN and "epoch changed" in fresh.detail, fresh
-    again = claim_until_answered(b, [req("e", now - 2000)], time.monotonic() + 20)[0]
+    again = claim_until_answered(b, [req("e", now - 2000)], 20)[0]
     assert again.outcome is not Outcome.WON, again

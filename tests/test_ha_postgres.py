@@ -6,60 +6,35 @@ Each test starts its own primary and standby (about 1.5 s) and breaks them."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
-from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Outcome, RunEvent
 
-from conftest import IN_CI
+from ha_support import need, opened_stores, rig_fixture
+from stores_support import wait_until
 from test_store_contract import after_memory_restart, fresh_slot, prepared, req
 
 ha_postgres = pytest.importorskip("ha_postgres")
 
-if not ha_postgres.available():
-    if IN_CI:
-        pytest.fail("the PostgreSQL rig needs the server binaries, runuser and root", pytrace=False)
-    pytestmark = pytest.mark.skip("the PostgreSQL rig needs the server binaries, runuser and root")
+
+@pytest.fixture(autouse=True)
+def rig_binaries():
+    """Every test here starts servers of its own: skipped without them, failed under CI."""
+    need(ha_postgres.available(), "the PostgreSQL rig needs the server binaries, runuser and root")
 
 
-@pytest.fixture
-def namespace_ha():
-    return "ha-" + uuid.uuid4().hex[:8]
+opened = opened_stores()
+async_rig = rig_fixture(lambda: ha_postgres.PostgresHA(standbys=1))
+sync_rig = rig_fixture(lambda: ha_postgres.PostgresHA(standbys=1, synchronous="FIRST 1 (standby0)"))
 
 
-@pytest.fixture
-def opened():
-    stores = []
-
-    def _open(url, instance_id, namespace, **options):
-        store = open_store(url, namespace=namespace, instance_id=instance_id, options=options)
-        stores.append(store)
-        return store
-    yield _open
-    for store in stores:
-        store.close()
-
-
-@pytest.fixture
-def async_rig():
-    with ha_postgres.PostgresHA(standbys=1) as ha:
-        yield ha
-
-
-@pytest.fixture
-def sync_rig():
-    with ha_postgres.PostgresHA(standbys=1, synchronous="FIRST 1 (standby0)") as ha:
-        yield ha
-
-
-def test_promoted_lagging_standby_never_rewins_a_won_run(async_rig, opened, namespace_ha):
+def test_promoted_lagging_standby_never_rewins_a_won_run(async_rig, opened, namespace):
     """A wins X on the primary while the asynchronous standby lags; the primary crashes and the
     standby is promoted without X. B's claim of X through the promoted standby is refused
     (forgotten: the timeline changed), never won (issue 8, "a promoted asynchronous standby")."""
     ha = async_rig
-    a = opened(ha.url(), "A", namespace_ha)
+    a = opened(ha.url(), namespace, "A")
     warnings = a.prepare(["e"])
     assert any("asynchronous" in w and "synchronous_standby_names" in w for w in warnings), warnings
     # it protects against a promotion after the primary died, not against a split brain
@@ -75,7 +50,7 @@ def test_promoted_lagging_standby_never_rewins_a_won_run(async_rig, opened, name
     ha.kill_primary()
     ha.promote()
 
-    b = opened(ha.url(), "B", namespace_ha)
+    b = opened(ha.url(), namespace, "B")
     again = b.claim([req("e", slot)])[0]
     assert again.outcome is not Outcome.WON, again
     assert again.outcome is Outcome.FORGOTTEN and "timeline" in again.detail, again
@@ -84,13 +59,13 @@ def test_promoted_lagging_standby_never_rewins_a_won_run(async_rig, opened, name
 
 
 def test_claim_waits_for_the_synchronous_standby_and_a_cancelled_wait_is_unconfirmed(
-        sync_rig, opened, namespace_ha):
+        sync_rig, opened, namespace):
     """With synchronous_standby_names set (durability "auto"), a claim commits only once the
     standby has it; when the wait is cancelled (confirm_timeout) PostgreSQL keeps the commit
     locally and only warns: the claim is UNCONFIRMED, never WON, and its retry is confirmed again
     before it answers WON. A WON claim survives a crash of the primary and a promotion."""
     ha = sync_rig
-    a = opened(ha.url(), "A", namespace_ha, claim_timeout=3, confirm_timeout=1)
+    a = opened(ha.url(), namespace, "A", claim_timeout=3, confirm_timeout=1)
     warnings = prepared(a).prepare(["e"])
     assert not any("asynchronous" in w for w in warnings), warnings
     slot = fresh_slot(a)
@@ -111,26 +86,26 @@ def test_claim_waits_for_the_synchronous_standby_and_a_cancelled_wait_is_unconfi
     ha.pause_replication()                # nothing more reaches the standby
     ha.kill_primary()
     ha.promote()
-    b = opened(ha.url(), "B", namespace_ha)
+    b = opened(ha.url(), namespace, "B")
     survivor = b.claim([req("e", durable)])[0]
     assert survivor.outcome is Outcome.OTHER_WON and survivor.winner == "A", survivor
 
 
-def test_durability_standby_needs_a_synchronous_standby(async_rig, opened, namespace_ha):
+def test_durability_standby_needs_a_synchronous_standby(async_rig, opened, namespace):
     """durability="standby" on a primary without synchronous_standby_names cannot be kept: beat
     refuses to start, naming the setting."""
     from celery_anarchon.errors import ConfigError
-    a = opened(async_rig.url(), "A", namespace_ha, durability="standby")
+    a = opened(async_rig.url(), namespace, "A", durability="standby")
     with pytest.raises(ConfigError, match="synchronous_standby_names"):
         a.prepare(["e"])
 
 
-def test_standby_down_blocks_claims_and_any_1_of_2_keeps_the_schedule(opened, namespace_ha):
+def test_standby_down_blocks_claims_and_any_1_of_2_keeps_the_schedule(opened, namespace):
     """With FIRST 1 (standby0) and standby0 down, commits wait for it: the claim is UNCONFIRMED
     after confirm_timeout and nothing is sent. With ANY 1 (standby0, standby1) one standby down
     is fine: the claim is WON (after the other standby has it)."""
     with ha_postgres.PostgresHA(standbys=2, synchronous="FIRST 1 (standby0)") as ha:
-        a = opened(ha.url(), "A", namespace_ha, claim_timeout=2, confirm_timeout=0.5)
+        a = opened(ha.url(), namespace, "A", claim_timeout=2, confirm_timeout=0.5)
         prepared(a)
         ha.stop(ha.standbys[0], "immediate")
         slot = fresh_slot(a)
@@ -139,22 +114,19 @@ def test_standby_down_blocks_claims_and_any_1_of_2_keeps_the_schedule(opened, na
         assert a.claim([req("e", slot + 1)])[0].outcome is Outcome.WON
 
 
-def test_unconfirmed_takeover_is_retried_and_recognised(sync_rig, opened, namespace_ha):
+def test_unconfirmed_takeover_is_retried_and_recognised(sync_rig, opened, namespace):
     """A takeover whose commit the synchronous standby did not confirm in time is not answered
     TAKEN (StoreUnavailable: nothing is sent); its retry with the same expected token, once the
     standby is back, answers TAKEN with the same record (loss-spec points 1 and 8)."""
     from celery_anarchon.errors import StoreUnavailable
     from celery_anarchon.stores.base import LeaseTerms, TakeoverOutcome
     ha = sync_rig
-    a = opened(ha.url(), "A", namespace_ha, claim_timeout=3, confirm_timeout=1)
-    b = opened(ha.url(), "B", namespace_ha, claim_timeout=3, confirm_timeout=1)
+    a = opened(ha.url(), namespace, "A", claim_timeout=3, confirm_timeout=1)
+    b = opened(ha.url(), namespace, "B", claim_timeout=3, confirm_timeout=1)
     prepared(a)
     slot = fresh_slot(a)
     assert a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])[0].outcome is Outcome.WON
-    deadline = time.monotonic() + 10
-    while not (expired := b.expired_runs(["e"])):
-        assert time.monotonic() < deadline, "the queue deadline did not pass"
-        time.sleep(0.05)
+    expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline to pass")
     ha.pause_replication()
     with pytest.raises(StoreUnavailable, match="synchronous standby"):
         b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
@@ -163,7 +135,7 @@ def test_unconfirmed_takeover_is_retried_and_recognised(sync_rig, opened, namesp
     assert outcome is TakeoverOutcome.TAKEN and (run.attempt, run.owner) == (2, "B"), (outcome, run)
 
 
-def test_a_release_lost_in_a_promotion_is_never_taken_over(async_rig, opened, namespace_ha):
+def test_a_release_lost_in_a_promotion_is_never_taken_over(async_rig, opened, namespace):
     """The runner adopts (the standby has it), then releases on the primary while the
     asynchronous standby lags; the primary crashes and the standby is promoted: its record says
     started, and the lease runs out. B finds the run expired, but the timeline changed (the store
@@ -171,8 +143,8 @@ def test_a_release_lost_in_a_promotion_is_never_taken_over(async_rig, opened, na
     its body never runs twice."""
     from celery_anarchon.stores.base import LeaseTerms, RunState, TakeoverOutcome
     ha = async_rig
-    a = opened(ha.url(), "A", namespace_ha)
-    worker = opened(ha.url(), "worker", namespace_ha)
+    a = opened(ha.url(), namespace, "A")
+    worker = opened(ha.url(), namespace, "worker")
     prepared(a)
     slot = fresh_slot(a)
     won = a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=60_000))])[0]
@@ -187,11 +159,8 @@ def test_a_release_lost_in_a_promotion_is_never_taken_over(async_rig, opened, na
     ha.kill_primary()
     ha.promote()
 
-    b = opened(ha.url(), "B", namespace_ha)
-    deadline = time.monotonic() + 10
-    while not (expired := b.expired_runs(["e"])):
-        assert time.monotonic() < deadline, "the stale lease did not run out"
-        time.sleep(0.05)
+    b = opened(ha.url(), namespace, "B")
+    expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the stale lease to run out")
     assert expired[0].state is RunState.STARTED and expired[0].token == run.token, "release lost"
     outcome, record = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.GIVEN_UP, (outcome, record)

@@ -8,15 +8,13 @@ the contract suite (test_entry_names_never_collide, on every store).
 from __future__ import annotations
 
 import ast
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from celery_anarchon.stores import mask_url
 
+from cluster import Cluster
 from conftest import REDIS_URL, require_server
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "celery_anarchon"
@@ -53,11 +51,14 @@ def test_the_status_command_never_prints_the_store_password(tmp_path):
     """`celery anarchon status` names the store with its password masked."""
     require_server(REDIS_URL, "Redis")
     url = REDIS_URL.replace("redis://", "redis://:s3cret@", 1)
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parent / "apps"),
-           "ANARCHON_IT_BROKER": "memory://", "ANARCHON_IT_STORE": url, "ANARCHON_IT_NAMESPACE": "sec",
-           "ANARCHON_IT_QUEUE": "sec", "ANARCHON_IT_OUT": str(tmp_path / "out")}
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "integration_app", "anarchon", "status"],
-                          env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    output = done.stdout + done.stderr
+    procs = Cluster(str(tmp_path), {
+        "ANARCHON_IT_BROKER": "memory://", "ANARCHON_IT_STORE": url, "ANARCHON_IT_NAMESPACE": "sec",
+        "ANARCHON_IT_QUEUE": "sec", "ANARCHON_IT_OUT": str(tmp_path / "out")})
+    status = procs.start("status", "anarchon", "status")
+    try:
+        status.popen.wait(60)
+    finally:
+        procs.stop_all()
+    output = status.text()
     assert "s3cret" not in output
     assert ":***@127.0.0.1" in output
