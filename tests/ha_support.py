@@ -70,3 +70,25 @@ def until_answered(call: Callable[[], T], within_s: float) -> T:
     """``call()``, retried on StoreUnavailable (a leader election, a failover: as beat retries)
     for ``within_s`` seconds; the last StoreUnavailable is raised after that."""
     return retrying((StoreUnavailable,), deadline_s=within_s, wait_s=0.1, max_wait_s=0.1)(call)
+
+
+def assert_release_lost_is_never_taken_over(store, entry: str, slot_ms: int, run):
+    """After a failover that lost the release of ``run`` (adopted, released on the old primary or
+    master only): ``store`` finds the run expired and still started under its token, refuses to
+    take it over (GIVEN_UP: the store may have lost writes to it), and records why. Returns the
+    history note, for the epoch its detail must name.
+
+    :param run: the LeasedRun the worker adopted (its token).
+    """
+    from celery_anarchon.stores.base import RunEvent, RunState, TakeoverOutcome
+    from stores_support import wait_until
+    expired = wait_until(lambda: store.expired_runs([entry]), 10, "the stale lease to run out")[0]
+    assert expired.state is RunState.STARTED and expired.token == run.token, "release lost"
+    outcome, record = store.take_over(entry, slot_ms, run.token, queue_timeout_ms=60_000,
+                                      max_attempts=3)
+    assert outcome is TakeoverOutcome.GIVEN_UP, (outcome, record)
+    assert store.inspect(entry, slot_ms).state is RunState.GIVEN_UP
+    assert not store.expired_runs([entry])
+    note = store.history(entry)[0]
+    assert note.event is RunEvent.GIVEN_UP and "not taken over" in note.detail, note
+    return note

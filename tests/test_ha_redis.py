@@ -18,6 +18,7 @@ from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, Out
 
 from stores_support import wait_until
 from backends import backdate_memory_start
+from ha_support import assert_release_lost_is_never_taken_over
 from helpers import prepared
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
@@ -351,8 +352,8 @@ def test_a_release_lost_in_a_failover_is_never_taken_over(namespace):
     """The runner adopts (the replica has it), then releases on the master while the replica
     lags; the master dies and the lagging replica is promoted: its record says started, and the
     lease runs out. B finds the run expired, but the store lost writes to it (a new epoch): the
-    run is not taken over (recorded lost, a possible miss), so its body never runs twice."""
-    from celery_anarchon.stores.base import LeaseTerms, RunState, TakeoverOutcome
+    run is not taken over (recorded given up, a possible miss), so its body never runs twice."""
+    from celery_anarchon.stores.base import LeaseTerms
     with RedisHA(replicas=1) as ha:
         a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM))
         worker = store(ha.url, "worker", namespace, confirm_timeout=CONFIRM)
@@ -369,11 +370,5 @@ def test_a_release_lost_in_a_failover_is_never_taken_over(namespace):
         ha.kill(ha.master)
         ha.promote(replica)
         b = store(ha.url, "B", namespace, confirm_timeout=CONFIRM)
-        expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the stale lease to run out")[0]
-        assert expired.state is RunState.STARTED and expired.token == run.token, "release lost"
-        outcome, record = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
-        assert outcome is TakeoverOutcome.GIVEN_UP, (outcome, record)
-        assert b.inspect("e", slot).state is RunState.GIVEN_UP and not b.expired_runs(["e"])
-        note = b.history("e")[0]
-        assert note.event is RunEvent.GIVEN_UP and "not taken over" in note.detail, note
+        note = assert_release_lost_is_never_taken_over(b, "e", slot, run)
         assert run_id(replica) in note.detail, "the detail names the epoch change"
