@@ -130,14 +130,12 @@ class InstanceRecord:
     expires_ms: int = 0
 
 
-class EntryStore(ClaimStore):
-    """A claim store that also keeps store entries, pauses, run-now requests and instance records.
+class EntryOps(abc.ABC):
+    """The entry operations of one namespace, as a backend's part implements them (composition:
+    the store holds the part; :class:`EntryStore` delegates each operation to it).
 
     Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
-    do. The claim (:meth:`ClaimStore.claim`) of a run whose entry is paused answers
-    ``Outcome.PAUSED`` (after the "already claimed" check, before every other), atomically with the
-    pause: a pause written before the claim always holds. A paused run is recorded once in the
-    history as ``RunEvent.PAUSED`` with :meth:`Pause.describe` as its detail.
+    do.
     """
 
     @abc.abstractmethod
@@ -194,6 +192,71 @@ class EntryStore(ClaimStore):
     @abc.abstractmethod
     def load_fingerprints(self, digest: str) -> dict[str, str] | None:
         """The mapping saved under ``digest``, or ``None`` if unknown."""
+
+
+
+
+class EntryStore(ClaimStore):
+    """A claim store that also keeps store entries, pauses, run-now requests and instance records.
+
+    Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
+    do. The claim (:meth:`ClaimStore.claim`) of a run whose entry is paused answers
+    ``Outcome.PAUSED`` (after the "already claimed" check, before every other), atomically with the
+    pause: a pause written before the claim always holds. A paused run is recorded once in the
+    history as ``RunEvent.PAUSED`` with :meth:`Pause.describe` as its detail.
+
+    A backend gives its :class:`EntryOps` part as :attr:`entry_ops`; the operations (documented
+    there) are delegated to it.
+    """
+
+    @property
+    @abc.abstractmethod
+    def entry_ops(self) -> EntryOps:
+        """This store's entry operations."""
+
+    def entries_version(self) -> int:
+        """:meth:`EntryOps.entries_version`."""
+        return self.entry_ops.entries_version()
+
+    def load_entries(self) -> EntrySnapshot:
+        """:meth:`EntryOps.load_entries`."""
+        return self.entry_ops.load_entries()
+
+    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
+        """:meth:`EntryOps.put_entry`."""
+        return self.entry_ops.put_entry(name, definition, by=by, create=create)
+
+    def remove_entry(self, name: str, *, by: str) -> bool:
+        """:meth:`EntryOps.remove_entry`."""
+        return self.entry_ops.remove_entry(name, by=by)
+
+    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
+        """:meth:`EntryOps.set_pause`."""
+        return self.entry_ops.set_pause(name, pause, by=by)
+
+    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
+        """:meth:`EntryOps.request_run`."""
+        return self.entry_ops.request_run(entry, request_id, slot_ms, by=by)
+
+    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
+        """:meth:`EntryOps.record_instance`."""
+        return self.entry_ops.record_instance(record, ttl_ms)
+
+    def instances(self) -> list[InstanceRecord]:
+        """:meth:`EntryOps.instances`."""
+        return self.entry_ops.instances()
+
+    def remove_instance(self, instance_id: str) -> None:
+        """:meth:`EntryOps.remove_instance`."""
+        return self.entry_ops.remove_instance(instance_id)
+
+    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
+        """:meth:`EntryOps.save_fingerprints`."""
+        return self.entry_ops.save_fingerprints(digest, fingerprints)
+
+    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
+        """:meth:`EntryOps.load_fingerprints`."""
+        return self.entry_ops.load_fingerprints(digest)
 
 
 def entry_store(store: ClaimStore) -> EntryStore:

@@ -38,7 +38,7 @@ import redis
 
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
+    EntryOps, EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
 )
 from celery_anarchon.stores.redis.options import namespace_key_prefix
 
@@ -177,7 +177,7 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
 
 # -- the operations --------------------------------------------------------------------------------
 
-class RedisEntries:
+class RedisEntries(EntryOps):
     """The :class:`~celery_anarchon.stores.entry_store.EntryStore` operations of one Redis
     namespace (the store's methods of the same names call these).
 
@@ -212,13 +212,13 @@ class RedisEntries:
             return pipe.execute()
 
     # -- entries, pauses, requests ------------------------------------------------------------
-    def version(self) -> int:
+    def entries_version(self) -> int:
         """The namespace's entries version: one GET (0 before any change)."""
         with self._unavailable("read the entries version"):
             value = self._connection()[0].get(self.keys["entries:version"])
         return int(value or 0)
 
-    def load(self) -> EntrySnapshot:
+    def load_entries(self) -> EntrySnapshot:
         """Every entry and pause, and the requests younger than the horizon, in one MULTI."""
         k = self.keys
         version, entries, pauses, requests, (secs, micros) = self._read("load entries", lambda p: (
@@ -233,7 +233,7 @@ class RedisEntries:
         young.sort(key=lambda r: (r.requested_ms, r.entry, r.request_id))
         return EntrySnapshot(version=int(version or 0), entries=stored, requests=tuple(young))
 
-    def put(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
+    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
         """Add or update a definition (see :meth:`EntryStore.put_entry`)."""
         reply = json.loads(self._run("entry_put", ("entries", "pauses", "entries:version"),
                                      name, definition, by, "1" if create else "0"))
@@ -244,7 +244,7 @@ class RedisEntries:
             raise UnknownEntry(f"{self.where}: the store holds no entry {name!r}; add it first")
         return _stored(name, reply["r"], reply.get("p"))
 
-    def remove(self, name: str, *, by: str) -> bool:
+    def remove_entry(self, name: str, *, by: str) -> bool:
         """Remove a definition and its pause; False when there was no definition."""
         reply = self._run("entry_remove", ("entries", "pauses", "entries:version"), name)
         return json.loads(reply)["o"] == "ok"

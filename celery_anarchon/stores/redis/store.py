@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 import redis
@@ -29,7 +29,7 @@ from celery_anarchon.stores.base import (
     HistoryRecord, Outcome, RunEvent, SKIP_EVENTS,
 )
 from celery_anarchon.stores.entry_store import (
-    EntrySnapshot, EntryStore, InstanceRecord, Pause, RunRequest, StoredEntry,
+    EntryStore,
 )
 from celery_anarchon.stores.redis import server
 from celery_anarchon.stores.redis.entries import (
@@ -430,38 +430,10 @@ class RedisStore(EntryStore):
                 for h in _items(reply.get("records"))]
 
     # -- entries, pauses, requests, instances (EntryStore, in :mod:`.entries`) -------------------
-    def entries_version(self) -> int:
-        return self._entries.version()
-
-    def load_entries(self) -> EntrySnapshot:
-        return self._entries.load()
-
-    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
-        return self._entries.put(name, definition, by=by, create=create)
-
-    def remove_entry(self, name: str, *, by: str) -> bool:
-        return self._entries.remove(name, by=by)
-
-    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
-        return self._entries.set_pause(name, pause, by=by)
-
-    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
-        return self._entries.request_run(entry, request_id, slot_ms, by=by)
-
-    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
-        self._entries.record_instance(record, ttl_ms)
-
-    def instances(self) -> list[InstanceRecord]:
-        return self._entries.instances()
-
-    def remove_instance(self, instance_id: str) -> None:
-        self._entries.remove_instance(instance_id)
-
-    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
-        self._entries.save_fingerprints(digest, fingerprints)
-
-    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
-        return self._entries.load_fingerprints(digest)
+    @property
+    def entry_ops(self):
+        """The entry operations (EntryStore), a part in :mod:`.entries`."""
+        return self._entries
 
     # -- definitions --------------------------------------------------------------------------
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:

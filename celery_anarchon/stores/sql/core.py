@@ -33,7 +33,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
@@ -49,7 +49,7 @@ from celery_anarchon.stores.base import (
     TakeoverOutcome,
 )
 from celery_anarchon.stores.entry_store import (
-    EntrySnapshot, EntryStore, InstanceRecord, Pause, RunRequest, StoredEntry,
+    EntryStore,
 )
 from celery_anarchon.stores.sql.claims import SQLClaims
 from celery_anarchon.stores.sql.entries import SQLEntries
@@ -436,35 +436,7 @@ class SQLStore(LeaseStore, EntryStore):
                                     queue_timeout_ms=queue_timeout_ms)
 
     # -- entries, pauses, requests, instances (:class:`~.entries.SQLEntries`) -----------------
-    def entries_version(self) -> int:
-        return self._entries.entries_version()
-
-    def load_entries(self) -> EntrySnapshot:
-        return self._entries.load_entries()
-
-    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
-        return self._entries.put_entry(name, definition, by=by, create=create)
-
-    def remove_entry(self, name: str, *, by: str) -> bool:
-        return self._entries.remove_entry(name, by=by)
-
-    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
-        return self._entries.set_pause(name, pause, by=by)
-
-    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
-        return self._entries.request_run(entry, request_id, slot_ms, by=by)
-
-    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
-        self._entries.record_instance(record, ttl_ms)
-
-    def instances(self) -> list[InstanceRecord]:
-        return self._entries.instances()
-
-    def remove_instance(self, instance_id: str) -> None:
-        self._entries.remove_instance(instance_id)
-
-    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
-        self._entries.save_fingerprints(digest, fingerprints)
-
-    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
-        return self._entries.load_fingerprints(digest)
+    @property
+    def entry_ops(self):
+        """The entry operations (EntryStore), a part in :mod:`.entries`."""
+        return self._entries

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
+    EntryOps, EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
 )
 from celery_anarchon.stores.sql import schema
 
@@ -46,7 +46,7 @@ def _request(row: Any) -> RunRequest:
                       by=row.requested_by, requested_ms=row.requested_ms)
 
 
-class SQLEntries:
+class SQLEntries(EntryOps):
     """The EntryStore operations of one namespace.
 
     :param memory_ms: the store's memory, ms: run-now requests older than it are not loaded and
