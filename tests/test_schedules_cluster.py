@@ -33,7 +33,7 @@ import pytest
 
 import celery_anarchon
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import HistoryRecord, RunEvent
+from celery_anarchon.stores.base import RunEvent
 
 from backends import backdate_memory_start
 from cluster import APPS, Cluster, read_executions
@@ -306,19 +306,3 @@ def test_two_beats_with_different_definitions_both_log_it(tmp_path, namespace):
         cluster.stop_all()
     print(f"disagreement test: {time.monotonic() - began:.1f} s")
 
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_history_notes_written_in_one_batch_read_back(kind, tmp_path, namespace):
-    """The beats write their send notes with ``record_many``: on an entry store (the claim-side
-    scripts take the pauses key too) they must land in the entry's history like ``record``'s."""
-    store = open_store(store_url(kind, str(tmp_path)), namespace=namespace, instance_id="notes",
-                       options=dict(VARIANT_OPTIONS.get(kind, {})))
-    try:
-        store.prepare(["dyn"])
-        store.record_many([HistoryRecord(entry="dyn", slot_ms=60_000, event=RunEvent.SENT,
-                                         task_id="t-1")])
-        store.record("dyn", 120_000, RunEvent.SENT, task_id="t-2")
-        assert [(h.slot_ms, h.event, h.task_id) for h in store.history("dyn")] == [
-            (120_000, RunEvent.SENT, "t-2"), (60_000, RunEvent.SENT, "t-1")]
-    finally:
-        store.close()
