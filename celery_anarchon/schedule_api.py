@@ -237,7 +237,9 @@ class Schedules:
         return self._as_scheduled(stored)
 
     def resume(self, name: str, *, by: str | None = None) -> ScheduledEntry:
-        """Lift an entry's pause: its next slot runs (what was paused is not caught up).
+        """Lift an entry's pause: its next slot runs; what was paused is not caught up, except a
+        slot still within max_late that another instance claims after the resume (its claim
+        comes later by its jitter): that slot runs once, as the newest slot may at a start-up.
 
         :raises UnknownEntry: nothing defines ``name`` and the store holds no pause of it.
         """
