@@ -28,9 +28,11 @@ logger = logging.getLogger(__name__)
 
 #: the longest single sleep: a long wait is a chain of these, each re-reading the clock
 MAX_SLEEP_S = 60.0
-#: claim answers after which this instance never asks for that scheduled slot again: a store
-#: that reads its own claim back answers won again (a second send), and a paused run is skipped
-HANDLED = (Outcome.WON, Outcome.UNCONFIRMED, Outcome.PAUSED)
+#: claim answers after which this instance never asks for that scheduled slot, nor an older one,
+#: again: a store that reads its own claim back answers won again (a second send), a paused run
+#: is skipped, and a slot another instance won ran there (a re-seed after an update starts after
+#: it, so the entry's runs never go back in time)
+HANDLED = (Outcome.WON, Outcome.UNCONFIRMED, Outcome.PAUSED, Outcome.OTHER_WON)
 
 
 class Engine:

@@ -69,8 +69,8 @@ class DueRuns:
         self._pending.pop(name, None)
 
     def claimed(self, name: str, slot_ms: int) -> None:
-        """This instance handled ``slot_ms`` of ``name`` (won, unconfirmed, paused): it never
-        asks for it, nor for an older slot, again."""
+        """This instance saw ``slot_ms`` of ``name`` decided (won, unconfirmed, paused, won by
+        another instance): it never asks for it, nor for an older slot, again."""
         self._last_claimed[name] = max(self._last_claimed.get(name, -1), slot_ms)
 
     def next_fire(self) -> float | None:
