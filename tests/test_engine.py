@@ -679,6 +679,46 @@ def test_a_store_entry_runs_follows_an_update_and_a_removal_and_no_slot_is_claim
         "+1 -0 ~0 (1 store entries)", "+0 -0 ~1 (1 store entries)", "+0 -1 ~0 (0 store entries)"]
 
 
+def test_an_update_never_runs_a_slot_older_than_one_another_instance_already_ran(
+        sqlite_url, namespace, harnesses):
+    """A re-seed after an update starts after the newest slot this instance saw decided, its own
+    or another's: the new schedule's newest slot within max_late may be older than the slot the
+    old one just ran elsewhere, and running it would send the entry's runs out of order."""
+    a = make(harnesses, sqlite_url, namespace, {}, instance="A", sync_s=1)
+    b = make(harnesses, sqlite_url, namespace, {}, instance="B", sync_s=1)
+    now = time.time()
+
+    def hourly(ago_s):                           # every hour, the newest slot ago_s seconds ago
+        return entry_json.canonical({"task": "proj.t", "schedule": {"every": 3600}, "anarchon": {
+            "jitter": 0, "max_late": 300, "anchor": int(now - ago_s) % 3600}})
+    a.store.put_entry("s", hourly(10), by="test", create=True)
+    backdate_memory_start(a.store, ["s"], 120_000)
+    a.engine.tick()                              # A wins the old schedule's newest slot
+    b.engine.tick()                              # B: claimed by A
+    (old,) = [slot for name, slot, _ in a.sent if name == "s"]
+    assert not b.sent
+    a.store.put_entry("s", hourly(40), by="test", create=False)   # its newest slot: 30 s older
+    b.sync()
+    a.sync()
+    assert [slot for name, slot, _ in a.sent + b.sent if name == "s"] == [old], (a.sent, b.sent)
+
+
+def test_a_sync_counts_a_change_of_the_kwargs_alone_as_a_change(sqlite_url, namespace, harnesses,
+                                                                  caplog):
+    h = make(harnesses, sqlite_url, namespace, {}, sync_s=1)
+    entry = {"task": "proj.t", "schedule": {"every": 3600}, "kwargs": {"x": 1}}
+    h.store.put_entry("s", entry_json.canonical(entry), by="test", create=True)
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        h.engine.tick()
+        h.store.put_entry("s", entry_json.canonical(dict(entry, kwargs={"x": 3})), by="test",
+                          create=False)
+        h.sync()
+    assert h.engine.plans["s"].entry.kwargs == {"x": 3}
+    synced = _info(caplog, "anarchon: synced entries version")
+    assert [m.split(": ", 2)[2] for m in synced] == ["+1 -0 ~0 (1 store entries)",
+                                                      "+0 -0 ~1 (1 store entries)"]
+
+
 def test_a_paused_entry_is_skipped_at_info_once_and_its_slot_not_claimed_after_resume(
         sqlite_url, namespace, harnesses, caplog):
     h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})}, sync_s=1)

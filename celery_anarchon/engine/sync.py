@@ -155,9 +155,16 @@ class EntrySync:
         new = self.store_plans
         added = sorted(set(new) - set(old))
         removed = sorted(set(old) - set(new))
-        changed = sorted(n for n in set(new) & set(old) if new[n].fingerprint != old[n].fingerprint)
+        changed = sorted(n for n in set(new) & set(old) if _what_runs(new[n]) != _what_runs(old[n]))
         logger.info("anarchon: synced entries version %d: +%d -%d ~%d (%d store entries)",
                     version, len(added), len(removed), len(changed), len(new))
         if added or removed or changed:
             logger.debug("anarchon: store entries added %s, removed %s, changed %s", added,
                          removed, changed)
+
+
+def _what_runs(plan: EntryPlan) -> tuple:
+    """What a change of the entry can change: its definition (schedule, timing) and the message
+    (args, kwargs, options), which the fingerprint leaves out."""
+    return (plan.fingerprint, repr(plan.entry.args), repr(plan.entry.kwargs),
+            repr(sorted(plan.celery_options.items())))
