@@ -19,15 +19,15 @@ import os
 import time
 from collections.abc import Mapping
 
-from celery import Celery, shared_task
+from celery import Celery
 
 import celery_anarchon
 
-#: the task every entry of these tests runs (registered on every app built here)
+#: the task every entry of these tests runs (registered on each app built here, and only there:
+#: a shared task would join every app of the test process)
 TASK = "schedules_app.record"
 
 
-@shared_task(bind=True, name=TASK)
 def record(self, **kwargs):
     """Append what ran (entry, slot, sender, kwargs) and when to ``ANARCHON_SC_OUT``."""
     headers = self.request.headers or {}
@@ -78,6 +78,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
                               ("ANARCHON_SC_MAX_LATE", "anarchon_max_late")):
         if env.get(variable):
             app.conf[setting] = float(env[variable])
+    app.task(bind=True, name=TASK, shared=False)(record)
     return app
 
 
