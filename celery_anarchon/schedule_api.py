@@ -31,6 +31,7 @@ import uuid
 from typing import Any
 
 from celery import beat
+from celery.schedules import crontab
 
 from celery_anarchon import entry_json
 from celery_anarchon.app_store import make_instance_id, open_app_store
@@ -299,7 +300,19 @@ class Schedules:
         return self._ready().load_entries()
 
     def _config(self) -> dict:
-        return dict(self.app.conf.beat_schedule or {})
+        """``beat_schedule``, with the entry Celery's beat adds to it (``celery.backend_cleanup``,
+        when results expire on a backend that does not expire them itself: Celery's
+        ``Scheduler.install_default_entries``), which beat runs like the others."""
+        config = dict(self.app.conf.beat_schedule or {})
+        try:
+            cleanup = self.app.conf.result_expires and not self.app.backend.supports_autoexpire
+        except Exception:                      # a backend that cannot be built: beat would fail
+            cleanup = False
+        if cleanup:
+            config.setdefault("celery.backend_cleanup", {
+                "task": "celery.backend_cleanup", "schedule": crontab("0", "4", "*"),
+                "options": {"expires": 12 * 3600}})
+        return config
 
     def _config_entry(self, name: str, item: dict) -> beat.ScheduleEntry:
         # last_run_at given: a schedule class of the user's may have no now() (beat never asks)
@@ -310,9 +323,11 @@ class Schedules:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"entry name {name!r}: not a non-empty string; fix: name the entry")
         if name in self._config() or name in CELERY_DEFAULT_ENTRIES:
+            fix = ("pick another name for the store entry" if what == "add" else
+                   f"{what} it in beat_schedule and restart beat")
             raise EntryOwnedByConfig(
-                f"entry {name!r} is defined in beat_schedule: {what} it there and restart beat "
-                "(pause, resume and run-now work on it here)")
+                f"entry {name!r} is defined in beat_schedule: {fix} (pause, resume and run-now "
+                "work on it here)")
 
     def _unknown(self, name: str) -> UnknownEntry:
         names = sorted(self._config()) + sorted(self._store_names())

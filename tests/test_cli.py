@@ -93,7 +93,8 @@ def test_add_update_pause_run_now_list_remove_and_their_exit_codes(tmp_path, nam
 
     assert "resumed config-entry" in ok(run("resume", "config-entry"))
     assert ok(run("remove", "report")) == "removed report\n"
-    assert [e["name"] for e in json.loads(ok(run("list", "--json")))] == ["config-entry", "nightly"]
+    assert [e["name"] for e in json.loads(ok(run("list", "--json")))] == [
+        "celery.backend_cleanup", "config-entry", "nightly"]
 
 
 def test_status_shows_live_instances_what_they_disagree_on_store_entries_and_pauses(tmp_path, namespace):

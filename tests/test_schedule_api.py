@@ -75,7 +75,7 @@ def test_a_store_entry_from_add_to_remove(kind, tmp_path, namespace):
         assert store.entries_version() > before
         raw = store.load_entries().entries["report"].definition
         assert raw == entry_json.canonical(added.definition)     # canonical JSON text, nothing else
-        assert [e.name for e in s.list()] == ["config-entry", "report"]
+        assert [e.name for e in s.list()] == ["celery.backend_cleanup", "config-entry", "report"]
         assert s.get("config-entry").source == "config"
 
         v = store.entries_version()
@@ -105,7 +105,7 @@ def test_a_store_entry_from_add_to_remove(kind, tmp_path, namespace):
             s.get("report")
         with pytest.raises(UnknownEntry):
             s.remove("report")
-        assert [e.name for e in s.list()] == ["config-entry"]
+        assert [e.name for e in s.list()] == ["celery.backend_cleanup", "config-entry"]
 
 
 def test_beat_schedule_entries_are_owned_by_the_config_but_pause_resume_and_run_now(api):
@@ -158,7 +158,7 @@ def test_an_unsafe_entry_is_refused_with_the_start_up_message_and_nothing_is_wri
         api.update("slow", anarchon={"max_late": 1})
     with pytest.raises(ConfigError, match="key 'schedule.crontab.hour'"):
         api.update("slow", schedule={"crontab": {"hour": "24"}})
-    assert [e.name for e in api.list()] == ["config-entry", "slow"]
+    assert [e.name for e in api.list()] == ["celery.backend_cleanup", "config-entry", "slow"]
     assert api.get("slow").definition["schedule"] == {"every": 60}
 
 
@@ -244,3 +244,19 @@ def test_a_given_store_is_the_callers_to_close(tmp_path, namespace):
         s.add("x", task="proj.report", schedule=60)
     assert store.load_entries().entries["x"].definition      # still open, still usable
     store.close()
+
+
+def test_the_entry_celery_beat_adds_itself_can_be_listed_and_paused(api):
+    """Beat runs celery.backend_cleanup beside beat_schedule (results expire, the backend does not
+    expire them itself): it is a config entry like the others."""
+    assert "celery.backend_cleanup" in {e.name for e in api.list()}
+    api.pause("celery.backend_cleanup", reason="probe")
+    assert api.get("celery.backend_cleanup").pause.reason == "probe"
+    with pytest.raises(EntryOwnedByConfig, match="pick another name"):
+        api.add("celery.backend_cleanup", task="proj.report", schedule=60)
+
+
+def test_adding_a_store_entry_under_a_beat_schedule_name_says_to_pick_another(api):
+    with pytest.raises(EntryOwnedByConfig, match="'config-entry' is defined in beat_schedule: pick "
+                                                 "another name for the store entry"):
+        api.add("config-entry", task="proj.report", schedule=60)
