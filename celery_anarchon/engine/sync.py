@@ -166,5 +166,6 @@ class EntrySync:
 def _what_runs(plan: EntryPlan) -> tuple:
     """What a change of the entry can change: its definition (schedule, timing) and the message
     (args, kwargs, options), which the fingerprint leaves out."""
-    return (plan.fingerprint, repr(plan.entry.args), repr(plan.entry.kwargs),
-            repr(sorted(plan.celery_options.items())))
+    entry = plan.entry
+    return (plan.fingerprint, repr(getattr(entry, "args", None)),
+            repr(getattr(entry, "kwargs", None)), repr(sorted((plan.celery_options or {}).items())))
