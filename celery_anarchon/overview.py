@@ -1,0 +1,325 @@
+"""The status of one namespace as plain data: what ``celery anarchon status --json`` prints and
+what the status page shows.
+
+:func:`overview` reads the store once per part (clock, instances, entries and pauses, history,
+leases) and returns JSON-able values only (str, int, float, bool, None, lists, dicts): no click,
+no Celery objects, no password (the store's URL is :attr:`~ClaimStore.safe_url`). A store that
+cannot be reached gives ``store.reachable = False`` and the parts it could not read empty, never
+an exception: a status view must show an outage, not fail on it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Mapping
+
+from celery import beat
+
+from celery_anarchon import entry_json
+from celery_anarchon._tz import zone_name
+from celery_anarchon._util import iso
+from celery_anarchon.errors import ConfigError, StoreError
+from celery_anarchon.plan import EntryPlan, build_plan
+from celery_anarchon.schedule_api import CONFIG, STORE, Schedules, ScheduledEntry
+from celery_anarchon.slots import CronSlots
+from celery_anarchon.stores import entry_store as _entry_store
+from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
+from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord
+from celery_anarchon.timing import Settings
+
+#: the capability that holds instance records (``instances()``, ``load_fingerprints``)
+_INSTANCE_STORE = getattr(_entry_store, "InstanceStore", EntryStore)
+
+#: an instance whose last tick is older than this many sync intervals (store clock) is stale
+STALE_INTERVALS = 2
+#: history events of a run that may hold a lease (its record is read with LeaseStore.inspect)
+_LEASE_EVENTS = (RunEvent.CLAIMED, RunEvent.SENT, RunEvent.STARTED, RunEvent.TAKEN_OVER)
+
+
+def _iso(ms: int | None) -> str | None:
+    return None if ms is None else iso(ms)
+
+
+def _run(rec: HistoryRecord) -> dict:
+    return {"slot": iso(rec.slot_ms), "event": rec.event.value, "at": _iso(rec.store_ms or None),
+            "instance": rec.instance, "attempt": rec.attempt, "task_id": rec.task_id,
+            "detail": rec.detail}
+
+
+def _store_part(store: ClaimStore, now_ms: int | None) -> dict:
+    """``store`` of :func:`overview` (reachable and clock filled in by the caller)."""
+    durability = getattr(store, "durability", None)
+    return {"url": store.safe_url, "kind": store.kind, "namespace": store.namespace,
+            "durability": durability if isinstance(durability, str) else None,
+            "memory_s": store.memory.duration_s, "memory_count": store.memory.count,
+            "checks_lateness": store.checks_lateness, "leases": isinstance(store, LeaseStore),
+            "entries": isinstance(store, EntryStore),
+            "reachable": False, "error": None, "warnings": [], "clock": None, "skew_ms": None}
+
+
+def _instance(r: InstanceRecord, store_now_ms: int | None, sync_interval_s: float) -> dict:
+    """One instance record with ``ticking`` / ``stale``: its last tick, moved onto the store's
+    clock with its skew, older than :data:`STALE_INTERVALS` sync intervals."""
+    last_on_store = r.last_tick_ms - (r.skew_ms or 0)
+    age_ms = None if store_now_ms is None else max(0, store_now_ms - last_on_store)
+    stale = age_ms is not None and age_ms > STALE_INTERVALS * sync_interval_s * 1000
+    return {"instance_id": r.instance_id, "host": r.host, "pid": r.pid, "version": r.version,
+            "started": iso(r.started_ms), "last_tick": iso(r.last_tick_ms),
+            "last_tick_age_s": None if age_ms is None else round(age_ms / 1000, 3),
+            "skew_ms": r.skew_ms, "entries": r.entries, "fingerprints_digest": r.fingerprints_digest,
+            "seen": _iso(r.seen_ms or None), "expires": _iso(r.expires_ms or None),
+            "ticking": not stale, "stale": stale}
+
+
+def _who(r: InstanceRecord) -> str:
+    return f"{r.host}:{r.pid}"
+
+
+def _fingerprint_views(store, records: list[InstanceRecord]) -> tuple[list[dict], list[dict], list[str]]:
+    """The config entries only some instances run, the entries whose fingerprints differ
+    between instances, and the instances whose fingerprints are not saved yet."""
+    mappings: dict[str, dict[str, str] | None] = {}
+    for r in records:
+        if r.fingerprints_digest not in mappings:
+            mappings[r.fingerprints_digest] = store.load_fingerprints(r.fingerprints_digest)
+    known = [(r, m) for r in records if (m := mappings[r.fingerprints_digest]) is not None]
+    unsaved = [_who(r) for r in records if mappings[r.fingerprints_digest] is None]
+    names = sorted({n for _, m in known for n in m})
+    partial = []
+    disagreements = []
+    for name in names:
+        not_by = [_who(r) for r, m in known if name not in m]
+        if not_by:
+            partial.append({"entry": name, "run_by": [_who(r) for r, m in known if name in m],
+                            "not_run_by": not_by})
+        by_fingerprint: dict[str, list[str]] = {}
+        for r, m in known:
+            if name in m:
+                by_fingerprint.setdefault(m[name], []).append(_who(r))
+        if len(by_fingerprint) > 1:
+            disagreements.append({"entry": name, "definitions": [
+                {"fingerprint": fp, "instances": hosts,
+                 "definition": store.load_definition(name, fp)}
+                for fp, hosts in sorted(by_fingerprint.items())]})
+    return partial, disagreements, unsaved
+
+
+def _config_items(app) -> dict:
+    """``beat_schedule`` (for stores that hold no entries: there is no Schedules then)."""
+    return dict(app.conf.beat_schedule or {})
+
+
+def _celery_entry(app, scheduled: ScheduledEntry, config: Mapping, stored_text: str | None):
+    """The Celery ``ScheduleEntry`` of one listed entry, or ``None`` (a pause of a name neither
+    ``beat_schedule`` nor the store defines)."""
+    if scheduled.source == CONFIG and scheduled.name in config:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return beat.ScheduleEntry(**{"last_run_at": now, **config[scheduled.name],
+                                     "name": scheduled.name, "app": app})
+    if scheduled.source == STORE and stored_text is not None:
+        return entry_json.parse(scheduled.name, stored_text, app=app)
+    if scheduled.source == CONFIG and entry_json.is_storable(scheduled.definition or {}):
+        return entry_json.parse(scheduled.name, scheduled.definition, app=app)  # Celery's own
+    return None
+
+
+def _timezone(plan: EntryPlan, app) -> str:
+    if isinstance(plan.slots, CronSlots):
+        return zone_name(plan.slots.zone)
+    return zone_name(app.timezone)
+
+
+def _lease(store: ClaimStore, plan: EntryPlan | None, runs: list[HistoryRecord]) -> dict | None:
+    """The lease record of the entry's newest run that may hold one (leased entries only)."""
+    if plan is None or plan.timing.lease is None or not isinstance(store, LeaseStore):
+        return None
+    for rec in runs:
+        if rec.event in _LEASE_EVENTS:
+            leased = store.inspect(rec.entry, rec.slot_ms)
+            if leased is None:
+                return None
+            return {"slot": iso(leased.slot_ms), "state": leased.state.value,
+                    "attempt": leased.attempt, "holder": leased.owner, "token": leased.token,
+                    "expires": _iso(leased.lease_expires_ms),
+                    "queue_deadline": _iso(leased.queue_deadline_ms), "expired": leased.expired}
+    return None
+
+
+def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry, config: Mapping,
+           stored_text: str | None, *, runs: int, next_count: int, now_ms: int,
+           reachable: bool, requests: list[dict]) -> dict:
+    definition = scheduled.definition or {}
+    out = {"name": scheduled.name, "source": scheduled.source, "task": definition.get("task"),
+           "schedule": (entry_json.describe_schedule(definition["schedule"])
+                        if "schedule" in definition else None),
+           "timezone": None, "next": [], "problem": None, "leased": False,
+           "shadowed": scheduled.shadowed, "paused": None, "last": None, "runs": [],
+           "lease": None, "run_now": [r for r in requests if r["entry"] == scheduled.name]}
+    if scheduled.pause is not None:
+        p = scheduled.pause
+        out["paused"] = {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
+    plan = None
+    try:
+        celery_entry = _celery_entry(app, scheduled, config, stored_text)
+        if celery_entry is not None:
+            plan = build_plan(scheduled.name, celery_entry, app=app, settings=settings, store=store)
+    except ConfigError as exc:
+        out["problem"] = str(exc)
+    if plan is not None:
+        out["timezone"] = _timezone(plan, app)
+        out["leased"] = plan.timing.lease is not None
+        slot, slots = now_ms, []
+        for _ in range(next_count):
+            slot = plan.slots.next_after(slot)
+            slots.append(iso(slot))
+        out["next"] = slots
+    if reachable:
+        history = store.history(scheduled.name, limit=runs) if runs else []
+        out["runs"] = [_run(r) for r in history]
+        out["last"] = out["runs"][0] if history else None
+        out["lease"] = _lease(store, plan, history)
+    return out
+
+
+def _listed(app, store: ClaimStore) -> tuple[list[ScheduledEntry], dict[str, str], list[dict]]:
+    """Every entry (``Schedules.list``), the store entries' definition texts and the run-now
+    requests; on a store without entries, the ``beat_schedule`` entries only."""
+    if not isinstance(store, EntryStore):
+        return _config_listed(app), {}, []
+    with Schedules(app, store=store) as s:
+        listed = s.list()
+    snapshot = store.load_entries()
+    texts = {n: e.definition for n, e in snapshot.entries.items() if e.definition is not None}
+    requests = [{"entry": r.entry, "request_id": r.request_id, "slot": iso(r.slot_ms),
+                 "by": r.by, "requested": iso(r.requested_ms)} for r in snapshot.requests]
+    return listed, texts, requests
+
+
+def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: int = 20,
+             next_count: int = 3, now_ms: int | None = None) -> dict:
+    """The status of ``app``'s namespace in ``store``, as JSON-able data.
+
+    :param app: the Celery app (``beat_schedule``, ``timezone``, the ``anarchon_*`` settings).
+    :param store: its store (:func:`celery_anarchon.app_store.open_app_store`); not closed here.
+    :param settings: the app's settings (default ``Settings.from_app(app)``).
+    :param runs: how many of each entry's newest runs to read (``runs`` below), 0 for none.
+    :param next_count: how many next slots per entry.
+    :param now_ms: "now" for the next slots, UTC ms (default: the store's clock, else this
+        host's).
+    :raises ConfigError: a bad ``anarchon_*`` setting (every other problem is in the data).
+
+    The keys (times are ISO 8601 UTC strings, ``...+00:00``, or ``None``):
+
+    * ``namespace``: the namespace; ``generated``: the "now" used (store clock when known).
+    * ``store``: ``url`` (password masked), ``kind``, ``namespace``, ``durability`` (the store's
+      option, e.g. Redis/PostgreSQL ``"auto"``; ``None`` when the store has none),
+      ``memory_s`` / ``memory_count`` (how long / how many runs it remembers; ``None``: no limit),
+      ``checks_lateness``, ``leases``, ``entries`` (capabilities), ``reachable`` (bool),
+      ``error`` (why not, or ``None``), ``warnings`` (what the setup can lose, from the store's
+      start-up checks), ``clock`` (the store's clock, ``None`` without one), ``skew_ms`` (this
+      host's clock minus the store's, ms).
+    * ``instances``: the live beat instances, each with the instance record's fields
+      (``instance_id``, ``host``, ``pid``, ``version``, ``started``, ``last_tick``, ``skew_ms``,
+      ``entries``, ``fingerprints_digest``, ``seen``, ``expires``), ``last_tick_age_s`` (on the
+      store's clock, corrected by the instance's skew) and ``ticking`` / ``stale``
+      (``stale``: the last tick is older than 2 sync intervals). Empty on a store without
+      instance records (``instance_records`` is then ``False``).
+    * ``instance_records``: whether the store keeps instance records.
+    * ``entries``: every entry by name, config (``beat_schedule``) and store, and pauses of
+      names neither defines (``source == "unknown"``), each with ``name``, ``source``
+      (``"config"``, ``"store"``, ``"unknown"``), ``task``, ``schedule`` (in words: ``every
+      60 s``, ``crontab 0 3 * * * Europe/Paris``), ``timezone`` (a crontab's or cron's zone; the
+      app's for the others), ``next`` (the next ``next_count`` slots), ``problem`` (the start-up
+      rule it breaks, or ``None``), ``leased``, ``shadowed`` (a store entry under a
+      beat_schedule name: ignored), ``paused`` (``None`` or ``{by, reason, since}``), ``runs``
+      (newest first: ``{slot, event, at, instance, attempt, task_id, detail}``; ``event`` is a
+      :class:`~celery_anarchon.stores.base.RunEvent` value such as ``sent``, ``late``,
+      ``paused``; ``at`` when it was recorded), ``last`` (``runs[0]`` or ``None``), ``lease``
+      (leased entries: the newest run's lease ``{slot, state, attempt, holder, token, expires,
+      queue_deadline, expired}`` or ``None``), ``run_now`` (its pending requests, as below).
+    * ``run_now``: the run-now requests the store remembers: ``{entry, request_id, slot, by,
+      requested}``.
+    * ``partial``: config entries only some instances run: ``{entry, run_by, not_run_by}``
+      (``host:pid`` lists).
+    * ``disagreements``: config entries whose definition differs between live instances:
+      ``{entry, definitions: [{fingerprint, instances, definition}]}``.
+    * ``unsaved``: instances (``host:pid``) whose entries are not saved yet.
+    """
+    settings = settings or Settings.from_app(app)
+    out = {"namespace": store.namespace, "generated": None, "store": _store_part(store, None),
+           "instance_records": isinstance(store, _INSTANCE_STORE), "instances": [],
+           "entries": [], "run_now": [], "partial": [], "disagreements": [], "unsaved": []}
+    part = out["store"]
+    store_now = None
+    try:
+        before = time.time()
+        store_now = store.now_ms()
+        after = time.time()
+        part["warnings"] = list(store.prepare(()))
+        part["reachable"] = True
+        if store_now is not None:
+            part["clock"] = iso(store_now)
+            part["skew_ms"] = round((before + after) * 500 - store_now)
+    except (StoreError, ConfigError) as exc:
+        part["error"] = str(exc)
+    reachable = part["reachable"]
+    if now_ms is None:
+        now_ms = store_now if store_now is not None else int(time.time() * 1000)
+    out["generated"] = iso(now_ms)
+    listed, texts, requests = _listed_safely(app, store, reachable, part)
+    reachable = part["reachable"]
+    out["run_now"] = requests
+    if reachable and isinstance(store, _INSTANCE_STORE):
+        try:
+            records = store.instances()
+            out["instances"] = [_instance(r, store_now, settings.sync_interval_s) for r in records]
+            out["partial"], out["disagreements"], out["unsaved"] = _fingerprint_views(store, records)
+        except StoreError as exc:
+            part["reachable"], part["error"], reachable = False, str(exc), False
+    config = _config_items(app)
+    for scheduled in listed:
+        try:
+            out["entries"].append(_entry(
+                app, settings, store, scheduled, config, texts.get(scheduled.name), runs=runs,
+                next_count=next_count, now_ms=now_ms, reachable=reachable, requests=requests))
+        except StoreError as exc:
+            part["reachable"], part["error"], reachable = False, str(exc), False
+            out["entries"].append(_entry(
+                app, settings, store, scheduled, config, texts.get(scheduled.name), runs=runs,
+                next_count=next_count, now_ms=now_ms, reachable=False, requests=requests))
+    return out
+
+
+def _listed_safely(app, store: ClaimStore, reachable: bool, part: dict):
+    """:func:`_listed`, falling back to the config entries when the store cannot be read."""
+    if reachable:
+        try:
+            return _listed(app, store)
+        except StoreError as exc:
+            part["reachable"], part["error"] = False, str(exc)
+
+    return _config_listed(app), {}, []
+
+
+def _config_listed(app) -> list[ScheduledEntry]:
+    """The ``beat_schedule`` entries as listed entries (a store without entries, or one that
+    cannot be read)."""
+    listed = []
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for name, item in sorted(_config_items(app).items()):
+        try:
+            data = entry_json.from_entry(beat.ScheduleEntry(
+                **{"last_run_at": now, **item, "name": name, "app": app}))
+        except Exception:  # a broken entry: its problem comes from build_plan
+            data = {"task": item.get("task"), "schedule": {"repr": repr(item.get("schedule"))}}
+        listed.append(ScheduledEntry(name, CONFIG, data))
+    return listed
+
+
+def dumps(data: dict) -> str:
+    """The overview as JSON text (sorted keys), as ``status --json`` prints it."""
+    return json.dumps(data, sort_keys=True)
+
+
+__all__ = ["overview", "dumps", "STALE_INTERVALS"]
