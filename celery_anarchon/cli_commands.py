@@ -22,7 +22,7 @@ from celery_anarchon.errors import (
     ConfigError, EntryExists, EntryOwnedByConfig, StoreError, UnknownEntry,
 )
 from celery_anarchon.schedule_api import Schedules, ScheduledEntry
-from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord
+from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord, InstanceStore
 from celery_anarchon.timing import Settings
 
 #: exit codes (documented in docs/schedules.md)
@@ -183,7 +183,7 @@ def _open(app):
     return settings, open_app_store(app, settings, instance_id="cli:" + make_instance_id())
 
 
-def _instances(store: EntryStore) -> None:
+def _instances(store: InstanceStore) -> None:
     """The live instances, the entries only some of them run, and their disagreements."""
     records = store.instances()
     click.echo(f"\nlive instances: {len(records)}")
@@ -221,7 +221,7 @@ def _partial(known: list[tuple[InstanceRecord, dict[str, str]]]) -> None:
             click.echo(f"  {name}: run by {', '.join(by)}; not by {', '.join(not_by)}")
 
 
-def _disagreements(store: EntryStore, known: list[tuple[InstanceRecord, dict[str, str]]]) -> None:
+def _disagreements(store: InstanceStore, known: list[tuple[InstanceRecord, dict[str, str]]]) -> None:
     found = []
     for name in sorted({n for _, m in known for n in m}):
         by_fingerprint: dict[str, list[str]] = {}
@@ -262,8 +262,9 @@ def _store_entries(snapshot, config: set[str]) -> list[str]:
 
 
 def status(app, runs: int) -> None:
-    """``status``: the store and its clock; on an entry store the live instances, their
-    disagreements, the store entries and pauses; the newest runs of every entry."""
+    """``status``: the store and its clock; on an instance store the live instances and their
+    disagreements; on an entry store the store entries and pauses; the newest runs of every
+    entry."""
     settings, store = _open(app)
     try:
         click.echo(f"store: {store.safe_url} ({store.kind})  namespace: {settings.namespace}")
@@ -275,12 +276,14 @@ def status(app, runs: int) -> None:
                 click.echo(f"store clock: {iso(now)}  (this host is {skew:+.3f} s off)")
             config = set(app.conf.beat_schedule or {})
             names = set(config)
-            if isinstance(store, EntryStore):
+            if isinstance(store, InstanceStore):
                 _instances(store)
+            else:
+                click.echo(f"\n(the {store.kind} store keeps no instance records)")
+            if isinstance(store, EntryStore):
                 names |= set(_store_entries(store.load_entries(), config))
             else:
-                click.echo(f"\n(the {store.kind} store holds no runtime entries, pauses or "
-                           "instance records)")
+                click.echo(f"\n(the {store.kind} store holds no runtime entries or pauses)")
             for name in sorted(names):
                 click.echo(f"\n{name}")
                 for rec in store.history(name, limit=runs):

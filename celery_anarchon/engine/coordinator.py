@@ -22,7 +22,7 @@ from celery_anarchon.engine.takeovers import Takeovers
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
 from celery_anarchon.stores.base import ClaimRequest, ClaimResult, ClaimStore, Outcome
-from celery_anarchon.stores.entry_store import EntryStore
+from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,9 @@ class Engine:
         every backoff, retry, wait and lease-check deadline; tests pass their own.
     :param rng: the jitter source (default: the operating system's, never shared by forks).
     :param sync_interval_s: ``anarchon_sync_interval``, seconds: on an
-        :class:`~celery_anarchon.stores.entry_store.EntryStore`, how often the store's entries,
-        pauses and run-now requests are followed and this instance's heartbeat written; ``None``
+        :class:`~celery_anarchon.stores.entry_store.InstanceStore`, how often this instance's
+        heartbeat is written, and on an :class:`~celery_anarchon.stores.entry_store.EntryStore`
+        how often the store's entries, pauses and run-now requests are followed too; ``None``
         (or another store): the engine runs ``plans`` only.
     :param build_store_plans: store entries -> plans (the scheduler's; ``None``: store entries
         are not run).
@@ -84,9 +85,12 @@ class Engine:
         self.definitions = Definitions(store)
         self.sync: EntrySync | None = None
         self.heartbeat: Heartbeat | None = None
+        self._beat_interval_s = sync_interval_s or 0.0
+        self._beat_at = 0.0                 #: monotonic: the next heartbeat without a sync
         if isinstance(store, EntryStore) and sync_interval_s:
             self.sync = EntrySync(store, build_store_plans, sync_interval_s, namespace, monotonic,
                                   self.outage, self.due.requested)
+        if isinstance(store, InstanceStore) and sync_interval_s:
             self.heartbeat = Heartbeat(store, instance_id, clock,
                                        int(TTL_INTERVALS * sync_interval_s * 1000), self.outage,
                                        self.skew)
@@ -154,7 +158,7 @@ class Engine:
         self._set_plans(self.sync.merge(self.config_plans) if self.sync else self.config_plans)
 
     def close(self) -> None:
-        """Drop this instance's heartbeat from an entry store (beat is shutting down); a later
+        """Drop this instance's heartbeat from an instance store (beat is shutting down); a later
         tick writes it again. Never raises for a store error."""
         if self.heartbeat is not None:
             self.heartbeat.leave()
@@ -218,8 +222,15 @@ class Engine:
 
     def _follow_store(self, now: float) -> list[ClaimRequest]:
         """On an entry store, every sync interval: the store's entries (plans changed when their
-        version moved), this instance's heartbeat, and the claims of the run-now requests."""
+        version moved), this instance's heartbeat, and the claims of the run-now requests. On an
+        instance store that keeps no entries, the heartbeat alone."""
         sync = self.sync
+        if sync is None and self.heartbeat is not None and self._prepared:
+            mono = self.monotonic()
+            if mono >= self._beat_at:
+                self._beat_at = mono + self._beat_interval_s
+                self.heartbeat.beat(self.config_plans, len(self.plans))
+            return []
         if sync is None or not self._prepared or not sync.due():
             return []
         if sync.follow():
@@ -296,6 +307,8 @@ class Engine:
             waits.append(1.0)
         if self.sync is not None and self._prepared:
             waits.append(max(self.sync.next_try() - mono, 0.05))
+        elif self.heartbeat is not None and self._prepared:
+            waits.append(max(self._beat_at - mono, 0.05))
         if any(p.timing.lease is not None for p in self.plans.values()):
             waits.append(max(self.takeovers.next_check - mono, 0.01))
         return min(max(min(waits), 0.001), MAX_SLEEP_S)

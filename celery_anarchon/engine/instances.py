@@ -1,4 +1,4 @@
-"""This instance's heartbeat in an entry store, and the live instances that run another
+"""This instance's heartbeat in an instance store (any store that keeps instance records), and the live instances that run another
 definition of a config (``beat_schedule``) entry: a rolling deploy, or a schedule drawn at random
 per process. Each instance records, every sync interval, the digest of the fingerprints of the
 config entries it runs (the mapping saved once per digest); one that finds a live instance with
@@ -19,7 +19,7 @@ from celery_anarchon.engine.outage import Outage
 from celery_anarchon.engine.skew import SkewCheck
 from celery_anarchon.errors import StoreError
 from celery_anarchon.plan import EntryPlan
-from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord
+from celery_anarchon.stores.entry_store import InstanceRecord, InstanceStore
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def host_pid() -> str:
 class Heartbeat:
     """Writes this instance's record and reports disagreeing instances.
 
-    :param store: the entry store.
+    :param store: the instance store.
     :param instance_id: this instance's id.
     :param clock: the wall clock, epoch seconds (start and last tick in the record).
     :param ttl_ms: how long a record lives without a heartbeat (3 sync intervals), ms.
@@ -57,7 +57,7 @@ class Heartbeat:
     :param skew: this instance's last skew measurement (in the record).
     """
 
-    def __init__(self, store: EntryStore, instance_id: str, clock: Callable[[], float],
+    def __init__(self, store: InstanceStore, instance_id: str, clock: Callable[[], float],
                  ttl_ms: int, outage: Outage, skew: SkewCheck) -> None:
         self.store = store
         self.instance_id = instance_id

@@ -1,23 +1,29 @@
-"""The entry store contract: what the instances of one namespace share besides claims.
+"""The instance and entry store contracts: what the instances of one namespace share besides
+claims.
 
-An :class:`EntryStore` is a claim store that also keeps, per namespace:
+An :class:`InstanceStore` is a claim store that keeps, per namespace, the **instance records**:
+each live beat's heartbeat (id, host, pid, version, started, last tick, how many entries it runs,
+its skew to the store's clock, the digest of the fingerprints of the config entries it runs),
+expiring on the store's clock, and the fingerprint mappings those digests name. Every store with
+a place to keep them is one (:data:`INSTANCE_STORE_NAMES`).
+
+An :class:`EntryStore` is an instance store that also keeps, per namespace:
 
 * **store entries**: definitions written at run time (``celery_anarchon.schedules(app).add``),
   as canonical JSON text (data, never code: nothing is pickled or evaluated);
 * **pauses**, of any entry, config (``beat_schedule``) or store: a pause is checked inside the
   atomic claim, so it holds at once on every instance, synced or not;
-* **run-now requests**: one extra run of an entry, with its own slot, one per request id;
-* **instance records**: each live beat's heartbeat (host, pid, version, started, last tick, the
-  digest of the fingerprints of the config entries it runs), expiring on the store's clock.
+* **run-now requests**: one extra run of an entry, with its own slot, one per request id.
 
 Every change to entries, pauses or requests raises the namespace's **entries version**, so an
 instance follows with one cheap read per ``anarchon_sync_interval`` (:meth:`entries_version`) and
 loads everything only when it moved (:meth:`load_entries`).
 
 Units as in :mod:`celery_anarchon.stores.base`: UTC integer milliseconds; the store's clock for
-``*_ms`` it writes. What a store can do is its type: ``isinstance(store, EntryStore)``; stores that
-cannot hold entries raise :class:`~celery_anarchon.errors.ConfigError` through
-:func:`entry_store`, naming :data:`ENTRY_STORE_NAMES`.
+``*_ms`` it writes. What a store can do is its type: ``isinstance(store, InstanceStore)``,
+``isinstance(store, EntryStore)``; stores that cannot raise
+:class:`~celery_anarchon.errors.ConfigError` through :func:`instance_store` and
+:func:`entry_store`, naming :data:`INSTANCE_STORE_NAMES` and :data:`ENTRY_STORE_NAMES`.
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ from celery_anarchon.stores.base import ClaimStore
 
 #: The stores that hold entries, pauses and run-now requests, in the words of error messages.
 ENTRY_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
+#: The stores that hold instance records (heartbeats), in the words of error messages.
+INSTANCE_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +120,7 @@ class InstanceRecord:
     :param skew_ms: its clock minus the store's, ms (``None`` when unknown).
     :param entries: how many entries it runs (config and store).
     :param fingerprints_digest: digest of the fingerprints of the config entries it runs; the
-        mapping itself is read with :meth:`EntryStore.load_fingerprints`.
+        mapping itself is read with :meth:`InstanceStore.load_fingerprints`.
     :param seen_ms: the store's clock when the heartbeat was written, UTC ms (read back only).
     :param expires_ms: when the record expires on the store's clock, UTC ms (read back only).
     """
@@ -130,9 +138,41 @@ class InstanceRecord:
     expires_ms: int = 0
 
 
-class EntryOps(abc.ABC):
+class InstanceOps(abc.ABC):
+    """The instance record operations of one namespace, as a backend's part implements them
+    (composition: the store holds the part; :class:`InstanceStore` delegates to it).
+
+    Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
+    do.
+    """
+
+    @abc.abstractmethod
+    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
+        """Write this instance's heartbeat; it expires ``ttl_ms`` later on the store's clock."""
+
+    @abc.abstractmethod
+    def instances(self) -> list[InstanceRecord]:
+        """The live instances of the namespace (heartbeat not expired on the store's clock),
+        with ``seen_ms`` and ``expires_ms`` filled in."""
+
+    @abc.abstractmethod
+    def remove_instance(self, instance_id: str) -> None:
+        """Drop an instance's heartbeat (it is shutting down)."""
+
+    @abc.abstractmethod
+    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
+        """Keep the mapping config entry name -> fingerprint under its ``digest`` (written once per
+        distinct digest; kept at least as long as an instance record names it)."""
+
+    @abc.abstractmethod
+    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
+        """The mapping saved under ``digest``, or ``None`` if unknown."""
+
+
+class EntryOps(InstanceOps):
     """The entry operations of one namespace, as a backend's part implements them (composition:
-    the store holds the part; :class:`EntryStore` delegates each operation to it).
+    the store holds the part; :class:`EntryStore` delegates each operation to it). An entry
+    store keeps instance records too, so this part implements :class:`InstanceOps` as well.
 
     Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
     do.
@@ -171,33 +211,43 @@ class EntryOps(abc.ABC):
         """Record a run-now request unless one with ``request_id`` exists for ``entry``; return the
         request as stored (the first one's slot when the id was seen before)."""
 
+
+class InstanceStore(ClaimStore):
+    """A claim store that also keeps the instance records of a namespace (module docstring).
+
+    Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
+    do. A backend gives its :class:`InstanceOps` part as :attr:`instance_ops`; the operations
+    (documented there) are delegated to it.
+    """
+
+    @property
     @abc.abstractmethod
+    def instance_ops(self) -> InstanceOps:
+        """This store's instance record operations."""
+
     def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
-        """Write this instance's heartbeat; it expires ``ttl_ms`` later on the store's clock."""
+        """:meth:`InstanceOps.record_instance`."""
+        return self.instance_ops.record_instance(record, ttl_ms)
 
-    @abc.abstractmethod
     def instances(self) -> list[InstanceRecord]:
-        """The live instances of the namespace (heartbeat not expired on the store's clock),
-        with ``seen_ms`` and ``expires_ms`` filled in."""
+        """:meth:`InstanceOps.instances`."""
+        return self.instance_ops.instances()
 
-    @abc.abstractmethod
     def remove_instance(self, instance_id: str) -> None:
-        """Drop an instance's heartbeat (it is shutting down)."""
+        """:meth:`InstanceOps.remove_instance`."""
+        return self.instance_ops.remove_instance(instance_id)
 
-    @abc.abstractmethod
     def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
-        """Keep the mapping config entry name -> fingerprint under its ``digest`` (written once per
-        distinct digest; kept at least as long as an instance record names it)."""
+        """:meth:`InstanceOps.save_fingerprints`."""
+        return self.instance_ops.save_fingerprints(digest, fingerprints)
 
-    @abc.abstractmethod
     def load_fingerprints(self, digest: str) -> dict[str, str] | None:
-        """The mapping saved under ``digest``, or ``None`` if unknown."""
+        """:meth:`InstanceOps.load_fingerprints`."""
+        return self.instance_ops.load_fingerprints(digest)
 
 
-
-
-class EntryStore(ClaimStore):
-    """A claim store that also keeps store entries, pauses, run-now requests and instance records.
+class EntryStore(InstanceStore):
+    """An instance store that also keeps store entries, pauses and run-now requests.
 
     Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
     do. The claim (:meth:`ClaimStore.claim`) of a run whose entry is paused answers
@@ -213,6 +263,11 @@ class EntryStore(ClaimStore):
     @abc.abstractmethod
     def entry_ops(self) -> EntryOps:
         """This store's entry operations."""
+
+    @property
+    def instance_ops(self) -> InstanceOps:
+        """The entry part, which keeps the instance records too."""
+        return self.entry_ops
 
     def entries_version(self) -> int:
         """:meth:`EntryOps.entries_version`."""
@@ -238,25 +293,16 @@ class EntryStore(ClaimStore):
         """:meth:`EntryOps.request_run`."""
         return self.entry_ops.request_run(entry, request_id, slot_ms, by=by)
 
-    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
-        """:meth:`EntryOps.record_instance`."""
-        return self.entry_ops.record_instance(record, ttl_ms)
 
-    def instances(self) -> list[InstanceRecord]:
-        """:meth:`EntryOps.instances`."""
-        return self.entry_ops.instances()
+def instance_store(store: ClaimStore) -> InstanceStore:
+    """``store`` as an :class:`InstanceStore`.
 
-    def remove_instance(self, instance_id: str) -> None:
-        """:meth:`EntryOps.remove_instance`."""
-        return self.entry_ops.remove_instance(instance_id)
-
-    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
-        """:meth:`EntryOps.save_fingerprints`."""
-        return self.entry_ops.save_fingerprints(digest, fingerprints)
-
-    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
-        """:meth:`EntryOps.load_fingerprints`."""
-        return self.entry_ops.load_fingerprints(digest)
+    :raises ConfigError: the store keeps no instance records (naming the stores that do).
+    """
+    if not isinstance(store, InstanceStore):
+        raise ConfigError(f"the {store.kind} store keeps no instance records (heartbeats); use "
+                          f"{INSTANCE_STORE_NAMES} as anarchon_store_url to see live instances")
+    return store
 
 
 def entry_store(store: ClaimStore) -> EntryStore:
