@@ -8,6 +8,7 @@ import logging
 
 from celery_anarchon._util import iso
 from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.engine.observe import NOOP, UNREACHABLE, Observer
 from celery_anarchon.engine.outage import Outage
 from celery_anarchon.plan import EntryPlan, task_id_for
 from celery_anarchon.stores.base import ClaimRequest, ClaimStore, RunEvent
@@ -30,11 +31,13 @@ class ClaimRetries:
     :param stats: the engine's counters (``store_unreachable``).
     :param notes: the history-note buffer.
     :param outage: says when the store may be asked again.
+    :param observer: told of the claims given up.
     """
 
     def __init__(self, store: ClaimStore, instance_id: str, stats: collections.Counter,
-                 notes: NoteBuffer, outage: Outage) -> None:
+                 notes: NoteBuffer, outage: Outage, *, observer: Observer = NOOP) -> None:
         self.store = store
+        self.observer = observer
         self.instance_id = instance_id
         self.stats = stats
         self.notes = notes
@@ -71,6 +74,7 @@ class ClaimRetries:
             elif now_ms - request.slot_ms > request.max_late_ms:
                 del self.waiting[run]
                 given_up.append(request)
+                self.observer.claimed(request.entry, UNREACHABLE)
                 self.notes.add(request.entry, request.slot_ms, RunEvent.UNREACHABLE,
                                detail=f"{self.instance_id} could not reach the store")
             else:

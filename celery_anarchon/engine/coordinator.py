@@ -13,6 +13,7 @@ from celery_anarchon.engine.definitions import Definitions
 from celery_anarchon.engine.due import DueRuns
 from celery_anarchon.engine.instances import TTL_INTERVALS, Heartbeat
 from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.engine.observe import NOOP, Observer
 from celery_anarchon.engine.outage import Outage
 from celery_anarchon.engine.sends import Send, SendFn, SendQueue
 from celery_anarchon.engine.skew import SkewCheck
@@ -55,6 +56,8 @@ class Engine:
         (or another store): the engine runs ``plans`` only.
     :param build_store_plans: store entries -> plans (the scheduler's; ``None``: store entries
         are not run).
+    :param observer: told what happens (claims, sends, leases, the store's round trips and
+        reachability, the live instances), for metrics; default: nobody.
     """
 
     def __init__(self, store: ClaimStore, plans: dict[str, EntryPlan], *, instance_id: str,
@@ -62,8 +65,11 @@ class Engine:
                  rng: random.Random | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  sync_interval_s: float | None = None,
-                 build_store_plans: BuildStorePlans | None = None) -> None:
+                 build_store_plans: BuildStorePlans | None = None,
+                 observer: Observer | None = None) -> None:
         self.store = store
+        self.observer = observer = observer or NOOP
+        observer.entries(plans)
         self.config_plans = dict(plans)
         self.plans = dict(plans)            #: what runs: the config plans and the store's
         self.instance_id = instance_id
@@ -73,14 +79,15 @@ class Engine:
         rng = rng or random.SystemRandom()
         self.counters = Counters(monotonic)
         self.stats = stats = self.counters.counts
-        self.outage = Outage(store, monotonic, stats)
+        self.outage = Outage(store, monotonic, stats, observer=observer)
         self.notes = NoteBuffer(store, self.outage)
-        self.skips = SkipLog(store, instance_id, monotonic, stats, self.notes)
-        self.claims = ClaimRetries(store, instance_id, stats, self.notes, self.outage)
+        self.skips = SkipLog(store, instance_id, monotonic, stats, self.notes, observer=observer)
+        self.claims = ClaimRetries(store, instance_id, stats, self.notes, self.outage,
+                                   observer=observer)
         self.due = DueRuns(namespace, rng, self.skips, self.claims)
-        self.sends = SendQueue(send, clock, monotonic, stats, self.notes)
+        self.sends = SendQueue(send, clock, monotonic, stats, self.notes, observer=observer)
         self.takeovers = Takeovers(store, namespace, monotonic, rng, stats, self.outage,
-                                   self.sends)
+                                   self.sends, observer=observer)
         self.skew = SkewCheck(store, clock, monotonic)
         self.definitions = Definitions(store)
         self.sync: EntrySync | None = None
@@ -93,7 +100,7 @@ class Engine:
         if isinstance(store, InstanceStore) and sync_interval_s:
             self.heartbeat = Heartbeat(store, instance_id, clock,
                                        int(TTL_INTERVALS * sync_interval_s * 1000), self.outage,
-                                       self.skew)
+                                       self.skew, observer=observer)
         self._prepared = False
         self._seeded = False
         self._stopping = False
@@ -122,6 +129,7 @@ class Engine:
         if self._stopping:
             return MAX_SLEEP_S
         now = self.clock()
+        self.observer.ticked(now)
         if not self._seeded:                   # 7. at start-up, the newest slot within max_late
             self._seeded = True
             for plan in self.plans.values():
@@ -207,6 +215,8 @@ class Engine:
         in the store already)."""
         old = self.plans
         self.plans = dict(plans)
+        if set(old) != set(self.plans):
+            self.observer.entries(self.plans)
         if not self._seeded:
             return
         now = self.clock()
@@ -248,7 +258,9 @@ class Engine:
             unique.setdefault(request.run, request)
         requests = list(unique.values())
         try:
+            started = time.perf_counter()
             results = self.store.claim(requests)
+            self.observer.store_round_trip("claim", time.perf_counter() - started)
         except StoreError as exc:
             self.claims.hold(requests)
             self.outage.failed(exc, f"claiming {len(requests)} run(s)")
@@ -266,6 +278,9 @@ class Engine:
             self.definitions.check(plan, result)
         outcome = result.outcome
         self.stats[f"claim_{outcome.value}"] += 1
+        self.observer.claimed(plan.name, outcome.value)
+        if outcome is Outcome.WON and plan.timing.lease is not None:
+            self.observer.lease("started")       # the claim queued the run's lease record
         if outcome in HANDLED and result.request.run not in self.due.requested:
             # UNCONFIRMED: won in the store but not durable in time: never sent, and never asked
             # again (the claim record stays: nobody else wins it either)

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Mapping
 from typing import Callable
 
+from celery_anarchon.engine.observe import NOOP, Observer
 from celery_anarchon.engine.outage import Outage
 from celery_anarchon.engine.skew import SkewCheck
 from celery_anarchon.errors import StoreError
@@ -55,11 +56,14 @@ class Heartbeat:
     :param ttl_ms: how long a record lives without a heartbeat (3 sync intervals), ms.
     :param outage: the store outage backoff.
     :param skew: this instance's last skew measurement (in the record).
+    :param observer: told how many live instances the store holds, at each heartbeat.
     """
 
     def __init__(self, store: InstanceStore, instance_id: str, clock: Callable[[], float],
-                 ttl_ms: int, outage: Outage, skew: SkewCheck) -> None:
+                 ttl_ms: int, outage: Outage, skew: SkewCheck, *,
+                 observer: Observer = NOOP) -> None:
         self.store = store
+        self.observer = observer
         self.instance_id = instance_id
         self.clock = clock
         self.ttl_ms = ttl_ms
@@ -103,7 +107,9 @@ class Heartbeat:
 
     def _disagreements(self, mine: dict[str, str], digest: str) -> frozenset[Disagreement]:
         found = set()
-        for other in self.store.instances():
+        live = self.store.instances()
+        self.observer.live_instances(len(live))
+        for other in live:
             if other.instance_id == self.instance_id or other.fingerprints_digest == digest:
                 continue
             theirs = self._mappings.get(other.fingerprints_digest)

@@ -8,6 +8,7 @@ import logging
 import math
 from typing import Callable
 
+from celery_anarchon.engine.observe import NOOP, Observer
 from celery_anarchon.stores.base import ClaimStore
 
 logger = logging.getLogger(__name__)
@@ -24,11 +25,13 @@ class Outage:
     :param store: the store (for its masked URL in the logs).
     :param monotonic: the clock of elapsed time, seconds from any origin.
     :param stats: the engine's counters (``store_errors``; ``store_unreachable`` is logged).
+    :param observer: told whether the store answers.
     """
 
     def __init__(self, store: ClaimStore, monotonic: Callable[[], float],
-                 stats: collections.Counter) -> None:
+                 stats: collections.Counter, *, observer: Observer = NOOP) -> None:
         self.store = store
+        self.observer = observer
         self.monotonic = monotonic
         self.stats = stats
         self.ok = True
@@ -51,6 +54,7 @@ class Outage:
         now = self.monotonic()
         self.stats["store_errors"] += 1
         self.last_error_at = now
+        self.observer.store_reachable(False)
         reason = str(exc).rstrip(".")
         if self.ok:
             logger.error("anarchon store %s unreachable while %s: %s. No run is sent until it "
@@ -81,6 +85,7 @@ class Outage:
 
     def recovered(self) -> None:
         """The store answered: log the end of an outage, reset the backoff."""
+        self.observer.store_reachable(True)
         if not self.ok:
             now = self.monotonic()
             logger.warning("anarchon store %s reachable again after %.0f s", self.store.safe_url,

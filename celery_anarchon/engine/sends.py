@@ -11,6 +11,7 @@ from typing import Callable
 
 from celery_anarchon._util import iso
 from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.engine.observe import NOOP, Observer
 from celery_anarchon.errors import SendOutcomeUnknown
 from celery_anarchon.plan import EntryPlan
 from celery_anarchon.stores.base import RunEvent
@@ -52,11 +53,14 @@ class SendQueue:
     :param monotonic: the clock of elapsed time (retry times, a takeover's give-up time).
     :param stats: the engine's counters (``sent``, ``send_failed``, ``send_unknown``).
     :param notes: the history-note buffer.
+    :param observer: told of each send, its lateness, and each send given up.
     """
 
     def __init__(self, send: SendFn, clock: Callable[[], float], monotonic: Callable[[], float],
-                 stats: collections.Counter, notes: NoteBuffer) -> None:
+                 stats: collections.Counter, notes: NoteBuffer, *,
+                 observer: Observer = NOOP) -> None:
         self.send_fn = send
+        self.observer = observer
         self.clock = clock
         self.monotonic = monotonic
         self.stats = stats
@@ -90,6 +94,7 @@ class SendQueue:
             # A leased run is sent anyway: its record is queued, and a takeover would send it later
             self.retrying.pop(run, None)
             self.stats["send_failed"] += 1
+            self.observer.send_failed(job.plan.name)
             logger.warning("%s: slot %s won but not sent: the claim answered after max_late (%g s)",
                            job.plan.name, iso(job.slot_ms), job.plan.timing.max_late_s)
             self.notes.add(job.plan.name, job.slot_ms, RunEvent.SEND_FAILED, task_id=job.task_id,
@@ -101,6 +106,7 @@ class SendQueue:
             # the broker may hold the message: publishing again could deliver it twice
             self.retrying.pop(run, None)
             self.stats["send_unknown"] += 1
+            self.observer.send_failed(job.plan.name, unknown=True)
             leased = job.plan.timing.lease is not None
             logger.error("%s: slot %s attempt %d: the publish broke off (%s); the broker may or may "
                          "not have the message. Not published again (at most one send per attempt)%s",
@@ -121,6 +127,7 @@ class SendQueue:
             return
         self.retrying.pop(run, None)
         self.stats["sent"] += 1
+        self.observer.sent(job.plan.name, job.attempt, self.clock() - job.slot_ms / 1000)
         self.notes.add(job.plan.name, job.slot_ms, RunEvent.SENT, task_id=job.task_id,
                        attempt=job.attempt)
 
@@ -132,6 +139,7 @@ class SendQueue:
             if (mono > job.give_up_at) if job.give_up_at is not None else (now_ms > job.deadline_ms):
                 del self.retrying[run]
                 self.stats["send_failed"] += 1
+                self.observer.send_failed(job.plan.name)
                 logger.error("%s: slot %s not sent: the send kept failing until max_late (%g s); "
                              "last error: %s", job.plan.name, iso(job.slot_ms),
                              job.plan.timing.max_late_s, job.error)

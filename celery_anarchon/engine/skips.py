@@ -11,6 +11,7 @@ from typing import Callable
 
 from celery_anarchon._util import iso
 from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.engine.observe import LATE_LOCAL, NOOP, Observer
 from celery_anarchon.plan import EntryPlan
 from celery_anarchon.stores.base import ClaimResult, ClaimStore, Outcome, RunEvent
 
@@ -39,11 +40,14 @@ class SkipLog:
     :param monotonic: the clock of elapsed time (the rate limit).
     :param stats: the engine's counters (``late_local``).
     :param notes: the history-note buffer.
+    :param observer: told of the slots reached too late.
     """
 
     def __init__(self, store: ClaimStore, instance_id: str, monotonic: Callable[[], float],
-                 stats: collections.Counter, notes: NoteBuffer) -> None:
+                 stats: collections.Counter, notes: NoteBuffer, *,
+                 observer: Observer = NOOP) -> None:
         self.store = store
+        self.observer = observer
         self.instance_id = instance_id
         self.monotonic = monotonic
         self.stats = stats
@@ -53,6 +57,7 @@ class SkipLog:
     def late_local(self, plan: EntryPlan, slots: list[int], lateness_ms: int) -> None:
         """``slots`` (in order) were reached ``lateness_ms`` after the first past max_late."""
         self.stats["late_local"] += len(slots)
+        self.observer.claimed(plan.name, LATE_LOCAL, len(slots))
         if len(slots) == 1:
             logger.warning("%s: slot %s skipped as late: this instance reached it %.3f s after the "
                            "slot (max_late %g s). Was the process paused or did the clock jump?",

@@ -12,9 +12,11 @@ import dataclasses
 import logging
 import math
 import random
+import time
 from typing import Callable
 
 from celery_anarchon._util import iso
+from celery_anarchon.engine.observe import NOOP, Observer
 from celery_anarchon.engine.outage import Outage
 from celery_anarchon.engine.sends import Send, SendQueue
 from celery_anarchon.errors import StoreError
@@ -32,6 +34,9 @@ MAX_TAKEN_KEPT = 10_000
 #: after a store error, a started run whose lease ran out is not taken over until this many of
 #: its heartbeats (plus 1 s) have passed: its runner's renewals probably failed too
 STORE_GRACE_HEARTBEATS = 2
+#: a takeover's outcome, as a lease event of the observer (REFUSED: nothing happened)
+LEASE_EVENTS = {TakeoverOutcome.TAKEN: "taken_over", TakeoverOutcome.GIVEN_UP: "lost",
+                TakeoverOutcome.SUPERSEDED: "superseded"}
 
 
 @dataclasses.dataclass
@@ -60,12 +65,14 @@ class Takeovers:
     :param stats: the engine's counters (``takeover_<outcome>``, ``takeover_deferred``, ...).
     :param outage: when the store last failed (the grace); a failure here is recorded there.
     :param sends: sends a taken-over attempt (and says whether beat is stopping).
+    :param observer: told of the lease checks' round trips and of each takeover's outcome.
     """
 
     def __init__(self, store: LeaseStore, namespace: str, monotonic: Callable[[], float],
                  rng: random.Random, stats: collections.Counter, outage: Outage,
-                 sends: SendQueue) -> None:
+                 sends: SendQueue, *, observer: Observer = NOOP) -> None:
         self.store = store
+        self.observer = observer
         self.namespace = namespace
         self.monotonic = monotonic
         self.rng = rng
@@ -98,7 +105,9 @@ class Takeovers:
         period = min(p.timing.lease.heartbeat_s for p in leased)
         self.next_check = (math.floor(now / period) + 1) * period + self.rng.uniform(0, period)
         try:
+            started = time.perf_counter()
             expired = self.store.expired_runs([p.name for p in leased])
+            self.observer.store_round_trip("lease_check", time.perf_counter() - started)
         except StoreError as exc:
             self.outage.last_error_at = now
             logger.debug("lease check failed: %s", exc)
@@ -174,6 +183,8 @@ class Takeovers:
             return
         retried = self.pending.pop(key, None) is not None
         self.stats[f"takeover_{outcome.value}"] += 1
+        if outcome is not TakeoverOutcome.REFUSED:
+            self.observer.lease(LEASE_EVENTS[outcome])
         if retried and outcome is TakeoverOutcome.REFUSED:
             logger.info("%s: slot %s: the takeover of attempt %d, asked again after its answer was "
                         "lost, was refused: another instance took the run over, its runner renewed, "
