@@ -8,7 +8,8 @@ a command runs). Loading it connects the worker side's safety net
 
 Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another failure; 2 bad
 input (a usage error, an invalid definition, a timing rule, a store that cannot hold entries);
-3 unknown entry; 4 the entry is owned by ``beat_schedule``, or exists already.
+3 unknown entry; 4 the entry is owned by ``beat_schedule``, or exists already. ``check`` exits 1
+when any rule fails (docs/production.md "Command line for operators").
 """
 from __future__ import annotations
 
@@ -77,13 +78,56 @@ def anarchon():
 
 
 @anarchon.command(cls=CeleryCommand)
-@click.option("--runs", default=5, show_default=True, help="Runs to show per entry.")
+@click.option("--runs", default=5, show_default=True, type=click.IntRange(0),
+              help="Runs to show per entry.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (for scripts).")
 @click.pass_context
-def status(ctx, runs):
-    """Show the store, its clock, the live instances (and where they disagree), the store's
-    entries and pauses, and the newest runs of every entry."""
-    from celery_anarchon import cli_commands
-    cli_commands.status(ctx.obj.app, runs)
+def status(ctx, runs, as_json):
+    """Show the store, its clock, the live instances (and where they disagree), every entry with
+    its schedule, next slot, last outcome, pause and lease, and the newest runs of every entry.
+    Exit 1 when the store cannot be reached."""
+    from celery_anarchon import cli_status
+    cli_status.status(ctx.obj.app, runs, as_json)
+
+
+@anarchon.command(cls=CeleryCommand)
+@click.argument("entry")
+@click.option("--since", metavar="ISO|DURATION",
+              help="Only runs whose slot is at or after this: 2026-03-29T00:00:00Z, or 1h, 30m, 2d ago.")
+@click.option("--limit", type=click.IntRange(1), help="At most this many runs (newest first).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list (for scripts).")
+@click.pass_context
+def history(ctx, entry, since, limit, as_json):
+    """What happened to each run of ENTRY the store remembers, newest first: event, instance,
+    attempt, task id and reason."""
+    from celery_anarchon import cli_status
+    cli_status.history(ctx.obj.app, entry, since, limit, as_json)
+
+
+@anarchon.command(cls=CeleryCommand)
+@click.option("--no-store", is_flag=True,
+              help="Check the rules only, without connecting to the store (as in CI).")
+@click.pass_context
+def check(ctx, no_store):
+    """Check the whole configuration without starting beat: every timing rule of every entry
+    (beat_schedule and store), the store reachable and what its setup can lose, the worker side
+    installed for leased entries. Exit 0 when everything passes, 1 otherwise."""
+    from celery_anarchon import cli_status
+    cli_status.check(ctx.obj.app, not no_store)
+
+
+@anarchon.command(name="next", cls=CeleryCommand)
+@click.argument("entry")
+@click.option("-n", "count", default=10, show_default=True, type=click.IntRange(1, 10_000),
+              help="How many slots.")
+@click.option("--after", metavar="ISO", help="Start after this instant (default: now).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+@click.pass_context
+def next_(ctx, entry, count, after, as_json):
+    """The next slots of ENTRY in UTC and in its time zone, with the UTC offset (a DST change
+    shows as an offset change)."""
+    from celery_anarchon import cli_status
+    cli_status.next_(ctx.obj.app, entry, count, after, as_json)
 
 
 def _write_command(verb: str, create: bool, help_text: str):
@@ -155,3 +199,29 @@ def list_(ctx, as_json):
     """List every entry: beat_schedule and store, with its state."""
     from celery_anarchon import cli_commands
     cli_commands.list_entries(ctx.obj.app, as_json)
+
+
+@anarchon.command(cls=CeleryCommand)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind (0.0.0.0: every interface; put it behind your proxy).")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port.")
+@click.option("--allow-actions", is_flag=True,
+              help="Show pause / resume / run-now buttons and accept them (with the token).")
+@click.option("--token", envvar="ANARCHON_WEB_TOKEN", show_envvar=True,
+              help="The actions' token (default: a new one, printed once at start-up).")
+@click.option("--runs", default=20, show_default=True, type=click.IntRange(0, 500),
+              help="Runs per entry in the page's strip.")
+@click.option("--refresh", default=5.0, show_default=True, type=click.FloatRange(0),
+              help="How often the page reloads its data, seconds (0: never).")
+@click.pass_context
+def web(ctx, host, port, allow_actions, token, runs, refresh):
+    """Serve the status page (and its data as JSON at /api/status) until interrupted."""
+    from celery_anarchon import web as web_page
+    from celery_anarchon.errors import ConfigError
+    try:
+        web_page.serve(ctx.obj.app, host=host, port=port, allow_actions=allow_actions,
+                       token=token, runs=runs, refresh_s=refresh, echo=click.echo)
+    except ConfigError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        raise click.exceptions.Exit(2) from exc

@@ -1,0 +1,304 @@
+"""The status page: ``celery -A proj anarchon web [--host H] [--port P] [--allow-actions]``.
+
+One server-rendered HTML page (``GET /``) and the same data as JSON (``GET /api/status``): the
+data of :func:`celery_anarchon.overview.overview`, read from the app's store on every request.
+With ``allow_actions``, ``POST /api/entries/<name>/pause``, ``.../resume`` and ``.../run-now``
+change the schedule through :class:`celery_anarchon.schedule_api.Schedules`, each with the token
+in the ``X-Anarchon-Token`` header or a ``token`` form field (compared with
+:func:`hmac.compare_digest`); without it the page has no buttons and those endpoints answer 403.
+
+Security (docs/production.md "Status page"): it binds to 127.0.0.1 unless told otherwise, and on
+a loopback address answers only requests addressed to a loopback name (a page of another site
+cannot reach it through DNS rebinding); the store's URL is shown with its password masked
+(``store.safe_url``); every value is escaped (entry names are user data: Jinja2 with autoescape,
+and the page's script reads names from escaped attributes only); the page forbids framing and
+scripts other than its own. For remote use, put it behind your proxy and its authentication.
+
+Starlette, uvicorn and Jinja2 come with the ``web`` extra (``pip install celery-anarchon[web]``).
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
+
+#: where the page listens unless told otherwise
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
+#: the header, form field and environment variable of the actions' token
+TOKEN_HEADER, TOKEN_FIELD, TOKEN_ENV = "X-Anarchon-Token", "token", "ANARCHON_WEB_TOKEN"
+#: the host names a page bound to a loopback address answers to
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+#: the largest form body an action reads, bytes
+MAX_FORM_BYTES = 16_384
+#: the actions, by the last part of their path
+ACTIONS = ("pause", "resume", "run-now")
+
+_TEMPLATES = Path(__file__).with_name("templates")
+
+
+def missing_extra() -> ConfigError:
+    return ConfigError("the status page needs the web extra: pip install 'celery-anarchon[web]' "
+                       "(starlette, uvicorn, jinja2)")
+
+
+def resolve_token(allow_actions: bool, token: str | None) -> tuple[str | None, bool]:
+    """The actions' token: ``token``, else ``$ANARCHON_WEB_TOKEN``, else (actions allowed) a new
+    random one.
+
+    :returns: ``(token, generated)``; ``(None, False)`` when actions are off.
+    :raises ConfigError: a token that is empty or whitespace only.
+    """
+    if not allow_actions:
+        return None, False
+    given = token if token is not None else os.environ.get(TOKEN_ENV)
+    if given is None:
+        return secrets.token_urlsafe(24), True
+    if not given.strip():
+        raise ConfigError(f"--token (or {TOKEN_ENV}) is empty; fix: give a long random value, "
+                          "or none and the page makes one and prints it")
+    return given, False
+
+
+def token_matches(expected: str | None, given: str | None) -> bool:
+    """True when actions are on and ``given`` is the token (constant time)."""
+    if expected is None or given is None:
+        return False
+    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+class StatusSource:
+    """The app's store, opened once for the page's process, and what the page reads and does.
+
+    Calls are serialized (one lock): the endpoints run in a thread pool, the store's connection
+    is shared.
+
+    :param app: the Celery app (its ``anarchon_*`` settings and ``beat_schedule``).
+    :param runs: the runs per entry the page shows (the strip).
+    :raises ConfigError: a bad ``anarchon_*`` setting or store URL.
+    """
+
+    def __init__(self, app, *, runs: int = 20) -> None:
+        from celery_anarchon.app_store import make_instance_id, open_app_store
+        from celery_anarchon.timing import Settings
+
+        self.app, self.runs = app, runs
+        self.settings = Settings.from_app(app)
+        self.store = open_app_store(app, self.settings, instance_id="web:" + make_instance_id())
+        self._lock = threading.Lock()
+
+    def status(self) -> dict:
+        """The status data (the JSON of ``/api/status``; keys: :func:`overview.overview`)."""
+        from celery_anarchon.overview import overview
+        with self._lock:
+            return overview(self.app, self.store, self.settings, runs=self.runs)
+
+    def act(self, action: str, name: str, fields: dict[str, str], by: str) -> dict:
+        """Pause, resume or run ``name`` now; returns the entry (or the request) as JSON values.
+
+        :param fields: ``reason`` (pause), ``request_id`` (run-now).
+        :raises UnknownEntry: no entry of that name.
+        :raises ConfigError: the store cannot hold pauses (NATS, RabbitMQ), or bad input.
+        :raises StoreError: the store is unreachable (the outcome is unknown; retry).
+        """
+        import dataclasses
+
+        from celery_anarchon.schedule_api import Schedules
+        with self._lock, Schedules(self.app, store=self.store, by=by) as s:
+            if action == "pause":
+                return s.pause(name, fields.get("reason", ""), by=by).as_json()
+            if action == "resume":
+                return s.resume(name, by=by).as_json()
+            return dataclasses.asdict(s.run_now(name, fields.get("request_id") or None, by=by))
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def create_app(source: StatusSource, *, token: str | None = None, refresh_s: float = 5.0,
+               allowed_hosts: list[str] | None = None):
+    """The Starlette application of the page.
+
+    :param source: where the data comes from and where the actions go.
+    :param token: the actions' token; ``None``: actions are off (no buttons, POST answers 403).
+    :param refresh_s: how often the page reloads its data, seconds (0: never; ``?refresh=N``
+        overrides it per page).
+    :param allowed_hosts: the host names a request may be addressed to (``None``: any; see
+        :data:`LOOPBACK_NAMES`).
+    :raises ConfigError: the web extra is not installed.
+    """
+    try:
+        import jinja2
+        from starlette.applications import Starlette
+        from starlette.middleware import Middleware
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+        from starlette.responses import HTMLResponse, JSONResponse
+        from starlette.routing import Route
+    except ImportError as exc:
+        raise missing_extra() from exc
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES),
+                             autoescape=True, undefined=jinja2.ChainableUndefined)
+    env.filters["when"] = _when
+    page = env.get_template("status.html")
+    actions = token is not None
+
+    def headers(nonce: str | None = None) -> dict[str, str]:
+        script = f"'nonce-{nonce}'" if nonce else "'none'"
+        return {"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                "Content-Security-Policy": (
+                    f"default-src 'none'; script-src {script}; style-src 'unsafe-inline'; "
+                    "connect-src 'self'; img-src 'self' data:; form-action 'self'; "
+                    "base-uri 'none'; frame-ancestors 'none'")}
+
+    def read(request) -> tuple[dict | None, str | None]:
+        try:
+            return source.status(), None
+        except (StoreError, ConfigError) as exc:
+            return None, str(exc)
+
+    def index(request):
+        data, error = read(request)
+        try:
+            refresh = float(request.query_params.get("refresh", refresh_s))
+        except ValueError:
+            refresh = refresh_s
+        nonce = secrets.token_urlsafe(16)
+        html = page.render(data=data or {}, error=error, actions=actions, nonce=nonce,
+                           refresh_ms=int(max(refresh, 0) * 1000), token_header=TOKEN_HEADER,
+                           legend=LEGEND, classes=COLOURS, skips=recent_skips(data or {}))
+        return HTMLResponse(html, status_code=200 if data is not None else 503,
+                            headers=headers(nonce))
+
+    def api_status(request):
+        data, error = read(request)
+        if data is None:
+            return JSONResponse({"error": error}, status_code=503, headers=headers())
+        return JSONResponse(data, headers=headers())
+
+    async def act(request):
+        name, action = request.path_params["name"], request.url.path.rsplit("/", 1)[1]
+        if not actions:
+            return _error(JSONResponse, 403, "actions are off: start the page with "
+                          "--allow-actions (and a token) to pause, resume or run entries")
+        fields = await _form(request)
+        given = request.headers.get(TOKEN_HEADER) or fields.get(TOKEN_FIELD)
+        if not token_matches(token, given):
+            return _error(JSONResponse, 403, f"wrong or missing token: send it in the "
+                          f"{TOKEN_HEADER} header or a {TOKEN_FIELD!r} form field")
+        who = request.client.host if request.client else "?"
+        by = fields.get("by") or f"web:{who}@{socket.gethostname()}"
+        from starlette.concurrency import run_in_threadpool
+        try:
+            done = await run_in_threadpool(source.act, action, name, fields, by)
+        except UnknownEntry as exc:
+            return _error(JSONResponse, 404, str(exc))
+        except ConfigError as exc:
+            return _error(JSONResponse, 400, str(exc))
+        except StoreError as exc:
+            return _error(JSONResponse, 503, f"{exc} (the outcome is unknown: retry)")
+        return JSONResponse({"action": action, "entry": name, "result": done}, headers=headers())
+
+    def _error(response, status: int, message: str):
+        return response({"error": message}, status_code=status, headers=headers())
+
+    routes = [Route("/", index), Route("/api/status", api_status)]
+    routes += [Route(f"/api/entries/{{name:path}}/{a}", act, methods=["POST"]) for a in ACTIONS]
+    middleware = ([Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+                  if allowed_hosts else [])
+    return Starlette(routes=routes, middleware=middleware)
+
+
+async def _form(request) -> dict[str, str]:
+    """The fields of an ``application/x-www-form-urlencoded`` body (the first value of each);
+    other bodies give none."""
+    if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        return {}
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return {}
+    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {k: v[0] for k, v in parsed.items()}
+
+
+def _when(value) -> str:
+    """An ISO time as the page shows it: ``2026-03-29 01:00:00Z`` (milliseconds dropped)."""
+    if not isinstance(value, str) or "T" not in value:
+        return "" if value is None else str(value)
+    day, time_ = value.split("T", 1)
+    return f"{day} {time_[:8]}Z" if time_.endswith(("Z", "+00:00")) else f"{day} {time_}"
+
+
+#: the strip's colours: (colour class, what it means, the history events it shows)
+LEGEND = (
+    ("ok", "sent (leased: finished)", ("sent", "finished")),
+    ("busy", "claimed, running (leased: started, taken over)", ("claimed", "started", "taken_over")),
+    ("bad", "failed: send failed or unknown, unconfirmed, store unreachable, given up",
+     ("send_failed", "send_unknown", "unconfirmed", "store_unreachable", "unknown", "given_up")),
+    ("skip", "skipped: late, early, forgotten, overlapping, superseded",
+     ("late", "late_local", "early", "forgotten", "overlapping", "superseded")),
+    ("paused", "paused", ("paused",)),
+)
+#: history event -> the strip's colour class (an event not listed: "other")
+COLOURS = {event: colour for colour, _, events in LEGEND for event in events}
+#: the skips the page lists under "Recent skips", at most
+SKIPS_SHOWN = 20
+
+
+def recent_skips(data: dict, limit: int = SKIPS_SHOWN) -> list[tuple[str, dict]]:
+    """The newest skipped or failed runs of every entry of the status data ``data``, newest slot
+    first: ``(entry name, run)`` pairs, at most ``limit``."""
+    found = [(e["name"], r) for e in data.get("entries", ()) for r in e.get("runs", ())
+             if COLOURS.get(r.get("event")) in ("skip", "bad")]
+    return sorted(found, key=lambda pair: pair[1]["slot"], reverse=True)[:limit]
+
+
+def loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    return host in LOOPBACK_NAMES or host.startswith("127.")
+
+
+def serve(app, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_actions: bool = False,
+          token: str | None = None, runs: int = 20, refresh_s: float = 5.0,
+          echo: Callable[[str], None] = print) -> None:
+    """Serve the page until interrupted (uvicorn, one process).
+
+    :param host: the address to bind (default 127.0.0.1; ``0.0.0.0`` for every interface).
+    :param port: the TCP port.
+    :param allow_actions: render the buttons and accept the POST actions (with the token).
+    :param token: the actions' token (default ``$ANARCHON_WEB_TOKEN``, else a new one, printed
+        once here).
+    :param runs: the runs per entry in the strip.
+    :raises ConfigError: the web extra is missing, a bad setting, or an empty token.
+    """
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise missing_extra() from exc
+    token, generated = resolve_token(allow_actions, token)
+    source = StatusSource(app, runs=runs)
+    try:
+        site = create_app(source, token=token, refresh_s=refresh_s,
+                          allowed_hosts=[*LOOPBACK_NAMES, host] if loopback(host) else None)
+        shown = f"[{host}]" if ":" in host else host
+        echo(f"anarchon web: http://{shown}:{port}/ (store {source.store.safe_url}, "
+             f"actions {'allowed' if allow_actions else 'off'})")
+        if generated:
+            echo(f"anarchon web: the actions' token (shown once; pass --token or {TOKEN_ENV} "
+                 f"to choose one): {token}")
+        if not loopback(host):
+            echo(f"anarchon web: listening on {host}, not only this machine: put it behind your "
+                 "proxy and its authentication")
+        uvicorn.run(site, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        source.close()
+
