@@ -41,7 +41,8 @@ def _iso(ms: int | None) -> str | None:
     return None if ms is None else iso(ms)
 
 
-def _run(rec: HistoryRecord) -> dict:
+def run_json(rec: HistoryRecord) -> dict:
+    """One history record as data: ``{slot, event, at, instance, attempt, task_id, detail}``."""
     return {"slot": iso(rec.slot_ms), "event": rec.event.value, "at": _iso(rec.store_ms or None),
             "instance": rec.instance, "attempt": rec.attempt, "task_id": rec.task_id,
             "detail": rec.detail}
@@ -176,7 +177,7 @@ def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry
         out["next"] = slots
     if reachable:
         history = store.history(scheduled.name, limit=runs) if runs else []
-        out["runs"] = [_run(r) for r in history]
+        out["runs"] = [run_json(r) for r in history]
         out["last"] = out["runs"][0] if history else None
         out["lease"] = _lease(store, plan, history)
     return out
@@ -322,4 +323,4 @@ def dumps(data: dict) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-__all__ = ["overview", "dumps", "STALE_INTERVALS"]
+__all__ = ["overview", "dumps", "run_json", "STALE_INTERVALS"]

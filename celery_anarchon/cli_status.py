@@ -1,0 +1,368 @@
+"""The bodies of the operators' commands: ``status``, ``history``, ``check`` and ``next``
+(:mod:`celery_anarchon.cli` declares them and imports this module only when one runs).
+
+Exit codes (docs/production.md "Command line for operators"): ``status`` 0, or 1 when the store
+cannot be reached; ``history`` 0, 1 store unreachable, 2 a bad ``--since``, 3 unknown entry;
+``check`` 0 when every rule passes, 1 otherwise; ``next`` 0, 2 the entry breaks a rule, 3
+unknown entry.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import time
+import zoneinfo
+
+import click
+
+from celery_anarchon import entry_json, testing
+from celery_anarchon._tz import zone_name
+from celery_anarchon._util import iso
+from celery_anarchon.cli_commands import EXIT_FAILURE, _exit_codes, _open, _table
+from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
+from celery_anarchon.leases import is_installed
+from celery_anarchon.overview import dumps, overview, run_json
+from celery_anarchon.plan import EntryPlan
+from celery_anarchon.slots import CronSlots
+from celery_anarchon.stores.entry_store import EntryStore
+from celery_anarchon.timing import Settings, check_sync_interval
+
+#: ``--since`` durations: ``90s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w``
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
+_UNIT_S = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
+
+
+# -- status -------------------------------------------------------------------------------------
+
+def status(app, runs: int, as_json: bool) -> None:
+    """``status``: :func:`celery_anarchon.overview.overview` as text, or as JSON (``--json``)."""
+    with _exit_codes():
+        settings, store = _open(app)
+        try:
+            data = overview(app, store, settings, runs=runs, next_count=1)
+        finally:
+            store.close()
+    if as_json:
+        click.echo(dumps(data))
+    else:
+        _print_status(data)
+    if not data["store"]["reachable"]:
+        raise click.exceptions.Exit(EXIT_FAILURE)
+
+
+def _print_status(data: dict) -> None:
+    s = data["store"]
+    click.echo(f"store: {s['url']} ({s['kind']})  namespace: {data['namespace']}")
+    if not s["reachable"]:
+        click.echo(f"store unreachable: {s['error']}")
+    elif s["clock"] is not None:
+        click.echo(f"store clock: {s['clock']}  (this host is {s['skew_ms'] / 1000:+.3f} s off)")
+    if s["durability"]:
+        click.echo(f"durability: {s['durability']}")
+    for warning in s["warnings"]:
+        click.echo(f"warning: {warning}")
+    if data["instance_records"]:
+        _print_instances(data)
+    else:
+        click.echo(f"\n(the {s['kind']} store keeps no instance records)")
+    _print_entries(data)
+
+
+def _print_instances(data: dict) -> None:
+    click.echo(f"\nlive instances: {len(data['instances'])}")
+    for r in data["instances"]:
+        skew = "?" if r["skew_ms"] is None else f"{r['skew_ms']:+d} ms"
+        stale = (f"  STALE: last tick {r['last_tick_age_s']:g} s ago (ticks stopped?)"
+                 if r["stale"] else "")
+        click.echo(f"  {r['host']}:{r['pid']}  {r['instance_id']}  version {r['version']}  started "
+                   f"{r['started']}  last tick {r['last_tick']}  skew {skew}  "
+                   f"{r['entries']} entries{stale}")
+    for who in data["unsaved"]:
+        click.echo(f"  ({who}: its entries are not saved yet)")
+    if data["partial"]:
+        click.echo("\nbeat_schedule entries only some instances run (removed from, or not yet "
+                   "added to, the others):")
+        for p in data["partial"]:
+            click.echo(f"  {p['entry']}: run by {', '.join(p['run_by'])}; "
+                       f"not by {', '.join(p['not_run_by'])}")
+    if data["disagreements"]:
+        click.echo("\ninstances that disagree (each sends the slots of its own definition):")
+        for d in data["disagreements"]:
+            click.echo(f"  {d['entry']}:")
+            for v in d["definitions"]:
+                click.echo(f"    {v['fingerprint']} on {', '.join(v['instances'])}: "
+                           f"{v['definition'] or 'definition not saved'}")
+
+
+def _state(e: dict) -> str:
+    if e["paused"]:
+        p = e["paused"]
+        return f"paused by {p['by']}" + (f": {p['reason']}" if p["reason"] else "")
+    return "problem" if e["problem"] else "running"
+
+
+def _print_entries(data: dict) -> None:
+    entries = data["entries"]
+    click.echo(f"\nentries: {len(entries)}")
+    rows = [("NAME", "SOURCE", "SCHEDULE", "TASK", "NEXT", "LAST", "STATE")]
+    for e in entries:
+        last = f"{e['last']['event']} {e['last']['slot']}" if e["last"] else "-"
+        source = e["source"] + (" (store copy ignored)" if e["shadowed"] else "")
+        rows.append((e["name"], source, e["schedule"] or "-", e["task"] or "-",
+                     e["next"][0] if e["next"] else "-", last, _state(e)))
+    _table(rows)
+    pauses = [e for e in entries if e["paused"]]
+    click.echo(f"\npauses: {len(pauses)}")
+    for e in pauses:
+        click.echo(f"  {e['name']}: {_state(e)} (since {e['paused']['since']})")
+    if data["run_now"]:
+        click.echo(f"\nrun-now requests: {len(data['run_now'])}")
+        for r in data["run_now"]:
+            click.echo(f"  {r['entry']}: request {r['request_id']}, slot {r['slot']}, by {r['by']}")
+    problems = [e for e in entries if e["problem"]]
+    if problems:
+        click.echo(f"\nentries that break a rule (beat refuses them): {len(problems)}")
+        for e in problems:
+            click.echo(f"  {e['problem']}")
+    for e in entries:
+        if not e["runs"] and not e["lease"]:
+            continue
+        click.echo(f"\n{e['name']}")
+        for r in e["runs"]:
+            click.echo(f"  {r['slot']}  {r['event']:<17} {r['instance']}  attempt {r['attempt']}  "
+                       f"{r['task_id']} {r['detail']}".rstrip())
+        if e["lease"]:
+            lease = e["lease"]
+            click.echo(f"  lease of {lease['slot']}: {lease['state']}, attempt {lease['attempt']}, "
+                       f"held by {lease['holder'] or '-'}, token {lease['token']}, expires "
+                       f"{lease['expires'] or '-'}{' (expired)' if lease['expired'] else ''}")
+
+
+# -- history ------------------------------------------------------------------------------------
+
+def parse_since(text: str, now_ms: int) -> int:
+    """``--since``: an ISO 8601 instant (no zone: UTC) or a duration before ``now_ms`` (``90s``,
+    ``15m``, ``1h30m``, ``2d``, ``1w``), as UTC ms.
+
+    :raises click.BadParameter: neither, with examples of both.
+    """
+    value = text.strip()
+    if value and _DURATION.sub("", value) == "":
+        return now_ms - int(sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(value)) * 1000)
+    try:
+        at = datetime.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither an ISO 8601 time nor a duration; fix: give "
+                                 "e.g. 2026-03-29T00:00:00Z or 1h, 30m, 1h30m, 2d",
+                                 param_hint="'--since'") from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=datetime.timezone.utc)
+    return int(at.timestamp() * 1000)
+
+
+def history(app, entry: str, since: str | None, limit: int | None, as_json: bool) -> None:
+    """``history ENTRY``: every run the store remembers of ``entry``, newest first."""
+    with _exit_codes():
+        settings, store = _open(app)
+        try:
+            since_ms = None if since is None else parse_since(since, int(time.time() * 1000))
+            records = store.history(entry)
+            if not records:
+                _known_or_fail(app, store, entry)
+        finally:
+            store.close()
+    runs = [run_json(r) for r in records if since_ms is None or r.slot_ms >= since_ms]
+    runs = runs if limit is None else runs[:limit]
+    if as_json:
+        click.echo(json.dumps(runs, sort_keys=True))
+        return
+    if not runs:
+        click.echo(f"{entry}: no runs" + (f" since {iso(since_ms)}" if since_ms is not None else "")
+                   + " in the store's history")
+        return
+    rows = [("SLOT", "EVENT", "INSTANCE", "ATTEMPT", "TASK ID", "RECORDED", "REASON")]
+    for r in runs:
+        rows.append((r["slot"], r["event"], r["instance"] or "-", str(r["attempt"]),
+                     r["task_id"] or "-", r["at"] or "-", r["detail"] or "-"))
+    _table(rows)
+
+
+def _known_or_fail(app, store, entry: str) -> None:
+    """Nothing in the history: an unknown name is exit 3, a known one has no runs yet."""
+    try:
+        testing.plan_of(app, entry, store=store)
+    except UnknownEntry:
+        raise
+    except ConfigError:  # a known entry that breaks a rule: still a known name
+        pass
+
+
+# -- check --------------------------------------------------------------------------------------
+
+class _Report:
+    """The lines of ``check``: ``ok``, ``warn`` and ``FAIL`` (with the rule)."""
+
+    def __init__(self) -> None:
+        self.failed = 0
+        self.passed = 0
+
+    def ok(self, what: str) -> None:
+        self.passed += 1
+        click.echo(f"ok    {what}")
+
+    def warn(self, what: str) -> None:
+        click.echo(f"warn  {what}")
+
+    def fail(self, problem: testing.Problem) -> None:
+        self.failed += 1
+        click.echo(f"FAIL  {problem.entry or 'configuration'}: {problem.rule}\n      {problem.message}")
+
+
+def check(app, use_store: bool) -> None:
+    """``check``: every rule of every entry, the store and the worker side; exit 0 or 1."""
+    report = _Report()
+    try:
+        settings, store = _open(app)
+    except ConfigError as exc:
+        report.fail(testing.Problem(None, testing.rule_of(str(exc)), str(exc)))
+        _summary(report)
+    try:
+        _check_all(app, settings, store, use_store, report)
+    finally:
+        store.close()
+    _summary(report)
+
+
+def _check_all(app, settings: Settings, store, use_store: bool, report: _Report) -> None:
+    click.echo(f"check: app {app.main!r}, namespace {settings.namespace!r}, store "
+               f"{store.safe_url} ({store.kind})")
+    try:
+        check_sync_interval(settings, store.memory)
+        report.ok(f"anarchon_sync_interval {settings.sync_interval_s:g} s against the store's memory")
+    except ConfigError as exc:
+        report.fail(testing.Problem(None, testing.rule_of(str(exc)), str(exc)))
+    plans, problems = testing.check_entries(app, testing.config_entries(app).items(),
+                                            settings=settings, store=store)
+    _entries(report, "beat_schedule", plans, problems)
+    if use_store:
+        plans.update(_check_store(app, settings, store, report))
+    leased = sorted(n for n, p in plans.items() if p.timing.lease is not None)
+    if leased and is_installed(app):
+        report.ok(f"worker side installed (celery_anarchon.install(app)) for {len(leased)} "
+                  f"leased entr{'y' if len(leased) == 1 else 'ies'}: {', '.join(leased)}")
+
+
+def _entries(report: _Report, where: str, plans: dict[str, EntryPlan],
+             problems: list[testing.Problem]) -> None:
+    for problem in problems:
+        report.fail(problem)
+    for name, plan in sorted(plans.items()):
+        report.ok(f"{where} entry {name!r} ({_words(plan)}): every timing rule")
+
+
+def _check_store(app, settings: Settings, store, report: _Report) -> dict[str, EntryPlan]:
+    """The store reachable, what its setup can lose, and its own entries' rules."""
+    try:
+        warnings = store.prepare(())
+        now = store.now_ms()
+    except StoreError as exc:
+        report.fail(testing.Problem(None, "the store reachable", str(exc)))
+        return {}
+    except ConfigError as exc:  # the store refuses this configuration (e.g. other settings)
+        report.fail(testing.Problem(None, "the store accepts this configuration", str(exc)))
+        return {}
+    durability = getattr(store, "durability", None)
+    clock = f", clock {iso(now)}" if now is not None else ""
+    report.ok(f"store reachable{clock}"
+              + (f", durability {durability}" if isinstance(durability, str) else ""))
+    for warning in warnings:
+        report.warn(warning)
+    if not isinstance(store, EntryStore):
+        return {}
+    try:
+        stored = store.load_entries().entries
+    except StoreError as exc:
+        report.fail(testing.Problem(None, "the store reachable", str(exc)))
+        return {}
+    config = set(app.conf.beat_schedule or {})
+    items = []
+    for name, e in sorted(stored.items()):
+        if e.definition is None or name in config:
+            continue
+        try:
+            items.append((name, entry_json.parse(name, e.definition, app=app)))
+        except ConfigError as exc:
+            items.append((name, exc))
+    plans, problems = testing.check_entries(app, items, settings=settings, store=store)
+    _entries(report, "store", plans, problems)
+    return plans
+
+
+def _summary(report: _Report) -> None:
+    if report.failed:
+        click.echo(f"check: {report.failed} problem{'s' if report.failed > 1 else ''}, "
+                   f"{report.passed} passed")
+        raise click.exceptions.Exit(1)
+    click.echo(f"check: all {report.passed} passed")
+
+
+# -- next ---------------------------------------------------------------------------------------
+
+def _words(plan: EntryPlan) -> str:
+    try:
+        return entry_json.describe_schedule(entry_json.from_entry(plan.entry)["schedule"])
+    except Exception:  # a schedule class of the user's: its canonical text
+        return plan.slots.describe()
+
+
+def zone_of(plan: EntryPlan, app) -> datetime.tzinfo:
+    """The zone an entry's slots are read in: its crontab's or cron's, else the app's."""
+    if isinstance(plan.slots, CronSlots):
+        return plan.slots.zone
+    tz = app.timezone
+    return zoneinfo.ZoneInfo(tz) if isinstance(tz, str) else tz
+
+
+def _offset(local: datetime.datetime) -> str:
+    seconds = int(local.utcoffset().total_seconds())
+    sign = "+" if seconds >= 0 else "-"
+    return f"{sign}{abs(seconds) // 3600:02d}:{abs(seconds) % 3600 // 60:02d}"
+
+
+def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
+    """``next ENTRY``: the next ``n`` slots in UTC and in the entry's zone, with its offset."""
+    with _exit_codes():
+        settings, store = _open(app)
+        try:
+            start = None if after is None else datetime.datetime.fromtimestamp(
+                parse_since(after, int(time.time() * 1000)) / 1000, datetime.timezone.utc)
+            plan = testing.plan_of(app, entry, store=store)
+            slots = testing.next_slots(app, entry, n, after=start, store=store)
+        finally:
+            store.close()
+    zone = zone_of(plan, app)
+    rows = []
+    for slot in slots:
+        local = slot.astimezone(zone)
+        rows.append({"utc": slot.isoformat(), "local": local.isoformat(),
+                     "offset": _offset(local), "abbreviation": local.tzname()})
+    if as_json:
+        click.echo(json.dumps({"entry": entry, "schedule": _words(plan),
+                               "timezone": zone_name(zone), "slots": rows}, sort_keys=True))
+        return
+    name = zone_name(zone)
+    click.echo(f"next {len(rows)} slots of {entry} ({_words(plan)}), in UTC and in {name}:")
+    table = [("UTC", name, "OFFSET", "")]
+    previous = None
+    for row in rows:
+        local = datetime.datetime.fromisoformat(row["local"])
+        change = (f"UTC offset changes from {previous} to {row['offset']} (DST)"
+                  if previous is not None and previous != row["offset"] else "")
+        table.append((row["utc"], f"{local:%Y-%m-%d %H:%M:%S} {row['abbreviation']}",
+                      f"UTC{row['offset']}", change))
+        previous = row["offset"]
+    _table(table)
+
+
+__all__ = ["status", "history", "check", "next_", "parse_since", "zone_of"]
