@@ -154,3 +154,21 @@ def test_loading_the_command_module_stays_light():
             "'celery_anarchon.plan'))]; print(heavy)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_status_shows_the_live_instances_of_a_store_that_keeps_no_entries(namespace):
+    """NATS keeps instance records but no entries: status lists its live instances."""
+    from backends import url_of
+    url = url_of("nats")
+    require_server(url, "NATS")
+    store = open_store(url, namespace=namespace, instance_id="test", options={})
+    try:
+        store.save_fingerprints("d-1", {"config-entry": "aaaa11112222"})
+        store.record_instance(InstanceRecord("i-nats", "nats-host", 4242, "0.1.0", 1_000, 2_000,
+                                             -7, 2, "d-1"), ttl_ms=600_000)
+    finally:
+        store.close()
+    out = ok(cli(url, namespace, "status"))
+    assert "live instances: 1" in out and "nats-host:4242  i-nats" in out and "skew -7 ms" in out
+    data = json.loads(ok(cli(url, namespace, "status", "--json")))
+    assert data["instance_records"] and [i["instance_id"] for i in data["instances"]] == ["i-nats"]

@@ -29,7 +29,7 @@ from celery_anarchon.stores.entry_store import Pause
 from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
-from stores_support import wait_until
+from stores_support import store_url, wait_until
 from tcp_proxy import TCPProxy, redis_address
 from backends import backdate_memory_start
 
@@ -783,6 +783,32 @@ def test_instances_with_other_definitions_of_an_entry_both_log_it_and_leave_at_c
         assert a.plans["e"].definition in message and b.plans["e"].definition in message
         assert host_pid() in message
     assert {i.instance_id for i in a.store.instances()} == {"A", "B"}
+    a.engine.close()
+    assert {i.instance_id for i in b.store.instances()} == {"B"}
+
+
+def test_on_a_store_without_entries_the_heartbeat_alone_is_written_every_sync_interval(
+        namespace, harnesses, caplog, tmp_path):
+    url = store_url("nats", str(tmp_path))         # an instance store that keeps no entries
+    a = make(harnesses, url, namespace, {"e": (10, {"jitter": 0, "max_late": 30})},
+             instance="A", sync_s=1)
+    b = make(harnesses, url, namespace, {"e": (10, {"jitter": 0})}, instance="B",
+             backdate=False, sync_s=1)
+    assert a.engine.sync is None and a.engine.heartbeat is not None
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        a.engine.tick()
+        b.engine.tick()                          # B finds A at start-up
+        a.engine.tick()                          # within the interval: no second heartbeat
+        assert a.engine.heartbeat.reported == frozenset(), "A has not looked again yet"
+        a.sync()                                 # A finds B at its next heartbeat
+    errors = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith("anarchon: instances disagree on entry 'e'")]
+    assert len(errors) == 2, errors
+    records = {i.instance_id: i for i in b.store.instances()}
+    assert set(records) == {"A", "B"}
+    mine = records["A"]
+    assert f"{mine.host}:{mine.pid}" == host_pid() and mine.entries == 1
+    assert mine.expires_ms - mine.seen_ms == 3_000, "three sync intervals, on the server's clock"
     a.engine.close()
     assert {i.instance_id for i in b.store.instances()} == {"B"}
 

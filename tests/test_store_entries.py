@@ -19,7 +19,6 @@ from celery_anarchon.stores.entry_store import (
 
 from backends import BACKENDS
 from helpers import prepared
-from stores_support import wait_until
 from test_store_contract import _maker, fresh_slot, req, store_now
 
 DEFINITION = '{"schedule":{"every":60},"task":"proj.tasks.report"}'
@@ -284,56 +283,6 @@ def test_the_same_request_id_twice_is_one_request_with_the_first_slot(stores):
     loaded = sorted((r.entry, r.request_id, r.slot_ms) for r in a.load_entries().requests)
     assert loaded == [("nightly", "deploy-42", slot + 2000), ("report", "deploy-42", slot),
                       ("report", "deploy-43", slot + 1000)]
-
-
-# -- instances and fingerprints ------------------------------------------------------------------
-
-def test_instance_records_expire_on_the_store_clock(stores):
-    a, b = stores("A"), stores("B")
-    a.record_instance(_record("A"), ttl_ms=1_500)
-    b.record_instance(_record("B", digest="d2"), ttl_ms=120_000)
-    listed = {r.instance_id: r for r in b.instances()}
-    assert set(listed) == {"A", "B"}
-    mine = listed["A"]
-    assert mine == _record("A", seen_ms=mine.seen_ms, expires_ms=mine.expires_ms), \
-        "every field read back as written"
-    assert mine.expires_ms == mine.seen_ms + 1_500 and abs(mine.seen_ms - store_now(a)) < 5_000
-    wait_until(lambda: "A" not in {r.instance_id for r in b.instances()}, 15, "A's record to expire")
-    assert store_now(b) >= mine.expires_ms, "expired by the store's clock, not before"
-    assert [r.instance_id for r in a.instances()] == ["B"]
-
-    a.record_instance(_record("A", last_tick_ms=9_000), ttl_ms=60_000)   # a heartbeat again
-    back = {r.instance_id: r for r in b.instances()}["A"]
-    assert back.last_tick_ms == 9_000 and back.expires_ms > mine.expires_ms
-
-
-def test_remove_instance_drops_only_that_record(stores):
-    a, b = stores("A"), stores("B")
-    a.record_instance(_record("A"), ttl_ms=60_000)
-    b.record_instance(_record("B"), ttl_ms=60_000)
-    refreshed = _record("A", last_tick_ms=5_000, entries=8)
-    a.record_instance(refreshed, ttl_ms=60_000)
-    rows = {r.instance_id: r for r in b.instances()}
-    assert len(rows) == 2 and rows["A"].last_tick_ms == 5_000 and rows["A"].entries == 8, \
-        "a heartbeat replaces the instance's record"
-    a.remove_instance("A")
-    assert [r.instance_id for r in b.instances()] == ["B"]
-    a.remove_instance("A")                                   # twice: nothing to do
-    b.remove_instance("B")
-    assert a.instances() == []
-
-
-def test_fingerprints_round_trip_by_digest(stores):
-    a, b = stores("A"), stores("B")
-    mapping = {"report": "3f2a", "nightly": "99c1", "name with spaces / é": "00"}
-    assert b.load_fingerprints("digest-1") is None
-    a.save_fingerprints("digest-1", mapping)
-    a.save_fingerprints("digest-1", mapping)                  # once per digest; again is harmless
-    a.save_fingerprints("digest-2", {"report": "other"})
-    a.record_instance(_record("A", digest="digest-1"), ttl_ms=60_000)
-    assert b.load_fingerprints("digest-1") == mapping
-    assert b.load_fingerprints("digest-2") == {"report": "other"}
-    assert b.load_fingerprints("digest-3") is None
 
 
 # -- the capability check ----------------------------------------------------------------------

@@ -37,7 +37,7 @@ from celery_anarchon.stores.base import ClaimStore
 #: The stores that hold entries, pauses and run-now requests, in the words of error messages.
 ENTRY_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
 #: The stores that hold instance records (heartbeats), in the words of error messages.
-INSTANCE_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
+INSTANCE_STORE_NAMES = "Redis (any strategy), PostgreSQL, SQLite or NATS JetStream"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@
 * :mod:`.clock`: the server's clock and this instance's skew to it;
 * :mod:`.streams`: the streams, their replicas and the server setup's warnings;
 * :mod:`.history`: history and definitions in a key-value bucket;
+* :mod:`.instances`: instance records (heartbeats) and fingerprint mappings;
 * :mod:`.options`: the options and URLs;
 * :mod:`.io`: the client session on its own event loop thread, the JetStream API replies, names.
 """

@@ -72,6 +72,10 @@ class Names:
     :param root: ``anarchon.claims.<ns>``: runs, memory starts (``born``) and clock probes.
     :param clock_subject: this instance's clock probe subject ``<root>.clock.<instance>``.
     :param epoch_stream: the epoch stream ``ANARCHON_EPOCH_<ns>``, over ``epoch_subject``.
+    :param instances_stream: the instance records ``ANARCHON_INSTANCES_<ns>``, over
+        ``instances_root.>`` (:mod:`.instances`).
+    :param fingerprints_stream: the fingerprint mappings ``ANARCHON_FINGERPRINTS_<ns>``, over
+        ``fingerprints_root.>``.
     """
 
     stream: str
@@ -80,6 +84,10 @@ class Names:
     clock_subject: str
     epoch_stream: str
     epoch_subject: str
+    instances_stream: str = ""
+    instances_root: str = ""
+    fingerprints_stream: str = ""
+    fingerprints_root: str = ""
 
     @classmethod
     def of(cls, namespace: str, instance_id: str) -> Names:
@@ -88,7 +96,11 @@ class Names:
         root = f"anarchon.claims.{ns}"
         return cls(stream=f"ANARCHON_CLAIMS_{ns}", bucket=f"ANARCHON_HISTORY_{ns}", root=root,
                    clock_subject=f"{root}.clock.{token(instance_id)}",
-                   epoch_stream=f"ANARCHON_EPOCH_{ns}", epoch_subject=f"anarchon.epoch.{ns}")
+                   epoch_stream=f"ANARCHON_EPOCH_{ns}", epoch_subject=f"anarchon.epoch.{ns}",
+                   instances_stream=f"ANARCHON_INSTANCES_{ns}",
+                   instances_root=f"anarchon.instances.{ns}",
+                   fingerprints_stream=f"ANARCHON_FINGERPRINTS_{ns}",
+                   fingerprints_root=f"anarchon.fingerprints.{ns}")
 
     def run_subject(self, entry: str, slot_ms: int) -> str:
         """The subject a claim of (entry, slot) is published to."""

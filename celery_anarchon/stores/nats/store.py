@@ -11,6 +11,7 @@ its own part of the promise:
 * :mod:`.clock`: the server's clock and the skew bound a claim must stay within;
 * :mod:`.streams`: the streams and their replicas, start-up warnings about the server setup;
 * :mod:`.history`: history and definitions in a key-value bucket;
+* :mod:`.instances`: the instance records (heartbeats) and fingerprint mappings;
 * :mod:`.options`: the options and URLs (``nats://``, ``tls://``, several servers);
 * :mod:`.io`: the event loop thread, pipelined requests, the names.
 """
@@ -23,19 +24,23 @@ from collections.abc import Iterable, Sequence
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores._common import failed, translated
 from celery_anarchon.stores.base import (
-    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, Memory, RunEvent,
+    ClaimRequest, ClaimResult, HistoryRecord, Memory, RunEvent,
 )
+from celery_anarchon.stores.entry_store import InstanceOps, InstanceStore
 from celery_anarchon.stores.nats import options as nats_options
 from celery_anarchon.stores.nats.claims import Claims
 from celery_anarchon.stores.nats.clock import ServerClock
 from celery_anarchon.stores.nats.history import NATSHistory
+from celery_anarchon.stores.nats.instances import NATSInstances
 from celery_anarchon.stores.nats.io import API, Missing, Names, Session, discard, logger, uses_tls
 from celery_anarchon.stores.nats.memory import Epoch, Window
 from celery_anarchon.stores.nats.streams import Streams
 
 
-class NATSStore(ClaimStore):
-    """NATS JetStream: the first publish of a run's message id wins (:mod:`.claims`).
+class NATSStore(InstanceStore):
+    """NATS JetStream: the first publish of a run's message id wins (:mod:`.claims`). It keeps
+    instance records (:mod:`.instances`) but no entries or pauses: its claim cannot check a pause
+    in the same step.
 
     :param duplicate_window: seconds a claimed run is remembered (default 300, at least 0.1).
     :param replicas: copies of each stream (1 to 5; default 3 on a cluster of at least 3 servers,
@@ -85,6 +90,8 @@ class NATSStore(ClaimStore):
         self._epoch = Epoch(streams=self._streams, instance_id=instance_id, safe_url=safe)
         self._server_clock = ServerClock(names=names, safe_url=safe, clock=lambda: self._clock(),
                                          claims_stream=self._claims_stream)
+        self._instances = NATSInstances(streams=self._streams, instance_id=instance_id,
+                                        claim_timeout=self.claim_timeout, call=self._call)
         self._claims = Claims(instance_id=instance_id, safe_url=safe, streams=self._streams,
                               window=self._window, epoch=self._epoch,
                               server_clock=self._server_clock, history=self._history,
@@ -252,3 +259,9 @@ class NATSStore(ClaimStore):
 
     def load_definition(self, entry: str, fingerprint: str) -> str | None:
         return self._history.load_definition(entry, fingerprint)
+
+    # -- instance records (:class:`~.instances.NATSInstances`) --------------------------------
+    @property
+    def instance_ops(self) -> InstanceOps:
+        """The instance record operations (InstanceStore), a part in :mod:`.instances`."""
+        return self._instances

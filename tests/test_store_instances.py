@@ -1,0 +1,124 @@
+"""The instance store contract (:class:`celery_anarchon.stores.entry_store.InstanceStore`): each
+live beat's heartbeat and the fingerprint mappings it names, proved against every store of the
+registry whose class is an InstanceStore, on its real server.
+
+Several store objects with their own instance ids stand for several beat instances sharing one
+namespace; each test is named after the promise it proves.
+"""
+from __future__ import annotations
+
+import pytest
+
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.entry_store import (
+    INSTANCE_STORE_NAMES, InstanceRecord, InstanceStore, instance_store,
+)
+
+from backends import BACKENDS
+from stores_support import wait_until
+from test_store_contract import _maker, store_now
+
+
+def _keeps_instances(backend) -> bool:
+    """The store class of ``backend`` is an InstanceStore (building a store does no I/O)."""
+    url = backend.url if backend.url_variable else "sqlite:///probe.sqlite3"
+    try:
+        store = open_store(url, namespace="probe", instance_id="probe", options=dict(backend.options))
+    except ConfigError:          # its client library is not installed
+        return False
+    return isinstance(store, InstanceStore)
+
+
+#: the stores that keep instance records (read from their classes)
+INSTANCE_STORES = tuple(b.kind for b in BACKENDS if _keeps_instances(b))
+#: the others: instance_store() refuses them
+OTHER_STORES = tuple(b.kind for b in BACKENDS if b.kind not in INSTANCE_STORES)
+
+
+@pytest.fixture(params=INSTANCE_STORES)
+def stores(request, namespace):
+    """Opens instance stores of one backend sharing one namespace (one per instance id)."""
+    yield from _maker(request.param, namespace)
+
+
+def _record(instance_id: str, digest: str = "d1", **changes) -> InstanceRecord:
+    fields = dict(instance_id=instance_id, host="host-" + instance_id, pid=4242, version="1.0",
+                  started_ms=1_000, last_tick_ms=2_000, skew_ms=-3, entries=7,
+                  fingerprints_digest=digest)
+    return InstanceRecord(**{**fields, **changes})
+
+
+def test_instance_records_expire_on_the_store_clock(stores):
+    a, b = stores("A"), stores("B")
+    a.record_instance(_record("A"), ttl_ms=1_500)
+    b.record_instance(_record("B", digest="d2"), ttl_ms=120_000)   # a longer ttl after a shorter
+    listed = {r.instance_id: r for r in b.instances()}
+    assert set(listed) == {"A", "B"}
+    mine = listed["A"]
+    assert mine == _record("A", seen_ms=mine.seen_ms, expires_ms=mine.expires_ms), \
+        "every field read back as written"
+    assert mine.expires_ms == mine.seen_ms + 1_500 and abs(mine.seen_ms - store_now(a)) < 5_000
+    wait_until(lambda: "A" not in {r.instance_id for r in b.instances()}, 15, "A's record to expire")
+    assert store_now(b) >= mine.expires_ms, "expired by the store's clock, not before"
+    assert [r.instance_id for r in a.instances()] == ["B"], "the longer ttl holds"
+
+    a.record_instance(_record("A", last_tick_ms=9_000), ttl_ms=60_000)   # a heartbeat again
+    back = {r.instance_id: r for r in b.instances()}["A"]
+    assert back.last_tick_ms == 9_000 and back.expires_ms > mine.expires_ms
+
+
+def test_remove_instance_drops_only_that_record(stores):
+    a, b = stores("A"), stores("B")
+    a.record_instance(_record("A"), ttl_ms=60_000)
+    b.record_instance(_record("B"), ttl_ms=60_000)
+    refreshed = _record("A", last_tick_ms=5_000, entries=8, skew_ms=None)
+    a.record_instance(refreshed, ttl_ms=60_000)
+    rows = {r.instance_id: r for r in b.instances()}
+    assert len(rows) == 2 and rows["A"].last_tick_ms == 5_000 and rows["A"].entries == 8, \
+        "a heartbeat replaces the instance's record"
+    assert rows["A"].skew_ms is None, "an unknown skew reads back unknown"
+    a.remove_instance("A")
+    assert [r.instance_id for r in b.instances()] == ["B"]
+    a.remove_instance("A")                                   # twice: nothing to do
+    b.remove_instance("B")
+    assert a.instances() == []
+
+
+def test_an_instance_id_any_text_is_its_own_record(stores):
+    a = stores("A")
+    odd = ["host.example:1:ab", "host.example:1.ab", "é/ *>", "x" * 200]
+    for iid in odd:
+        a.record_instance(_record(iid), ttl_ms=60_000)
+    assert sorted(r.instance_id for r in a.instances()) == sorted(odd)
+
+
+def test_fingerprints_round_trip_by_digest(stores):
+    a, b = stores("A"), stores("B")
+    mapping = {"report": "3f2a", "nightly": "99c1", "name with spaces / é": "00"}
+    assert b.load_fingerprints("digest-1") is None
+    a.save_fingerprints("digest-1", mapping)
+    a.save_fingerprints("digest-1", mapping)                  # once per digest; again is harmless
+    a.save_fingerprints("digest-2", {"report": "other"})
+    a.record_instance(_record("A", digest="digest-1"), ttl_ms=60_000)
+    assert b.load_fingerprints("digest-1") == mapping
+    assert b.load_fingerprints("digest-2") == {"report": "other"}
+    assert b.load_fingerprints("digest-3") is None
+
+
+def test_instance_store_returns_an_instance_store(stores):
+    store = stores("A")
+    assert instance_store(store) is store
+
+
+@pytest.mark.parametrize("kind", OTHER_STORES)
+def test_a_store_without_instance_records_is_a_config_error_naming_those_with(kind):
+    backend = next(b for b in BACKENDS if b.kind == kind)
+    try:
+        store = open_store(backend.url, namespace="probe", instance_id="probe",
+                           options=dict(backend.options))
+    except ConfigError as error:
+        pytest.skip(f"{kind}: {error}")
+    with pytest.raises(ConfigError) as info:
+        instance_store(store)
+    assert INSTANCE_STORE_NAMES in str(info.value) and store.kind in str(info.value)
