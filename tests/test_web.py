@@ -1,0 +1,285 @@
+"""The status page (``celery anarchon web``) in a real browser, against a running cluster.
+
+Three real beats and a worker (SQLite store, Redis broker, tests/apps/schedules_app.py) run a
+1-s config entry ``clock`` and a 2-s store entry whose name is HTML; the page is a real
+``celery anarchon web --allow-actions --token ...`` process, read by headless Debian chromium
+through Selenium. It lists the three instances and both entries with their runs in the strip;
+the entry name shows as text (escaped); a pause clicked on the page (the token typed in the
+page's token field) stops ``clock``: no slot after the pause (on the store's clock) runs, the
+history records the paused slots, and the page shows the entry paused. A wrong token is refused
+(403) and changes nothing. The screenshot of that page is docs/status-page.png: written when the
+file is missing or ``ANARCHON_UPDATE_SCREENSHOT=1`` (every run's copy is in the test's tmp dir).
+
+Without ``--allow-actions`` the page has no buttons and every action answers 403, with or
+without a token; the store's password never appears in the page or its JSON; with actions and no
+token given, the page makes one and prints it once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import celery_anarchon
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import RunEvent
+from celery_anarchon.web import TOKEN_HEADER, resolve_token, token_matches
+
+from backends import backdate_memory_start
+from cluster import APPS, Cluster, read_executions
+from conftest import IN_CI, REDIS_URL, require_server
+from stores_support import store_url, wait_until
+from test_integration import queued_messages
+from test_schedules_cluster import Run, cluster_env
+
+sys.path.insert(0, APPS)
+import schedules_app  # noqa: E402  (tests/apps: the app the processes run)
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "status-page.png"
+#: a store entry whose name is markup: the page must show it as text
+TRICKY = '<i>nightly</i> & "report"'
+TOKEN = "t0ken-for-the-test-" + "x" * 12
+BEATS = ("beat-a", "beat-b", "beat-c")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url: str, *, data: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
+    """``(status, body)`` of one request (POST when ``data`` is given)."""
+    request = urllib.request.Request(url, data=data, headers=headers or {},
+                                     method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_served(base: str, proc, timeout: float = 60) -> None:
+    """Wait until the page process answers ``/api/status`` (it still runs)."""
+    def up():
+        assert proc.alive(), f"the web process exited:\n{proc.text()}"
+        try:
+            return http(base + "/api/status")[0] in (200, 503)
+        except OSError:
+            return False
+    wait_until(up, timeout, f"the page at {base}", interval=0.2)
+
+
+@pytest.fixture
+def browser():
+    """Headless Debian chromium through its chromedriver, a 1200x800 window."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
+    if missing:
+        message = f"{', '.join(missing)} missing: apt-get install chromium chromium-driver"
+        pytest.fail(message) if IN_CI else pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1200,800", "--hide-scrollbars"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _entry_row(driver, name: str):
+    from selenium.webdriver.common.by import By
+    for row in driver.find_elements(By.CSS_SELECTOR, "tr.entry"):
+        if row.get_attribute("data-entry") == name:
+            return row
+    return None
+
+
+def _cells(driver, name: str, colour: str) -> int:
+    """How many runs of ``name``'s strip have the colour class ``colour`` (0: no such row; a row
+    replaced by the page's refresh meanwhile counts as 0 too)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    try:
+        row = _entry_row(driver, name)
+        return 0 if row is None else len(row.find_elements(By.CSS_SELECTOR, f".strip .run.{colour}"))
+    except StaleElementReferenceException:
+        return 0
+
+
+def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser, tmp_path, namespace):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    require_server(REDIS_URL, "Redis (the broker)")
+    began = time.monotonic()
+    url = store_url("sqlite", str(tmp_path))
+    out = str(tmp_path / "executions.jsonl")
+    env = cluster_env("sqlite", url, namespace, out, ANARCHON_SC_SYNC_INTERVAL="1",
+                      ANARCHON_SC_MAX_LATE="5", ANARCHON_SC_CLOCK="1")
+    store = open_store(url, namespace=namespace, instance_id="test")
+    store.prepare(["clock", TRICKY])
+    backdate_memory_start(store, ["clock", TRICKY], 120_000)
+    api = celery_anarchon.schedules(schedules_app.make_app(env), by="tester@ops")
+    api.add(TRICKY, task=schedules_app.TASK, schedule=2.0)
+    cluster = Cluster(str(tmp_path), env, app="schedules_app")
+    run = Run(cluster, out, BEATS)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        cluster.worker("worker")
+        for name in BEATS:
+            cluster.beat(name)
+        web = cluster.start("web", "anarchon", "web", "--port", str(port), "--allow-actions",
+                            "--token", TOKEN, "--refresh", "1")
+        wait_served(base, web)
+
+        def ready():
+            data = json.loads(http(base + "/api/status")[1])
+            runs = {e["name"]: [r for r in e["runs"] if r["event"] == "sent"] for e in data["entries"]}
+            return (len(data["instances"]) == 3 and len(runs.get("clock", ())) >= 3
+                    and len(runs.get(TRICKY, ())) >= 1)
+        run.wait(ready, 60, "three live instances and sent runs of both entries")
+        run.phase("start")
+
+        browser.get(base + "/?refresh=0")
+        assert browser.title == f"anarchon · {namespace}"
+        instances = browser.find_elements(By.CSS_SELECTOR, "#instances tr.instance")
+        assert len(instances) == 3, browser.page_source
+        pids = {str(cluster.procs[b].pid) for b in BEATS}
+        assert {row.text.split()[0].rsplit(":", 1)[1] for row in instances} == pids
+        tricky = _entry_row(browser, TRICKY)
+        assert tricky is not None, browser.page_source
+        name_cell = tricky.find_element(By.CSS_SELECTOR, ".entry-name")
+        assert name_cell.text == TRICKY and not name_cell.find_elements(By.TAG_NAME, "i")
+        assert _cells(browser, "clock", "ok") >= 3 and _cells(browser, TRICKY, "ok") >= 1
+        assert "sent" in browser.find_element(By.ID, "legend").text
+
+        # a wrong token is refused and changes nothing
+        status, body = http(f"{base}/api/entries/clock/pause", data=b"reason=x",
+                            headers={TOKEN_HEADER: TOKEN + "-wrong"})
+        assert status == 403 and "token" in json.loads(body)["error"], (status, body)
+        assert api.get("clock").pause is None
+
+        # pause from the page: the token typed into its field, the reason beside it
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.ID, "reason").send_keys("maintenance <window>")
+        _entry_row(browser, "clock").find_element(By.CSS_SELECTOR, "button[data-action=pause]").click()
+        WebDriverWait(browser, 10).until(
+            lambda d: d.find_element(By.ID, "message").text == "pause clock: done")
+        pause = api.get("clock").pause
+        assert pause is not None and pause.reason == "maintenance <window>", pause
+        assert pause.by.startswith("web:127.0.0.1@"), pause
+
+        def paused_slots():
+            found = [h for h in store.history("clock", limit=50)
+                     if h.event is RunEvent.PAUSED and h.slot_ms > pause.at_ms]
+            return found if len(found) >= 3 else None
+        paused = run.wait(paused_slots, 10, "three paused slots of clock in the history")
+        assert all(h.detail == f"paused by {pause.by}: maintenance <window>" for h in paused)
+        run.phase("pause")
+
+        # the page shows it paused (the state, the resume button, the strip, through its refresh)
+        browser.get(base + "/")
+        WebDriverWait(browser, 10).until(lambda d: _cells(d, "clock", "paused") >= 3)
+        row = _entry_row(browser, "clock")
+        assert "paused" in row.find_element(By.CSS_SELECTOR, ".entry-state").text
+        assert "maintenance <window>" in row.find_element(By.CSS_SELECTOR, ".entry-state").text
+        assert row.find_elements(By.CSS_SELECTOR, "button[data-action=resume]")
+        shot = tmp_path / "status-page.png"
+        browser.save_screenshot(str(shot))
+        if not SCREENSHOT.exists() or os.environ.get("ANARCHON_UPDATE_SCREENSHOT") == "1":
+            shutil.copyfile(shot, SCREENSHOT)
+        run.phase("page")
+        for name in BEATS:
+            cluster.stop(name)
+        run.wait(lambda: not queued_messages(env["ANARCHON_SC_QUEUE"]), 15,
+                 "the worker to empty the queue")
+    finally:
+        cluster.stop_all()
+        api.close()
+    logs = cluster.logs()
+    store.close()
+    assert TOKEN not in cluster.text("web"), "the page printed a token it was given"
+    ran_after = [x for x in read_executions(out)
+                 if x["entry"] == "clock" and x["slot"] > pause.at_ms]
+    assert not ran_after, f"slots of clock after the pause ran: {ran_after}\n{logs}"
+    assert any(x["entry"] == "clock" for x in read_executions(out))
+    print(f"web test: {time.monotonic() - began:.1f} s; phases "
+          + ", ".join(f"{k} {v:.1f}" for k, v in run.costs.items()))
+
+
+def test_without_actions_posts_are_refused_and_no_password_is_shown(tmp_path, namespace):
+    """Two page processes at once: one without ``--allow-actions`` on a store URL with a
+    password (no buttons, 403 with or without a token, the password masked in the page and the
+    JSON); one with ``--allow-actions`` and no token (it prints a new one, which works)."""
+    require_server(REDIS_URL, "Redis")
+    secret_url = REDIS_URL.replace("redis://", "redis://:s3cretpw@", 1)
+    procs = Cluster(str(tmp_path), {"ANARCHON_CLI_NAMESPACE": namespace}, app="cli_app")
+    closed_port, open_port = free_port(), free_port()
+    closed = procs.start("closed", "anarchon", "web", "--port", str(closed_port),
+                         env={"ANARCHON_CLI_STORE": secret_url, "ANARCHON_WEB_TOKEN": TOKEN})
+    opened = procs.start("opened", "anarchon", "web", "--port", str(open_port), "--allow-actions",
+                         env={"ANARCHON_CLI_STORE": store_url("sqlite", str(tmp_path))})
+    try:
+        closed_base, open_base = f"http://127.0.0.1:{closed_port}", f"http://127.0.0.1:{open_port}"
+        wait_served(closed_base, closed)
+        wait_served(open_base, opened)
+        page, data = http(closed_base + "/")[1], http(closed_base + "/api/status")[1]
+        for text in (page, data, closed.text()):
+            assert "s3cretpw" not in text
+        assert ":***@127.0.0.1" in page and ":***@127.0.0.1" in data
+        assert "config-entry" in page
+        assert "data-action" not in page and 'id="token"' not in page
+        for headers in ({}, {TOKEN_HEADER: TOKEN}):
+            for action in ("pause", "resume", "run-now"):
+                status, body = http(f"{closed_base}/api/entries/config-entry/{action}",
+                                    data=b"", headers=headers)
+                assert status == 403 and "--allow-actions" in body, (action, status, body)
+        assert http(closed_base + "/", headers={"Host": "attacker.example"})[0] == 400
+
+        line = procs.wait_log("opened", "the actions' token", 10) and next(
+            ln for ln in opened.text().splitlines() if "the actions' token" in ln)
+        token = line.rsplit(": ", 1)[1].strip()
+        assert opened.text().count(token) == 1
+        status, body = http(f"{open_base}/api/entries/config-entry/pause",
+                            data=f"token={token}&reason=deploy".encode(),
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert status == 200 and json.loads(body)["result"]["pause"]["reason"] == "deploy", body
+        assert 'data-action="resume"' in http(open_base + "/")[1]
+        status, _ = http(f"{open_base}/api/entries/config-entry/resume", data=b"",
+                         headers={TOKEN_HEADER: "not-" + token})
+        assert status == 403
+    finally:
+        procs.stop_all()
+
+
+def test_token_rules(monkeypatch):
+    """The token: off without actions; given, else the environment's, else a new random one;
+    an empty one refused; compared whole."""
+    monkeypatch.delenv("ANARCHON_WEB_TOKEN", raising=False)
+    assert resolve_token(False, "x") == (None, False)
+    assert resolve_token(True, "given") == ("given", False)
+    made, generated = resolve_token(True, None)
+    assert generated and len(made) >= 32 and made != resolve_token(True, None)[0]
+    monkeypatch.setenv("ANARCHON_WEB_TOKEN", "from-env")
+    assert resolve_token(True, None) == ("from-env", False)
+    with pytest.raises(ConfigError, match="empty"):
+        resolve_token(True, "  ")
+    assert token_matches("abc", "abc")
+    assert not token_matches("abc", "ab") and not token_matches("abc", None)
+    assert not token_matches(None, "abc")
