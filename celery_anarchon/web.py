@@ -288,7 +288,7 @@ def serve(app, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_acti
     source = StatusSource(app, runs=runs)
     try:
         site = create_app(source, token=token, refresh_s=refresh_s,
-                          allowed_hosts=[*LOOPBACK_NAMES, host] if loopback(host) else None)
+                          allowed_hosts=[*LOOPBACK_NAMES, "[::1]", host] if loopback(host) else None)
         shown = f"[{host}]" if ":" in host else host
         echo(f"anarchon web: http://{shown}:{port}/ (store {source.store.safe_url}, "
              f"actions {'allowed' if allow_actions else 'off'})")
