@@ -264,6 +264,19 @@ def test_without_actions_posts_are_refused_and_no_password_is_shown(tmp_path, na
         status, _ = http(f"{open_base}/api/entries/config-entry/resume", data=b"",
                          headers={TOKEN_HEADER: "not-" + token})
         assert status == 403
+        form = {TOKEN_HEADER: token, "Content-Type": "application/x-www-form-urlencoded"}
+        status, body = http(f"{open_base}/api/entries/config-entry/run-now",
+                            data=b"request_id=ticket-1", headers=form)
+        assert status == 400 and "resume it first" in body, body   # paused: refused
+        assert http(f"{open_base}/api/entries/config-entry/resume", data=b"", headers=form)[0] == 200
+        status, body = http(f"{open_base}/api/entries/config-entry/run-now",
+                            data=b"request_id=ticket-1", headers=form)
+        assert status == 200 and json.loads(body)["result"]["request_id"] == "ticket-1", body
+        requests = json.loads(http(open_base + "/api/status")[1])["run_now"]
+        assert [r["request_id"] for r in requests] == ["ticket-1"], requests
+        status, body = http(f"{open_base}/api/entries/no-such-entry/pause", data=b"",
+                            headers={TOKEN_HEADER: token})
+        assert status == 404 and "no-such-entry" in json.loads(body)["error"], body
     finally:
         procs.stop_all()
 
