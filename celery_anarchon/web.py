@@ -44,6 +44,7 @@ _TEMPLATES = Path(__file__).with_name("templates")
 
 
 def missing_extra() -> ConfigError:
+    """The error of a page started without the ``web`` extra (naming the fix)."""
     return ConfigError("the status page needs the web extra: pip install 'celery-anarchon[web]' "
                        "(starlette, uvicorn, jinja2)")
 
@@ -118,6 +119,7 @@ class StatusSource:
             return dataclasses.asdict(s.run_now(name, fields.get("request_id") or None, by=by))
 
     def close(self) -> None:
+        """Close the store."""
         self.store.close()
 
 
