@@ -18,6 +18,7 @@ Starlette, uvicorn and Jinja2 come with the ``web`` extra (``pip install celery-
 """
 from __future__ import annotations
 
+import functools
 import hmac
 import os
 import secrets
@@ -136,7 +137,6 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
     :raises ConfigError: the web extra is not installed.
     """
     try:
-        import jinja2
         from starlette.applications import Starlette
         from starlette.middleware import Middleware
         from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -145,10 +145,6 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
     except ImportError as exc:
         raise missing_extra() from exc
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES),
-                             autoescape=True, undefined=jinja2.ChainableUndefined)
-    env.filters["when"] = _when
-    page = env.get_template("status.html")
     actions = token is not None
 
     def headers(nonce: str | None = None) -> dict[str, str]:
@@ -173,9 +169,7 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
         except ValueError:
             refresh = refresh_s
         nonce = secrets.token_urlsafe(16)
-        html = page.render(data=data or {}, error=error, actions=actions, nonce=nonce,
-                           refresh_ms=int(max(refresh, 0) * 1000), token_header=TOKEN_HEADER,
-                           legend=LEGEND, classes=COLOURS, skips=recent_skips(data or {}))
+        html = render_page(data, error=error, actions=actions, nonce=nonce, refresh_s=refresh)
         return HTMLResponse(html, status_code=200 if data is not None else 503,
                             headers=headers(nonce))
 
@@ -216,6 +210,36 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
     middleware = ([Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
                   if allowed_hosts else [])
     return Starlette(routes=routes, middleware=middleware)
+
+
+def render_page(data: dict | None, *, error: str | None = None, actions: bool = False,
+                nonce: str = "", refresh_s: float = 0.0) -> str:
+    """The page's HTML for the status data ``data`` (:func:`overview.overview`), every value
+    escaped.
+
+    :param error: why there is no data (shown instead).
+    :param actions: render the token field and the pause / resume / run-now buttons.
+    :param nonce: the Content-Security-Policy nonce of the page's script.
+    :param refresh_s: how often the page reloads its data, seconds (0: never).
+    :raises ConfigError: Jinja2 (the ``web`` extra) is not installed.
+    """
+    data = data or {}
+    return _template().render(
+        data=data, error=error, actions=actions, nonce=nonce,
+        refresh_ms=int(max(refresh_s, 0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
+        classes=COLOURS, skips=recent_skips(data))
+
+
+@functools.lru_cache(maxsize=1)
+def _template():
+    try:
+        import jinja2
+    except ImportError as exc:
+        raise missing_extra() from exc
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.ChainableUndefined)
+    env.filters["when"] = _when
+    return env.get_template("status.html")
 
 
 async def _form(request) -> dict[str, str]:

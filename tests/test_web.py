@@ -298,3 +298,54 @@ def test_token_rules(monkeypatch):
     assert token_matches("abc", "abc")
     assert not token_matches("abc", "ab") and not token_matches("abc", None)
     assert not token_matches(None, "abc")
+
+
+#: markup in every value of the status data: the page must show it as text
+EVIL = '<script>alert("x")</script>&amp;'
+
+
+def _status_data() -> dict:
+    """Status data in the shape of overview(): a leased entry, a stale instance, a
+    disagreement, a partial entry, skips and a run-now request, markup in every string."""
+    t = "2026-03-29T01:00:00.000+00:00"
+    run = {"slot": t, "event": "late", "at": t, "instance": EVIL, "attempt": 1, "task_id": EVIL,
+           "detail": "late by 9 s " + EVIL}
+    return {
+        "namespace": EVIL, "generated": t,
+        "store": {"url": "redis://:***@h:6379/0", "kind": "redis", "durability": EVIL,
+                  "reachable": True, "error": None, "warnings": [EVIL], "clock": t, "skew_ms": 3},
+        "instance_records": True,
+        "instances": [{"instance_id": EVIL, "host": EVIL, "pid": 7, "version": EVIL,
+                       "started": t, "last_tick": t, "last_tick_age_s": 42.0, "skew_ms": -2,
+                       "entries": 1, "ticking": False, "stale": True}],
+        "entries": [{"name": EVIL, "source": "store", "task": EVIL, "schedule": EVIL,
+                     "timezone": EVIL, "next": [t], "problem": EVIL, "leased": True,
+                     "shadowed": False, "paused": {"by": EVIL, "reason": EVIL, "since": t},
+                     "runs": [run, {**run, "event": "sent"}], "last": run,
+                     "lease": {"slot": t, "state": "started", "attempt": 2, "holder": EVIL,
+                               "token": 17, "expires": t, "queue_deadline": None,
+                               "expired": True},
+                     "run_now": [{"entry": EVIL, "request_id": EVIL, "slot": t, "by": EVIL,
+                                  "requested": t}]}],
+        "run_now": [{"entry": EVIL, "request_id": EVIL, "slot": t, "by": EVIL, "requested": t}],
+        "partial": [{"entry": EVIL, "run_by": [EVIL], "not_run_by": [EVIL]}],
+        "disagreements": [{"entry": EVIL, "definitions": [
+            {"fingerprint": EVIL, "instances": [EVIL], "definition": EVIL}]}],
+        "unsaved": [EVIL],
+    }
+
+
+def test_every_value_on_the_page_is_escaped_and_every_part_shown():
+    from celery_anarchon.web import render_page
+    page = render_page(_status_data(), actions=True, nonce="n0nce")
+    assert "<script>alert" not in page and 'alert("x")' not in page
+    assert page.count("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&amp;amp;") >= 20
+    assert page.count("<script") == 1 and '<script nonce="n0nce">' in page
+    for shown in ("stopped ticking (42.0 s since its last tick)", "instances disagree on entry",
+                  "is run by", "its entries are not saved yet", "holder &lt;script&gt;",
+                  "token 17", "(expired)", "late by 9 s", "Recent skips", "Run-now requests",
+                  'class="run skip"', 'class="run ok"', 'data-action="resume"',
+                  'class="state st-paused"', "redis://:***@h:6379/0"):
+        assert shown in page, shown
+    closed = render_page(_status_data(), actions=False)
+    assert "data-action" not in closed and 'id="token"' not in closed
