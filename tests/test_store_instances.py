@@ -7,13 +7,13 @@ namespace; each test is named after the promise it proves.
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.entry_store import (
-    INSTANCE_STORE_NAMES, InstanceRecord, InstanceStore, instance_store,
-)
+from celery_anarchon.stores.entry_store import InstanceRecord, InstanceStore
 
 from backends import BACKENDS
 from stores_support import wait_until
@@ -32,8 +32,6 @@ def _keeps_instances(backend) -> bool:
 
 #: the stores that keep instance records (read from their classes)
 INSTANCE_STORES = tuple(b.kind for b in BACKENDS if _keeps_instances(b))
-#: the others: instance_store() refuses them
-OTHER_STORES = tuple(b.kind for b in BACKENDS if b.kind not in INSTANCE_STORES)
 
 
 @pytest.fixture(params=INSTANCE_STORES)
@@ -50,16 +48,18 @@ def _record(instance_id: str, digest: str = "d1", **changes) -> InstanceRecord:
 
 
 def test_instance_records_expire_on_the_store_clock(stores):
-    a, b = stores("A"), stores("B")
+    a, b, c = stores("A"), stores("B"), stores("C")
     a.record_instance(_record("A"), ttl_ms=1_500)
     b.record_instance(_record("B", digest="d2"), ttl_ms=120_000)   # a longer ttl after a shorter
+    c.record_instance(_record("C"), ttl_ms=1_500)                  # and a shorter after a longer
     listed = {r.instance_id: r for r in b.instances()}
-    assert set(listed) == {"A", "B"}
+    assert set(listed) == {"A", "B", "C"}
     mine = listed["A"]
     assert mine == _record("A", seen_ms=mine.seen_ms, expires_ms=mine.expires_ms), \
         "every field read back as written"
     assert mine.expires_ms == mine.seen_ms + 1_500 and abs(mine.seen_ms - store_now(a)) < 5_000
-    wait_until(lambda: "A" not in {r.instance_id for r in b.instances()}, 15, "A's record to expire")
+    wait_until(lambda: not {"A", "C"} & {r.instance_id for r in b.instances()}, 15,
+               "A's and C's records to expire")
     assert store_now(b) >= mine.expires_ms, "expired by the store's clock, not before"
     assert [r.instance_id for r in a.instances()] == ["B"], "the longer ttl holds"
 
@@ -106,19 +106,29 @@ def test_fingerprints_round_trip_by_digest(stores):
     assert b.load_fingerprints("digest-3") is None
 
 
-def test_instance_store_returns_an_instance_store(stores):
-    store = stores("A")
-    assert instance_store(store) is store
+def test_every_store_of_the_registry_keeps_instance_records():
+    assert set(INSTANCE_STORES) == {b.kind for b in BACKENDS}
 
 
-@pytest.mark.parametrize("kind", OTHER_STORES)
-def test_a_store_without_instance_records_is_a_config_error_naming_those_with(kind):
-    backend = next(b for b in BACKENDS if b.kind == kind)
-    try:
-        store = open_store(backend.url, namespace="probe", instance_id="probe",
-                           options=dict(backend.options))
-    except ConfigError as error:
-        pytest.skip(f"{kind}: {error}")
-    with pytest.raises(ConfigError) as info:
-        instance_store(store)
-    assert INSTANCE_STORE_NAMES in str(info.value) and store.kind in str(info.value)
+def test_readers_at_the_same_time_each_see_every_record(stores):
+    writers = [stores(iid) for iid in ("A", "B", "C")]
+    for w in writers:
+        w.record_instance(_record(w.instance_id), ttl_ms=60_000)
+    readers = [stores(f"R{i}") for i in range(4)]
+    seen: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def read(store):
+        try:
+            for _ in range(5):
+                seen.append([r.instance_id for r in store.instances()])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=read, args=(r,)) for r in readers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert len(seen) == 20 and all(ids == ["A", "B", "C"] for ids in seen), \
+        "a reader never sees a record missing while another reads"

@@ -4,8 +4,9 @@ claims.
 An :class:`InstanceStore` is a claim store that keeps, per namespace, the **instance records**:
 each live beat's heartbeat (id, host, pid, version, started, last tick, how many entries it runs,
 its skew to the store's clock, the digest of the fingerprints of the config entries it runs),
-expiring on the store's clock, and the fingerprint mappings those digests name. Every store with
-a place to keep them is one (:data:`INSTANCE_STORE_NAMES`).
+expiring on the store's clock, and the fingerprint mappings those digests name. Every store of
+the registry is one today (Redis, PostgreSQL, SQLite, NATS JetStream, RabbitMQ); the engine and
+the status command check the type, so a store without them still runs.
 
 An :class:`EntryStore` is an instance store that also keeps, per namespace:
 
@@ -21,9 +22,9 @@ loads everything only when it moved (:meth:`load_entries`).
 
 Units as in :mod:`celery_anarchon.stores.base`: UTC integer milliseconds; the store's clock for
 ``*_ms`` it writes. What a store can do is its type: ``isinstance(store, InstanceStore)``,
-``isinstance(store, EntryStore)``; stores that cannot raise
-:class:`~celery_anarchon.errors.ConfigError` through :func:`instance_store` and
-:func:`entry_store`, naming :data:`INSTANCE_STORE_NAMES` and :data:`ENTRY_STORE_NAMES`.
+``isinstance(store, EntryStore)``; stores that cannot hold entries raise
+:class:`~celery_anarchon.errors.ConfigError` through :func:`entry_store`, naming
+:data:`ENTRY_STORE_NAMES`.
 """
 from __future__ import annotations
 
@@ -36,8 +37,6 @@ from celery_anarchon.stores.base import ClaimStore
 
 #: The stores that hold entries, pauses and run-now requests, in the words of error messages.
 ENTRY_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
-#: The stores that hold instance records (heartbeats), in the words of error messages.
-INSTANCE_STORE_NAMES = "Redis (any strategy), PostgreSQL, SQLite or NATS JetStream"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,17 +291,6 @@ class EntryStore(InstanceStore):
     def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
         """:meth:`EntryOps.request_run`."""
         return self.entry_ops.request_run(entry, request_id, slot_ms, by=by)
-
-
-def instance_store(store: ClaimStore) -> InstanceStore:
-    """``store`` as an :class:`InstanceStore`.
-
-    :raises ConfigError: the store keeps no instance records (naming the stores that do).
-    """
-    if not isinstance(store, InstanceStore):
-        raise ConfigError(f"the {store.kind} store keeps no instance records (heartbeats); use "
-                          f"{INSTANCE_STORE_NAMES} as anarchon_store_url to see live instances")
-    return store
 
 
 def entry_store(store: ClaimStore) -> EntryStore:

@@ -69,8 +69,17 @@ class EntryQueues:
 
         :raises StoreUnavailable: still locked by another instance after ``claim_timeout``.
         """
-        name = self.names.lock(entry)
+        with self.queue_lock(s, self.names.lock(entry), f"entry {entry!r}",
+                             "its memory start or history"):
+            yield
 
+    @contextlib.contextmanager
+    def queue_lock(self, s: Session, name: str, what: str, held_for: str):
+        """Hold the exclusive queue ``name`` (see :meth:`entry_lock`); ``what`` and ``held_for``
+        name it in the error.
+
+        :raises StoreUnavailable: still locked by another instance after ``claim_timeout``.
+        """
         def take():
             ch = s.channel()
             ch.queue_declare(name, exclusive=True, auto_delete=True)
@@ -80,9 +89,9 @@ class EntryQueues:
                           wait_s=LOCK_POLL_S, max_wait_s=LOCK_POLL_MAX_S)(take)
         except amqp.exceptions.ResourceLocked:
             raise StoreUnavailable(
-                f"RabbitMQ store {self.safe_url}: entry {entry!r} stayed locked by another "
-                f"instance for {self.claim_timeout:g} s (queue {name!r}, held while its "
-                "memory start or history is read)") from None
+                f"RabbitMQ store {self.safe_url}: {what} stayed locked by another "
+                f"instance for {self.claim_timeout:g} s (queue {name!r}, held while "
+                f"{held_for} is read)") from None
         try:
             yield
         finally:

@@ -26,7 +26,7 @@ QUEUE_NAME_MAX_BYTES = 255
 #: the longest slot text a claim queue name may end with (``-9223372036854775808``)
 _SLOT_TEXT_MAX = 20
 #: the kinds of queue the store declares (the part of a name after the prefix)
-KINDS = ("claim", "born", "history", "settings", "lock")
+KINDS = ("claim", "born", "history", "settings", "lock", "instances", "fingerprints")
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -95,6 +95,21 @@ class QueueNames:
         """The namespace's marker queue: its arguments carry the slot_ttl every instance uses."""
         return f"{self.prefix}.settings.{self._ns}"
 
+    def instances(self) -> str:
+        """The namespace's instance records queue (one message per heartbeat, :mod:`.instances`)."""
+        return f"{self.prefix}.instances.{self._ns}"
+
+    def instances_lock(self) -> str:
+        """The exclusive queue whose holder may read the instance records and fingerprints
+        (``!`` never appears in an escaped entry name, so no entry's lock is named so)."""
+        return f"{self.prefix}.lock.{self._ns}.!instances"
+
+    def fingerprints(self, digest: str) -> str:
+        """The queue holding the fingerprint mapping saved under ``digest``."""
+        name = f"{self.prefix}.fingerprints.{self._ns}.{escape(digest)}"
+        return name if len(name) <= QUEUE_NAME_MAX_BYTES else \
+            f"{self.prefix}.fingerprints.{_hashed(self.namespace, digest)}"
+
     def probe(self, suffix: str) -> str:
         """A claim queue no entry can have (``!probe`` is not an escaped or hashed name), for the
         start-up check of the broker's behaviour; it matches the policies of the claim queues."""
@@ -152,10 +167,13 @@ def inequivalent(exc: BaseException) -> tuple[str, str, str] | None:
 
 # -- publishing with confirms ------------------------------------------------------------------
 
-def encode(body: dict) -> amqp.Message:
-    """A persistent JSON message (nothing read back is ever unpickled or evaluated)."""
+def encode(body: dict, expiration_ms: int | None = None) -> amqp.Message:
+    """A persistent JSON message (nothing read back is ever unpickled or evaluated); with
+    ``expiration_ms``, the broker drops it that long after it was queued (per-message TTL, on the
+    broker's clock)."""
+    extra = {} if expiration_ms is None else {"expiration": str(int(expiration_ms))}
     return amqp.Message(json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
-                        content_type="application/json", delivery_mode=2)
+                        content_type="application/json", delivery_mode=2, **extra)
 
 
 def decode(message) -> dict | None:
@@ -193,9 +211,11 @@ class Confirms:
     def tainted(self) -> bool:
         return bool(self.returned)
 
-    def publish(self, queue: str, body: dict) -> int:
-        """Publish ``body`` to ``queue`` through the default exchange; returns its delivery tag."""
-        self.channel.basic_publish(encode(body), exchange="", routing_key=queue, mandatory=True)
+    def publish(self, queue: str, body: dict, *, expiration_ms: int | None = None) -> int:
+        """Publish ``body`` to ``queue`` through the default exchange (expiring ``expiration_ms``
+        after it was queued, when given); returns its delivery tag."""
+        self.channel.basic_publish(encode(body, expiration_ms), exchange="", routing_key=queue,
+                                   mandatory=True)
         tag, self._next_tag = self._next_tag, self._next_tag + 1
         self._pending.add(tag)
         return tag

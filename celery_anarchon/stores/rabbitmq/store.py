@@ -74,7 +74,8 @@ hash pairs too long for AMQP's 255 bytes. The AMQP plumbing (names, arguments, c
 session) is in :mod:`~celery_anarchon.stores.rabbitmq.protocol`; the per-entry queues (lock, memory
 start, history) in :mod:`~celery_anarchon.stores.rabbitmq.entries`; the claim queues (the probe,
 the slot_ttl marker, the declare and publish phases of a batch) in
-:mod:`~celery_anarchon.stores.rabbitmq.claims`. Queues of entries removed from the schedule stay
+:mod:`~celery_anarchon.stores.rabbitmq.claims`; the instance records (heartbeats) in
+:mod:`~celery_anarchon.stores.rabbitmq.instances`. Queues of entries removed from the schedule stay
 (one born and one history queue each, a few bytes).
 """
 from __future__ import annotations
@@ -94,11 +95,13 @@ from celery_anarchon import _util
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores._common import reject_unknown_options, scheme_of, translated
 from celery_anarchon.stores.base import (
-    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, ClaimRequest, ClaimResult, ClaimStore,
-    HistoryRecord, Memory, Outcome, RunEvent,
+    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, ClaimRequest, ClaimResult, HistoryRecord,
+    Memory, Outcome, RunEvent,
 )
+from celery_anarchon.stores.entry_store import InstanceOps, InstanceStore
 from celery_anarchon.stores.rabbitmq.claims import DECLARE_CHANNELS, ClaimQueues
 from celery_anarchon.stores.rabbitmq.entries import EntryQueues
+from celery_anarchon.stores.rabbitmq.instances import RabbitMQInstances
 from celery_anarchon.stores.rabbitmq.protocol import QueueNames, Session, valid_prefix
 
 logger = logging.getLogger(__name__)
@@ -110,8 +113,9 @@ DEFAULT_SLOT_TTL_S = 300.0
 DEFAULT_QUEUE_PREFIX = "anarchon"
 
 
-class RabbitMQStore(ClaimStore):
-    """RabbitMQ: one classic queue per run decides its claim (see the module docstring).
+class RabbitMQStore(InstanceStore):
+    """RabbitMQ: one classic queue per run decides its claim (see the module docstring). It
+    keeps instance records (:mod:`.instances`), but no entries or pauses.
 
     :param slot_ttl: seconds a claimed run is remembered after its first claim (default 300):
         the claim queues' ``x-expires``. Every instance must use the same value.
@@ -177,6 +181,9 @@ class RabbitMQStore(ClaimStore):
             instance_id=self.instance_id, safe_url=self.safe_url, slot_ttl_s=self.slot_ttl_s,
             slot_ttl_ms=self.slot_ttl_ms, claim_timeout=self.claim_timeout,
             warn_once=self._warn_once)
+        self._instances = RabbitMQInstances(
+            names=self.names, safe_url=self.safe_url, claim_timeout=self.claim_timeout,
+            using=self._using, queue_lock=self._entries.queue_lock)
         #: what this process remembers of unanswered and undelivered claims (the part's; the
         #: test backends forget them with the broker's queues)
         self._uncertain, self._undelivered = self._claims.uncertain, self._claims.undelivered
@@ -335,6 +342,12 @@ class RabbitMQStore(ClaimStore):
 
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         return self._entries.history(entry, limit)
+
+    # -- instance records (:class:`~.instances.RabbitMQInstances`) ------------------------------
+    @property
+    def instance_ops(self) -> InstanceOps:
+        """The instance record operations (InstanceStore), a part in :mod:`.instances`."""
+        return self._instances
 
 
 __all__ = ["RabbitMQStore", "DEFAULT_SLOT_TTL_S", "DECLARE_CHANNELS"]
