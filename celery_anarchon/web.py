@@ -293,6 +293,23 @@ def loopback(host: str) -> bool:
     return host in LOOPBACK_NAMES or host.startswith("127.")
 
 
+def check_address(host: str, port: int) -> None:
+    """Fail now, with the fix, when the page could not listen on ``host``:``port``.
+
+    :raises ConfigError: the port is taken, or the address is not one of this machine.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(f"the status page cannot listen on --host {host} --port {port} "
+                          f"({exc.strerror or exc}); fix: pick a free port with --port, or an "
+                          "address of this machine with --host") from exc
+
+
 def serve(app, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_actions: bool = False,
           token: str | None = None, runs: int = 20, refresh_s: float = 5.0,
           echo: Callable[[str], None] = print) -> None:
@@ -304,13 +321,15 @@ def serve(app, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_acti
     :param token: the actions' token (default ``$ANARCHON_WEB_TOKEN``, else a new one, printed
         once here).
     :param runs: the runs per entry in the strip.
-    :raises ConfigError: the web extra is missing, a bad setting, or an empty token.
+    :raises ConfigError: the web extra is missing, a bad setting, an empty token, or an address
+        the page cannot listen on (:func:`check_address`).
     """
     try:
         import uvicorn
     except ImportError as exc:
         raise missing_extra() from exc
     token, generated = resolve_token(allow_actions, token)
+    check_address(host, port)
     source = StatusSource(app, runs=runs)
     try:
         site = create_app(source, token=token, refresh_s=refresh_s,

@@ -32,7 +32,7 @@ import celery_anarchon
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent
-from celery_anarchon.web import TOKEN_HEADER, resolve_token, token_matches
+from celery_anarchon.web import TOKEN_HEADER, check_address, resolve_token, token_matches
 
 from backends import backdate_memory_start
 from cluster import APPS, Cluster, read_executions
@@ -349,3 +349,13 @@ def test_every_value_on_the_page_is_escaped_and_every_part_shown():
         assert shown in page, shown
     closed = render_page(_status_data(), actions=False)
     assert "data-action" not in closed and 'id="token"' not in closed
+
+
+def test_a_port_in_use_is_named_with_the_fix():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"--port {port} .*fix: pick a free port"):
+            check_address("127.0.0.1", port)
+    check_address("127.0.0.1", port)   # free again
