@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import time
 from collections.abc import Iterator
 
 import click
@@ -22,7 +21,6 @@ from celery_anarchon.errors import (
     ConfigError, EntryExists, EntryOwnedByConfig, StoreError, UnknownEntry,
 )
 from celery_anarchon.schedule_api import Schedules, ScheduledEntry
-from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord, InstanceStore
 from celery_anarchon.timing import Settings
 
 #: exit codes (documented in docs/schedules.md)
@@ -176,120 +174,9 @@ def list_entries(app, as_json: bool) -> None:
     _table(rows)
 
 
-# -- status -------------------------------------------------------------------------------------
+# -- the store of a command (cli_status) ----------------------------------------------------------
 
 def _open(app):
+    """The app's settings and its store, opened (no I/O yet) as a command line instance."""
     settings = Settings.from_app(app)
     return settings, open_app_store(app, settings, instance_id="cli:" + make_instance_id())
-
-
-def _instances(store: InstanceStore) -> None:
-    """The live instances, the entries only some of them run, and their disagreements."""
-    records = store.instances()
-    click.echo(f"\nlive instances: {len(records)}")
-    for r in records:
-        skew = "?" if r.skew_ms is None else f"{r.skew_ms:+d} ms"
-        click.echo(f"  {r.host}:{r.pid}  {r.instance_id}  version {r.version}  started "
-                   f"{iso(r.started_ms)}  last tick {iso(r.last_tick_ms)}  skew {skew}  "
-                   f"{r.entries} entries")
-    mappings: dict[str, dict[str, str] | None] = {}
-    for r in records:
-        if r.fingerprints_digest not in mappings:
-            mappings[r.fingerprints_digest] = store.load_fingerprints(r.fingerprints_digest)
-    known = [(r, mappings[r.fingerprints_digest]) for r in records
-             if mappings[r.fingerprints_digest] is not None]
-    for r in records:
-        if mappings[r.fingerprints_digest] is None:
-            click.echo(f"  ({r.host}:{r.pid}: its entries are not saved yet)")
-    _partial(known)
-    _disagreements(store, known)
-
-
-def _who(r: InstanceRecord) -> str:
-    return f"{r.host}:{r.pid}"
-
-
-def _partial(known: list[tuple[InstanceRecord, dict[str, str]]]) -> None:
-    names = sorted({n for _, m in known for n in m})
-    partial = [(n, [_who(r) for r, m in known if n in m], [_who(r) for r, m in known if n not in m])
-               for n in names]
-    partial = [p for p in partial if p[2]]
-    if partial:
-        click.echo("\nbeat_schedule entries only some instances run (removed from, or not yet "
-                   "added to, the others):")
-        for name, by, not_by in partial:
-            click.echo(f"  {name}: run by {', '.join(by)}; not by {', '.join(not_by)}")
-
-
-def _disagreements(store: InstanceStore, known: list[tuple[InstanceRecord, dict[str, str]]]) -> None:
-    found = []
-    for name in sorted({n for _, m in known for n in m}):
-        by_fingerprint: dict[str, list[str]] = {}
-        for r, m in known:
-            if name in m:
-                by_fingerprint.setdefault(m[name], []).append(_who(r))
-        if len(by_fingerprint) > 1:
-            found.append((name, by_fingerprint))
-    if not found:
-        return
-    click.echo("\ninstances that disagree (each sends the slots of its own definition):")
-    for name, by_fingerprint in found:
-        click.echo(f"  {name}:")
-        for fingerprint, hosts in sorted(by_fingerprint.items()):
-            definition = store.load_definition(name, fingerprint) or "definition not saved"
-            click.echo(f"    {fingerprint} on {', '.join(hosts)}: {definition}")
-
-
-def _store_entries(snapshot, config: set[str]) -> list[str]:
-    """Print the store's entries, the pauses and the recent run-now requests; return the names of
-    the store entries."""
-    defined = {n: e for n, e in snapshot.entries.items() if e.definition is not None}
-    click.echo(f"\nstore entries: {len(defined)} (entries version {snapshot.version})")
-    for name, e in sorted(defined.items()):
-        d = json.loads(e.definition)
-        note = "  (beat_schedule defines it too: ignored)" if name in config else ""
-        click.echo(f"  {name}  {entry_json.describe_schedule(d.get('schedule'))}  {d.get('task')}  "
-                   f"updated {iso(e.updated_ms)} by {e.updated_by}{note}")
-    pauses = sorted((n, e.pause) for n, e in snapshot.entries.items() if e.pause is not None)
-    click.echo(f"\npauses: {len(pauses)}")
-    for name, p in pauses:
-        click.echo(f"  {name}: {p.describe()} (since {iso(p.at_ms)})")
-    if snapshot.requests:
-        click.echo(f"\nrun-now requests: {len(snapshot.requests)}")
-        for r in snapshot.requests:
-            click.echo(f"  {r.entry}: request {r.request_id}, slot {iso(r.slot_ms)}, by {r.by}")
-    return sorted(defined)
-
-
-def status(app, runs: int) -> None:
-    """``status``: the store and its clock; on an instance store the live instances and their
-    disagreements; on an entry store the store entries and pauses; the newest runs of every
-    entry."""
-    settings, store = _open(app)
-    try:
-        click.echo(f"store: {store.safe_url} ({store.kind})  namespace: {settings.namespace}")
-        try:
-            before = time.time()
-            now = store.now_ms()
-            if now is not None:
-                skew = now / 1000 - (before + time.time()) / 2
-                click.echo(f"store clock: {iso(now)}  (this host is {skew:+.3f} s off)")
-            config = set(app.conf.beat_schedule or {})
-            names = set(config)
-            if isinstance(store, InstanceStore):
-                _instances(store)
-            else:
-                click.echo(f"\n(the {store.kind} store keeps no instance records)")
-            if isinstance(store, EntryStore):
-                names |= set(_store_entries(store.load_entries(), config))
-            else:
-                click.echo(f"\n(the {store.kind} store holds no runtime entries or pauses)")
-            for name in sorted(names):
-                click.echo(f"\n{name}")
-                for rec in store.history(name, limit=runs):
-                    click.echo(f"  {iso(rec.slot_ms)}  {rec.event.value:<17} {rec.instance}  "
-                               f"attempt {rec.attempt}  {rec.task_id} {rec.detail}")
-        except StoreError as exc:
-            raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()

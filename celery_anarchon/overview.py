@@ -23,13 +23,9 @@ from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, build_plan
 from celery_anarchon.schedule_api import CONFIG, STORE, Schedules, ScheduledEntry
 from celery_anarchon.slots import CronSlots
-from celery_anarchon.stores import entry_store as _entry_store
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
-from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord
+from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord, InstanceStore
 from celery_anarchon.timing import Settings
-
-#: the capability that holds instance records (``instances()``, ``load_fingerprints``)
-_INSTANCE_STORE = getattr(_entry_store, "InstanceStore", EntryStore)
 
 #: an instance whose last tick is older than this many sync intervals (store clock) is stale
 STALE_INTERVALS = 2
@@ -249,7 +245,7 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     """
     settings = settings or Settings.from_app(app)
     out = {"namespace": store.namespace, "generated": None, "store": _store_part(store, None),
-           "instance_records": isinstance(store, _INSTANCE_STORE), "instances": [],
+           "instance_records": isinstance(store, InstanceStore), "instances": [],
            "entries": [], "run_now": [], "partial": [], "disagreements": [], "unsaved": []}
     part = out["store"]
     store_now = None
@@ -271,7 +267,7 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     listed, texts, requests = _listed_safely(app, store, reachable, part)
     reachable = part["reachable"]
     out["run_now"] = requests
-    if reachable and isinstance(store, _INSTANCE_STORE):
+    if reachable and isinstance(store, InstanceStore):
         try:
             records = store.instances()
             out["instances"] = [_instance(r, store_now, settings.sync_interval_s) for r in records]

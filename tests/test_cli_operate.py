@@ -1,0 +1,299 @@
+"""The operators' commands as people, CI pipelines and deploy scripts run them: `celery -A
+operate_app anarchon status | history | check | next` as real subprocesses (tests/apps/
+operate_app.py) against real stores, and celery_anarchon.testing in a user's own tests."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab
+
+import celery_anarchon
+from celery_anarchon import testing
+from celery_anarchon.overview import overview
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import ClaimRequest, LeaseTerms, RunEvent
+from celery_anarchon.stores.entry_store import InstanceRecord
+from celery_anarchon.timing import Settings
+
+from backends import BACKENDS
+from cluster import Cluster
+
+APPS = pathlib.Path(__file__).parent / "apps"
+BERLIN_DST_2027 = "2027-03-26T12:00:00Z"   # two days before the last Sunday of March 2027
+
+
+def operate(url: str, namespace: str, schedule: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``celery -A operate_app anarchon <args>`` with the beat_schedule ``schedule``."""
+    path = os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "ANARCHON_OP_STORE": url,
+           "ANARCHON_OP_NAMESPACE": namespace, "ANARCHON_OP_SCHEDULE": schedule}
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "operate_app", "anarchon", *args],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=APPS)
+
+
+def exits(done: subprocess.CompletedProcess, code: int) -> str:
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    return done.stdout
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'store.sqlite3'}"
+
+
+def test_check_fails_with_the_exact_rule_on_a_broken_schedule_and_passes_on_a_good_one(
+        sqlite_url, namespace):
+    out = exits(operate(sqlite_url, namespace, "broken", "check"), 1)
+    assert ("FAIL  too-much-jitter: jitter < half the shortest gap between slots\n      entry "
+            "'too-much-jitter': jitter 6 s (options['anarchon']['jitter']) must be less than half "
+            "the shortest gap between its slots (10 s)") in out
+    assert ("FAIL  bad-crontab: a crontab step within its field\n      entry 'bad-crontab': "
+            "crontab: minute field '*/120': the step 120 is larger than the field's range 0-59"
+            ) in out
+    assert "ok    beat_schedule entry 'fine' (every 60 s): every timing rule" in out
+    assert "ok    store reachable" in out and out.rstrip().endswith("check: 2 problems, 3 passed")
+
+    out = exits(operate(sqlite_url, namespace, "good", "check"), 0)
+    assert "ok    beat_schedule entry 'berlin-0230' (cron 30 2 * * * Europe/Berlin)" in out
+    assert ("ok    worker side installed (celery_anarchon.install(app)) for 1 leased entry: "
+            "leased-hourly") in out
+    assert out.rstrip().endswith("check: all 6 passed")
+
+    out = exits(operate(sqlite_url, namespace, "uninstalled", "check"), 1)
+    assert "FAIL  leased: a leased entry needs celery_anarchon.install(app)" in out
+    # nothing listens on port 1: the rules still pass, the store is a problem; --no-store skips it
+    out = exits(operate("postgresql://postgres:secret@127.0.0.1:1/test", namespace, "good", "check"), 1)
+    assert "FAIL  configuration: the store reachable" in out and "secret" not in out
+    assert "check: all 5 passed" in exits(operate("postgresql://postgres@127.0.0.1:1/test",
+                                                   namespace, "good", "check", "--no-store"), 0)
+
+
+def test_history_since_and_limit(sqlite_url, namespace):
+    store = open_store(sqlite_url, namespace=namespace, instance_id="host-a:1:aa", options={})
+    now = int(time.time() * 1000)
+    hours_ago = {3: RunEvent.SENT, 2: RunEvent.LATE, 0.5: RunEvent.SENT, 0.1: RunEvent.PAUSED}
+    try:
+        store.prepare(["every-2s"])
+        for h, event in hours_ago.items():
+            store.record("every-2s", now - int(h * 3_600_000), event, task_id=f"task-{h}",
+                         detail=f"reason {h}")
+    finally:
+        store.close()
+    run = lambda *args: operate(sqlite_url, namespace, "good", "history", "every-2s", *args)  # noqa: E731
+    table = exits(run(), 0).splitlines()
+    assert table[0].split() == ["SLOT", "EVENT", "INSTANCE", "ATTEMPT", "TASK", "ID", "RECORDED",
+                                "REASON"]
+    assert [line.split()[1] for line in table[1:]] == ["paused", "sent", "late", "sent"]
+    assert "host-a:1:aa" in table[1] and "reason 0.1" in table[1] and "task-0.1" in table[1]
+    recent = json.loads(exits(run("--since", "1h", "--json"), 0))
+    assert [r["task_id"] for r in recent] == ["task-0.1", "task-0.5"]
+    assert set(recent[0]) == {"slot", "event", "at", "instance", "attempt", "task_id", "detail"}
+    since = datetime.datetime.fromtimestamp((now - 2.5 * 3_600_000) / 1000, datetime.timezone.utc)
+    newest = json.loads(exits(run("--since", since.isoformat(), "--limit", "2", "--json"), 0))
+    assert [(r["event"], r["detail"]) for r in newest] == [("paused", "reason 0.1"),
+                                                          ("sent", "reason 0.5")]
+    assert len(json.loads(exits(run("--limit", "3", "--json"), 0))) == 3
+    assert "no runs since" in exits(run("--since", "1m"), 0)
+    assert exits(operate(sqlite_url, namespace, "good", "history", "every-2"), 3) == ""
+    assert "neither an ISO 8601 time nor a duration" in operate(
+        sqlite_url, namespace, "good", "history", "every-2s", "--since", "yesterday").stderr
+
+
+def test_next_shows_the_utc_offset_change_across_dst(sqlite_url, namespace):
+    out = exits(operate(sqlite_url, namespace, "good", "next", "berlin-0230", "-n", "3",
+                        "--after", BERLIN_DST_2027), 0).splitlines()
+    assert out[0] == ("next 3 slots of berlin-0230 (cron 30 2 * * * Europe/Berlin), in UTC and in "
+                      "Europe/Berlin:")
+    assert out[2].split() == ["2027-03-27T01:30:00+00:00", "2027-03-27", "02:30:00", "CET",
+                              "UTC+01:00"]
+    # 02:30 does not exist on the last Sunday of March: the run comes right after the jump
+    assert out[3].split()[:5] == ["2027-03-28T01:00:00+00:00", "2027-03-28", "03:00:00", "CEST",
+                                  "UTC+02:00"]
+    assert out[3].endswith("UTC offset changes from +01:00 to +02:00 (DST)")
+    assert out[4].split() == ["2027-03-29T00:30:00+00:00", "2027-03-29", "02:30:00", "CEST",
+                              "UTC+02:00"]
+    data = json.loads(exits(operate(sqlite_url, namespace, "good", "next", "every-2s", "-n", "2",
+                                    "--after", "2027-03-28T00:00:01Z", "--json"), 0))
+    assert data["timezone"] == "UTC" and [s["utc"] for s in data["slots"]] == [
+        "2027-03-28T00:00:02+00:00", "2027-03-28T00:00:04+00:00"]
+    assert "no entry 'berlin'" in operate(sqlite_url, namespace, "good", "next", "berlin").stderr
+
+
+#: the keys of status --json (overview's docstring documents each)
+TOP_KEYS = {"namespace", "generated", "store", "instance_records", "instances", "entries",
+            "run_now", "partial", "disagreements", "unsaved"}
+STORE_KEYS = {"url", "kind", "namespace", "durability", "memory_s", "memory_count",
+              "checks_lateness", "leases", "entries", "reachable", "error", "warnings", "clock",
+              "skew_ms"}
+INSTANCE_KEYS = {"instance_id", "host", "pid", "version", "started", "last_tick",
+                 "last_tick_age_s", "skew_ms", "entries", "fingerprints_digest", "seen", "expires",
+                 "ticking", "stale"}
+ENTRY_KEYS = {"name", "source", "task", "schedule", "timezone", "next", "problem", "leased",
+              "shadowed", "paused", "last", "runs", "lease", "run_now"}
+
+
+def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, namespace):
+    """A live instance and one whose ticks stopped, a paused entry, a leased run held by a
+    worker, a store entry with a run-now request: status --json says each; the text says it too."""
+    store = open_store(sqlite_url, namespace=namespace, instance_id="beat-a:1:aa", options={})
+    now = int(time.time() * 1000)
+    slot = now - 1_000
+    try:
+        store.prepare(["leased-hourly"])
+        [sqlite] = [b for b in BACKENDS if b.kind == "sqlite"]
+        sqlite.backdate(store, ["leased-hourly"], 3_600_000)   # a brand-new store refuses older slots
+        store.save_fingerprints("d", {"every-2s": "f1"})
+        store.record_instance(InstanceRecord("beat-a:1:aa", "beat-a", 1, "0.1.0", now - 60_000,
+                                             now, 3, 4, "d"), ttl_ms=600_000)
+        store.record_instance(InstanceRecord("beat-b:2:bb", "beat-b", 2, "0.1.0", now - 60_000,
+                                             now - 30_000, 0, 4, "d"), ttl_ms=600_000)
+        [won] = store.claim([ClaimRequest("leased-hourly", slot, 60_000, task_id="t-1",
+                                          lease=LeaseTerms(queue_timeout_ms=300_000))])
+        store.record("leased-hourly", slot, RunEvent.SENT, task_id="t-1")
+        store.adopt("leased-hourly", slot, "worker-1@host:77", 30_000)
+        store.put_entry("added", json.dumps({"task": "operate_app.report",
+                                             "schedule": {"every": 90}}), by="ops", create=True)
+        store.request_run("added", "req-9", now + 1, by="ops")
+    finally:
+        store.close()
+    assert won.outcome.value == "won"
+    exits(operate(sqlite_url, namespace, "good", "pause", "every-2s", "--reason", "release",
+                  "--by", "ops"), 0)
+
+    data = json.loads(exits(operate(sqlite_url, namespace, "good", "status", "--json"), 0))
+    assert set(data) == TOP_KEYS and set(data["store"]) == STORE_KEYS
+    assert data["store"]["reachable"] and data["store"]["kind"] == "sqlite"
+    instances = {i["host"]: i for i in data["instances"]}
+    assert all(set(i) == INSTANCE_KEYS for i in instances.values())
+    assert instances["beat-a"]["ticking"] and not instances["beat-a"]["stale"]
+    assert instances["beat-b"]["stale"] and instances["beat-b"]["last_tick_age_s"] >= 29
+    entries = {e["name"]: e for e in data["entries"]}
+    assert all(set(e) == ENTRY_KEYS for e in entries.values())
+    assert set(entries) == {"every-2s", "berlin-0230", "leased-hourly", "added",
+                            "celery.backend_cleanup"}     # Celery's own entry, run by beat too
+    assert entries["every-2s"]["paused"]["by"] == "ops" and entries["every-2s"]["paused"]["reason"] == "release"
+    assert entries["berlin-0230"]["schedule"] == "cron 30 2 * * * Europe/Berlin"
+    assert entries["berlin-0230"]["timezone"] == "Europe/Berlin"
+    assert entries["berlin-0230"]["next"][0].endswith(":30:00.000+00:00")
+    lease = entries["leased-hourly"]["lease"]
+    assert lease["holder"] == "worker-1@host:77" and lease["state"] == "started" and lease["token"]
+    assert entries["leased-hourly"]["last"]["event"] == "started"   # adopted by the worker
+    assert entries["added"]["source"] == "store" and entries["added"]["run_now"][0]["request_id"] == "req-9"
+    assert data["run_now"][0]["by"] == "ops"
+
+    text = exits(operate(sqlite_url, namespace, "good", "status"), 0)
+    assert "live instances: 2" in text and "STALE: last tick" in text
+    assert "every-2s: paused by ops: release" in text and "added: request req-9" in text
+    assert "held by worker-1@host:77" in text
+
+    down = operate("postgresql://postgres:secret@127.0.0.1:1/test", namespace, "good", "status",
+                   "--json")
+    assert down.returncode == 1 and "secret" not in down.stdout
+    dead = json.loads(down.stdout)
+    assert not dead["store"]["reachable"] and dead["store"]["error"]
+    assert {e["name"] for e in dead["entries"]} == {"every-2s", "berlin-0230", "leased-hourly"}
+
+
+def test_status_of_a_running_beat_and_of_one_whose_ticks_stopped(tmp_path, sqlite_url, namespace,
+                                                                monkeypatch):
+    """A real beat: the overview shows it ticking with its runs sent; stopped (SIGSTOP), it is
+    stale before its record expires."""
+    env = {"ANARCHON_OP_STORE": sqlite_url, "ANARCHON_OP_NAMESPACE": namespace,
+           "ANARCHON_OP_SCHEDULE": "good", "ANARCHON_OP_SYNC": "1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(APPS))
+    import operate_app
+    app = operate_app.app
+    app.conf.update(anarchon_store_url=sqlite_url, anarchon_namespace=namespace,
+                    anarchon_sync_interval=1.0)      # the module may be imported already
+    cluster = Cluster(str(tmp_path), env, app="operate_app")
+    store = open_store(sqlite_url, namespace=namespace, instance_id="test", options={})
+    settings = Settings.from_app(app)
+    try:
+        store.prepare(["every-2s"])
+        [sqlite] = [b for b in BACKENDS if b.kind == "sqlite"]
+        sqlite.backdate(store, ["every-2s"], 3_600_000)   # a brand-new store refuses older slots
+        cluster.beat("beat")
+
+        def sent_and_ticking():
+            data = overview(app, store, settings, runs=5)
+            entry = {e["name"]: e for e in data["entries"]}["every-2s"]
+            return (len(data["instances"]) == 1 and data["instances"][0]["ticking"]
+                    and any(r["event"] == "sent" for r in entry["runs"])) and data
+        started = time.monotonic()
+        data = wait_for(sent_and_ticking, 30)
+        print(f"ticking with a run sent {time.monotonic() - started:.1f} s after the start")
+        assert data["instances"][0]["pid"] == cluster.procs["beat"].pid
+        cluster.pause("beat")
+        started = time.monotonic()
+        data = wait_for(lambda: (d := overview(app, store, settings, runs=0))["instances"]
+                        and d["instances"][0]["stale"] and d, 10)
+        assert data["instances"][0]["last_tick_age_s"] > 2
+        print(f"stale {time.monotonic() - started:.1f} s after SIGSTOP")
+        cluster.resume("beat")
+    finally:
+        store.close()
+        cluster.stop_all()
+
+
+def wait_for(condition, timeout: float):
+    """The first truthy value of ``condition()`` within ``timeout`` seconds, polled every 0.1 s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {condition}")
+
+
+# -- celery_anarchon.testing in a user's own test suite ----------------------------------------
+
+def _app(schedule: dict, **conf) -> Celery:
+    app = Celery("users_app")
+    app.conf.update(broker_url="memory://", timezone="Europe/Berlin", beat_schedule=schedule,
+                    anarchon_store_url="redis://127.0.0.1:1/0", **conf)   # never connected
+    return app
+
+
+def test_testing_helpers_check_every_rule_without_a_store_server():
+    good = _app({"report": {"task": "t", "schedule": crontab(minute=30, hour=2)}})
+    testing.assert_schedule_ok(good)
+    assert testing.check_schedule(good) == []
+    slots = testing.next_slots(good, "report", 3,
+                               after=datetime.datetime(2027, 3, 27, tzinfo=datetime.timezone.utc))
+    assert [s.isoformat() for s in slots] == ["2027-03-27T01:30:00+00:00",
+                                              "2027-03-28T01:00:00+00:00",
+                                              "2027-03-29T00:30:00+00:00"]
+
+    bad = _app({"fast": {"task": "t", "schedule": 1.0, "options": {"anarchon": {"jitter": 0.2,
+                                                                              "max_late": 0.1}}},
+                "leased": {"task": "t", "schedule": 60.0, "options": {"anarchon": {"lease": True}}},
+                "typo": {"task": "t", "schedule": 60.0, "options": {"anarchon": {"jiter": 1}}}})
+    problems = {p.entry: p for p in testing.check_schedule(bad)}
+    assert problems["fast"].rule == "max_late > jitter"
+    assert problems["leased"].rule == "a leased entry needs celery_anarchon.install(app)"
+    assert problems["typo"].rule == "no unknown keys in options['anarchon']"
+    assert "did you mean 'jitter'?" in problems["typo"].message
+    with pytest.raises(AssertionError) as failed:
+        testing.assert_schedule_ok(bad)
+    assert str(failed.value).startswith("3 problems in the beat schedule:\n  - [")
+    assert "[max_late > jitter] entry 'fast': max_late 0.1 s must be greater than jitter" in str(failed.value)
+
+    short_memory = _app({"slow": {"task": "t", "schedule": 600.0}},
+                        anarchon_store_options={"memory": 50})
+    [problem] = testing.check_schedule(short_memory)
+    assert problem.rule == "jitter + max_late < store memory" and problem.entry == "slow"
+    celery_anarchon.install(bad)
+    assert "leased" not in {p.entry for p in testing.check_schedule(bad)}
+    with pytest.raises(celery_anarchon.ConfigError, match="no entry 'reprot'"):
+        testing.next_slots(good, "reprot")
