@@ -313,7 +313,8 @@ def _status_data() -> dict:
     return {
         "namespace": EVIL, "generated": t,
         "store": {"url": "redis://:***@h:6379/0", "kind": "redis", "durability": EVIL,
-                  "reachable": True, "error": None, "warnings": [EVIL], "clock": t, "skew_ms": 3},
+                  "reachable": True, "error": None, "warnings": [EVIL], "clock": t, "skew_ms": 3,
+                  "entries": True},
         "instance_records": True,
         "instances": [{"instance_id": EVIL, "host": EVIL, "pid": 7, "version": EVIL,
                        "started": t, "last_tick": t, "last_tick_age_s": 42.0, "skew_ms": -2,
@@ -349,6 +350,10 @@ def test_every_value_on_the_page_is_escaped_and_every_part_shown():
         assert shown in page, shown
     closed = render_page(_status_data(), actions=False)
     assert "data-action" not in closed and 'id="token"' not in closed
+    data = _status_data()
+    data["store"]["entries"] = False     # NATS: no pauses, so no buttons, and it says why
+    page = render_page(data, actions=True)
+    assert "data-action" not in page and "holds no pauses or run-now requests" in page
 
 
 def test_a_port_in_use_is_named_with_the_fix():
