@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
+import weakref
 from collections.abc import Mapping
 
 from celery import beat
@@ -29,6 +30,10 @@ from celery_anarchon.timing import Settings
 
 #: an instance whose last tick is older than this many sync intervals (store clock) is stale
 STALE_INTERVALS = 2
+#: per store object: the warnings of its prepare() (run once: a page reading the overview every
+#: few seconds does not repeat the start-up checks) and its Schedules
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SCHEDULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: history events of a run that may hold a lease (its record is read with LeaseStore.inspect)
 _LEASE_EVENTS = (RunEvent.CLAIMED, RunEvent.SENT, RunEvent.STARTED, RunEvent.TAKEN_OVER)
 
@@ -184,8 +189,10 @@ def _listed(app, store: ClaimStore) -> tuple[list[ScheduledEntry], dict[str, str
     requests; on a store without entries, the ``beat_schedule`` entries only."""
     if not isinstance(store, EntryStore):
         return _config_listed(app), {}, []
-    with Schedules(app, store=store) as s:
-        listed = s.list()
+    schedules = _SCHEDULES.get(store)
+    if schedules is None or schedules.app is not app:
+        schedules = _SCHEDULES[store] = Schedules(app, store=store)   # never closes the store
+    listed = schedules.list()
     snapshot = store.load_entries()
     texts = {n: e.definition for n, e in snapshot.entries.items() if e.definition is not None}
     requests = [{"entry": r.entry, "request_id": r.request_id, "slot": iso(r.slot_ms),
@@ -253,7 +260,9 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
         before = time.time()
         store_now = store.now_ms()
         after = time.time()
-        part["warnings"] = list(store.prepare(()))
+        if store not in _PREPARED:
+            _PREPARED[store] = list(store.prepare(()))
+        part["warnings"] = list(_PREPARED[store])
         part["reachable"] = True
         if store_now is not None:
             part["clock"] = iso(store_now)
