@@ -24,10 +24,15 @@ NODE_TIMEOUT_MS = 1000
 BUS_OFFSET = 10000
 
 
+#: node ports are drawn from here, so that a node's port and its bus port (up to 32767) stay below
+#: Linux's default range of ephemeral ports (32768-60999), which an outgoing connection may hold
+PORTS = (10000, 22767)
+
+
 def cluster_port(taken: set[int]) -> int:
-    """A loopback port below 55536 that is free, and whose cluster bus port (+10000) is free."""
+    """A free loopback port whose cluster bus port (+10000) is free too (see :data:`PORTS`)."""
     for _ in range(1000):
-        port = random.randint(20000, 55535 - BUS_OFFSET // 2)
+        port = random.randint(*PORTS)
         if port in taken or port + BUS_OFFSET in taken:
             continue
         if not port_open(port, 0.05) and not port_open(port + BUS_OFFSET, 0.05):
@@ -68,8 +73,17 @@ class RedisClusterRig(Rig):
 
         :raises RuntimeError: a node did not start, or the cluster was not ok within 30 s.
         """
+        taken = {n.port for n in self.nodes} | {n.port + BUS_OFFSET for n in self.nodes}
         for node in self.nodes:
-            node.start()
+            for attempt in range(3):
+                try:
+                    node.start()
+                    break
+                except RuntimeError:   # its port was taken meanwhile: another one
+                    node.stop(signal.SIGKILL)
+                    if attempt == 2:
+                        raise
+                    node.port = cluster_port(taken)
         subprocess.run(["redis-cli", "--cluster", "create",
                         *(f"127.0.0.1:{n.port}" for n in self.nodes),
                         "--cluster-replicas", "1", "--cluster-yes"],

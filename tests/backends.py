@@ -27,6 +27,23 @@ def _flush_redis(url: str, open_one: Callable[[], ClaimStore]) -> None:
     redis.Redis.from_url(url).flushdb()
 
 
+def cluster_client(url: str):
+    """A redis-py ``RedisCluster`` on the startup nodes of a ``redis+cluster://`` URL."""
+    from redis.cluster import ClusterNode, RedisCluster
+    from celery_anarchon.stores.redis.cluster_keys import parse_cluster_url
+    nodes, kwargs = parse_cluster_url(url)
+    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kwargs)
+
+
+def _flush_redis_cluster(url: str, open_one: Callable[[], ClaimStore]) -> None:
+    client = cluster_client(url)
+    try:
+        for node in client.get_primaries():
+            client.get_redis_connection(node).flushdb()
+    finally:
+        client.close()
+
+
 def _drop_sql_tables(url: str, open_one: Callable[[], ClaimStore]) -> None:
     import sqlalchemy as sa
     engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
@@ -103,6 +120,25 @@ def _delete_rabbitmq_queues(url: str, open_one: Callable[[], ClaimStore]) -> Non
 def _backdate_redis(store, entries: list[str], by_ms: int) -> None:
     """The memory start of ``entries`` and of the store, ``by_ms`` back."""
     store._call("memory_start", [k for e in entries for k in store._block(e)], int(by_ms))
+
+
+def _backdate_redis_cluster(store, entries: list[str], by_ms: int) -> None:
+    """The memory start of ``entries`` and of every hash slot (the store's), ``by_ms`` back: the
+    slots of ``entries`` with their entries (one call a slot), every other slot's note after."""
+    groups = store._by_slot(entries)
+    for names in groups.values():
+        store._call("memory_start", [k for e in names for k in store._block(e)], int(by_ms))
+    cluster = store._redis()[0]
+    by_node: dict = {}
+    for slot, owners in cluster.nodes_manager.slots_cache.items():
+        if slot not in groups:
+            by_node.setdefault(owners[0].name, []).append(slot)
+    for name, slots in by_node.items():
+        pipe = cluster.get_redis_connection(cluster.get_node(node_name=name)).pipeline(
+            transaction=False)
+        for slot in slots:
+            pipe.hincrby(store.slots.head(slot)[0], "born", -int(by_ms))
+        pipe.execute()
 
 
 def _backdate_sql(store, entries: list[str], by_ms: int) -> None:
@@ -220,6 +256,8 @@ BACKENDS: tuple[Backend, ...] = (
     Backend("redis-idmp", "ANARCHON_TEST_REDIS8_URL", "redis://127.0.0.1:6390/0",
             "Redis >= 8.6 (built and started by .ci/run)", {"strategy": "idmp"}, _flush_redis,
             _backdate_redis),
+    Backend("redis-cluster", "ANARCHON_TEST_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7000/",
+            "Redis Cluster", {}, _flush_redis_cluster, _backdate_redis_cluster),
     Backend("rabbitmq", "ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//", "RabbitMQ",
             {}, _delete_rabbitmq_queues, _backdate_rabbitmq),
     Backend("nats", "ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222", "NATS JetStream", {},

@@ -49,6 +49,20 @@ class StoreMaker:
                 return {key: client.dump(key) for key in client.scan_iter(self._redis_pattern())}
             finally:
                 client.close()
+        if self.kind == "redis-cluster":   # per master, pipelined (16384 slot notes)
+            client = backends.cluster_client(self.url)
+            try:
+                copy = {}
+                for node in client.get_primaries():
+                    server = client.get_redis_connection(node)
+                    keys = list(server.scan_iter(self._redis_pattern(), count=1000))
+                    pipe = server.pipeline(transaction=False)
+                    for key in keys:
+                        pipe.dump(key)
+                    copy.update(zip(keys, pipe.execute()))
+                return copy
+            finally:
+                client.close()
         from celery_anarchon.stores.sql import schema
         with self._sql_engine().connect() as conn:
             return {table.name: [dict(row) for row in conn.execute(
@@ -62,11 +76,17 @@ class StoreMaker:
         (later writes are lost) and the epoch recorded in it is not the server's (an epoch
         change, which the store notices at its next operation)."""
         older = "an-older-server"
-        if self.kind == "redis":
+        if self.kind in ("redis", "redis-cluster"):
             import redis
-            client = redis.Redis.from_url(self.url)
+            client = (redis.Redis.from_url(self.url) if self.kind == "redis"
+                      else backends.cluster_client(self.url))
+            nodes = ([client] if self.kind == "redis" else
+                     [client.get_redis_connection(n) for n in client.get_primaries()])
             try:
-                for key in client.scan_iter(self._redis_pattern()):
+                if self.kind == "redis-cluster":
+                    self._cluster_restore(client, nodes, snapshot, older)
+                    return
+                for key in [k for node in nodes for k in node.scan_iter(self._redis_pattern())]:
                     client.delete(key)
                 for key, value in snapshot.items():
                     client.restore(key, 0, value, replace=True)
@@ -84,6 +104,25 @@ class StoreMaker:
                     conn.execute(table.insert(), snapshot[table.name])
             conn.execute(schema.stores.update().where(schema.stores.c.namespace == self.namespace)
                          .values(epoch=older))
+
+    def _cluster_restore(self, client, nodes, snapshot: dict, older: str) -> None:
+        """:meth:`lose_writes_since` on a Redis Cluster: per master, pipelined."""
+        for server in nodes:
+            pipe = server.pipeline(transaction=False)
+            for key in server.scan_iter(self._redis_pattern(), count=1000):
+                pipe.delete(key)
+            pipe.execute()
+        by_node: dict = {}
+        for key, value in snapshot.items():
+            by_node.setdefault(client.get_node_from_key(key).name, []).append((key, value))
+        for name, items in by_node.items():
+            pipe = client.get_redis_connection(client.get_node(node_name=name)).pipeline(
+                transaction=False)
+            for key, value in items:
+                pipe.restore(key, 0, value, replace=True)
+                if key.endswith(b":store"):
+                    pipe.hset(key, "epoch", older)
+            pipe.execute()
 
     def _redis_pattern(self) -> str:
         from urllib.parse import quote
@@ -104,6 +143,12 @@ def store_url(kind: str, tmpdir: str) -> str:
     backend = backends.BY_KIND[kind]
     if backend.url_variable is None:
         return "sqlite:///" + os.path.join(tmpdir, "claims.sqlite3")
+    if kind == "redis-cluster":
+        from cluster_rig import cluster_url
+        url = cluster_url()
+        first_node = url.split("//", 1)[1].split(",")[0] if url else "127.0.0.1:1"
+        require_server(f"redis://{first_node}/", "a Redis Cluster (redis-server and redis-cli)")
+        return url
     require_server(backend.url, backend.server)
     return backend.url
 

@@ -34,6 +34,8 @@ STORES: dict[str, tuple[str, str | None]] = {
     "nats": ("celery_anarchon.stores.nats:NATSStore", "nats"),
     "tls": ("celery_anarchon.stores.nats:NATSStore", "nats"),
     "sentinel": ("celery_anarchon.stores.redis:RedisStore", "redis"),
+    "redis+cluster": ("celery_anarchon.stores.redis.cluster:RedisClusterStore", "redis"),
+    "rediss+cluster": ("celery_anarchon.stores.redis.cluster:RedisClusterStore", "redis"),
 }
 
 #: client library module -> extra that installs it

@@ -121,7 +121,7 @@ class RedisStore(EntryStore):
         #: durability "auto": live replicas at the last batch (what the next WAIT asks for)
         self._replica_hint = 0
         #: Sentinel URLs: (sentinels, master kwargs, master name, sentinel kwargs), else None
-        self._sentinel = sentinel_setup(url, options, self.safe_url)
+        self._sentinel = self._connection_setup(url, options)
         self._conn: tuple[redis.Redis, dict] | None = None  # (client, its registered scripts)
         self._lock = threading.Lock()
         self.namespace_keys = namespace_keys(self.key_prefix, self.namespace)
@@ -138,6 +138,15 @@ class RedisStore(EntryStore):
     def _configure(self, options: dict) -> None:
         """Read the strategy's own options (validated; ConfigError naming option and value)."""
         raise NotImplementedError
+
+    def _connection_setup(self, url: str, options: dict):
+        """What :meth:`_redis` connects with, checked without I/O: for a ``sentinel://`` URL
+        (sentinels, master kwargs, ``master_name``, ``sentinel_kwargs``), else None
+        (:func:`.options.sentinel_setup`; the Cluster store has its own).
+
+        :raises ConfigError: the URL or the Sentinel options are wrong.
+        """
+        return sentinel_setup(url, options, self.safe_url)
 
     def memory_settings(self) -> tuple[str, int]:
         """(text, horizon ms): the settings that decide this store's memory, as recorded
@@ -340,16 +349,7 @@ class RedisStore(EntryStore):
         with self._unavailable("prepare"):
             client, scripts = self._redis()
             client.ping()
-            text, version = server.server_version(client)
-            need = MIN_VERSIONS[self.strategy]
-            if version is not None and version < need:
-                usable = [s for s, v in MIN_VERSIONS.items() if version >= v]
-                raise ConfigError(
-                    f"Redis store {self.safe_url}: the server runs Redis {text}, and the strategy "
-                    f"{self.strategy!r} needs Redis >= {'.'.join(map(str, need))}. "
-                    + (f"Strategies that work on Redis {text}: {', '.join(map(repr, usable))}; set "
-                       "anarchon_store_options['strategy'] to one of them, or upgrade the server."
-                       if usable else "No strategy works on it: upgrade the server."))
+            self._check_version(client)
             pipe = client.pipeline(transaction=False)
             for script in scripts.values():
                 pipe.script_load(script.script)
@@ -365,11 +365,31 @@ class RedisStore(EntryStore):
                 client, facts, self._confirm, safe_url=self.safe_url, durability=self.durability,
                 allow_eviction=self.allow_eviction)
 
+    def _check_version(self, client: redis.Redis) -> None:
+        """ConfigError when the server is older than the strategy needs (naming its version and
+        the strategies that work on it).
+
+        :raises redis.exceptions.RedisError: the server did not answer (the caller translates it).
+        """
+        text, version = server.server_version(client)
+        need = MIN_VERSIONS[self.strategy]
+        if version is not None and version < need:
+            usable = [s for s, v in MIN_VERSIONS.items() if version >= v]
+            raise ConfigError(
+                f"Redis store {self.safe_url}: the server runs Redis {text}, and the strategy "
+                f"{self.strategy!r} needs Redis >= {'.'.join(map(str, need))}. "
+                + (f"Strategies that work on Redis {text}: {', '.join(map(repr, usable))}; set "
+                   "anarchon_store_options['strategy'] to one of them, or upgrade the server."
+                   if usable else "No strategy works on it: upgrade the server."))
+
     def _check_settings(self) -> int:
         """ConfigError when the store records other memory settings that are still in use (spec
         point 5: a rolling change of ``memory`` must not shorten what the store remembers);
         else the replicas online now, as the claim scripts count them."""
-        reply = self._call("settings", [])
+        return self._judge_settings(self._call("settings", []))
+
+    def _judge_settings(self, reply: dict) -> int:
+        """:meth:`_check_settings` on the settings script's ``reply``."""
         ours, horizon = self.memory_settings()
         theirs, used = reply["settings"], int(reply["used"] or 0)
         unused_ms = int(reply["now"]) - used
