@@ -41,7 +41,8 @@ from celery import signals
 from celery.app.trace import task_has_custom
 from celery.exceptions import Ignore, Reject, Retry
 
-from celery_anarchon.errors import LeaseLost, StoreError
+from celery_anarchon import worker_metrics
+from celery_anarchon.errors import ConfigError, LeaseLost, StoreError
 from celery_anarchon.messages import (
     HEADER_ATTEMPT, HEADER_ENTRY, HEADER_LEASE, HEADER_NAMESPACE, HEADER_SLOT, HEADER_TOKEN,
 )
@@ -56,6 +57,13 @@ RELEASE_PATIENCE_S = 300.0
 
 #: what the worker side did, per process (adopted, dropped, lost, released, ...)
 counters: collections.Counter = collections.Counter()
+
+
+def _count(app, event: str) -> None:
+    """Count ``event`` in :data:`counters` and in the worker's lease metrics."""
+    counters[event] += 1
+    worker_metrics.count(app, event)
+
 
 _INSTALLED_ATTR = "_anarchon_installed"
 _PATCHED_ATTR = "_anarchon_patched"
@@ -147,6 +155,10 @@ def _on_worker_init(sender=None, **kwargs) -> None:
             "over. Use the prefork, threads or solo pool for CPU-bound leased tasks.", name.split(".")[-1])
     else:
         logger.info("celery_anarchon: lease heartbeats run as threads in the executing process")
+    try:
+        worker_metrics.start_exporter(app, name)
+    except ConfigError as exc:   # Celery would swallow it: say it, the worker runs without
+        logger.error("celery_anarchon: no worker lease metrics: %s", exc)
 
 
 def _on_process_init(**kwargs) -> None:
@@ -298,7 +310,7 @@ def _adopt(task, request, headers) -> Lease:
             error = exc
             time.sleep(0.2)
     else:
-        counters["dropped_store_unreachable"] += 1
+        _count(task.app, "dropped_store_unreachable")
         logger.error("%s: slot %s attempt %d not run: the store could not be reached to adopt the "
                      "run (%s). Beat takes it over after its queue deadline.", entry, slot, attempt, error)
         raise Ignore()
@@ -306,12 +318,12 @@ def _adopt(task, request, headers) -> Lease:
         adopted = True
     if not adopted:
         state = run.state.value if run is not None else "unknown to the store"
-        counters["dropped"] += 1
+        _count(task.app, "dropped")
         logger.warning("%s: dropped a message of slot %s (attempt %d, task %s) without running it: "
                        "the run is %s%s.", entry, slot, attempt, request.id, state,
                        f" (attempt {run.attempt}, owner {run.owner})" if run is not None else "")
         raise Ignore()
-    counters["adopted"] += 1
+    _count(task.app, "adopted")
     return Lease(entry, slot, run.attempt, run.token, owner, duration, heartbeat,
                  run.lease_expires_ms or 0)
 
@@ -326,7 +338,7 @@ def _hand_back(app, headers, lease: Lease, delay_s: float) -> None:
     try:
         if store.requeue(lease.entry, lease.slot_ms, lease.token, delay_ms=int(delay_s * 1000),
                          queue_timeout_ms=int(queue_timeout * 1000)):
-            counters["handed_back"] += 1
+            _count(app, "handed_back")
             return
         logger.warning("%s: slot %s: could not hand the run back for its retry: the lease was "
                        "taken over", lease.entry, lease.slot_ms)
@@ -381,7 +393,7 @@ class _Heartbeat:
                 run = store.renew(lease.entry, lease.slot_ms, lease.token, lease.owner,
                                   int(lease.duration_s * 1000))
             except StoreError as exc:
-                counters["renew_failed"] += 1
+                _count(self.app, "renew_failed")
                 if not failing:           # one line per outage, not one per try
                     logger.warning("%s: slot %s: lease renewal failed (%s); retrying every %g s",
                                    lease.entry, lease.slot_ms, exc, RELEASE_RETRY_S)
@@ -392,11 +404,12 @@ class _Heartbeat:
                 if self._finishing:   # the body is done and being released: not a lost lease
                     return
                 lease.lost = True
-                counters["lost"] += 1
+                _count(self.app, "lost")
                 logger.warning("%s: slot %s attempt %d lost its lease (token %d): the run was taken "
                                "over by another attempt. current_lease().check() raises LeaseLost.",
                                lease.entry, lease.slot_ms, lease.attempt, lease.token)
                 return
+            _count(self.app, "renewed")
             if failing:
                 logger.warning("%s: slot %s: lease renewed again", lease.entry, lease.slot_ms)
                 failing = False
@@ -424,7 +437,7 @@ class _Heartbeat:
                                    "every %g s", lease.entry, lease.slot_ms, exc, RELEASE_RETRY_S)
                 if time.monotonic() > deadline:
                     self.stop()
-                    counters["release_failed"] += 1
+                    _count(self.app, "release_failed")
                     logger.error("%s: slot %s: could not release the lease for %.0f s (%s); the "
                                  "run may be taken over and run again", lease.entry, lease.slot_ms,
                                  time.monotonic() - started, exc)
@@ -434,7 +447,7 @@ class _Heartbeat:
         if failures:
             logger.warning("%s: slot %s: lease released after %.1f s of retries", lease.entry,
                            lease.slot_ms, time.monotonic() - started)
-        counters["released" if released else "release_refused"] += 1
+        _count(self.app, "released" if released else "release_refused")
         if not released:
             logger.warning("%s: slot %s attempt %d finished, but its lease had been taken over",
                            lease.entry, lease.slot_ms, lease.attempt)

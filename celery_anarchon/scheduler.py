@@ -26,6 +26,7 @@ from celery_anarchon._util import iso
 from celery_anarchon.app_store import make_instance_id, resolve_store_url
 from celery_anarchon.engine import MAX_SLEEP_S, Engine
 from celery_anarchon.errors import ConfigError, SendOutcomeUnknown
+from celery_anarchon.metrics import MetricsSettings, process_observer
 from celery_anarchon.messages import (
     HEADER_ATTEMPT, HEADER_ENTRY, HEADER_INSTANCE, HEADER_LEASE, HEADER_NAMESPACE, HEADER_SLOT,
     HEADER_TOKEN,
@@ -77,8 +78,10 @@ class Scheduler(beat.Scheduler):
 
     Settings (Celery configuration; seconds): ``anarchon_store_url``, ``anarchon_store_options``,
     ``anarchon_namespace``, ``anarchon_jitter``, ``anarchon_max_late``, ``anarchon_lease``,
-    ``anarchon_heartbeat``, ``anarchon_sync_interval``; per entry ``options={"anarchon": {...}}``
-    (see docs/configuration). On a store that holds entries, the store's entries run too.
+    ``anarchon_heartbeat``, ``anarchon_sync_interval``, ``anarchon_metrics_port`` (Prometheus
+    metrics of this process: :mod:`celery_anarchon.metrics`); per entry
+    ``options={"anarchon": {...}}`` (see docs/configuration). On a store that holds entries, the
+    store's entries run too.
 
     :raises ConfigError: at start-up, for any unsafe or invalid setting or entry.
     """
@@ -89,6 +92,7 @@ class Scheduler(beat.Scheduler):
 
     def __init__(self, app, *args, lazy: bool = False, **kwargs) -> None:
         self._settings = Settings.from_app(app)
+        self._metrics = MetricsSettings.from_app(app)
         url, options, self._store_warning = resolve_store_url(app, self._settings)
         self._pid = os.getpid()
         self._instance_id = make_instance_id()
@@ -152,10 +156,20 @@ class Scheduler(beat.Scheduler):
                                      store=self.store)
 
     def _make_engine(self, plans: dict) -> Engine:
+        """The engine of this process; with ``anarchon_metrics_port`` set, its observer is this
+        process's Prometheus metrics, whose exporter starts here (once per process).
+
+        :raises ConfigError: the metrics port is in use.
+        """
+        observer = process_observer(self._metrics, instance_id=self._instance_id,
+                                    namespace=self._settings.namespace)
+        if observer is not None:
+            logger.info("anarchon: metrics on http://%s:%d/metrics", self._metrics.addr,
+                        self._metrics.port)
         return Engine(self.store, plans, instance_id=self._instance_id,
                       namespace=self._settings.namespace, send=self._send,
                       sync_interval_s=self._settings.sync_interval_s,
-                      build_store_plans=self._build_store_plans)
+                      build_store_plans=self._build_store_plans, observer=observer)
 
     def _build_store_plans(self, snapshot: EntrySnapshot) -> dict:
         """The plans of the store's entries (the engine's callback at each sync that loaded):

@@ -51,7 +51,10 @@ OVERLAP_VALUES = ("skip", "allow")
 #: the Celery settings of celery_anarchon (any other anarchon_* key is a typo)
 SETTINGS = ("anarchon_heartbeat", "anarchon_jitter", "anarchon_lease", "anarchon_max_late",
             "anarchon_namespace", "anarchon_store_options", "anarchon_store_url",
-            "anarchon_sync_interval")
+            "anarchon_sync_interval",
+            # checked by celery_anarchon.metrics and celery_anarchon.worker_metrics
+            "anarchon_metrics_port", "anarchon_metrics_addr", "anarchon_metrics_max_entries",
+            "anarchon_worker_metrics_port", "anarchon_worker_metrics_addr")
 
 
 def _fmt(s: float) -> str:
