@@ -68,6 +68,12 @@ def test_instance_records_expire_on_the_store_clock(stores):
     assert back.last_tick_ms == 9_000 and back.expires_ms > mine.expires_ms
 
 
+def test_a_namespace_no_instance_wrote_to_lists_none(stores):
+    reader = stores("R")
+    assert reader.instances() == []
+    assert reader.instances() == [], "read twice: the first read left nothing behind"
+
+
 def test_remove_instance_drops_only_that_record(stores):
     a, b = stores("A"), stores("B")
     a.record_instance(_record("A"), ttl_ms=60_000)

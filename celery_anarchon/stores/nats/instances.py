@@ -48,6 +48,12 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
                        if f.name not in ("seen_ms", "expires_ms"))
 
 
+#: the instances stream's max_age when it is created, ms: nats-server refuses one under 100 ms
+#: (err_code 10052), and a reader creates the stream with no ttl of its own. A longer max_age only
+#: keeps messages longer: a record is live by its own ttl.
+MIN_MAX_AGE_MS = 60_000
+
+
 class NATSInstances(InstanceOps):
     """The instance records of one NATS store (module docstring); every method raises
     :class:`~celery_anarchon.errors.StoreUnavailable` as the store's do.
@@ -100,7 +106,8 @@ class NATSInstances(InstanceOps):
         """The instances stream exists and keeps records at least ``ttl_ms``: created with that
         max_age, or raised to it (never lowered)."""
         info = await self._ensure(session, nc, self.stream,
-                                  self._config(self.stream, f"{self.root}.>", max(ttl_ms, 1)))
+                                  self._config(self.stream, f"{self.root}.>",
+                                               max(ttl_ms, MIN_MAX_AGE_MS)))
         if info is not None:
             self._max_age_ms = int(info["config"].get("max_age") or 0) // _NS_PER_MS
         if ttl_ms > self._max_age_ms:
