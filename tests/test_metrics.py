@@ -1,0 +1,279 @@
+"""Prometheus metrics: the bounded entry label, the settings and their errors, the engine's
+observer hook, and the metrics of a three-beat run read back over HTTP (real processes)."""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import socket
+import time
+import urllib.request
+
+import pytest
+from celery import Celery
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_anarchon import exporter
+from celery_anarchon.engine.observe import Observer
+from celery_anarchon.engine.outage import Outage
+from celery_anarchon.engine.sends import Send, SendQueue
+from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.errors import ConfigError, StoreError
+from celery_anarchon.metrics import OTHER, EntryLabels, MetricsSettings, PrometheusObserver
+from celery_anarchon.stores import open_store
+from celery_anarchon.timing import Settings
+
+from backends import backdate_memory_start
+from cluster import Cluster, read_executions
+from conftest import REDIS_URL, require_server
+from engine_support import T0, Clocks, FakeStore, make_plan
+from stores_support import store_url, wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def samples(text: str) -> list[tuple[str, dict, float]]:
+    """``(name, labels, value)`` of every sample of a /metrics page."""
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text)
+            for s in family.samples]
+
+
+def total(found: list, name: str, **labels) -> float:
+    """The sum of the samples named ``name`` whose labels include ``labels``."""
+    return sum(v for n, l, v in found if n == name and labels.items() <= l.items())
+
+
+# -- the bounded entry label ---------------------------------------------------------------------
+
+def test_the_first_entries_by_name_keep_their_label_the_rest_are_other():
+    labels = EntryLabels(500)
+    names = [f"entry-{i:05d}" for i in range(10_000)]
+    labels.update(reversed(names))
+    values = {labels(name) for name in names}
+    assert len(values) == 501 and OTHER in values
+    assert all(labels(name) == name for name in names[:500])
+    assert all(labels(name) == OTHER for name in names[500:])
+    assert labels("not-run-here") == OTHER
+
+
+def test_the_cut_moves_with_the_entries_run():
+    labels = EntryLabels(2)
+    labels.update(["b", "c", "d"])
+    assert [labels(n) for n in "abcd"] == [OTHER, "b", "c", OTHER]
+    labels.update(["a", "b", "c", "d"])
+    assert [labels(n) for n in "abcd"] == ["a", "b", OTHER, OTHER]
+    zero = EntryLabels(0)
+    zero.update(["a"])
+    assert zero("a") == OTHER
+
+
+def test_ten_thousand_entries_make_a_bounded_number_of_series():
+    observer = PrometheusObserver(max_entries=50)
+    names = [f"e{i}" for i in range(10_000)]
+    observer.entries(names)
+    for name in names:
+        observer.claimed(name, "won")
+        observer.claimed(name, "other_won")
+        observer.sent(name, 1, 0.1)
+    from prometheus_client import generate_latest
+    found = samples(generate_latest(observer.registry).decode())
+    entries = {l["entry"] for n, l, _ in found if "entry" in l}
+    assert len(entries) == 51
+    assert total(found, "anarchon_claims_total", entry=OTHER, outcome="won") == 10_000 - 50
+    assert total(found, "anarchon_claims_total") == 20_000
+    assert total(found, "anarchon_lateness_seconds_count") == 10_000
+    assert not [l for n, l, _ in found if n.startswith("anarchon_lateness") and "entry" in l]
+
+
+# -- the settings --------------------------------------------------------------------------------
+
+def app_with(**conf) -> Celery:
+    app = Celery("metrics_settings", set_as_current=False)
+    app.conf.update(conf)
+    return app
+
+
+@pytest.mark.parametrize("value", ["9808", True, 0, 70000, 1.5])
+def test_a_bad_metrics_port_names_the_setting_and_the_fix(value):
+    with pytest.raises(ConfigError) as err:
+        MetricsSettings.from_app(app_with(anarchon_metrics_port=value))
+    assert f"anarchon_metrics_port = {value!r}" in str(err.value) and "Fix:" in str(err.value)
+
+
+def test_bad_metrics_address_and_cap_are_refused():
+    with pytest.raises(ConfigError, match="anarchon_metrics_addr = ''"):
+        MetricsSettings.from_app(app_with(anarchon_metrics_addr=""))
+    with pytest.raises(ConfigError, match="anarchon_metrics_max_entries = -1"):
+        MetricsSettings.from_app(app_with(anarchon_metrics_max_entries=-1))
+
+
+def test_the_metrics_settings_are_known_settings_with_defaults():
+    app = app_with(anarchon_metrics_port=9808, anarchon_worker_metrics_port=9809,
+                   anarchon_metrics_addr="0.0.0.0", anarchon_metrics_max_entries=10,
+                   anarchon_worker_metrics_addr="127.0.0.1")
+    Settings.from_app(app)       # no "unknown setting" error
+    assert MetricsSettings.from_app(app) == MetricsSettings(9808, "0.0.0.0", 10)
+    assert MetricsSettings.from_app(app_with()) == MetricsSettings(None, "127.0.0.1", 500)
+
+
+def test_a_port_in_use_is_a_config_error_naming_the_setting_value_and_fix():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError) as err:
+            exporter.serve(PrometheusObserver().registry, port=port, addr="127.0.0.1",
+                           setting="anarchon_metrics_port")
+    message = str(err.value)
+    assert f"anarchon_metrics_port = {port}: cannot serve metrics on 127.0.0.1:{port}" in message
+    assert "Fix: pick a free port for anarchon_metrics_port" in message
+
+
+def test_an_exporter_serves_its_registry_once_per_process():
+    observer = PrometheusObserver(instance_id="i-1", namespace="ns")
+    port = free_port()
+    server = exporter.serve(observer.registry, port=port, addr="127.0.0.1",
+                            setting="anarchon_metrics_port")
+    try:
+        assert exporter.serve(observer.registry, port=port, addr="127.0.0.1",
+                              setting="anarchon_metrics_port") is server
+        with pytest.raises(ConfigError, match="already serves other metrics"):
+            exporter.serve(PrometheusObserver().registry, port=port, addr="127.0.0.1",
+                           setting="anarchon_metrics_port")
+        observer.store_reachable(True)
+        found = samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                        .read().decode())
+        assert total(found, "anarchon_store_up") == 1
+        assert total(found, "anarchon_instance_info", instance_id="i-1", namespace="ns") == 1
+        assert not [n for n, _, _ in found if n == "anarchon_live_instances"]  # no records seen
+    finally:
+        server.shutdown()
+
+
+# -- the engine's hook ---------------------------------------------------------------------------
+
+class Recorder(Observer):
+    def __init__(self):
+        self.calls = []
+
+    def __getattribute__(self, name):
+        if name in ("sent", "send_failed", "store_reachable", "claimed", "lease"):
+            return lambda *args, **kwargs: self.calls.append((name, *args, *kwargs.values()))
+        return object.__getattribute__(self, name)
+
+
+def test_the_send_queue_tells_the_observer_each_send_its_lateness_and_each_failure():
+    clocks, store, recorder = Clocks(), FakeStore(), Recorder()
+    stats = collections.Counter()
+    outage = Outage(store, clocks.mono, stats, observer=recorder)
+    failing = []
+
+    def send(*args):
+        if failing:
+            raise failing[0]
+
+    sends = SendQueue(send, clocks.wall, clocks.mono, stats, NoteBuffer(store, outage),
+                      observer=recorder)
+    plan = make_plan(every_s=10)
+    clocks.advance(0.25)
+    sends.send(Send(plan, int(T0 * 1000), 1, None, "t1"))
+    assert recorder.calls == [("sent", "e", 1, pytest.approx(0.25))]
+    failing.append(ConnectionError("broker down"))
+    sends.send(Send(plan, int(T0 * 1000) + 10_000, 1, None, "t2"))
+    clocks.advance(plan.timing.max_late_s + 11)
+    sends.retry(clocks.wall())
+    assert recorder.calls[-1] == ("send_failed", "e")
+    outage.failed(StoreError("down"), "claiming")
+    outage.recovered()
+    assert recorder.calls[-2:] == [("store_reachable", False), ("store_reachable", True)]
+
+
+# -- a three-beat run, read back over HTTP --------------------------------------------------------
+
+ENTRIES = ("every-1s", "leased-3s")
+
+
+def scrape(port: int) -> list:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return samples(response.read().decode())
+
+
+def test_three_beats_metrics_add_up_to_the_runs_executed(tmp_path, namespace, capsys):
+    require_server(REDIS_URL, "Redis (the broker)")
+    started = time.monotonic()
+    url = store_url("sqlite", str(tmp_path))
+    store = open_store(url, namespace=namespace, instance_id="test", options={})
+    store.prepare(list(ENTRIES))
+    backdate_memory_start(store, list(ENTRIES), 120_000)    # a store in service for a while
+    store.close()
+    out = str(tmp_path / "executions.jsonl")
+    window_start = math.ceil(time.time()) + 5
+    window_end = window_start + 9
+    cluster = Cluster(str(tmp_path), {
+        "ANARCHON_IT_BROKER": REDIS_URL.rsplit("/", 1)[0] + "/8", "ANARCHON_IT_STORE": url,
+        "ANARCHON_IT_NAMESPACE": namespace, "ANARCHON_IT_QUEUE": f"metrics-{namespace}",
+        "ANARCHON_IT_OUT": out, "ANARCHON_IT_WINDOW": f"{window_start},{window_end}"},
+        app="metrics_app")
+    beat_ports = {name: free_port() for name in ("beat-a", "beat-b", "beat-c")}
+    worker_ports = {"worker": free_port(), "beat-c": free_port()}
+    try:
+        cluster.worker("worker", env={"ANARCHON_WORKER_METRICS_PORT": str(worker_ports["worker"])})
+        for name in ("beat-a", "beat-b"):
+            cluster.beat(name, env={"ANARCHON_METRICS_PORT": str(beat_ports[name])})
+        cluster.worker("beat-c", "-B", env={               # beat inside a worker, and its worker
+            "ANARCHON_METRICS_PORT": str(beat_ports["beat-c"]),
+            "ANARCHON_WORKER_METRICS_PORT": str(worker_ports["beat-c"])})
+        for name in beat_ports:
+            cluster.wait_log(name, "anarchon: metrics on http://127.0.0.1:")
+        # every slot is claimed by jitter + max_late after the window; the last leased run
+        # takes 1.2 s more; then the counts stop moving
+        time.sleep(max(0.0, window_end + 0.75 + 3.0 + 0.5 - time.time()))
+
+        def settled():
+            beats = {name: scrape(port) for name, port in beat_ports.items()}
+            executed = read_executions(out)
+            sends = sum(total(found, "anarchon_sends_total") for found in beats.values())
+            live = [total(found, "anarchon_live_instances") for found in beats.values()]
+            return (beats, executed) if len(executed) == sends and live == [3, 3, 3] else None
+        beats, executed = wait_until(settled, 15, "every send executed, 3 live instances seen",
+                                     interval=0.2)
+        workers = {name: scrape(port) for name, port in worker_ports.items()}
+    finally:
+        cluster.stop_all()
+    runs = collections.Counter((x["entry"], x["slot"]) for x in executed)
+    assert all(n == 1 for n in runs.values()), runs
+    expected = {"every-1s": window_end - window_start + 1,
+                "leased-3s": (window_end - window_start) // 3 + 1}
+    by_entry = collections.Counter(entry for entry, _ in runs)
+    assert all(0 < by_entry[e] <= expected[e] for e in ENTRIES), (by_entry, cluster.logs())
+    for entry in ENTRIES:        # the won claims, summed over the instances: the runs executed
+        assert sum(total(found, "anarchon_claims_total", entry=entry, outcome="won")
+                   for found in beats.values()) == by_entry[entry]
+    for name, found in beats.items():
+        wins = total(found, "anarchon_claims_total", outcome="won")
+        assert total(found, "anarchon_claims_total", outcome="other_won") > 0, name
+        assert total(found, "anarchon_sends_total") == wins, name
+        assert total(found, "anarchon_send_failures_total") == 0, name
+        assert total(found, "anarchon_lateness_seconds_count") == wins, name
+        assert total(found, "anarchon_leases_total", event="started") == total(
+            found, "anarchon_claims_total", entry="leased-3s", outcome="won"), name
+        assert total(found, "anarchon_store_round_trip_seconds_count", operation="claim") > 0
+        assert total(found, "anarchon_store_up") == 1, name
+        assert total(found, "anarchon_live_instances") == 3, name
+        assert total(found, "anarchon_entries") == 2 + 1, name   # and celery.backend_cleanup
+        assert time.time() - total(found, "anarchon_last_tick_timestamp_seconds") < 60
+    adopted = sum(total(w, "anarchon_worker_leases_total", event="adopted") for w in workers.values())
+    released = sum(total(w, "anarchon_worker_leases_total", event="released")
+                   for w in workers.values())
+    renewed = sum(total(w, "anarchon_worker_leases_total", event="renewed") for w in workers.values())
+    assert adopted == released == by_entry["leased-3s"], workers
+    assert renewed >= by_entry["leased-3s"]          # 1.2 s at a 0.5 s heartbeat: 2 each
+    with capsys.disabled():
+        wins = {name: total(f, "anarchon_claims_total", outcome="won") for name, f in beats.items()}
+        print(f"\n[metrics] {sum(by_entry.values())} runs executed, wins per instance {wins}, "
+              f"leases adopted {adopted:g} renewed {renewed:g}, "
+              f"test {time.monotonic() - started:.1f} s")
