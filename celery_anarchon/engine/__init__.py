@@ -25,6 +25,8 @@ The parts, each in its module, each given what it needs by the coordinator (:cla
 * ``skips``: skipped slots in the log, rate-limited;
 * ``definitions``: entry definitions saved, and a different definition named in the log;
 * ``counters``: the counters and their periodic log;
+* ``observe``: the observer hook, told each claim outcome, send, lease event, store round trip
+  and more (no-ops; :mod:`celery_anarchon.metrics` implements it for Prometheus);
 * ``sync`` (an entry store only): the store's entries, pauses and run-now requests, followed
   every ``anarchon_sync_interval``;
 * ``instances`` (an entry store only): this instance's heartbeat, and the live instances that
