@@ -44,6 +44,11 @@ def _flush_redis_cluster(url: str, open_one: Callable[[], ClaimStore]) -> None:
         client.close()
 
 
+def _start_redis_cluster() -> str | None:
+    from cluster_rig import cluster_url  # tests/: six nodes of our own, once per process
+    return cluster_url()
+
+
 def _drop_sql_tables(url: str, open_one: Callable[[], ClaimStore]) -> None:
     import sqlalchemy as sa
     engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
@@ -220,17 +225,23 @@ class Backend:
     options: dict
     wipe: Callable[[str, Callable[[], ClaimStore]], None]
     backdate: Callable[[ClaimStore, list[str], int], None]
+    #: ``start()`` -> the URL of servers of the tests' own, started on first use when the
+    #: variable is unset (it sets the variable), or None when they cannot run here
+    start: Callable[[], str | None] | None = None
 
     @property
     def url(self) -> str:
-        """The server's URL (the variable's value, else the default)."""
+        """The server's URL (the variable's value, else servers started now, else the default)."""
         if self.url_variable is None:
             return self.default_url
+        if self.start is not None and not os.environ.get(self.url_variable):
+            return self.start() or self.default_url
         return os.environ.get(self.url_variable, self.default_url)
 
     def _probe(self) -> ClaimStore:
         # building a store does no I/O: its class tells what it can do
-        url = self.url if self.url_variable else "sqlite:///probe.sqlite3"
+        url = (os.environ.get(self.url_variable, self.default_url) if self.url_variable
+               else "sqlite:///probe.sqlite3")
         return open_store(url, namespace="probe", instance_id="probe", options=dict(self.options))
 
     @property
@@ -257,7 +268,8 @@ BACKENDS: tuple[Backend, ...] = (
             "Redis >= 8.6 (built and started by .ci/run)", {"strategy": "idmp"}, _flush_redis,
             _backdate_redis),
     Backend("redis-cluster", "ANARCHON_TEST_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7000/",
-            "Redis Cluster", {}, _flush_redis_cluster, _backdate_redis_cluster),
+            "Redis Cluster (six nodes the tests start, or the variable's)", {},
+            _flush_redis_cluster, _backdate_redis_cluster, start=_start_redis_cluster),
     Backend("rabbitmq", "ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//", "RabbitMQ",
             {}, _delete_rabbitmq_queues, _backdate_rabbitmq),
     Backend("nats", "ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222", "NATS JetStream", {},

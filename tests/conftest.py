@@ -29,8 +29,11 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def reachable(url: str, timeout: float = 1.0) -> bool:
-    """True when a TCP connection to ``url``'s host and port succeeds."""
+    """True when a TCP connection to ``url``'s host and port succeeds (the first host of a
+    list, as in ``redis+cluster://h1:p1,h2:p2/``)."""
     parts = urlsplit(url)
+    if "," in parts.netloc:
+        parts = urlsplit(url.replace(parts.netloc, parts.netloc.split(",")[0], 1))
     try:
         with socket.create_connection((parts.hostname or "127.0.0.1", parts.port), timeout=timeout):
             return True
@@ -42,7 +45,8 @@ def require_server(url: str, what: str) -> None:
     """Skip (developer machine) or fail (CI) when the server behind ``url`` is down."""
     if reachable(url):
         return
-    message = (f"{what} is not reachable at {urlsplit(url).hostname}:{urlsplit(url).port}; start it "
+    where = urlsplit(url).netloc.rpartition("@")[2].split(",")[0]
+    message = (f"{what} is not reachable at {where}; start it "
                "(see .ci/run) or point the ANARCHON_TEST_* variables at one")
     if IN_CI:
         pytest.fail(message)

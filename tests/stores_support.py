@@ -143,12 +143,6 @@ def store_url(kind: str, tmpdir: str) -> str:
     backend = backends.BY_KIND[kind]
     if backend.url_variable is None:
         return "sqlite:///" + os.path.join(tmpdir, "claims.sqlite3")
-    if kind == "redis-cluster":
-        from cluster_rig import cluster_url
-        url = cluster_url()
-        first_node = url.split("//", 1)[1].split(",")[0] if url else "127.0.0.1:1"
-        require_server(f"redis://{first_node}/", "a Redis Cluster (redis-server and redis-cli)")
-        return url
     require_server(backend.url, backend.server)
     return backend.url
 
