@@ -161,7 +161,7 @@ class Recorder(Observer):
         self.calls = []
 
     def __getattribute__(self, name):
-        if name in ("sent", "send_failed", "store_reachable", "claimed", "lease"):
+        if name in ("sent", "send_failed", "store_reachable", "claimed", "lease", "store_round_trip"):
             return lambda *args, **kwargs: self.calls.append((name, *args, *kwargs.values()))
         return object.__getattribute__(self, name)
 
@@ -190,6 +190,40 @@ def test_the_send_queue_tells_the_observer_each_send_its_lateness_and_each_failu
     outage.failed(StoreError("down"), "claiming")
     outage.recovered()
     assert recorder.calls[-2:] == [("store_reachable", False), ("store_reachable", True)]
+
+
+def test_takeovers_and_heartbeats_tell_the_observer():
+    import random
+
+    from celery_anarchon.engine.instances import Heartbeat
+    from celery_anarchon.engine.skew import SkewCheck
+    from celery_anarchon.engine.takeovers import Takeovers
+    from celery_anarchon.stores.base import TakeoverOutcome
+    from celery_anarchon.timing import LeaseSettings
+    from engine_support import FakeEntryStore, leased_run
+
+    clocks, store, recorder = Clocks(), FakeEntryStore(), Recorder()
+    stats = collections.Counter()
+    outage = Outage(store, clocks.mono, stats)
+    sends = SendQueue(lambda *a: None, clocks.wall, clocks.mono, stats, NoteBuffer(store, outage))
+    takeovers = Takeovers(store, "ns", clocks.mono, random.Random(7), stats, outage, sends,
+                          observer=recorder)
+    lease = LeaseSettings(duration_s=6, heartbeat_s=1, queue_timeout_s=4, max_attempts=3)
+    plan = make_plan(lease=lease)
+    run = leased_run()
+    store.expired = [run]
+    store.takeover_answers = [(TakeoverOutcome.TAKEN, leased_run(attempt=2, token=12))]
+    takeovers.check({"e": plan})
+    assert ("lease", "taken_over") in recorder.calls
+    assert [c[1] for c in recorder.calls if c[0] == "store_round_trip"] == ["lease_check"]
+    heartbeat = Heartbeat(store, "A", clocks.wall, 15_000, outage,
+                          SkewCheck(store, clocks.wall, clocks.mono), observer=recorder)
+    lives = []
+    recorder.live_instances = lives.append
+    heartbeat.beat({"e": plan}, 1)
+    Heartbeat(store, "B", clocks.wall, 15_000, outage, SkewCheck(store, clocks.wall, clocks.mono),
+              observer=recorder).beat({"e": plan}, 1)
+    assert lives == [1, 2]
 
 
 # -- a three-beat run, read back over HTTP --------------------------------------------------------
@@ -221,7 +255,12 @@ def test_three_beats_metrics_add_up_to_the_runs_executed(tmp_path, namespace, ca
     beat_ports = {name: free_port() for name in ("beat-a", "beat-b", "beat-c")}
     worker_ports = {"worker": free_port(), "beat-c": free_port()}
     try:
-        cluster.worker("worker", env={"ANARCHON_WORKER_METRICS_PORT": str(worker_ports["worker"])})
+        # a prefork worker reports its children's lease events in multiprocess mode; the
+        # worker of beat-c runs threads, in its main process
+        (tmp_path / "prom").mkdir()
+        cluster.worker("worker", pool="prefork", concurrency=2, env={
+            "ANARCHON_WORKER_METRICS_PORT": str(worker_ports["worker"]),
+            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom")})
         for name in ("beat-a", "beat-b"):
             cluster.beat(name, env={"ANARCHON_METRICS_PORT": str(beat_ports[name])})
         cluster.worker("beat-c", "-B", env={               # beat inside a worker, and its worker
@@ -271,9 +310,13 @@ def test_three_beats_metrics_add_up_to_the_runs_executed(tmp_path, namespace, ca
                    for w in workers.values())
     renewed = sum(total(w, "anarchon_worker_leases_total", event="renewed") for w in workers.values())
     assert adopted == released == by_entry["leased-3s"], workers
+    by_worker = collections.Counter(x["worker"] for x in executed if x["entry"] == "leased-3s")
+    assert {name: total(w, "anarchon_worker_leases_total", event="adopted")
+            for name, w in workers.items()} == {name: by_worker[name] for name in workers}
     assert renewed >= by_entry["leased-3s"]          # 1.2 s at a 0.5 s heartbeat: 2 each
     with capsys.disabled():
         wins = {name: total(f, "anarchon_claims_total", outcome="won") for name, f in beats.items()}
         print(f"\n[metrics] {sum(by_entry.values())} runs executed, wins per instance {wins}, "
-              f"leases adopted {adopted:g} renewed {renewed:g}, "
+              f"leases adopted {adopted:g} renewed {renewed:g}, leased runs per worker "
+              f"{dict(by_worker)}, "
               f"test {time.monotonic() - started:.1f} s")

@@ -76,7 +76,8 @@ def record(self, sleep_s: float = 0.0):
     headers = self.request.headers or {}
     line = json.dumps({"entry": headers.get("anarchon_entry"), "slot": headers.get("anarchon_slot"),
                        "instance": headers.get("anarchon_instance"),
-                       "attempt": headers.get("anarchon_attempt")}) + "\n"
+                       "attempt": headers.get("anarchon_attempt"),
+                       "worker": self.request.hostname.split("@")[0]}) + "\n"
     fd = os.open(os.environ["ANARCHON_IT_OUT"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
