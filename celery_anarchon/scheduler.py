@@ -155,14 +155,22 @@ class Scheduler(beat.Scheduler):
         return plans_mod.build_plans(dict(self.schedule), app=self.app, settings=self._settings,
                                      store=self.store)
 
-    def _make_engine(self, plans: dict) -> Engine:
+    def _make_engine(self, plans: dict, *, forked: bool = False) -> Engine:
         """The engine of this process; with ``anarchon_metrics_port`` set, its observer is this
         process's Prometheus metrics, whose exporter starts here (once per process).
 
-        :raises ConfigError: the metrics port is in use.
+        :param forked: a process forked after start-up: a metrics port its parent still holds is
+            logged, and this process runs without metrics (a tick must not fail on it forever).
+        :raises ConfigError: the metrics port is in use (at start-up).
         """
-        observer = process_observer(self._metrics, instance_id=self._instance_id,
-                                    namespace=self._settings.namespace)
+        try:
+            observer = process_observer(self._metrics, instance_id=self._instance_id,
+                                        namespace=self._settings.namespace)
+        except ConfigError as exc:
+            if not forked:
+                raise
+            logger.error("anarchon: no metrics in this forked beat process: %s", exc)
+            observer = None
         if observer is not None:
             logger.info("anarchon: metrics on http://%s:%d/metrics", self._metrics.addr,
                         self._metrics.port)
@@ -268,7 +276,7 @@ class Scheduler(beat.Scheduler):
         self.__dict__.pop("producer", None)
         self.__dict__.pop("connection", None)
         if self.engine is not None:
-            self.engine = self._make_engine(self.engine.config_plans)
+            self.engine = self._make_engine(self.engine.config_plans, forked=True)
 
     def _follow_schedule_changes(self) -> None:
         """Entries added or changed at run time (``add``, ``update_from_dict``) are checked and
