@@ -1,0 +1,165 @@
+"""The Redis Cluster store on a cluster of its own (benchmarks/redis_cluster.py): failovers of a
+master while two instances claim, the per-slot epoch, and the options it refuses."""
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+import pytest
+
+from celery_anarchon.errors import ConfigError, StoreUnavailable
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import ClaimRequest, Outcome
+
+from backends import backdate_memory_start
+from conftest import IN_CI
+from stores_support import store_url, wait_until
+
+ENTRIES = [f"entry-{i}" for i in range(12)]
+
+
+@pytest.fixture
+def rig():
+    if shutil.which("redis-server") is None:
+        if IN_CI:
+            pytest.fail("redis-server is not installed")
+        pytest.skip("redis-server is not installed")
+    from redis_cluster import RedisClusterRig
+    with RedisClusterRig() as rig:
+        yield rig
+
+
+def test_a_master_failover_mid_run_never_gives_a_run_two_winners(rig):
+    """Two instances claim every 200-ms slot of 12 entries (spread over the three masters) while
+    one master is failed over with CLUSTER FAILOVER and another is SIGKILLed (its replica
+    promoted): no run is won by two instances, no run answered unconfirmed is counted as won,
+    the slots of the failed-over masters are refused for 10 s after the change (the epoch of
+    those slots), and the third master's entries go on being won throughout."""
+    namespace = "failover-" + uuid.uuid4().hex[:6]
+    stores = {name: open_store(rig.url, namespace=namespace, instance_id=name)
+              for name in ("A", "B")}
+    stores["A"].prepare(ENTRIES)
+    backdate_memory_start(stores["A"], ENTRIES, 120_000)
+    master_of = {e: rig.master_of_slot(stores["A"].slots.slot_of_entry(e)).port for e in ENTRIES}
+    assert len(set(master_of.values())) == 3, "the entries must fall on every master"
+    outcomes: dict[tuple[str, int], dict[str, Outcome]] = defaultdict(dict)
+    details: dict[tuple[str, int], str] = {}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def claimer(name: str) -> None:
+        store = stores[name]
+        try:
+            while not stop.is_set():
+                slot = int(time.time() * 1000) // 200 * 200
+                requests = [ClaimRequest(entry=e, slot_ms=slot, max_late_ms=5000, task_id=f"{e}-{slot}",
+                                         fingerprint="fp") for e in ENTRIES]
+                deadline = time.monotonic() + 8
+                while True:   # the engine's retry: the same runs again until they are answered
+                    try:
+                        results = store.claim(requests)
+                        break
+                    except StoreUnavailable:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
+                for r in results:
+                    outcomes[(r.entry, r.slot_ms)][name] = r.outcome
+                    details[(r.entry, r.slot_ms)] = r.detail
+                time.sleep(0.05)
+        except BaseException as exc:  # noqa: BLE001  (reported by the test thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in stores]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        first = rig.master_of_slot(stores["A"].slots.slot_of_entry(ENTRIES[0]))
+        failed_over_at = time.time()
+        rig.failover(first)
+        second = next(m for m in rig.masters() if m.port not in (first.port,)
+                      and m.port in master_of.values())
+        time.sleep(0.5)
+        killed_at = time.time()
+        rig.kill(second)
+        promoted_at = time.time()
+        wait_until(lambda: any(run[1] / 1000 > promoted_at + 0.5 and master_of[run[0]] == second.port
+                               for run in list(outcomes)), 15, "claims answered after the promotion")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        for s in stores.values():
+            s.close()
+    assert not errors, errors
+    twice = {run: by for run, by in outcomes.items()
+             if sum(o is Outcome.WON for o in by.values()) > 1}
+    assert not twice, f"runs won by two instances: {twice}"
+    unconfirmed = [run for run, by in outcomes.items() if Outcome.UNCONFIRMED in by.values()]
+    for run in unconfirmed:   # never sent: nobody else may hold it as won on the strength of it
+        assert sum(o is Outcome.WON for o in outcomes[run].values()) <= 1
+    moved = {first.port, second.port}
+    after = {run for run in outcomes if run[1] / 1000 > promoted_at + 0.5}
+    refused = [run for run in after if master_of[run[0]] in moved
+               and Outcome.FORGOTTEN in outcomes[run].values()]
+    assert refused and all("epoch changed" in details[run] for run in refused), \
+        "the failed-over masters' slots are refused after the change, naming the epoch"
+    third = [run for run in after if master_of[run[0]] not in moved]
+    assert third and all(Outcome.WON in outcomes[run].values() for run in third), \
+        "the third master's entries were still won after the failovers"
+    won = sum(Outcome.WON in by.values() for by in outcomes.values())
+    print(f"\n[redis-cluster failover] {len(outcomes)} runs, {won} won once, 0 twice, "
+          f"{len(unconfirmed)} unconfirmed, {len(refused)} refused after the kill on the moved "
+          f"masters; the kill's promotion took {promoted_at - killed_at:.1f} s, CLUSTER FAILOVER "
+          f"{killed_at - failed_over_at:.1f} s before it")
+
+
+def test_a_pause_is_checked_in_the_claim_on_the_entry_slot(tmp_path):
+    """The pause lives in the entry's hash slot too: another instance's claim is refused at once,
+    and a resume lets it win again; a newer write of the pause wins over an older one."""
+    namespace = "pause-" + uuid.uuid4().hex[:6]
+    url = store_url("redis-cluster", str(tmp_path))   # the tests' shared cluster
+    a = open_store(url, namespace=namespace, instance_id="A")
+    b = open_store(url, namespace=namespace, instance_id="B")
+    try:
+        a.prepare(["e"])
+        backdate_memory_start(a, ["e"], 120_000)
+        from celery_anarchon.stores.entry_store import Pause
+        a.set_pause("e", Pause(reason="maintenance", by="ops", at_ms=0), by="ops")
+        slot = b.now_ms()
+        got = b.claim([ClaimRequest("e", slot, 60_000, "t", "fp")])[0]
+        assert got.outcome is Outcome.PAUSED and got.detail == "paused by ops: maintenance"
+        a.set_pause("e", None, by="ops")
+        assert b.claim([ClaimRequest("e", slot + 1, 60_000, "t", "fp")])[0].outcome is Outcome.WON
+        # an older version arriving late is ignored
+        a._entries._slot_pause("e", 1, {"r": "stale", "b": "x", "t": "0"})
+        assert b.claim([ClaimRequest("e", slot + 2, 60_000, "t", "fp")])[0].outcome is Outcome.WON
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"strategy": "script"}, "'lease' strategy only"),
+    ({"master_name": "m"}, "sentinel:// URLs only"),
+])
+def test_options_a_cluster_cannot_use_are_refused(options, words):
+    with pytest.raises(ConfigError, match=words):
+        open_store("redis+cluster://127.0.0.1:7000/", namespace="n", instance_id="i",
+                   options=options)
+
+
+@pytest.mark.parametrize("url, words", [
+    ("redis+cluster:///", "no startup node"),
+    ("redis+cluster://127.0.0.1/", "is not host:port"),
+    ("redis+cluster://127.0.0.1:7000/3", "only database 0"),
+    ("redis+cluster://:secret@127.0.0.1:7000/?bogus=1", "'bogus' is not understood"),
+])
+def test_bad_cluster_urls_are_refused_with_the_fix(url, words):
+    with pytest.raises(ConfigError, match=words) as caught:
+        open_store(url, namespace="n", instance_id="i")
+    assert "secret" not in str(caught.value)
