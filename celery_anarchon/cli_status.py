@@ -69,8 +69,18 @@ def _print_status(data: dict) -> None:
     _print_entries(data)
 
 
+#: the warning of a namespace no live, ticking beat instance runs (as the status page says it)
+NO_LIVE_INSTANCE = "no live beat instance: nothing is being sent"
+
+
 def _print_instances(data: dict) -> None:
+    if data["instances"] is None:
+        click.echo("\nlive instances: unknown (the store cannot be read)")
+        return
     click.echo(f"\nlive instances: {len(data['instances'])}")
+    if not any(r["ticking"] for r in data["instances"]):
+        stale = " (every one listed is stale)" if data["instances"] else ""
+        click.echo(f"warning: {NO_LIVE_INSTANCE}{stale}")
     for r in data["instances"]:
         skew = "?" if r["skew_ms"] is None else f"{r['skew_ms']:+d} ms"
         stale = (f"  STALE: last tick {r['last_tick_age_s']:g} s ago (ticks stopped?)"
@@ -96,6 +106,8 @@ def _print_instances(data: dict) -> None:
 
 
 def _state(e: dict) -> str:
+    if e["state"] == "unknown":
+        return "unknown (store unreachable)"
     if e["paused"]:
         p = e["paused"]
         return f"paused by {p['by']}" + (f": {p['reason']}" if p["reason"] else "")
@@ -113,7 +125,10 @@ def _print_entries(data: dict) -> None:
                      e["next"][0] if e["next"] else "-", last, _state(e)))
     _table(rows)
     pauses = [e for e in entries if e["paused"]]
-    click.echo(f"\npauses: {len(pauses)}")
+    if not data["store"]["reachable"]:
+        click.echo("\npauses: unknown (the store cannot be read)")
+    else:
+        click.echo(f"\npauses: {len(pauses)}")
     for e in pauses:
         click.echo(f"  {e['name']}: {_state(e)} (since {e['paused']['since']})")
     if data["run_now"]:

@@ -5,7 +5,9 @@ what the status page shows.
 leases) and returns JSON-able values only (str, int, float, bool, None, lists, dicts): no click,
 no Celery objects, no password (the store's URL is :attr:`~ClaimStore.safe_url`). A store that
 cannot be reached gives ``store.reachable = False`` and the parts it could not read empty, never
-an exception: a status view must show an outage, not fail on it.
+an exception: a status view must show an outage, not fail on it; what only the store knows
+(pauses, leases, instances, run-now requests) is then ``None`` and each entry's ``state`` is
+``"unknown"``, never "running".
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ STALE_INTERVALS = 2
 #: few seconds does not repeat the start-up checks) and its Schedules
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SCHEDULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: an entry's ``state`` when the store cannot be read (its pause and lease are not known)
+UNKNOWN_STATE = "unknown"
 #: history events of a run that may hold a lease (its record is read with LeaseStore.inspect)
 _LEASE_EVENTS = (RunEvent.CLAIMED, RunEvent.SENT, RunEvent.STARTED, RunEvent.TAKEN_OVER)
 
@@ -157,8 +161,10 @@ def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry
                         if "schedule" in definition else None),
            "timezone": None, "next": [], "problem": None, "leased": False,
            "shadowed": scheduled.shadowed, "paused": None, "last": None, "runs": [],
-           "lease": None, "run_now": [r for r in requests if r["entry"] == scheduled.name]}
-    if scheduled.pause is not None:
+           "lease": None, "state": UNKNOWN_STATE,
+           "run_now": (None if requests is None
+                       else [r for r in requests if r["entry"] == scheduled.name])}
+    if reachable and scheduled.pause is not None:
         p = scheduled.pause
         out["paused"] = {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
     plan = None
@@ -181,6 +187,7 @@ def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry
         out["runs"] = [run_json(r) for r in history]
         out["last"] = out["runs"][0] if history else None
         out["lease"] = _lease(store, plan, history)
+        out["state"] = "paused" if out["paused"] else "problem" if out["problem"] else "running"
     return out
 
 
@@ -228,7 +235,8 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
       ``entries``, ``fingerprints_digest``, ``seen``, ``expires``), ``last_tick_age_s`` (on the
       store's clock, corrected by the instance's skew) and ``ticking`` / ``stale``
       (``stale``: the last tick is older than 2 sync intervals). Empty on a store without
-      instance records (``instance_records`` is then ``False``).
+      instance records (``instance_records`` is then ``False``); ``None`` (unknown) when the
+      store cannot be read, as ``run_now``, ``partial``, ``disagreements`` and ``unsaved``.
     * ``instance_records``: whether the store keeps instance records.
     * ``entries``: every entry by name, config (``beat_schedule``) and store, and pauses of
       names neither defines (``source == "unknown"``), each with ``name``, ``source``
@@ -241,7 +249,9 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
       :class:`~celery_anarchon.stores.base.RunEvent` value such as ``sent``, ``late``,
       ``paused``; ``at`` when it was recorded), ``last`` (``runs[0]`` or ``None``), ``lease``
       (leased entries: the newest run's lease ``{slot, state, attempt, holder, token, expires,
-      queue_deadline, expired}`` or ``None``), ``run_now`` (its pending requests, as below).
+      queue_deadline, expired}`` or ``None``), ``run_now`` (its pending requests, as below),
+      ``state`` (``"running"``, ``"paused"``, ``"problem"``, or ``"unknown"`` when the store
+      cannot be read: ``paused``, ``lease`` and ``run_now`` are then ``None``, not known).
     * ``run_now``: the run-now requests the store remembers: ``{entry, request_id, slot, by,
       requested}``.
     * ``partial``: config entries only some instances run: ``{entry, run_by, not_run_by}``
@@ -294,6 +304,12 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
             out["entries"].append(_entry(
                 app, settings, store, scheduled, config, texts.get(scheduled.name), runs=runs,
                 next_count=next_count, now_ms=now_ms, reachable=False, requests=requests))
+    if not reachable:   # what only the store knows is unknown, not empty
+        out["instances"] = out["partial"] = out["disagreements"] = out["unsaved"] = None
+        out["run_now"] = None
+        for entry in out["entries"]:
+            entry.update(state=UNKNOWN_STATE, paused=None, lease=None, run_now=None, runs=[],
+                         last=None)
     return out
 
 
@@ -305,7 +321,7 @@ def _listed_safely(app, store: ClaimStore, reachable: bool, part: dict):
         except StoreError as exc:
             part["reachable"], part["error"] = False, str(exc)
 
-    return _config_listed(app), {}, []
+    return _config_listed(app), {}, None
 
 
 def _config_listed(app) -> list[ScheduledEntry]:

@@ -137,7 +137,7 @@ INSTANCE_KEYS = {"instance_id", "host", "pid", "version", "started", "last_tick"
                  "last_tick_age_s", "skew_ms", "entries", "fingerprints_digest", "seen", "expires",
                  "ticking", "stale"}
 ENTRY_KEYS = {"name", "source", "task", "schedule", "timezone", "next", "problem", "leased",
-              "shadowed", "paused", "last", "runs", "lease", "run_now"}
+              "shadowed", "paused", "last", "runs", "lease", "run_now", "state"}
 
 
 def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, namespace):
@@ -297,3 +297,73 @@ def test_testing_helpers_check_every_rule_without_a_store_server():
     assert "leased" not in {p.entry for p in testing.check_schedule(bad)}
     with pytest.raises(celery_anarchon.ConfigError, match="no entry 'reprot'"):
         testing.next_slots(good, "reprot")
+
+
+# -- the commands in this process (fast: no subprocess), for what a new user ran into ----------
+
+DOWN_URL = "postgresql://postgres:secret@127.0.0.1:1/test"   # nothing listens on port 1
+
+
+def run_in_process(command, *args, capsys) -> tuple[int, str, str]:
+    """Run a cli_status body (``status``, ``check``, ...) here: (exit code, stdout, stderr)."""
+    import click
+
+    code = 0
+    try:
+        command(*args)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _leased_app(url: str, namespace: str, **conf) -> Celery:
+    app = Celery("operate_inline")
+    app.conf.update(broker_url="memory://", anarchon_store_url=url, anarchon_namespace=namespace,
+                    timezone="UTC", beat_schedule={
+                        "every-2s": {"task": "t", "schedule": 2.0},
+                        "leased": {"task": "t", "schedule": 60.0,
+                                   "options": {"anarchon": {"lease": True}}}}, **conf)
+    celery_anarchon.install(app)
+    return app
+
+
+def test_an_unreachable_store_leaves_states_pauses_leases_and_instances_unknown(namespace, capsys):
+    from celery_anarchon import cli_status
+    from celery_anarchon.web import render_page
+    app = _leased_app(DOWN_URL, namespace)
+    code, out, _ = run_in_process(cli_status.status, app, 5, True, capsys=capsys)
+    data = json.loads(out)
+    assert code == 1 and not data["store"]["reachable"]
+    assert data["instances"] is None and data["run_now"] is None
+    for entry in data["entries"]:
+        assert entry["state"] == "unknown" and entry["paused"] is None and entry["lease"] is None
+    code, text, _ = run_in_process(cli_status.status, app, 5, False, capsys=capsys)
+    assert code == 1 and "running" not in text and "pauses: 0" not in text
+    assert "live instances: unknown" in text and "pauses: unknown" in text
+    assert "unknown (store unreachable)" in text
+    page = render_page(data)
+    assert "st-ok\">running" not in page and "leased, no live run" not in page
+    assert 'class="state st-unknown">unknown' in page and ">unknown</span></h2>" in page
+
+
+def test_status_warns_when_no_live_instance_sends_the_schedule(sqlite_url, namespace, capsys):
+    from celery_anarchon import cli_status
+    app = _leased_app(sqlite_url, namespace)
+    code, text, _ = run_in_process(cli_status.status, app, 0, False, capsys=capsys)
+    assert code == 0 and "live instances: 0" in text
+    assert "warning: no live beat instance: nothing is being sent" in text
+    store = open_store(sqlite_url, namespace=namespace, instance_id="beat-a:1:aa", options={})
+    now = int(time.time() * 1000)
+    try:
+        store.prepare([])
+        store.record_instance(InstanceRecord("beat-a:1:aa", "beat-a", 1, "0.1.0", now - 60_000,
+                                             now - 30_000, 0, 2, "d"), ttl_ms=600_000)
+    finally:
+        store.close()
+    code, text, _ = run_in_process(cli_status.status, app, 0, False, capsys=capsys)
+    assert "live instances: 1" in text and "STALE" in text
+    assert "warning: no live beat instance: nothing is being sent (every one listed is stale)" in text
