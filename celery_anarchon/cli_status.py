@@ -300,7 +300,7 @@ def _check_store(app, settings: Settings, store, report: _Report) -> dict[str, E
     except StoreError as exc:
         report.fail(testing.Problem(None, "the store reachable", str(exc)))
         return {}
-    config = set(app.conf.beat_schedule or {})
+    config = set(testing.config_entries(app))
     items = []
     for name, e in sorted(stored.items()):
         if e.definition is None or name in config:

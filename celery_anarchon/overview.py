@@ -24,7 +24,7 @@ from celery_anarchon._tz import zone_name
 from celery_anarchon._util import iso
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, build_plan
-from celery_anarchon.schedule_api import CONFIG, STORE, Schedules, ScheduledEntry
+from celery_anarchon.schedule_api import CONFIG, STORE, Schedules, ScheduledEntry, config_items
 from celery_anarchon.slots import CronSlots
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
 from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord, InstanceStore
@@ -112,8 +112,8 @@ def _fingerprint_views(store, records: list[InstanceRecord]) -> tuple[list[dict]
 
 
 def _config_items(app) -> dict:
-    """``beat_schedule`` (for stores that hold no entries: there is no Schedules then)."""
-    return dict(app.conf.beat_schedule or {})
+    """The config entries, Celery's own included (for stores that hold no entries too)."""
+    return config_items(app)
 
 
 def _celery_entry(app, scheduled: ScheduledEntry, config: Mapping, stored_text: str | None):

@@ -51,6 +51,29 @@ CELERY_DEFAULT_ENTRIES = ("celery.backend_cleanup",)
 _UNSET: Any = object()
 
 
+def config_items(app) -> dict[str, dict]:
+    """The config entries of ``app``, by name: its ``beat_schedule`` items, with the entry Celery's
+    beat adds itself (``celery.backend_cleanup``, when results expire on a backend that does not
+    expire them itself: Celery's ``Scheduler.install_default_entries``), which beat runs like the
+    others. Every operator view (list, status, history, next, check, the testing helpers) takes
+    the config entries from here.
+
+    :param app: the Celery app (``beat_schedule``, ``result_expires``, its result backend).
+    :returns: a new dict of ``beat_schedule`` items (dicts as Celery takes them); never raises (a
+        result backend that cannot be built adds no entry: beat would fail on it at start-up).
+    """
+    config = dict(app.conf.beat_schedule or {})
+    try:
+        cleanup = app.conf.result_expires and not app.backend.supports_autoexpire
+    except Exception:                      # a backend that cannot be built: beat would fail
+        cleanup = False
+    if cleanup:
+        config.setdefault("celery.backend_cleanup", {
+            "task": "celery.backend_cleanup", "schedule": crontab("0", "4", "*"),
+            "options": {"expires": 12 * 3600}})
+    return config
+
+
 def default_by() -> str:
     """``user@host:pid``: who made a change, when the caller does not say."""
     try:
@@ -300,19 +323,8 @@ class Schedules:
         return self._ready().load_entries()
 
     def _config(self) -> dict:
-        """``beat_schedule``, with the entry Celery's beat adds to it (``celery.backend_cleanup``,
-        when results expire on a backend that does not expire them itself: Celery's
-        ``Scheduler.install_default_entries``), which beat runs like the others."""
-        config = dict(self.app.conf.beat_schedule or {})
-        try:
-            cleanup = self.app.conf.result_expires and not self.app.backend.supports_autoexpire
-        except Exception:                      # a backend that cannot be built: beat would fail
-            cleanup = False
-        if cleanup:
-            config.setdefault("celery.backend_cleanup", {
-                "task": "celery.backend_cleanup", "schedule": crontab("0", "4", "*"),
-                "options": {"expires": 12 * 3600}})
-        return config
+        """:func:`config_items` of the app."""
+        return config_items(self.app)
 
     def _config_entry(self, name: str, item: dict) -> beat.ScheduleEntry:
         # last_run_at given: a schedule class of the user's may have no now() (beat never asks)

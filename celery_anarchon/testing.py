@@ -31,6 +31,7 @@ from celery_anarchon import entry_json
 from celery_anarchon.app_store import make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.plan import EntryPlan, build_plan
+from celery_anarchon.schedule_api import config_items
 from celery_anarchon.slots import datetime_to_ms, ms_to_datetime
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.timing import Settings, check_sync_interval
@@ -90,11 +91,13 @@ def _problem(entry: str | None, exc: Exception) -> Problem:
 
 
 def config_entries(app) -> dict:
-    """``beat_schedule`` as Celery ``ScheduleEntry`` objects, by name; an item Celery cannot
-    build is a :class:`ConfigError` in its place (with the message beat stops with)."""
+    """The config entries (:func:`celery_anarchon.schedule_api.config_items`: ``beat_schedule``
+    and Celery's own ``celery.backend_cleanup``) as Celery ``ScheduleEntry`` objects, by name; an
+    item Celery cannot build is a :class:`ConfigError` in its place (with the message beat stops
+    with)."""
     out: dict = {}
     now = datetime.datetime.now(datetime.timezone.utc)
-    for name, item in (app.conf.beat_schedule or {}).items():
+    for name, item in config_items(app).items():
         try:
             out[name] = beat.ScheduleEntry(**{"last_run_at": now, **item, "name": name, "app": app})
         except Exception as exc:  # what Scheduler.merge_inplace reports

@@ -59,20 +59,20 @@ def test_check_fails_with_the_exact_rule_on_a_broken_schedule_and_passes_on_a_go
             "crontab: minute field '*/120': the step 120 is larger than the field's range 0-59"
             ) in out
     assert "ok    beat_schedule entry 'fine' (every 60 s): every timing rule" in out
-    assert "ok    store reachable" in out and out.rstrip().endswith("check: 2 problems, 3 passed")
+    assert "ok    store reachable" in out and out.rstrip().endswith("check: 2 problems, 4 passed")
 
     out = exits(operate(sqlite_url, namespace, "good", "check"), 0)
     assert "ok    beat_schedule entry 'berlin-0230' (cron 30 2 * * * Europe/Berlin)" in out
     assert ("ok    worker side installed (celery_anarchon.install(app)) for 1 leased entry: "
             "leased-hourly") in out
-    assert out.rstrip().endswith("check: all 6 passed")
+    assert out.rstrip().endswith("check: all 7 passed")
 
     out = exits(operate(sqlite_url, namespace, "uninstalled", "check"), 1)
     assert "FAIL  leased: a leased entry needs celery_anarchon.install(app)" in out
     # nothing listens on port 1: the rules still pass, the store is a problem; --no-store skips it
     out = exits(operate("postgresql://postgres:secret@127.0.0.1:1/test", namespace, "good", "check"), 1)
     assert "FAIL  configuration: the store reachable" in out and "secret" not in out
-    assert "check: all 5 passed" in exits(operate("postgresql://postgres@127.0.0.1:1/test",
+    assert "check: all 6 passed" in exits(operate("postgresql://postgres@127.0.0.1:1/test",
                                                    namespace, "good", "check", "--no-store"), 0)
 
 
@@ -367,3 +367,25 @@ def test_status_warns_when_no_live_instance_sends_the_schedule(sqlite_url, names
     code, text, _ = run_in_process(cli_status.status, app, 0, False, capsys=capsys)
     assert "live instances: 1" in text and "STALE" in text
     assert "warning: no live beat instance: nothing is being sent (every one listed is stale)" in text
+
+
+def test_celerys_own_cleanup_entry_is_a_config_entry_for_every_command(sqlite_url, namespace, capsys):
+    """celery.backend_cleanup (results expire, the backend does not expire them itself): next,
+    history, check and the testing helpers know it as list, status and pause do."""
+    from celery_anarchon import cli_status
+    app = _leased_app(sqlite_url, namespace)
+    assert "celery.backend_cleanup" in testing.config_entries(app)
+    [slot] = testing.next_slots(app, "celery.backend_cleanup", 1,
+                                after=datetime.datetime(2027, 1, 1, tzinfo=datetime.timezone.utc))
+    assert slot.isoformat() == "2027-01-01T04:00:00+00:00"
+    code, out, err = run_in_process(cli_status.next_, app, "celery.backend_cleanup", 2, None, False,
+                                    capsys=capsys)
+    assert code == 0 and "crontab 0 4 * * *" in out, err
+    code, out, err = run_in_process(cli_status.history, app, "celery.backend_cleanup", None, None,
+                                    False, capsys=capsys)
+    assert code == 0 and "no runs" in out, err
+    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys)
+    assert "ok    beat_schedule entry 'celery.backend_cleanup' (crontab 0 4 * * *" in out
+    dead = overview(_leased_app(DOWN_URL, namespace), open_store(
+        DOWN_URL, namespace=namespace, instance_id="x", options={}), runs=0)
+    assert "celery.backend_cleanup" in {e["name"] for e in dead["entries"]}
