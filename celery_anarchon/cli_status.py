@@ -25,7 +25,7 @@ from celery_anarchon.leases import is_installed
 from celery_anarchon.overview import dumps, overview, run_json
 from celery_anarchon.plan import EntryPlan
 from celery_anarchon.slots import CronSlots
-from celery_anarchon.stores.entry_store import EntryStore
+from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 from celery_anarchon.timing import Settings, check_sync_interval
 
 #: ``--since`` durations: ``90s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w``
@@ -261,7 +261,9 @@ def _check_all(app, settings: Settings, store, use_store: bool, report: _Report)
                                             settings=settings, store=store)
     _entries(report, "beat_schedule", plans, problems)
     if use_store:
+        config_plans = dict(plans)
         plans.update(_check_store(app, settings, store, report))
+        _check_live_definitions(store, config_plans, report)
     leased = sorted(n for n, p in plans.items() if p.timing.lease is not None)
     if leased and is_installed(app):
         report.ok(f"worker side installed (celery_anarchon.install(app)) for {len(leased)} "
@@ -312,6 +314,28 @@ def _check_store(app, settings: Settings, store, report: _Report) -> dict[str, E
     plans, problems = testing.check_entries(app, items, settings=settings, store=store)
     _entries(report, "store", plans, problems)
     return plans
+
+
+def _check_live_definitions(store, plans: dict[str, EntryPlan], report: _Report) -> None:
+    """A ``warn`` line per config entry whose definition here differs from a live instance's
+    (its fingerprint): expected during a rolling deploy, not a failure."""
+    if not isinstance(store, InstanceStore):
+        return
+    try:
+        live = store.instances()
+        mappings = {r.fingerprints_digest: store.load_fingerprints(r.fingerprints_digest)
+                    for r in live}
+    except (StoreError, ConfigError):   # reachability is reported by _check_store
+        return
+    for name, plan in sorted(plans.items()):
+        others = sorted({f"{r.host}:{r.pid}" for r in live
+                         if (m := mappings[r.fingerprints_digest]) is not None
+                         and name in m and m[name] != plan.fingerprint})
+        if others:
+            report.warn(f"entry {name!r}: live beat instance{'s' if len(others) > 1 else ''} "
+                        f"{', '.join(others)} run{'' if len(others) > 1 else 's'} another "
+                        f"definition (fingerprint differs from {plan.fingerprint} here); expected "
+                        "during a rolling deploy, else deploy one beat_schedule everywhere")
 
 
 def _summary(report: _Report) -> None:

@@ -389,3 +389,26 @@ def test_celerys_own_cleanup_entry_is_a_config_entry_for_every_command(sqlite_ur
     dead = overview(_leased_app(DOWN_URL, namespace), open_store(
         DOWN_URL, namespace=namespace, instance_id="x", options={}), runs=0)
     assert "celery.backend_cleanup" in {e["name"] for e in dead["entries"]}
+
+
+def test_check_warns_of_live_beats_running_another_definition(sqlite_url, namespace, capsys):
+    from celery_anarchon import cli_status
+    app = _leased_app(sqlite_url, namespace)
+    mine = testing.plan_of(app, "every-2s").fingerprint
+    store = open_store(sqlite_url, namespace=namespace, instance_id="old:9:aa", options={})
+    now = int(time.time() * 1000)
+    try:
+        store.prepare([])
+        store.save_fingerprints("old", {"every-2s": "0ld0ld0ld0ld", "leased": "x"})
+        store.save_fingerprints("same", {"every-2s": mine})
+        store.record_instance(InstanceRecord("old:9:aa", "old-host", 9, "0.1.0", now, now, 0, 2,
+                                             "old"), ttl_ms=600_000)
+        store.record_instance(InstanceRecord("new:8:bb", "new-host", 8, "0.1.0", now, now, 0, 2,
+                                             "same"), ttl_ms=600_000)
+    finally:
+        store.close()
+    code, out, _ = run_in_process(cli_status.check, app, True, capsys=capsys)
+    assert code == 0, out
+    assert (f"warn  entry 'every-2s': live beat instance old-host:9 runs another definition "
+            f"(fingerprint differs from {mine} here); expected during a rolling deploy") in out
+    assert "warn  entry 'leased': live beat instance old-host:9" in out and "new-host" not in out
