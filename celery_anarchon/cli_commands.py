@@ -109,10 +109,29 @@ def _print_entry(verb: str, entry: ScheduledEntry, as_json: bool) -> None:
     click.echo(f"{verb} {entry.name} ({entry.source}{what}; {state}; version {entry.version})")
 
 
+def import_task_modules(app) -> None:
+    """Import the app's default modules (``imports``, ``include``) as a worker does
+    (``app.loader.import_default_modules()``), so that the tasks they define are registered
+    before a task name is checked.
+
+    :raises ConfigError: a module cannot be imported (naming it, the setting and the cause).
+    """
+    try:
+        app.loader.import_default_modules()
+    except ImportError as exc:
+        module = exc.name or "?"
+        raise ConfigError(f"app {app.main!r}: cannot import module {module!r} of its imports / "
+                          f"include settings ({type(exc).__name__}: {exc}); fix: correct the "
+                          "module name in app.conf.include / app.conf.imports, or make it "
+                          "importable here (PYTHONPATH, the working directory)") from exc
+
+
 def write(app, name: str, flags: dict, *, create: bool) -> None:
     """``add`` (``create``) or ``update``."""
     with _exit_codes():
         parts = _parts(name, flags)
+        if not flags.get("no_check_task"):
+            import_task_modules(app)
     if create and ("task" not in parts or "schedule" not in parts):
         raise click.UsageError("add needs --task and one of --every, --crontab or --cron "
                                "(or --json-definition)")

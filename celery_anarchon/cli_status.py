@@ -19,11 +19,14 @@ import click
 from celery_anarchon import entry_json, testing
 from celery_anarchon._tz import zone_name
 from celery_anarchon._util import iso
-from celery_anarchon.cli_commands import EXIT_FAILURE, _exit_codes, _open, _table
+from celery_anarchon.cli_commands import (
+    EXIT_FAILURE, _exit_codes, _open, _table, import_task_modules,
+)
 from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
 from celery_anarchon.leases import is_installed
 from celery_anarchon.overview import dumps, overview, run_json
 from celery_anarchon.plan import EntryPlan
+from celery_anarchon.schedule_api import check_task
 from celery_anarchon.slots import CronSlots
 from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 from celery_anarchon.timing import Settings, check_sync_interval
@@ -253,6 +256,12 @@ def _check_all(app, settings: Settings, store, use_store: bool, report: _Report)
     click.echo(f"check: app {app.main!r}, namespace {settings.namespace!r}, store "
                f"{store.safe_url} ({store.kind})")
     try:
+        import_task_modules(app)
+        modules_imported = True
+    except ConfigError as exc:
+        report.fail(testing.Problem(None, "the app's modules import", str(exc)))
+        modules_imported = False
+    try:
         check_sync_interval(settings, store.memory)
         report.ok(f"anarchon_sync_interval {settings.sync_interval_s:g} s against the store's memory")
     except ConfigError as exc:
@@ -264,6 +273,8 @@ def _check_all(app, settings: Settings, store, use_store: bool, report: _Report)
         config_plans = dict(plans)
         plans.update(_check_store(app, settings, store, report))
         _check_live_definitions(store, config_plans, report)
+    if modules_imported:
+        _check_tasks(app, plans, report)
     leased = sorted(n for n, p in plans.items() if p.timing.lease is not None)
     if leased and is_installed(app):
         report.ok(f"worker side installed (celery_anarchon.install(app)) for {len(leased)} "
@@ -314,6 +325,18 @@ def _check_store(app, settings: Settings, store, report: _Report) -> dict[str, E
     plans, problems = testing.check_entries(app, items, settings=settings, store=store)
     _entries(report, "store", plans, problems)
     return plans
+
+
+def _check_tasks(app, plans: dict[str, EntryPlan], report: _Report) -> None:
+    """A ``warn`` line per entry whose task this app does not register (after importing its
+    modules): a task only the workers know is not an error of the schedule."""
+    for name, plan in sorted(plans.items()):
+        if plan.entry.task.startswith("celery."):
+            continue
+        try:
+            check_task(app, name, plan.entry.task)
+        except ConfigError as exc:
+            report.warn(str(exc))
 
 
 def _check_live_definitions(store, plans: dict[str, EntryPlan], report: _Report) -> None:

@@ -391,17 +391,7 @@ class Schedules:
         return text
 
     def _check_task(self, name: str, task: str) -> None:
-        tasks = self.app.tasks  # finalizes the app: autodiscovered and imported tasks are in
-        own = sorted(t for t in tasks if not t.startswith("celery."))
-        if not own or task in tasks:
-            return  # no task of its own: the app cannot know which names the workers register
-        close = difflib.get_close_matches(task, own, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"entry {name!r}: task {task!r} is not registered in app "
-                          f"{self.app.main!r}{hint}; fix: use a registered task name, import the "
-                          "module that defines it (imports, include, autodiscover_tasks), or pass "
-                          "check_task=False (command line: --no-check-task) if only the workers "
-                          "know it")
+        check_task(self.app, name, task)
 
     def _entries(self, snapshot: EntrySnapshot, only: str | None = None) -> list[ScheduledEntry]:
         config = self._config()
@@ -442,6 +432,29 @@ class Schedules:
         if stored.definition is not None:
             return self._scheduled(stored.name, STORE, json.loads(stored.definition), stored)
         return self._scheduled(stored.name, UNKNOWN, None, stored)
+
+
+def check_task(app, name: str, task: str) -> None:
+    """Refuse a task name ``app`` does not register, when it registers tasks of its own (an app
+    that registers none cannot know which names the workers register). The modules of the app's
+    ``imports`` / ``include`` are registered only once imported (a worker imports them; the
+    command line does too before it checks).
+
+    :param name: the entry's name (for the message).
+    :param task: the task's name.
+    :raises ConfigError: the task is not registered (naming the closest registered name).
+    """
+    tasks = app.tasks  # finalizes the app: autodiscovered and imported tasks are in
+    own = sorted(t for t in tasks if not t.startswith("celery."))
+    if not own or task in tasks:
+        return  # no task of its own: the app cannot know which names the workers register
+    close = difflib.get_close_matches(task, own, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"entry {name!r}: task {task!r} is not registered in app "
+                      f"{app.main!r}{hint}; fix: use a registered task name, import the "
+                      "module that defines it (imports, include, autodiscover_tasks), or pass "
+                      "check_task=False (command line: --no-check-task) if only the workers "
+                      "know it")
 
 
 #: how far past now a run-now slot may move to avoid the entry's slots, ms

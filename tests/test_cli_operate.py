@@ -304,13 +304,14 @@ def test_testing_helpers_check_every_rule_without_a_store_server():
 DOWN_URL = "postgresql://postgres:secret@127.0.0.1:1/test"   # nothing listens on port 1
 
 
-def run_in_process(command, *args, capsys) -> tuple[int, str, str]:
-    """Run a cli_status body (``status``, ``check``, ...) here: (exit code, stdout, stderr)."""
+def run_in_process(command, *args, capsys, **kwargs) -> tuple[int, str, str]:
+    """Run a command's body (``cli_status.status``, ``check``, ...) here: (exit code, stdout,
+    stderr)."""
     import click
 
     code = 0
     try:
-        command(*args)
+        command(*args, **kwargs)
     except click.exceptions.Exit as exc:
         code = exc.exit_code
     except click.ClickException as exc:
@@ -412,3 +413,29 @@ def test_check_warns_of_live_beats_running_another_definition(sqlite_url, namesp
     assert (f"warn  entry 'every-2s': live beat instance old-host:9 runs another definition "
             f"(fingerprint differs from {mine} here); expected during a rolling deploy") in out
     assert "warn  entry 'leased': live beat instance old-host:9" in out and "new-host" not in out
+
+
+def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
+        sqlite_url, namespace, tmp_path, monkeypatch, capsys):
+    from celery_anarchon import cli_commands, cli_status
+    module = f"included_tasks_{namespace.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(
+        "from celery import shared_task\n\n@shared_task(name='inc.report')\ndef report():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = _leased_app(sqlite_url, namespace, include=[module])
+    app.conf.beat_schedule["every-2s"]["task"] = "inc.reprot"
+    flags = {"task": "inc.reprt", "every": 60.0}
+    code, _, err = run_in_process(cli_commands.write, app, "new", flags, capsys=capsys, create=True)
+    assert code == 2 and "task 'inc.reprt' is not registered" in err
+    assert "did you mean 'inc.report'?" in err
+    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys)
+    assert "warn  entry 'every-2s': task 'inc.reprot' is not registered" in out
+
+    broken = _leased_app(sqlite_url, namespace, include=["no_such_module_of_tasks"])
+    code, _, err = run_in_process(cli_commands.write, broken, "new", flags, capsys=capsys,
+                                  create=True)
+    assert code == 2 and "cannot import module 'no_such_module_of_tasks'" in err
+    assert "Traceback" not in err
+    code, out, _ = run_in_process(cli_status.check, broken, False, capsys=capsys)
+    assert code == 1 and "FAIL  configuration: the app's modules import" in out
+    assert "cannot import module 'no_such_module_of_tasks'" in out
