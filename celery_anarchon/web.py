@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import math
 import os
 import secrets
 import socket
@@ -40,6 +41,40 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 MAX_FORM_BYTES = 16_384
 #: the actions, by the last part of their path
 ACTIONS = ("pause", "resume", "run-now")
+#: the page's reload interval, seconds: 0 (never) or within these bounds (``?refresh=N``)
+MIN_REFRESH_S, MAX_REFRESH_S = 1.0, 3600.0
+#: a shorter actions' token is accepted with a warning at start-up
+MIN_TOKEN_CHARS = 16
+
+
+def refresh_interval(value: str | float | None, default: float) -> float:
+    """The page's reload interval from ``?refresh=N``: 0 (never), else clamped to
+    :data:`MIN_REFRESH_S` .. :data:`MAX_REFRESH_S` seconds; ``default`` (clamped too) when
+    ``value`` is missing, not a number, infinite or NaN.
+
+    :param value: the query parameter's text (or a number), or ``None``.
+    :param default: the page's ``--refresh``, seconds.
+    :returns: seconds, 0 or within the bounds; never raises.
+    """
+    try:
+        seconds = float(default if value is None else value)
+    except (TypeError, ValueError):
+        seconds = float(default)
+    if not math.isfinite(seconds):
+        seconds = float(default) if math.isfinite(float(default)) else MAX_REFRESH_S
+    if seconds <= 0:
+        return 0.0
+    return min(max(seconds, MIN_REFRESH_S), MAX_REFRESH_S)
+
+
+def token_warning(token: str | None, generated: bool) -> str | None:
+    """The start-up warning of an actions' token shorter than :data:`MIN_TOKEN_CHARS`, or
+    ``None`` (no token, a generated one, or a long enough one)."""
+    if token is None or generated or len(token) >= MIN_TOKEN_CHARS:
+        return None
+    return (f"anarchon web: warning: the actions' token has {len(token)} characters, fewer than "
+            f"{MIN_TOKEN_CHARS}: it can be guessed; fix: give a long random value (or none: the "
+            "page makes one)")
 
 _TEMPLATES = Path(__file__).with_name("templates")
 
@@ -164,10 +199,7 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
 
     def index(request):
         data, error = read(request)
-        try:
-            refresh = float(request.query_params.get("refresh", refresh_s))
-        except ValueError:
-            refresh = refresh_s
+        refresh = refresh_interval(request.query_params.get("refresh"), refresh_s)
         nonce = secrets.token_urlsafe(16)
         html = render_page(data, error=error, actions=actions, nonce=nonce, refresh_s=refresh)
         return HTMLResponse(html, status_code=200 if data is not None else 503,
@@ -205,8 +237,15 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
     def _error(response, status: int, message: str):
         return response({"error": message}, status_code=status, headers=headers())
 
+    def api_not_found(request):
+        return _error(JSONResponse, 404, f"no such API route: {request.method} "
+                      f"{request.url.path}; the routes are GET /api/status and POST "
+                      "/api/entries/<name>/pause, /resume, /run-now")
+
     routes = [Route("/", index), Route("/api/status", api_status)]
     routes += [Route(f"/api/entries/{{name:path}}/{a}", act, methods=["POST"]) for a in ACTIONS]
+    routes += [Route("/api/{rest:path}", api_not_found, methods=["GET", "POST", "PUT", "DELETE",
+                                                                 "PATCH"])]
     middleware = ([Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
                   if allowed_hosts else [])
     return Starlette(routes=routes, middleware=middleware)
@@ -226,7 +265,7 @@ def render_page(data: dict | None, *, error: str | None = None, actions: bool = 
     data = data or {}
     return _template().render(
         data=data, error=error, actions=actions, nonce=nonce,
-        refresh_ms=int(max(refresh_s, 0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
+        refresh_ms=int(refresh_interval(refresh_s, 0.0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
         classes=COLOURS, skips=recent_skips(data))
 
 
@@ -337,6 +376,9 @@ def serve(app, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_acti
         shown = f"[{host}]" if ":" in host else host
         echo(f"anarchon web: http://{shown}:{port}/ (store {source.store.safe_url}, "
              f"actions {'allowed' if allow_actions else 'off'})")
+        warning = token_warning(token, generated)
+        if warning:
+            echo(warning)
         if generated:
             echo(f"anarchon web: the actions' token (shown once; pass --token or {TOKEN_ENV} "
                  f"to choose one): {token}")

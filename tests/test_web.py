@@ -364,3 +364,51 @@ def test_a_port_in_use_is_named_with_the_fix():
         with pytest.raises(ConfigError, match=f"--port {port} .*fix: pick a free port"):
             check_address("127.0.0.1", port)
     check_address("127.0.0.1", port)   # free again
+
+
+def asgi(site, method: str, path: str, query: str = "") -> tuple[int, dict, str]:
+    """One request to the Starlette app in this process: (status, headers, body)."""
+    import asyncio
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+             "query_string": query.encode(), "headers": [(b"host", b"127.0.0.1")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8765)}
+    asyncio.run(site(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    return start["status"], headers, body.decode()
+
+
+def test_refresh_is_clamped_unknown_api_routes_answer_json_and_a_short_token_is_warned_of(
+        tmp_path, namespace):
+    from celery_anarchon.web import StatusSource, create_app
+    from celery import Celery
+    app = Celery("web_inline", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_namespace=namespace,
+                    anarchon_store_url=f"sqlite:///{tmp_path / 'store.sqlite3'}",
+                    beat_schedule={"e": {"task": "t", "schedule": 60.0}})
+    source = StatusSource(app, runs=0)
+    try:
+        site = create_app(source, token=None, refresh_s=5.0)
+        for query, shown in (("refresh=1e309", "5000"), ("refresh=inf", "5000"),
+                             ("refresh=nan", "5000"), ("refresh=0.001", "1000"),
+                             ("refresh=99999", "3600000"), ("refresh=0", "0"), ("", "5000")):
+            status, _, body = asgi(site, "GET", "/", query)
+            assert status == 200 and f'data-refresh-ms="{shown}"' in body, (query, status, body[:300])
+        status, headers, body = asgi(site, "GET", "/api/nope")
+        assert status == 404 and headers["content-type"] == "application/json"
+        assert "no such API route: GET /api/nope" in json.loads(body)["error"]
+        assert asgi(site, "POST", "/api/entries/e/explode")[0] == 404
+    finally:
+        source.close()
+    from celery_anarchon.web import token_warning
+    assert "3 characters, fewer than 16" in token_warning("abc", False)
+    assert token_warning("abc", True) is None and token_warning("x" * 16, False) is None
