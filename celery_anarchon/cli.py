@@ -120,7 +120,9 @@ def check(ctx, no_store):
 @click.argument("entry")
 @click.option("-n", "count", default=10, show_default=True, type=click.IntRange(1, 10_000),
               help="How many slots.")
-@click.option("--after", metavar="ISO", help="Start after this instant (default: now).")
+@click.option("--after", metavar="ISO|DURATION",
+              help="Start after this instant: 2027-03-26T12:00:00Z, or 1h, 30m, 2d from now "
+                   "(default: now).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @click.pass_context
 def next_(ctx, entry, count, after, as_json):

@@ -23,6 +23,7 @@ from celery_anarchon.cli_commands import (
     EXIT_FAILURE, _exit_codes, _open, _table, import_task_modules,
 )
 from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
+from celery_anarchon.app_store import make_instance_id, open_app_store, resolve_store_url
 from celery_anarchon.leases import is_installed
 from celery_anarchon.overview import dumps, overview, run_json
 from celery_anarchon.plan import EntryPlan
@@ -159,24 +160,37 @@ def _print_entries(data: dict) -> None:
 
 # -- history ------------------------------------------------------------------------------------
 
-def parse_since(text: str, now_ms: int) -> int:
+def parse_since(text: str, now_ms: int, *, option: str = "--since", sign: int = -1) -> int:
     """``--since``: an ISO 8601 instant (no zone: UTC) or a duration before ``now_ms`` (``90s``,
     ``15m``, ``1h30m``, ``2d``, ``1w``), as UTC ms.
 
-    :raises click.BadParameter: neither, with examples of both.
+    :param option: the option's name in the error message.
+    :param sign: -1: a duration is before ``now_ms`` (``--since``); +1: after it (``--after``).
+    :raises click.BadParameter: neither, with examples of both, or an instant out of range.
     """
     value = text.strip()
     if value and _DURATION.sub("", value) == "":
-        return now_ms - int(sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(value)) * 1000)
+        seconds = sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(value))
+        return now_ms + sign * int(seconds * 1000)
     try:
         at = datetime.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=datetime.timezone.utc)
+        return int(at.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        example = "in 1h, 30m, 1h30m, 2d from now" if sign > 0 else "1h, 30m, 1h30m, 2d ago"
         raise click.BadParameter(f"{text!r} is neither an ISO 8601 time nor a duration; fix: give "
-                                 "e.g. 2026-03-29T00:00:00Z or 1h, 30m, 1h30m, 2d",
-                                 param_hint="'--since'") from None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=datetime.timezone.utc)
-    return int(at.timestamp() * 1000)
+                                 f"e.g. 2026-03-29T00:00:00Z, or a duration: {example}",
+                                 param_hint=f"'{option}'") from None
+
+
+def parse_after(text: str, now_ms: int) -> int:
+    """``next --after``: an ISO 8601 instant (no zone: UTC) or a duration from ``now_ms`` on
+    (``1h``: one hour from now), as UTC ms.
+
+    :raises click.BadParameter: neither (naming ``--after``).
+    """
+    return parse_since(text, now_ms, option="--after", sign=1)
 
 
 def history(app, entry: str, since: str | None, limit: int | None, as_json: bool) -> None:
@@ -234,19 +248,59 @@ class _Report:
 
     def fail(self, problem: testing.Problem) -> None:
         self.failed += 1
-        click.echo(f"FAIL  {problem.entry or 'configuration'}: {problem.rule}\n      {problem.message}")
+        label = problem.entry or getattr(problem, "setting", None) or "configuration"
+        click.echo(f"FAIL  {label}: {problem.rule}\n      {problem.message}")
+
+
+#: the settings that say which store to check: without them, check stops at their problem
+_WHERE = ("anarchon_store_url", "anarchon_store_options", "anarchon_namespace")
+
+
+class _WithoutSettings:
+    """The app as :meth:`Settings.from_app` reads it, without the settings that failed (each
+    then has its default), so that the other checks still run."""
+
+    def __init__(self, app, dropped: set[str]) -> None:
+        self.main = app.main
+        self.conf = {k: v for k, v in app.conf.items() if k not in dropped}
+
+
+def _settings(app, report: _Report) -> Settings | None:
+    """The app's settings; each bad ``anarchon_*`` setting is a FAIL and is checked no further
+    (its default stands in, so the other rules are still checked). ``None``: a problem that
+    names no setting."""
+    dropped: set[str] = set()
+    while True:
+        try:
+            return Settings.from_app(_WithoutSettings(app, dropped) if dropped else app)
+        except ConfigError as exc:
+            problem = testing.problem_of(None, exc)
+            report.fail(problem)
+            if problem.setting is None or problem.setting in dropped or problem.setting in _WHERE:
+                return None   # without the store's own settings no other check is meaningful
+            dropped.add(problem.setting)
 
 
 def check(app, use_store: bool) -> None:
     """``check``: every rule of every entry, the store and the worker side; exit 0 or 1."""
     report = _Report()
+    settings = _settings(app, report)
+    if settings is None:
+        _summary(report)
     try:
-        settings, store = _open(app)
+        _, _, one_host = resolve_store_url(app, settings)
+        store = open_app_store(app, settings, instance_id="cli:" + make_instance_id())
     except ConfigError as exc:
-        report.fail(testing.Problem(None, testing.rule_of(str(exc)), str(exc)))
+        report.fail(testing.problem_of(None, exc))
         _summary(report)
     try:
         _check_all(app, settings, store, use_store, report)
+        if one_host is None and store.kind == "sqlite":
+            one_host = (f"anarchon store: the SQLite store {store.safe_url} coordinates the beat "
+                        "processes of this one host only; set anarchon_store_url to a Redis or "
+                        "PostgreSQL URL that every host reaches to run beat on several hosts.")
+        if one_host:
+            report.warn(one_host)
     finally:
         store.close()
     _summary(report)
@@ -265,7 +319,7 @@ def _check_all(app, settings: Settings, store, use_store: bool, report: _Report)
         check_sync_interval(settings, store.memory)
         report.ok(f"anarchon_sync_interval {settings.sync_interval_s:g} s against the store's memory")
     except ConfigError as exc:
-        report.fail(testing.Problem(None, testing.rule_of(str(exc)), str(exc)))
+        report.fail(testing.problem_of(None, exc))
     plans, problems = testing.check_entries(app, testing.config_entries(app).items(),
                                             settings=settings, store=store)
     _entries(report, "beat_schedule", plans, problems)
@@ -397,10 +451,22 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
     with _exit_codes():
         settings, store = _open(app)
         try:
-            start = None if after is None else datetime.datetime.fromtimestamp(
-                parse_since(after, int(time.time() * 1000)) / 1000, datetime.timezone.utc)
+            start_ms = int(time.time() * 1000) if after is None else parse_after(
+                after, int(time.time() * 1000))
+            try:
+                start = datetime.datetime.fromtimestamp(start_ms / 1000, datetime.timezone.utc)
+            except (OverflowError, ValueError, OSError):
+                raise click.BadParameter(f"{after!r} is outside the years 1-9999",
+                                         param_hint="'--after'") from None
             plan = testing.plan_of(app, entry, store=store)
-            slots = testing.next_slots(app, entry, n, after=start, store=store)
+            try:
+                slots = testing.next_slots(app, entry, n, after=start, store=store)
+            except (OverflowError, ValueError) as exc:
+                if isinstance(exc, ConfigError):
+                    raise
+                raise ConfigError(f"entry {entry!r}: its next {n} slots after {start.isoformat()} "
+                                  "go past the year 9999; fix: give an earlier --after, or a "
+                                  "smaller -n") from None
         finally:
             store.close()
     zone = zone_of(plan, app)
@@ -416,7 +482,7 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
     name = zone_name(zone)
     click.echo(f"next {len(rows)} slots of {entry} ({_words(plan)}), in UTC and in {name}:")
     table = [("UTC", name, "OFFSET", "")]
-    previous = None
+    previous = _offset(start.astimezone(zone))   # a change before the first slot is noted too
     for row in rows:
         local = datetime.datetime.fromisoformat(row["local"])
         change = (f"UTC offset changes from {previous} to {row['offset']} (DST)"
@@ -427,4 +493,4 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
     _table(table)
 
 
-__all__ = ["status", "history", "check", "next_", "parse_since", "zone_of"]
+__all__ = ["status", "history", "check", "next_", "parse_since", "parse_after", "zone_of"]

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import re
+import zoneinfo
 from collections.abc import Iterable
 
 from celery import beat
@@ -36,7 +38,8 @@ from celery_anarchon.slots import datetime_to_ms, ms_to_datetime
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.timing import Settings, check_sync_interval
 
-__all__ = ["Problem", "RULES", "check_schedule", "assert_schedule_ok", "next_slots", "plan_of"]
+__all__ = ["Problem", "RULES", "check_schedule", "assert_schedule_ok", "next_slots", "plan_of",
+           "timezone_error", "problem_of", "setting_of"]
 
 #: The rules, as DESIGN.md and :mod:`celery_anarchon.timing` state them, with the words of the
 #: error message that breaks each (the first match names a problem's rule).
@@ -56,6 +59,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("relative", "slots the same on every host (no relative=True)"),
     ("not supported", "a schedule class every host computes the same slots from"),
     ("Celery cannot build it", "a beat_schedule item Celery can build"),
+    ("is not a known IANA time zone", "a known time zone"),
+    ("must be more than 0", "a duration more than 0"),
 )
 #: the rule of a problem no entry of :data:`RULES` matches
 OTHER_RULE = "a valid entry"
@@ -76,18 +81,45 @@ class Problem:
     :param entry: the entry's name, or ``None`` for a problem of the settings or the store.
     :param rule: the rule in a few words (:data:`RULES`), e.g. ``"max_late > jitter"``.
     :param message: the full message beat would stop with: the entry, the values and the fix.
+    :param setting: for a problem of the settings, the setting it is in (``"timezone"``,
+        ``"anarchon_sync_interval"``, ...), when the message names one; else ``None``.
     """
 
     entry: str | None
     rule: str
     message: str
+    setting: str | None = None
 
     def __str__(self) -> str:
         return f"[{self.rule}] {self.message}"
 
 
-def _problem(entry: str | None, exc: Exception) -> Problem:
-    return Problem(entry, rule_of(str(exc)), str(exc))
+#: the rule of a problem of the settings no entry of :data:`RULES` matches
+OTHER_SETTING_RULE = "a valid setting"
+#: the setting a message of the settings starts with, or names as ``app.conf.<name>``
+_SETTING = re.compile(r"^(?:unknown setting ')?(anarchon_[a-z_]+)|\(app\.conf\.([a-z_]+)\)")
+
+
+def setting_of(message: str) -> str | None:
+    """The setting an error message of the settings is about (``anarchon_sync_interval``,
+    ``timezone``), or ``None`` when it names none."""
+    found = _SETTING.search(message)
+    return None if found is None else found.group(1) or found.group(2)
+
+
+def problem_of(entry: str | None, exc: Exception) -> Problem:
+    """The :class:`Problem` of a ConfigError: its rule (:func:`rule_of`), and for a problem of
+    no entry the setting it names (:func:`setting_of`; the rule is then "a valid setting" when
+    no rule matches)."""
+    message = str(exc)
+    rule = rule_of(message)
+    if entry is None:
+        return Problem(None, OTHER_SETTING_RULE if rule == OTHER_RULE else rule, message,
+                       setting_of(message))
+    return Problem(entry, rule, message)
+
+
+_problem = problem_of
 
 
 def config_entries(app) -> dict:
@@ -106,6 +138,22 @@ def config_entries(app) -> dict:
     return out
 
 
+def timezone_error(app) -> ConfigError | None:
+    """The error of an app whose ``timezone`` setting names no known zone (every entry's slots
+    depend on it), else ``None``.
+
+    :returns: a ConfigError naming the setting, the value and the fix, or ``None``.
+    """
+    try:
+        app.timezone
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        value = app.conf.timezone
+        return ConfigError(f"timezone {value!r} (app.conf.timezone) is not a known IANA time "
+                           f"zone ({exc}); fix: use a zone name such as 'UTC' or 'Europe/Berlin' "
+                           "(the zones of the system, or pip install tzdata)")
+    return None
+
+
 def _open(app, settings: Settings, store: ClaimStore | None) -> tuple[ClaimStore, bool]:
     if store is not None:
         return store, False
@@ -119,6 +167,9 @@ def check_entries(app, entries: Iterable[tuple[str, object]], *, settings: Setti
     :returns: the plans of the entries that pass, and the problems of the others.
     """
     plans, problems = {}, []
+    zone_error = timezone_error(app)
+    if zone_error is not None:   # no entry's slots can be computed: one problem, not one each
+        return plans, [_problem(None, zone_error)]
     for name, entry in entries:
         if isinstance(entry, Exception):
             problems.append(_problem(name, entry))
@@ -175,6 +226,9 @@ def plan_of(app, entry: str, *, store: ClaimStore | None = None) -> EntryPlan:
     :raises ConfigError: the entry breaks a rule.
     """
     settings = Settings.from_app(app)
+    zone_error = timezone_error(app)
+    if zone_error is not None:
+        raise zone_error
     store_, own = _open(app, settings, store)
     try:
         config = config_entries(app)

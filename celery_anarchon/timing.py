@@ -21,6 +21,7 @@ heartbeat < half of the lease duration    a lease is renewed at least twice befo
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import logging
 import math
@@ -55,6 +56,14 @@ SETTINGS = ("anarchon_heartbeat", "anarchon_jitter", "anarchon_lease", "anarchon
             # checked by celery_anarchon.metrics and celery_anarchon.worker_metrics
             "anarchon_metrics_port", "anarchon_metrics_addr", "anarchon_metrics_max_entries",
             "anarchon_worker_metrics_port", "anarchon_worker_metrics_addr")
+
+
+def _not_negative(value, name: str, default: float) -> None:
+    """A negative number for a setting that must be more than 0: the message states that rule
+    (the duration check would say ">= 0", and 0 is refused too)."""
+    number = value.total_seconds() if isinstance(value, datetime.timedelta) else value
+    if isinstance(number, (int, float)) and not isinstance(number, bool) and number < 0:
+        raise ConfigError(f"{name}: {number:g} s must be more than 0 (default {default:g})")
 
 
 def _fmt(s: float) -> str:
@@ -126,6 +135,11 @@ class Settings:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"unknown setting {key!r}{hint}. celery_anarchon's settings: "
                                   f"{', '.join(SETTINGS)}. A typo must not silently disable a rule.")
+        for name, default in (("anarchon_max_late", DEFAULT_MAX_LATE_S),
+                              ("anarchon_sync_interval", DEFAULT_SYNC_INTERVAL_S),
+                              ("anarchon_lease", DEFAULT_LEASE_S),
+                              ("anarchon_heartbeat", DEFAULT_HEARTBEAT_S)):
+            _not_negative(conf.get(name), name, default)
         jitter = conf.get("anarchon_jitter")
         jitter_s = None if jitter is None else seconds(jitter, "anarchon_jitter")
         max_late_s = seconds(conf.get("anarchon_max_late", DEFAULT_MAX_LATE_S), "anarchon_max_late")

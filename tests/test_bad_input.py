@@ -289,3 +289,27 @@ if __name__ == "__main__":     # print the table of docs/reliability.md
             text = f"(not measured: {exc})"
         kind = "beat refuses to start" if (case_id, what, call, _) in REFUSED else "logged; beat keeps running, sends nothing, retries"
         print(f"| {n} | {what} | {kind}: `{text}` |")
+
+
+def test_a_broken_url_a_redis_db_that_is_no_number_and_an_unknown_zone_are_config_errors(capsys):
+    """Each is a ConfigError naming the value and the fix, never a bare ValueError or a
+    traceback; the password stays masked."""
+    from celery_anarchon import cli_status, testing
+    with pytest.raises(ConfigError) as info:
+        store("redis://user:s3cret@[::1/3")
+    assert type(info.value) is ConfigError and "cannot be parsed" in str(info.value)
+    assert "s3cret" not in str(info.value) and "user:***@" in str(info.value)
+    with pytest.raises(ConfigError, match="the database 'notadb' is not a number"):
+        store("redis://127.0.0.1:6379/notadb")
+    store("redis://127.0.0.1:6379/3").close()      # a number is still fine (no I/O)
+
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=SQLITE, timezone="Mars/Olympus",
+                    beat_schedule={"e": {"task": "proj.t", "schedule": 60.0}})
+    [problem] = testing.check_schedule(app)
+    assert problem.rule == "a known time zone" and "'Mars/Olympus' (app.conf.timezone)" in problem.message
+    import click
+    with pytest.raises(click.exceptions.Exit):
+        cli_status.check(app, False)
+    out = capsys.readouterr().out
+    assert "FAIL  timezone: a known time zone" in out and "fix: use a zone name" in out

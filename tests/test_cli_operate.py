@@ -439,3 +439,46 @@ def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
     code, out, _ = run_in_process(cli_status.check, broken, False, capsys=capsys)
     assert code == 1 and "FAIL  configuration: the app's modules import" in out
     assert "cannot import module 'no_such_module_of_tasks'" in out
+
+
+def test_next_after_takes_a_duration_from_now_names_its_option_and_notes_a_first_dst_row(
+        sqlite_url, namespace, capsys):
+    from celery_anarchon import cli_status
+    app = _leased_app(sqlite_url, namespace)
+    app.conf.beat_schedule["berlin"] = {"task": "t",
+                                        "schedule": celery_anarchon.cron("30 2 * * *", tz="Europe/Berlin")}
+    code, out, _ = run_in_process(cli_status.next_, app, "every-2s", 1, "1h", True, capsys=capsys)
+    [slot] = json.loads(out)["slots"]
+    ahead = datetime.datetime.fromisoformat(slot["utc"]).timestamp() - time.time()
+    assert code == 0 and 3590 < ahead < 3610
+    code, _, err = run_in_process(cli_status.next_, app, "every-2s", 1, "tomorrow", False,
+                                  capsys=capsys)
+    assert code == 2 and "'--after'" in err and "--since" not in err
+    code, _, err = run_in_process(cli_status.next_, app, "every-2s", 3, "9999-12-31T23:59:59Z",
+                                  False, capsys=capsys)
+    assert code == 2 and "past the year 9999" in err and "Traceback" not in err
+    # after 01:30 CET on the last Sunday of March 2027: the first slot is already in CEST
+    code, out, _ = run_in_process(cli_status.next_, app, "berlin", 1, "2027-03-28T00:30:00Z",
+                                  False, capsys=capsys)
+    first = out.splitlines()[2]
+    assert first.split()[:5] == ["2027-03-28T01:00:00+00:00", "2027-03-28", "03:00:00", "CEST",
+                                 "UTC+02:00"]
+    assert first.endswith("UTC offset changes from +01:00 to +02:00 (DST)")
+
+
+def test_check_names_a_bad_setting_states_its_rule_and_still_checks_the_rest(
+        sqlite_url, namespace, capsys):
+    from celery_anarchon import cli_status
+    app = _leased_app(sqlite_url, namespace, anarchon_sync_interval=-5)
+    code, out, _ = run_in_process(cli_status.check, app, True, capsys=capsys)
+    assert code == 1
+    assert ("FAIL  anarchon_sync_interval: a duration more than 0\n      anarchon_sync_interval: "
+            "-5 s must be more than 0 (default 5)") in out
+    assert ">= 0" not in out and "a valid entry" not in out
+    assert "ok    beat_schedule entry 'every-2s' (every 2 s): every timing rule" in out
+    assert "ok    store reachable" in out
+    assert "warn  anarchon store: the SQLite store" in out and "this one host only" in out
+    code, out, _ = run_in_process(cli_status.check, _leased_app(sqlite_url, namespace,
+                                                                anarchon_sync_interval=0),
+                                  True, capsys=capsys)
+    assert "anarchon_sync_interval: 0 s must be more than 0" in out

@@ -215,7 +215,8 @@ def test_the_sync_interval_defaults_to_five_seconds_and_is_checked_like_the_othe
     assert settings.sync_interval_s == 5 and settings.run_now_max_late_s == 15
     assert Settings.from_app(make_app(anarchon_sync_interval=timedelta(seconds=1))).sync_interval_s == 1
     for value, expected in [(0, "anarchon_sync_interval: 0 s must be more than 0 (default 5)"),
-                            ("5s", "'5s' is not a duration"), (-1, "finite number of seconds")]:
+                            ("5s", "'5s' is not a duration"),
+                            (-1, "anarchon_sync_interval: -1 s must be more than 0 (default 5)")]:
         with pytest.raises(ConfigError) as info:
             Settings.from_app(make_app(anarchon_sync_interval=value))
         assert expected in str(info.value) and "anarchon_sync_interval" in str(info.value)

@@ -9,6 +9,7 @@ was doing and the cause.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
@@ -21,9 +22,25 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 COMMON_OPTIONS = frozenset({"history_size", "claim_timeout"})
 
 
+#: a URL's password (``scheme://user:password@``), for a URL too broken to parse
+_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+
+
 def scheme_of(url: str) -> str:
-    """The lower-case scheme of ``url`` (``""`` when it has none)."""
-    return urlsplit(url).scheme.lower() if "://" in url else ""
+    """The lower-case scheme of ``url`` (``""`` when it has none).
+
+    :raises ConfigError: a URL that cannot be parsed (e.g. an unclosed IPv6 bracket), naming
+        it with its password masked.
+    """
+    if "://" not in url:
+        return ""
+    try:
+        return urlsplit(url).scheme.lower()
+    except ValueError as exc:
+        shown = _PASSWORD.sub(r"\1***@", url)
+        raise ConfigError(f"store URL {shown!r} cannot be parsed ({exc}); fix: check the URL "
+                          "(anarchon_store_url, or the broker's), e.g. an IPv6 host in brackets: "
+                          "redis://[::1]:6379/0") from exc
 
 
 def reject_unknown_options(store_kind: str, given: dict, known: set[str] | frozenset[str]) -> None:

@@ -174,6 +174,12 @@ def sentinel_setup(url: str, options: dict, safe_url: str) -> tuple | None:
         redis.connection.parse_url(url)
     except ValueError as exc:
         raise ConfigError(f"anarchon_store_url {safe_url!r}: {exc}") from exc
+    if scheme_of(url) in ("redis", "rediss"):     # redis-py takes any other path as db 0
+        db = unquote(urlsplit(url).path).strip("/")
+        if db and not db.isdigit():
+            raise ConfigError(f"anarchon_store_url {safe_url!r}: the database {db!r} is not a "
+                              "number; fix: end the URL with the database's number, e.g. "
+                              "redis://host:6379/0")
     return None
 
 
