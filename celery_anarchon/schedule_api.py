@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import time
+import unicodedata
 import uuid
 from typing import Any
 
@@ -72,6 +73,23 @@ def config_items(app) -> dict[str, dict]:
             "task": "celery.backend_cleanup", "schedule": crontab("0", "4", "*"),
             "options": {"expires": 12 * 3600}})
     return config
+
+
+def check_name(name: str) -> None:
+    """Refuse a new entry name that is empty, whitespace only, or holds a control character or a
+    line break (``\n``, ``\t``, ``\x1b``, U+2028, ...): it would break tables, logs and the
+    status page's buttons.
+
+    :raises ConfigError: naming the character (escaped) and the fix.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"entry name {name!r}: empty or whitespace only; fix: give the entry a "
+                          "name of visible characters")
+    for char in name:
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            raise ConfigError(f"entry name {name!r}: holds the control character {char!r} "
+                              f"(U+{ord(char):04X}); fix: use visible characters and spaces only "
+                              "(e.g. 'nightly-report')")
 
 
 def default_by() -> str:
@@ -198,6 +216,7 @@ class Schedules:
             message), or the task is not registered.
         """
         self._not_config(name, "add")
+        check_name(name)
         definition = self._definition(name, task=task, schedule=schedule, args=args,
                                       kwargs=kwargs, options=options, anarchon=anarchon)
         text = self._check(name, definition, check_task)

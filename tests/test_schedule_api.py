@@ -260,3 +260,15 @@ def test_adding_a_store_entry_under_a_beat_schedule_name_says_to_pick_another(ap
     with pytest.raises(EntryOwnedByConfig, match="'config-entry' is defined in beat_schedule: pick "
                                                  "another name for the store entry"):
         api.add("config-entry", task="proj.report", schedule=60)
+
+
+def test_entry_names_with_control_characters_or_nothing_visible_are_refused(api):
+    for name, words in (("new\nline", "control character '\\n' (U+000A)"),
+                        ("tab\there", "control character '\\t'"),
+                        ("esc\x1b[31m", "(U+001B)"), ("para\u2029", "(U+2029)"),
+                        ("", "not a non-empty string"), ("   ", "empty or whitespace only")):
+        with pytest.raises(ConfigError) as info:
+            api.add(name, task="proj.report", schedule=10)
+        assert words in str(info.value) and "fix:" in str(info.value), (name, info.value)
+    assert {e.name for e in api.list()} == {"config-entry", "celery.backend_cleanup"}
+    api.add("café ☕ it's \"fine\"", task="proj.report", schedule=10)   # visible: accepted
