@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import click
 
 from celery_anarchon import entry_json
+from celery_anarchon._tz import zone_name
 from celery_anarchon._util import iso
 from celery_anarchon.app_store import make_instance_id, open_app_store
 from celery_anarchon.errors import (
@@ -177,6 +178,15 @@ def _table(rows: list[tuple[str, ...]]) -> None:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
+def _app_zone(app) -> str | None:
+    """The name of the app's ``timezone`` (a crontab without a zone of its own runs in it), or
+    ``None`` when it names no known zone."""
+    try:
+        return zone_name(app.timezone)
+    except Exception:  # an unknown zone: check reports it
+        return None
+
+
 def list_entries(app, as_json: bool) -> None:
     """``list``: a table, or a JSON list of :meth:`ScheduledEntry.as_json`."""
     with _schedules(app) as s:
@@ -185,10 +195,11 @@ def list_entries(app, as_json: bool) -> None:
         click.echo(json.dumps([e.as_json() for e in entries], sort_keys=True))
         return
     rows = [("NAME", "SOURCE", "SCHEDULE", "TASK", "STATE")]
+    zone = _app_zone(app)
     for e in entries:
         d = e.definition or {}
         source = e.source + (" (store copy ignored)" if e.shadowed else "")
-        rows.append((e.name, source, entry_json.describe_schedule(d.get("schedule", "-")),
+        rows.append((e.name, source, entry_json.describe_schedule(d.get("schedule", "-"), zone),
                      str(d.get("task", "-")), e.pause.describe() if e.pause else "running"))
     _table(rows)
 

@@ -399,12 +399,17 @@ def is_storable(definition: dict) -> bool:
                    for k in ("args", "kwargs", "options", "anarchon"))
 
 
-def describe_schedule(schedule: dict) -> str:
+def describe_schedule(schedule: dict, default_zone: str | None = None) -> str:
     """A schedule's data in a few words, for tables: ``every 60 s``, ``crontab 0 */2 * * *
-    Europe/Paris``, ``cron 0 3 * * *``, ``solar sunrise 48.85,2.35``."""
+    Europe/Paris``, ``cron 0 3 * * *``, ``solar sunrise 48.85,2.35``.
+
+    :param default_zone: the zone a crontab or cron without a zone of its own is read in (the
+        app's ``timezone``), named after it; ``None``: none named.
+    """
     if not isinstance(schedule, dict):
         return str(schedule)
-    zone = f" {schedule['timezone']}" if schedule.get("timezone") else ""
+    given = schedule.get("timezone") or default_zone
+    zone = f" {given}" if given else ""
     if "every" in schedule:
         return f"every {schedule['every']:g} s" if _is_number(schedule["every"]) \
             else f"every {schedule['every']!r}"

@@ -176,6 +176,9 @@ def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry
         out["problem"] = str(exc)
     if plan is not None:
         out["timezone"] = _timezone(plan, app)
+        if "schedule" in definition:   # a crontab in the app's zone: name the zone
+            out["schedule"] = entry_json.describe_schedule(definition["schedule"],
+                                                           default_zone=out["timezone"])
         out["leased"] = plan.timing.lease is not None
         slot, slots = now_ms, []
         for _ in range(next_count):

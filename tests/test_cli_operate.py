@@ -482,3 +482,16 @@ def test_check_names_a_bad_setting_states_its_rule_and_still_checks_the_rest(
                                                                 anarchon_sync_interval=0),
                                   True, capsys=capsys)
     assert "anarchon_sync_interval: 0 s must be more than 0" in out
+
+
+def test_status_and_list_name_the_zone_of_a_crontab_in_the_apps_zone(sqlite_url, namespace, capsys):
+    from celery_anarchon import cli_commands, cli_status
+    app = _leased_app(sqlite_url, namespace)
+    app.conf.timezone = "Europe/Berlin"
+    app.conf.beat_schedule["nightly"] = {"task": "t", "schedule": crontab(minute=0, hour=3)}
+    _, text, _ = run_in_process(cli_status.status, app, 0, False, capsys=capsys)
+    [row] = [line for line in text.splitlines() if line.startswith("nightly ")]
+    assert "crontab 0 3 * * * Europe/Berlin" in row
+    _, text, _ = run_in_process(cli_commands.list_entries, app, False, capsys=capsys)
+    [row] = [line for line in text.splitlines() if line.startswith("nightly ")]
+    assert "crontab 0 3 * * * Europe/Berlin" in row and "every 2 s" in text
