@@ -45,6 +45,6 @@ if os.environ.get("ANARCHON_OP_SCHEDULE", "good") != "uninstalled":
     celery_anarchon.install(app)
 
 
-@app.task
+@app.task(shared=False)   # registered in this app only, not in every app of the process
 def report(*args, **kwargs):
     """Does nothing: the tests only schedule it."""
