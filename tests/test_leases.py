@@ -88,15 +88,13 @@ class LeaseCluster:
         self.store.close()
 
 
-#: the one worker test run on the Redis Cluster (with default acks): its lease operations are
-#: proved by the contract suite; every test of this file there would cost about 2 minutes
-CLUSTER_WORKER_TEST = "test_a_killed_runner_is_replaced_once[redis-cluster-default-acks]"
+#: the Redis Cluster runs one worker test of this file (below): its lease operations are proved
+#: by the contract suite; every test of this file there would cost about 2 minutes
+CLUSTER = "redis-cluster"
 
 
-@pytest.fixture(params=LEASE_STORES)
+@pytest.fixture(params=[k for k in LEASE_STORES if k != CLUSTER])
 def kind(request):
-    if request.param == "redis-cluster" and request.node.name != CLUSTER_WORKER_TEST:
-        pytest.skip("on the Redis Cluster only " + CLUSTER_WORKER_TEST + " runs here")
     return request.param
 
 
@@ -147,6 +145,11 @@ def test_a_killed_runner_is_replaced_once(kind, acks_late, make_cluster, capsys)
     assert result.get(timeout=10) == "done" and result.state == "SUCCESS"
     assert first["task_id"] != second["task_id"]
     assert c.store.inspect("long", c.slot()).state is RunState.FINISHED
+
+
+@pytest.mark.skipif(CLUSTER not in LEASE_STORES, reason="the Redis Cluster store is not installed")
+def test_a_killed_runner_is_replaced_once_on_the_redis_cluster(make_cluster, capsys):
+    test_a_killed_runner_is_replaced_once(CLUSTER, False, make_cluster, capsys)
 
 
 @pytest.mark.parametrize("acks_late", [False, True], ids=["default-acks", "acks-late"])
