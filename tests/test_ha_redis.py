@@ -7,14 +7,21 @@ condition with a deadline.
 """
 from __future__ import annotations
 
+import json
+import os
+import pathlib
 import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 import redis
 
-from celery_anarchon.errors import ConfigError
+from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, ClaimRequest, Outcome, RunEvent
+from celery_anarchon.stores.entry_store import Pause
 
 from stores_support import wait_until
 from backends import backdate_memory_start
@@ -372,3 +379,98 @@ def test_a_release_lost_in_a_failover_is_never_taken_over(namespace):
         b = store(ha.url, "B", namespace, confirm_timeout=CONFIRM)
         note = assert_release_lost_is_never_taken_over(b, "e", slot, run)
         assert run_id(replica) in note.detail, "the detail names the epoch change"
+
+
+# -- entry-store writes: confirmed as a durable claim is ------------------------------------------
+
+#: what an entry-store write not confirmed by the replicas raises
+NOT_CONFIRMED = "may be lost if the master fails over now"
+
+
+def pause_of(s, entry: str):
+    return s.set_pause(entry, Pause(reason="maintenance", by="ops", at_ms=0), by="ops")
+
+
+def celery_cli(url: str, namespace: str, *args: str) -> subprocess.CompletedProcess:
+    """``celery -A cli_app anarchon <args>`` (tests/apps/cli_app.py) against ``url``."""
+    apps = pathlib.Path(__file__).parent / "apps"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(apps), os.environ.get("PYTHONPATH", "")]),
+           "ANARCHON_CLI_STORE": url, "ANARCHON_CLI_NAMESPACE": namespace}
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "cli_app", "anarchon", *args],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=apps)
+
+
+def test_an_entry_write_the_replica_did_not_confirm_raises(namespace):
+    """The break found on the store: the replica R stopped (SIGSTOP) and cut off (CLIENT KILL TYPE
+    replica), a pause answered success from the master alone; the master died and R, promoted
+    without it, ran the entry. Every entry-store write (add, update, remove, pause, resume,
+    run-now) is confirmed as a durable claim is: not confirmed within confirm_timeout (replicas
+    confirmed claims within replica_grace, so one is needed) it raises StoreError, through the
+    store, the Python API and the CLI (exit 1, no traceback). With durability "none" nothing
+    changes. The promoted R indeed never got the pause: the error told the truth."""
+    with RedisHA(replicas=1) as ha:
+        replica = ha.replicas[0]
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM), "e3")
+        assert claim(a, a.now_ms(), "e3").outcome is Outcome.WON, "confirmed by the replica"
+        os.kill(replica.proc.pid, signal.SIGSTOP)
+        try:
+            ha.master.command("CLIENT", "KILL", "TYPE", "replica")
+            wait_until(lambda: ha.master.info("replication")["connected_slaves"] == 0, 5,
+                       "the master to drop its replica")
+            with pytest.raises(StoreError, match=NOT_CONFIRMED) as caught:
+                pause_of(a, "e3")
+            for words in ("pause", "1 replica", f"{CONFIRM:g} s", "repeat it"):
+                assert words in str(caught.value), str(caught.value)
+            definition = json.dumps({"task": "t", "schedule": {"every": 60}})
+            writes = {
+                "add": lambda: a.put_entry("x", definition, by="ops", create=True),
+                "update": lambda: a.put_entry("x", definition, by="ops", create=False),
+                "run-now": lambda: a.request_run("x", "r1", a.now_ms(), by="ops"),
+                "resume": lambda: a.set_pause("e3", None, by="ops"),
+                "remove": lambda: a.remove_entry("x", by="ops"),
+            }
+            for what, write in writes.items():
+                with pytest.raises(StoreError, match=NOT_CONFIRMED):
+                    write()
+            done = celery_cli(ha.url, namespace, "pause", "config-entry")
+            assert done.returncode == 1, (done.stdout, done.stderr)
+            assert done.stderr.startswith("Error: ") and NOT_CONFIRMED in done.stderr, done.stderr
+            assert "Traceback" not in done.stderr
+            lone = store(ha.url, "L", namespace, durability="none")
+            assert pause_of(lone, "other").pause is not None, "durability none: answered as before"
+            ha.kill(ha.master)
+        finally:
+            os.kill(replica.proc.pid, signal.SIGCONT)
+        ha.promote(replica)
+        b = store(ha.url, "B", namespace, confirm_timeout=CONFIRM)
+        assert claim(b, b.now_ms(), "e3").outcome is not Outcome.PAUSED
+
+
+def test_a_confirmed_pause_survives_a_sentinel_failover(namespace):
+    """With the replica up a pause is confirmed on it before it returns (one WAIT): the replica,
+    cut off right after and promoted by Sentinel once the master is killed, answers the next
+    claim ``paused``."""
+    with RedisHA(replicas=1, sentinels=3) as ha:
+        options = {"master_name": ha.master_name, "confirm_timeout": CONFIRM}
+        a = prepared(store(ha.sentinel_url, "A", namespace, **options), "e3")
+        waits = ha.master.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+        assert pause_of(a, "e3").pause is not None
+        assert ha.master.info("commandstats")["cmdstat_wait"]["calls"] > waits
+        ha.lag(ha.replicas[0])   # nothing written after the pause returned reaches it
+        old = ha.master
+        ha.kill(old)
+        ha.wait_new_master(old)
+        b = store(ha.sentinel_url, "B", namespace, **options)
+        got = claim(b, b.now_ms(), "e3")
+        assert got.outcome is Outcome.PAUSED and got.detail == "paused by ops: maintenance", got
+
+
+def test_an_entry_write_is_never_run_twice_when_its_confirmation_script_is_not_loaded(namespace):
+    """The write and its confirmation go in one pipeline: on a server that has the write's script
+    but not the confirmation's (NOSCRIPT), only the confirmation is sent again, so an add is
+    answered as added, never "exists already" by its own second run."""
+    with RedisHA(replicas=0) as ha:
+        s = store(ha.url, "A", namespace)
+        ha.master.command("SCRIPT", "LOAD", s._redis()[1]["entry_put"].script)
+        stored = s.put_entry("x", "{}", by="ops", create=True)
+        assert stored.definition == "{}" and stored.version == 1

@@ -2,7 +2,9 @@
 master while two instances claim, the per-slot epoch, and the options it refuses."""
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -10,9 +12,10 @@ from collections import defaultdict
 
 import pytest
 
-from celery_anarchon.errors import ConfigError, StoreUnavailable
+from celery_anarchon.errors import ConfigError, StoreError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import ClaimRequest, Outcome
+from celery_anarchon.stores.entry_store import Pause
 
 from backends import backdate_memory_start
 from conftest import IN_CI
@@ -138,6 +141,77 @@ def test_a_pause_is_checked_in_the_claim_on_the_entry_slot(tmp_path):
         # an older version arriving late is ignored
         a._entries._slot_pause("e", 1, {"r": "stale", "b": "x", "t": "0"})
         assert b.claim([ClaimRequest("e", slot + 2, 60_000, "t", "fp")])[0].outcome is Outcome.WON
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_pause_is_confirmed_on_both_masters_slot_first_and_survives_a_failover(rig):
+    """Entry-store writes are confirmed on the replicas as claims are, on each master they touch.
+    The entry E falls on master M1, the namespace's record on M2. With M1's replica stopped
+    (SIGSTOP, then CLIENT KILL TYPE replica) a pause raises StoreError (the entry's slot, written
+    first, was not confirmed) and the namespace record is not written. With M2's replica stopped
+    the pause raises too, after the entry's slot was confirmed: claims answer paused (the safe
+    side); a resume then writes the namespace first, raises, and claims still answer paused. With
+    every replica up the pause returns, and the replica promoted when M1 is killed answers the
+    next claim paused."""
+    namespace = "confirm-" + uuid.uuid4().hex[:6]
+    options = {"confirm_timeout": 0.4}
+    a = open_store(rig.url, namespace=namespace, instance_id="A", options=options)
+    b = open_store(rig.url, namespace=namespace, instance_id="B", options=options)
+    ns_slot = a._redis()[0].keyslot(a.namespace_keys["entries"])
+    m2 = rig.master_of_slot(ns_slot)
+    entry = next(e for e in (f"e{i}" for i in range(100))
+                 if rig.master_of_slot(a.slots.slot_of_entry(e)).port != m2.port)
+    m1 = rig.master_of_slot(a.slots.slot_of_entry(entry))
+    r1, r2 = rig.replica_of(m1), rig.replica_of(m2)
+    pause = Pause(reason="maintenance", by="ops", at_ms=0)
+    slot = [0]
+
+    def claimed() -> Outcome:
+        slot[0] += 1
+        return b.claim([ClaimRequest(entry, base + slot[0], 60_000, "t", "fp")])[0].outcome
+
+    def stopped(replica, master):
+        os.kill(replica.proc.pid, signal.SIGSTOP)
+        rig.cli(master, "client", "kill", "type", "replica")
+
+    def resumed(replica):
+        os.kill(replica.proc.pid, signal.SIGCONT)
+        rig.wait_ok()
+
+    try:
+        a.prepare([entry])
+        backdate_memory_start(a, [entry], 120_000)
+        base = a.now_ms()
+        assert claimed() is Outcome.WON, "confirmed by M1's replica"
+        a.put_entry("x", "{}", by="ops", create=True)   # confirmed by M2's replica
+        stopped(r1, m1)
+        try:
+            with pytest.raises(StoreError, match="may be lost if the master fails over now"):
+                a.set_pause(entry, pause, by="ops")
+            assert entry not in a.load_entries().entries, "the namespace record comes second"
+        finally:
+            resumed(r1)
+        a.set_pause(entry, None, by="ops")
+        assert claimed() is Outcome.WON
+        stopped(r2, m2)
+        try:
+            with pytest.raises(StoreError, match="may be lost"):
+                a.set_pause(entry, pause, by="ops")
+            assert claimed() is Outcome.PAUSED, "the entry's slot is written (and confirmed) first"
+            with pytest.raises(StoreError, match="may be lost"):
+                a.set_pause(entry, None, by="ops")
+            assert claimed() is Outcome.PAUSED, "a resume lifts the claims' pause last"
+        finally:
+            resumed(r2)
+        assert a.set_pause(entry, pause, by="ops").pause is not None
+        assert a.load_entries().entries[entry].pause is not None
+        rig.kill(m1)
+        c = open_store(rig.url, namespace=namespace, instance_id="C", options=options)
+        got = c.claim([ClaimRequest(entry, c.now_ms(), 60_000, "t", "fp")])[0]
+        assert got.outcome is Outcome.PAUSED and got.detail == "paused by ops: maintenance", got
+        c.close()
     finally:
         a.close()
         b.close()

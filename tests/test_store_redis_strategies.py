@@ -508,9 +508,10 @@ def test_a_slot_refused_as_paused_is_won_once_after_the_resume(every):
 
 def test_every_write_is_one_script_raising_the_version_and_reads_are_one_round_trip(
         every, monkeypatch):
-    """put, pause, resume, run-now and remove are one EVALSHA each (the version is raised in the
-    same script); entries_version() is one GET; load_entries(), instances() and a heartbeat are
-    one round trip each."""
+    """put, pause, resume, run-now and remove are one script each (the version is raised in the
+    same script), and one round trip with their confirmation (the confirm_write script, then a
+    WAIT when the master has replicas; durability "none": the script alone); entries_version()
+    is one GET; load_entries(), instances() and a heartbeat are one round trip each."""
     a = prepared(every("A"))
     sent = round_trips(a, monkeypatch)
     a.put_entry("e", DEFINITION, by="x", create=True)
@@ -518,7 +519,7 @@ def test_every_write_is_one_script_raising_the_version_and_reads_are_one_round_t
     a.set_pause("e", None, by="x")
     a.request_run("e", "r1", a.now_ms(), by="x")
     a.remove_entry("e", by="x")
-    assert [names for names in sent if names] == [["EVALSHA"]] * 5
+    assert [names for names in sent if names] == [["EVALSHA", "EVALSHA"]] * 5
     sent.clear()
     assert a.entries_version() == 5
     assert sent == [[]], "one round trip, no script"
@@ -526,6 +527,10 @@ def test_every_write_is_one_script_raising_the_version_and_reads_are_one_round_t
     a.load_entries(), a.instances()
     a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
     assert len(sent) == 3 and sent[2] == ["EVALSHA"]
+    lone = every("B", durability="none")
+    sent.clear()
+    lone.set_pause("e", None, by="x")
+    assert [names for names in sent if names] == [["EVALSHA"]]
 
 
 def test_namespace_keys_share_one_hash_tag_and_carry_no_ttl(every):

@@ -14,6 +14,9 @@ on a layout where each script touches one hash slot (:mod:`.cluster_keys`):
   failover of one Redis does.
 * **Pauses** are written into the entry's slot too (:mod:`.cluster_entries`), so the claim checks
   them in the same script: the store is an :class:`~celery_anarchon.stores.entry_store.EntryStore`.
+  Every entry-store write is confirmed on its master's replicas as a claim is (a ``once`` call in
+  the round, followed by the ``confirm_write`` script on the same slot); one not confirmed raises
+  StoreError.
 * **Lease scans** (expired runs) run one script per slot, pipelined per master; every other lease
   operation touches one entry, one slot.
 * **The clock.** Each decision uses the ``TIME`` of the master serving its entry; ``now_ms()`` reads
@@ -54,11 +57,13 @@ _REDIRECTS = (redis.exceptions.MovedError, redis.exceptions.AskError,
 @dataclasses.dataclass
 class _Call:
     """One script call of a round: its script, keys (head included) and arguments (header
-    included)."""
+    included); ``once``: never run again for the confirmation (an entry-store write; the other
+    calls of its round count the replicas and write, so a WAIT after them covers it)."""
 
     script: str
     keys: list
     args: list
+    once: bool = False
 
 
 class RedisClusterStore(RedisLeaseStore):
@@ -97,7 +102,7 @@ class RedisClusterStore(RedisLeaseStore):
         self._entries = ClusterEntries(
             self.namespace_keys, self._redis, self._unavailable, self._memory_ms,
             f"Redis Cluster store {self.safe_url}, namespace {self.namespace!r}",
-            slots=self.slots, node_client=self._node_client)
+            write=self._entry_write, slots=self.slots, node_client=self._node_client)
 
     def _connection_setup(self, url: str, options: dict):
         return parse_cluster_url(url)
@@ -180,7 +185,8 @@ class RedisClusterStore(RedisLeaseStore):
 
     def _node_round(self, node, calls: list[_Call], confirm: bool) -> list[tuple[dict, str]]:
         """The calls of one master: one pipeline, its confirmation on the same connection (and,
-        with durability "auto" when more replicas are live than were asked for, once more)."""
+        with durability "auto" when more replicas are live than were asked for, once more: the
+        calls but those run ``once``)."""
         client = self._redis()[0].get_redis_connection(node)
         if not confirm:
             return [(r, "") for r in self._pipeline(client, calls, 0, False)]
@@ -188,20 +194,24 @@ class RedisClusterStore(RedisLeaseStore):
         auto = replicas is None
         asked = self._hints.get(node.name, 0) if auto else replicas
         replies, acked, fsynced = self._pipeline_confirmed(client, calls, asked, aof)
-        live = max([int(r.get("replicas", 0)) for r in replies] or [0]) if auto else replicas
+        counting = [r for c, r in zip(calls, replies) if not c.once]
+        live = max([int(r.get("replicas", 0)) for r in counting] or [0]) if auto else replicas
         if auto:
             self._hints[node.name] = live
-            taken = any(r.get("outcome") in (None, "taken") for r in replies)
+            taken = any(r.get("outcome") in (None, "taken") for r in counting)
             if live > asked and taken:
-                counted = [{k: r[k] for k in ("online", "seen", "held") if k in r} for r in replies]
-                replies, acked, fsynced = self._pipeline_confirmed(client, calls, live, aof)
-                for r, c in zip(replies, counted):
+                counted = [{k: r[k] for k in ("online", "seen", "held") if k in r} for r in counting]
+                again = [c for c in calls if not c.once]
+                counting, acked, fsynced = self._pipeline_confirmed(client, again, live, aof)
+                for r, c in zip(counting, counted):
                     r.update(c)
-        worst = max(replies, key=lambda r: int(r.get("replicas", 0)))
-        detail = server.unconfirmed_detail(
+                repeated = iter(counting)
+                replies = [r if c.once else next(repeated) for c, r in zip(calls, replies)]
+        worst = max(counting, key=lambda r: int(r.get("replicas", 0)))
+        missing = server.missing_confirmation(
             worst, acked=acked, live=live, aof=aof, fsynced=fsynced, auto=auto,
-            confirm_timeout=self.confirm_timeout, replica_grace=self.replica_grace)
-        return [(r, detail) for r in replies]
+            replica_grace=self.replica_grace)
+        return [(r, missing) for r in replies]
 
     def _pipeline_confirmed(self, client, calls, asked: int, aof: bool):
         replies = self._pipeline(client, calls, asked, aof)
@@ -211,26 +221,35 @@ class RedisClusterStore(RedisLeaseStore):
 
     def _pipeline(self, client: redis.Redis, calls: list[_Call], asked: int, aof: bool) -> list:
         """EVALSHA of each call (then WAIT ``asked`` and WAITAOF when asked) in one round trip;
-        the scripts are loaded on the master and the pipeline sent again after NOSCRIPT."""
+        after NOSCRIPT the scripts are loaded on the master and the pipeline sent once more,
+        without the calls run ``once`` that ran (an entry-store write is never run twice)."""
         scripts = self._redis()[1]
         timeout_ms = max(1, round(self.confirm_timeout * 1000))
+        got: list = [None] * len(calls)
+        pending = list(range(len(calls)))
         for _ in range(2):
             pipe = client.pipeline(transaction=False)
-            for call in calls:
+            for i in pending:
+                call = calls[i]
                 pipe.evalsha(scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
             if asked:
                 pipe.execute_command("WAIT", asked, timeout_ms)
             if aof:
                 pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
             replies = pipe.execute(raise_on_error=False)
-            if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-                for name in {c.script for c in calls}:
+            tail = replies[len(pending):]
+            for i, r in zip(pending, replies):
+                got[i] = r
+            lost = [i for i in pending if isinstance(got[i], redis.exceptions.NoScriptError)]
+            if lost:
+                for name in {calls[i].script for i in lost}:
                     client.script_load(scripts[name].script)
+                pending = [i for i in pending if not calls[i].once or i in lost]
                 continue
-            for r in replies:
+            for r in (*got, *tail):
                 if isinstance(r, Exception):
                     raise r
-            return [json.loads(r) for r in replies[:len(calls)]] + replies[len(calls):]
+            return [json.loads(r) for r in got] + tail
         raise redis.exceptions.NoScriptError("the scripts could not be loaded on a master")
 
     def _plan_of(self, node, client: redis.Redis) -> tuple[int | None, bool]:
@@ -275,7 +294,22 @@ class RedisClusterStore(RedisLeaseStore):
     def _claim_call(self, keys: list[str], args: list, script: str = "claim") -> tuple[dict, str]:
         """One script on one slot with its master's confirmation (the takeover)."""
         slot = self._redis()[0].keyslot(keys[0])
-        return self._rounds([self._slot_call(script, slot, keys, args, True)], confirm=True)[0]
+        reply, missing = self._rounds([self._slot_call(script, slot, keys, args, True)],
+                                      confirm=True)[0]
+        return reply, server.unconfirmed_detail(missing, confirm_timeout=self.confirm_timeout)
+
+    def _confirmed_write(self, script: str, keys: list[str], args: list) -> tuple[object, str]:
+        """An entry-store write on the slot of ``keys[0]``, then ``confirm_write`` on that slot's
+        head, confirmed by the master serving the slot (:meth:`_rounds`; the write runs once).
+
+        :returns: the script's reply (JSON decoded) and what the confirmation lacked ("" if
+            nothing).
+        """
+        slot = self._redis()[0].keyslot(keys[0])
+        (reply, _), (_, missing) = self._rounds(
+            [_Call(script, keys, args, once=True),
+             self._slot_call("confirm_write", slot, [], [], True)], confirm=True)
+        return reply, missing
 
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
         """Claim the batch: one claim script per hash slot, pipelined per master with its
@@ -299,7 +333,8 @@ class RedisClusterStore(RedisLeaseStore):
                                          args, True))
             order.append(indexes)
         results: list = [None] * len(requests)
-        for indexes, (reply, unconfirmed) in zip(order, self._rounds(calls, confirm=True)):
+        for indexes, (reply, missing) in zip(order, self._rounds(calls, confirm=True)):
+            unconfirmed = server.unconfirmed_detail(missing, confirm_timeout=self.confirm_timeout)
             got = self._unconfirmed(claim_results([requests[i] for i in indexes], reply), unconfirmed)
             for i, result in zip(indexes, got):
                 results[i] = result

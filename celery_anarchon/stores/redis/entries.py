@@ -19,7 +19,14 @@ hash ``:store``)::
     :fingerprints:kept  zset   digest scored by the ms until which it is kept
 
 Every write of an entry, a pause or a request is one Lua script that raises ``:entries:version``
-in the same script (atomic with the write); :meth:`RedisEntries.version` is one GET, and the other
+in the same script (atomic with the write), confirmed as a durable claim is: the store's
+``durability`` (WAIT / WAITAOF pipelined after it, with the ``confirm_write`` script of
+:mod:`.scripts` counting the replicas by the claims' rule). One the master applied but did not
+confirm within ``confirm_timeout`` raises :class:`~celery_anarchon.errors.StoreError`: the change
+may be lost if the master fails over now (a pause lost so would let the promoted replica run the
+entry), so the caller repeats it once the replicas are back. With durability ``"none"`` the script
+runs alone. Instance records and fingerprint mappings are not confirmed (a heartbeat is written
+again within seconds). :meth:`RedisEntries.version` is one GET, and the other
 reads are one MULTI (one consistent read). Every time is the server's ``TIME``: an instance
 record expires on the store's clock. No key carries a TTL: requests (older than the store's
 memory, or a day when it is unbounded), expired instance records and fingerprint mappings no
@@ -31,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
-from typing import ContextManager
+from typing import Any, ContextManager
 from urllib.parse import quote
 
 import redis
@@ -189,20 +196,36 @@ class RedisEntries(EntryOps):
     :param horizon_ms: how long run-now requests are kept, ms (the store's memory; ``0``: unbounded,
         then :data:`DAY_MS`).
     :param where: how errors name the store and namespace (``"Redis store <url>, namespace 'x'"``).
+    :param write: ``write(doing, script, keys, args)`` -> the reply (JSON decoded) of an entry,
+        pause or request script run on the master and confirmed as a durable claim is (the
+        store's ``_entry_write``); it raises StoreError when the write is not confirmed within
+        ``confirm_timeout``.
     """
 
     def __init__(self, keys: Mapping[str, str], connection: Callable[[], tuple[redis.Redis, dict]],
-                 unavailable: Callable[[str], ContextManager], horizon_ms: int, where: str) -> None:
+                 unavailable: Callable[[str], ContextManager], horizon_ms: int, where: str, *,
+                 write: Callable[[str, str, list, list], Any]) -> None:
         self.keys = dict(keys)
         self._connection = connection
         self._unavailable = unavailable
         self.horizon_ms = int(horizon_ms) or DAY_MS
         self.where = where
+        self._write_confirmed = write
 
     def _run(self, script: str, roles: tuple[str, ...], *args) -> str:
+        """Run ``script`` on the namespace's keys of ``roles`` (no confirmation: heartbeats)."""
         with self._unavailable(script.replace("_", " ")):
             scripts = self._connection()[1]
             return scripts[script](keys=[self.keys[r] for r in roles], args=list(args))
+
+    def _write(self, doing: str, script: str, roles: tuple[str, ...], *args) -> Any:
+        """Run the write ``script`` on the namespace's keys of ``roles``, confirmed (``write``).
+
+        :returns: its reply, JSON decoded.
+        :raises StoreError: not confirmed within ``confirm_timeout``.
+        :raises StoreUnavailable: the store did not answer.
+        """
+        return self._write_confirmed(doing, script, [self.keys[r] for r in roles], list(args))
 
     def _read(self, doing: str, fill: Callable[[redis.client.Pipeline], None]) -> list:
         """One MULTI/EXEC (a consistent read): ``fill(pipe)`` queues the commands."""
@@ -235,8 +258,9 @@ class RedisEntries(EntryOps):
 
     def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
         """Add or update a definition (see :meth:`EntryStore.put_entry`)."""
-        reply = json.loads(self._run("entry_put", ("entries", "pauses", "entries:version"),
-                                     name, definition, by, "1" if create else "0"))
+        reply = self._write(f"{'add' if create else 'update'} {name!r}", "entry_put",
+                            ("entries", "pauses", "entries:version"), name, definition, by,
+                            "1" if create else "0")
         if reply["o"] == "exists":
             raise EntryExists(f"{self.where}: the store holds an entry {name!r} already; update "
                               "it, or remove it first")
@@ -246,22 +270,24 @@ class RedisEntries(EntryOps):
 
     def remove_entry(self, name: str, *, by: str) -> bool:
         """Remove a definition and its pause; False when there was no definition."""
-        reply = self._run("entry_remove", ("entries", "pauses", "entries:version"), name)
-        return json.loads(reply)["o"] == "ok"
+        reply = self._write(f"remove {name!r}", "entry_remove",
+                            ("entries", "pauses", "entries:version"), name)
+        return reply["o"] == "ok"
 
     def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
         """Pause or resume ``name`` (the pause's time is the server's)."""
-        reply = json.loads(self._run(
-            "entry_pause", ("entries", "pauses", "entries:version"), name,
-            "1" if pause else "0", pause.reason if pause else "", pause.by if pause else "", by))
+        reply = self._write(
+            f"{'pause' if pause else 'resume'} {name!r}", "entry_pause",
+            ("entries", "pauses", "entries:version"), name,
+            "1" if pause else "0", pause.reason if pause else "", pause.by if pause else "", by)
         return _stored(name, reply["r"], reply.get("p"))
 
     def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
         """Insert-if-absent on (entry, request id); the request as stored."""
         field = f"{quote(entry, safe='')} {quote(request_id, safe='')}"
-        raw = self._run("request_run", ("requests", "requests:age", "entries:version"), field,
-                        entry, request_id, int(slot_ms), by, self.horizon_ms)
-        return _request(json.loads(raw))
+        return _request(self._write(
+            f"run-now {entry!r}", "request_run", ("requests", "requests:age", "entries:version"),
+            field, entry, request_id, int(slot_ms), by, self.horizon_ms))
 
     # -- instances, fingerprints --------------------------------------------------------------
     def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:

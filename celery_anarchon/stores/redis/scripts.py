@@ -62,6 +62,7 @@ STORE_FIELDS = (
     "settings",       # the memory settings in use (text, e.g. "strategy=lease memory=3600s")
     "settings_used",  # store ms of the last claim made under them
     "taken_at",       # store ms of the last takeover answered TAKEN (a write its WAIT covers)
+    "written_at",     # store ms of the last entry-store write confirmed (a write its WAIT covers)
     "replicas_at",    # store ms of the last claim batch the master had live replicas to wait for
     "replicas_seen",  # JSON {count: store ms}: when claim batches last had that many replicas online
 )
@@ -363,6 +364,17 @@ return cjson.encode({now = int(NOW), settings = rec[1] or '', used = rec[2] or '
                      online = int(online_replicas())})
 """)
 
+#: After an entry-store write (:mod:`.entries`), in the same round trip: the replicas its
+#: confirmation waits for, by the claims' rule (``with_replicas``), and a write of its own, so that
+#: a WAIT sent after it on any connection covers every earlier write of the master (the entry
+#: write among them).
+#: KEYS: the namespace keys (on a Cluster: the head of the written slot).  ARGV[1..6]: header.
+#: Reply: {now, replicas, online, seen?, held?}.
+CONFIRM_WRITE = lua(r"""
+redis.call('HSET', STORE, 'written_at', int(NOW))
+return with_replicas({now = int(NOW)})
+""")
+
 #: The scripts every strategy registers, by name.
 SHARED = {"settings": SETTINGS_READ, "memory_start": MEMORY_START, "record": RECORD,
-          "history": HISTORY_READ}
+          "history": HISTORY_READ, "confirm_write": CONFIRM_WRITE}

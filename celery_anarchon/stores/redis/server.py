@@ -1,7 +1,9 @@
 """What the Redis store reads and judges about its server: the version, AOF and replicas
 (:func:`server_facts`), how a won claim is confirmed durable (:func:`plan_confirmation`, the
-``durability`` option), why a batch's wins are not confirmed (:func:`unconfirmed_detail`), and the
-start-up warnings about what the server may lose (:func:`warnings`).
+``durability`` option), what a confirmation lacked (:func:`missing_confirmation`) and so why a
+batch's wins are not confirmed (:func:`unconfirmed_detail`) or an entry-store write fails
+(:func:`unconfirmed_write`), and the start-up warnings about what the server may lose
+(:func:`warnings`).
 
 Functions of the values they are given (no store object): the store calls them with its options
 and with the replicas online as the scripts count them (``online_replicas`` in :mod:`.scripts`,
@@ -13,7 +15,7 @@ import contextlib
 
 import redis
 
-from celery_anarchon.errors import ConfigError
+from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.stores.redis.options import _EVICTING, WAITAOF_VERSION
 
 
@@ -69,14 +71,17 @@ def plan_confirmation(facts: dict, *, durability: str, min_replicas: int,
     return (min_replicas if "replica" in durability else 0), "aof" in durability
 
 
-def unconfirmed_detail(reply: dict, *, acked: int, live: int, aof: bool, fsynced: bool, auto: bool,
-                       confirm_timeout: float, replica_grace: float) -> str:
-    """Why the wins of a claim (or takeover) batch are not confirmed, ``""`` when they are.
+def missing_confirmation(reply: dict, *, acked: int, live: int, aof: bool, fsynced: bool,
+                         auto: bool, replica_grace: float) -> str:
+    """What a confirmation (WAIT / WAITAOF) of a batch of writes lacked, ``""`` when it is
+    confirmed: the one rule for claims, takeovers and entry-store writes.
 
-    :param reply: the script's reply (``now``; with ``auto``: ``online``, ``seen``, ``held``).
+    :param reply: the reply of the script that counted the replicas (``now``; with ``auto``:
+        ``online``, ``seen``, ``held``).
     :param acked: replicas that acknowledged (WAIT); ``live``: replicas that had to.
     :param fsynced: the AOF fsync was confirmed (WAITAOF), needed when ``aof``.
-    :param confirm_timeout: seconds each confirmation waited; ``replica_grace``: seconds.
+    :param auto: durability "auto"; ``replica_grace``: its option, seconds.
+    :returns: e.g. ``"0 of 1 replica acknowledged"``; parts joined by ``"; "``.
     """
     missing = []
     if live and acked < live:
@@ -92,10 +97,34 @@ def unconfirmed_detail(reply: dict, *, acked: int, live: int, aof: bool, fsynced
                 "of a split")
     if aof and not fsynced:
         missing.append("the AOF fsync was not confirmed")
+    return "; ".join(missing)
+
+
+def unconfirmed_detail(missing: str, *, confirm_timeout: float) -> str:
+    """Why the wins of a claim (or takeover) batch are not confirmed, ``""`` when they are.
+
+    :param missing: :func:`missing_confirmation`'s text.
+    :param confirm_timeout: seconds each confirmation waited.
+    """
     if not missing:
         return ""
-    return (f"won, but not confirmed durable within {confirm_timeout:g} s ({'; '.join(missing)}): "
+    return (f"won, but not confirmed durable within {confirm_timeout:g} s ({missing}): "
             "not sent, so a failover cannot make it run twice")
+
+
+def unconfirmed_write(where: str, doing: str, missing: str, *,
+                      confirm_timeout: float) -> StoreError:
+    """The error of an entry-store write the master applied but did not confirm durable.
+
+    :param where: names the store (masked URL) and namespace.
+    :param doing: the write (``"pause 'e3'"``).
+    :param missing: :func:`missing_confirmation`'s text (not empty).
+    :param confirm_timeout: seconds the confirmation waited.
+    """
+    return StoreError(
+        f"{where}: {doing} was written on the master but not confirmed durable within "
+        f"{confirm_timeout:g} s ({missing}): the change may be lost if the master fails over "
+        "now; repeat it once the replicas are back")
 
 
 def warnings(client: redis.Redis, facts: dict, confirm: tuple[int | None, bool], *, safe_url: str,

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar
 
 import redis
@@ -127,7 +127,7 @@ class RedisStore(EntryStore):
         self.namespace_keys = namespace_keys(self.key_prefix, self.namespace)
         self._entries = RedisEntries(
             self.namespace_keys, self._redis, self._unavailable, self._memory_ms,
-            f"Redis store {self.safe_url}, namespace {self.namespace!r}")
+            f"Redis store {self.safe_url}, namespace {self.namespace!r}", write=self._entry_write)
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -250,68 +250,137 @@ class RedisStore(EntryStore):
 
     def _claim_call(self, keys: list[str], args: list, script: str = "claim") -> tuple[dict, str]:
         """Run the claim script (or ``take_over``) on ``keys`` / ``args`` (the store key and the
-        header are added) and, in the same round trip, the batch's one confirmation (WAIT and/or
-        WAITAOF on the same connection: they cover the script's writes, and so every earlier
-        write of the master).
+        header are added) and, in the same round trip, the batch's one confirmation
+        (:meth:`_confirmed`).
 
         :returns: the script's reply and why its wins are not confirmed ("" when they are).
         :raises StoreUnavailable: the outcome is unknown (a retry recognises this instance's win
             and confirms it again).
         """
+        # a takeover that took nothing has nothing to confirm, and running it again would answer
+        # REFUSED for the record it just changed
+        replies, missing = self._confirmed(
+            [(script, keys, args, True)], again=1,
+            rerun=lambda r: script != "take_over" or r.get("outcome") == "taken")
+        return replies[-1], server.unconfirmed_detail(missing, confirm_timeout=self.confirm_timeout)
+
+    def _confirmed(self, calls: list[tuple[str, list, list, bool]], *, again: int,
+                   rerun: Callable[[dict], bool] = lambda reply: True) -> tuple[list, str]:
+        """Run ``calls`` and their one confirmation (WAIT and/or WAITAOF on the same connection:
+        they cover the scripts' writes, and so every earlier write of the master) in one round
+        trip: the rule of a durable claim, for claims, takeovers and entry-store writes.
+
+        :param calls: (script name, keys, args, header: the namespace keys and the ARGV header
+            go first) each; the last one's reply counts the replicas (``with_replicas``).
+        :param again: how many of the last calls run again, with durability "auto", when more
+            replicas are live than were waited for (a replica joined since the last batch, or one
+            is required within replica_grace): each must be safe to repeat and write, so that
+            the new WAIT covers the first calls' writes whatever connection it is sent on.
+        :param rerun: ``rerun(reply)``: whether the last call's reply needs that run again.
+        :returns: the calls' replies (JSON decoded; the repeated ones from their run again) and
+            what their confirmation lacked (:func:`.server.missing_confirmation`; "" when
+            confirmed).
+        :raises StoreUnavailable: the server did not answer (the outcome is unknown).
+        """
         replicas, aof = self._confirmation()
         auto = replicas is None
-        reply, acked, fsynced, asked = self._claim_round(script, keys, args, replicas, aof)
+        replies, acked, fsynced, asked = self._confirm_round(calls, replicas, aof,
+                                                             len(calls) - again)
+        reply = replies[-1]
         live = int(reply.get("replicas", 0)) if auto else replicas
         if auto:
             self._replica_hint = live
-            # a replica joined since the last batch (or one is required within replica_grace):
-            # confirm on it too, by running the script again (a claim reads its win back, a
-            # takeover its own TAKEN); a takeover that took nothing has nothing to confirm, and
-            # running it again would answer REFUSED for the record it just changed
-            if live > asked and (script != "take_over" or reply.get("outcome") == "taken"):
+            if live > asked and rerun(reply):
                 counted = {k: reply[k] for k in ("online", "seen", "held") if k in reply}
-                reply, acked, fsynced, asked = self._claim_round(script, keys, args, live, aof)
-                reply.update(counted)  # the run again does not count: keep why `live` are needed
-        return reply, server.unconfirmed_detail(
+                repeated, acked, fsynced, asked = self._confirm_round(calls[-again:], live, aof)
+                replies = replies[:len(calls) - again] + repeated
+                # the run again does not count: keep why `live` are needed
+                replies[-1].update(counted)
+                reply = replies[-1]
+        return replies, server.missing_confirmation(
             reply, acked=acked, live=live, aof=aof, fsynced=fsynced, auto=auto,
-            confirm_timeout=self.confirm_timeout, replica_grace=self.replica_grace)
+            replica_grace=self.replica_grace)
 
-    def _claim_round(self, name, keys, args, replicas, aof) -> tuple[dict, int, bool, int]:
-        """One pipelined round trip: script ``name``, then WAIT / WAITAOF (reloads the script
-        once after NOSCRIPT). Returns (reply, replicas acknowledged, AOF fsynced, replicas asked)."""
+    def _confirm_round(self, calls, replicas, aof, once: int = 0) -> tuple[list, int, bool, int]:
+        """One pipelined round trip: the scripts of ``calls`` (as :meth:`_confirmed` takes them),
+        then WAIT / WAITAOF. After NOSCRIPT the scripts are loaded and the pipeline sent once
+        more, without the first ``once`` calls that ran (an entry-store write is never run twice).
+        Returns (the replies, JSON decoded; replicas acknowledged; AOF fsynced; replicas asked)."""
         client, scripts = self._redis()
-        script = scripts[name]
         asked = self._replica_hint if replicas is None else replicas
         timeout_ms = max(1, round(self.confirm_timeout * 1000))
-        full_keys = [*self._head_keys, *keys]
-        full_args = [*self._header(count_replicas=replicas is None), *args]
-        with self._unavailable(name):
+        header = self._header(count_replicas=replicas is None)
+        full = [([*self._head_keys, *keys], [*header, *args]) if head else (keys, args)
+                for _, keys, args, head in calls]
+        got: list = [None] * len(calls)
+        pending = list(range(len(calls)))
+        with self._unavailable(calls[0][0]):
             for _ in range(2):
                 pipe = client.pipeline(transaction=False)
-                pipe.evalsha(script.sha, len(full_keys), *full_keys, *full_args)
+                for i in pending:
+                    keys, args = full[i]
+                    pipe.evalsha(scripts[calls[i][0]].sha, len(keys), *keys, *args)
                 if asked:
                     pipe.execute_command("WAIT", asked, timeout_ms)
                 if aof:
                     pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
                 replies = pipe.execute(raise_on_error=False)
-                if isinstance(replies[0], redis.exceptions.NoScriptError):
-                    client.script_load(script.script)
+                tail = replies[len(pending):]
+                for i, r in zip(pending, replies):
+                    got[i] = r
+                lost = [i for i in pending if isinstance(got[i], redis.exceptions.NoScriptError)]
+                if lost:
+                    for name in {calls[i][0] for i in lost}:
+                        client.script_load(scripts[name].script)
+                    pending = [i for i in pending if i >= once or i in lost]
                     continue
-                if aof and self.durability == "auto" and isinstance(replies[-1], Exception):
+                if aof and self.durability == "auto" and isinstance(tail[-1], Exception):
                     # AOF turned off (or a failover to a master without it): 'auto' waits for
                     # the AOF only where it is used; read the setup again before the next batch
                     self._confirm = None
-                    replies[-1] = [1, 0]
-                for r in replies:
+                    tail[-1] = [1, 0]
+                for r in (*got, *tail):
                     if isinstance(r, Exception):
                         raise r
                 break
             else:
-                raise redis.exceptions.NoScriptError(f"the {name} script could not be loaded")
-        reply = json.loads(replies[0])
-        acked = int(replies[1]) if asked else 0
-        fsynced = bool(aof and int(replies[-1][0]) >= 1)
-        return reply, acked, fsynced, asked
+                raise redis.exceptions.NoScriptError(
+                    f"the {calls[0][0]} script could not be loaded")
+        acked = int(tail[0]) if asked else 0
+        fsynced = bool(aof and int(tail[-1][0]) >= 1)
+        return [json.loads(r) for r in got], acked, fsynced, asked
+
+    def _entry_write(self, doing: str, script: str, keys: list[str], args: list):
+        """Run an entry-store write (a script of :mod:`.entries`, its own keys and args) confirmed
+        as a durable claim is (:meth:`_confirmed_write`); with durability "none", the script
+        alone, as it always was.
+
+        :param doing: the write, for the error (``"pause 'e3'"``).
+        :returns: the script's reply, JSON decoded.
+        :raises StoreError: the master applied the write but did not confirm it within
+            ``confirm_timeout`` (the change may be lost if it fails over now; repeat it once the
+            replicas are back).
+        :raises StoreUnavailable: the server did not answer (the outcome is unknown).
+        """
+        if self.durability == "none":
+            with self._unavailable(script.replace("_", " ")):
+                return json.loads(self._redis()[1][script](keys=keys, args=list(args)))
+        reply, missing = self._confirmed_write(script, list(keys), list(args))
+        if missing:
+            raise server.unconfirmed_write(self._entries.where, doing, missing,
+                                           confirm_timeout=self.confirm_timeout)
+        return reply
+
+    def _confirmed_write(self, script: str, keys: list[str], args: list) -> tuple[object, str]:
+        """``script`` then the ``confirm_write`` script (the replicas, by the claims' rule) and the
+        confirmation, in one round trip (:meth:`_confirmed`; only ``confirm_write`` runs again).
+
+        :returns: the script's reply (JSON decoded) and what the confirmation lacked ("" if
+            nothing).
+        """
+        replies, missing = self._confirmed(
+            [(script, keys, args, False), ("confirm_write", [], [], True)], again=1)
+        return replies[0], missing
 
     def _unconfirmed(self, results: list[ClaimResult], detail: str) -> list[ClaimResult]:
         """WON -> UNCONFIRMED (spec point 1), its history record 'unconfirmed' (best effort)."""
