@@ -303,6 +303,28 @@ def test_history_keeps_newest_runs_with_their_facts(stores):
     assert len(a.history("e", limit=2)) == 2
 
 
+def test_history_many_reads_every_entry_as_history_does(stores, monkeypatch):
+    """The batch read gives each entry what its own read gives, across batches (two names a
+    round trip here), for names given twice, with no runs, and with a limit."""
+    for module in ("redis.history", "redis.cluster", "sql.history"):
+        monkeypatch.setattr(f"celery_anarchon.stores.{module}.HISTORY_BATCH", 2)
+    a = prepared(stores("A", history_size=5), "e", "f", "g")
+    base = fresh_slot(a)
+    for entry, count in (("e", 7), ("f", 2)):
+        for i in range(count):
+            slot = base + i * 10
+            assert a.claim([req(entry, slot)])[0].outcome is Outcome.WON
+            a.record(entry, slot, RunEvent.SENT, task_id=f"{entry}-{i}")
+    got = a.history_many(["e", "f", "g", "e"], limit=3)
+    assert list(got) == ["e", "f", "g"]
+    assert got == {"e": a.history("e", limit=3), "f": a.history("f"), "g": []}
+    assert [r.task_id for r in got["e"]] == ["e-6", "e-5", "e-4"]
+    assert a.history_many(["f", "e"]) == {"f": a.history("f"), "e": a.history("e")}
+    assert len(a.history_many(["e"])["e"]) == 5
+    assert a.history_many(["e", "f"], limit=0) == {"e": [], "f": []}
+    assert a.history_many([]) == {}
+
+
 def test_skip_events_never_overwrite_a_claim(stores):
     a, b = prepared(stores("A")), stores("B")
     slot = fresh_slot(a)

@@ -347,6 +347,21 @@ class ClaimStore(abc.ABC):
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         """The entry's newest runs, newest first (at most ``limit`` or ``history_size``)."""
 
+    def history_many(self, entries: Iterable[str],
+                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """The newest runs of each of ``entries``, as :meth:`history` gives them, read in as few
+        round trips as the backend allows (this default: one :meth:`history` per entry).
+
+        :param entries: entry names (a name given twice is read once).
+        :param limit: runs per entry, at most (default and cap ``history_size``); below 1: none.
+        :returns: ``{entry: runs newest first}``, with a key for every name (``[]``: no runs).
+        :raises StoreUnavailable: the store cannot be reached (nothing is returned).
+        """
+        names = list(dict.fromkeys(entries))
+        if limit is not None and int(limit) < 1:
+            return {name: [] for name in names}
+        return {name: self.history(name, limit) for name in names}
+
     # -- definitions (fingerprints) -------------------------------------------------------------
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
         """Remember what a fingerprint stands for, so another instance can name it. Optional."""

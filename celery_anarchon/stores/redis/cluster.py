@@ -46,6 +46,7 @@ from celery_anarchon.stores.redis import server
 from celery_anarchon.stores.redis.cluster_entries import SCRIPTS as CLUSTER_SCRIPTS, ClusterEntries
 from celery_anarchon.stores.redis.cluster_keys import SlotKeys, parse_cluster_url
 from celery_anarchon.stores.redis.entries import SCRIPTS as ENTRY_SCRIPTS
+from celery_anarchon.stores.redis.history import HISTORY_BATCH, history_records
 from celery_anarchon.stores.redis.lease import RedisLeaseStore, _run
 from celery_anarchon.stores.redis.store import _items, claim_results
 
@@ -362,6 +363,25 @@ class RedisClusterStore(RedisLeaseStore):
                  "1" if event in SKIP_EVENTS else "0"]))
         if calls:
             self._rounds(calls)
+
+    def history_many(self, entries: Iterable[str],
+                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """:meth:`history` of each of ``entries``, pipelined per master (:data:`HISTORY_BATCH`
+        reads a round).
+
+        :raises StoreUnavailable: a master did not answer (nothing is returned).
+        """
+        names = list(dict.fromkeys(entries))
+        limit = self.history_size if limit is None else int(limit)
+        if limit < 1:
+            return {name: [] for name in names}
+        out: dict[str, list[HistoryRecord]] = {}
+        for start in range(0, len(names), HISTORY_BATCH):
+            chunk = names[start:start + HISTORY_BATCH]
+            calls = [self._slot_call("history", self.slots.slot_of_entry(n), self._block(n), [limit])
+                     for n in chunk]
+            out.update((n, history_records(n, reply)) for n, (reply, _) in zip(chunk, self._rounds(calls)))
+        return out
 
     def now_ms(self) -> int:
         """The ``TIME`` of the master serving the namespace's slot, UTC ms."""

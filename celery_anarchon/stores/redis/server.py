@@ -16,7 +16,7 @@ import contextlib
 import redis
 
 from celery_anarchon.errors import ConfigError, StoreError
-from celery_anarchon.stores.redis.options import _EVICTING, WAITAOF_VERSION
+from celery_anarchon.stores.redis.options import _EVICTING, MIN_VERSIONS, WAITAOF_VERSION
 
 
 def server_version(client: redis.Redis) -> tuple[str, tuple[int, ...] | None]:
@@ -27,6 +27,25 @@ def server_version(client: redis.Redis) -> tuple[str, tuple[int, ...] | None]:
         return text, tuple(int(p) for p in text.split(".")[:2])
     except (redis.exceptions.ResponseError, ValueError):
         return text, None
+
+
+def check_version(client: redis.Redis, strategy: str, safe_url: str) -> None:
+    """ConfigError when the server is older than ``strategy`` needs (naming its version and the
+    strategies that work on it).
+
+    :raises ConfigError: the server is too old for ``strategy``.
+    :raises redis.exceptions.RedisError: the server did not answer (the caller translates it).
+    """
+    text, version = server_version(client)
+    need = MIN_VERSIONS[strategy]
+    if version is not None and version < need:
+        usable = [s for s, v in MIN_VERSIONS.items() if version >= v]
+        raise ConfigError(
+            f"Redis store {safe_url}: the server runs Redis {text}, and the strategy "
+            f"{strategy!r} needs Redis >= {'.'.join(map(str, need))}. "
+            + (f"Strategies that work on Redis {text}: {', '.join(map(repr, usable))}; set "
+               "anarchon_store_options['strategy'] to one of them, or upgrade the server."
+               if usable else "No strategy works on it: upgrade the server."))
 
 
 def server_facts(client: redis.Redis, replicas: int) -> dict:

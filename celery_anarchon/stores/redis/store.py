@@ -1,6 +1,6 @@
 """The Redis store: what every strategy shares (connections, options, the scripts' header,
-start-up checks, durability, history, definitions, and the entry store of :mod:`.entries`, composed
-in). The server's facts and the durability rules are in :mod:`.server`. The strategies are its
+start-up checks, durability, the history and definitions of :mod:`.history` and the entry store
+of :mod:`.entries`, composed in). The server's facts and the durability rules are in :mod:`.server`. The strategies are its
 subclasses:
 ``lease`` (:mod:`.lease`) and ``stream-id``, ``script``, ``idmp`` (:mod:`.strategies`);
 ``RedisStore(url, strategy=...)`` builds the class of the strategy asked for, which registers
@@ -26,23 +26,24 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores._common import translated
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest, ClaimResult,
-    HistoryRecord, Outcome, RunEvent, SKIP_EVENTS,
+    HistoryRecord, Outcome, RunEvent,
 )
 from celery_anarchon.stores.entry_store import (
     EntryStore,
 )
 from celery_anarchon.stores.redis import server
+from celery_anarchon.stores.redis.history import RedisHistory, _items
 from celery_anarchon.stores.redis.entries import (
     SCRIPTS as ENTRY_SCRIPTS, RedisEntries, namespace_keys,
 )
 from celery_anarchon.stores.redis.options import (
-    DEFAULT_KEY_PREFIX, MIN_VERSIONS, _allow_eviction, _durability, _key_prefix, _strategy,
+    DEFAULT_KEY_PREFIX, _allow_eviction, _durability, _key_prefix, _strategy,
     check_options, entry_key_prefix, sentinel_setup,
 )
 from celery_anarchon.stores.redis.scripts import ENTRY_KEYS
 
 
-class RedisStore(EntryStore):
+class RedisStore(RedisHistory, EntryStore):
     """Redis: claims and history in Lua scripts on the server clock, and (every strategy) store
     entries, pauses, run-now requests and instance records (:mod:`.entries`; the pause is checked
     inside each claim script); the ``lease`` strategy
@@ -435,21 +436,8 @@ class RedisStore(EntryStore):
                 allow_eviction=self.allow_eviction)
 
     def _check_version(self, client: redis.Redis) -> None:
-        """ConfigError when the server is older than the strategy needs (naming its version and
-        the strategies that work on it).
-
-        :raises redis.exceptions.RedisError: the server did not answer (the caller translates it).
-        """
-        text, version = server.server_version(client)
-        need = MIN_VERSIONS[self.strategy]
-        if version is not None and version < need:
-            usable = [s for s, v in MIN_VERSIONS.items() if version >= v]
-            raise ConfigError(
-                f"Redis store {self.safe_url}: the server runs Redis {text}, and the strategy "
-                f"{self.strategy!r} needs Redis >= {'.'.join(map(str, need))}. "
-                + (f"Strategies that work on Redis {text}: {', '.join(map(repr, usable))}; set "
-                   "anarchon_store_options['strategy'] to one of them, or upgrade the server."
-                   if usable else "No strategy works on it: upgrade the server."))
+        """:func:`.server.check_version` for this store's strategy."""
+        server.check_version(client, self.strategy, self.safe_url)
 
     def _check_settings(self) -> int:
         """ConfigError when the store records other memory settings that are still in use (spec
@@ -483,56 +471,11 @@ class RedisStore(EntryStore):
         with self._unavailable("TIME"):
             seconds, micros = self._redis()[0].time()
         return int(seconds) * 1000 + int(micros) // 1000
-    # -- history ------------------------------------------------------------------------------
-    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
-               attempt: int = 1, detail: str = "") -> None:
-        """Write one history event as this instance, store_ms on the server's clock; skip events
-        only fill an empty record (a skip is recorded once, never over a claim)."""
-        event = RunEvent(event)
-        self._call("record", self._block(entry), int(slot_ms), event.value, task_id, int(attempt),
-                   detail, "1" if event in SKIP_EVENTS else "0")
-
-    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
-        """Several :meth:`record` events in one pipelined round trip."""
-        if not notes:
-            return
-        client, scripts = self._redis()
-        with self._unavailable("record"):
-            pipe = client.pipeline(transaction=False)
-            for n in notes:
-                event = RunEvent(n.event)
-                scripts["record"](
-                    keys=[*self._head_keys, *self._block(n.entry)],
-                    args=[*self._header(), int(n.slot_ms), event.value, n.task_id, int(n.attempt),
-                          n.detail, "1" if event in SKIP_EVENTS else "0"], client=pipe)
-            pipe.execute()
-
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        """The entry's newest runs, newest first (one script: index and records read together)."""
-        limit = self.history_size if limit is None else int(limit)
-        if limit < 1:
-            return []
-        reply = self._call("history", self._block(entry), limit)
-        return [HistoryRecord(entry=entry, slot_ms=int(h["s"]), event=RunEvent(h["r"]["e"]),
-                              instance=h["r"]["i"], store_ms=int(h["r"]["t"]), task_id=h["r"]["k"],
-                              attempt=int(h["r"]["a"]), detail=h["r"]["d"])
-                for h in _items(reply.get("records"))]
-
     # -- entries, pauses, requests, instances (EntryStore, in :mod:`.entries`) -------------------
     @property
     def entry_ops(self):
         """The entry operations (EntryStore), a part in :mod:`.entries`."""
         return self._entries
-
-    # -- definitions --------------------------------------------------------------------------
-    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
-        with self._unavailable("save definition"):
-            self._redis()[0].hset(self.keys_of(entry)["definitions"], fingerprint, text)
-
-    def load_definition(self, entry: str, fingerprint: str) -> str | None:
-        with self._unavailable("load definition"):
-            text = self._redis()[0].hget(self.keys_of(entry)["definitions"], fingerprint)
-        return text.decode() if isinstance(text, bytes) else text
 
 
 def claim_results(requests: Sequence[ClaimRequest], reply: dict) -> list[ClaimResult]:
@@ -544,11 +487,6 @@ def claim_results(requests: Sequence[ClaimRequest], reply: dict) -> list[ClaimRe
                         token=int(r["k"]) if r.get("k") else None, attempt=int(r.get("a", 1)),
                         detail=r.get("d", ""))
             for request, r in zip(requests, _items(reply.get("results")))]
-
-
-def _items(value) -> list:
-    """A JSON array from cjson, which encodes an empty Lua table as ``{}``."""
-    return value if isinstance(value, list) else []
 
 
 def _cause(exc: BaseException) -> str:

@@ -375,6 +375,10 @@ class SQLStore(LeaseStore, EntryStore):
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         return self._history.history(entry, limit)
 
+    def history_many(self, entries: Iterable[str],
+                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        return self._history.history_many(entries, limit)
+
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
         self._history.save_definition(entry, fingerprint, text)
 

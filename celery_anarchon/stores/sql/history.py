@@ -4,7 +4,7 @@ Instants are UTC ms on the store's clock.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -13,6 +13,8 @@ from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
 from celery_anarchon.stores.sql import schema
 
 _RUN_KEY = ("namespace", "entry", "slot_ms")
+#: ``history_many`` names at most this many entries in one query
+HISTORY_BATCH = 1000
 
 
 class SQLHistory:
@@ -101,6 +103,39 @@ class SQLHistory:
         return [HistoryRecord(entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(r.event),
                               instance=r.instance, store_ms=r.store_ms, task_id=r.task_id,
                               attempt=r.attempt, detail=r.detail) for r in rows if r.event in known]
+
+    def history_many(self, entries: Iterable[str],
+                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """:meth:`history` of each of ``entries`` in one transaction: one query per
+        :data:`HISTORY_BATCH` names, each entry's newest rows picked by a window function.
+
+        :returns: ``{entry: runs newest slot first}`` for every name given.
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        names = list(dict.fromkeys(entries))
+        limit = self.history_size if limit is None else int(limit)
+        out: dict[str, list[HistoryRecord]] = {name: [] for name in names}
+        if limit < 1 or not names:
+            return out
+        h = schema.history
+        rank = sa.func.row_number().over(partition_by=h.c.entry,
+                                         order_by=h.c.slot_ms.desc()).label("rank")
+        ranked = (sa.select(h, rank).where(h.c.namespace == self.namespace,
+                                           h.c.entry.in_(sa.bindparam("names", expanding=True)))
+                  .subquery())
+        query = (sa.select(ranked).where(ranked.c.rank <= limit)
+                 .order_by(ranked.c.entry, ranked.c.slot_ms.desc()))
+
+        def work(conn: sa.Connection) -> list:
+            return [row for start in range(0, len(names), HISTORY_BATCH)
+                    for row in conn.execute(query, {"names": names[start:start + HISTORY_BATCH]})]
+        known = {e.value for e in RunEvent}
+        for r in self._run("read history", work, write=False):
+            if r.event in known:
+                out[r.entry].append(HistoryRecord(
+                    entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(r.event), instance=r.instance,
+                    store_ms=r.store_ms, task_id=r.task_id, attempt=r.attempt, detail=r.detail))
+        return out
 
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
         """Remember the text of ``fingerprint`` (replaces an older text of the same fingerprint).

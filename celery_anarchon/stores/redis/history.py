@@ -1,0 +1,108 @@
+"""History and definitions of the Redis store: a part of
+:class:`~celery_anarchon.stores.redis.store.RedisStore` (a mixin using its scripts, keys and
+connection). Instants are UTC ms on the server's clock.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
+
+#: ``history_many`` sends at most this many history reads in one pipeline (one round trip each)
+HISTORY_BATCH = 500
+
+
+def _items(value) -> list:
+    """A JSON array from cjson, which encodes an empty Lua table as ``{}``."""
+    return value if isinstance(value, list) else []
+
+
+def history_records(entry: str, reply: dict) -> list[HistoryRecord]:
+    """The records of the history script's ``reply`` ``{now, records: [{s, r}]}``, newest
+    first."""
+    return [HistoryRecord(entry=entry, slot_ms=int(h["s"]), event=RunEvent(h["r"]["e"]),
+                          instance=h["r"]["i"], store_ms=int(h["r"]["t"]), task_id=h["r"]["k"],
+                          attempt=int(h["r"]["a"]), detail=h["r"]["d"])
+            for h in _items(reply.get("records"))]
+
+
+class RedisHistory:
+    """``record``, ``record_many``, ``history``, ``history_many`` and the definitions."""
+
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """Write one history event as this instance, store_ms on the server's clock; skip events
+        only fill an empty record (a skip is recorded once, never over a claim).
+
+        :raises StoreUnavailable: the server did not answer.
+        """
+        event = RunEvent(event)
+        self._call("record", self._block(entry), int(slot_ms), event.value, task_id, int(attempt),
+                   detail, "1" if event in SKIP_EVENTS else "0")
+
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
+        """Several :meth:`record` events in one pipelined round trip.
+
+        :raises StoreUnavailable: the server did not answer.
+        """
+        if not notes:
+            return
+        client, scripts = self._redis()
+        with self._unavailable("record"):
+            pipe = client.pipeline(transaction=False)
+            for n in notes:
+                event = RunEvent(n.event)
+                scripts["record"](
+                    keys=[*self._head_keys, *self._block(n.entry)],
+                    args=[*self._header(), int(n.slot_ms), event.value, n.task_id, int(n.attempt),
+                          n.detail, "1" if event in SKIP_EVENTS else "0"], client=pipe)
+            pipe.execute()
+
+    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        """The entry's newest runs, newest first (one script: index and records read together).
+
+        :raises StoreUnavailable: the server did not answer.
+        """
+        limit = self.history_size if limit is None else int(limit)
+        if limit < 1:
+            return []
+        return history_records(entry, self._call("history", self._block(entry), limit))
+
+    def history_many(self, entries: Iterable[str],
+                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """:meth:`history` of each of ``entries``: the same script per entry, pipelined
+        (:data:`HISTORY_BATCH` a round trip).
+
+        :returns: ``{entry: runs newest first}`` for every name given.
+        :raises StoreUnavailable: the server did not answer (nothing is returned).
+        """
+        names = list(dict.fromkeys(entries))
+        limit = self.history_size if limit is None else int(limit)
+        if limit < 1 or not names:
+            return {name: [] for name in names}
+        client, scripts = self._redis()
+        out: dict[str, list[HistoryRecord]] = {}
+        for start in range(0, len(names), HISTORY_BATCH):
+            chunk = names[start:start + HISTORY_BATCH]
+            with self._unavailable("history"):
+                pipe = client.pipeline(transaction=False)
+                for name in chunk:
+                    scripts["history"](keys=[*self._head_keys, *self._block(name)],
+                                       args=[*self._header(), limit], client=pipe)
+                replies = pipe.execute()
+            out.update((name, history_records(name, json.loads(reply)))
+                       for name, reply in zip(chunk, replies))
+        return out
+
+    # -- definitions --------------------------------------------------------------------------
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        """Remember the text of ``fingerprint``. :raises StoreUnavailable:"""
+        with self._unavailable("save definition"):
+            self._redis()[0].hset(self.keys_of(entry)["definitions"], fingerprint, text)
+
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        """The text saved for ``fingerprint``, or ``None``. :raises StoreUnavailable:"""
+        with self._unavailable("load definition"):
+            text = self._redis()[0].hget(self.keys_of(entry)["definitions"], fingerprint)
+        return text.decode() if isinstance(text, bytes) else text
