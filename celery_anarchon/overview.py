@@ -1,8 +1,8 @@
 """The status of one namespace as plain data: what ``celery anarchon status --json`` prints and
 what the status page shows.
 
-:func:`overview` reads the store once per part (clock, instances, entries and pauses, history,
-leases) and returns JSON-able values only (str, int, float, bool, None, lists, dicts): no click,
+:func:`overview` reads the store once per part (clock, instances, entries and pauses, every
+entry's history in a few round trips with ``history_many``, leases) and returns JSON-able values only (str, int, float, bool, None, lists, dicts): no click,
 no Celery objects, no password (the store's URL is :attr:`~ClaimStore.safe_url`). A store that
 cannot be reached gives ``store.reachable = False`` and the parts it could not read empty, never
 an exception: a status view must show an outage, not fail on it; what only the store knows
@@ -36,6 +36,8 @@ STALE_INTERVALS = 2
 #: few seconds does not repeat the start-up checks) and its Schedules
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SCHEDULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: per store object: (app, settings, {definition key: _Planned}); see :func:`_planned`
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: an entry's ``state`` when the store cannot be read (its pause and lease are not known)
 UNKNOWN_STATE = "unknown"
 #: history events of a run that may hold a lease (its record is read with LeaseStore.inspect)
@@ -152,14 +154,86 @@ def _lease(store: ClaimStore, plan: EntryPlan | None, runs: list[HistoryRecord])
     return None
 
 
+class _Planned:
+    """What an entry's definition gives, whatever the time: its plan (or the rule it breaks),
+    zone and schedule in words, and its next slots while they stand."""
+
+    __slots__ = ("plan", "problem", "timezone", "schedule", "next_from", "next")
+
+    def __init__(self, app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry,
+                 config: Mapping, stored_text: str | None) -> None:
+        definition = scheduled.definition or {}
+        self.plan, self.problem, self.timezone = None, None, None
+        self.schedule = (entry_json.describe_schedule(definition["schedule"])
+                         if "schedule" in definition else None)
+        self.next_from, self.next = None, []
+        try:
+            celery_entry = _celery_entry(app, scheduled, config, stored_text)
+            if celery_entry is not None:
+                self.plan = build_plan(scheduled.name, celery_entry, app=app, settings=settings,
+                                       store=store)
+        except ConfigError as exc:
+            self.problem = str(exc)
+        if self.plan is not None:
+            self.timezone = _timezone(self.plan, app)
+            if "schedule" in definition:   # a crontab in the app's zone: name the zone
+                self.schedule = entry_json.describe_schedule(definition["schedule"],
+                                                             default_zone=self.timezone)
+
+    def next_slots(self, now_ms: int, count: int) -> list[str]:
+        """The ``count`` slots after ``now_ms`` (ISO), computed again only once the first of
+        those computed before has come or ``now_ms`` went back."""
+        if self.plan is None:
+            return []
+        standing = (self.next_from is not None and len(self.next) == count
+                    and self.next_from <= now_ms and (not self.next or now_ms < self.next[0][0]))
+        if not standing:
+            slot, slots = now_ms, []
+            for _ in range(count):
+                slot = self.plan.slots.next_after(slot)
+                slots.append((slot, iso(slot)))
+            self.next_from, self.next = now_ms, slots
+        return [text for _, text in self.next]
+
+
+def _definition_key(scheduled: ScheduledEntry, stored_text: str | None) -> tuple:
+    """What an entry's :class:`_Planned` depends on besides the app, settings and store."""
+    return (scheduled.name, scheduled.source, stored_text,
+            json.dumps(scheduled.definition, sort_keys=True, default=repr))
+
+
+def _plan_cache(app, settings: Settings, store: ClaimStore) -> dict:
+    """The store object's ``{definition key: _Planned}`` for ``app`` and ``settings`` (a new one
+    for another app or other settings)."""
+    app_, settings_, cache = _PLANS.get(store, (None, None, None))
+    if app_ is not app or settings_ != settings:
+        cache = {}
+        _PLANS[store] = (app, settings, cache)
+    return cache
+
+
+def _planned(cache: dict, used: set, app, settings: Settings, store: ClaimStore,
+             scheduled: ScheduledEntry, config: Mapping, stored_text: str | None) -> _Planned:
+    """The entry's :class:`_Planned` from ``cache``, built (start-up rules checked) once per
+    definition, so a page reading every few seconds does not check them again; its key is
+    added to ``used``."""
+    key = _definition_key(scheduled, stored_text)
+    used.add(key)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _Planned(app, settings, store, scheduled, config, stored_text)
+    return found
+
+
 def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry, config: Mapping,
-           stored_text: str | None, *, runs: int, next_count: int, now_ms: int,
-           reachable: bool, requests: list[dict]) -> dict:
+           stored_text: str | None, *, history: list[HistoryRecord], next_count: int, now_ms: int,
+           reachable: bool, requests: list[dict], cache: dict, used: set) -> dict:
+    planned = _planned(cache, used, app, settings, store, scheduled, config, stored_text)
     definition = scheduled.definition or {}
     out = {"name": scheduled.name, "source": scheduled.source, "task": definition.get("task"),
-           "schedule": (entry_json.describe_schedule(definition["schedule"])
-                        if "schedule" in definition else None),
-           "timezone": None, "next": [], "problem": None, "leased": False,
+           "schedule": planned.schedule, "timezone": planned.timezone,
+           "next": planned.next_slots(now_ms, next_count), "problem": planned.problem,
+           "leased": planned.plan is not None and planned.plan.timing.lease is not None,
            "shadowed": scheduled.shadowed, "paused": None, "last": None, "runs": [],
            "lease": None, "state": UNKNOWN_STATE,
            "run_now": (None if requests is None
@@ -167,29 +241,10 @@ def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry
     if reachable and scheduled.pause is not None:
         p = scheduled.pause
         out["paused"] = {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
-    plan = None
-    try:
-        celery_entry = _celery_entry(app, scheduled, config, stored_text)
-        if celery_entry is not None:
-            plan = build_plan(scheduled.name, celery_entry, app=app, settings=settings, store=store)
-    except ConfigError as exc:
-        out["problem"] = str(exc)
-    if plan is not None:
-        out["timezone"] = _timezone(plan, app)
-        if "schedule" in definition:   # a crontab in the app's zone: name the zone
-            out["schedule"] = entry_json.describe_schedule(definition["schedule"],
-                                                           default_zone=out["timezone"])
-        out["leased"] = plan.timing.lease is not None
-        slot, slots = now_ms, []
-        for _ in range(next_count):
-            slot = plan.slots.next_after(slot)
-            slots.append(iso(slot))
-        out["next"] = slots
     if reachable:
-        history = store.history(scheduled.name, limit=runs) if runs else []
         out["runs"] = [run_json(r) for r in history]
         out["last"] = out["runs"][0] if history else None
-        out["lease"] = _lease(store, plan, history)
+        out["lease"] = _lease(store, planned.plan, history)
         out["state"] = "paused" if out["paused"] else "problem" if out["problem"] else "running"
     return out
 
@@ -297,16 +352,28 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
         except StoreError as exc:
             part["reachable"], part["error"], reachable = False, str(exc), False
     config = _config_items(app)
+    histories: dict[str, list[HistoryRecord]] = {}
+    if reachable and runs:
+        try:   # every entry's runs in a few round trips (ClaimStore.history_many)
+            histories = store.history_many([e.name for e in listed], limit=runs)
+        except StoreError as exc:
+            part["reachable"], part["error"], reachable = False, str(exc), False
+    cache, used = _plan_cache(app, settings, store), set()
     for scheduled in listed:
+        history = histories.get(scheduled.name, [])
         try:
             out["entries"].append(_entry(
-                app, settings, store, scheduled, config, texts.get(scheduled.name), runs=runs,
-                next_count=next_count, now_ms=now_ms, reachable=reachable, requests=requests))
+                app, settings, store, scheduled, config, texts.get(scheduled.name),
+                history=history, next_count=next_count, now_ms=now_ms, reachable=reachable,
+                requests=requests, cache=cache, used=used))
         except StoreError as exc:
             part["reachable"], part["error"], reachable = False, str(exc), False
             out["entries"].append(_entry(
-                app, settings, store, scheduled, config, texts.get(scheduled.name), runs=runs,
-                next_count=next_count, now_ms=now_ms, reachable=False, requests=requests))
+                app, settings, store, scheduled, config, texts.get(scheduled.name),
+                history=history, next_count=next_count, now_ms=now_ms, reachable=False,
+                requests=requests, cache=cache, used=used))
+    for key in set(cache) - used:   # definitions no longer listed
+        del cache[key]
     if not reachable:   # what only the store knows is unknown, not empty
         out["instances"] = out["partial"] = out["disagreements"] = out["unsaved"] = None
         out["run_now"] = None
