@@ -27,7 +27,7 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
 
@@ -45,6 +45,8 @@ ACTIONS = ("pause", "resume", "run-now")
 MIN_REFRESH_S, MAX_REFRESH_S = 1.0, 3600.0
 #: a shorter actions' token is accepted with a warning at start-up
 MIN_TOKEN_CHARS = 16
+#: entries per page of the status page: the default and the most (``?per_page=N``)
+PER_PAGE, MAX_PER_PAGE = 100, 1000
 
 
 def refresh_interval(value: str | float | None, default: float) -> float:
@@ -201,7 +203,10 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
         data, error = read(request)
         refresh = refresh_interval(request.query_params.get("refresh"), refresh_s)
         nonce = secrets.token_urlsafe(16)
-        html = render_page(data, error=error, actions=actions, nonce=nonce, refresh_s=refresh)
+        q = request.query_params
+        html = render_page(data, error=error, actions=actions, nonce=nonce, refresh_s=refresh,
+                           query=q.get("q"), page=q.get("page"), per_page=q.get("per_page"),
+                           params={k: q[k] for k in ("q", "per_page", "refresh") if k in q})
         return HTMLResponse(html, status_code=200 if data is not None else 503,
                             headers=headers(nonce))
 
@@ -252,7 +257,9 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
 
 
 def render_page(data: dict | None, *, error: str | None = None, actions: bool = False,
-                nonce: str = "", refresh_s: float = 0.0) -> str:
+                nonce: str = "", refresh_s: float = 0.0, query: str | None = None,
+                page: str | int | None = 1, per_page: str | int | None = PER_PAGE,
+                params: dict[str, str] | None = None) -> str:
     """The page's HTML for the status data ``data`` (:func:`overview.overview`), every value
     escaped.
 
@@ -260,13 +267,24 @@ def render_page(data: dict | None, *, error: str | None = None, actions: bool = 
     :param actions: render the token field and the pause / resume / run-now buttons.
     :param nonce: the Content-Security-Policy nonce of the page's script.
     :param refresh_s: how often the page reloads its data, seconds (0: never).
+    :param query: page, per_page: the entries shown (:func:`entries_page`; ``?q=``, ``?page=``,
+        ``?per_page=``).
+    :param params: the request's query parameters the page's links keep (``q``, ``per_page``,
+        ``refresh``).
     :raises ConfigError: Jinja2 (the ``web`` extra) is not installed.
     """
     data = data or {}
+    params = dict(params or {})
+    shown = entries_page(data.get("entries") or [], query=query, page=page, per_page=per_page)
+    links = {"prev": page_link(params, page=shown["page"] - 1) if shown["page"] > 1 else None,
+             "next": (page_link(params, page=shown["page"] + 1)
+                      if shown["page"] < shown["pages"] else None),
+             "all": page_link(params, q=None, page=None) if shown["query"] else None}
     return _template().render(
         data=data, error=error, actions=actions, nonce=nonce,
         refresh_ms=int(refresh_interval(refresh_s, 0.0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
-        classes=COLOURS, skips=recent_skips(data))
+        classes=COLOURS, skips=recent_skips(data), shown=shown, links=links,
+        kept={k: v for k, v in params.items() if k != "q"})
 
 
 @functools.lru_cache(maxsize=1)
@@ -325,6 +343,68 @@ def recent_skips(data: dict, limit: int = SKIPS_SHOWN) -> list[tuple[str, dict]]
     found = [(e["name"], r) for e in data.get("entries", ()) for r in e.get("runs", ())
              if COLOURS.get(r.get("event")) in ("skip", "bad")]
     return sorted(found, key=lambda pair: pair[1]["slot"], reverse=True)[:limit]
+
+
+def attention(entry: dict) -> str | None:
+    """Why an entry of the status data needs attention, or ``None``: ``"unknown"`` (the store
+    cannot be read), ``"paused"``, ``"problem"`` (it breaks a start-up rule), ``"lease
+    expired"``, or the event of its newest skipped or failed run among those shown (``"late"``,
+    ``"send_failed"``, ...)."""
+    if entry.get("state") == "unknown":
+        return "unknown"
+    if entry.get("paused"):
+        return "paused"
+    if entry.get("problem"):
+        return "problem"
+    if (entry.get("lease") or {}).get("expired"):
+        return "lease expired"
+    for run in entry.get("runs") or ():
+        if COLOURS.get(run.get("event")) in ("skip", "bad"):
+            return run.get("event")
+    return None
+
+
+def _number(value, default: int, low: int, high: int) -> int:
+    try:
+        return min(max(int(value), low), high)
+    except (TypeError, ValueError):
+        return default
+
+
+def entries_page(entries: list[dict], *, query: str | None = None, page: str | int | None = 1,
+                 per_page: str | int | None = PER_PAGE) -> dict:
+    """One page of the status page's entries: those whose name contains ``query`` (ignoring
+    case), the ones needing :func:`attention` first (by name), then the others (by name).
+
+    :param query: ``?q=``; empty or ``None``: every entry.
+    :param page: ``?page=``, from 1; held within the pages (not a number: 1).
+    :param per_page: ``?per_page=``, held within 1 .. :data:`MAX_PER_PAGE` (not a number:
+        :data:`PER_PAGE`).
+    :returns: ``{entries: [(entry, attention or None)], query, page, pages, per_page, first,
+        last (1-based positions shown, 0 when none), matching, total, attention (matching entries
+        needing it)}``; never raises.
+    """
+    query = (query or "").strip()
+    needle = query.casefold()
+    found = [(e, attention(e)) for e in entries
+             if not needle or needle in str(e.get("name", "")).casefold()]
+    found.sort(key=lambda pair: (pair[1] is None, str(pair[0].get("name", ""))))
+    size = _number(per_page, PER_PAGE, 1, MAX_PER_PAGE)
+    pages = max(1, -(-len(found) // size))
+    number = _number(page, 1, 1, pages)
+    start = (number - 1) * size
+    shown = found[start:start + size]
+    return {"entries": shown, "query": query, "page": number, "pages": pages, "per_page": size,
+            "first": start + 1 if shown else 0, "last": start + len(shown),
+            "matching": len(found), "total": len(entries),
+            "attention": sum(1 for _, why in found if why is not None)}
+
+
+def page_link(params: dict[str, str], **changes) -> str:
+    """The page's own URL (``?...``) with ``params`` and ``changes`` (a ``None`` value drops
+    its parameter)."""
+    merged = {**params, **{k: v for k, v in changes.items()}}
+    return "?" + urlencode({k: v for k, v in merged.items() if v not in (None, "")})
 
 
 def loopback(host: str) -> bool:

@@ -412,3 +412,48 @@ def test_refresh_is_clamped_unknown_api_routes_answer_json_and_a_short_token_is_
     from celery_anarchon.web import token_warning
     assert "3 characters, fewer than 16" in token_warning("abc", False)
     assert token_warning("abc", True) is None and token_warning("x" * 16, False) is None
+
+
+def test_the_page_shows_entries_needing_attention_first_pages_the_rest_and_filters_by_name(
+        tmp_path, namespace):
+    import re
+    from celery import Celery
+    from celery_anarchon.web import StatusSource, create_app, entries_page, render_page
+    run = {"slot": "2026-03-29T01:00:00+00:00", "event": "sent", "at": None, "instance": "A",
+           "attempt": 1, "task_id": "t", "detail": ""}
+    entries = [{"name": f"job-{i:03d}", "state": "running", "paused": None, "problem": None,
+                "lease": None, "runs": [run], "next": [], "run_now": []} for i in range(250)]
+    entries[200]["paused"] = {"by": "ops", "reason": "", "since": run["slot"]}
+    entries[150]["problem"] = "breaks a rule"
+    entries[120]["runs"] = [{**run, "event": "late"}, run]
+    entries[7]["lease"] = {"expired": True, "state": "started", "holder": "w", "token": 3}
+    data = {**_status_data(), "entries": entries}
+    page = render_page(data, refresh_s=5, params={"refresh": "5"})
+    names = re.findall(r'<tr class="entry[^"]*" data-entry="([^"]+)"', page)
+    assert names[:4] == ["job-007", "job-120", "job-150", "job-200"] and len(names) == 100
+    assert names[4:6] == ["job-000", "job-001"]
+    assert "entries 1–100 of 250" in page and "page 1 of 3" in page and "4</span> need attention" in page
+    assert 'href="?refresh=5&amp;page=2"' in page and 'id="prev-page"' not in page
+    last = entries_page(entries, page="99", per_page="100")
+    assert (last["page"], last["first"], last["last"]) == (3, 201, 250)
+    assert entries_page(entries, per_page="100000")["per_page"] == 1000
+    assert entries_page(entries, page="x", per_page="y")["page"] == 1
+    found = render_page(data, query="JOB-12", params={"q": "JOB-12", "refresh": "5"})
+    names = re.findall(r'<tr class="entry[^"]*" data-entry="([^"]+)"', found)
+    assert names == ["job-120"] + [f"job-12{i}" for i in range(10) if i != 0]
+    assert "entries 1–10 of 10 matching" in found and 'id="all-entries" href="?refresh=5"' in found
+    assert "no entry matches" in render_page(data, query="nothing-like-it")
+    app = Celery("web_paging", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_namespace=namespace,
+                    anarchon_store_url=f"sqlite:///{tmp_path / 'store.sqlite3'}",
+                    beat_schedule={f"e{i}": {"task": "t", "schedule": 60.0} for i in range(5)})
+    source = StatusSource(app, runs=2)
+    try:
+        site = create_app(source, token=None, refresh_s=5.0)
+        status, _, body = asgi(site, "GET", "/", "q=e3&per_page=1")
+        assert status == 200 and re.findall(r'data-entry="([^"]+)"', body) == ["e3"]
+        status, _, body = asgi(site, "GET", "/", "per_page=2&page=2")
+        assert re.findall(r'<tr class="entry[^"]*" data-entry="([^"]+)"', body) == ["e1", "e2"]  # after celery.backend_cleanup, e0
+        assert len(json.loads(asgi(site, "GET", "/api/status", "q=e3")[2])["entries"]) >= 5
+    finally:
+        source.close()
