@@ -87,6 +87,10 @@ class FakeStore:
         self._call("save_definition")
         self.definitions[(entry, fingerprint)] = definition
 
+    def save_definitions(self, definitions) -> None:
+        for entry, fingerprint, definition in definitions:
+            self.save_definition(entry, fingerprint, definition)
+
     def load_definition(self, entry, fingerprint):
         self._call("load_definition")
         return self.definitions.get((entry, fingerprint))

@@ -4,6 +4,7 @@ deploy, or instances running different schedules under the same name)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from celery_anarchon._util import iso
 from celery_anarchon.errors import StoreError
@@ -25,6 +26,12 @@ class Definitions:
         except StoreError:
             if not quiet:
                 raise
+
+    def save_all(self, plans: Iterable[EntryPlan]) -> None:
+        """Save every plan's definition in a few round trips (start-up).
+
+        :raises StoreError: the store cannot be reached."""
+        self.store.save_definitions((p.name, p.fingerprint, p.definition) for p in plans)
 
     def check(self, plan: EntryPlan, result: ClaimResult) -> None:
         """Warn (once per other definition) when the winner of ``result`` claimed with another

@@ -11,6 +11,8 @@ from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
 
 #: ``history_many`` sends at most this many history reads in one pipeline (one round trip each)
 HISTORY_BATCH = 500
+#: definitions saved per pipelined round trip (:meth:`RedisHistory.save_definitions`)
+DEFINITIONS_PER_TRIP = 1000
 
 
 def _items(value) -> list:
@@ -100,6 +102,18 @@ class RedisHistory:
         """Remember the text of ``fingerprint``. :raises StoreUnavailable:"""
         with self._unavailable("save definition"):
             self._redis()[0].hset(self.keys_of(entry)["definitions"], fingerprint, text)
+
+    def save_definitions(self, definitions: Iterable[tuple[str, str, str]]) -> None:
+        """Every ``(entry, fingerprint, text)`` with one HSET each, pipelined in round trips of
+        :data:`DEFINITIONS_PER_TRIP`. :raises StoreUnavailable:"""
+        client = self._redis()[0]
+        items = list(definitions)
+        with self._unavailable("save definitions"):
+            for start in range(0, len(items), DEFINITIONS_PER_TRIP):
+                pipe = client.pipeline(transaction=False)
+                for entry, fingerprint, text in items[start:start + DEFINITIONS_PER_TRIP]:
+                    pipe.hset(self.keys_of(entry)["definitions"], fingerprint, text)
+                pipe.execute()
 
     def load_definition(self, entry: str, fingerprint: str) -> str | None:
         """The text saved for ``fingerprint``, or ``None``. :raises StoreUnavailable:"""
