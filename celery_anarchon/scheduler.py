@@ -11,6 +11,7 @@ the store is the only state shared between instances.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -44,6 +45,12 @@ BROKER_CONNECT_RETRIES = 1
 #: a broker connection idle longer than this (seconds) is checked before the next publish, so a
 #: connection the broker dropped meanwhile is found before a message is written to it
 BROKER_PROBE_IDLE_S = 1.0
+#: beat_schedule is compared with its last copy at most this often, seconds (a comparison
+#: walks every entry: with 100,000 entries it is not done at every tick of a burst)
+SCHEDULE_CHECK_S = 1.0
+#: kombu's batch buffers at most this many commands per message before it writes on its own
+#: (a message is one LPUSH, plus one PEXPIRE per priority step with queue expiry)
+BATCH_COMMANDS_PER_MESSAGE = 12
 #: socket timeout (seconds) of beat's own Redis broker connection when the broker's transport
 #: options set none: without one a publish to a broker that stopped answering blocks beat forever
 BROKER_SOCKET_TIMEOUT_S = 10.0
@@ -105,6 +112,8 @@ class Scheduler(beat.Scheduler):
         self._closing = False
         self._in_tick = False
         self._broker_used_at = 0.0
+        self._schedule_checked_at = 0.0
+        self._batch: _Batch | None = None
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- Celery's Scheduler interface -------------------------------------------------------------
@@ -137,6 +146,10 @@ class Scheduler(beat.Scheduler):
 
         :raises ConfigError: naming each entry and what Celery said about it.
         """
+        try:
+            return super().merge_inplace(b)
+        except Exception as exc:           # which entry? each is built alone to name it
+            failed = exc
         problems = []
         for name, item in (b or {}).items():
             try:
@@ -149,7 +162,7 @@ class Scheduler(beat.Scheduler):
                                 "with anarchon_next() and anarchon_shortest_gap()")
         if problems:
             raise ConfigError("\n".join(problems))
-        super().merge_inplace(b)
+        raise failed
 
     def _build_plans(self) -> dict:
         return plans_mod.build_plans(dict(self.schedule), app=self.app, settings=self._settings,
@@ -177,7 +190,8 @@ class Scheduler(beat.Scheduler):
         return Engine(self.store, plans, instance_id=self._instance_id,
                       namespace=self._settings.namespace, send=self._send,
                       sync_interval_s=self._settings.sync_interval_s,
-                      build_store_plans=self._build_store_plans, observer=observer)
+                      build_store_plans=self._build_store_plans, observer=observer,
+                      send_batch=self._send_batch)
 
     def _build_store_plans(self, snapshot: EntrySnapshot) -> dict:
         """The plans of the store's entries (the engine's callback at each sync that loaded):
@@ -280,10 +294,19 @@ class Scheduler(beat.Scheduler):
 
     def _follow_schedule_changes(self) -> None:
         """Entries added or changed at run time (``add``, ``update_from_dict``) are checked and
-        scheduled; a bad one is logged and left out, the others keep running."""
-        if self.schedules_equal(self._plans_snapshot, self.schedule):
+        scheduled; a bad one is logged and left out, the others keep running. Checked at most
+        every :data:`SCHEDULE_CHECK_S`: an entry added, removed or replaced (the copy is shallow:
+        an entry changed in place is the same object in both)."""
+        now = time.monotonic()
+        if now - self._schedule_checked_at < SCHEDULE_CHECK_S:
+            return
+        self._schedule_checked_at = now
+        old, new = self._plans_snapshot, self.schedule
+        if len(old) == len(new) and all(old.get(name) is entry for name, entry in new.items()):
             return
         self._plans_snapshot = copy.copy(self.schedule)
+        if self.schedules_equal(old, new):  # entries replaced by equal ones
+            return
         try:
             plans = self._build_plans()
         except ConfigError as exc:
@@ -345,6 +368,38 @@ class Scheduler(beat.Scheduler):
             except Exception:  # already broken; nothing else to free
                 logger.debug("beat: releasing a broken broker connection failed", exc_info=True)
 
+    @contextlib.contextmanager
+    def _send_batch(self, size: int):
+        """The engine's send batch (:data:`~celery_anarchon.engine.sends.SendBatchFn`): the
+        publishes of up to ``size`` runs go through one producer and connection, in kombu's
+        publish batch (``Producer.batch``: one pipelined write on a Redis broker, never retried;
+        other transports publish each message at once, as without a batch).
+
+        :raises Exception: on entering, the broker cannot be reached (nothing was published).
+        :raises SendOutcomeUnknown: on leaving, the batch's write broke off: each of its
+            messages may or may not be on the broker.
+        """
+        try:
+            producer = self._live_producer()
+        except Exception:
+            self._drop_connection()
+            raise
+        batch = self._batch = _Batch(producer)
+        try:
+            with producer.batch(max_size=max(1, size) * BATCH_COMMANDS_PER_MESSAGE):
+                yield
+        except Exception as exc:
+            self._drop_connection()
+            if isinstance(exc, SendOutcomeUnknown):
+                raise
+            raise SendOutcomeUnknown(f"the batch's write broke off: {type(exc).__name__}: "
+                                     f"{exc}") from exc
+        finally:
+            self._batch = None
+        if batch.broken:
+            self._drop_connection()
+        self._broker_used_at = time.monotonic()
+
     def _send(self, plan, slot_ms: int, attempt: int, token: int | None, task_id: str) -> None:
         """Publish one won run with its task id and headers (the engine's send callback).
 
@@ -373,13 +428,20 @@ class Scheduler(beat.Scheduler):
         options.pop("retry_policy", None)
         args = beat._evaluate_entry_args(entry.args)
         kwargs = beat._evaluate_entry_kwargs(entry.kwargs)
-        try:
-            producer = self._live_producer()
-        except Exception:
-            self._drop_connection()
-            raise
-        logger.info("Scheduler: Sending due task %s (%s) slot %s attempt %d", plan.name, entry.task,
-                    iso(slot_ms), attempt)
+        batch = self._batch
+        if batch is not None:
+            if batch.broken:              # nothing was tried for this run: retried
+                raise ConnectionError("an earlier publish of this batch broke off")
+            producer = batch.producer
+        else:
+            try:
+                producer = self._live_producer()
+            except Exception:
+                self._drop_connection()
+                raise
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("Scheduler: Sending due task %s (%s) slot %s attempt %d", plan.name,
+                        entry.task, iso(slot_ms), attempt)
         try:
             task = self.app.tasks.get(entry.task)
             if task is not None:
@@ -390,8 +452,20 @@ class Scheduler(beat.Scheduler):
             stopped = self._closing or _exit_requested(exc)
             if isinstance(exc, (EncodeError, TypeError)) and not stopped:
                 raise                     # the message could not be built: nothing was written
-            self._drop_connection()
+            if batch is not None:         # the connection is dropped when the batch ends
+                batch.broken = True
+            else:
+                self._drop_connection()
             if stopped:
                 raise SendOutcomeUnknown(f"beat was stopped during the publish ({exc!r})") from exc
             raise SendOutcomeUnknown(f"{type(exc).__name__}: {exc}") from exc
         self._broker_used_at = time.monotonic()
+
+
+class _Batch:
+    """The send batch in progress: its producer, and whether a publish in it broke off (the
+    runs after it are not tried: retried by the engine)."""
+
+    def __init__(self, producer) -> None:
+        self.producer = producer
+        self.broken = False

@@ -251,6 +251,42 @@ def test_a_failed_send_is_retried_by_the_winner_until_it_succeeds(sqlite_url, na
     assert len(h.sent) == 1
 
 
+
+def test_a_burst_is_claimed_in_chunks_each_sent_before_the_next_is_claimed(sqlite_url, namespace,
+                                                                            harnesses):
+    """250 runs due at once: claimed in chunks of the pace's size, and every won run of a chunk
+    is sent before the next chunk is claimed (an instance dying in a burst takes at most one
+    chunk's won runs with it)."""
+    claims: list[int] = []
+    sent_after: dict[str, int] = {}
+
+    def send(plan, slot_ms, attempt, token, task_id):
+        sent_after[plan.name] = len(claims)
+        h.sent.append((plan.name, slot_ms, attempt))
+
+    h = make(harnesses, sqlite_url, namespace,
+             {f"e{i:03d}": (60, {"jitter": 0}) for i in range(250)}, send=send)
+    claim = h.store.claim
+
+    def counted(requests):
+        claims.append(len(requests))
+        return claim(requests)
+
+    h.store.claim = counted
+    h.engine.pace.most = h.engine.pace.least = 40          # whatever the machine's speed
+    h.engine.pace._size = 40
+    h.engine.tick()
+    assert len(h.sent) == 250 and sum(claims) == 250
+    assert max(claims) <= 40 and len(claims) >= 7, claims
+    chunk_of, start = {}, 0
+    order = sorted(h.plans)                               # one slot each: the heap's order
+    for n, size in enumerate(claims, 1):
+        for name in order[start:start + size]:
+            chunk_of[name] = n
+        start += size
+    assert all(sent_after[name] == chunk_of[name] for name in h.plans), \
+        "a won run waited for a later chunk's claim"
+
 def test_a_send_failing_until_max_late_is_recorded(sqlite_url, namespace, harnesses, caplog):
     def broken(*args):
         raise ConnectionError("broker down")

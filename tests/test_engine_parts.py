@@ -6,6 +6,7 @@ stores is tests/test_engine.py."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import logging
 import pkgutil
@@ -21,6 +22,7 @@ from celery_anarchon.engine.due import DueRuns
 from celery_anarchon.engine.instances import Heartbeat, fingerprints_digest
 from celery_anarchon.engine.notes import NoteBuffer
 from celery_anarchon.engine.outage import BACKOFF_FIRST_S, BACKOFF_MAX_S, DOWN_REPORT_EVERY_S, Outage
+from celery_anarchon.engine.pace import Pace
 from celery_anarchon.engine.sends import SEND_RETRY_S, Send, SendQueue
 from celery_anarchon.engine.skew import SKEW_EVERY_S, SkewCheck
 from celery_anarchon.engine.skips import SKIP_LOG_EVERY_S, SkipLog
@@ -303,6 +305,124 @@ def test_a_fault_injected_through_the_send_callback_leaves_the_claim_without_a_s
         parts.sends.send(Send(make_plan(), T0_MS, 1, None, "tid"))
     assert parts.stats["sent"] == 0 and parts.events() == []
 
+
+
+class Batches:
+    """A send batch as the scheduler provides one: what is published inside it is written when
+    it ends; ``enter_fails`` / ``write_fails`` make the start or the write fail."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.enter_fails: Exception | None = None
+        self.write_fails: Exception | None = None
+
+    @contextlib.contextmanager
+    def __call__(self, size):
+        if self.enter_fails is not None:
+            raise self.enter_fails
+        self.events.append(("begin", size))
+        yield
+        if self.write_fails is not None:
+            raise self.write_fails
+        self.events.append(("written", size))
+
+
+def batched_parts(batches):
+    parts = Parts()
+    parts.sends = SendQueue(parts.record_send, parts.clocks.wall, parts.clocks.mono, parts.stats,
+                            parts.notes, batch=batches)
+    return parts
+
+
+def jobs(n):
+    return [Send(make_plan(f"e{i}"), T0_MS, 1, None, f"tid{i}") for i in range(n)]
+
+
+def test_the_won_runs_of_a_chunk_are_recorded_sent_once_their_batch_is_written():
+    batches = Batches()
+    parts = batched_parts(batches)
+    parts.sends.send_many(jobs(3))
+    assert batches.events == [("begin", 3), ("written", 3)]
+    assert [s[0] for s in parts.sent] == ["e0", "e1", "e2"]
+    assert parts.stats["sent"] == 3
+    assert [(e, ev) for e, _, ev in parts.events()] == [(f"e{i}", RunEvent.SENT) for i in range(3)]
+
+
+def test_a_batch_whose_write_broke_off_is_never_published_again():
+    """Every run buffered in a batch whose write broke off may be on the broker: each is recorded
+    as a publish that broke off, and no retry publishes it a second time."""
+    batches = Batches()
+    batches.write_fails = SendOutcomeUnknown("the batch's write broke off: ConnectionError")
+    parts = batched_parts(batches)
+    parts.sends.send_many(jobs(3))
+    assert len(parts.sent) == 3 and not parts.sends, "nothing kept for a retry"
+    assert parts.stats["send_unknown"] == 3 and parts.stats["sent"] == 0
+    assert {ev for _, _, ev in parts.events()} == {RunEvent.SEND_UNKNOWN}
+    parts.clocks.advance(SEND_RETRY_S * 3)
+    parts.sends.retry(parts.clocks.wall())
+    assert len(parts.sent) == 3
+
+
+def test_a_batch_that_cannot_start_retries_each_run():
+    """The broker cannot be reached before anything is published: each run is retried."""
+    batches = Batches()
+    batches.enter_fails = ConnectionError("broker down")
+    parts = batched_parts(batches)
+    parts.sends.send_many(jobs(2))
+    assert parts.sent == [] and len(parts.sends.retrying) == 2
+    batches.enter_fails = None
+    parts.clocks.advance(SEND_RETRY_S)
+    parts.sends.retry(parts.clocks.wall())
+    assert [s[0] for s in parts.sent] == ["e0", "e1"] and parts.stats["sent"] == 2
+
+
+def test_a_run_that_fails_alone_in_a_batch_is_retried_and_the_others_are_sent():
+    batches = Batches()
+    parts = batched_parts(batches)
+
+    def one_fails(plan, *args):
+        if plan.name == "e1":
+            raise ConnectionError("cannot encode")
+        parts.sent.append((plan.name, *args))
+
+    parts.sends.send_fn = one_fails
+    parts.sends.send_many(jobs(3))
+    assert [s[0] for s in parts.sent] == ["e0", "e2"] and list(parts.sends.retrying) == [
+        ("e1", T0_MS)]
+
+
+def test_a_beat_exiting_inside_a_batch_leaves_its_runs_claimed_without_a_send():
+    class Exit(BaseException):
+        pass
+
+    batches = Batches()
+    parts = batched_parts(batches)
+
+    def exits(plan, *args):
+        if plan.name == "e1":
+            raise Exit()
+
+    parts.sends.send_fn = exits
+    with pytest.raises(Exit):
+        parts.sends.send_many(jobs(3))
+    assert ("written", 3) not in batches.events, "a batch left by an exit is not written"
+    assert parts.stats["sent"] == 0 and parts.events() == []
+
+
+def test_the_claim_chunk_is_what_the_instance_handles_in_a_twentieth_of_a_second():
+    clocks = Clocks()
+    pace = Pace(clocks.mono, ahead_s=0.05, least=10, most=1000, first=50)
+    assert pace.size() == 50
+    pace.measured(50, 0.0)                       # a clock that does not move: no change
+    assert pace.size() == 50
+    pace.measured(50, 0.025)                     # 0.5 ms a run: 100 in 50 ms
+    assert pace.size() == 100
+    for _ in range(30):
+        pace.measured(100, 1.0)                  # 10 ms a run (a loaded machine)
+    assert pace.size() == 10, "never below least"
+    for _ in range(60):
+        pace.measured(1000, 0.001)
+    assert pace.size() == 1000, "never above most"
 
 # -- the history notes ----------------------------------------------------------------------------
 

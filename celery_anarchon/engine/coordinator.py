@@ -15,7 +15,8 @@ from celery_anarchon.engine.instances import TTL_INTERVALS, Heartbeat
 from celery_anarchon.engine.notes import NoteBuffer
 from celery_anarchon.engine.observe import NOOP, Observer
 from celery_anarchon.engine.outage import Outage
-from celery_anarchon.engine.sends import Send, SendFn, SendQueue
+from celery_anarchon.engine.pace import Pace
+from celery_anarchon.engine.sends import Send, SendBatchFn, SendFn, SendQueue
 from celery_anarchon.engine.skew import SkewCheck
 from celery_anarchon.engine.skips import SkipLog
 from celery_anarchon.engine.sync import BuildStorePlans, EntrySync
@@ -58,6 +59,8 @@ class Engine:
         are not run).
     :param observer: told what happens (claims, sends, leases, the store's round trips and
         reachability, the live instances), for metrics; default: nobody.
+    :param send_batch: the scheduler's send batch (:data:`~celery_anarchon.engine.sends.SendBatchFn`):
+        the won runs of one claim chunk are published in one; ``None``: one at a time.
     """
 
     def __init__(self, store: ClaimStore, plans: dict[str, EntryPlan], *, instance_id: str,
@@ -66,12 +69,14 @@ class Engine:
                  monotonic: Callable[[], float] = time.monotonic,
                  sync_interval_s: float | None = None,
                  build_store_plans: BuildStorePlans | None = None,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None,
+                 send_batch: SendBatchFn | None = None) -> None:
         self.store = store
         self.observer = observer = observer or NOOP
         observer.entries(plans)
         self.config_plans = dict(plans)
         self.plans = dict(plans)            #: what runs: the config plans and the store's
+        self._any_leased = _any_leased(self.plans)
         self.instance_id = instance_id
         self.namespace = namespace
         self.clock = clock
@@ -85,7 +90,9 @@ class Engine:
         self.claims = ClaimRetries(store, instance_id, stats, self.notes, self.outage,
                                    observer=observer)
         self.due = DueRuns(namespace, rng, self.skips, self.claims)
-        self.sends = SendQueue(send, clock, monotonic, stats, self.notes, observer=observer)
+        self.sends = SendQueue(send, clock, monotonic, stats, self.notes, observer=observer,
+                               batch=send_batch)
+        self.pace = Pace(monotonic)
         self.takeovers = Takeovers(store, namespace, monotonic, rng, stats, self.outage,
                                    self.sends, observer=observer)
         self.skew = SkewCheck(store, clock, monotonic)
@@ -191,8 +198,7 @@ class Engine:
             return False
         try:
             warnings = self.store.prepare(list(self.plans))
-            for plan in self.config_plans.values():
-                self.definitions.save(plan, quiet=False)
+            self.definitions.save_all(self.config_plans.values())
         except StoreError as exc:
             self.outage.failed(exc, "preparing the store")
             return False
@@ -217,6 +223,7 @@ class Engine:
         self.plans = dict(plans)
         if set(old) != set(self.plans):
             self.observer.entries(self.plans)
+        self._any_leased = _any_leased(self.plans)
         if not self._seeded:
             return
         now = self.clock()
@@ -249,31 +256,45 @@ class Engine:
         return sync.requests_due(now, self.plans)
 
     def _claim(self, requests: list[ClaimRequest]) -> None:
-        """Claim ``requests`` in one batch, each run once: the same run can come due in the heap
-        and wait in the claim retries (a store blip, then a re-seed), and a store answers won to
-        every copy of its own claim. The first copy wins (the heap's, built from the current
-        plan)."""
+        """Claim ``requests``, oldest fire time first, in chunks (:class:`~.pace.Pace`): each
+        chunk is one store call, and its won runs are sent (in one send batch) before the next
+        chunk is claimed, so a claim is never far ahead of its send. Each run is claimed once:
+        the same run can come due in the heap and wait in the claim retries (a store blip, then
+        a re-seed), and a store answers won to every copy of its own claim. The first copy wins
+        (the heap's, built from the current plan). A store error holds this chunk and the rest
+        for the claim retries."""
         unique: dict[tuple[str, int], ClaimRequest] = {}
         for request in requests:
             unique.setdefault(request.run, request)
         requests = list(unique.values())
-        try:
-            started = time.perf_counter()
-            results = self.store.claim(requests)
-            self.observer.store_round_trip("claim", time.perf_counter() - started)
-        except StoreError as exc:
-            self.claims.hold(requests)
-            self.outage.failed(exc, f"claiming {len(requests)} run(s)")
-            return
-        self.outage.recovered()
-        for result in results:
-            self.claims.answered(result.request.run)
-            self._on_result(result)
+        start = 0
+        while start < len(requests) and not self._stopping:
+            chunk = requests[start:start + self.pace.size()]
+            began = self.monotonic()
+            try:
+                started = time.perf_counter()
+                results = self.store.claim(chunk)
+                self.observer.store_round_trip("claim", time.perf_counter() - started)
+            except StoreError as exc:
+                self.claims.hold(requests[start:])
+                self.outage.failed(exc, f"claiming {len(requests) - start} run(s)")
+                return
+            start += len(chunk)
+            self.outage.recovered()
+            won = []
+            for result in results:
+                self.claims.answered(result.request.run)
+                send = self._on_result(result)
+                if send is not None:
+                    won.append(send)
+            self.sends.send_many(won)
+            self.pace.measured(len(chunk), self.monotonic() - began)
 
-    def _on_result(self, result: ClaimResult) -> None:
+    def _on_result(self, result: ClaimResult) -> Send | None:
+        """Count and log one claim's answer; the send of a won run (sent by the caller)."""
         plan = self.plans.get(result.entry)
         if plan is None:
-            return
+            return None
         if plan.name in self.config_plans:     # a store entry differs while an update syncs
             self.definitions.check(plan, result)
         outcome = result.outcome
@@ -286,15 +307,16 @@ class Engine:
             # again (the claim record stays: nobody else wins it either)
             self.due.claimed(plan.name, result.slot_ms)
         if outcome is Outcome.WON:
-            self.sends.send(Send(plan, result.slot_ms, result.attempt, result.token,
-                                 task_id_for(self.namespace, plan.name, result.slot_ms,
-                                             result.attempt),
-                                 deadline_ms=result.slot_ms + result.request.max_late_ms))
-        elif outcome is Outcome.OTHER_WON:     # the normal case, not an error
+            task_id = (result.request.task_id if result.attempt == 1 and result.request.task_id
+                       else task_id_for(self.namespace, plan.name, result.slot_ms, result.attempt))
+            return Send(plan, result.slot_ms, result.attempt, result.token, task_id,
+                        deadline_ms=result.slot_ms + result.request.max_late_ms)
+        if outcome is Outcome.OTHER_WON:       # the normal case, not an error
             logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
                          result.winner or "another instance")
         else:
             self.skips.refused(plan, result)
+        return None
 
     def _periodic(self) -> None:
         now = self.monotonic()
@@ -324,6 +346,12 @@ class Engine:
             waits.append(max(self.sync.next_try() - mono, 0.05))
         elif self.heartbeat is not None and self._prepared:
             waits.append(max(self._beat_at - mono, 0.05))
-        if any(p.timing.lease is not None for p in self.plans.values()):
+        if self._any_leased:
             waits.append(max(self.takeovers.next_check - mono, 0.01))
         return min(max(min(waits), 0.001), MAX_SLEEP_S)
+
+
+def _any_leased(plans: dict[str, EntryPlan]) -> bool:
+    """Whether some plan is leased (the lease checks then time the ticks); computed when the
+    plans change, never per tick."""
+    return any(p.timing.lease is not None for p in plans.values())
