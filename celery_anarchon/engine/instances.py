@@ -74,14 +74,19 @@ class Heartbeat:
         self.reported: frozenset[Disagreement] = frozenset()
         self._mappings: dict[str, dict[str, str]] = {}       # digest -> its mapping (immutable)
         self._definitions: dict[tuple[str, str], str | None] = {}
+        self._mine: tuple[dict, dict[str, str], str] | None = None  # (config, mapping, digest)
 
     def beat(self, config: dict[str, EntryPlan], entries: int) -> None:
         """Record this instance (``config``: the config plans it runs; ``entries``: how many it
-        runs in all), then compare with the other live instances. A store error is backed off."""
+        runs in all), then compare with the other live instances. A store error is backed off.
+        The fingerprints of ``config`` are walked once per ``config`` object (the engine passes a
+        new one when beat_schedule changes), not at every heartbeat."""
         if not self.outage.may_try():
             return
-        mine = {name: plan.fingerprint for name, plan in config.items()}
-        digest = fingerprints_digest(mine)
+        if self._mine is None or self._mine[0] is not config:   # walked once per config
+            mapping = {name: plan.fingerprint for name, plan in config.items()}
+            self._mine = (config, mapping, fingerprints_digest(mapping))
+        _, mine, digest = self._mine
         try:
             if digest != self.saved_digest:
                 self.store.save_fingerprints(digest, mine)
