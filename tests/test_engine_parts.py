@@ -409,7 +409,7 @@ def test_a_beat_exiting_inside_a_batch_leaves_its_runs_claimed_without_a_send():
     assert parts.stats["sent"] == 0 and parts.events() == []
 
 
-def test_the_claim_chunk_is_what_the_instance_handles_in_a_twentieth_of_a_second():
+def test_the_claim_chunk_is_what_the_instance_claims_and_sends_in_its_time_ahead():
     clocks = Clocks()
     pace = Pace(clocks.mono, ahead_s=0.05, least=10, most=1000, first=50)
     assert pace.size() == 50

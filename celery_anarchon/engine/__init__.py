@@ -17,6 +17,7 @@ The parts, each in its module, each given what it needs by the coordinator (:cla
 
 * ``due``: the heap of due runs, seeding at start-up, slots reached too late;
 * ``claims``: claim requests and the claims that wait for the store until max_late;
+* ``pace``: the size of a claim chunk in a burst (what this instance claims and sends in 30 ms);
 * ``sends``: the send queue (sends, their retries, a publish that broke off, won after max_late);
 * ``notes``: the history notes, buffered and written once per tick;
 * ``outage``: the store outage backoff and its log;

@@ -1,6 +1,6 @@
 """How many runs one claim asks for in a burst: as many as this instance claims and sends in
-:data:`AHEAD_S`, measured on the chunks it handled, so that a won claim is never far ahead of its
-send. An instance killed in a burst then takes with it at most the won runs of one chunk (the
+:data:`AHEAD_S` (30 ms), measured on the chunks it handled, so that a won claim is never far
+ahead of its send. An instance killed in a burst then takes with it at most the won runs of one chunk (the
 guarantee's "winner dying between its claim and its send"), and the runs due meanwhile wait one
 chunk, not the whole burst."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 #: a chunk is what this instance claims and sends in this long, seconds
-AHEAD_S = 0.05
+AHEAD_S = 0.03
 #: bounds of a chunk, runs; the first chunk, before anything was measured
 LEAST, MOST, FIRST = 10, 500, 50
 #: weight of the newest measurement in the running mean of the time per run
