@@ -1,6 +1,7 @@
 """Dispatch benchmark: Celery's default beat, RedBeat and celery_anarchon on the same beat_schedule.
 
     .venv/bin/python benchmarks/dispatch.py [--quick] [--workloads 1s,1m] [--systems ...]
+        [--idle 10000,100000] [--idle-systems celery-1,redbeat-1,anarchon-1]
         [--json results.json] [--plot docs/dispatch-lateness.png] [--profile] [--keep]
     .venv/bin/python benchmarks/dispatch.py --replot results.json --plot docs/dispatch-lateness.png
 
@@ -61,6 +62,22 @@ What the figures mean (docs/performance.md explains them at length):
   the end of the window (a killed one: until its kill), per 1,000 distinct runs sent during the
   window; ``redis CPU`` is the same for the Redis server (broker and stores).
 * **peak RSS**: the largest VmHWM among the beat processes.
+* **lost with the killed instance** (celery_anarchon): the runs of the window the store's history
+  shows claimed by the killed instance and never sent (the guarantee's "winner dying between its
+  claim and its send"), and their share of one slot's runs: the kill falls in the burst of one
+  slot (``1m``: the minute's 10,000 runs).
+* ``--profile``: py-spy on one surviving celery_anarchon beat: for ``1m`` the burst only (from
+  0.5 s before the minute, 6 s), for ``1s`` the whole window; where its wall time went.
+
+The idle table, in the same invocation (``--idle ''`` leaves it out): one beat per scheduler
+(``celery-1``, ``redbeat-1`` up to 10,000 entries, ``anarchon-1`` on the Redis ``lease`` store)
+with 10,000 and 100,000 daily crontabs that never come due during the run (six to eighteen hours
+away, 720 distinct times; dispatch_app.py ``DISPATCH_KIND=daily``), each on a flushed Redis:
+
+* **start-up**: from the process's start to the end of its first tick (the scheduler built, the
+  store prepared, every entry's next run known), and the process's CPU until then;
+* **idle CPU**: the process's CPU over a 60-s window (``--quick``: 20 s) after a 5-s settle, as a
+  share of one core; **RSS**: VmRSS at the end of that window (peak: VmHWM).
 """
 from __future__ import annotations
 
@@ -107,6 +124,9 @@ WORKLOADS = {
     "1s": (1_000, 1.0, 60, 20, 5),
     "1m": (10_000, 60.0, 180, 60, 15),
 }
+#: seconds of the 1-minute workload's burst profiled by --profile (from 0.5 s before the minute)
+BURST_PROFILE_S = 6
+
 WORKLOAD_LABELS = {"1s": "1,000 entries every second", "1m": "10,000 entries every minute"}
 
 
@@ -320,12 +340,17 @@ class Run:
             if self.scheduler == "redbeat" and self.interval >= 60:
                 sleep_until(started + 40)
                 first_due = self.redbeat_first_due()
+            if self.profile and self.scheduler == "anarchon":
+                # the 1-minute workload: the burst only (from 0.5 s before the minute), where
+                # the time goes; the 1-second one: the whole window
+                burst = self.interval >= 60
+                sleep_until(t0 - 0.5 if burst else t0)
+                profiler = start_profiler(self.beats[-1].pid,
+                                          BURST_PROFILE_S if burst else self.duration, self.dir)
             sleep_until(t0)
             self.check_alive()
             self.sample_cpu(self.cpu0, pids)
             redis_cpu["t0"] = cpu_seconds(self.server.proc.pid)
-            if self.profile and self.scheduler == "anarchon":
-                profiler = start_profiler(self.beats[-1].pid, self.duration, self.dir)
             if self.kills:
                 sleep_until(self.kill_time(t0))
                 self.check_alive()
@@ -427,6 +452,119 @@ class Run:
                     reasons[f"{h.event.value} by {who}"] += 1
         store.close()
         return dict(reasons)
+
+
+# -- many entries at idle ---------------------------------------------------------------------------
+
+#: name -> (scheduler, label); one instance each, entries that never come due during the run
+IDLE_SYSTEMS = {
+    "celery-1": ("default", "Celery beat x1"),
+    "redbeat-1": ("redbeat", "RedBeat x1"),
+    "anarchon-1": ("anarchon", "celery_anarchon x1"),
+}
+#: entry counts of the idle table; RedBeat only up to REDBEAT_IDLE_MAX (it writes every entry to
+#: Redis one round trip at a time at start-up: minutes at 100,000)
+IDLE_SIZES = (10_000, 100_000)
+REDBEAT_IDLE_MAX = 10_000
+#: idle measurement after the first tick: settle, then the window (seconds; --quick: 20 s)
+IDLE_SETTLE_S, IDLE_WINDOW_S, IDLE_QUICK_WINDOW_S = 5, 60, 20
+#: a beat that has not ended its first tick by then is reported as not started
+IDLE_START_TIMEOUT_S = 600
+
+
+class IdleRun:
+    """One scheduler with ``entries`` daily crontabs that never come due during the run: the
+    start-up (from the process's start to the end of its first tick: the scheduler built, the
+    store prepared, every entry's next run known), then the CPU and memory of one idle window."""
+
+    def __init__(self, server: OwnRedis, workdir: str, system: str, entries: int,
+                 quick: bool) -> None:
+        self.server, self.system, self.entries = server, system, entries
+        self.scheduler, self.label = IDLE_SYSTEMS[system]
+        self.window = IDLE_QUICK_WINDOW_S if quick else IDLE_WINDOW_S
+        self.dir = os.path.join(workdir, f"idle-{entries}-{system}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.celery = CeleryProcs(self.dir, app="dispatch_app")
+        self.ready_file = os.path.join(self.dir, "ready")
+
+    def execute(self) -> dict:
+        self.server.flush()
+        load = os.getloadavg()
+        env = dict(os.environ)
+        env.update(DISPATCH_BROKER=self.server.db(0), DISPATCH_SCHEDULER=self.scheduler,
+                   DISPATCH_ENTRIES=str(self.entries), DISPATCH_KIND="daily",
+                   DISPATCH_HOUR=str(time.gmtime().tm_hour), DISPATCH_STORE=self.server.db(1),
+                   DISPATCH_REDBEAT=self.server.db(2), DISPATCH_READY=self.ready_file,
+                   PYTHONPATH=os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH", "")])))
+        started = time.time()
+        proc = self.celery.start("beat", "beat", "-l", "warning", "--pidfile=", "-s",
+                                 os.path.join(self.dir, "beat-schedule"), env=env).popen
+        out = {"system": self.system, "entries": self.entries, "window": self.window,
+               "load_before": load, "started": None}
+        try:
+            deadline = time.monotonic() + IDLE_START_TIMEOUT_S
+            while not os.path.exists(self.ready_file) or not open(self.ready_file).read().strip():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = self.celery.text("beat")[-2000:]
+                    out["error"] = f"no first tick (exit {proc.poll()}): {tail}"
+                    return out
+                time.sleep(0.05)
+            ready_at, ready_cpu = map(float, open(self.ready_file).read().split())
+            out.update(started=ready_at - started, startup_cpu=ready_cpu)
+            time.sleep(IDLE_SETTLE_S)
+            cpu0 = cpu_seconds(proc.pid)
+            time.sleep(self.window)
+            cpu1 = cpu_seconds(proc.pid)
+            out.update(idle_cpu_pct=(cpu1 - cpu0) / self.window * 100, rss=rss_mb(proc.pid),
+                       peak_rss=peak_rss_mb(proc.pid), load_after=os.getloadavg())
+        finally:
+            stop_processes([proc])
+        return out
+
+
+def rss_mb(pid: int) -> float:
+    """VmRSS of ``pid`` and its live descendants, MB."""
+    total = 0
+    for p in _descendants(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
+
+
+def idle_table(results: list[dict], markdown: bool = False) -> str:
+    """Start-up, idle CPU and memory per entry count and scheduler, with the ratio to Celery's
+    beat of the same entry count."""
+    head = ["entries", "system", "start-up (s)", "CPU to first tick (s)", "idle CPU, % of a core",
+            "RSS (MB)", "peak RSS (MB)", "start-up / Celery's", "RSS / Celery's"]
+    celery = {r["entries"]: r for r in results if r["system"] == "celery-1" and r.get("started")}
+    rows = []
+    for r in results:
+        if not r.get("started"):
+            rows.append([f"{r['entries']:,}", IDLE_SYSTEMS[r["system"]][1], "did not start"]
+                        + ["-"] * (len(head) - 3))
+            continue
+        base = celery.get(r["entries"])
+        rows.append([f"{r['entries']:,}", IDLE_SYSTEMS[r["system"]][1], f"{r['started']:.1f}",
+                     f"{r['startup_cpu']:.1f}", f"{r['idle_cpu_pct']:.2f}", f"{r['rss']:.0f}",
+                     f"{r['peak_rss']:.0f}",
+                     f"{r['started'] / base['started']:.2f}" if base else "-",
+                     f"{r['rss'] / base['rss']:.2f}" if base else "-"])
+    return _render(head, rows, markdown)
+
+
+def _render(head: list[str], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths)),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(out)
 
 
 def start_profiler(pid: int, duration: float, directory: str):
@@ -564,7 +702,8 @@ def fmt_s(seconds: float) -> str:
 
 def table(results: list[dict], markdown: bool = False) -> str:
     head = ["workload", "system", "sent / expected", "dup", "longest gap", "late p50", "p99", "max",
-            "beat CPU s / 1k runs", "redis CPU s / 1k", "peak RSS"]
+            "lost with the killed instance", "beat CPU s / 1k runs", "redis CPU s / 1k",
+            "peak RSS"]
     rows = []
     for r in results:
         f = r["figures"]
@@ -576,7 +715,7 @@ def table(results: list[dict], markdown: bool = False) -> str:
                                                     if f["sent"] != f["expected"] else ""),
             f"{f['duplicates']:,}",
             (">= " if f["gap_open"] else "") + fmt_s(f["gap"]),
-            fmt_s(f["p50"]), fmt_s(f["p99"]), fmt_s(f["max"]),
+            fmt_s(f["p50"]), fmt_s(f["p99"]), fmt_s(f["max"]), lost_on_kill(r),
             f"{f['cpu_per_1k']:.2f}", f"{f['redis_per_1k']:.2f}", f"{f['rss']:.0f} MB",
         ])
     if markdown:
@@ -588,6 +727,16 @@ def table(results: list[dict], markdown: bool = False) -> str:
            "  ".join("-" * w for w in widths)]
     out += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
     return "\n".join(out)
+
+
+def lost_on_kill(r: dict) -> str:
+    """celery_anarchon: the runs the store's history shows claimed by the killed instance and
+    never sent, and their share of one slot's runs (the burst the kill fell in)."""
+    history = r.get("anarchon_history")
+    if history is None:
+        return "-"
+    lost = sum(n for why, n in history.items() if why.endswith("by the killed instance"))
+    return f"{lost:,} ({lost / r['entries']:.2%} of a slot)"
 
 
 def notes(r: dict) -> str:
@@ -651,12 +800,13 @@ PROFILE_FUNCTIONS = [
     ("time.sleep", "  sleeping between ticks"),
     ("Scheduler.tick", "  Scheduler.tick"),
     ("Scheduler._follow_schedule_changes", "    comparing beat_schedule with its last copy"),
-    ("Engine._pop_due", "    popping due runs, building claim requests"),
-    ("RedisStore.claim", "    claiming (one EVALSHA per tick)"),
-    ("Scheduler._send", "    sending won runs (Task.apply_async)"),
-    ("Producer.publish", "      of which kombu's publish (LPUSH)"),
-    ("Engine._flush_notes", "    writing history notes"),
-    ("RedisStore.record", "      of which one EVALSHA per note"),
+    ("DueRuns.pop", "    popping due runs, building claim requests"),
+    ("RedisLeaseStore.claim", "    claiming (one EVALSHA per chunk)"),
+    ("SendQueue.send_many", "    sending won runs (one send batch per chunk)"),
+    ("Task.apply_async", "      of which building and buffering messages (apply_async)"),
+    ("PublishBatch.flush", "      of which kombu's batch write (pipelined LPUSH)"),
+    ("NoteBuffer.flush", "    writing history notes"),
+    ("RedisStore.record_many", "      of which one pipelined EVALSHA per note"),
     ("SocketBuffer._read_from_socket", "waiting for a Redis reply (any)"),
 ]
 
@@ -723,6 +873,9 @@ def main() -> None:
                         help="py-spy one surviving celery_anarchon beat during its window")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument("--replot", help="only redraw --plot and the table from a --json file")
+    parser.add_argument("--idle", default=",".join(str(n) for n in IDLE_SIZES),
+                        help="entry counts of the idle table ('' for none)")
+    parser.add_argument("--idle-systems", default=",".join(IDLE_SYSTEMS))
     args = parser.parse_args()
 
     if args.replot:
@@ -743,9 +896,9 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"redis-server {server.version} on port {args.port}; celery_anarchon {revision}; "
           f"work directory {workdir}")
-    results = []
+    results, idle = [], []
     try:
-        for workload in args.workloads.split(","):
+        for workload in filter(None, args.workloads.split(",")):
             for system in args.systems.split(","):
                 if workload not in WORKLOADS or system not in SYSTEMS:
                     raise SystemExit(f"unknown workload or system: {workload} {system}")
@@ -758,19 +911,37 @@ def main() -> None:
                 print(notes(raw), flush=True)
                 if raw["profile"] and os.path.exists(raw["profile"]):
                     print(summarise_profile(raw["profile"]))
+        for entries in (int(n) for n in filter(None, args.idle.split(","))):
+            for system in args.idle_systems.split(","):
+                if system not in IDLE_SYSTEMS:
+                    raise SystemExit(f"unknown idle system: {system}")
+                if system == "redbeat-1" and entries > REDBEAT_IDLE_MAX:
+                    continue
+                print(f"idle {system}: {entries:,} daily crontabs ...", flush=True)
+                out = IdleRun(server, workdir, system, entries, args.quick).execute()
+                idle.append(out)
+                print(f"  {out}", flush=True)
     finally:
         server.stop()
     print()
-    print(table(results))
-    print()
-    for r in results:
-        print(notes(r))
+    if results:
+        print(table(results))
+        print()
+        for r in results:
+            print(notes(r))
+        print()
+        print(table(results, markdown=True))
+    if idle:
+        print()
+        print(idle_table(idle))
+        print()
+        print(idle_table(idle, markdown=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpus": os.cpu_count(), "redis": server.version, "argv": sys.argv,
                        "revision": revision, "versions": versions(),
-                       "results": results}, f)
-    if args.plot:
+                       "results": results, "idle": idle}, f)
+    if args.plot and results:
         plot(results, args.plot)
     if args.keep:
         print(f"logs: {workdir}")
