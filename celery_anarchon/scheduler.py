@@ -46,9 +46,10 @@ BROKER_CONNECT_RETRIES = 1
 #: a broker connection idle longer than this (seconds) is checked before the next publish, so a
 #: connection the broker dropped meanwhile is found before a message is written to it
 BROKER_PROBE_IDLE_S = 1.0
-#: beat_schedule is compared with its last copy at most this often, seconds (a comparison
-#: walks every entry: with 100,000 entries it is not done at every tick of a burst)
-SCHEDULE_CHECK_S = 1.0
+#: beat_schedule is compared with its last copy at most this often after a change through
+#: ``add`` or ``update_from_dict`` (or of its size), and this often anyway, seconds (a comparison
+#: walks every entry: with 100,000 entries it is not done at every tick)
+SCHEDULE_CHECK_S, SCHEDULE_WALK_S = 1.0, 60.0
 #: kombu's batch buffers at most this many commands per message before it writes on its own
 #: (a message is one LPUSH, plus one PEXPIRE per priority step with queue expiry)
 BATCH_COMMANDS_PER_MESSAGE = 12
@@ -114,6 +115,7 @@ class Scheduler(beat.Scheduler):
         self._in_tick = False
         self._broker_used_at = 0.0
         self._schedule_checked_at = 0.0
+        self._schedule_dirty = False
         self._frozen = False
         self._batch: _Batch | None = None
         super().__init__(app, *args, lazy=lazy, **kwargs)
@@ -300,16 +302,33 @@ class Scheduler(beat.Scheduler):
         if self.engine is not None:
             self.engine = self._make_engine(self.engine.config_plans, forked=True)
 
+    def add(self, **kwargs):
+        """Celery's ``add``; the new entry is scheduled at the next tick (checked like every
+        entry)."""
+        self._schedule_dirty = True
+        return super().add(**kwargs)
+
+    def update_from_dict(self, dict_) -> None:
+        """Celery's ``update_from_dict``; the entries are scheduled at the next tick."""
+        self._schedule_dirty = True
+        super().update_from_dict(dict_)
+
     def _follow_schedule_changes(self) -> None:
         """Entries added or changed at run time (``add``, ``update_from_dict``) are checked and
-        scheduled; a bad one is logged and left out, the others keep running. Checked at most
-        every :data:`SCHEDULE_CHECK_S`: an entry added, removed or replaced (the copy is shallow:
-        an entry changed in place is the same object in both)."""
+        scheduled; a bad one is logged and left out, the others keep running. beat_schedule is
+        compared with its last copy (by identity first: the copy is shallow, an entry changed in
+        place is the same object in both) at most every :data:`SCHEDULE_CHECK_S` after ``add``,
+        ``update_from_dict`` or a change of its size, and every :data:`SCHEDULE_WALK_S` anyway
+        (a change made to the dict directly): the comparison walks every entry, which an idle
+        beat with 100,000 entries cannot do at every tick."""
         now = time.monotonic()
-        if now - self._schedule_checked_at < SCHEDULE_CHECK_S:
+        old, new = self._plans_snapshot, self.schedule
+        dirty = self._schedule_dirty or len(old) != len(new)
+        since = now - self._schedule_checked_at
+        if since < SCHEDULE_WALK_S and not (dirty and since >= SCHEDULE_CHECK_S):
             return
         self._schedule_checked_at = now
-        old, new = self._plans_snapshot, self.schedule
+        self._schedule_dirty = False
         if len(old) == len(new) and all(old.get(name) is entry for name, entry in new.items()):
             return
         self._plans_snapshot = copy.copy(self.schedule)
