@@ -10,6 +10,7 @@ import pytest
 import redis
 from celery import Celery
 from celery.schedules import crontab
+from kombu.exceptions import OperationalError
 
 from celery_anarchon import ConfigError, Scheduler, scheduled_at
 from celery_anarchon.errors import SendOutcomeUnknown
@@ -155,6 +156,67 @@ def test_a_publish_that_broke_off_is_reported_unknown_never_retried(tmp_path):
         proxy.close()
         scheduler.close()
 
+
+
+def test_a_send_batch_on_a_redis_broker_writes_once_and_a_broken_write_is_unknown(tmp_path):
+    """Real Redis broker behind a proxy: the runs of one send batch reach the broker in one
+    pipelined write when the batch ends; a write that broke off raises SendOutcomeUnknown (the
+    engine never publishes those runs again); a broker down when a batch starts is a plain,
+    retryable failure (nothing was written)."""
+    require_server(REDIS_URL, "Redis")
+    proxy = TCPProxy(redis_address()).start()
+    try:
+        app = make_app(tmp_path, broker_url=proxy.url("redis", "/11"))
+        with app.connection_for_read() as conn:
+            conn.SimpleQueue("celery").clear()
+        scheduler = Scheduler(app)
+        plan = scheduler.engine.plans["tick"]
+
+        def received():
+            ids = []
+            with app.connection_for_read() as conn:
+                queue = conn.SimpleQueue("celery")
+                while True:
+                    try:
+                        message = queue.get(timeout=0.5)
+                    except queue.Empty:
+                        return ids
+                    message.ack()
+                    ids.append(message.headers["id"])
+
+        with scheduler._send_batch(3):
+            for n in range(3):
+                scheduler._send(plan, 1_700_000_000_000 + n * 10_000, 1, None, f"first-{n}")
+            assert received() == [], "nothing written before the batch ends"
+        assert received() == ["first-0", "first-1", "first-2"]
+        proxy.outage()                      # the broker goes away right after a write ...
+        scheduler._broker_used_at = time.monotonic()   # ... so the batch does not check it first
+        with pytest.raises(SendOutcomeUnknown):
+            with scheduler._send_batch(2):
+                scheduler._send(plan, 1_700_000_100_000, 1, None, "lost-0")
+                scheduler._send(plan, 1_700_000_110_000, 1, None, "lost-1")
+        scheduler._broker_used_at = 0.0     # idle: checked first (connect, PING), nothing written
+        with pytest.raises((redis.exceptions.ConnectionError, OperationalError)):
+            with scheduler._send_batch(1):
+                pass
+        proxy.restore()
+        with scheduler._send_batch(2):
+            scheduler._send(plan, 1_700_000_200_000, 1, None, "again-0")
+            scheduler._send(plan, 1_700_000_210_000, 1, None, "again-1")
+        assert received() == ["again-0", "again-1"]
+    finally:
+        proxy.close()
+        scheduler.close()
+
+
+def test_an_entry_added_at_run_time_is_scheduled(tmp_path):
+    scheduler = Scheduler(make_app(tmp_path))
+    scheduler.tick()
+    scheduler.add(name="added", task="proj.added", schedule=30.0)
+    scheduler._schedule_checked_at -= 2       # the second between two comparisons has passed
+    scheduler.tick()
+    assert "added" in scheduler.engine.plans and "tick" in scheduler.engine.plans
+    scheduler.close()
 
 def test_sleeps_are_capped_at_sixty_seconds(tmp_path):
     app = make_app(tmp_path, beat_schedule={"daily": {"task": "t", "schedule": crontab(0, 4)}})
