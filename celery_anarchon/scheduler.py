@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import logging
 import os
 import time
@@ -116,7 +115,6 @@ class Scheduler(beat.Scheduler):
         self._broker_used_at = 0.0
         self._schedule_checked_at = 0.0
         self._schedule_dirty = False
-        self._frozen = False
         self._batch: _Batch | None = None
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
@@ -238,12 +236,6 @@ class Scheduler(beat.Scheduler):
                 self.setup_schedule()
             self._follow_schedule_changes()
             delay = self.engine.tick()
-            if not self._frozen:
-                # what start-up built (plans, slots, Celery's entries: millions of objects with
-                # 100,000 entries) lives as long as beat: kept out of the cyclic collector,
-                # whose full passes over it were most of an idle beat's CPU
-                self._frozen = True
-                gc.freeze()
         except Exception as exc:
             if self._closing or _exit_requested(exc):
                 raise SystemExit("beat is shutting down") from exc
@@ -413,7 +405,11 @@ class Scheduler(beat.Scheduler):
             raise
         batch = self._batch = _Batch(producer)
         try:
-            with producer.batch(max_size=max(1, size) * BATCH_COMMANDS_PER_MESSAGE):
+            # kombu before 5.7 has no Producer.batch: each message is published at once, as
+            # kombu does itself on a transport that cannot batch
+            batch_of = getattr(producer, "batch", None)
+            with (batch_of(max_size=max(1, size) * BATCH_COMMANDS_PER_MESSAGE)
+                  if batch_of is not None else contextlib.nullcontext()):
                 yield
         except Exception as exc:
             self._drop_connection()
