@@ -480,3 +480,23 @@ def test_no_clock_is_read(monkeypatch):
     slots = build(cron("*/5 * * * *", tz=NY))
     monkeypatch.setattr(time, "time", lambda: pytest.fail("clock read"))
     assert slots.next_after(ms(2025, 1, 1)) == ms(2025, 1, 1, 0, 5)
+
+
+def test_every_day_expressions_answer_as_croniter_does():
+    """The arithmetic of an expression matching every day (slots._WallMatcher) gives croniter's
+    answer for random minute and hour sets and random instants, seconds included."""
+    from celery_anarchon import slots as slots_module
+    rng = random.Random(20261201)
+    for _ in range(300):
+        minutes = "*" if rng.random() < 0.2 else ",".join(
+            map(str, sorted(rng.sample(range(60), rng.randint(1, 4)))))
+        hours = "*" if rng.random() < 0.4 else ",".join(
+            map(str, sorted(rng.sample(range(24), rng.randint(1, 3)))))
+        expr = f"{minutes} {hours} * * *"
+        fast = slots_module._WallMatcher(expr, False)
+        assert fast._day_s is not None, expr
+        slow = slots_module._WallMatcher(expr, False)
+        slow._day_s = None                       # croniter's own answer
+        for _ in range(20):
+            wall_s = rng.randrange(0, 4_000_000_000)
+            assert fast.first_at_or_after(wall_s) == slow.first_at_or_after(wall_s), (expr, wall_s)
