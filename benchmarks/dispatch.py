@@ -19,6 +19,11 @@ RedBeat db 2):
   three instances; the leader (the instance whose messages arrive) is killed with SIGKILL;
 * ``anarchon-3``: ``celery_anarchon:Scheduler`` with its defaults, Redis ``lease`` store, three
   instances; one is killed with SIGKILL.
+* ``anarchon-cluster-3``: the same on the Redis Cluster store (``redis+cluster://``): a private
+  six-node cluster (benchmarks/redis_cluster.py: three masters with a replica each, on free
+  loopback ports) started once for the invocation when a cluster system is asked for, every
+  master flushed before the run, stopped at the end; the broker stays the single Redis (db 0).
+  Its ``redis CPU`` is the broker's plus the six nodes'.
 
 The kill comes at the window's middle slot plus 40 % of an interval (at most 1 s), while that
 slot's runs are being claimed and sent.
@@ -116,9 +121,13 @@ SYSTEMS = {
     "celery-3": ("default", 3, False, "instance"),
     "redbeat-3": ("redbeat", 3, True, "shared"),
     "anarchon-3": ("anarchon", 3, True, "slot"),
+    "anarchon-cluster-3": ("anarchon", 3, True, "slot"),
 }
 LABELS = {"celery-1": "Celery beat x1", "celery-3": "Celery beat x3",
-          "redbeat-3": "RedBeat x3 (leader killed)", "anarchon-3": "celery_anarchon x3 (one killed)"}
+          "redbeat-3": "RedBeat x3 (leader killed)", "anarchon-3": "celery_anarchon x3 (one killed)",
+          "anarchon-cluster-3": "celery_anarchon x3 on Redis Cluster (one killed)"}
+#: systems whose claim store is the benchmark's Redis Cluster (six nodes of its own), not db 1
+CLUSTER_SYSTEMS = {"anarchon-cluster-3"}
 #: name -> (entries, interval s, window s, quick window s, grace s)
 WORKLOADS = {
     "1s": (1_000, 1.0, 60, 20, 5),
@@ -255,8 +264,11 @@ class Run:
     """One system on one workload: beats, consumer, timeline, raw observations."""
 
     def __init__(self, server: OwnRedis, workdir: str, system: str, workload: str, quick: bool,
-                 profile: bool) -> None:
+                 profile: bool, cluster=None) -> None:
         self.server, self.system, self.workload = server, system, workload
+        #: the RedisClusterRig whose store this system claims in (CLUSTER_SYSTEMS), else None
+        self.cluster = cluster if system in CLUSTER_SYSTEMS else None
+        self.store_url = self.cluster.url if self.cluster else server.db(1)
         self.scheduler, self.instances, self.kills, self.nominal_from = SYSTEMS[system]
         self.entries, self.interval, window, quick_window, self.grace = WORKLOADS[workload]
         self.duration = quick_window if quick else window
@@ -277,9 +289,20 @@ class Run:
         env = dict(os.environ)
         env.update(DISPATCH_BROKER=self.server.db(0), DISPATCH_SCHEDULER=self.scheduler,
                    DISPATCH_ENTRIES=str(self.entries), DISPATCH_INTERVAL=repr(self.interval),
-                   DISPATCH_STORE=self.server.db(1), DISPATCH_REDBEAT=self.server.db(2),
+                   DISPATCH_STORE=self.store_url, DISPATCH_REDBEAT=self.server.db(2),
                    PYTHONPATH=os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH", "")])))
         return env
+
+    def redis_pids(self) -> list[int]:
+        """The Redis servers this run's CPU is counted on: the broker's, and the cluster's nodes."""
+        pids = [self.server.proc.pid]
+        if self.cluster:
+            pids += [n.proc.pid for n in self.cluster.nodes if n.alive()]
+        return pids
+
+    def redis_cpu(self) -> float | None:
+        values = [cpu_seconds(pid) for pid in self.redis_pids()]
+        return None if any(v is None for v in values) else sum(values)
 
     def start_beat(self, n: int) -> subprocess.Popen:
         return self.celery.start(f"beat-{n}", "beat", "-l", "warning", "--pidfile=", "-s",
@@ -317,6 +340,8 @@ class Run:
 
     def execute(self) -> dict:
         self.server.flush()
+        if self.cluster:
+            flush_cluster(self.cluster)
         load = os.getloadavg()
         ctx = multiprocessing.get_context("fork")
         stop, ready, last_pid = ctx.Event(), ctx.Event(), ctx.Value("i", 0)
@@ -350,7 +375,7 @@ class Run:
             sleep_until(t0)
             self.check_alive()
             self.sample_cpu(self.cpu0, pids)
-            redis_cpu["t0"] = cpu_seconds(self.server.proc.pid)
+            redis_cpu["t0"] = self.redis_cpu()
             if self.kills:
                 sleep_until(self.kill_time(t0))
                 self.check_alive()
@@ -362,7 +387,7 @@ class Run:
             sleep_until(t1)
             survivors = self.alive()
             self.sample_cpu(self.cpu1, survivors)
-            redis_cpu["t1"] = cpu_seconds(self.server.proc.pid)
+            redis_cpu["t1"] = self.redis_cpu()
             sleep_until(end)
             self.sample_rss(self.alive())
             self.load_after = os.getloadavg()
@@ -378,6 +403,7 @@ class Run:
         history = self.anarchon_history(consumed["records"], t0, t1) if self.scheduler == "anarchon" else None
         return {
             "system": self.system, "workload": self.workload, "entries": self.entries,
+            "store": "redis+cluster (3 masters, 3 replicas)" if self.cluster else "redis",
             "interval": self.interval, "duration": self.duration, "instances": self.instances,
             "started": started, "t0": t0, "t1": t1, "end": end, "load_before": load, "load_after": self.load_after,
             "killed": self.killed, "kill_at": self.kill_at, "pids": pids,
@@ -435,7 +461,7 @@ class Run:
         step = int(self.interval * 1000)
         missing = [(e, s) for e in range(self.entries)
                    for s in range(int(t0 * 1000), int(t1 * 1000), step) if (e, s) not in got]
-        store = open_store(self.server.db(1), namespace="dispatch_app", instance_id="bench-reader")
+        store = open_store(self.store_url, namespace="dispatch_app", instance_id="bench-reader")
         reasons = collections.Counter()
         for entry in sorted({e for e, _ in missing}):
             name = f"e{entry:05d}"
@@ -452,6 +478,16 @@ class Run:
                     reasons[f"{h.event.value} by {who}"] += 1
         store.close()
         return dict(reasons)
+
+
+def flush_cluster(rig) -> None:
+    """FLUSHALL on every master of the benchmark's cluster (its replicas follow), and wait until
+    the replicas are in step again."""
+    for master in rig.masters():
+        client = redis.Redis(host="127.0.0.1", port=master.port)
+        client.flushall()
+        client.close()
+    rig.wait_ok()
 
 
 # -- many entries at idle ---------------------------------------------------------------------------
@@ -770,7 +806,7 @@ def plot(results: list[dict], path: str) -> None:
     workloads = list(dict.fromkeys(r["workload"] for r in results))
     fig, axes = plt.subplots(1, len(workloads), figsize=(6.2 * len(workloads), 4.4), squeeze=False)
     colors = {"celery-1": "#1f77b4", "celery-3": "#17becf", "redbeat-3": "#d62728",
-              "anarchon-3": "#2ca02c"}
+              "anarchon-3": "#2ca02c", "anarchon-cluster-3": "#9467bd"}
     for ax, workload in zip(axes[0], workloads):
         for r in results:
             if r["workload"] != workload:
@@ -897,12 +933,19 @@ def main() -> None:
           f"redis-server {server.version} on port {args.port}; celery_anarchon {revision}; "
           f"work directory {workdir}")
     results, idle = [], []
+    cluster = None
     try:
-        for workload in filter(None, args.workloads.split(",")):
+        workloads = list(filter(None, args.workloads.split(",")))
+        if workloads and CLUSTER_SYSTEMS & set(args.systems.split(",")):
+            from redis_cluster import RedisClusterRig
+            cluster = RedisClusterRig(folder=os.path.join(workdir, "cluster"))
+            cluster.start()                         # stopped in the finally below, started or not
+            print(f"Redis Cluster of our own: {cluster.url}", flush=True)
+        for workload in workloads:
             for system in args.systems.split(","):
                 if workload not in WORKLOADS or system not in SYSTEMS:
                     raise SystemExit(f"unknown workload or system: {workload} {system}")
-                run = Run(server, workdir, system, workload, args.quick, args.profile)
+                run = Run(server, workdir, system, workload, args.quick, args.profile, cluster)
                 print(f"{workload} {system}: {run.entries:,} entries every {run.interval:g} s, "
                       f"{run.instances} instance(s), window {run.duration} s ...", flush=True)
                 raw = run.execute()
@@ -922,6 +965,8 @@ def main() -> None:
                 idle.append(out)
                 print(f"  {out}", flush=True)
     finally:
+        if cluster is not None:
+            cluster.close()
         server.stop()
     print()
     if results:

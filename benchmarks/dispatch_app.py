@@ -13,6 +13,7 @@ DISPATCH_KIND       ``interval`` (default) or ``daily``: each entry a daily cron
                     eighteen hours after ``DISPATCH_HOUR`` (UTC), minute = entry number % 60,
                     so that nothing comes due (the idle workloads)
 DISPATCH_HOUR       the UTC hour the idle workload starts in (default: now's)
+DISPATCH_NAMESPACE  ``anarchon_namespace`` (default: the app's name, ``dispatch_app``)
 DISPATCH_READY      a file: the end of beat's first tick is written there (epoch seconds, CPU
                     seconds of the process), for every scheduler alike
 """
@@ -56,6 +57,8 @@ app.conf.update(
 )
 if "DISPATCH_STORE" in os.environ:
     app.conf.anarchon_store_url = os.environ["DISPATCH_STORE"]
+if "DISPATCH_NAMESPACE" in os.environ:
+    app.conf.anarchon_namespace = os.environ["DISPATCH_NAMESPACE"]
 if "DISPATCH_REDBEAT" in os.environ:
     app.conf.redbeat_redis_url = os.environ["DISPATCH_REDBEAT"]
 
