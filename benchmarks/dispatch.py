@@ -728,6 +728,16 @@ def percentile(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(p / 100 * len(values)) - 1))]
 
 
+def share(part: int, whole: int) -> str:
+    """``part / whole`` as a percentage with the decimals it needs: a share that is not the whole
+    never prints as 100.0 % (19,990 / 20,000 is 99.95 %)."""
+    for digits in (1, 2, 3, 4):
+        text = f"{part / whole:.{digits}%}"
+        if part == whole or not text.startswith("100."):
+            return text
+    return f"{part / whole:.4%}"
+
+
 def fmt_s(seconds: float) -> str:
     if seconds != seconds:
         return "-"
@@ -747,7 +757,7 @@ def table(results: list[dict], markdown: bool = False) -> str:
             WORKLOAD_LABELS[r["workload"]] + ("" if r["duration"] == WORKLOADS[r["workload"]][2]
                                               else f" ({r['duration']} s)"),
             LABELS[r["system"]],
-            f"{f['sent']:,} / {f['expected']:,}" + (f" ({f['sent'] / f['expected']:.1%})"
+            f"{f['sent']:,} / {f['expected']:,}" + (f" ({share(f['sent'], f['expected'])})"
                                                     if f["sent"] != f["expected"] else ""),
             f"{f['duplicates']:,}",
             (">= " if f["gap_open"] else "") + fmt_s(f["gap"]),
