@@ -32,6 +32,7 @@ import datetime
 import difflib
 import json
 import math
+import weakref
 import zoneinfo
 from typing import Any
 
@@ -139,6 +140,14 @@ def _every(name: str, sched: dict, app) -> celery_schedules.schedule:
     return celery_schedules.schedule(datetime.timedelta(seconds=every), app=app)
 
 
+#: the crontabs parsed for an app's store entries, by (fields, zone): entries with one definition
+#: share one object (a Celery crontab keeps nothing of an entry: its last run lives on the
+#: ScheduleEntry). Parsing the same fields again for each of 100,000 entries was half of a beat's
+#: start-up and about half its memory (docs/performance.md, "100,000 store entries").
+_SHARED_CRONTABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: at most this many distinct crontabs are shared per app
+MAX_SHARED_CRONTABS = 10_000
+
 def _crontab(name: str, sched: dict, app) -> celery_schedules.crontab:
     fields = sched["crontab"]
     if not isinstance(fields, dict):
@@ -150,6 +159,10 @@ def _crontab(name: str, sched: dict, app) -> celery_schedules.crontab:
         if not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
             raise _error(name, f"schedule.crontab.{field}", value, "not a crontab field",
                          'give the field as text, e.g. "0", "*/15", "1-5" or "mon,wed"')
+    key = (tuple(sorted(fields.items())), str(sched.get("timezone")))
+    shared = _SHARED_CRONTABS.setdefault(app, {}) if app is not None else {}
+    if key in shared:
+        return shared[key]
     try:
         result = celery_schedules.crontab(**fields, app=app)
     except (ValueError, TypeError, KeyError) as exc:
@@ -166,6 +179,8 @@ def _crontab(name: str, sched: dict, app) -> celery_schedules.crontab:
                      "choose a day_of_month that exists in the month_of_year") from None
     if "timezone" in sched:
         result.tz = _zone(name, "schedule.timezone", sched["timezone"])  # the crontab's own zone
+    if len(shared) < MAX_SHARED_CRONTABS:
+        shared[key] = result
     return result
 
 

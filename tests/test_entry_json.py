@@ -97,6 +97,24 @@ def test_a_crontab_keeps_its_fields_as_written_and_its_own_zone():
     assert same["schedule"] == {"crontab": {"minute": "30", "hour": "2"}, "timezone": "America/New_York"}
 
 
+def test_entries_with_one_crontab_definition_share_one_crontab():
+    app = make_app()
+
+    def schedule_of(fields, zone="Europe/Berlin", name="r"):
+        return entry_json.parse(name, {"task": "t", "schedule": {
+            "crontab": fields, "timezone": zone}}, app=app).schedule
+
+    first = schedule_of({"minute": "30", "hour": "2"})
+    assert schedule_of({"hour": "2", "minute": "30"}, name="other") is first, "one object per definition"
+    assert schedule_of({"minute": "30", "hour": "3"}) is not first
+    berlin, tokyo = first, schedule_of({"minute": "30", "hour": "2"}, zone="Asia/Tokyo")
+    assert tokyo is not berlin and tokyo.tz == zoneinfo.ZoneInfo("Asia/Tokyo")
+    assert berlin.tz == zoneinfo.ZoneInfo("Europe/Berlin")
+    other_app = make_app()
+    assert entry_json.parse("r", {"task": "t", "schedule": {"crontab": {"minute": "30", "hour": "2"},
+                            "timezone": "Europe/Berlin"}}, app=other_app).schedule is not first
+
+
 def test_canonical_text_is_sorted_and_compact_and_refuses_what_is_not_json():
     obj = {"task": "t", "schedule": {"every": 5}, "args": [1]}
     text = entry_json.canonical(obj)
