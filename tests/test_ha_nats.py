@@ -112,10 +112,11 @@ def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed
     # the runs won before the kill: lost to their winners on every instance that is still there
     survivors = [s for s, server in zip(stores, healed.servers) if server is not leader]
     for store in survivors:
-        note(claim_until_answered(store, [req("e", s) for s in before], 20))
+        note(claim_until_answered(store, [req("e", s) for s in before], ha_nats.ELECTION_S))
     leader.start()
     for store in stores:
-        note(claim_until_answered(store, [req("e", s) for s in before + during], 20))
+        note(claim_until_answered(store, [req("e", s) for s in before + during],
+                                  ha_nats.ELECTION_S))
     twice = {s: w for s, w in winners.items() if len(w) > 1}
     assert not twice, f"runs won by two instances: {twice}"
     assert all(len(winners[s]) == 1 for s in during), "every run got its one winner"
@@ -170,8 +171,8 @@ def test_an_r1_stream_of_an_older_start_is_raised_to_three_replicas(healed, open
     other = [s for s in healed.servers if s is not leader][0]
     late = opened(other.url, namespace, "LATE")
     # the other streams of the store (epoch, history) may still be electing their leaders
-    until_answered(lambda: late.prepare(["e"]), 20)
-    lost = claim_until_answered(late, [req("e", slot)], 20)[0]
+    until_answered(lambda: late.prepare(["e"]), ha_nats.ELECTION_S)
+    lost = claim_until_answered(late, [req("e", slot)], ha_nats.ELECTION_S)[0]
     assert lost.outcome is Outcome.OTHER_WON and lost.winner == "OLD", lost
 
 
@@ -227,7 +228,7 @@ def test_whole_cluster_restart_is_an_epoch_change_for_every_instance(healed, ope
         server.start(wait=False)
     for server in healed.servers:
         server.wait_healthy()
-    fresh = claim_until_answered(b, [req("e", now - 1000)], 20)[0]
+    fresh = claim_until_answered(b, [req("e", now - 1000)], ha_nats.ELECTION_S)[0]
     assert fresh.outcome is Outcome.FORGOTTEN and "epoch changed" in fresh.detail, fresh
-    again = claim_until_answered(b, [req("e", now - 2000)], 20)[0]
+    again = claim_until_answered(b, [req("e", now - 2000)], ha_nats.ELECTION_S)[0]
     assert again.outcome is not Outcome.WON, again
