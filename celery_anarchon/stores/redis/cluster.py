@@ -31,7 +31,6 @@ wins).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -215,43 +214,20 @@ class RedisClusterStore(RedisLeaseStore):
         return [(r, missing) for r in replies]
 
     def _pipeline_confirmed(self, client, calls, asked: int, aof: bool):
-        replies = self._pipeline(client, calls, asked, aof)
-        acked = int(replies[len(calls)]) if asked else 0
-        fsynced = bool(aof and int(replies[-1][0]) >= 1)
-        return replies[:len(calls)], acked, fsynced
+        done = self._run(client, calls, asked, aof)
+        return done.replies, done.acked, done.fsynced
 
     def _pipeline(self, client: redis.Redis, calls: list[_Call], asked: int, aof: bool) -> list:
-        """EVALSHA of each call (then WAIT ``asked`` and WAITAOF when asked) in one round trip;
-        after NOSCRIPT the scripts are loaded on the master and the pipeline sent once more,
-        without the calls run ``once`` that ran (an entry-store write is never run twice)."""
-        scripts = self._redis()[1]
-        timeout_ms = max(1, round(self.confirm_timeout * 1000))
-        got: list = [None] * len(calls)
-        pending = list(range(len(calls)))
-        for _ in range(2):
-            pipe = client.pipeline(transaction=False)
-            for i in pending:
-                call = calls[i]
-                pipe.evalsha(scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
-            if asked:
-                pipe.execute_command("WAIT", asked, timeout_ms)
-            if aof:
-                pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
-            replies = pipe.execute(raise_on_error=False)
-            tail = replies[len(pending):]
-            for i, r in zip(pending, replies):
-                got[i] = r
-            lost = [i for i in pending if isinstance(got[i], redis.exceptions.NoScriptError)]
-            if lost:
-                for name in {calls[i].script for i in lost}:
-                    client.script_load(scripts[name].script)
-                pending = [i for i in pending if not calls[i].once or i in lost]
-                continue
-            for r in (*got, *tail):
-                if isinstance(r, Exception):
-                    raise r
-            return [json.loads(r) for r in got] + tail
-        raise redis.exceptions.NoScriptError("the scripts could not be loaded on a master")
+        """The replies of ``calls`` run on one master (:meth:`_run`)."""
+        return self._run(client, calls, asked, aof).replies
+
+    def _run(self, client: redis.Redis, calls: list[_Call], asked: int, aof: bool):
+        """EVALSHA of each call (then WAIT ``asked`` and WAITAOF when asked) in one round trip on
+        one master (:func:`.server.run_scripts`: after NOSCRIPT, the calls run ``once`` that ran
+        are not sent again)."""
+        return server.run_scripts(client, self._redis()[1],
+                                  [(c.script, c.keys, c.args, c.once) for c in calls],
+                                  replicas=asked, aof=aof, timeout_s=self.confirm_timeout)
 
     def _plan_of(self, node, client: redis.Redis) -> tuple[int | None, bool]:
         """The confirmation plan of master ``node`` (:func:`.server.plan_confirmation`), read from

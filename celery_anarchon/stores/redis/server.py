@@ -2,8 +2,9 @@
 (:func:`server_facts`), how a won claim is confirmed durable (:func:`plan_confirmation`, the
 ``durability`` option), what a confirmation lacked (:func:`missing_confirmation`) and so why a
 batch's wins are not confirmed (:func:`unconfirmed_detail`) or an entry-store write fails
-(:func:`unconfirmed_write`), and the start-up warnings about what the server may lose
-(:func:`warnings`).
+(:func:`unconfirmed_write`), the start-up warnings about what the server may lose
+(:func:`warnings`), and the one pipelined round trip of scripts and their confirmation that the
+Redis and Redis Cluster stores share (:func:`run_scripts`).
 
 Functions of the values they are given (no store object): the store calls them with its options
 and with the replicas online as the scripts count them (``online_replicas`` in :mod:`.scripts`,
@@ -12,8 +13,12 @@ read at start-up by the settings script: one rule for the plan, the warnings and
 from __future__ import annotations
 
 import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import redis
+from redis.commands.core import Script
 
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.stores.redis.options import _EVICTING, MIN_VERSIONS, WAITAOF_VERSION
@@ -206,3 +211,66 @@ def warnings(client: redis.Redis, facts: dict, confirm: tuple[int | None, bool],
                                    "lose the newest ones (a new epoch refuses their slots)")
             + ".")
     return out
+
+
+class Round(NamedTuple):
+    """What :func:`run_scripts` returns: ``replies`` (one per call, JSON decoded), ``acked``
+    (replicas that acknowledged the WAIT; 0 when none was asked), ``fsynced`` (WAITAOF saw the
+    writes in the AOF; True also when ``aof_optional`` and the server refused WAITAOF) and
+    ``aof_refused`` (that refusal: the caller reads the server's setup again)."""
+
+    replies: list
+    acked: int
+    fsynced: bool
+    aof_refused: bool
+
+
+def run_scripts(client: redis.Redis, scripts: Mapping[str, Script],
+                calls: Sequence[tuple[str, list, list, bool]], *, replicas: int, aof: bool,
+                timeout_s: float, aof_optional: bool = False) -> Round:
+    """One pipelined round trip to one server: EVALSHA of each call, then ``WAIT replicas`` (when
+    ``replicas`` > 0) and ``WAITAOF 1 0`` (when ``aof``), so the confirmation covers every write
+    of the round on the same connection. After NOSCRIPT (a restarted or failed-over server) the
+    scripts are loaded and the pipeline sent once more, without the calls marked ``once`` that
+    ran: an entry-store write is never run twice.
+
+    :param scripts: the registered scripts by name (``.sha``, ``.script``).
+    :param calls: (script name, keys, args, once) per call, keys and args complete.
+    :param timeout_s: seconds WAIT and WAITAOF may wait (``confirm_timeout``).
+    :param aof_optional: durability "auto": a WAITAOF the server refuses (AOF turned off, or a
+        failover to a master without it) is no failure; the round says so (``aof_refused``).
+    :raises redis.exceptions.RedisError: a call or the confirmation failed (an error reply, the
+        connection); NoScriptError when the scripts could not be loaded.
+    """
+    timeout_ms = max(1, round(timeout_s * 1000))
+    got: list = [None] * len(calls)
+    pending = list(range(len(calls)))
+    for _ in range(2):
+        pipe = client.pipeline(transaction=False)
+        for i in pending:
+            name, keys, args, _once = calls[i]
+            pipe.evalsha(scripts[name].sha, len(keys), *keys, *args)
+        if replicas:
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+        if aof:
+            pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
+        replies = pipe.execute(raise_on_error=False)
+        tail = replies[len(pending):]
+        for i, r in zip(pending, replies):
+            got[i] = r
+        lost = [i for i in pending if isinstance(got[i], redis.exceptions.NoScriptError)]
+        if lost:
+            for name in {calls[i][0] for i in lost}:
+                client.script_load(scripts[name].script)
+            pending = [i for i in pending if not calls[i][3] or i in lost]
+            continue
+        refused = bool(aof and aof_optional and isinstance(tail[-1], Exception))
+        if refused:
+            tail[-1] = [1, 0]
+        for r in (*got, *tail):
+            if isinstance(r, Exception):
+                raise r
+        return Round([json.loads(r) for r in got], int(tail[0]) if replicas else 0,
+                     bool(aof and int(tail[-1][0]) >= 1), refused)
+    raise redis.exceptions.NoScriptError(
+        f"the {', '.join(sorted({c[0] for c in calls}))} script(s) could not be loaded")

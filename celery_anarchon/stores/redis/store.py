@@ -309,47 +309,18 @@ class RedisStore(RedisHistory, EntryStore):
         Returns (the replies, JSON decoded; replicas acknowledged; AOF fsynced; replicas asked)."""
         client, scripts = self._redis()
         asked = self._replica_hint if replicas is None else replicas
-        timeout_ms = max(1, round(self.confirm_timeout * 1000))
         header = self._header(count_replicas=replicas is None)
-        full = [([*self._head_keys, *keys], [*header, *args]) if head else (keys, args)
-                for _, keys, args, head in calls]
-        got: list = [None] * len(calls)
-        pending = list(range(len(calls)))
+        full = [(name, [*self._head_keys, *keys], [*header, *args], i < once) if head
+                else (name, keys, args, i < once)
+                for i, (name, keys, args, head) in enumerate(calls)]
         with self._unavailable(calls[0][0]):
-            for _ in range(2):
-                pipe = client.pipeline(transaction=False)
-                for i in pending:
-                    keys, args = full[i]
-                    pipe.evalsha(scripts[calls[i][0]].sha, len(keys), *keys, *args)
-                if asked:
-                    pipe.execute_command("WAIT", asked, timeout_ms)
-                if aof:
-                    pipe.execute_command("WAITAOF", 1, 0, timeout_ms)
-                replies = pipe.execute(raise_on_error=False)
-                tail = replies[len(pending):]
-                for i, r in zip(pending, replies):
-                    got[i] = r
-                lost = [i for i in pending if isinstance(got[i], redis.exceptions.NoScriptError)]
-                if lost:
-                    for name in {calls[i][0] for i in lost}:
-                        client.script_load(scripts[name].script)
-                    pending = [i for i in pending if i >= once or i in lost]
-                    continue
-                if aof and self.durability == "auto" and isinstance(tail[-1], Exception):
-                    # AOF turned off (or a failover to a master without it): 'auto' waits for
-                    # the AOF only where it is used; read the setup again before the next batch
-                    self._confirm = None
-                    tail[-1] = [1, 0]
-                for r in (*got, *tail):
-                    if isinstance(r, Exception):
-                        raise r
-                break
-            else:
-                raise redis.exceptions.NoScriptError(
-                    f"the {calls[0][0]} script could not be loaded")
-        acked = int(tail[0]) if asked else 0
-        fsynced = bool(aof and int(tail[-1][0]) >= 1)
-        return [json.loads(r) for r in got], acked, fsynced, asked
+            done = server.run_scripts(client, scripts, full, replicas=asked, aof=aof,
+                                      timeout_s=self.confirm_timeout,
+                                      aof_optional=self.durability == "auto")
+        if done.aof_refused:
+            # 'auto' waits for the AOF only where it is used; read the setup again next batch
+            self._confirm = None
+        return done.replies, done.acked, done.fsynced, asked
 
     def _entry_write(self, doing: str, script: str, keys: list[str], args: list):
         """Run an entry-store write (a script of :mod:`.entries`, its own keys and args) confirmed
