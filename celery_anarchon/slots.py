@@ -40,7 +40,9 @@ from __future__ import annotations
 import abc
 import bisect
 import datetime
+import functools
 import math
+import operator
 import re
 import threading
 import zoneinfo
@@ -170,6 +172,12 @@ _MATCHERS: dict[tuple[str, bool], _WallMatcher] = {}
 _MAX_MATCHERS = 10_000
 #: a crontab's field texts (its ``_orig_*``) -> (cron expression, wildcard)
 _CRONTAB_EXPRS: dict[tuple, tuple[str, bool]] = {}
+#: (field texts, zone as the crontab gives it) -> its CronSlots: checked and built once, shared
+#: by the entries of that crontab (a CronSlots holds no state of an entry; 100,000 entries of 720
+#: daily times build 720)
+_CRON_SLOTS: dict[tuple, CronSlots] = {}
+#: a crontab's field texts, as Celery keeps them (``_orig_minute``, ...)
+_ORIG_TEXTS = operator.attrgetter(*(f"_orig_{name}" for name, _, _ in _FIELDS))
 
 
 def _matcher(expr: str, day_or: bool, where: str) -> _WallMatcher:
@@ -229,11 +237,19 @@ class CronSlots(SlotSchedule):
         self.fixed_time = fixed_time
         self._matcher = matcher
         self.shortest_gap_ms = _shortest_gap_ms(matcher.minutes, matcher.hours)
+        #: the last (after_ms, slot) answered: the entries sharing this object are seeded with
+        #: the same instant (one tuple, replaced whole: safe to read from any thread)
+        self._last: tuple[int | float, int] | None = None
 
     def next_after(self, after_ms: int) -> int:
+        last = self._last
+        if last is not None and last[0] == after_ms:
+            return last[1]
         start_s = _whole_ms(after_ms) // 1000 + 1  # slots are whole seconds
         first = self._first_fixed_time if self.fixed_time else self._first_wildcard
-        return first(start_s) * 1000
+        slot = first(start_s) * 1000
+        self._last = (after_ms, slot)
+        return slot
 
     def _first_wildcard(self, t: int) -> int:
         # Walk segments of constant offset from t; in each, the first matching wall time shown.
@@ -368,20 +384,34 @@ class cron(BaseSchedule):
         return self.__class__, (self.expr, self._tz_arg)
 
 
+@functools.lru_cache(maxsize=256)
+def _overrides_tz(cls: type) -> bool:
+    """True when a class between ``cls`` and BaseSchedule defines ``tz`` (a subclass's zone)."""
+    return next(k for k in cls.__mro__ if "tz" in vars(k)) is not BaseSchedule
+
+
 def _crontab_zone(sched: crontab, app_timezone: datetime.tzinfo):
     own = vars(sched).get("tz")  # set on the instance (django-celery-beat's TzAwareCrontab)
-    if own is None:
-        owner = next(k for k in type(sched).__mro__ if "tz" in vars(k))
-        if owner is not BaseSchedule:  # a subclass that overrides tz
-            own = sched.tz
+    if own is None and _overrides_tz(type(sched)):
+        own = sched.tz
     return app_timezone if own is None else own
 
 
 def _crontab_slots(entry: str, sched: crontab, app_timezone: datetime.tzinfo) -> CronSlots:
+    try:
+        texts = _ORIG_TEXTS(sched)
+    except AttributeError:  # a crontab subclass without Celery's _orig_* fields
+        texts = tuple(getattr(sched, f"_orig_{name}", None) for name, _, _ in _FIELDS)
+    key = texts if all(type(t) in (str, int) for t in texts) else None
+    tz = _crontab_zone(sched, app_timezone)
+    try:
+        shared = _CRON_SLOTS.get((key, tz)) if key is not None else None
+    except TypeError:  # a zone that cannot be hashed: nothing shared
+        key = shared = None
+    if shared is not None:
+        return shared
     where = f"entry {entry!r}: crontab"
-    texts = tuple(getattr(sched, f"_orig_{name}", None) for name, _, _ in _FIELDS)
     _check_steps(where, texts)
-    key = texts if all(isinstance(t, (str, int)) for t in texts) else None
     known = _CRONTAB_EXPRS.get(key) if key is not None else None
     if known is None:
         values = [sched.minute, sched.hour, sched.day_of_month, sched.month_of_year,
@@ -393,9 +423,12 @@ def _crontab_slots(entry: str, sched: crontab, app_timezone: datetime.tzinfo) ->
         if key is not None and len(_CRONTAB_EXPRS) < _MAX_MATCHERS:
             _CRONTAB_EXPRS[key] = known
     expr, wildcard = known
-    zone = _resolve_zone(_crontab_zone(sched, app_timezone), where)
-    return CronSlots(kind="crontab", expr=expr, day_or=False, zone=zone, fixed_time=not wildcard,
-                     matcher=_matcher(expr, False, where))
+    zone = _resolve_zone(tz, where)
+    slots = CronSlots(kind="crontab", expr=expr, day_or=False, zone=zone, fixed_time=not wildcard,
+                      matcher=_matcher(expr, False, where))
+    if key is not None and len(_CRON_SLOTS) < _MAX_MATCHERS:
+        _CRON_SLOTS[(key, tz)] = slots
+    return slots
 
 
 def _ms_of(value, entry: str, what: str) -> int:
