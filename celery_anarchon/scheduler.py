@@ -23,7 +23,7 @@ from kombu.utils.objects import cached_property
 
 from celery_anarchon import entry_json
 from celery_anarchon import plan as plans_mod
-from celery_anarchon._util import iso
+from celery_anarchon._util import iso, paused_gc
 from celery_anarchon.app_store import make_instance_id, resolve_store_url
 from celery_anarchon.engine import MAX_SLEEP_S, Engine
 from celery_anarchon.errors import ConfigError, SendOutcomeUnknown
@@ -112,6 +112,7 @@ class Scheduler(beat.Scheduler):
         self._store_plans: dict[str, tuple[str, object]] = {}   # name -> (definition, plan|None)
         self._closing = False
         self._in_tick = False
+        self._ticked = False
         self._broker_used_at = 0.0
         self._schedule_checked_at = 0.0
         self._schedule_dirty = False
@@ -126,17 +127,18 @@ class Scheduler(beat.Scheduler):
         :raises ConfigError: naming each misconfigured entry, or a store that refuses the
             configuration (e.g. a Redis too old for the ``idmp`` strategy).
         """
-        # merge first, then add the defaults: the other order drops celery.backend_cleanup
-        self.merge_inplace(self.app.conf.beat_schedule)
-        self.install_default_entries(self.data)
-        plans = self._build_plans()
-        if isinstance(self.store, EntryStore):
-            check_sync_interval(self._settings, self.store.memory)
-        if self._store_warning:
-            logger.warning(self._store_warning)
-        self.engine = self._make_engine(plans)
-        self._plans_snapshot = copy.copy(self.schedule)
-        self.engine.start()
+        with paused_gc():   # a build of many objects, no cyclic garbage (the first tick's too)
+            # merge first, then add the defaults: the other order drops celery.backend_cleanup
+            self.merge_inplace(self.app.conf.beat_schedule)
+            self.install_default_entries(self.data)
+            plans = self._build_plans()
+            if isinstance(self.store, EntryStore):
+                check_sync_interval(self._settings, self.store.memory)
+            if self._store_warning:
+                logger.warning(self._store_warning)
+            self.engine = self._make_engine(plans)
+            self._plans_snapshot = copy.copy(self.schedule)
+            self.engine.start()
         logger.info("anarchon: instance %s, store %s, namespace %r, %d entries%s",
                     self._instance_id, self.store.safe_url, self._settings.namespace, len(plans),
                     f", store entries followed every {self._settings.sync_interval_s:g} s"
@@ -200,7 +202,7 @@ class Scheduler(beat.Scheduler):
         each definition parsed (:func:`celery_anarchon.entry_json.parse`) and checked by the
         start-up rules (:func:`celery_anarchon.plan.build_plan`), once per definition text. An
         invalid one is logged by name and left out; the others run."""
-        built, plans = {}, {}
+        built, plans, texts = {}, {}, {}
         for name, stored in snapshot.entries.items():
             if stored.definition is None:          # a pause of a config entry, no definition
                 continue
@@ -210,7 +212,8 @@ class Scheduler(beat.Scheduler):
                     entry = entry_json.parse(name, stored.definition, app=self.app,
                                              entry_cls=self.Entry)
                     plan = plans_mod.build_plan(name, entry, app=self.app,
-                                                settings=self._settings, store=self.store)
+                                                settings=self._settings, store=self.store,
+                                                known=texts)
                 except Exception as exc:           # a bad definition never stops the others
                     logger.error("anarchon: store entry %r is not valid on this instance and is "
                                  "left out (the others run): %s", name, exc,
@@ -235,7 +238,9 @@ class Scheduler(beat.Scheduler):
             if self.engine is None:
                 self.setup_schedule()
             self._follow_schedule_changes()
-            delay = self.engine.tick()
+            with paused_gc() if not self._ticked else contextlib.nullcontext():
+                delay = self.engine.tick()
+            self._ticked = True
         except Exception as exc:
             if self._closing or _exit_requested(exc):
                 raise SystemExit("beat is shutting down") from exc
