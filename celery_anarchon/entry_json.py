@@ -112,9 +112,14 @@ def canonical(obj: dict | str, *, name: str = "") -> str:
                           "(dates as ISO text or seconds)") from None
 
 
+def _no_constant(text: str):
+    raise ValueError(f"{text} is not a JSON number")
+
+
 def _load(name: str, text: str | bytes) -> Any:
+    """The JSON values of ``text`` (NaN and Infinity refused, as :func:`canonical` refuses them)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
         raise ConfigError(f"entry {name!r}: the definition is not valid JSON ({exc}); fix: give a "
                           'JSON object such as {"task": "proj.tasks.report", '
@@ -273,11 +278,13 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
     """
     if not isinstance(name, str) or not name:
         raise ConfigError(f"entry name {name!r}: not a non-empty string; fix: name the entry")
-    obj = _load(name, obj_or_text) if isinstance(obj_or_text, (str, bytes)) else obj_or_text
+    text_in = isinstance(obj_or_text, (str, bytes))
+    obj = _load(name, obj_or_text) if text_in else obj_or_text
     if not isinstance(obj, dict):
         raise ConfigError(f"entry {name!r}: the definition {_show(obj)} is not a JSON object; fix: "
                           'give {"task": ..., "schedule": ...}')
-    obj = json.loads(canonical(obj, name=name))  # a copy, JSON values only
+    if not text_in:
+        obj = json.loads(canonical(obj, name=name))  # a copy, JSON values only
     check_keys(name, obj)
     task = obj.get("task")
     if not isinstance(task, str) or not task:

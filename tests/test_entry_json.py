@@ -286,3 +286,13 @@ def test_describe_schedule_in_a_few_words():
     assert d({"cron": "0 3 * * *"}) == "cron 0 3 * * *"
     assert d({"solar": "sunrise", "lat": 1, "lon": 2}) == "solar sunrise 1,2"
     assert d({"repr": "<x>"}) == "<x>"
+
+
+def test_a_text_definition_with_nan_or_infinity_is_refused():
+    """Python's json reads NaN and Infinity; a definition never holds them (JSON has none)."""
+    app = make_app()
+    for bad in ('{"task": "t", "schedule": {"every": NaN}}',
+                '{"task": "t", "schedule": {"every": 60}, "args": [Infinity]}'):
+        with pytest.raises(ConfigError, match="entry 'r': the definition is not valid JSON.*"
+                                              "is not a JSON number"):
+            entry_json.parse("r", bad, app=app)
