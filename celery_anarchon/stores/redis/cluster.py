@@ -31,7 +31,9 @@ wins).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Sequence
 
 import redis
@@ -50,6 +52,9 @@ from celery_anarchon.stores.redis.lease import RedisLeaseStore, _run
 from celery_anarchon.stores.redis.store import _items, claim_results
 
 #: replies after which the slot map is reloaded and the pipeline sent again (its scripts did not run)
+#: threads that run the rounds of the masters past the first at once (a cluster has rarely more)
+MASTER_THREADS = 8
+
 _REDIRECTS = (redis.exceptions.MovedError, redis.exceptions.AskError,
               redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
 
@@ -97,6 +102,8 @@ class RedisClusterStore(RedisLeaseStore):
         self._plans: dict[str, tuple[int | None, bool]] = {}
         #: master name -> durability "auto": live replicas at its last batch
         self._hints: dict[str, int] = {}
+        #: (pid, the threads that run the masters' rounds at once), made on first use
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
         #: master name -> its facts (:func:`.server.server_facts`) when its plan was made
         self._facts: dict[str, dict] = {}
         self._entries = ClusterEntries(
@@ -167,10 +174,7 @@ class RedisClusterStore(RedisLeaseStore):
                             node = cluster.get_node_from_key(call.keys[0])
                             nodes[node.name] = node
                             groups[node.name].append(i)
-                    for name, indexes in groups.items():
-                        replies = self._node_round(nodes[name], [calls[i] for i in indexes], confirm)
-                        for i, reply in zip(indexes, replies):
-                            out[i] = reply
+                    self._each_master(groups, nodes, calls, confirm, out)
                 except _REDIRECTS:
                     self._reload_slot_map()
                     if attempt:
@@ -182,6 +186,43 @@ class RedisClusterStore(RedisLeaseStore):
                     raise
             return out
         raise AssertionError("unreachable")
+
+    def _each_master(self, groups: dict[str, list[int]], nodes: dict, calls: list[_Call],
+                     confirm: bool, out: list) -> None:
+        """:meth:`_node_round` on every master of ``groups`` at once (one thread per master past
+        the first: their round trips and WAITs overlap), each reply put in ``out``. Every master's
+        round ends before this returns; then the first failure is raised (the replies of the
+        masters that answered are in ``out``: a retry after a redirect runs only the others)."""
+        def run(name: str) -> None:
+            replies = self._node_round(nodes[name], [calls[i] for i in groups[name]], confirm)
+            for i, reply in zip(groups[name], replies):
+                out[i] = reply
+        names = list(groups)
+        if len(names) == 1:
+            run(names[0])
+            return
+        pool = self._master_pool()
+        futures = [pool.submit(run, name) for name in names[1:]]
+        failures = []
+        try:
+            run(names[0])
+        except Exception as exc:  # noqa: BLE001  (raised below, after the others ended)
+            failures.append(exc)
+        for future in futures:
+            exc = future.exception()
+            if exc is not None:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+    def _master_pool(self) -> ThreadPoolExecutor:
+        """The threads of :meth:`_each_master`, made on first use and again in a forked child
+        (a pool's threads do not survive a fork)."""
+        pool = self._pool
+        if pool is None or pool[0] != os.getpid():
+            pool = self._pool = (os.getpid(), ThreadPoolExecutor(
+                max_workers=MASTER_THREADS, thread_name_prefix="anarchon-cluster"))
+        return pool[1]
 
     def _node_round(self, node, calls: list[_Call], confirm: bool) -> list[tuple[dict, str]]:
         """The calls of one master: one pipeline, its confirmation on the same connection (and,
@@ -435,4 +476,7 @@ class RedisClusterStore(RedisLeaseStore):
     def close(self) -> None:
         super().close()
         self._plans.clear()
+        # no shutdown(), which takes a lock (close may run in a signal handler): the pool's idle
+        # threads end once it is collected
+        self._pool = None
 
