@@ -33,8 +33,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -51,10 +51,10 @@ from celery_anarchon.stores.redis.history import HISTORY_BATCH, history_records
 from celery_anarchon.stores.redis.lease import RedisLeaseStore, _run
 from celery_anarchon.stores.redis.store import _items, claim_results
 
-#: replies after which the slot map is reloaded and the pipeline sent again (its scripts did not run)
 #: threads that run the rounds of the masters past the first at once (a cluster has rarely more)
 MASTER_THREADS = 8
 
+#: replies after which the slot map is reloaded and the pipeline sent again (its scripts did not run)
 _REDIRECTS = (redis.exceptions.MovedError, redis.exceptions.AskError,
               redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
 
