@@ -321,7 +321,7 @@ def test_install_wraps_tasks_without_changing_plain_calls(tmp_path):
     import celery_anarchon
     app = make_app(tmp_path)
 
-    @app.task(bind=True)
+    @app.task(bind=True, shared=False)   # registered on this app only: no leak into others
     def add(self, x, y):
         return (x + y, self.request.id)
 
