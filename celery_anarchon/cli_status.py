@@ -263,6 +263,11 @@ class _WithoutSettings:
     def __init__(self, app, dropped: set[str]) -> None:
         self.main = app.main
         self.conf = {k: v for k, v in app.conf.items() if k not in dropped}
+        self._app = app
+
+    @property
+    def timezone(self):
+        return self._app.timezone
 
 
 def _settings(app, report: _Report) -> Settings | None:
@@ -278,6 +283,8 @@ def _settings(app, report: _Report) -> Settings | None:
             report.fail(problem)
             if problem.setting is None or problem.setting in dropped or problem.setting in _WHERE:
                 return None   # without the store's own settings no other check is meaningful
+            if problem.setting == "timezone":
+                return None   # no entry's slots can be computed without the app's zone
             dropped.add(problem.setting)
 
 

@@ -24,7 +24,6 @@ import dataclasses
 import datetime
 import difflib
 import re
-import zoneinfo
 from collections.abc import Iterable
 
 from celery import beat
@@ -36,7 +35,7 @@ from celery_anarchon.plan import EntryPlan, build_plan
 from celery_anarchon.schedule_api import config_items
 from celery_anarchon.slots import datetime_to_ms, ms_to_datetime
 from celery_anarchon.stores.base import ClaimStore
-from celery_anarchon.timing import Settings, check_sync_interval
+from celery_anarchon.timing import Settings, check_sync_interval, timezone_error
 
 __all__ = ["Problem", "RULES", "check_schedule", "assert_schedule_ok", "next_slots", "plan_of",
            "timezone_error", "problem_of", "setting_of"]
@@ -136,22 +135,6 @@ def config_entries(app) -> dict:
             out[name] = ConfigError(f"entry {name!r}: Celery cannot build it from {sorted(item)}: "
                                     f"{type(exc).__name__}: {exc}")
     return out
-
-
-def timezone_error(app) -> ConfigError | None:
-    """The error of an app whose ``timezone`` setting names no known zone (every entry's slots
-    depend on it), else ``None``.
-
-    :returns: a ConfigError naming the setting, the value and the fix, or ``None``.
-    """
-    try:
-        app.timezone
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-        value = app.conf.timezone
-        return ConfigError(f"timezone {value!r} (app.conf.timezone) is not a known IANA time "
-                           f"zone ({exc}); fix: use a zone name such as 'UTC' or 'Europe/Berlin' "
-                           "(the zones of the system, or pip install tzdata)")
-    return None
 
 
 def _open(app, settings: Settings, store: ClaimStore | None) -> tuple[ClaimStore, bool]:

@@ -25,6 +25,7 @@ import datetime
 import difflib
 import logging
 import math
+import zoneinfo
 from typing import Any
 
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory
@@ -126,7 +127,8 @@ class Settings:
     def from_app(cls, app) -> Settings:
         """Read and check the settings of ``app``.
 
-        :raises ConfigError: a setting of the wrong type or out of range.
+        :raises ConfigError: a setting of the wrong type or out of range, or an app
+            ``timezone`` that names no known zone (:func:`timezone_error`).
         """
         conf = app.conf
         for key in list(conf.keys()):
@@ -169,8 +171,26 @@ class Settings:
         options = conf.get("anarchon_store_options") or {}
         if not isinstance(options, dict):
             raise ConfigError(f"anarchon_store_options: {options!r} must be a dict")
+        zone_error = timezone_error(app)
+        if zone_error is not None:   # every crontab's slots and every view's times depend on it
+            raise zone_error
         return cls(jitter_s, max_late_s, lease_s, heartbeat_s, namespace, store_url, dict(options),
                    sync_interval_s=sync_s)
+
+
+def timezone_error(app) -> ConfigError | None:
+    """The error of an app whose ``timezone`` setting names no known zone, else ``None``.
+
+    :returns: a ConfigError naming the setting, the value and the fix, or ``None``.
+    """
+    try:
+        app.timezone
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        value = app.conf.get("timezone")
+        return ConfigError(f"timezone {value!r} (app.conf.timezone) is not a known IANA time "
+                           f"zone ({exc}); fix: use a zone name such as 'UTC' or 'Europe/Berlin' "
+                           "(the zones of the system, or pip install tzdata)")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

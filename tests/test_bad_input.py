@@ -313,3 +313,25 @@ def test_a_broken_url_a_redis_db_that_is_no_number_and_an_unknown_zone_are_confi
         cli_status.check(app, False)
     out = capsys.readouterr().out
     assert "FAIL  timezone: a known time zone" in out and "fix: use a zone name" in out
+
+
+def test_an_unknown_app_timezone_is_one_error_naming_the_setting_wherever_the_app_is_read():
+    """beat, the status views and the schedules API all refuse it with the same message (the
+    setting, the value, the fix), not one misleading "Celery cannot build it" per entry."""
+    import celery_anarchon
+    from celery_anarchon import overview
+    from celery_anarchon.timing import Settings
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=SQLITE, timezone="Mars/Olympus",
+                    beat_schedule={"a": {"task": "proj.t", "schedule": crontab(minute="0")},
+                                   "b": {"task": "proj.t", "schedule": 60.0}})
+    fragments = ["timezone 'Mars/Olympus' (app.conf.timezone)", "not a known IANA time zone",
+                 "fix: use a zone name such as 'UTC'"]
+    for call in (lambda: Scheduler(app), lambda: Settings.from_app(app),
+                 lambda: overview.overview(app, store(SQLITE)),
+                 lambda: celery_anarchon.schedules(app)):
+        with pytest.raises(ConfigError) as info:
+            call()
+        for fragment in fragments:
+            assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
+        assert "Celery cannot build it" not in str(info.value)
