@@ -47,9 +47,12 @@ class RedisClusterRig(Rig):
     :param masters: how many masters (each gets one replica).
     :param folder: where the nodes keep their files (default: a temporary folder, deleted by
         :meth:`close`).
+    :param binary: the ``redis-server`` of every node (e.g. Redis 8, for WAITAOF).
+    :param args: more ``redis-server`` arguments of every node, after the cluster's own.
     """
 
-    def __init__(self, masters: int = 3, folder: str | None = None) -> None:
+    def __init__(self, masters: int = 3, folder: str | None = None, *,
+                 binary: str = "redis-server", args: tuple[str, ...] = ()) -> None:
         self._own_folder = folder is None
         self.folder = folder or tempfile.mkdtemp(prefix="anarchon-redis-cluster-")
         taken: set[int] = set()
@@ -60,7 +63,7 @@ class RedisClusterRig(Rig):
                 # a replica may always be promoted, however long ago it heard from its master
                 "--cluster-replica-validity-factor", "0",
                 # a replica syncs at once (the default waits 5 s for more replicas to join)
-                "--repl-diskless-sync-delay", "0"))
+                "--repl-diskless-sync-delay", "0", *args), binary=binary)
             for i in range(2 * masters)]
 
     @property

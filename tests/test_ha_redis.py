@@ -264,6 +264,29 @@ def test_aof_durability_waits_for_the_fsync_on_redis_7_2_and_later(namespace):
         assert claim(explicit, explicit.now_ms() + 5).outcome is Outcome.WON
 
 
+def test_auto_durability_goes_on_when_the_aof_is_turned_off(namespace):
+    """A master whose AOF is turned off at run time (CONFIG SET appendonly no, as a failover to a
+    master without it would) refuses WAITAOF: with "auto" the claim is still won and the setup is
+    read again, so WAITAOF is not asked again (the Cluster store: test_redis_cluster.py)."""
+    binary = ha_redis.REDIS8_BINARY
+    if binary is None:
+        pytest.skip("the Redis 8 binary of .ci/redis8.sh is not built")
+    with RedisHA(replicas=0, binary=binary,
+                 args=("--appendonly", "yes", "--appendfsync", "everysec")) as ha:
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=1.5))
+
+        def waitaofs() -> int:
+            return ha.master.info("commandstats").get("cmdstat_waitaof", {}).get("calls", 0)
+
+        slot = a.now_ms()
+        assert claim(a, slot).outcome is Outcome.WON and waitaofs() >= 1
+        ha.master.command("CONFIG", "SET", "appendonly", "no")
+        assert claim(a, slot + 1).outcome is Outcome.WON
+        before = waitaofs()
+        assert claim(a, slot + 2).outcome is Outcome.WON
+        assert waitaofs() == before, "a server without AOF is asked WAITAOF no more"
+
+
 def test_aof_durability_on_a_server_without_waitaof_is_a_config_error(namespace):
     with RedisHA(replicas=0, args=("--appendonly", "yes")) as ha:
         version = ha.master.info("server")["redis_version"]

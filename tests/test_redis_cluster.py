@@ -237,3 +237,46 @@ def test_bad_cluster_urls_are_refused_with_the_fix(url, words):
     with pytest.raises(ConfigError, match=words) as caught:
         open_store(url, namespace="n", instance_id="i")
     assert "secret" not in str(caught.value)
+
+
+def test_durability_auto_goes_on_when_a_master_turns_its_aof_off():
+    """With durability "auto" a master that keeps an AOF is asked WAITAOF. One whose AOF is then
+    turned off (CONFIG SET appendonly no, as a failover to a master without it would) refuses
+    WAITAOF: its claims are still won, as on a single Redis, and its setup is read again, so it
+    is not asked WAITAOF again; a claim is never reported unavailable for it."""
+    import redis
+    from ha_redis import REDIS8_BINARY
+    from redis_cluster import RedisClusterRig
+    if REDIS8_BINARY is None:
+        if IN_CI:
+            pytest.fail("the Redis 8 binary of .ci/redis8.sh is not built")
+        pytest.skip("the Redis 8 binary of .ci/redis8.sh is not built")
+    namespace = "aof-" + uuid.uuid4().hex[:6]
+    with RedisClusterRig(binary=REDIS8_BINARY,
+                         args=("--appendonly", "yes", "--appendfsync", "everysec")) as rig:
+        store = open_store(rig.url, namespace=namespace, instance_id="A",
+                           options={"claim_timeout": 3, "confirm_timeout": 1.5})
+        try:
+            store.prepare(ENTRIES)
+            backdate_memory_start(store, ENTRIES, 120_000)
+            masters = [redis.Redis(port=m.port) for m in rig.masters()]
+
+            def waitaofs() -> int:
+                return sum(m.info("commandstats").get("cmdstat_waitaof", {}).get("calls", 0)
+                           for m in masters)
+
+            def claim_all(slot: int) -> list[Outcome]:
+                return [r.outcome for r in store.claim(
+                    [ClaimRequest(e, slot, 60_000, f"t-{e}-{slot}", "fp") for e in ENTRIES])]
+
+            slot = store.now_ms()
+            assert claim_all(slot) == [Outcome.WON] * len(ENTRIES)
+            assert waitaofs() >= 3, "auto on AOF masters waits for the fsync on each"
+            for m in masters:
+                m.config_set("appendonly", "no")
+            assert claim_all(slot + 1) == [Outcome.WON] * len(ENTRIES)
+            before = waitaofs()
+            assert claim_all(slot + 2) == [Outcome.WON] * len(ENTRIES)
+            assert waitaofs() == before, "a master without AOF is asked WAITAOF no more"
+        finally:
+            store.close()

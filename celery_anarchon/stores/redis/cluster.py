@@ -234,7 +234,7 @@ class RedisClusterStore(RedisLeaseStore):
         replicas, aof = self._plan_of(node, client)
         auto = replicas is None
         asked = self._hints.get(node.name, 0) if auto else replicas
-        replies, acked, fsynced = self._pipeline_confirmed(client, calls, asked, aof)
+        replies, acked, fsynced = self._pipeline_confirmed(node, client, calls, asked, aof)
         counting = [r for c, r in zip(calls, replies) if not c.once]
         live = max([int(r.get("replicas", 0)) for r in counting] or [0]) if auto else replicas
         if auto:
@@ -243,7 +243,7 @@ class RedisClusterStore(RedisLeaseStore):
             if live > asked and taken:
                 counted = [{k: r[k] for k in ("online", "seen", "held") if k in r} for r in counting]
                 again = [c for c in calls if not c.once]
-                counting, acked, fsynced = self._pipeline_confirmed(client, again, live, aof)
+                counting, acked, fsynced = self._pipeline_confirmed(node, client, again, live, aof)
                 for r, c in zip(counting, counted):
                     r.update(c)
                 repeated = iter(counting)
@@ -254,8 +254,12 @@ class RedisClusterStore(RedisLeaseStore):
             replica_grace=self.replica_grace)
         return [(r, missing) for r in replies]
 
-    def _pipeline_confirmed(self, client, calls, asked: int, aof: bool):
+    def _pipeline_confirmed(self, node, client, calls, asked: int, aof: bool):
+        """:meth:`_run` with its confirmation on master ``node``: (replies, acked, fsynced)."""
         done = self._run(client, calls, asked, aof)
+        if done.aof_refused:
+            # 'auto' waits for the AOF only where it is used: read this master's setup again
+            self._plans.pop(node.name, None)
         return done.replies, done.acked, done.fsynced
 
     def _pipeline(self, client: redis.Redis, calls: list[_Call], asked: int, aof: bool) -> list:
@@ -268,7 +272,8 @@ class RedisClusterStore(RedisLeaseStore):
         are not sent again)."""
         return server.run_scripts(client, self._redis()[1],
                                   [(c.script, c.keys, c.args, c.once) for c in calls],
-                                  replicas=asked, aof=aof, timeout_s=self.confirm_timeout)
+                                  replicas=asked, aof=aof, timeout_s=self.confirm_timeout,
+                                  aof_optional=self.durability == "auto")
 
     def _plan_of(self, node, client: redis.Redis) -> tuple[int | None, bool]:
         """The confirmation plan of master ``node`` (:func:`.server.plan_confirmation`), read from
