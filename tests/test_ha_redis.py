@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-import redis
 
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.stores import open_store
