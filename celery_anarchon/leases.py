@@ -357,7 +357,7 @@ def _store(app, namespace: str):
             from celery_anarchon.app_store import open_app_store
             from celery_anarchon.timing import Settings
             store = lease_store(open_app_store(
-                app, Settings.from_app(app), namespace=namespace,
+                app, Settings.from_app(app, check_timezone=False), namespace=namespace,
                 instance_id=f"worker:{socket.gethostname()}:{os.getpid()}"))
             _stores[key] = store
         return store

@@ -124,11 +124,13 @@ class Settings:
         return 2 * self.sync_interval_s + RUN_NOW_MARGIN_S
 
     @classmethod
-    def from_app(cls, app) -> Settings:
+    def from_app(cls, app, *, check_timezone: bool = True) -> Settings:
         """Read and check the settings of ``app``.
 
-        :raises ConfigError: a setting of the wrong type or out of range, or an app
-            ``timezone`` that names no known zone (:func:`timezone_error`).
+        :param check_timezone: check the app's ``timezone`` too (every crontab's slots and every
+            view's times depend on it; the worker side, which computes no slot, passes False).
+        :raises ConfigError: a setting of the wrong type or out of range, or (``check_timezone``)
+            an app ``timezone`` that names no known zone (:func:`timezone_error`).
         """
         conf = app.conf
         for key in list(conf.keys()):
@@ -171,8 +173,8 @@ class Settings:
         options = conf.get("anarchon_store_options") or {}
         if not isinstance(options, dict):
             raise ConfigError(f"anarchon_store_options: {options!r} must be a dict")
-        zone_error = timezone_error(app)
-        if zone_error is not None:   # every crontab's slots and every view's times depend on it
+        zone_error = timezone_error(app) if check_timezone else None
+        if zone_error is not None:
             raise zone_error
         return cls(jitter_s, max_late_s, lease_s, heartbeat_s, namespace, store_url, dict(options),
                    sync_interval_s=sync_s)

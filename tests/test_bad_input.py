@@ -335,3 +335,5 @@ def test_an_unknown_app_timezone_is_one_error_naming_the_setting_wherever_the_ap
         for fragment in fragments:
             assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
         assert "Celery cannot build it" not in str(info.value)
+    # the worker side computes no slot: its lease store opens whatever the zone
+    assert Settings.from_app(app, check_timezone=False).namespace == "proj"
