@@ -249,12 +249,16 @@ def test_durability_replica_without_replicas_warns_and_never_sends(namespace):
         assert "no replica" in text and "appendfsync always" in text
 
 
-def test_aof_durability_waits_for_the_fsync_on_redis_7_2_and_later(namespace):
-    binary = ha_redis.REDIS8_BINARY
-    if binary is None:
+def redis8_with_aof() -> RedisHA:
+    """A Redis 8 master of the test's own, without replicas, keeping an AOF (fsync every second)."""
+    if ha_redis.REDIS8_BINARY is None:
         pytest.skip("the Redis 8 binary of .ci/redis8.sh is not built")
-    with RedisHA(replicas=0, binary=binary,
-                 args=("--appendonly", "yes", "--appendfsync", "everysec")) as ha:
+    return RedisHA(replicas=0, binary=ha_redis.REDIS8_BINARY,
+                   args=("--appendonly", "yes", "--appendfsync", "everysec"))
+
+
+def test_aof_durability_waits_for_the_fsync_on_redis_7_2_and_later(namespace):
+    with redis8_with_aof() as ha:
         a = prepared(store(ha.url, "A", namespace, confirm_timeout=1.5))
         assert claim(a, a.now_ms()).outcome is Outcome.WON
         stats = ha.master.info("commandstats")
@@ -267,11 +271,7 @@ def test_auto_durability_goes_on_when_the_aof_is_turned_off(namespace):
     """A master whose AOF is turned off at run time (CONFIG SET appendonly no, as a failover to a
     master without it would) refuses WAITAOF: with "auto" the claim is still won and the setup is
     read again, so WAITAOF is not asked again (the Cluster store: test_redis_cluster.py)."""
-    binary = ha_redis.REDIS8_BINARY
-    if binary is None:
-        pytest.skip("the Redis 8 binary of .ci/redis8.sh is not built")
-    with RedisHA(replicas=0, binary=binary,
-                 args=("--appendonly", "yes", "--appendfsync", "everysec")) as ha:
+    with redis8_with_aof() as ha:
         a = prepared(store(ha.url, "A", namespace, confirm_timeout=1.5))
 
         def waitaofs() -> int:
