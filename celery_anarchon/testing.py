@@ -52,6 +52,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("cannot hold leases", "a leased entry needs a lease store"),
     ("install(app) was not called", "a leased entry needs celery_anarchon.install(app)"),
     ("unknown key", "no unknown keys in options['anarchon']"),
+    ("outside options['anarchon']", "celery_anarchon's options inside options['anarchon']"),
     ("cron expression", "a valid crontab or cron expression"),
     ("never fires", "a schedule that fires"),
     ("step", "a crontab step within its field"),

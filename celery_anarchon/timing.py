@@ -219,13 +219,22 @@ def split_entry_options(name: str, options: dict | None) -> tuple[dict, dict]:
     """Separate ``options["anarchon"]`` from the options Celery's ``apply_async`` receives.
 
     :returns: ``(anarchon_options, celery_options)``; neither dict is the caller's.
-    :raises ConfigError: ``options["anarchon"]`` is not a dict or has an unknown key.
+    :raises ConfigError: ``options["anarchon"]`` is not a dict or has an unknown key, or a key
+        of it (:data:`ENTRY_KEYS`) is in ``options`` itself: Celery would pass it to
+        ``apply_async`` and the rule it sets would silently not apply.
     """
     options = dict(options or {})
     ours = options.pop("anarchon", None) or {}
     if not isinstance(ours, dict):
         raise ConfigError(f"entry {name!r}: options['anarchon'] must be a dict, got {ours!r}")
     _unknown_keys(ours, ENTRY_KEYS, f"entry {name!r}: options['anarchon']")
+    misplaced = {k: options[k] for k in ENTRY_KEYS if k in options}
+    if misplaced:
+        given = ", ".join(f"options[{k!r}] = {v!r}" for k, v in misplaced.items())
+        what = "is a celery_anarchon option" if len(misplaced) == 1 else "are celery_anarchon options"
+        raise ConfigError(f"entry {name!r}: {given} {what} outside options['anarchon']: Celery "
+                          "would pass it to apply_async and it would not apply; fix: "
+                          f"options={{'anarchon': {misplaced!r}}}")
     return dict(ours), options
 
 
