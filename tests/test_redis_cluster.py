@@ -280,3 +280,19 @@ def test_durability_auto_goes_on_when_a_master_turns_its_aof_off():
             assert waitaofs() == before, "a master without AOF is asked WAITAOF no more"
         finally:
             store.close()
+
+
+def test_a_redis_url_pointed_at_a_cluster_node_says_to_use_the_cluster_store(tmp_path):
+    """The plain Redis store on one node of a Cluster gets MOVED (or CROSSSLOT) replies: nothing
+    is claimed, and the error names the fix (redis+cluster://)."""
+    cluster = store_url("redis-cluster", str(tmp_path))   # the tests' shared cluster
+    first = cluster.split("://", 1)[1].split(",", 1)[0].rstrip("/")
+    store = open_store(f"redis://{first}/0", namespace="plain-" + uuid.uuid4().hex[:6],
+                       instance_id="A")
+    try:
+        with pytest.raises(StoreUnavailable) as info:
+            store.prepare([f"entry-{i}" for i in range(20)])
+        assert "a node of a Redis Cluster" in str(info.value)
+        assert "redis+cluster://" in str(info.value)
+    finally:
+        store.close()

@@ -212,8 +212,10 @@ class RedisStore(RedisHistory, EntryStore):
             return self._conn
 
     def _unavailable(self, doing: str):
-        """Turn every redis-py error into StoreUnavailable naming the masked URL and the cause."""
-        return translated("Redis", self.safe_url, doing, self.connection_errors, cause=_cause)
+        """Turn every redis-py error into StoreUnavailable naming the masked URL and the cause
+        (a reply only a Cluster node gives: with the fix, :func:`_plain_cause`)."""
+        return translated("Redis", self.safe_url, doing, self.connection_errors,
+                          cause=_plain_cause)
 
     def _header(self, count_replicas: bool = False) -> list:
         """ARGV[1..6] of every script (redis_scripts: "ARGV header")."""
@@ -465,8 +467,23 @@ def claim_results(requests: Sequence[ClaimRequest], reply: dict) -> list[ClaimRe
             for request, r in zip(requests, _items(reply.get("results")))]
 
 
+#: replies only a node of a Redis Cluster gives (a slot served elsewhere, keys of two slots)
+_CLUSTER_REPLIES = (redis.exceptions.MovedError, redis.exceptions.AskError,
+                    redis.exceptions.ClusterCrossSlotError)
+
+
 def _cause(exc: BaseException) -> str:
     cause = str(exc)
     if isinstance(exc, redis.sentinel.MasterNotFoundError):  # drop the clients' reprs
         cause = cause.split(" : ")[0] + " (no Sentinel answered with it)"
     return f" failed: {type(exc).__name__}: {cause}"
+
+
+def _plain_cause(exc: BaseException) -> str:
+    """:func:`_cause`, and for a reply only a Cluster node gives, why and the fix."""
+    if not isinstance(exc, _CLUSTER_REPLIES):
+        return _cause(exc)
+    return (_cause(exc) + "; this server is a node of a Redis Cluster, which a redis:// store "
+            "cannot use (its scripts touch the keys of several hash slots); fix: set "
+            "anarchon_store_url to redis+cluster://host:port[,host:port...]/ (docs/stores.md, "
+            "Redis Cluster)")
