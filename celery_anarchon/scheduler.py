@@ -15,6 +15,7 @@ import contextlib
 import copy
 import logging
 import os
+import sys
 import time
 
 from celery import beat
@@ -55,6 +56,13 @@ BATCH_COMMANDS_PER_MESSAGE = 12
 #: socket timeout (seconds) of beat's own Redis broker connection when the broker's transport
 #: options set none: without one a publish to a broker that stopped answering blocks beat forever
 BROKER_SOCKET_TIMEOUT_S = 10.0
+
+
+def _stderr_is_logged() -> bool:
+    """True when ``sys.stderr`` is Celery's :class:`~celery.utils.log.LoggingProxy` (beat and the
+    worker redirect it into the log once logging is set up)."""
+    from celery.utils.log import LoggingProxy
+    return isinstance(sys.stderr, LoggingProxy)
 
 
 def _exit_requested(exc: BaseException) -> bool:
@@ -117,7 +125,15 @@ class Scheduler(beat.Scheduler):
         self._schedule_checked_at = 0.0
         self._schedule_dirty = False
         self._batch: _Batch | None = None
-        super().__init__(app, *args, lazy=lazy, **kwargs)
+        try:
+            super().__init__(app, *args, lazy=lazy, **kwargs)
+        except ConfigError as exc:
+            if not _stderr_is_logged():
+                raise
+            # beat's Service builds this scheduler after it redirected stderr into the log: the
+            # traceback Python prints on the way out would become one WARNING line per fragment
+            logger.critical("anarchon: beat cannot start: %s", exc)
+            raise SystemExit(1) from exc
 
     # -- Celery's Scheduler interface -------------------------------------------------------------
     def setup_schedule(self) -> None:
