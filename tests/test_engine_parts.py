@@ -15,6 +15,7 @@ import random
 import pytest
 
 import celery_anarchon.engine
+from celery_anarchon._util import iso
 from celery_anarchon.engine.claims import ClaimRetries, claim_request
 from celery_anarchon.engine.counters import STATS_EVERY_S, Counters
 from celery_anarchon.engine.definitions import Definitions
@@ -989,3 +990,24 @@ def test_a_heartbeat_that_fails_backs_off_and_a_fingerprint_not_yet_saved_waits(
     h.a.beat(config(e="f1"), entries=1)
     assert sum(h.store.calls.values()) == calls, "not asked during the backoff"
     h.a.leave()                                         # quiet on a store error
+
+
+def test_skips_hidden_by_the_rate_limit_are_logged_a_minute_later_without_a_new_skip(parts, caplog):
+    """The rate limit hides skips of one kind for a minute; if no skip of that kind follows, the
+    ones hidden are still logged at WARNING once the minute has passed (the newest named)."""
+    plan = make_plan()
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        parts.skips.refused(plan, refused(Outcome.FORGOTTEN, T0_MS))
+        parts.clocks.mono.advance(10)
+        parts.skips.refused(plan, refused(Outcome.FORGOTTEN, T0_MS + 5_000, "memory restarted"))
+        parts.skips.refused(plan, refused(Outcome.FORGOTTEN, T0_MS + 10_000, "memory restarted"))
+        parts.skips.flush()
+        assert len(caplog.records) == 1, "not before the minute has passed"
+        parts.clocks.mono.advance(SKIP_LOG_EVERY_S - 10)
+        parts.skips.flush()
+        parts.skips.flush()
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned
+    assert "2 more slot(s) skipped in the last minute" in warned[1]
+    assert "the store does not remember that far back" in warned[1]
+    assert "newest " + iso(T0_MS + 10_000) in warned[1] and "(memory restarted)" in warned[1]

@@ -156,6 +156,7 @@ class Engine:
             return MAX_SLEEP_S
         self.sends.retry(now)                  # 5. failed sends retried until max_late
         self.notes.flush()                     # 9. outcomes in the store's history
+        self.skips.flush()                     # skips hidden by the log's rate limit
         self._periodic()
         return self._delay(self.clock())       # 6. never more than 60 s
 

@@ -1,7 +1,8 @@
 """Skips in the log: slots this instance reached too late (every one recorded in history), and
 claims the store refused (late or early on its clock, forgotten, overlapping, superseded, ...),
-the same kind of refusal of one entry logged at most once a minute; a paused run (an operator's
-choice, not a fault) at INFO, once per run."""
+the same kind of refusal of one entry logged at most once a minute (the ones hidden meanwhile
+counted on the next line, or on their own line once the minute passed: :meth:`SkipLog.flush`); a
+paused run (an operator's choice, not a fault) at INFO, once per run."""
 from __future__ import annotations
 
 import collections
@@ -53,6 +54,9 @@ class SkipLog:
         self.stats = stats
         self.notes = notes
         self._logged: dict[tuple[str, str], tuple[float, int]] = {}
+        #: (entry, outcome) -> (plan, the newest hidden result): skips not logged yet
+        self._hidden: dict[tuple[str, str], tuple[EntryPlan, ClaimResult]] = {}
+        self._flush_at = math.inf     # when the first of them is due (monotonic seconds)
 
     def late_local(self, plan: EntryPlan, slots: list[int], lateness_ms: int) -> None:
         """``slots`` (in order) were reached ``lateness_ms`` after the first past max_late."""
@@ -84,11 +88,35 @@ class SkipLog:
         last, hidden = self._logged.get(key, (-math.inf, 0))
         if now - last < SKIP_LOG_EVERY_S:
             self._logged[key] = (last, hidden + 1)
+            self._hidden[key] = (plan, result)
+            self._flush_at = min(self._flush_at, last + SKIP_LOG_EVERY_S)
             logger.debug("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
                          SKIP_REASONS[outcome], detail)
             return
         self._logged[key] = (now, 0)
+        self._hidden.pop(key, None)
         more = f"; {hidden} more slot(s) of this entry skipped so in the last minute" if hidden else ""
         level = logging.INFO if outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED) else logging.WARNING
         logger.log(level, "%s: slot %s skipped: %s%s%s", plan.name, iso(result.slot_ms),
                    SKIP_REASONS[outcome], detail, more)
+
+    def flush(self) -> None:
+        """Log the skips the rate limit hid once their minute has passed, when no skip of the
+        same kind came to carry their count (each tick; nothing to do until the first is due).
+        One line per entry and kind: the count and the newest slot."""
+        now = self.monotonic()
+        if now < self._flush_at:
+            return
+        self._flush_at = math.inf
+        for key, (plan, result) in list(self._hidden.items()):
+            last, hidden = self._logged[key]
+            if now - last < SKIP_LOG_EVERY_S:
+                self._flush_at = min(self._flush_at, last + SKIP_LOG_EVERY_S)
+                continue
+            del self._hidden[key]
+            self._logged[key] = (now, 0)
+            detail = f" ({result.detail})" if result.detail else ""
+            level = (logging.INFO if result.outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED)
+                     else logging.WARNING)
+            logger.log(level, "%s: %d more slot(s) skipped in the last minute: %s, the newest %s%s",
+                       plan.name, hidden, SKIP_REASONS[result.outcome], iso(result.slot_ms), detail)
