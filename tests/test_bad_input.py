@@ -134,7 +134,7 @@ REFUSED = [
      ["unknown store scheme 'redsi'", "Did you mean 'redis'?"]),
     ("store-option", "a typo in a store option",
      lambda: beat_with(anarchon_store_url=REDIS_URL, anarchon_store_options={"memroy": 10}),
-     ["'memroy' not understood", "Allowed:", "memory"]),
+     ["'memroy' not understood", "did you mean 'memory' for 'memroy'?", "Allowed:", "memory"]),
     ("strategy-option", "an option of another Redis strategy",
      lambda: beat_with(anarchon_store_url=REDIS_URL,
                        anarchon_store_options={"strategy": "idmp", "window": 10}),

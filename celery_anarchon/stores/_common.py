@@ -9,6 +9,7 @@ was doing and the cause.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -47,10 +48,13 @@ def reject_unknown_options(store_kind: str, given: dict, known: set[str] | froze
     """Raise ConfigError for keys of ``anarchon_store_options`` that ``store_kind`` does not use."""
     unknown = sorted(set(given) - set(known) - COMMON_OPTIONS)
     if unknown:
-        allowed = ", ".join(sorted(set(known) | COMMON_OPTIONS))
+        options = sorted(set(known) | COMMON_OPTIONS)
+        close = {k: difflib.get_close_matches(str(k), options, n=1) for k in unknown}
+        hint = "; ".join(f"did you mean {c[0]!r} for {k!r}?" for k, c in close.items() if c)
         raise ConfigError(
             f"anarchon_store_options: {', '.join(map(repr, unknown))} not understood by the "
-            f"{store_kind} store (a typo must not silently change a rule). Allowed: {allowed}.")
+            f"{store_kind} store (a typo must not silently change a rule)"
+            f"{' (' + hint + ')' if hint else ''}. Allowed: {', '.join(options)}.")
 
 
 def failed(exc: BaseException) -> str:
