@@ -13,7 +13,9 @@ closest pair of offset changes in it is about four days apart, Africa/Freetown i
 from __future__ import annotations
 
 import datetime
+import difflib
 import functools
+import zoneinfo
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 _ONE_S = datetime.timedelta(seconds=1)
@@ -95,3 +97,12 @@ def zone_name(tz: datetime.tzinfo) -> str:
     if isinstance(filename, str):
         return filename.rsplit("zoneinfo/", 1)[-1]
     return repr(tz)
+
+
+def did_you_mean(name: object) -> str:
+    """`` (did you mean 'Europe/Paris'?)`` for a zone name with a close known one, else ``""``
+    (for the error of an unknown zone; reads the zone database, so only on that path)."""
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, sorted(zoneinfo.available_timezones()), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -41,7 +41,7 @@ from celery import schedules as celery_schedules
 from celery.exceptions import ImproperlyConfigured
 
 from celery_anarchon import slots
-from celery_anarchon._tz import zone_name
+from celery_anarchon._tz import did_you_mean, zone_name
 from celery_anarchon.errors import ConfigError
 
 #: the keys of a definition
@@ -132,7 +132,7 @@ def _zone(name: str, key: str, value: Any) -> zoneinfo.ZoneInfo:
             return zoneinfo.ZoneInfo(value)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             pass
-    raise _error(name, key, value, "unknown time zone",
+    raise _error(name, key, value, "unknown time zone" + did_you_mean(value),
                  "give an IANA name such as \"Europe/Paris\" or \"UTC\" "
                  "(zoneinfo.available_timezones()), or leave it out for the app's timezone")
 

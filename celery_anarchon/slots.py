@@ -52,7 +52,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate, solar
 from celery.schedules import schedule as interval_schedule
 from croniter import CroniterBadDateError, croniter
 
-from celery_anarchon._tz import first_transition_in, offset_s, transitions_in, zone_name
+from celery_anarchon._tz import did_you_mean, first_transition_in, offset_s, transitions_in, zone_name
 from celery_anarchon.errors import ConfigError
 
 __all__ = ["SlotSchedule", "slots_for", "cron"]
@@ -292,8 +292,9 @@ def _resolve_zone(tz, where: str) -> datetime.tzinfo:
             return zoneinfo.ZoneInfo(tz)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             pass
-    raise ConfigError(f"{where}: unknown time zone {tz!r}; fix: use an IANA name such as "
-                      "'Europe/Paris' (see zoneinfo.available_timezones()) or a tzinfo")
+    raise ConfigError(f"{where}: unknown time zone {tz!r}{did_you_mean(tz)}; fix: use an IANA "
+                      "name such as 'Europe/Paris' (see zoneinfo.available_timezones()) or a "
+                      "tzinfo")
 
 
 def _parse_cron(expr, where: str) -> tuple[str, list[str]]:

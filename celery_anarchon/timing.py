@@ -28,6 +28,7 @@ import math
 import zoneinfo
 from typing import Any
 
+from celery_anarchon._tz import did_you_mean
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory
 from celery_anarchon._util import duration as seconds  # seconds(value, what): a duration >= 0
 from celery_anarchon.errors import ConfigError
@@ -190,7 +191,7 @@ def timezone_error(app) -> ConfigError | None:
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
         value = app.conf.get("timezone")
         return ConfigError(f"timezone {value!r} (app.conf.timezone) is not a known IANA time "
-                           f"zone ({exc}); fix: use a zone name such as 'UTC' or 'Europe/Berlin' "
+                           f"zone ({exc}){did_you_mean(value)}; fix: use a zone name such as 'UTC' or 'Europe/Berlin' "
                            "(the zones of the system, or pip install tzdata)")
     return None
 

@@ -97,6 +97,9 @@ REFUSED = [
      lambda: cron("* * *"), ["'* * *' has 3 fields", "exactly five"]),
     ("cron-tz", "a cron string in an unknown time zone",
      lambda: cron("0 * * * *", tz="Mars/Olympus"), ["unknown time zone 'Mars/Olympus'", "IANA name"]),
+    ("cron-tz-typo", "a typo in a cron string's time zone",
+     lambda: cron("0 * * * *", tz="America/New_Yrok"),
+     ["unknown time zone 'America/New_Yrok' (did you mean 'America/New_York'?)"]),
     ("option-typo", "a typo in an entry's anarchon options",
      lambda: beat_with({"e": {"schedule": 10, "options": {"anarchon": {"jiter": 1}}}}),
      ["entry 'e'", "unknown key 'jiter'", "did you mean 'jitter'"]),
@@ -338,6 +341,9 @@ def test_an_unknown_app_timezone_is_one_error_naming_the_setting_wherever_the_ap
         for fragment in fragments:
             assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
         assert "Celery cannot build it" not in str(info.value)
+    app.conf.timezone = "Europe/Pariss"
+    with pytest.raises(ConfigError, match=r"\(did you mean 'Europe/Paris'\?\); fix"):
+        Settings.from_app(app)
     # the worker side computes no slot: its lease store opens whatever the zone
     assert Settings.from_app(app, check_timezone=False).namespace == "proj"
 
