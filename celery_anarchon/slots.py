@@ -187,10 +187,13 @@ def _matcher(expr: str, day_or: bool, where: str) -> _WallMatcher:
     try:
         matcher = _WallMatcher(expr, day_or)
     except (ValueError, TypeError, KeyError) as exc:  # croniter's errors are ValueErrors
-        raise ConfigError(f"{where}: {expr!r} is not a valid cron expression ({exc}); fix the "
-                          "field out of range: the five fields are minute (0-59), hour (0-23), "
-                          "day-of-month (1-31, L, W), month (1-12, JAN-DEC) and day-of-week "
-                          "(0-6, SUN-SAT, #, L), for example '0 22 L * *'") from None
+        bad = _bad_fields(expr, day_or)
+        which = (" in the " + ", ".join(f"{name} field {value!r}" for name, value in bad)
+                 if bad else "")
+        raise ConfigError(f"{where}: {expr!r} is not a valid cron expression ({exc}){which}; fix "
+                          "the field out of range: the five fields are minute (0-59), hour "
+                          "(0-23), day-of-month (1-31, L, W), month (1-12, JAN-DEC) and "
+                          "day-of-week (0-6, SUN-SAT, #, L), for example '0 22 L * *'") from None
     try:
         matcher.first_at_or_after(_CHECK_FROM_S)
     except CroniterBadDateError:
@@ -199,6 +202,23 @@ def _matcher(expr: str, day_or: bool, where: str) -> _WallMatcher:
     if len(_MATCHERS) < _MAX_MATCHERS:
         _MATCHERS[(expr, day_or)] = matcher
     return matcher
+
+
+_FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
+
+
+def _bad_fields(expr: str, day_or: bool) -> list[tuple[str, str]]:
+    """The (name, text) of each field of ``expr`` croniter refuses on its own (the others
+    ``*``), for the error of an invalid expression."""
+    fields = expr.split(" ")
+    bad = []
+    for i, (name, field) in enumerate(zip(_FIELD_NAMES, fields)):
+        alone = " ".join(field if j == i else "*" for j in range(len(fields)))
+        try:
+            _WallMatcher(alone, day_or)
+        except (ValueError, TypeError, KeyError):
+            bad.append((name, field))
+    return bad
 
 
 def _shortest_gap_ms(minutes, hours) -> int:
