@@ -373,3 +373,20 @@ def test_a_sync_interval_the_store_cannot_cover_stops_beat_at_start_up(tmp_path)
     with pytest.raises(ConfigError) as info:
         Scheduler(app)
     assert "anarchon_sync_interval 2000 s" in str(info.value)
+
+
+def test_the_store_warnings_at_start_up_name_the_store_once(tmp_path, caplog):
+    """The shared Redis keeps no data on disk: its warning names the (masked) URL once."""
+    require_server(REDIS_URL, "Redis")
+    server = redis.Redis.from_url(REDIS_URL)
+    if server.config_get("save")["save"] or server.config_get("appendonly")["appendonly"] != "no":
+        pytest.skip("this Redis keeps its data: no warning to look at")
+    app = make_app(tmp_path, anarchon_store_url=REDIS_URL, anarchon_namespace="warn-once")
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        scheduler = Scheduler(app)
+        try:
+            scheduler.tick()
+        finally:
+            scheduler.close()
+    [line] = [r.getMessage() for r in caplog.records if "keeps no data" in r.getMessage()]
+    assert line.count(scheduler.store.safe_url) == 1, line

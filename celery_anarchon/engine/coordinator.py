@@ -209,7 +209,10 @@ class Engine:
             self.outage.refused(exc)
             return False
         for warning in warnings:
-            logger.warning("anarchon store %s: %s", self.store.safe_url, warning)
+            if self.store.safe_url in warning:   # most name the store already: not twice
+                logger.warning("anarchon: %s", warning)
+            else:
+                logger.warning("anarchon store %s: %s", self.store.safe_url, warning)
         self.outage.recovered()
         self._prepared = True
         self.skew.check(self.plans.values())
