@@ -209,10 +209,7 @@ def plan_of(app, entry: str, *, store: ClaimStore | None = None) -> EntryPlan:
     :raises UnknownEntry: no such entry (a ConfigError naming the closest name).
     :raises ConfigError: the entry breaks a rule.
     """
-    settings = Settings.from_app(app)
-    zone_error = timezone_error(app)
-    if zone_error is not None:
-        raise zone_error
+    settings = Settings.from_app(app)   # an unknown app timezone is refused here
     store_, own = _open(app, settings, store)
     try:
         config = config_entries(app)

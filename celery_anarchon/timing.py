@@ -191,8 +191,9 @@ def timezone_error(app) -> ConfigError | None:
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
         value = app.conf.get("timezone")
         return ConfigError(f"timezone {value!r} (app.conf.timezone) is not a known IANA time "
-                           f"zone ({exc}){did_you_mean(value)}; fix: use a zone name such as 'UTC' or 'Europe/Berlin' "
-                           "(the zones of the system, or pip install tzdata)")
+                           f"zone ({exc}){did_you_mean(value)}; fix: use a zone name such as "
+                           "'UTC' or 'Europe/Berlin' (the zones of the system, or pip install "
+                           "tzdata)")
     return None
 
 

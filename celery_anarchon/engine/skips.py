@@ -33,6 +33,12 @@ SKIP_REASONS = {
 }
 
 
+def _level(outcome: Outcome) -> int:
+    """The log level of a refused claim: INFO for the expected ones (a leased run still running,
+    a newer slot claimed), else WARNING."""
+    return logging.INFO if outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED) else logging.WARNING
+
+
 class SkipLog:
     """Logs, counts and notes skipped slots.
 
@@ -96,8 +102,7 @@ class SkipLog:
         self._logged[key] = (now, 0)
         self._hidden.pop(key, None)
         more = f"; {hidden} more slot(s) of this entry skipped so in the last minute" if hidden else ""
-        level = logging.INFO if outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED) else logging.WARNING
-        logger.log(level, "%s: slot %s skipped: %s%s%s", plan.name, iso(result.slot_ms),
+        logger.log(_level(outcome), "%s: slot %s skipped: %s%s%s", plan.name, iso(result.slot_ms),
                    SKIP_REASONS[outcome], detail, more)
 
     def flush(self) -> None:
@@ -116,7 +121,5 @@ class SkipLog:
             del self._hidden[key]
             self._logged[key] = (now, 0)
             detail = f" ({result.detail})" if result.detail else ""
-            level = (logging.INFO if result.outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED)
-                     else logging.WARNING)
-            logger.log(level, "%s: %d more slot(s) skipped in the last minute: %s, the newest %s%s",
+            logger.log(_level(result.outcome), "%s: %d more slot(s) skipped in the last minute: %s, the newest %s%s",
                        plan.name, hidden, SKIP_REASONS[result.outcome], iso(result.slot_ms), detail)

@@ -42,7 +42,6 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.stores._common import translated
 from celery_anarchon.stores.base import ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, RunEvent, SKIP_EVENTS
 from celery_anarchon.stores.redis import server
 from celery_anarchon.stores.redis.cluster_entries import SCRIPTS as CLUSTER_SCRIPTS, ClusterEntries
@@ -50,7 +49,7 @@ from celery_anarchon.stores.redis.cluster_keys import SlotKeys, parse_cluster_ur
 from celery_anarchon.stores.redis.entries import SCRIPTS as ENTRY_SCRIPTS
 from celery_anarchon.stores.redis.history import HISTORY_BATCH, history_records
 from celery_anarchon.stores.redis.lease import RedisLeaseStore, _run
-from celery_anarchon.stores.redis.store import _cause, _items, claim_results
+from celery_anarchon.stores.redis.store import _items, claim_results
 
 #: threads that run the rounds of the masters past the first at once (a cluster has rarely more)
 MASTER_THREADS = 8
@@ -118,12 +117,9 @@ class RedisClusterStore(RedisLeaseStore):
     def describe(self) -> str:
         return f"redis-cluster strategy=lease memory={self.memory_s:g}s"
 
-    # -- connections --------------------------------------------------------------------------
-    def _unavailable(self, doing: str):
-        """StoreUnavailable naming the masked URL and the cause (a redirect here is the slot map
-        moving, not the plain store's misuse of a Cluster node)."""
-        return translated("Redis", self.safe_url, doing, self.connection_errors, cause=_cause)
+    _cluster_reply_is_misuse = False   # a redirect here is the slot map moving
 
+    # -- connections --------------------------------------------------------------------------
     def _redis(self) -> tuple[RedisCluster, dict]:
         """The ``RedisCluster`` client and its scripts, created on first use (no I/O before)."""
         conn = self._conn

@@ -211,11 +211,15 @@ class RedisStore(RedisHistory, EntryStore):
                 self._conn = (client, scripts)
             return self._conn
 
+    #: a reply only a node of a Redis Cluster gives means this store was pointed at one (the
+    #: Cluster store, whose redirects are the slot map moving, sets it False)
+    _cluster_reply_is_misuse = True
+
     def _unavailable(self, doing: str):
         """Turn every redis-py error into StoreUnavailable naming the masked URL and the cause
         (a reply only a Cluster node gives: with the fix, :func:`_plain_cause`)."""
         return translated("Redis", self.safe_url, doing, self.connection_errors,
-                          cause=_plain_cause)
+                          cause=_plain_cause if self._cluster_reply_is_misuse else _cause)
 
     def _header(self, count_replicas: bool = False) -> list:
         """ARGV[1..6] of every script (redis_scripts: "ARGV header")."""
