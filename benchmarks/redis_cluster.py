@@ -41,6 +41,29 @@ def cluster_port(taken: set[int]) -> int:
     raise RuntimeError("no free pair of ports (port, port + 10000) for a cluster node")
 
 
+def node_port(row: list[str]) -> int:
+    """The port of a ``CLUSTER NODES`` row (its address is ``ip:port@busport``)."""
+    return int(row[1].split("@")[0].rsplit(":", 1)[1])
+
+
+def unsettled(table: list[list[str]], live: set[int]) -> str | None:
+    """What keeps a ``CLUSTER NODES`` table (rows split on blanks) from showing a settled cluster,
+    or None.
+
+    Every live node must be a master serving slots or a replica: right after ``redis-cli
+    --cluster create`` returns (it waits for the slots to agree, not the replicas), and when a
+    failed master comes back, a replica shows for a few hundred milliseconds as a master serving
+    no slot, and its master has no replica in the table yet.
+
+    :param live: the ports of the nodes whose process runs (a dead node's row does not count).
+    """
+    for row in table:
+        port = node_port(row)
+        if port in live and "slave" not in row[2] and len(row) <= 8:
+            return f"the node on port {port} is a master serving no slot"
+    return None
+
+
 class RedisClusterRig(Rig):
     """Six nodes (:class:`servers.RedisServer`, nothing kept on disk) forming one cluster.
 
@@ -100,9 +123,10 @@ class RedisClusterRig(Rig):
                               text=True, timeout=10).stdout
 
     def wait_ok(self, timeout: float = 30) -> None:
-        """Until every live node reports ``cluster_state:ok``, the cluster has as many masters with
-        slots as at the start (a failover is over), and each master whose replica is alive has it
-        online (synced: ``WAIT`` can count it, a kill of the master can promote it)."""
+        """Until every live node reports ``cluster_state:ok``, the table this rig reads shows every
+        live node as a master with slots or a replica (:func:`unsettled`), the cluster has as many
+        masters with slots as at the start (a failover is over), and each master whose replica is
+        alive has it online (synced: ``WAIT`` can count it, a kill of the master can promote it)."""
         want = len(self.nodes) // 2
 
         def ok() -> bool:
@@ -111,6 +135,8 @@ class RedisClusterRig(Rig):
                     continue
                 if "cluster_state:ok" not in self.cli(node, "cluster", "info"):
                     return False
+            if unsettled(self._table(), {n.port for n in self.nodes if n.alive()}) is not None:
+                return False
             masters = self.masters()
             if len(masters) != want:
                 return False
@@ -136,7 +162,7 @@ class RedisClusterRig(Rig):
         by_port = {n.port: n for n in self.nodes}
         found = []
         for row in self._table():
-            port = int(row[1].split("@")[0].rsplit(":", 1)[1])
+            port = node_port(row)
             if "master" in row[2] and "fail" not in row[2] and len(row) > 8 and by_port[port].alive():
                 found.append(by_port[port])
         return found
@@ -147,10 +173,10 @@ class RedisClusterRig(Rig):
         :raises LookupError: it has none."""
         table = self._table()
         by_port = {n.port: n for n in self.nodes}
-        ids = {int(r[1].split("@")[0].rsplit(":", 1)[1]): r[0] for r in table}
+        ids = {node_port(r): r[0] for r in table}
         for row in table:
             if "slave" in row[2] and row[3] == ids.get(master.port):
-                node = by_port[int(row[1].split("@")[0].rsplit(":", 1)[1])]
+                node = by_port[node_port(row)]
                 if node.alive():
                     return node
         raise LookupError(f"master on port {master.port} has no live replica")
@@ -164,7 +190,7 @@ class RedisClusterRig(Rig):
             for part in row[8:]:
                 lo, _, hi = part.partition("-")
                 if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
-                    return by_port[int(row[1].split("@")[0].rsplit(":", 1)[1])]
+                    return by_port[node_port(row)]
         raise LookupError(f"no master serves slot {slot}")
 
     def failover(self, master: RedisServer) -> RedisServer:

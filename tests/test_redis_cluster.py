@@ -296,3 +296,33 @@ def test_a_redis_url_pointed_at_a_cluster_node_says_to_use_the_cluster_store(tmp
         assert "redis+cluster://" in str(info.value)
     finally:
         store.close()
+
+
+#: ``CLUSTER NODES`` on the first node right after ``redis-cli --cluster create`` returned: the
+#: replicas had been told whom to follow, but this node had not heard of it yet
+TABLE_AFTER_CREATE = """\
+c057f61e3f02a3bc59347d847825d349cfcc549e 127.0.0.1:15540@25540 master - 0 1796180757281 6 connected
+ab5ea0715ebc3e96832305b4c6d18f768576e114 127.0.0.1:16791@26791 master - 0 1796180757583 3 connected 10923-16383
+aa068daa0fda753f807c3d2857c24ae8465645d8 127.0.0.1:11453@21453 master - 0 1796180757583 2 connected 5461-10922
+005023f1cf7ab2f4dfde870db8ffb29795eed775 127.0.0.1:20969@30969 master - 0 1796180757181 4 connected
+52fe6e5b5a090fbf8cdfd9f0942c22a28f4af2d0 127.0.0.1:17342@27342 myself,master - 0 1796180757000 1 connected 0-5460
+a4b0257e9d8a60a005e70628c819e9b8b5c14131 127.0.0.1:17238@27238 master - 0 1796180757180 5 connected
+"""
+
+
+def test_the_cluster_rig_is_not_ready_while_a_live_node_is_a_master_without_slots():
+    """Right after ``--cluster create`` (and after a failed master comes back) a replica shows for a
+    few hundred milliseconds as a master serving no slot: the rig is not ready then, or a test
+    asking for a master's replica finds none. Once each live node is a master with slots or a
+    replica, it is; a dead node's row does not count."""
+    from redis_cluster import node_port, unsettled
+    table = [line.split() for line in TABLE_AFTER_CREATE.splitlines()]
+    live = {15540, 16791, 11453, 20969, 17342, 17238}
+    assert unsettled(table, live) == "the node on port 15540 is a master serving no slot"
+    follows = {15540: "ab5ea0715ebc3e96832305b4c6d18f768576e114",
+               20969: "aa068daa0fda753f807c3d2857c24ae8465645d8",
+               17238: "52fe6e5b5a090fbf8cdfd9f0942c22a28f4af2d0"}
+    settled = [row[:2] + ["slave", follows[node_port(row)]] + row[4:8]
+               if node_port(row) in follows else row for row in table]
+    assert unsettled(settled, live) is None
+    assert unsettled(table, live - {15540, 20969, 17238}) is None, "the dead nodes' rows"
