@@ -519,6 +519,34 @@ def test_live_runner_recreates_a_forgotten_record(lease_stores):
     assert a.inspect("e", slot).owner == "w1"
 
 
+@pytest.mark.parametrize("loss", ["amnesia", "epoch"])
+def test_a_release_the_store_forgot_records_the_run_finished(lease_stores, loss):
+    """The store forgets a started run (it comes back empty, or from an older copy with another
+    epoch) and its runner, whose body is done, releases before any heartbeat re-created the
+    record: the release succeeds and records the run finished with the runner's token (history:
+    finished), so the run is neither reported taken over nor, once its lease would have run out,
+    given up as a possible miss; a heartbeat arriving after the release does not start it again."""
+    a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
+    older = lease_stores.snapshot() if loss == "epoch" else None
+    slot = fresh_slot(a)
+    a.claim([req("e", slot, lease=LEASE)])
+    _, run = worker.adopt("e", slot, "w1", 300)
+    if loss == "epoch":
+        lease_stores.lose_writes_since(older)
+    else:
+        lease_stores.wipe()
+    assert worker.release("e", slot, run.token), "the runner's release is not refused"
+    record = b.inspect("e", slot)
+    assert record.state is RunState.FINISHED and record.token == run.token, record
+    assert worker.renew("e", slot, run.token, "w1", 300) is None, "a late heartbeat: not restarted"
+    assert b.inspect("e", slot).state is RunState.FINISHED
+    begun = store_now(b)
+    wait_until(lambda: store_now(b) > begun + 400, 5, "the runner's lease to run out")
+    assert not [r for r in b.expired_runs(["e"]) if r.slot_ms == slot]
+    events = [h.event for h in b.history("e") if h.slot_ms == slot]
+    assert RunEvent.FINISHED in events and RunEvent.GIVEN_UP not in events, events
+
+
 def _take_over_race(url, namespace, instance_id, slot, token, barrier, queue):
     from celery_anarchon.stores import open_store
     store = open_store(url, namespace=namespace, instance_id=instance_id)

@@ -420,7 +420,9 @@ class LeaseStore(ClaimStore):
 
     @abc.abstractmethod
     def release(self, entry: str, slot_ms: int, token: int) -> bool:
-        """The runner is done: state finished, if ``token`` is still current."""
+        """The runner is done: state finished, if ``token`` is still current. If the store forgot
+        the record (amnesia, an epoch change; as for :meth:`renew`) it is re-created finished with
+        this token: the body ran, so the run is neither answered taken over nor given up later."""
 
     @abc.abstractmethod
     def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,

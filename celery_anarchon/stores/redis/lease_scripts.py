@@ -289,19 +289,28 @@ end
 return cjson.encode({now = int(NOW), run = run})
 """)
 
-#: The runner is done: state finished, if its token is current.
+#: The runner is done: state finished, if its token is current. A missing record the store
+#: forgot (the slot is older than the entry's memory start + 10 s: amnesia, new epoch) is
+#: re-created finished with the runner's token, as RENEW re-creates it started: the body ran, so
+#: the run is neither answered taken over nor later given up as a possible miss.
 #: KEYS: the namespace keys, then the entry's ENTRY_KEYS block.  ARGV[1..6]: header.
 #: ARGV[7]: slot (ms).  ARGV[8]: token.
 #: Reply: {now, done "1"/"0"}.
 RELEASE = lua(_LEASE + r"""
 memory_start(1)
-local slot_s = ARGV[7]
+local slot_s, token = ARGV[7], tonumber(ARGV[8])
 local run = run_get(1, slot_s)
-local done = '0'
-if run and tonumber(run.k) == tonumber(ARGV[8]) and run.s == 'started' then
+local done, detail = '0', ''
+if not run and tonumber(slot_s) < memory_start(1) + TOL then
+  run = {s = 'started', a = '1', k = ARGV[8], o = '', x = '', q = ''}
+  local last = num(redis.call('HGET', key(1, FENCE), 'token')) or 0
+  if last < token then redis.call('HSET', key(1, FENCE), 'token', ARGV[8]) end
+  detail = 'released by its runner after the store forgot the run'
+end
+if run and tonumber(run.k) == token and run.s == 'started' then
   run.s, run.x = 'finished', ''
   run_put(1, slot_s, run)
-  history_event(1, slot_s, 'finished', run, '')
+  history_event(1, slot_s, 'finished', run, detail)
   done = '1'
 end
 return cjson.encode({now = int(NOW), done = done})

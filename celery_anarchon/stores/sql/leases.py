@@ -263,13 +263,26 @@ class SQLLeases:
         return self._lease_op("renew a lease", entry, slot_ms, op)
 
     def release(self, entry: str, slot_ms: int, token: int) -> bool:
-        """The runner is done: finished, if ``token`` is current. :raises StoreUnavailable:"""
+        """The runner is done: finished, if ``token`` is current. A missing record the store
+        forgot (the slot is older than the entry's effective memory start + tolerance: amnesia,
+        an epoch change) is re-created finished with ``token``, as :meth:`renew` re-creates it
+        started: the body ran, so the run is neither answered taken over nor later given up as
+        a possible miss. :raises StoreUnavailable:"""
         def op(conn, fence: Fence, run: dict | None, now_us: int):
+            now, detail = now_us // 1000, ""
+            if run is None and slot_ms < fence.memory_start_ms + LATENESS_TOLERANCE_MS:
+                run = {"namespace": self.namespace, "entry": entry, "slot_ms": slot_ms,
+                       "state": "started", "attempt": 1, "token": token, "owner": "",
+                       "lease_expires_ms": None, "queue_deadline_ms": None,
+                       "keep_until_ms": None, "prev_token": None}
+                conn.execute(sa.insert(schema.runs).values(**run))
+                if token > fence.last_token:
+                    fence.last_token, fence.changed = token, True
+                detail = "released by its runner after the store forgot the run"
             if run is None or run["token"] != token or run["state"] != "started":
                 return False
-            now = now_us // 1000
             self._update_run(conn, run, state="finished", keep_until_ms=now + self.memory_ms)
-            self._lease_event(conn, run, RunEvent.FINISHED, now)
+            self._lease_event(conn, run, RunEvent.FINISHED, now, detail=detail)
             return True
         return self._lease_op("release a lease", entry, slot_ms, op)
 
