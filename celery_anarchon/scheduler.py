@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+import click
 from celery import beat
 from kombu.exceptions import EncodeError
 from kombu.utils.objects import cached_property
@@ -65,6 +66,18 @@ def _stderr_is_logged() -> bool:
     return isinstance(sys.stderr, LoggingProxy)
 
 
+class BeatCannotStart(ConfigError, click.ClickException):
+    """A :class:`ConfigError` met while beat builds this scheduler, outside beat's log: Celery
+    builds one for its banner before it redirects stderr into the log, and its command line
+    (click) prints this as one ``Error:`` line and exits 1 instead of printing a traceback.
+    Still a ConfigError (and a ValueError) for code that builds a Scheduler itself."""
+
+    def __init__(self, error: ConfigError) -> None:
+        message = f"anarchon: beat cannot start: {error}"
+        ConfigError.__init__(self, message)
+        click.ClickException.__init__(self, message)
+
+
 def _exit_requested(exc: BaseException) -> bool:
     """True when a ``SystemExit`` or ``KeyboardInterrupt`` (beat's SIGTERM/SIGINT handlers raise
     them) hides in ``exc``'s chain (causes and contexts): a client library caught it and raised
@@ -107,6 +120,17 @@ class Scheduler(beat.Scheduler):
     Entry = Entry
 
     def __init__(self, app, *args, lazy: bool = False, **kwargs) -> None:
+        try:
+            self._construct(app, *args, lazy=lazy, **kwargs)
+        except ConfigError as exc:
+            if not _stderr_is_logged():
+                raise BeatCannotStart(exc) from exc
+            # beat's Service builds this scheduler after it redirected stderr into the log: the
+            # traceback Python prints on the way out would become one WARNING line per fragment
+            logger.critical("anarchon: beat cannot start: %s", exc)
+            raise SystemExit(1) from exc
+
+    def _construct(self, app, *args, lazy: bool, **kwargs) -> None:
         self._settings = Settings.from_app(app)
         self._metrics = MetricsSettings.from_app(app)
         url, options, self._store_warning = resolve_store_url(app, self._settings)
@@ -125,15 +149,7 @@ class Scheduler(beat.Scheduler):
         self._schedule_checked_at = 0.0
         self._schedule_dirty = False
         self._batch: _Batch | None = None
-        try:
-            super().__init__(app, *args, lazy=lazy, **kwargs)
-        except ConfigError as exc:
-            if not _stderr_is_logged():
-                raise
-            # beat's Service builds this scheduler after it redirected stderr into the log: the
-            # traceback Python prints on the way out would become one WARNING line per fragment
-            logger.critical("anarchon: beat cannot start: %s", exc)
-            raise SystemExit(1) from exc
+        super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- Celery's Scheduler interface -------------------------------------------------------------
     def setup_schedule(self) -> None:

@@ -351,22 +351,32 @@ def test_an_unknown_app_timezone_is_one_error_naming_the_setting_wherever_the_ap
     assert Settings.from_app(app, check_timezone=False).namespace == "proj"
 
 
-def test_celery_beat_with_a_bad_entry_exits_with_one_short_message(tmp_path):
-    """Entries are checked after Celery beat redirected stderr into its log, where a traceback
-    becomes hundreds of WARNING lines (one per fragment). beat logs the error once, CRITICAL,
-    and exits 1."""
+@pytest.mark.parametrize("settings, message, quiet", [
+    ("beat_schedule={'e': {'task': 'badproj.t', 'schedule': 60, "
+     "'options': {'anarchon': {'max_lat': 30}}}}",
+     "unknown key 'max_lat' (did you mean 'max_late'?)", False),
+    ("anarchon_jiter=1", "'anarchon_jiter'", False),
+    ("anarchon_jiter=1", "'anarchon_jiter'", True),
+    ("anarchon_store_options={'memroy': 100}", "did you mean 'memory' for 'memroy'?", False),
+], ids=["entry", "setting", "setting-quiet", "store-option"])
+def test_celery_beat_with_a_bad_setting_exits_with_one_short_message(tmp_path, settings, message,
+                                                                     quiet):
+    """A bad entry is found after Celery beat redirected stderr into its log, where a traceback
+    becomes hundreds of WARNING lines (one per fragment); a bad setting or store option when
+    beat builds the scheduler for its banner, before that (or, with --quiet, after it). Either
+    way beat says the error once, without a traceback, and exits 1."""
     import subprocess
     (tmp_path / "badproj.py").write_text(
         "from celery import Celery\n"
         "app = Celery('badproj', broker='memory://')\n"
         f"app.conf.update(beat_scheduler='celery_anarchon:Scheduler', "
-        f"anarchon_store_url='sqlite:///{tmp_path}/s.sqlite3', beat_schedule={{'e': "
-        "{'task': 'badproj.t', 'schedule': 60, 'options': {'anarchon': {'max_lat': 30}}}})\n")
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "badproj", "beat", "-l", "info",
+        f"anarchon_store_url='sqlite:///{tmp_path}/s.sqlite3', {settings})\n")
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", "badproj", *(["--quiet"] * quiet),
+                           "beat", "-l", "info",
                            "--schedule", str(tmp_path / "celerybeat-schedule")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
-    assert output.count("unknown key 'max_lat' (did you mean 'max_late'?)") == 1, output
-    assert "CRITICAL" in output and "Traceback" not in output, output
+    assert output.count(message) == 1, output
+    assert "beat cannot start" in output and "Traceback" not in output, output
     assert len(output.splitlines()) < 40, output
