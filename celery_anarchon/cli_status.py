@@ -327,9 +327,10 @@ def _check_all(app, settings: Settings, store, use_store: bool, report: _Report)
         report.ok(f"anarchon_sync_interval {settings.sync_interval_s:g} s against the store's memory")
     except ConfigError as exc:
         report.fail(testing.problem_of(None, exc))
+    warnings: list[str] = []
     plans, problems = testing.check_entries(app, testing.config_entries(app).items(),
-                                            settings=settings, store=store)
-    _entries(report, "beat_schedule", plans, problems)
+                                            settings=settings, store=store, warn=warnings.append)
+    _entries(report, "beat_schedule", plans, problems, warnings)
     if use_store:
         config_plans = dict(plans)
         plans.update(_check_store(app, settings, store, report))
@@ -343,11 +344,13 @@ def _check_all(app, settings: Settings, store, use_store: bool, report: _Report)
 
 
 def _entries(report: _Report, where: str, plans: dict[str, EntryPlan],
-             problems: list[testing.Problem]) -> None:
+             problems: list[testing.Problem], warnings: list[str]) -> None:
     for problem in problems:
         report.fail(problem)
     for name, plan in sorted(plans.items()):
         report.ok(f"{where} entry {name!r} ({_words(plan)}): every timing rule")
+    for warning in warnings:     # what beat would log at start-up about these entries
+        report.warn(warning)
 
 
 def _check_store(app, settings: Settings, store, report: _Report) -> dict[str, EntryPlan]:
@@ -383,8 +386,10 @@ def _check_store(app, settings: Settings, store, report: _Report) -> dict[str, E
             items.append((name, entry_json.parse(name, e.definition, app=app)))
         except ConfigError as exc:
             items.append((name, exc))
-    plans, problems = testing.check_entries(app, items, settings=settings, store=store)
-    _entries(report, "store", plans, problems)
+    warnings: list[str] = []
+    plans, problems = testing.check_entries(app, items, settings=settings, store=store,
+                                            warn=warnings.append)
+    _entries(report, "store", plans, problems, warnings)
     return plans
 
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from celery import schedules as celery_schedules
 
@@ -85,12 +85,14 @@ def _is_interval(schedule) -> bool:
 
 
 def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store,
-               known: dict | None = None) -> EntryPlan:
+               known: dict | None = None, warn: Callable[[str], None] | None = None) -> EntryPlan:
     """Check one ``ScheduleEntry`` and build its plan.
 
     :param known: definitions already built, by (task, schedule, timing): entries that differ
         only by name, arguments or Celery options share one text and fingerprint (build_plans
         passes one dict for all its entries; the JSON of each of 100,000 entries is a second).
+    :param warn: told each warning of an allowed but unwise setting (:func:`timing.resolve`);
+        default: logged.
     :raises ConfigError: naming the entry, the value and the fix.
     """
     ours, celery_options = timing.split_entry_options(name, entry.options)
@@ -113,7 +115,8 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store
     slots = slot_math.slots_for(schedule, entry=name, app_timezone=app.timezone, anchor_s=anchor_s)
     entry_timing = timing.resolve(name, {k: v for k, v in ours.items() if k != "anchor"}, settings,
                                   shortest_gap_s=slots.shortest_gap_ms / 1000,
-                                  memory=store.memory, is_interval=_is_interval(schedule))
+                                  memory=store.memory, is_interval=_is_interval(schedule),
+                                  warn=warn)
     if entry_timing.anchor_s != anchor_s:
         entry_timing = dataclasses.replace(entry_timing, anchor_s=anchor_s)
     if entry_timing.lease is not None and not isinstance(store, LeaseStore):

@@ -24,7 +24,7 @@ import dataclasses
 import datetime
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from celery import beat
 
@@ -145,9 +145,12 @@ def _open(app, settings: Settings, store: ClaimStore | None) -> tuple[ClaimStore
 
 
 def check_entries(app, entries: Iterable[tuple[str, object]], *, settings: Settings,
-                  store: ClaimStore) -> tuple[dict[str, EntryPlan], list[Problem]]:
+                  store: ClaimStore, warn: Callable[[str], None] | None = None,
+                  ) -> tuple[dict[str, EntryPlan], list[Problem]]:
     """Build the plan of every ``(name, entry)`` (an entry may be a ConfigError already).
 
+    :param warn: told each warning beat would log at start-up about an entry that passes (one
+        line naming it); default: logged.
     :returns: the plans of the entries that pass, and the problems of the others.
     """
     plans, problems = {}, []
@@ -159,7 +162,8 @@ def check_entries(app, entries: Iterable[tuple[str, object]], *, settings: Setti
             problems.append(_problem(name, entry))
             continue
         try:
-            plans[name] = build_plan(name, entry, app=app, settings=settings, store=store)
+            plans[name] = build_plan(name, entry, app=app, settings=settings, store=store,
+                                     warn=warn)
         except ConfigError as exc:
             problems.append(_problem(name, exc))
     return plans, problems

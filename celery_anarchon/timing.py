@@ -26,7 +26,7 @@ import difflib
 import logging
 import math
 import zoneinfo
-from typing import Any
+from typing import Any, Callable
 
 from celery_anarchon._tz import did_you_mean
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory
@@ -272,7 +272,8 @@ def _lease_settings(name: str, value: Any, settings: Settings) -> LeaseSettings 
 
 
 def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
-            memory: Memory, is_interval: bool = True) -> EntryTiming:
+            memory: Memory, is_interval: bool = True,
+            warn: Callable[[str], None] | None = None) -> EntryTiming:
     """Apply defaults and every start-up rule to one entry.
 
     :param ours: the entry's ``options["anarchon"]`` (see :func:`split_entry_options`).
@@ -280,6 +281,8 @@ def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
     :param memory: the store's memory (DESIGN.md store memory table).
     :param is_interval: whether the entry's schedule is an interval (the caller handles
         ``anchor``, which only such schedules take).
+    :param warn: told each warning of a setting that is allowed but unwise (DESIGN.md "Leases":
+        Overlap), as one line naming the entry; default: logged at WARNING.
     :raises ConfigError: naming the entry, the rule, the values and the fix.
     """
     where = f"entry {name!r}"
@@ -322,11 +325,11 @@ def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
             "max_late.")
     lease = _lease_settings(name, ours.get("lease"), settings)
     if lease is not None and shortest_gap_s < lease.duration_s + 2 * lease.heartbeat_s:
-        logger.warning(
-            "%s: the shortest gap between slots (%s) is shorter than lease duration + 2 x heartbeat "
-            "(%s): a dead runner's replacement would always be superseded by the next slot. Lower "
-            "the lease duration or run the entry less often.", where, _fmt(shortest_gap_s),
-            _fmt(lease.duration_s + 2 * lease.heartbeat_s))
+        (warn or logger.warning)(
+            f"{where}: the shortest gap between slots ({_fmt(shortest_gap_s)}) is shorter than "
+            f"lease duration + 2 x heartbeat ({_fmt(lease.duration_s + 2 * lease.heartbeat_s)}): "
+            "a dead runner's replacement would always be superseded by the next slot. Lower the "
+            "lease duration or run the entry less often.")
     return EntryTiming(jitter_s, max_late_s, None, lease)
 
 

@@ -416,6 +416,21 @@ def test_check_warns_of_live_beats_running_another_definition(sqlite_url, namesp
     assert "warn  entry 'leased': live beat instance old-host:9" in out and "new-host" not in out
 
 
+def test_check_reports_a_start_up_warning_of_an_entry_as_a_warn_line(sqlite_url, namespace,
+                                                                     capsys, caplog):
+    """A leased entry whose gap is shorter than lease duration + 2 x heartbeat passes its rules,
+    but beat warns at start-up that a dead runner's replacement would always be superseded:
+    check says so in a warn line of its report, not as a stray log line beside it."""
+    from celery_anarchon import cli_status
+    app = _leased_app(sqlite_url, namespace)
+    app.conf.beat_schedule["leased"]["schedule"] = 30.0
+    code, out, err = run_in_process(cli_status.check, app, True, capsys=capsys)
+    assert code == 0, out
+    assert ("warn  entry 'leased': the shortest gap between slots (30 s) is shorter than lease "
+            "duration + 2 x heartbeat (40 s)") in out
+    assert "shorter than lease duration" not in err + caplog.text, "reported once, in the report"
+
+
 def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
         sqlite_url, namespace, tmp_path, monkeypatch, capsys):
     from celery_anarchon import cli_commands, cli_status
