@@ -18,7 +18,7 @@ Each expected run (every slot of every entry in the window) is then one of:
   its end unpaused and whose release found the lease taken over (its lease ran out while the
   store could not be reached) is a duplicate: the guarantee does not allow that one;
 * **explained miss**: no body ran, the store's history or a log line names one of the reasons
-  of DESIGN.md "The guarantee" for that run, **and an injected fault that can cause that reason
+  of docs/design.md "The guarantee" for that run, **and an injected fault that can cause that reason
   was on around the run's slot** (:data:`CAUSES`: a window from before the fault's start to after
   its end, see :func:`fault_windows`). A reason with no such fault does not explain the miss: the
   run counts as unexplained (``reasons_without_fault``). A history record ``claimed`` (a claim

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 from celery_anarchon.errors import ConfigError
 
 #: Lease stores refuse a run whose slot is older than max_late + this, or further than this in
-#: the future, on the store's clock (DESIGN.md "Timing": store-side lateness tolerance).
+#: the future, on the store's clock (docs/design.md "Timing": store-side lateness tolerance).
 LATENESS_TOLERANCE_MS = 10_000
 
 
@@ -38,7 +38,7 @@ def paused_gc() -> Iterator[None]:
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
-    """How long a store remembers a claimed run (DESIGN.md, store memory table).
+    """How long a store remembers a claimed run (docs/design.md, store memory table).
 
     :param duration_s: seconds, or ``None`` for forever.
     :param count: runs per entry, or ``None`` when not limited by count.
@@ -64,7 +64,7 @@ def iso(ms: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class Skew:
     """This instance's clock minus a store's, from one reading of the store's clock taken between
-    two readings of this one (DESIGN.md "Clocks"); positive when this clock is ahead. The one
+    two readings of this one (docs/design.md "Clocks"); positive when this clock is ahead. The one
     computation of the skew: the engine's check (``engine/skew``) and the NATS store's claim
     bound use it.
 

@@ -23,7 +23,7 @@ nothing is pickled or evaluated. The form::
 
 The canonical text (:func:`canonical`) is ``json.dumps(obj, sort_keys=True, separators=(",", ":"))``:
 the same definition gives the same text on every host. :func:`parse` checks a definition and
-builds the entry; the timing rules (DESIGN.md "Timing") are then applied by
+builds the entry; the timing rules (docs/design.md "Timing") are then applied by
 :func:`celery_anarchon.plan.build_plan`, with the same messages as at start-up.
 """
 from __future__ import annotations

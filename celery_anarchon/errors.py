@@ -33,7 +33,7 @@ class StoreUnavailable(StoreError):
     """The store could not be reached, or did not answer within ``claim_timeout`` seconds.
 
     The outcome of an operation that raised this is unknown: a claim is retried, and the store
-    recognises its own winner (DESIGN.md "Who won").
+    recognises its own winner (docs/design.md "Who won").
     """
 
 
@@ -42,7 +42,7 @@ class SendOutcomeUnknown(Exception):
     or timed out while the message was written or its answer awaited).
 
     The winner does not publish the run again: a second publish could deliver it twice, and a run
-    is sent at most once per attempt (DESIGN.md "The guarantee"). The run is recorded
+    is sent at most once per attempt (docs/design.md "The guarantee"). The run is recorded
     ``send_unknown``; a leased run whose message never reached a worker is taken over after its
     queue deadline.
     """

@@ -1,4 +1,4 @@
-"""The worker side of leases (DESIGN.md "Leases").
+"""The worker side of leases (docs/design.md "Leases").
 
 ``celery_anarchon.install(app)`` goes in the app module, right after the app is configured, so
 every process that loads the app has it: beat (which refuses leased entries without it), the

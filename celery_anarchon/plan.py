@@ -1,7 +1,7 @@
 """From ``beat_schedule`` entries to plans: slots, timing, fingerprint and send options.
 
 A plan is everything the scheduler needs to run one entry, checked once at start-up so that a bad
-entry fails beat before anything is sent (DESIGN.md "Timing", "Slots", point 8 of "One run").
+entry fails beat before anything is sent (docs/design.md "Timing", "Slots", point 8 of "One run").
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ _PLAIN = re.compile(r'[ !#-\[\]-~]*')
 def task_id_for(namespace: str, entry: str, slot_ms: int, attempt: int) -> str:
     """The deterministic task id of one attempt of a run: the same on every instance, distinct
     per attempt, so a duplicate is visible downstream and a re-sent run does not share the dead
-    attempt's result (DESIGN.md "One run", point 4)."""
+    attempt's result (docs/design.md "One run", point 4)."""
     if _PLAIN.fullmatch(namespace) and _PLAIN.fullmatch(entry):   # what json.dumps would write
         key = f'["{namespace}", "{entry}", {int(slot_ms)}, {int(attempt)}]'
     else:

@@ -115,7 +115,7 @@ class Scheduler(beat.Scheduler):
     :raises ConfigError: at start-up, for any unsafe or invalid setting or entry.
     """
 
-    #: beat never sleeps longer than this between ticks, seconds (DESIGN.md: at most 60 s)
+    #: beat never sleeps longer than this between ticks, seconds (docs/design.md: at most 60 s)
     max_interval = MAX_SLEEP_S
     Entry = Entry
 

@@ -1,7 +1,7 @@
 """Slots: the nominal due instants of each ``beat_schedule`` entry, the same on every host.
 
 A slot is an absolute instant in UTC integer milliseconds. Slots never depend on when an instance
-started, on ``last_run_at`` or on any other local state (DESIGN.md "Slots: the same on every
+started, on ``last_run_at`` or on any other local state (docs/design.md "Slots: the same on every
 instance"), so every host computes the same slots and each run can be claimed once in the store.
 Everything here is a pure function of the schedule and of the instant asked about: no I/O and no
 clock reads.
@@ -17,7 +17,7 @@ clock reads.
 - **solar** (``celery.schedules.solar``): the next event after an instant.
 - **any other class** that has ``anarchon_next`` and ``anarchon_shortest_gap``.
 
-DST rules (DESIGN.md "Slots"). An entry whose minute or hour field text starts with ``*`` (``*``,
+DST rules (docs/design.md "Slots"). An entry whose minute or hour field text starts with ``*`` (``*``,
 ``*/15``) is a *wildcard* entry: it follows real time and runs at every real instant whose local
 wall time matches. Every other entry is a *fixed-time* entry: it runs once per matching local time
 per day, at the first instant at which the wall clock shows that time or a later one. In
@@ -97,7 +97,7 @@ class SlotSchedule(abc.ABC):
     host.
 
     ``shortest_gap_ms`` is a lower bound of the gap between consecutive slots, in milliseconds (used
-    by the jitter rule, DESIGN.md "Timing"); each kind documents how it is derived.
+    by the jitter rule, docs/design.md "Timing"); each kind documents how it is derived.
     """
 
     shortest_gap_ms: int
@@ -116,7 +116,7 @@ class SlotSchedule(abc.ABC):
 
 
 class IntervalSlots(SlotSchedule):
-    """Slots ``anchor_ms + k * period_ms`` for every integer k (DESIGN.md "Slots", interval).
+    """Slots ``anchor_ms + k * period_ms`` for every integer k (docs/design.md "Slots", interval).
 
     Exact integer math; ``shortest_gap_ms`` is the period.
     """
@@ -248,7 +248,7 @@ def _check_steps(where: str, field_texts) -> None:
 
 class CronSlots(SlotSchedule):
     """Slots of a crontab or cron expression in one time zone, with cron(8)'s DST rules (module
-    docstring; DESIGN.md "Slots"). ``shortest_gap_ms``: see :func:`_shortest_gap_ms`; on DST
+    docstring; docs/design.md "Slots"). ``shortest_gap_ms``: see :func:`_shortest_gap_ms`; on DST
     transition days the real gap can be shorter."""
 
     def __init__(self, *, kind: str, expr: str, day_or: bool, zone: datetime.tzinfo,
@@ -343,7 +343,7 @@ class cron(BaseSchedule):
 
     ``cron("0 22 L * *", tz="Europe/Paris")`` runs at 22:00 Paris time on the last day of every
     month. ``tz`` is an IANA name or a tzinfo; None means the app's ``timezone``. DST follows
-    cron(8) as crontab entries do (module docstring; DESIGN.md "Slots"). The expression is
+    cron(8) as crontab entries do (module docstring; docs/design.md "Slots"). The expression is
     validated here: a bad expression, a step larger than its field (``*/120`` minutes), a random
     or hashed value, an expression that never fires or an unknown zone raise :class:`ConfigError`.
     It also works under Celery's own beat: ``is_due`` and ``remaining_estimate`` follow the slots.
@@ -564,7 +564,7 @@ def slots_for(schedule, *, entry: str, app_timezone: datetime.tzinfo,
     timedeltas are accepted too), ``crontab``, ``solar``, :class:`cron` or an object with
     ``anarchon_next``/``anarchon_shortest_gap``. ``app_timezone`` is ``app.timezone`` (a tzinfo or
     an IANA name), used by crontab and cron entries without a zone of their own. ``anchor_s``
-    (seconds, interval schedules only) shifts the interval's slots. Rules: DESIGN.md "Slots".
+    (seconds, interval schedules only) shifts the interval's slots. Rules: docs/design.md "Slots".
 
     Raises :class:`ConfigError` naming the entry, the value and the fix: ``relative=True``, a
     period or anchor that is not whole milliseconds, an anchor on another kind, a crontab step

@@ -40,7 +40,7 @@ from celery_anarchon.timing import Settings, check_sync_interval, timezone_error
 __all__ = ["Problem", "RULES", "check_schedule", "assert_schedule_ok", "next_slots", "plan_of",
            "timezone_error", "problem_of", "setting_of"]
 
-#: The rules, as DESIGN.md and :mod:`celery_anarchon.timing` state them, with the words of the
+#: The rules, as docs/design.md and :mod:`celery_anarchon.timing` state them, with the words of the
 #: error message that breaks each (the first match names a problem's rule).
 RULES: tuple[tuple[str, str], ...] = (
     ("must be less than half the shortest gap", "jitter < half the shortest gap between slots"),

@@ -1,4 +1,4 @@
-"""Timing settings, their defaults, and the start-up rules (DESIGN.md "Timing").
+"""Timing settings, their defaults, and the start-up rules (docs/design.md "Timing").
 
 Settings are read from the Celery configuration (``anarchon_*``) and from each entry's
 ``options={"anarchon": {...}}``. Durations are seconds (int, float or ``timedelta``), as everywhere
@@ -85,7 +85,7 @@ def _unknown_keys(given: dict, allowed: tuple[str, ...], where: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class LeaseSettings:
-    """A leased entry's settings (DESIGN.md "Leases"), seconds.
+    """A leased entry's settings (docs/design.md "Leases"), seconds.
 
     :param duration_s: how long one lease lasts without renewal.
     :param heartbeat_s: how often the executing process renews it (< duration_s / 2).
@@ -278,10 +278,10 @@ def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
 
     :param ours: the entry's ``options["anarchon"]`` (see :func:`split_entry_options`).
     :param shortest_gap_s: the shortest gap between the entry's consecutive slots, seconds.
-    :param memory: the store's memory (DESIGN.md store memory table).
+    :param memory: the store's memory (docs/design.md store memory table).
     :param is_interval: whether the entry's schedule is an interval (the caller handles
         ``anchor``, which only such schedules take).
-    :param warn: told each warning of a setting that is allowed but unwise (DESIGN.md "Leases":
+    :param warn: told each warning of a setting that is allowed but unwise (docs/design.md "Leases":
         Overlap), as one line naming the entry; default: logged at WARNING.
     :raises ConfigError: naming the entry, the rule, the values and the fix.
     """
@@ -336,7 +336,7 @@ def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
 def check_sync_interval(settings: Settings, memory: Memory) -> None:
     """The sync interval against the store's memory: a run-now request is claimed up to
     :attr:`Settings.run_now_max_late_s` after its slot, which the store must still remember (the
-    rule "jitter + max_late < store memory" of DESIGN.md "Timing", for run-now requests).
+    rule "jitter + max_late < store memory" of docs/design.md "Timing", for run-now requests).
 
     :raises ConfigError: naming both values and the fix.
     """

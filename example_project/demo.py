@@ -89,7 +89,7 @@ class Demo:
             self.wait_ready("worker", "ready.")
             ready = [self.wait_ready(name, "anarchon: instance") for name in BEATS]
             # a store that has just been created refuses runs of its first 10 s: it cannot tell
-            # a new store from one that lost its data (DESIGN.md "Amnesia")
+            # a new store from one that lost its data (docs/design.md "Amnesia")
             start = min(ready) + 11
             print(f"all running. A new store refuses its first 10 s of runs; counting runs from "
                   f"{hhmmss(start)} for {SECONDS:.0f} s.\n", flush=True)

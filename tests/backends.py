@@ -280,7 +280,7 @@ BY_KIND: dict[str, Backend] = {b.kind: b for b in BACKENDS}
 
 #: every store: the contract suite runs on each
 ALL_STORES = tuple(BY_KIND)
-#: the lease stores of DESIGN.md (they check lateness on their own clock and hold leases)
+#: the lease stores of docs/design.md (they check lateness on their own clock and hold leases)
 LEASE_STORES = tuple(b.kind for b in BACKENDS if b.holds_leases)
 #: stores that refuse late and early claims on their own clock
 LATENESS_STORES = tuple(b.kind for b in BACKENDS if b.checks_lateness)

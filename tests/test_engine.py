@@ -1,4 +1,4 @@
-"""The life of a run on one instance (DESIGN.md "One run, in time"), against real stores.
+"""The life of a run on one instance (docs/design.md "One run, in time"), against real stores.
 
 The engine's clock is real time plus an offset the test moves (a clock jump); the store's clock is
 the real one. Sends go to a list.

@@ -2,7 +2,7 @@
 three-server JetStream cluster whose stream leader is SIGKILLed during claims, and one server
 restarted after losing its newest writes. The shared NATS on 4222 is never touched.
 
-Each test names the promise; the rule is DESIGN.md "Amnesia and partial loss": a run that any
+Each test names the promise; the rule is docs/design.md "Amnesia and partial loss": a run that any
 instance was told it won is never won again (a possible miss, never a duplicate).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PostgreSQL with streaming standbys (benchmarks/ha_postgres.py, servers of the test's own):
 a promotion never reopens a won run, and with a synchronous standby a claim is sent only once the
-standby has it (docs/stores.md, "PostgreSQL"; loss-spec points 1 and 3).
+standby has it (docs/stores.md, "PostgreSQL"; docs/design.md "Amnesia": durable claim, epoch).
 
 Each test starts its own primary and standby (about 1.5 s) and breaks them."""
 from __future__ import annotations
@@ -119,7 +119,8 @@ def test_standby_down_blocks_claims_and_any_1_of_2_keeps_the_schedule(opened, na
 def test_unconfirmed_takeover_is_retried_and_recognised(sync_rig, opened, namespace):
     """A takeover whose commit the synchronous standby did not confirm in time is not answered
     TAKEN (StoreUnavailable: nothing is sent); its retry with the same expected token, once the
-    standby is back, answers TAKEN with the same record (loss-spec points 1 and 8)."""
+    standby is back, answers TAKEN with the same record (docs/design.md "Amnesia": durable
+    claim; "Leases": Takeover)."""
     from celery_anarchon.errors import StoreUnavailable
     from celery_anarchon.stores.base import LeaseTerms, TakeoverOutcome
     ha = sync_rig

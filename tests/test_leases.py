@@ -3,7 +3,7 @@
 Each test starts a small cluster of ``lease_app`` (tests/apps/lease_app.py), whose tasks append
 one line per event (start, end, lost) to a file, and then breaks something: SIGKILL the child
 running a leased task, SIGSTOP a worker, kill a beat between its claim and its send, purge the
-queue, a task that kills its worker every time. The guarantee it checks is DESIGN.md's: at most
+queue, a task that kills its worker every time. The guarantee it checks is docs/design.md's: at most
 one attempt's body runs unless a runner was paused past its lease, and then it learns it lost.
 """
 from __future__ import annotations

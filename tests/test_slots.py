@@ -1,4 +1,4 @@
-"""Slots are the same on every host (DESIGN.md "Slots: the same on every instance")."""
+"""Slots are the same on every host (docs/design.md "Slots: the same on every instance")."""
 
 import datetime as dt
 import pickle

@@ -1,4 +1,4 @@
-"""Every zone, every offset transition of 2020-2030: slots follow DESIGN.md "Slots" DST rules.
+"""Every zone, every offset transition of 2020-2030: slots follow docs/design.md "Slots" DST rules.
 
 For each transition a brute-force oracle walks the UTC timeline minute by minute around it and
 says where the slots must be: a wildcard entry at every minute whose wall time matches, a

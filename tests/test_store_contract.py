@@ -81,7 +81,7 @@ def after_memory_restart(store) -> int:
 
 # -- several processes ---------------------------------------------------------------------------
 
-#: stores on which an older slot is refused once a newer one is claimed (DESIGN.md memory table,
+#: stores on which an older slot is refused once a newer one is claimed (docs/design.md memory table,
 #: Redis stream-id: "recorded as superseded"); their racers claim in slot order, as beat does
 IN_SLOT_ORDER = ("redis-stream-id",)
 
@@ -349,7 +349,7 @@ def test_definitions_are_kept_by_fingerprint(lease_stores):
 
 def test_store_that_forgot_refuses_old_runs(stores):
     """After the store lost its data, a claim for a run claimed before is refused as forgotten,
-    not won again (DESIGN.md "Amnesia")."""
+    not won again (docs/design.md "Amnesia")."""
     a, b = prepared(stores("A")), stores("B")
     slot = fresh_slot(a)
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
@@ -690,7 +690,7 @@ def test_a_run_whose_release_the_store_lost_is_never_taken_over(lease_stores):
     """The runner adopts and releases; the store loses the release (it comes back from an older
     copy with another epoch: a promoted replica, a snapshot restart). The record says started and
     its lease expires, but the store may have lost writes to it: the run is not taken over (a
-    possible miss), because its body already ran (DESIGN.md "Leases": at most one body runs)."""
+    possible miss), because its body already ran (docs/design.md "Leases": at most one body runs)."""
     a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])

@@ -273,7 +273,7 @@ def test_unknown_option_is_refused():
 
 @pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
 def test_the_strategy_option_picks_the_strategy(strategy):
-    """Every strategy of DESIGN.md is built by RedisStore (the one class of the URL table); only
+    """Every strategy of docs/design.md is built by RedisStore (the one class of the URL table); only
     'lease' holds leases and checks lateness on the server's clock (the others:
     test_store_redis_strategies.py)."""
     s = store(strategy=strategy)

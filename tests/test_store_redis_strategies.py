@@ -286,7 +286,7 @@ def test_stream_id_refuses_early_slots_on_the_server_clock(stream_id):
 def test_script_remembers_for_its_window_then_refuses_on_the_server_clock(script):
     """Within the window a repeated claim is lost; after it the claim is pruned, and the slot,
     now older than the window on the server's clock, is refused (forgotten): never won again.
-    The window is the memory; the refusal is the partial lateness check of DESIGN.md's table."""
+    The window is the memory; the refusal is the partial lateness check of docs/design.md's table."""
     a, b = prepared(script("A", window=1)), script("B", window=1)
     slot = a.now_ms()
     assert outcome(a, slot) is Outcome.WON

@@ -398,7 +398,7 @@ def _claim_one(store, entry, slot, **kw):
 
 def test_rolling_memory_change_is_refused_at_prepare(stores):
     """An instance whose ``memory`` differs from the one the store recorded cannot start: the
-    error names both values and the fix (loss-spec point 5)."""
+    error names both values and the fix (docs/design.md "Amnesia")."""
     a = prepared(stores("A", memory=3.0))
     _claim_one(a, "e", fresh_slot(a), max_late_ms=1000)
     b = stores("B", memory=3600.0)
@@ -460,7 +460,8 @@ def _catch(errors, fn, *args):
 
 def test_takeover_whose_reply_was_lost_is_recognised_when_retried(stores):
     """take_over retried with the same expected token by the instance that took the run over
-    answers TAKEN again with the same record; another instance's is REFUSED (loss-spec point 8)."""
+    answers TAKEN again with the same record; another instance's is REFUSED (docs/design.md
+    "Leases": Takeover)."""
     a, b, c = prepared(stores("A")), stores("B"), stores("C")
     slot = fresh_slot(a)
     assert _claim_one(a, "e", slot, lease=LEASE_FAST).outcome is Outcome.WON
@@ -477,7 +478,7 @@ def test_takeover_whose_reply_was_lost_is_recognised_when_retried(stores):
 def test_new_entry_on_an_intact_store_is_not_refused_but_a_wiped_store_refuses(stores):
     """The store-wide memory start: an entry the store has never seen may claim its first slots
     when the store's memory is older; after a wipe nothing before the new memory start is won
-    (loss-spec point 4)."""
+    (docs/design.md "Amnesia")."""
     a = prepared(stores("A"))
     assert _claim_one(a, "brand-new", fresh_slot(a)).outcome is Outcome.WON
     b = stores("B")
@@ -490,7 +491,8 @@ def test_new_entry_on_an_intact_store_is_not_refused_but_a_wiped_store_refuses(s
 
 def test_changed_epoch_restarts_the_memory_for_every_instance(stores):
     """An epoch the store did not record (a promoted standby, a restored server) restarts the
-    memory inside the claim: the recent slots are refused, naming both epochs (loss-spec point 3)."""
+    memory inside the claim: the recent slots are refused, naming both epochs (docs/design.md
+    "Amnesia")."""
     a, b = prepared(stores("A")), stores("B")
     slot = fresh_slot(a)
     assert _claim_one(a, "e", slot + 1).outcome is Outcome.WON

@@ -1,4 +1,5 @@
-"""Every timing rule of DESIGN.md: the error is raised at start-up and names entry, rule, values and fix."""
+"""Every timing rule of docs/design.md: the error is raised at start-up and names entry, rule,
+values and fix."""
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,4 @@
-"""The life of a run on one instance (DESIGN.md "One run, in time"), free of Celery.
+"""The life of a run on one instance (docs/design.md "One run, in time"), free of Celery.
 
 The engine keeps a heap with one pending run per entry, fired at slot + jitter (jitter drawn per
 run, per instance, from the operating system's random source, so forked processes never share a

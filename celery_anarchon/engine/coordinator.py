@@ -1,4 +1,4 @@
-"""The engine's coordinator: one tick of DESIGN.md "One run, in time", told through its parts."""
+"""The engine's coordinator: one tick of docs/design.md "One run, in time", told through its parts."""
 from __future__ import annotations
 
 import logging

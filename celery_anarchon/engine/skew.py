@@ -1,5 +1,5 @@
 """Skew measurement: this instance's clock against the store's, every five minutes, logged at
-INFO, a warning past 1 s, an error past half the smallest max_late (DESIGN.md "Clocks"). The skew
+INFO, a warning past 1 s, an error past half the smallest max_late (docs/design.md "Clocks"). The skew
 itself is :class:`celery_anarchon._util.Skew`, the computation the NATS store's claims use too."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Takeovers (DESIGN.md "Leases", "Takeover"): every heartbeat, at a random offset within one,
+"""Takeovers (docs/design.md "Leases", "Takeover"): every heartbeat, at a random offset within one,
 the leased runs of this instance's entries whose runner is presumed dead (lease expired) or whose
 message never reached a worker (queued past its deadline) are taken over, one compare-and-set on
 the expected token, and sent again as the next attempt. A started run is spared for a grace after
@@ -96,7 +96,7 @@ class Takeovers:
         """Take over the leased runs of ``plans`` whose runner is presumed dead (lease expired)
         or whose message never reached a worker (queued past its deadline). Every instance checks
         every heartbeat, at a random offset within one heartbeat; the store's compare-and-set on
-        the expected token lets exactly one of them take a run over (DESIGN.md "Takeover")."""
+        the expected token lets exactly one of them take a run over (docs/design.md "Takeover")."""
         now = self.monotonic()
         leased = [p for p in plans.values() if p.timing.lease is not None]
         if not leased:
@@ -213,7 +213,7 @@ class Takeovers:
         elif outcome is TakeoverOutcome.GIVEN_UP and (new or run).attempt < lease.max_attempts:
             # attempts left: the store refused the takeover because it may have lost writes to
             # the run's record since it was claimed (an epoch change or amnesia: a release or an
-            # adoption it no longer has); its history detail says which (DESIGN.md "Leases")
+            # adoption it no longer has); its history detail says which (docs/design.md "Leases")
             logger.error("%s: slot %s attempt %d recorded lost, not taken over: the store may "
                          "have lost writes to its record since it was claimed, so the run may "
                          "still be running or may have finished (a possible miss, never a second "

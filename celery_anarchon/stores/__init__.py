@@ -94,7 +94,7 @@ def default_sqlite_url(broker_url: str | None) -> str:
 
 
 def url_following_broker(broker_url: str | None) -> tuple[str, str | None]:
-    """The store URL to use when ``anarchon_store_url`` is unset (DESIGN.md "Where the store is").
+    """The store URL to use when ``anarchon_store_url`` is unset (docs/design.md "Where the store is").
 
     :returns: ``(url, warning)``; ``warning`` is set for the embedded SQLite default.
     :raises ConfigError: a broker every host cannot share as a store (e.g. SQS).

@@ -8,7 +8,7 @@ remembers the claim for at least its *memory*. Lease stores also keep one record
 Units: every instant is UTC integer milliseconds (``*_ms``); durations given to a store are
 milliseconds too. User-facing settings are seconds and are converted by :mod:`celery_anarchon.timing`.
 
-The rules below come from DESIGN.md ("Who won", "Amnesia", "One run, in time", "Leases"):
+The rules below come from docs/design.md ("Who won", "Amnesia", "One run, in time", "Leases"):
 
 * A claim checks, in this order: already claimed (by this instance: ``WON`` again, the store
   recognises its own winner; by another: ``OTHER_WON``), forgotten (the slot is older than the store's
@@ -61,7 +61,7 @@ class Outcome(str, enum.Enum):
     SUPERSEDED = "superseded"    #: refused: a newer slot of the entry was already claimed
     UNKNOWN = "unknown"          #: the store could not tell; counted as not won, a possible miss
     #: won, but the claim was not confirmed durable (replicas, disk) in time: never sent, a
-    #: possible miss (DESIGN.md "Amnesia and partial loss": durable claim)
+    #: possible miss (docs/design.md "Amnesia and partial loss": durable claim)
     UNCONFIRMED = "unconfirmed"
     #: refused: the entry is paused (checked inside the claim; :mod:`.entry_store`)
     PAUSED = "paused"
@@ -109,7 +109,7 @@ SKIP_EVENTS = frozenset({RunEvent.LATE, RunEvent.LATE_LOCAL, RunEvent.EARLY, Run
 
 
 class RunState(str, enum.Enum):
-    """State of a leased run's record (DESIGN.md "Leases")."""
+    """State of a leased run's record (docs/design.md "Leases")."""
 
     QUEUED = "queued"
     STARTED = "started"
@@ -267,7 +267,7 @@ class ClaimStore(abc.ABC):
     kind: ClassVar[str] = ""
     #: True when the store refuses late and early claims on its own clock
     checks_lateness: ClassVar[bool] = False
-    #: True when a claim retried by its winner is recognised as won (DESIGN.md "Who won"); a
+    #: True when a claim retried by its winner is recognised as won (docs/design.md "Who won"); a
     #: store that cannot read the winner back answers UNKNOWN instead (a possible miss)
     recognises_winner: ClassVar[bool] = True
 
@@ -382,7 +382,7 @@ class ClaimStore(abc.ABC):
 
 class LeaseStore(ClaimStore):
     """A claim store that also keeps one record per leased run (state, attempt, fencing token,
-    lease expiry) on its own clock (DESIGN.md "Leases"). Lease stores check lateness."""
+    lease expiry) on its own clock (docs/design.md "Leases"). Lease stores check lateness."""
 
     checks_lateness: ClassVar[bool] = True
 
@@ -431,7 +431,7 @@ class LeaseStore(ClaimStore):
         ``queue_timeout_ms`` (the retry's countdown), attempt unchanged, if ``token`` is current."""
 
 
-#: The stores that hold leases, in the words of error messages (DESIGN.md "Leases").
+#: The stores that hold leases, in the words of error messages (docs/design.md "Leases").
 LEASE_STORE_NAMES = "Redis (strategy 'lease'), PostgreSQL or SQLite"
 
 

@@ -1,4 +1,4 @@
-"""The NATS JetStream store (DESIGN.md store memory table: NATS): one unit.
+"""The NATS JetStream store (docs/design.md store memory table: NATS): one unit.
 
 * :mod:`.store`: :class:`NATSStore`, the host that holds the connection and joins the parts;
 * :mod:`.claims`: claims by ``Nats-Msg-Id`` deduplication in a stream;

@@ -8,7 +8,7 @@ with ``Nats-Msg-Id: <entry>.<slot>``. JetStream stores the first publish of a me
 answers every later one within the window ``duplicate: true`` with the original's sequence: the
 server decides, the first publish wins. The stored body names the winner, so a duplicate reads it
 back by sequence: the winner's own retry answers WON, others OTHER_WON with the winner and its
-fingerprint (DESIGN.md "Who won"). Rounds per batch, each pipelined on one connection: 1. the
+fingerprint (docs/design.md "Who won"). Rounds per batch, each pipelined on one connection: 1. the
 publishes, then the stream's info and the epoch marker (:mod:`.memory`, "Amnesia and partial
 loss"); 2. reading back the winners of duplicates (with the clock probe and a young stream's memory
 start when due); 3. the history writes. Won: rounds 1 and 3; lost: 1, 2.

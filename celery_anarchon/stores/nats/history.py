@@ -2,7 +2,7 @@
 
 The bucket ``ANARCHON_HISTORY_<namespace>`` (stream ``KV_ANARCHON_HISTORY_<namespace>``, one value
 per key) holds ``h.<entry>.<slot>``, one record per run, and ``d.<entry>.<fingerprint>``, the
-definitions. A skip event is a KV create (written only where the run has no record yet, DESIGN.md
+definitions. A skip event is a KV create (written only where the run has no record yet, docs/design.md
 "One run, in time" step 9); other events are KV puts (they replace it). Every ``history_size / 4``
 writes of an entry, a store purges the entry's keys down to the ``history_size`` last written (in
 between, a few more are kept); :meth:`NATSHistory.history` reads every record of the entry through

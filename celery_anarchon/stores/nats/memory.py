@@ -1,5 +1,5 @@
 """How long the NATS store remembers, and since when: the stream's ``duplicate_window`` and the
-epoch (DESIGN.md "Amnesia", loss-spec points 3 to 5).
+epoch (docs/design.md "Amnesia").
 
 **Memory.** A message id is remembered for ``duplicate_window`` after its first publish; after it
 the run can be won again (hence the start-up rule jitter + max_late < duplicate_window). The
@@ -76,7 +76,7 @@ class Window:
 
     def check(self, info: dict) -> list[str]:
         """Note whether the live stream's window (``info``: its STREAM.INFO) is this instance's
-        (loss-spec point 5): a different one makes claims FORGOTTEN until they agree. Returns a
+        (docs/design.md "Amnesia"): a different one makes claims FORGOTTEN until they agree. Returns a
         warning for a stream kept in memory."""
         config = info["config"]
         live_ms = int(config.get("duplicate_window", 0)) // _NS_PER_MS

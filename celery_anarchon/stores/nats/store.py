@@ -1,4 +1,5 @@
-"""The NATS JetStream store (DESIGN.md store memory table: NATS JetStream, memory ``duplicate_window``).
+"""The NATS JetStream store (docs/design.md store memory table: NATS JetStream, memory
+``duplicate_window``).
 
 A claim is the first publish of a run's message id to the claims stream: JetStream keeps the
 first and answers every later one within ``duplicate_window`` as a duplicate, naming the original.

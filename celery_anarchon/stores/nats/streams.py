@@ -195,7 +195,7 @@ class Streams:
         return info
 
     def topology_warnings(self, nc, info: dict) -> list[str]:
-        """What the server setup promises, said at start-up (loss-spec point 10): a single
+        """What the server setup promises, said at start-up (docs/design.md "Amnesia"): a single
         server, or an R1 claims stream on a cluster; ``info`` is the claims stream's."""
         cluster, size = topology(nc)
         live = int(info["config"].get("num_replicas") or 1)

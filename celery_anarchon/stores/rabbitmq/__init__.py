@@ -1,4 +1,4 @@
-"""The RabbitMQ store (DESIGN.md store memory table: RabbitMQ): one unit.
+"""The RabbitMQ store (docs/design.md store memory table: RabbitMQ): one unit.
 
 * :mod:`.store`: :class:`RabbitMQStore`, a claim is a publish to a one-message queue per run;
 * :mod:`.claims`: the claim queues (the broker's probe, the slot_ttl marker, declare, publish);

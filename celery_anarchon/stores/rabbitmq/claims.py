@@ -127,7 +127,7 @@ class ClaimQueues:
 
     # -- a batch ----------------------------------------------------------------------------------
     def decide(self, s: Session, first: dict[Run, ClaimRequest]) -> Answers:
-        """The broker's answer to each run of ``first`` (DESIGN.md "One run, in time" step 3):
+        """The broker's answer to each run of ``first`` (docs/design.md "One run, in time" step 3):
         a run acked in an earlier batch that failed is WON; the others are declared (phase 1:
         forgotten or refused runs answered there) and published (phase 2).
 
@@ -202,7 +202,7 @@ class ClaimQueues:
         detail = self.check_settings(s)
         if detail:
             self._warn_once(detail)
-            return {run: (Outcome.FORGOTTEN, detail) for run in runs}  # loss-spec point 5
+            return {run: (Outcome.FORGOTTEN, detail) for run in runs}  # docs/design.md "Amnesia"
         ch = s.channel()
         failed: Answers = {}
         for entry in entries:

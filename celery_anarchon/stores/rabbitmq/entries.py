@@ -147,7 +147,7 @@ class EntryQueues:
             raise StoreUnavailable(f"RabbitMQ store {self.safe_url}: the memory start of entry "
                                    f"{entry!r} could not be written")
 
-    # -- history (DESIGN.md "Words": one record per run) -------------------------------------
+    # -- history (docs/design.md "Words": one record per run) -------------------------------------
     def record_many(self, notes: Sequence[HistoryRecord]) -> None:
         """Append the events in one pipeline and wait for their confirms.
 

@@ -1,4 +1,4 @@
-"""The RabbitMQ store (DESIGN.md store memory table: RabbitMQ): the broker decides every claim.
+"""The RabbitMQ store (docs/design.md store memory table: RabbitMQ): the broker decides every claim.
 
 URLs ``amqp://user:password@host:5672/vhost`` and ``amqps://...`` go to kombu (py-amqp)
 unchanged; the ``ssl`` store option (``True`` or a dict of TLS settings) is kombu's ``ssl``
@@ -31,16 +31,16 @@ publish, then the confirms; (3) the batch's history events, then their confirms.
   marker queue ``<prefix>.settings.<namespace>`` (no expiry) whose ``x-message-ttl`` carries the
   ``slot_ttl``: a different value is a ConfigError at start-up, and every batch re-declares it (in
   the same pipeline), so a change under a running instance makes its claims ``FORGOTTEN`` (both
-  values named: a possible miss; loss-spec point 5).
+  values named: a possible miss; docs/design.md "Amnesia").
 
-**Who won** (DESIGN.md "Who won"): the winner cannot be read back. Reading the claim message, even
+**Who won** (docs/design.md "Who won"): the winner cannot be read back. Reading the claim message, even
 to requeue it, empties the queue for a moment (an unacked message does not count towards
 ``x-max-length``) and lets a second claim in; a passive declare tells only that *someone*
 claimed, not who. So ``recognises_winner`` is False: a nack is ``OTHER_WON`` with ``winner=None``, and
 a run whose earlier claim by this process timed out (the answer never came) is ``UNKNOWN`` when
 retried and nacked: a possible miss, never a duplicate. Runs acked before such a failure are
 answered ``WON`` on the retry (this process heard the ack). Losers cannot learn the winner's
-fingerprint, so the rolling-deploy warning of DESIGN.md "One run" step 8 does not fire here.
+fingerprint, so the rolling-deploy warning of docs/design.md "One run" step 8 does not fire here.
 
 **Memory** (``slot_ttl``, seconds, default 300): the broker deletes a claim queue ``slot_ttl``
 after its last *use*; the claim that creates it starts the period, and the later claims do not
@@ -48,10 +48,10 @@ extend it (their declares are pipelined with ``nowait``, which RabbitMQ does not
 measured on 3.10), so a run is remembered at least ``slot_ttl`` after its first claim, and a claim
 after that wins again. There is no store clock (:meth:`RabbitMQStore.now_ms` is ``None``): the
 instances' clocks decide lateness, so **the skew between the fastest and the slowest instance plus
-jitter + max_late must stay under slot_ttl** (DESIGN.md, the paragraph after the memory table): a
+jitter + max_late must stay under slot_ttl** (docs/design.md, the paragraph after the memory table): a
 run's window opens at the fastest instance's claim and must still be open at the slowest one's.
 
-**Amnesia** (DESIGN.md "Amnesia"): a durable queue ``<prefix>.born.<namespace>.<entry>`` (no
+**Amnesia** (docs/design.md "Amnesia"): a durable queue ``<prefix>.born.<namespace>.<entry>`` (no
 expiry, one message, first writer wins) holds the clock of the instance that began the entry's
 memory. It is read once per connection (under the entry's lock, see below) and every claim batch
 checks, in the declare pipeline, that it still exists: a broker that lost it (a node reset, a lost
@@ -108,7 +108,7 @@ logger = logging.getLogger(__name__)
 
 #: Options of ``anarchon_store_options`` this store understands (besides the common ones).
 OPTIONS = frozenset({"slot_ttl", "queue_type", "queue_prefix", "ssl"})
-#: Default memory of a claimed run, seconds (DESIGN.md memory table).
+#: Default memory of a claimed run, seconds (docs/design.md memory table).
 DEFAULT_SLOT_TTL_S = 300.0
 DEFAULT_QUEUE_PREFIX = "anarchon"
 
@@ -290,7 +290,7 @@ class RabbitMQStore(InstanceStore):
 
     # -- claims -------------------------------------------------------------------------------
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        """Claim the batch (DESIGN.md "One run, in time" step 3): forgotten (before the memory
+        """Claim the batch (docs/design.md "One run, in time" step 3): forgotten (before the memory
         start + 10 s), then the broker decides each run: ack WON, nack OTHER_WON (winner unknown), a
         publish returned or a queue declared with other arguments UNKNOWN. Skips and wins are
         recorded in the history in the same batch.

@@ -1,4 +1,4 @@
-"""The Redis store (DESIGN.md store memory table: Redis ``lease``, ``stream-id``, ``script``,
+"""The Redis store (docs/design.md store memory table: Redis ``lease``, ``stream-id``, ``script``,
 ``idmp``): one unit.
 
 * :mod:`.options`: the options, validated (strategies, durability, key prefix, Sentinel URLs);

@@ -1,4 +1,4 @@
-"""The Redis store, strategy ``lease`` (DESIGN.md store memory table: Redis ``lease``).
+"""The Redis store, strategy ``lease`` (docs/design.md store memory table: Redis ``lease``).
 
 The ``strategy`` store option picks how Redis claims: ``lease`` (this module), ``stream-id``,
 ``script`` or ``idmp`` (:mod:`celery_anarchon.stores.redis.strategies`). ``RedisStore(...)``
@@ -6,7 +6,7 @@ The ``strategy`` store option picks how Redis claims: ``lease`` (this module), `
 scheme table needs one class only.
 
 Every claim decision is taken inside one Lua script per batch, on the server's ``TIME``
-(DESIGN.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
+(docs/design.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
 in :mod:`celery_anarchon.stores.redis.lease_scripts` (on the prelude of :mod:`.scripts`); the semantics are those of every lease store
 (``store-semantics.md``).
 
@@ -77,7 +77,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
 
     # -- claims -------------------------------------------------------------------------------
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        """Claim the batch in one EVALSHA (DESIGN.md "One run, in time" step 3): already claimed,
+        """Claim the batch in one EVALSHA (docs/design.md "One run, in time" step 3): already claimed,
         paused, forgotten, late, early, superseded, overlapping, then won, all on the server's clock; the
         batch's confirmation (``durability``) rides in the same round trip. A won claim not
         confirmed in time answers UNCONFIRMED; a retried claim answers WON only for attempt 1
@@ -94,7 +94,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
                      "1" if lease and lease.overlap_allowed else "0", r.entry]
         reply, unconfirmed = self._claim_call([k for e in blocks for k in self._block(e)], args)
         return self._unconfirmed(claim_results(requests, reply), unconfirmed)
-    # -- leases (DESIGN.md "Leases"; every decision on the server's clock) ---------------------
+    # -- leases (docs/design.md "Leases"; every decision on the server's clock) ---------------------
     def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
         """The run's record with store_ms = the server's clock now, or None."""
         reply = self._call("inspect", self._block(entry), int(slot_ms))

@@ -189,7 +189,7 @@ return cjson.encode({now = int(NOW), runs = found})
 #: again with the same record, not REFUSED. A run whose slot is older than the entry's memory
 #: start + 10 s (an epoch change or amnesia since it was claimed: the store may have lost writes
 #: to its record, such as its release) is never taken over: it becomes lost, and its history says
-#: why (DESIGN.md "Leases": a possible miss, never a second run of the body).
+#: why (docs/design.md "Leases": a possible miss, never a second run of the body).
 #: KEYS: the namespace keys, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: expected token.
 #: ARGV[9]: queue_timeout ms for the new attempt.  ARGV[10]: max_attempts.

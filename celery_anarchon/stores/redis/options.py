@@ -31,7 +31,7 @@ WAITAOF_VERSION = (7, 2)
 #: How long a claim made under the ``stream-id`` settings counts, ms, when another strategy wants
 #: to replace them (it has no memory setting: it remembers forever, so assume the lease default).
 STREAM_ID_HORIZON_MS = int(DEFAULT_MEMORY_S * 1000)
-#: Each strategy's own options (DESIGN.md store memory table: the setting of its memory).
+#: Each strategy's own options (docs/design.md store memory table: the setting of its memory).
 STRATEGY_OPTIONS = {"lease": ("memory",), "stream-id": (), "script": ("window",),
                     "idmp": ("duration", "max_size")}
 STRATEGIES = tuple(STRATEGY_OPTIONS)

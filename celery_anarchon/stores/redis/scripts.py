@@ -30,11 +30,11 @@ Conventions shared by every script (the semantics are in ``store-semantics.md``)
   moment (spec "Epoch"), so the slots around it are refused, whichever instance asks first.
 * **Memory start.** Every script notes the memory start of an entry that has none: the
   store-wide start when the store's memory is intact (an entry the store never saw cannot have
-  lost claims), now when the store is new, wiped or changed epoch (DESIGN.md "Amnesia").
+  lost claims), now when the store is new, wiped or changed epoch (docs/design.md "Amnesia").
 * **Pause.** Every claim script, for each run not already claimed, reads the entry's pause
   (``pause_refusal``) before any other refusal: a paused run answers ``paused`` with the pause's
   ``paused by <by>: <reason>``, recorded once in its history (fill only).
-* **Clock.** Every decision uses the server's ``TIME``, read once per script (DESIGN.md "Clocks":
+* **Clock.** Every decision uses the server's ``TIME``, read once per script (docs/design.md "Clocks":
   lateness and leases are judged on the store's clock).
 * **Numbers.** Lua numbers are doubles and ``tostring`` keeps only 14 digits, which would round a
   microsecond fencing token: every number written or returned goes through ``int()``

@@ -52,7 +52,7 @@ class RedisStore(RedisHistory, EntryStore):
     ``RedisStore(url, strategy=...)`` returns an instance of the strategy's class (a subclass).
 
     :param memory: seconds a claimed run is remembered (default 3600), shared by every instance
-        and never derived from one instance's max_late (DESIGN.md store memory table).
+        and never derived from one instance's max_late (docs/design.md store memory table).
     :param history_size: runs of history kept per entry (default 100).
     :param claim_timeout: seconds one round trip may take (socket and connect timeouts).
     :param key_prefix: first part of every key (default ``"anarchon"``).

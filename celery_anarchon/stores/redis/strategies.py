@@ -1,4 +1,4 @@
-"""The Redis strategies ``stream-id``, ``script`` and ``idmp`` (DESIGN.md store memory table).
+"""The Redis strategies ``stream-id``, ``script`` and ``idmp`` (docs/design.md store memory table).
 
 ``RedisStore(url, strategy=...)`` (:mod:`celery_anarchon.stores.redis`) builds these classes. They
 share the ``lease`` strategy's connections, errors, key layout, memory start ("Amnesia"), history
@@ -6,9 +6,9 @@ and definitions (same keys, same scripts), and the entry store (:mod:`.entries`)
 own claim script (:mod:`.strategy_scripts`). They hold no leases
 (``plan.py`` refuses a leased entry on them) and do not apply max_late on their own clock
 (``checks_lateness`` is False: stream-id refuses only early slots, script only slots older than its
-window), so the clock-skew limit of DESIGN.md's memory table applies (``docs/stores.md``).
+window), so the clock-skew limit of docs/design.md's memory table applies (``docs/stores.md``).
 
-Every claim script, for each run of the batch, in this order (DESIGN.md "Who won", "Amnesia"):
+Every claim script, for each run of the batch, in this order (docs/design.md "Who won", "Amnesia"):
 
 1. already claimed: the winner recorded inside the claim is read back: this instance -> WON (a
    retry after a timeout), another -> OTHER_WON with its fingerprint;

@@ -52,7 +52,7 @@ local function claim_all(first, claim_one)
 end
 """
 
-#: stream-id: XADD <slot>-0 to the entry's stream; stream ids only grow (DESIGN.md: memory forever).
+#: stream-id: XADD <slot>-0 to the entry's stream; stream ids only grow (docs/design.md: memory forever).
 #: KEYS: the namespace keys, then per entry, ENTRY_KEYS then STREAM.
 #: ARGV[7]: entries to keep (MAXLEN ~).  ARGV[8..]: runs.
 #: Refusals: EARLY (slot more than 10 s ahead of the server's clock: an instance with a fast clock

@@ -1,4 +1,4 @@
-"""The SQL stores, PostgreSQL and SQLite (DESIGN.md store memory table): one unit.
+"""The SQL stores, PostgreSQL and SQLite (docs/design.md store memory table): one unit.
 
 * :mod:`.schema`: the tables (SQLAlchemy Core) and the server clock in SQL;
 * :mod:`.core`: :class:`~.core.SQLStore`, claims and history in one transaction per batch;

@@ -157,7 +157,8 @@ class SQLClaims:
             winner, fingerprint, token, attempt, owner = held[r.run]
             attempt = attempt or 1
             if winner == self.instance_id and attempt > 1:
-                # a claim is for attempt 1: the run was taken over since (loss-spec point 6)
+                # a claim is for attempt 1: the run was taken over since
+                # (docs/design.md "Leases": Takeover)
                 return ClaimResult(r, Outcome.OTHER_WON, owner, fingerprint, now, None, attempt,
                                    detail=f"taken over as attempt {attempt}")
             outcome = Outcome.WON if winner == self.instance_id else Outcome.OTHER_WON
@@ -199,7 +200,7 @@ class SQLClaims:
 
     def _lease_refusal(self, r: ClaimRequest, fence: Fence, opened: dict[int, _Open], now: int,
                        writes: _ClaimWrites) -> tuple[Outcome, str] | None:
-        """Superseded or overlapping (DESIGN.md "Leases": Overlap, Takeover); when the claim may
+        """Superseded or overlapping (docs/design.md "Leases": Overlap, Takeover); when the claim may
         proceed, every dead earlier run of the entry becomes superseded."""
         if fence.newest_slot is not None and fence.newest_slot > r.slot_ms:
             return Outcome.SUPERSEDED, f"a newer slot {iso(fence.newest_slot)} was already claimed"

@@ -13,13 +13,13 @@ SQLAlchemy Core, no ORM; the dialects differ only in how they connect, their clo
   IMMEDIATE``, which takes the file's write lock before anything is read.
 
 Before it locks its entries, every claim and lease operation reads the namespace's row of
-``anarchon_stores`` in the same transaction (loss-spec points 3 to 5): the server's epoch is
+``anarchon_stores`` in the same transaction (docs/design.md "Amnesia"): the server's epoch is
 compared with the recorded one (a change restarts the store-wide memory at that moment), the
 instance's ``memory`` with the recorded one, and the store-wide memory start becomes part of each
 entry's effective memory start = max(entry's, store-wide). That row is only ever locked before
 entry rows, so the lock order stays deadlock-free.
 
-Tables: :mod:`celery_anarchon.stores.sql.schema`. Rules: DESIGN.md "Who won", "Amnesia",
+Tables: :mod:`celery_anarchon.stores.sql.schema`. Rules: docs/design.md "Who won", "Amnesia",
 "Timing" and "Leases". Units: instants
 are UTC integer ms (``*_ms``), durations given to a store are ms, options are seconds.
 """
@@ -73,7 +73,7 @@ class SQLStore(LeaseStore, EntryStore):
     :class:`~.entries.SQLEntries`).
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered, default
-    3600, DESIGN.md "Timing"; recorded in the store: every instance must use the same value),
+    3600, docs/design.md "Timing"; recorded in the store: every instance must use the same value),
     ``history_size`` (runs kept per entry, default 100) and ``claim_timeout`` (seconds one round
     trip may take, default 5). PostgreSQL adds ``durability`` and ``confirm_timeout``.
 
@@ -182,7 +182,7 @@ class SQLStore(LeaseStore, EntryStore):
     # -- identity -------------------------------------------------------------------------
     @property
     def memory(self) -> Memory:
-        """``memory`` seconds, pruned by age only (DESIGN.md, store memory table)."""
+        """``memory`` seconds, pruned by age only (docs/design.md, store memory table)."""
         return Memory(duration_s=self.memory_s, count=None, setting="memory")
 
     # -- connections ----------------------------------------------------------------------
@@ -286,7 +286,7 @@ class SQLStore(LeaseStore, EntryStore):
     # -- life cycle -----------------------------------------------------------------------
     def prepare(self, entries: Iterable[str]) -> list[str]:
         """Create missing tables, note the store-wide memory start, epoch and ``memory`` when the
-        namespace has none (loss-spec points 3 to 5), and the memory start of entries without
+        namespace has none (docs/design.md "Amnesia"), and the memory start of entries without
         one: the store-wide one (an intact store need not refuse a new entry's first slots).
 
         :returns: warnings for the operator (e.g. a PostgreSQL with ``fsync`` off, or with
@@ -328,7 +328,7 @@ class SQLStore(LeaseStore, EntryStore):
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
         """Claim ``requests`` in one transaction; results in request order.
 
-        Checks per run, in order (DESIGN.md "Who won", "Amnesia", "One run, in time" 3, "Leases"):
+        Checks per run, in order (docs/design.md "Who won", "Amnesia", "One run, in time" 3, "Leases"):
         already claimed (``WON`` again for this instance, with the run's token; else ``LOST``),
         forgotten, late, early, then for leased runs superseded and overlapping; else ``WON``.
 
@@ -343,8 +343,9 @@ class SQLStore(LeaseStore, EntryStore):
 
     def _unconfirmed(self, results: list[ClaimResult]) -> list[ClaimResult]:
         """The claim committed, but not durably as the store's durability asks: every win is
-        UNCONFIRMED (never sent; loss-spec point 1) and its history says so (best effort). A retry
-        of the same claim is confirmed again (its commit waits again) before it answers WON."""
+        UNCONFIRMED (never sent; docs/design.md "Amnesia": durable claim) and its history says
+        so (best effort). A retry of the same claim is confirmed again (its commit waits again)
+        before it answers WON."""
         detail = ("committed on the primary, but no synchronous standby confirmed it within "
                   f"confirm_timeout {getattr(self, 'confirm_timeout', 0):g} s")
         answers = [dataclasses.replace(r, outcome=Outcome.UNCONFIRMED, token=None, detail=detail)
@@ -413,7 +414,7 @@ class SQLStore(LeaseStore, EntryStore):
             return deleted + self._entries.prune(conn, now)
         return self._run("prune", work)
 
-    # -- leases (DESIGN.md "Leases"; :class:`~.leases.SQLLeases`) ----------------------------
+    # -- leases (docs/design.md "Leases"; :class:`~.leases.SQLLeases`) ----------------------------
     def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
         return self._leases.inspect(entry, slot_ms)
 

@@ -1,4 +1,4 @@
-"""Lease operations of the SQL stores (DESIGN.md "Leases"): a part of
+"""Lease operations of the SQL stores (docs/design.md "Leases"): a part of
 :class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store.
 
 Every operation is one transaction that first locks the entry's row of ``anarchon_entries``
@@ -32,7 +32,7 @@ T = TypeVar("T")
 class Fence:
     """An entry's row of ``anarchon_entries``, locked by the current transaction."""
 
-    born_ms: int                 #: store time the memory of the entry began (DESIGN.md "Amnesia")
+    born_ms: int                 #: store time the memory of the entry began (docs/design.md "Amnesia")
     last_token: int              #: last fencing token issued for the entry (0: none)
     newest_slot: int | None      #: newest slot claimed for a leased run
     changed: bool = False
@@ -41,12 +41,12 @@ class Fence:
 
     @property
     def memory_start_ms(self) -> int:
-        """The entry's effective memory start: max(entry's, store-wide) (loss-spec point 4)."""
+        """The entry's effective memory start: max(entry's, store-wide) (docs/design.md "Amnesia")."""
         return max(self.born_ms, self.store_born_ms)
 
     def issue_token(self, now_us: int) -> int:
         """The next fencing token: ``max(last + 1, store clock in us)``, so tokens keep growing
-        even after the store lost its data (DESIGN.md "Words": fencing token)."""
+        even after the store lost its data (docs/design.md "Words": fencing token)."""
         self.last_token = max(self.last_token + 1, now_us)
         self.changed = True
         return self.last_token
@@ -114,7 +114,7 @@ class SQLLeases:
                   op: Callable[[sa.Connection, Fence, dict | None, int], T],
                   unconfirmed: Callable[[T], T] | None = None) -> T:
         """Run ``op(conn, fence, run_or_None, now_us)`` with the entry locked (after the store's
-        epoch was checked: loss-spec point 3), then save the fence."""
+        epoch was checked: docs/design.md "Amnesia"), then save the fence."""
         def work(conn: sa.Connection) -> T:
             note = self._note_store(conn, claiming=False)
             fences = self._lock_entries(conn, [entry], note)
@@ -140,7 +140,7 @@ class SQLLeases:
 
     def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
         """Runs of ``entries`` started with an expired lease or queued past their deadline, on the
-        store's clock (DESIGN.md "Leases": Takeover). :raises StoreUnavailable:"""
+        store's clock (docs/design.md "Leases": Takeover). :raises StoreUnavailable:"""
         names = sorted(set(entries))
         if not names:
             return []
@@ -158,15 +158,16 @@ class SQLLeases:
 
     def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
                   queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
-        """Compare-and-set on ``expected_token`` (DESIGN.md "Leases": Takeover): REFUSED unless
+        """Compare-and-set on ``expected_token`` (docs/design.md "Leases": Takeover): REFUSED unless
         the run is still expired with that token; SUPERSEDED when a newer slot was claimed; LOST
         after ``max_attempts``; else TAKEN: queued again as the next attempt with a new token and
         deadline = now + ``queue_timeout_ms``. The record keeps the token it replaced, so this
         instance's retry with the same ``expected_token`` (its first reply was lost) answers TAKEN
-        again with the same record while the run is still queued (loss-spec point 8). A run whose
+        again with the same record while the run is still queued (docs/design.md "Leases":
+        Takeover). A run whose
         slot is older than the entry's effective memory start + tolerance (an epoch change or
         amnesia since it was claimed: the store may have lost writes to its record, such as its
-        release) is never taken over: LOST, with a history detail saying why (DESIGN.md
+        release) is never taken over: LOST, with a history detail saying why (docs/design.md
         "Leases": a possible miss, never a second run of the body).
 
         :raises StoreUnavailable: the outcome is unknown (also: committed on the primary but not
@@ -239,8 +240,8 @@ class SQLLeases:
         """Extend the lease held with ``token`` to now + ``duration_ms``; None when the token is
         stale. A missing record is re-created with this token only when the store forgot it (the
         slot is older than the entry's effective memory start + tolerance: amnesia, an epoch
-        change; DESIGN.md "Leases": Heartbeat); missing while the memory is intact, it was pruned
-        after its run ended: None (loss-spec point 7). :raises StoreUnavailable:"""
+        change; docs/design.md "Leases": Heartbeat); missing while the memory is intact, it was pruned
+        after its run ended: None (docs/design.md "Leases": Heartbeat). :raises StoreUnavailable:"""
         def op(conn, fence: Fence, run: dict | None, now_us: int):
             now = now_us // 1000
             if run is None and slot_ms >= fence.memory_start_ms + LATENESS_TOLERANCE_MS:

@@ -1,4 +1,4 @@
-"""The store's memory in the SQL stores (loss-spec points 3 to 5, DESIGN.md "Amnesia"): the
+"""The store's memory in the SQL stores (docs/design.md "Amnesia"): the
 namespace's row of ``anarchon_stores`` (the store-wide memory start, the server's epoch, the
 recorded ``memory``) and the entries' rows of ``anarchon_entries`` (each entry's memory start and
 fence), locked in that order by every writing transaction. A part of
@@ -29,7 +29,7 @@ MEMORY_USE_STEP_MS = 1000
 
 @dataclasses.dataclass
 class StoreNote:
-    """The namespace's row of ``anarchon_stores`` as one transaction saw it (loss-spec 3 to 5).
+    """The namespace's row of ``anarchon_stores`` as one transaction saw it (docs/design.md "Amnesia").
 
     :param born_ms: the store-wide memory start, store clock ms.
     :param epoch: the server's epoch now (``""`` for SQLite).
@@ -69,7 +69,7 @@ class SQLMemory:
 
     def note_store(self, conn: sa.Connection, *, claiming: bool) -> StoreNote:
         """Read the namespace's row of ``anarchon_stores`` with the server's epoch, in one
-        statement, and bring it up to date (loss-spec points 3 to 5):
+        statement, and bring it up to date (docs/design.md "Amnesia"):
 
         * no row (a new or wiped store): noted now, with this epoch and this ``memory``;
         * another epoch (PostgreSQL: a promotion, a restored or replaced server): the store-wide

@@ -2,22 +2,22 @@
 
 Every table name starts with ``anarchon_`` and every row carries its ``namespace``, so two apps
 can share one database. Instants are UTC integer milliseconds (``*_ms``); fencing tokens are
-integers derived from the store's clock in microseconds (DESIGN.md "Words": fencing token).
+integers derived from the store's clock in microseconds (docs/design.md "Words": fencing token).
 
 * ``anarchon_entries``: one row per entry: when the store's memory of it began (``born_ms``,
-  DESIGN.md "Amnesia"), the last fencing token issued and the newest slot claimed for a leased
+  docs/design.md "Amnesia"), the last fencing token issued and the newest slot claimed for a leased
   run. Never pruned. Every writing operation locks the rows of its entries first, in the order of
   their names: that row lock is what serializes claims and lease changes of one entry.
 * ``anarchon_claims``: one row per claimed run: the winner, its fingerprint, the store time of the
   claim and ``keep_until_ms`` = max(claim time, slot) + memory, after which it is pruned.
 * ``anarchon_history``: the newest ``history_size`` runs of each entry (trimmed on write).
-* ``anarchon_runs``: the record of each leased run (DESIGN.md "Leases"); ``keep_until_ms`` is set
+* ``anarchon_runs``: the record of each leased run (docs/design.md "Leases"); ``keep_until_ms`` is set
   when the run reaches a terminal state (now + memory) and it is pruned after that.
 * ``anarchon_definitions``: fingerprint -> the text of the entry definition it stands for.
 * ``anarchon_stores``: one row per namespace: the store-wide memory start (``born_ms``), the
   server's epoch it was noted under (PostgreSQL: system identifier and timeline; SQLite: none),
   the epoch before the last change, and the recorded ``memory`` with the last time a claim used
-  it (loss-spec points 3 to 5). Never pruned.
+  it (docs/design.md "Amnesia"). Never pruned.
 
 The entry store (:mod:`celery_anarchon.stores.entry_store`, :mod:`.entries`):
 

@@ -1,7 +1,7 @@
 """SQL lease stores: :class:`PostgreSQLStore` (every host shares it) and :class:`SQLiteStore` (the
 beat processes of one host share a file).
 
-Both check lateness on their own clock and hold leases (DESIGN.md "Timing", "Leases"). The shared
+Both check lateness on their own clock and hold leases (docs/design.md "Timing", "Leases"). The shared
 implementation is :class:`~celery_anarchon.stores.sql.core.SQLStore`; this module holds only what
 differs: the URL, the engine (connection settings, timeouts, transaction start) and how the driver
 reports a missing table or a deadlock. Construction does no I/O.
@@ -66,7 +66,8 @@ class PostgreSQLStore(SQLStore):
     ``tcp_user_timeout`` (so a server that vanished is noticed), unless the URL sets them; other
     query parameters (``sslmode``, ...) are passed to libpq unchanged.
 
-    Durability (loss-spec point 1, docs/stores.md "PostgreSQL"): every writing transaction sets
+    Durability (docs/design.md "Amnesia": durable claim, docs/stores.md "PostgreSQL"): every
+    writing transaction sets
     ``synchronous_commit`` for itself. ``durability="auto"`` (default): ``on`` when the primary's
     ``synchronous_standby_names`` is set (the commit waits until a synchronous standby flushed
     it), else ``local`` (the primary's disk; a promoted asynchronous standby is caught by the
@@ -79,7 +80,7 @@ class PostgreSQLStore(SQLStore):
     are never sent. (``statement_timeout`` does not bound that wait: PostgreSQL disables it
     before committing; the store sends a cancel request.)
 
-    Epoch (loss-spec point 3): the system identifier (``pg_control_system()``, read once per
+    Epoch (docs/design.md "Amnesia"): the system identifier (``pg_control_system()``, read once per
     connection) and the timeline of the current WAL file (``pg_walfile_name(pg_current_wal_lsn())``,
     which follows a promotion at once, unlike ``pg_control_checkpoint()``), read inside every
     claim and lease operation. Both functions are executable by PUBLIC on PostgreSQL 10 to 17.
@@ -305,12 +306,12 @@ class SQLiteStore(SQLStore):
     ``busy_timeout``: how long a transaction waits for another process's write lock. A relative
     path is resolved against the working directory when the store is built. A file that is
     deleted or replaced while beat runs is noticed before the next operation: the store reconnects
-    and treats it as amnesia (DESIGN.md "Amnesia"). Every commit is ``synchronous = FULL`` (in WAL
+    and treats it as amnesia (docs/design.md "Amnesia"). Every commit is ``synchronous = FULL`` (in WAL
     mode, NORMAL may lose the last commits on a power cut).
 
     Epoch: the file's inode number. A file put in the place of the store's file (a backup
     restored with ``mv`` or ``cp`` to a new name, a copy from another disk) has another inode, so
-    its first claim restarts the memory (loss-spec point 3); a backup copied *over* the file in
+    its first claim restarts the memory (docs/design.md "Amnesia"); a backup copied *over* the file in
     place keeps the inode and is not noticed (docs/stores.md: delete the file instead).
 
     :raises ConfigError: not a file URL (``:memory:`` cannot be shared by processes).
