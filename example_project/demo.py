@@ -38,6 +38,7 @@ class Demo:
         self.celery = CeleryProcs(RUN, {"ANARCHON_DEMO_DIR": RUN}, app="proj", pythonpath=(HERE,))
         self.names: dict[str, str] = {}        # instance id -> beat name
         self.seen = 0
+        self.window = (0.0, float("inf"))   # the slots the summary counts (seconds)
 
     def wait_ready(self, name: str, marker: str, timeout: float = 90) -> float:
         try:
@@ -60,8 +61,10 @@ class Demo:
         runs = self.executions()
         for run in runs[self.seen:]:
             who = self.names.get(run["instance"], run["instance"])
+            counted = self.window[0] <= run["slot"] / 1000 <= self.window[1]
             print(f"  {hhmmss(run['slot'] / 1000)}  {run['entry']:<24} sent by {who:<7} "
-                  f"ran {run['executed_at'] - run['slot'] / 1000:6.3f} s after its slot", flush=True)
+                  f"ran {run['executed_at'] - run['slot'] / 1000:6.3f} s after its slot"
+                  f"{'' if counted else '  (outside the counted window)'}", flush=True)
         self.seen = len(runs)
 
     def wait(self, until: float) -> None:
@@ -91,6 +94,7 @@ class Demo:
             # a store that has just been created refuses runs of its first 10 s: it cannot tell
             # a new store from one that lost its data (docs/design.md "Amnesia")
             start = min(ready) + 11
+            self.window = (start, start + SECONDS - 1)   # as summary() counts them
             print(f"all running. A new store refuses its first 10 s of runs; counting runs from "
                   f"{hhmmss(start)} for {SECONDS:.0f} s.\n", flush=True)
             self.wait(start + SECONDS / 2)
