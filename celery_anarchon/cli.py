@@ -107,13 +107,16 @@ def history(ctx, entry, since, limit, as_json):
 @anarchon.command(cls=CeleryCommand)
 @click.option("--no-store", is_flag=True,
               help="Check the rules only, without connecting to the store (as in CI).")
+@click.option("--strict", is_flag=True,
+              help="A warning fails the check too (an unregistered task, what the store can lose).")
 @click.pass_context
-def check(ctx, no_store):
+def check(ctx, no_store, strict):
     """Check the whole configuration without starting beat: every timing rule of every entry
     (beat_schedule and store), the store reachable and what its setup can lose, the worker side
-    installed for leased entries. Exit 0 when everything passes, 1 otherwise."""
+    installed for leased entries. Exit 0 when everything passes, 1 otherwise (with --strict,
+    also when anything is warned of)."""
     from celery_anarchon import cli_status
-    cli_status.check(ctx.obj.app, not no_store)
+    cli_status.check(ctx.obj.app, not no_store, strict)
 
 
 @anarchon.command(name="next", cls=CeleryCommand)

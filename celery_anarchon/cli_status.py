@@ -238,12 +238,14 @@ class _Report:
     def __init__(self) -> None:
         self.failed = 0
         self.passed = 0
+        self.warned = 0
 
     def ok(self, what: str) -> None:
         self.passed += 1
         click.echo(f"ok    {what}")
 
     def warn(self, what: str) -> None:
+        self.warned += 1
         click.echo(f"warn  {what}")
 
     def fail(self, problem: testing.Problem) -> None:
@@ -288,18 +290,19 @@ def _settings(app, report: _Report) -> Settings | None:
             dropped.add(problem.setting)
 
 
-def check(app, use_store: bool) -> None:
-    """``check``: every rule of every entry, the store and the worker side; exit 0 or 1."""
+def check(app, use_store: bool, strict: bool = False) -> None:
+    """``check``: every rule of every entry, the store and the worker side; exit 0 or 1 (with
+    ``strict``, a warn line is 1 too)."""
     report = _Report()
     settings = _settings(app, report)
     if settings is None:
-        _summary(report)
+        _summary(report, strict)
     try:
         _, _, one_host = resolve_store_url(app, settings)
         store = open_app_store(app, settings, instance_id="cli:" + make_instance_id())
     except ConfigError as exc:
         report.fail(testing.problem_of(None, exc))
-        _summary(report)
+        _summary(report, strict)
     try:
         _check_all(app, settings, store, use_store, report)
         if one_host is None and store.kind == "sqlite":
@@ -310,7 +313,7 @@ def check(app, use_store: bool) -> None:
             report.warn(one_host)
     finally:
         store.close()
-    _summary(report)
+    _summary(report, strict)
 
 
 def _check_all(app, settings: Settings, store, use_store: bool, report: _Report) -> None:
@@ -427,10 +430,14 @@ def _check_live_definitions(store, plans: dict[str, EntryPlan], report: _Report)
                         "during a rolling deploy, else deploy one beat_schedule everywhere")
 
 
-def _summary(report: _Report) -> None:
+def _summary(report: _Report, strict: bool) -> None:
     if report.failed:
         click.echo(f"check: {report.failed} problem{'s' if report.failed > 1 else ''}, "
                    f"{report.passed} passed")
+        raise click.exceptions.Exit(1)
+    if strict and report.warned:
+        click.echo(f"check: {report.warned} warning{'s' if report.warned > 1 else ''} "
+                   f"(--strict), {report.passed} passed")
         raise click.exceptions.Exit(1)
     click.echo(f"check: all {report.passed} passed")
 

@@ -431,6 +431,29 @@ def test_check_reports_a_start_up_warning_of_an_entry_as_a_warn_line(sqlite_url,
     assert "shorter than lease duration" not in err + caplog.text, "reported once, in the report"
 
 
+def test_check_strict_fails_on_a_warn_line(namespace, capsys, tmp_path):
+    """A task name no module registers (a typo) is a warn line: beat may not import the worker's
+    modules. --strict makes every warn line fail the check (exit 1), for a deploy pipeline that
+    wants none; without a warning, --strict passes. (A Redis store, not checked here: the SQLite
+    store's warning that it coordinates one host only would be one.)"""
+    from celery_anarchon import cli_status
+    from stores_support import store_url
+    app = _leased_app(store_url("redis", str(tmp_path)), namespace)
+
+    @app.task(name="t")
+    def t():
+        pass
+
+    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys, strict=True)
+    assert code == 0 and out.rstrip().endswith("passed"), out
+    app.conf.beat_schedule["typo"] = {"task": "billing.chrage", "schedule": 60.0}
+    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys)
+    assert code == 0 and "warn  entry 'typo'" in out, out
+    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys, strict=True)
+    assert code == 1, out
+    assert "warn  entry 'typo'" in out and out.rstrip().endswith("check: 1 warning (--strict), 6 passed"), out
+
+
 def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
         sqlite_url, namespace, tmp_path, monkeypatch, capsys):
     from celery_anarchon import cli_commands, cli_status
