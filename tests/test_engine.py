@@ -491,6 +491,38 @@ def test_a_store_down_at_start_up_holds_the_runs_until_it_answers(redis_proxy, n
     assert len(slots) == len(set(slots))
 
 
+def test_every_run_missed_in_a_long_outage_is_recorded_once_the_store_answers(
+        redis_proxy, namespace, harnesses):
+    """300 entries every second, the store down for 45 s: 13,500 runs are given up
+    (store_unreachable), more than any fixed bound on the notes a beat keeps meanwhile. Once the
+    store answers, every entry's history has a record of each of its missed runs (as many as the
+    store keeps: history_size), the oldest included; none was dropped for another entry's."""
+    url = redis_proxy.url("redis", "/9")
+    entries = {f"e{i:03d}": (1, {"jitter": 0, "max_late": 1}) for i in range(300)}
+    h = make(harnesses, url, namespace, entries,
+             store_options={"claim_timeout": 0.5, "history_size": 60})
+    h.engine.tick()
+    redis_proxy.outage()
+    first = (int(h.clock() * 1000) // 1000 + 1) * 1000
+    for _ in range(45):
+        h.advance(1.0)
+        h.engine.tick()
+    last = (int(h.clock() * 1000) // 1000 - 2) * 1000   # given up by now (max_late 1 s)
+    redis_proxy.restore()
+    wait_until(lambda: (h.engine.tick(), not h.engine.notes)[1], 30, "the notes written",
+               interval=0.1)
+    missing = {}
+    for name in entries:
+        history = h.history(name)
+        gone = [(slot, history[slot].event if slot in history else None)
+                for slot in range(first, last + 1, 1000) if history.get(slot) is None
+                or history[slot].event not in (RunEvent.UNREACHABLE, RunEvent.LATE_LOCAL)]
+        if gone:
+            missing[name] = gone
+    assert not missing, f"{len(missing)} entries miss records, e.g. {next(iter(missing.items()))}"
+    assert not [run for run in h.sent if first <= run[1] <= last], "never sent blind"
+
+
 def _changed_plans(h, entries):
     """The plans of ``entries`` on ``h``'s store: a schedule changed at run time."""
     schedule = {name: ScheduleEntry(name=name, task="proj.t", schedule=sched,

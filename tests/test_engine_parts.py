@@ -451,11 +451,49 @@ def test_notes_are_kept_in_order_while_the_store_is_down(parts):
     assert [n.slot_ms for n in parts.store.recorded] == [1, 2]
 
 
-def test_notes_are_bounded(parts):
-    notes = NoteBuffer(parts.store, parts.outage, max_kept=3)
+def test_notes_are_bounded_per_entry_by_the_history_the_store_keeps(parts):
+    """Each entry keeps its newest history_size notes (the store keeps no more); one entry's
+    many notes never push out another's few."""
+    store = FakeStore(history_size=3)
+    notes = NoteBuffer(store, parts.outage)
+    notes.add("quiet", 100, RunEvent.SENT)
     for slot in range(5):
-        notes.add("e", slot, RunEvent.SENT)
-    assert [n.slot_ms for n in notes.pending] == [2, 3, 4]
+        notes.add("busy", slot, RunEvent.UNREACHABLE)
+    assert [(n.entry, n.slot_ms) for n in notes.pending] == [
+        ("quiet", 100), ("busy", 2), ("busy", 3), ("busy", 4)]
+
+
+def test_runs_given_up_as_unreachable_are_kept_as_slots_bounded_per_entry(parts):
+    store = FakeStore(history_size=3)
+    notes = NoteBuffer(store, parts.outage)
+    for slot in range(10):
+        notes.add_unreachable("busy", slot, "A could not reach the store")
+    notes.add_unreachable("quiet", 100, "A could not reach the store")
+    assert [(n.entry, n.slot_ms, n.event, n.detail) for n in notes.pending] == [
+        ("busy", s, RunEvent.UNREACHABLE, "A could not reach the store") for s in (7, 8, 9)] + [
+        ("quiet", 100, RunEvent.UNREACHABLE, "A could not reach the store")]
+    assert len(notes._unreachable["busy"]) < 2 * 3, "trimmed as it grows"
+    notes.flush()
+    assert [(n.entry, n.slot_ms) for n in store.recorded] == [
+        ("busy", 7), ("busy", 8), ("busy", 9), ("quiet", 100)] and not notes
+
+
+def test_notes_are_written_a_bounded_batch_a_call_in_order_and_kept_when_it_fails(parts):
+    notes = NoteBuffer(parts.store, parts.outage, write_at_once=3)
+    for slot in range(4):
+        notes.add_unreachable("a", slot, "down")
+    notes.add("b", 9, RunEvent.SENT)
+    parts.store.fail = StoreError("down")
+    notes.flush()
+    assert [(n.entry, n.slot_ms) for n in notes.pending] == [
+        ("b", 9), ("a", 0), ("a", 1), ("a", 2), ("a", 3)], "kept, each entry's in order"
+    parts.store.fail = None
+    parts.clocks.mono.now = parts.outage.retry_at
+    notes.flush()
+    notes.flush()
+    assert [(n.entry, n.slot_ms) for n in parts.store.recorded] == [
+        ("b", 9), ("a", 0), ("a", 1), ("a", 2), ("a", 3)]
+    assert parts.store.calls["record_many"] == 3 and not notes
 
 
 # -- the outage backoff -----------------------------------------------------------------------------

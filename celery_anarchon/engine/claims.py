@@ -43,6 +43,8 @@ class ClaimRetries:
         self.notes = notes
         self.outage = outage
         self.waiting: dict[tuple[str, int], ClaimRequest] = {}
+        #: the history detail of every run given up
+        self._unreachable = f"{instance_id} could not reach the store"
 
     def __bool__(self) -> bool:
         return bool(self.waiting)
@@ -75,8 +77,7 @@ class ClaimRetries:
                 del self.waiting[run]
                 given_up.append(request)
                 self.observer.claimed(request.entry, UNREACHABLE)
-                self.notes.add(request.entry, request.slot_ms, RunEvent.UNREACHABLE,
-                               detail=f"{self.instance_id} could not reach the store")
+                self.notes.add_unreachable(request.entry, request.slot_ms, self._unreachable)
             else:
                 retry.append(request)
         if given_up:
