@@ -184,6 +184,33 @@ def test_a_replica_that_is_down_does_not_stop_the_schedule(namespace):
         assert claim(a, base + 40).outcome is Outcome.WON, "after the grace the master goes on alone"
 
 
+def test_a_master_without_the_replicas_it_needs_answers_unconfirmed_without_waiting(namespace):
+    """Within replica_grace a master whose replicas are gone (a replica promoted in its place, a
+    failover in a Cluster) needs one that is not online: a WAIT could only time out, and waiting
+    confirm_timeout on every batch stalled every beat (each chunk waited it, so chunks shrank and
+    the other masters' runs went late too). Once the master says none is online, its claims
+    answer UNCONFIRMED at once: no WAIT is sent for them."""
+    with RedisHA(replicas=1) as ha:
+        a = prepared(store(ha.url, "A", namespace, confirm_timeout=CONFIRM, replica_grace=60))
+        base = a.now_ms()
+        assert claim(a, base).outcome is Outcome.WON
+        ha.kill(ha.replicas[0])
+        wait_until(lambda: ha.master.info("replication")["connected_slaves"] == 0, 10,
+                   "the master to drop its replica")
+
+        def waits() -> int:
+            return ha.master.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+
+        first = claim(a, base + 1)   # asks for the replica it had: the one wait that learns
+        assert first.outcome is Outcome.UNCONFIRMED and "replica_grace" in first.detail, first
+        before = waits()
+        for i in range(2, 7):
+            result = claim(a, base + i)
+            assert result.outcome is Outcome.UNCONFIRMED, result
+            assert "0 of 1 replica acknowledged" in result.detail, result.detail
+        assert waits() == before, "no WAIT for a replica that is not online"
+
+
 def test_an_old_master_that_lost_its_replicas_never_confirms_alone(namespace):
     """A split brain: the replicas leave the master (one is promoted, the other follows it) while
     the master still takes writes, and a client still on it claims. With durability "auto" the
