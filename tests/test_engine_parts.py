@@ -455,12 +455,16 @@ def test_notes_are_bounded_per_entry_by_the_history_the_store_keeps(parts):
     """Each entry keeps its newest history_size notes (the store keeps no more); one entry's
     many notes never push out another's few."""
     store = FakeStore(history_size=3)
-    notes = NoteBuffer(store, parts.outage)
+    notes = NoteBuffer(store, parts.outage, compact_at=6)
     notes.add("quiet", 100, RunEvent.SENT)
     for slot in range(5):
-        notes.add("busy", slot, RunEvent.UNREACHABLE)
+        notes.add("busy", slot, RunEvent.LATE_LOCAL)
     assert [(n.entry, n.slot_ms) for n in notes.pending] == [
         ("quiet", 100), ("busy", 2), ("busy", 3), ("busy", 4)]
+    for slot in range(5, 12):
+        notes.add("busy", slot, RunEvent.LATE_LOCAL)
+    assert len(notes.pending) <= 2 * 6, "bounded, whatever comes"
+    assert [n.slot_ms for n in notes.pending if n.entry == "busy"][-3:] == [9, 10, 11]
 
 
 def test_runs_given_up_as_unreachable_are_kept_as_slots_bounded_per_entry(parts):
