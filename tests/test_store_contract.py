@@ -337,6 +337,34 @@ def test_skip_events_never_overwrite_a_claim(stores):
     assert (rec.slot_ms, rec.event, rec.instance, rec.detail) == (slot + 1, RunEvent.LATE_LOCAL, "B", "paused")
 
 
+def test_a_late_sent_note_never_hides_what_the_worker_or_a_takeover_recorded(lease_stores):
+    """Beat writes its `sent` notes at the end of a tick, so a fast worker can adopt and finish
+    the run first: that note must not replace `started` or `finished` of its attempt, nor a
+    newer attempt's record (`taken_over`); it still replaces `claimed`."""
+    a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
+    slot = fresh_slot(a)
+    task = a.claim([req("e", slot, lease=LEASE)])[0].request.task_id
+    _, run = worker.adopt("e", slot, "w1", 30_000)
+    assert worker.release("e", slot, run.token)
+    a.record("e", slot, RunEvent.SENT, task_id=task)
+    assert a.history("e")[0].event is RunEvent.FINISHED
+
+    other = slot + 1000
+    a.claim([req("e", other, lease=LeaseTerms(queue_timeout_ms=200, overlap_allowed=True))])
+    a.record("e", other, RunEvent.SENT, task_id="t-1")
+    assert {h.slot_ms: h for h in a.history("e")}[other].event is RunEvent.SENT, "replaces claimed"
+    queued = wait_until(lambda: [r for r in b.expired_runs(["e"]) if r.slot_ms == other], 10,
+                        "the queue deadline")[0]
+    assert b.take_over("e", other, queued.token, queue_timeout_ms=60_000,
+                       max_attempts=3)[0] is TakeoverOutcome.TAKEN
+    a.record("e", other, RunEvent.SENT, task_id="t-1", attempt=1)
+    record = {h.slot_ms: h for h in a.history("e")}[other]
+    assert (record.event, record.attempt) == (RunEvent.TAKEN_OVER, 2), record
+    b.record("e", other, RunEvent.SENT, task_id="t-2", attempt=2)
+    record = {h.slot_ms: h for h in a.history("e")}[other]
+    assert (record.event, record.attempt) == (RunEvent.SENT, 2), "its own attempt's send"
+
+
 def test_definitions_are_kept_by_fingerprint(lease_stores):
     a, b = prepared(lease_stores("A")), lease_stores("B")
     a.save_definition("e", "fp1", "task=t schedule=every 1 s")

@@ -4,6 +4,7 @@ The shared promises of every lease store are proved by test_store_contract.py.
 """
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import socket
 import time
@@ -416,3 +417,15 @@ def test_memory_settings_are_recorded_store_wide(stores):
     assert b.claim([req("e", b.now_ms() + 1)])[0].outcome is Outcome.WON
     assert server.hget(key, "settings") == "strategy=lease memory=120s"
     assert a.claim([req("e", a.now_ms() + 2)])[0].outcome is Outcome.FORGOTTEN
+
+
+def test_the_scripts_name_the_same_send_notes_and_after_send_events_as_the_contract():
+    """history_put's tables (Lua) are base.SEND_NOTES and base.AFTER_SEND, event for event."""
+    import re
+
+    from celery_anarchon.stores.base import AFTER_SEND, SEND_NOTES
+    from celery_anarchon.stores.redis import scripts
+    source = inspect.getsource(scripts)
+    for name, events in (("SEND_NOTES", SEND_NOTES), ("AFTER_SEND", AFTER_SEND)):
+        table = re.search(rf"local {name} = \{{([^}}]*)\}}", source).group(1)
+        assert set(re.findall(r"(\w+) = true", table)) == {e.value for e in events}, name

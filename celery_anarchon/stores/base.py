@@ -106,6 +106,13 @@ class RunEvent(str, enum.Enum):
 SKIP_EVENTS = frozenset({RunEvent.LATE, RunEvent.LATE_LOCAL, RunEvent.EARLY, RunEvent.FORGOTTEN,
                          RunEvent.OVERLAPPING, RunEvent.UNKNOWN, RunEvent.UNREACHABLE,
                          RunEvent.PAUSED})
+#: A beat's notes of its publish, written at the end of its tick: a worker (or a takeover) may
+#: have recorded the run's next step before them. Such a note never replaces a record of a later
+#: attempt, nor one of :data:`AFTER_SEND` of its own attempt.
+SEND_NOTES = frozenset({RunEvent.SENT, RunEvent.SEND_FAILED, RunEvent.SEND_UNKNOWN})
+#: What happens to an attempt after its message was published (the lease protocol's events).
+AFTER_SEND = frozenset({RunEvent.STARTED, RunEvent.FINISHED, RunEvent.GIVEN_UP,
+                        RunEvent.SUPERSEDED})
 
 
 class RunState(str, enum.Enum):
@@ -334,7 +341,9 @@ class ClaimStore(abc.ABC):
         """Write an event of a run into its history, as this instance.
 
         Events in :data:`SKIP_EVENTS` only fill a run with no record yet; other events replace
-        the record. Keeps the newest ``history_size`` runs of the entry.
+        the record, but a note of :data:`SEND_NOTES` never replaces a later attempt's record nor
+        one of :data:`AFTER_SEND` of its own attempt. Keeps the newest ``history_size`` runs of
+        the entry.
         """
 
     def record_many(self, notes: Sequence[HistoryRecord]) -> None:

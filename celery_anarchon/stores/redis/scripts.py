@@ -263,8 +263,17 @@ end
 local function history_get(b, slot_s) return hget_json(key(b, HISTORY), slot_s) end
 
 -- write a run's history record (fill_only: only if it has none), keep the newest HISTORY_SIZE
+-- a beat's notes of its publish (SEND_NOTES), written at the end of its tick, never replace a
+-- later attempt's record nor what came after the send of their own attempt (AFTER_SEND)
+local SEND_NOTES = {sent = true, send_failed = true, send_unknown = true}
+local AFTER_SEND = {started = true, finished = true, given_up = true, superseded = true}
 local function history_put(b, slot_s, event, task_id, attempt, detail, fill_only)
   if fill_only and redis.call('HEXISTS', key(b, HISTORY), slot_s) == 1 then return end
+  if SEND_NOTES[event] then
+    local old = history_get(b, slot_s)
+    if old and (tonumber(old.a) > tonumber(attempt)
+                or (tonumber(old.a) == tonumber(attempt) and AFTER_SEND[old.e])) then return end
+  end
   redis.call('HSET', key(b, HISTORY), slot_s, cjson.encode({e = event, i = INSTANCE,
     t = int(NOW), k = task_id, a = int(attempt), d = detail}))
   redis.call('ZADD', key(b, HISTORY_SLOTS), slot_s, slot_s)

@@ -373,6 +373,10 @@ class SQLStore(LeaseStore, EntryStore):
                attempt: int = 1, detail: str = "") -> None:
         self._history.record(entry, slot_ms, event, task_id=task_id, attempt=attempt, detail=detail)
 
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
+        """Every note in one transaction (:meth:`.SQLHistory.record_many`)."""
+        self._history.record_many(notes)
+
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         return self._history.history(entry, limit)
 

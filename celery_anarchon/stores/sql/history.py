@@ -4,12 +4,15 @@ Instants are UTC ms on the store's clock.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
-from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
+from celery_anarchon.stores.base import (
+    AFTER_SEND, SEND_NOTES, SKIP_EVENTS, HistoryRecord, RunEvent,
+)
 from celery_anarchon.stores.sql import schema
 
 _RUN_KEY = ("namespace", "entry", "slot_ms")
@@ -45,9 +48,12 @@ class SQLHistory:
                 "task_id": task_id, "attempt": attempt, "detail": detail}
 
     def write(self, conn: sa.Connection, rows: list[dict], *, replace: bool,
-                       keep_task_id: bool = False, trim: bool = True) -> None:
+                       keep_task_id: bool = False, trim: bool = True,
+                       send_notes: bool = False) -> None:
         """Fill (``replace=False``) or replace history records (``keep_task_id``: an existing
-        record keeps its task id), then trim their entries."""
+        record keeps its task id; ``send_notes``: the rows are :data:`SEND_NOTES`, which replace
+        neither a later attempt's record nor one of :data:`AFTER_SEND` of their own attempt),
+        then trim their entries."""
         if not rows:
             return
         h = schema.history
@@ -56,8 +62,12 @@ class SQLHistory:
             columns = ["event", "instance", "store_ms", "attempt", "detail"]
             if not keep_task_id:
                 columns.append("task_id")
+            later = sa.or_(h.c.attempt > ins.excluded.attempt,
+                           sa.and_(h.c.attempt == ins.excluded.attempt,
+                                   h.c.event.in_(sorted(e.value for e in AFTER_SEND))))
             stmt = ins.on_conflict_do_update(index_elements=_RUN_KEY,
-                                             set_={k: ins.excluded[k] for k in columns})
+                                             set_={k: ins.excluded[k] for k in columns},
+                                             where=sa.not_(later) if send_notes else None)
         else:
             stmt = ins.on_conflict_do_nothing(index_elements=_RUN_KEY)
         conn.execute(stmt, rows)
@@ -83,11 +93,30 @@ class SQLHistory:
 
         :raises StoreUnavailable: the store cannot be reached.
         """
+        self.record_many([HistoryRecord(entry, slot_ms, event, task_id=task_id, attempt=attempt,
+                                        detail=detail)])
+
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
+        """:meth:`record` of each note, in one transaction: consecutive notes of one kind (fill,
+        replace, send note) in one statement, in their order; each entry trimmed once.
+
+        :raises StoreUnavailable: the store cannot be reached (nothing is written).
+        """
+        if not notes:
+            return
+
+        def kind(note: HistoryRecord) -> str:
+            return ("fill" if note.event in SKIP_EVENTS
+                    else "send" if note.event in SEND_NOTES else "replace")
+
         def work(conn: sa.Connection) -> None:
-            self._lock_entries(conn, [entry])
-            row = self.row(entry, slot_ms, event, self._now_us(conn) // 1000,
-                                    task_id=task_id, attempt=attempt, detail=detail)
-            self.write(conn, [row], replace=event not in SKIP_EVENTS)
+            self._lock_entries(conn, sorted({n.entry for n in notes}))
+            now = self._now_us(conn) // 1000
+            for how, group in itertools.groupby(notes, key=kind):
+                self.write(conn, [self.row(n.entry, n.slot_ms, n.event, now, task_id=n.task_id,
+                                           attempt=n.attempt, detail=n.detail) for n in group],
+                           replace=how != "fill", send_notes=how == "send", trim=False)
+            self.trim(conn, {n.entry for n in notes})
         self._run("record", work)
 
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
