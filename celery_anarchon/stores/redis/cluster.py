@@ -229,8 +229,8 @@ class RedisClusterStore(RedisLeaseStore):
     def _node_round(self, node, calls: list[_Call], confirm: bool) -> list[tuple[dict, str]]:
         """The calls of one master: one pipeline, its confirmation on the same connection (and,
         with durability "auto" when more replicas are live than were asked for and that many are
-        online, once more: the calls but those run ``once``; replicas required but not online
-        are never waited for, the batch is unconfirmed at once)."""
+        connected, once more: the calls but those run ``once``; replicas required but not
+        connected are never waited for, the batch is unconfirmed at once)."""
         client = self._redis()[0].get_redis_connection(node)
         if not confirm:
             return [(r, "") for r in self._pipeline(client, calls, 0, False)]
@@ -241,12 +241,12 @@ class RedisClusterStore(RedisLeaseStore):
         counting = [r for c, r in zip(calls, replies) if not c.once]
         live = max([int(r.get("replicas", 0)) for r in counting] or [0]) if auto else replicas
         if auto:
-            online = min([int(r.get("online", live)) for r in counting] or [live])
-            # a replica that is not online cannot acknowledge: waiting for it only stalls beat
-            # (every master's round of a chunk waits for the slowest)
-            self._hints[node.name] = min(live, online)
+            connected = min([int(r.get("connected", live)) for r in counting] or [live])
+            # a replica that is not connected cannot acknowledge: waiting for it only stalls
+            # beat (every master's round of a chunk waits for the slowest)
+            self._hints[node.name] = min(live, connected)
             taken = any(r.get("outcome") in (None, "taken") for r in counting)
-            if live > asked and online >= live and taken:
+            if live > asked and connected >= live and taken:
                 counted = [{k: r[k] for k in ("online", "seen", "held") if k in r} for r in counting]
                 again = [c for c in calls if not c.once]
                 counting, acked, fsynced = self._pipeline_confirmed(node, client, again, live, aof)

@@ -202,13 +202,15 @@ end
 
 -- The replicas online now: connected and acknowledged within LIVE_LAG_S (INFO replication lag,
 -- in seconds; one that is down or stalled stops counting). The one count of live replicas: the
--- claims' confirmation below and the store's start-up plan (SETTINGS_READ) use it.
+-- claims' confirmation below and the store's start-up plan (SETTINGS_READ) use it. Second: the
+-- replicas connected and synced whatever their lag (a WAIT can only be acknowledged by those).
 local function online_replicas()
-  local n = 0
+  local n, connected = 0, 0
   for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
+    connected = connected + 1
     if tonumber(lag) <= LIVE_LAG_S then n = n + 1 end
   end
-  return n
+  return n, connected
 end
 
 -- The replicas a claim (or takeover) batch must be confirmed on, with durability 'auto': every
@@ -220,10 +222,11 @@ end
 -- its wins could be lost or won again on the other side, so they stay unconfirmed until the grace
 -- has passed; then it goes on with the replicas online.
 -- Returns: replicas to wait for, online now, and when a majority is required beyond those
--- online, the recorded group's size and the time it was last seen (else nil, nil).
+-- online, the recorded group's size and the time it was last seen (else nil, nil); then the
+-- replicas connected (:func:`online_replicas`).
 local function live_replicas()
-  if not COUNT_REPLICAS then return 0, 0, nil, nil end
-  local n = online_replicas()
+  if not COUNT_REPLICAS then return 0, 0, nil, nil, 0 end
+  local n, connected = online_replicas()
   local seen = cjson.decode(redis.call('HGET', STORE, 'replicas_seen') or '{}')
   if n > 0 then
     seen[int(n)] = int(NOW)
@@ -235,15 +238,16 @@ local function live_replicas()
     if c and t and NOW - t <= REPLICA_GRACE_MS and c > group then group, group_at = c, t end
   end
   local need = math.max(1, math.floor((1 + group) / 2))
-  if group > 0 and need > n then return need, n, group, group_at end
-  return n, n, nil, nil
+  if group > 0 and need > n then return need, n, group, group_at, connected end
+  return n, n, nil, nil, connected
 end
 
--- the confirmation fields of a claim or takeover reply: replicas (to wait for), online, and when
--- a majority of a recent group is required: seen (its size) and held (when it was last online)
+-- the confirmation fields of a claim or takeover reply: replicas (to wait for), online,
+-- connected (fewer than to wait for: a WAIT could only time out), and when a majority of a
+-- recent group is required: seen (its size) and held (when it was last online)
 local function with_replicas(reply)
-  local need, online, group, group_at = live_replicas()
-  reply.replicas, reply.online = int(need), int(online)
+  local need, online, group, group_at, connected = live_replicas()
+  reply.replicas, reply.online, reply.connected = int(need), int(online), int(connected)
   if group then reply.seen, reply.held = int(group), int(group_at) end
   return cjson.encode(reply)
 end

@@ -281,9 +281,9 @@ class RedisStore(RedisHistory, EntryStore):
             go first) each; the last one's reply counts the replicas (``with_replicas``).
         :param again: how many of the last calls run again, with durability "auto", when more
             replicas are live than were waited for (a replica joined since the last batch, or one
-            is required within replica_grace) and that many are online: each must be safe to
+            is required within replica_grace) and that many are connected: each must be safe to
             repeat and write, so that the new WAIT covers the first calls' writes whatever
-            connection it is sent on. Replicas required but not online are never waited for
+            connection it is sent on. Replicas required but not connected are never waited for
             (a WAIT could only time out): the batch is unconfirmed at once.
         :param rerun: ``rerun(reply)``: whether the last call's reply needs that run again.
         :returns: the calls' replies (JSON decoded; the repeated ones from their run again) and
@@ -298,10 +298,10 @@ class RedisStore(RedisHistory, EntryStore):
         reply = replies[-1]
         live = int(reply.get("replicas", 0)) if auto else replicas
         if auto:
-            online = int(reply.get("online", live))
-            # a replica that is not online cannot acknowledge: waiting for it only stalls beat
-            self._replica_hint = min(live, online)
-            if live > asked and online >= live and rerun(reply):
+            connected = int(reply.get("connected", live))
+            # a replica that is not connected cannot acknowledge: waiting for it only stalls beat
+            self._replica_hint = min(live, connected)
+            if live > asked and connected >= live and rerun(reply):
                 counted = {k: reply[k] for k in ("online", "seen", "held") if k in reply}
                 repeated, acked, fsynced, asked = self._confirm_round(calls[-again:], live, aof)
                 replies = replies[:len(calls) - again] + repeated
