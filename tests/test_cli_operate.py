@@ -440,7 +440,7 @@ def test_check_strict_fails_on_a_warn_line(namespace, capsys, tmp_path):
     from stores_support import store_url
     app = _leased_app(store_url("redis", str(tmp_path)), namespace)
 
-    @app.task(name="t")
+    @app.task(name="t", shared=False)   # not in the apps later tests make
     def t():
         pass
 

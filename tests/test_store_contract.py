@@ -13,7 +13,8 @@ from collections import Counter
 import pytest
 
 from celery_anarchon.stores.base import (
-    LATENESS_TOLERANCE_MS, ClaimRequest, LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome,
+    LATENESS_TOLERANCE_MS, ClaimRequest, HistoryRecord, LeaseTerms, Outcome, RunEvent, RunState,
+    TakeoverOutcome,
 )
 
 from stores_support import (
@@ -363,6 +364,15 @@ def test_a_late_sent_note_never_hides_what_the_worker_or_a_takeover_recorded(lea
     b.record("e", other, RunEvent.SENT, task_id="t-2", attempt=2)
     record = {h.slot_ms: h for h in a.history("e")}[other]
     assert (record.event, record.attempt) == (RunEvent.SENT, 2), "its own attempt's send"
+    # a tick's notes in one call, as beat writes them: the same rule for each
+    third = other + 1000
+    a.claim([req("e", third, lease=LeaseTerms(60_000, overlap_allowed=True))])
+    a.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id=task),
+                   HistoryRecord("e", third, RunEvent.SENT, task_id="t-3"),
+                   HistoryRecord("e", third + 1, RunEvent.LATE_LOCAL)])
+    events = {h.slot_ms: h.event for h in a.history("e")}
+    assert (events[slot], events[third], events[third + 1]) == (
+        RunEvent.FINISHED, RunEvent.SENT, RunEvent.LATE_LOCAL)
 
 
 def test_definitions_are_kept_by_fingerprint(lease_stores):

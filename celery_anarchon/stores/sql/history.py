@@ -62,9 +62,10 @@ class SQLHistory:
             columns = ["event", "instance", "store_ms", "attempt", "detail"]
             if not keep_task_id:
                 columns.append("task_id")
+            # one comparison per event, not IN (...): an expanding list cannot go in executemany
+            after_send = sa.or_(*(h.c.event == e.value for e in sorted(AFTER_SEND)))
             later = sa.or_(h.c.attempt > ins.excluded.attempt,
-                           sa.and_(h.c.attempt == ins.excluded.attempt,
-                                   h.c.event.in_(sorted(e.value for e in AFTER_SEND))))
+                           sa.and_(h.c.attempt == ins.excluded.attempt, after_send))
             stmt = ins.on_conflict_do_update(index_elements=_RUN_KEY,
                                              set_={k: ins.excluded[k] for k in columns},
                                              where=sa.not_(later) if send_notes else None)
