@@ -713,7 +713,7 @@ def test_a_run_not_taken_over_after_the_store_lost_writes_is_logged_as_such(name
     assert "lost writes" in messages[0] and "an-older-server" in messages[0], messages[0]
 
 
-# -- the store's entries (issue 10): SQLite, an entry store ---------------------------------------
+# -- the store's entries (docs/schedules.md): SQLite, an entry store ------------------------------
 
 def _definition(**anarchon):
     return entry_json.canonical({"task": "proj.t", "schedule": {"every": 2}, "anarchon": anarchon})

@@ -34,7 +34,8 @@ sync_rig = rig_fixture(lambda: ha_postgres.PostgresHA(standbys=1, synchronous="F
 def test_promoted_lagging_standby_never_rewins_a_won_run(async_rig, opened, namespace):
     """A wins X on the primary while the asynchronous standby lags; the primary crashes and the
     standby is promoted without X. B's claim of X through the promoted standby is refused
-    (forgotten: the timeline changed), never won (issue 8, "a promoted asynchronous standby")."""
+    (forgotten: the timeline changed), never won (docs/design.md "Amnesia": a promoted
+    asynchronous standby)."""
     ha = async_rig
     a = opened(ha.url(), namespace, "A")
     warnings = a.prepare(["e"])

@@ -1,4 +1,5 @@
-"""A replicated Redis that loses writes never lets a run be won twice (issue 8, spec points 1-3).
+"""A replicated Redis that loses writes never lets a run be won twice (docs/design.md "Amnesia":
+a failover to a lagging replica, a restart from a snapshot, a split).
 
 Every server here is the test's own (benchmarks/ha_redis.py: a master, replicas through proxies
 that can stop forwarding, Sentinels), on free loopback ports, never the shared ones. Each test

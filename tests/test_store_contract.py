@@ -615,7 +615,7 @@ def test_two_processes_finding_the_same_expired_lease_take_it_over_once(lease_st
     assert answers == ["refused", "refused", "taken"]
 
 
-# -- losing writes: the rules every lease store keeps (issue 8) --------------------------------------
+# -- losing writes: the rules every lease store keeps (docs/design.md "Amnesia") --------------------
 
 def test_rolling_change_of_memory_never_rewins(lease_stores):
     """memory is a store-wide setting: A runs with memory 3 s / max_late 1 s, B with 3600 s /

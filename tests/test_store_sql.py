@@ -385,7 +385,7 @@ def test_sqlite_driver_errors_never_leak(tmpdir_path):
     assert isinstance(getattr(info.value.__cause__, "orig", None), sqlite3.Error), info.value.__cause__
 
 
-# -- issue 8: writes the store may lose, rules shared by every instance ----------------------------
+# -- writes the store may lose (docs/design.md "Amnesia"), rules shared by every instance --------
 # (the rolling change of memory, the retried claim after a takeover and the renewal of a pruned
 # run are also in test_store_contract.py, on every lease store)
 

@@ -314,7 +314,7 @@ class Session:
 def fold_history(entry: str, events: Iterable[dict], limit: int) -> list[HistoryRecord]:
     """The newest ``limit`` runs of ``entry``, newest first, from its events in the order they
     were stored: one record per run, a later event replaces an earlier one, and a skip event only
-    fills a run that has no record yet (store-semantics.md "record"). Malformed events are
+    fills a run that has no record yet (:meth:`.ClaimStore.record`). Malformed events are
     ignored."""
     runs: dict[int, tuple[dict, RunEvent]] = {}
     for raw in events:

@@ -7,8 +7,8 @@ scheme table needs one class only.
 
 Every claim decision is taken inside one Lua script per batch, on the server's ``TIME``
 (docs/design.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
-in :mod:`celery_anarchon.stores.redis.lease_scripts` (on the prelude of :mod:`.scripts`); the semantics are those of every lease store
-(``store-semantics.md``).
+in :mod:`celery_anarchon.stores.redis.lease_scripts` (on the prelude of :mod:`.scripts`); the
+semantics are those of every lease store (:class:`~celery_anarchon.stores.base.LeaseStore`).
 
 Key layout: every key of one entry shares one hash tag; the namespace has one store-wide hash::
 

@@ -6,7 +6,8 @@ in :mod:`.entries`.
 Each script is defined once, with a comment per KEYS and ARGV item, and registered once per
 client (redis-py ``Script`` objects: EVALSHA, re-loaded by redis-py after NOSCRIPT).
 
-Conventions shared by every script (the semantics are in ``store-semantics.md``):
+Conventions shared by every script (the semantics are the store contract's,
+:mod:`celery_anarchon.stores.base`):
 
 * **Keys.** A script receives, for each entry it touches, the entry's block of ``len(ENTRY_KEYS)``
   keys in :data:`ENTRY_KEYS` order (a strategy's claim script: followed by its own keys, see
