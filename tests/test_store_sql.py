@@ -228,11 +228,14 @@ def test_prune_keeps_what_memory_promises(stores):
     now = a.now_ms()
     past, future = now - 500, now + 8_000
     assert [r.outcome for r in a.claim([req("e", past), req("e", future)])] == [Outcome.WON] * 2
-    done, in_flight = past + 1, past + 2
+    # each slot is read off the store's clock right before its claim, so that a slow fsync
+    # between the claims cannot age it past the 1-s memory
+    done = a.now_ms()
     assert a.claim([req("e", done, lease=LeaseTerms(60_000, overlap_allowed=True))])[0].outcome is Outcome.WON
     adopted, run = a.adopt("e", done, "w1", 60_000)
     assert adopted and a.release("e", done, run.token)
     long_queue = LeaseTerms(3_600_000, overlap_allowed=True)
+    in_flight = max(a.now_ms(), done + 1)
     assert a.claim([req("e", in_flight, lease=long_queue)])[0].outcome is Outcome.WON
     finished = a.inspect("e", done)
     assert finished.state is RunState.FINISHED
