@@ -11,7 +11,7 @@ import math
 import re
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus
 
 from celery_anarchon.errors import ConfigError
 
@@ -87,40 +87,97 @@ class Skew:
 # -- URLs ------------------------------------------------------------------------------------------
 
 #: a separator between the server URLs of one store URL (``sentinel://a;sentinel://b``,
-#: ``nats://a,nats://b``): a ``;`` or ``,`` followed by a scheme
-_NEXT_URL = re.compile(r"[;,](?=[A-Za-z][A-Za-z0-9+.-]*://)")
+#: ``nats://a, nats://b``): a ``;`` or ``,`` (and any spaces) followed by a scheme
+_NEXT_URL = re.compile(r"([;,]\s*)(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+#: a URL's scheme and the part before its path: ``scheme://authority``; the authority runs to
+#: the first ``/``, so a password holding an unencoded ``?``, ``#`` or ``,`` stays inside it
+_AUTHORITY = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)")
+#: the schemes whose lone user part (``nats://TOKEN@host``) is a token, not a user name (NATS)
+TOKEN_SCHEMES = frozenset({"nats", "tls"})
+#: query parameter names that carry a credential (compared in lower case, without ``-``, ``_``
+#: and ``.``): libpq's password / sslpassword, redis-py's password, and the usual token and key
+#: names; a name ending in one of :data:`_SECRET_SUFFIXES` counts too
+_SECRET_NAMES = frozenset({"pass", "pwd", "key", "auth", "sig", "signature", "credential",
+                           "credentials"})
+_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "pwd", "secret", "token", "apikey",
+                    "accesskey", "secretkey", "privatekey", "credential", "credentials")
+MASK = "***"
+
+
+def is_secret_parameter(name: str) -> bool:
+    """Whether URL query parameter ``name`` (as written, possibly %-encoded) carries a
+    credential: ``password``, ``PWD``, ``sslpassword``, ``auth_token``, ``x-api-key``,
+    ``aws_secret_access_key``, ... (case-insensitive; see :data:`_SECRET_NAMES`)."""
+    key = unquote_plus(name).lower().replace("-", "").replace("_", "").replace(".", "")
+    return key in _SECRET_NAMES or key.endswith(_SECRET_SUFFIXES)
+
+
+def _mask_query(query: str) -> str:
+    """``query`` (without ``?`` and fragment) with the value of every credential parameter
+    masked; parameters are split on ``&``, and on ``;`` inside one: everything after a
+    credential's ``=`` up to the next ``&`` is masked (a ``;`` may be part of the password)."""
+    out = []
+    for param in query.split("&"):
+        pieces = param.split(";")
+        for i, piece in enumerate(pieces):
+            name, eq, value = piece.partition("=")
+            if eq and value and is_secret_parameter(name):
+                param = ";".join(pieces[:i] + [f"{name}={MASK}"])
+                break
+        out.append(param)
+    return "&".join(out)
 
 
 def _mask_one(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
+    """One server's URL: its userinfo password (or NATS token) and its credential parameters
+    masked. Text that is not ``scheme://...`` is returned as it is."""
+    match = _AUTHORITY.match(url)
+    if match is None:
         return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = parts.username or ""
-    host = netloc[1] if len(netloc) == 2 else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    scheme, authority = match.group(1), match.group(2)
+    userinfo, at, hosts = authority.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        if colon:
+            authority = f"{user}:{MASK}@{hosts}"
+        elif userinfo and scheme.lower() in TOKEN_SCHEMES:
+            authority = f"{MASK}@{hosts}"
+    rest = url[match.end():]
+    path, question, query = rest.partition("?")
+    if not question:
+        # a query right after the host (``redis://h?password=x``) stayed in the authority
+        hosts_part, question, query = authority.partition("?")
+        if question:
+            authority, path = hosts_part, ""
+            query = query + rest
+    query, hash_, fragment = query.partition("#")
+    if question:
+        query = _mask_query(query)
+    return f"{url[:match.start(2)]}{authority}{path}{question}{query}{hash_}{fragment}"
 
 
 def mask_url(url: str) -> str:
-    """``url`` with every password replaced by ``***`` (for logs, banners and errors); each part
-    of a multi-server URL (``sentinel://:pw@a;sentinel://:pw@b``, ``nats://a,nats://b``) too.
+    """``url`` with every credential replaced by ``***``, for logs, banners, errors, ``status``,
+    ``check`` and the status page (the one masking of the package: every printed URL goes
+    through it, through :attr:`ClaimStore.safe_url` or directly).
 
-    (kombu's ``sanitize_url`` does not fit: it drops the query, rewrites IPv6 hosts and refuses
-    multi-server URLs.) A lone user part is left as it is: it is a user name for every scheme but
-    NATS, whose store masks a token itself.
+    Masked: the password of the userinfo (``redis://user:***@host``), a NATS token (a lone
+    user part of a ``nats://`` or ``tls://`` URL: ``nats://***@host``), and the value of every
+    query parameter that carries a credential (:func:`is_secret_parameter`: ``?password=***``,
+    ``sslpassword``, ``PWD``, ``token``, ...; redis-py and libpq read a password there), in each
+    server of a multi-server URL (``sentinel://:***@a;sentinel://:***@b``, ``nats://a,nats://b``,
+    ``redis+cluster://u:***@h1:7000,h2:7001``). A lone user part of any other scheme is a user
+    name, shown as it is; an empty parameter (``?password=``) hides nothing and is shown.
+
+    Built on the URL's text rather than ``urllib.parse.urlsplit``/``urlunsplit``, which end the
+    host part at an unencoded ``#`` or ``?`` in a password (and so would print the rest) and
+    rewrite some URLs when joining them again; kombu's ``sanitize_url`` drops the query, rewrites
+    IPv6 hosts and refuses multi-server URLs.
     """
-    starts = [0] + [m.start() + 1 for m in _NEXT_URL.finditer(url)]
-    if len(starts) == 1:
-        return _mask_one(url)
-    pieces = [url[a:b - 1] for a, b in zip(starts, starts[1:])] + [url[starts[-1]:]]
-    seps = [url[b - 1] for b in starts[1:]]
-    out = _mask_one(pieces[0])
-    for sep, piece in zip(seps, pieces[1:]):
-        out += sep + _mask_one(piece)
-    return out
+    if not isinstance(url, str):
+        return url
+    parts = _NEXT_URL.split(url)    # server URLs at even places, their separators between
+    return "".join(part if i % 2 else _mask_one(part) for i, part in enumerate(parts))
 
 
 # -- option validators -----------------------------------------------------------------------------
@@ -190,5 +247,5 @@ def one_of(name: str, value: Any, allowed: tuple) -> Any:
     return value
 
 
-__all__ = ["LATENESS_TOLERANCE_MS", "Memory", "Skew", "iso", "mask_url", "store_option",
-           "duration", "seconds", "positive_int", "one_of"]
+__all__ = ["LATENESS_TOLERANCE_MS", "Memory", "Skew", "iso", "mask_url", "is_secret_parameter",
+           "store_option", "duration", "seconds", "positive_int", "one_of"]

@@ -105,7 +105,7 @@ def test_tls_urls_and_credentials_pass_through_to_nats_py():
     assert options["user_credentials"] == "/etc/nats/beat.creds"
     assert store._tls_required
     assert "s3cret" not in store.safe_url and "tok3n" not in store.safe_url
-    assert store.safe_url == "tls://alice:***@nats1.example:4222,tls://***@nats2.example"
+    assert store.safe_url == "tls://alice:***@nats1.example:4222, tls://***@nats2.example"
 
 
 def test_unreachable_server_fails_fast_with_password_masked():

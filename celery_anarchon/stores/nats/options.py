@@ -1,6 +1,6 @@
 """The NATS store's options and URL: validated once, with ConfigError naming the option, the value
 and the rule (the numbers by :mod:`celery_anarchon._util`'s validators), and the URL's servers
-with every password or token masked.
+(an error names them masked by :func:`celery_anarchon._util.mask_url`, which knows NATS tokens).
 
 URLs: ``nats://[user:password@|token@]host[:port]`` or ``tls://...``, several separated by commas;
 credentials go to nats-py with the URL. TLS uses nats-py's own options, as store options ``tls``
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from celery_anarchon import _util
 from celery_anarchon._util import mask_url
@@ -83,7 +83,7 @@ def parse(url: str, instance_id: str, options: dict) -> NATSOptions:
         except ValueError:
             bits = None
         if bits is None or bits.scheme.lower() not in ("nats", "tls") or not bits.hostname:
-            raise ConfigError(f"anarchon_store_url {mask(part)!r}: expected "
+            raise ConfigError(f"anarchon_store_url {mask_url(part)!r}: expected "
                               "nats://[user:password@]host[:port] or tls://..., several "
                               "separated by commas")
     return NATSOptions(
@@ -109,20 +109,3 @@ def _client_options(instance_id: str, claim_timeout: float, options: dict) -> di
                                   "(see nats-py's connect())")
             kwargs[name] = options[name]
     return kwargs
-
-
-def mask(part: str) -> str:
-    """One server URL with its password, or its token (a lone user part), masked."""
-    masked = mask_url(part)
-    try:
-        bits = urlsplit(masked)
-    except ValueError:
-        return "<unparsable URL>"
-    if bits.username and bits.password is None:
-        return urlunsplit(bits._replace(netloc="***@" + bits.netloc.rsplit("@", 1)[1]))
-    return masked
-
-
-def safe_url(url: str) -> str:
-    """``url`` with every server's password or token masked, for logs and errors."""
-    return ",".join(mask(part) for part in url.split(","))

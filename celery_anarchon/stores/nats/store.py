@@ -100,11 +100,6 @@ class NATSStore(InstanceStore):
 
     # -- identity -----------------------------------------------------------------------------
     @property
-    def safe_url(self) -> str:
-        """The URL with every password or token masked."""
-        return nats_options.safe_url(self.url)
-
-    @property
     def replicas(self) -> int:
         """The replica count of this store's streams (1 until resolved on first connection)."""
         return self._streams.replicas

@@ -21,7 +21,6 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from celery_anarchon import _util
-from celery_anarchon._util import mask_url
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores._common import translated
 from celery_anarchon.stores.base import (
@@ -131,11 +130,6 @@ class RedisStore(RedisHistory, EntryStore):
             f"Redis store {self.safe_url}, namespace {self.namespace!r}", write=self._entry_write)
 
     # -- identity -----------------------------------------------------------------------------
-    @property
-    def safe_url(self) -> str:
-        """The URL with every password masked (each part of a Sentinel URL too)."""
-        return ";".join(mask_url(part) for part in self.url.split(";"))
-
     def _configure(self, options: dict) -> None:
         """Read the strategy's own options (validated; ConfigError naming option and value)."""
         raise NotImplementedError
