@@ -53,7 +53,9 @@ def _definition_options(command):
         click.option("--crontab", "crontab_", metavar='"m h dom mon dow"',
                      help="Celery crontab fields (days matched with AND), as written."),
         click.option("--cron", metavar="EXPR", help="A cron(5) expression (L, W, #; days OR)."),
-        click.option("--timezone", help="IANA zone of --crontab or --cron (default: the app's)."),
+        click.option("--timezone", help="IANA zone of --crontab or --cron (add: default the "
+                     "app's; update: default the entry's own; alone in update: moves the entry's "
+                     "crontab or cron to this zone)."),
         click.option("--args", "args_", type=JSONValue(list), help="Positional arguments, a JSON list."),
         click.option("--kwargs", "kwargs_", type=JSONValue(dict), help="Keyword arguments, a JSON object."),
         click.option("--options", "options_", type=JSONValue(dict),
@@ -149,7 +151,8 @@ def _write_command(verb: str, create: bool, help_text: str):
 
 add = _write_command("add", True, "Add a store entry NAME (every live beat runs it within "
                      "anarchon_sync_interval).")
-update = _write_command("update", False, "Change a store entry NAME: only the parts given change.")
+update = _write_command("update", False, "Change a store entry NAME: only the parts given "
+                        "change (--crontab or --cron without --timezone keeps the entry's zone).")
 
 
 @anarchon.command(cls=CeleryCommand)

@@ -68,7 +68,8 @@ def _schedule_of(flags: dict) -> dict | None:
     if len(kinds) > 1:
         raise click.UsageError("give one schedule: --every, --crontab or --cron")
     if flags.get("timezone") is not None and kinds not in (["crontab_"], ["cron"]):
-        raise click.UsageError("--timezone goes with --crontab or --cron (give it again with them)")
+        raise click.UsageError("--timezone goes with --crontab or --cron (or alone in update, to "
+                               "move a crontab or cron entry to another zone)")
     zone = {"timezone": flags["timezone"]} if flags.get("timezone") is not None else {}
     if not kinds:
         return None
@@ -127,8 +128,38 @@ def import_task_modules(app) -> None:
                           "importable here (PYTHONPATH, the working directory)") from exc
 
 
+def _zone_only(flags: dict) -> str | None:
+    """``update --timezone`` without ``--crontab`` / ``--cron``: the new zone (the fields are
+    kept), else ``None``."""
+    if flags.get("timezone") is None or flags.get("definition") is not None:
+        return None
+    if any(flags.get(k) is not None for k in ("every", "crontab_", "cron")):
+        return None
+    return flags["timezone"]
+
+
+def _in_zone(s: Schedules, name: str, zone: str) -> dict:
+    """The schedule of entry ``name`` with its time zone set to ``zone`` (``update --timezone``).
+
+    :raises ConfigError: the entry's schedule is not a crontab or cron (it has no zone).
+    :raises UnknownEntry: no entry ``name``.
+    """
+    schedule = (s.get(name).definition or {}).get("schedule")
+    if entry_json.zoned_kind(schedule) is None:
+        what = entry_json.describe_schedule(schedule) if isinstance(schedule, dict) else "-"
+        raise ConfigError(f"entry {name!r}: --timezone changes the time zone of a crontab or cron "
+                          f"schedule, and this entry's schedule is {what}; fix: give --crontab or "
+                          "--cron with --timezone")
+    return {**schedule, "timezone": zone}
+
+
 def write(app, name: str, flags: dict, *, create: bool) -> None:
-    """``add`` (``create``) or ``update``."""
+    """``add`` (``create``) or ``update``. ``update --crontab`` / ``--cron`` without
+    ``--timezone`` keeps the entry's zone (:meth:`Schedules.update`); ``update --timezone``
+    alone changes the zone and keeps the fields."""
+    zone_only = None if create else _zone_only(flags)
+    if zone_only is not None:
+        flags = {**flags, "timezone": None}
     with _exit_codes():
         parts = _parts(name, flags)
         if not flags.get("no_check_task"):
@@ -136,9 +167,11 @@ def write(app, name: str, flags: dict, *, create: bool) -> None:
     if create and ("task" not in parts or "schedule" not in parts):
         raise click.UsageError("add needs --task and one of --every, --crontab or --cron "
                                "(or --json-definition)")
-    if not create and not parts:
+    if not create and not parts and zone_only is None:
         raise click.UsageError("update needs at least one flag to change (see --help)")
     with _schedules(app) as s:
+        if zone_only is not None:
+            parts["schedule"] = _in_zone(s, name, zone_only)
         call = s.add if create else s.update
         entry = call(name, **parts, by=flags.get("by"), check_task=not flags.get("no_check_task"))
     _print_entry("added" if create else "updated", entry, flags.get("as_json"))

@@ -374,6 +374,29 @@ def schedule_json(schedule: Any) -> dict:
     return {"repr": repr(schedule)}
 
 
+#: the schedule kinds that run in a time zone (their ``"timezone"`` key)
+ZONED_KINDS = ("crontab", "cron")
+
+
+def zoned_kind(schedule: Any) -> str | None:
+    """``"crontab"`` or ``"cron"`` for a schedule's data form of that kind, else ``None``."""
+    if isinstance(schedule, dict):
+        return next((kind for kind in ZONED_KINDS if kind in schedule), None)
+    return None
+
+
+def keep_zone(new: Any, current: Any) -> Any:
+    """The ``"schedule"`` data of an update: ``new`` (a crontab or cron without a zone of its
+    own) with the ``timezone`` of ``current`` (the entry's schedule, a crontab or cron in a
+    zone); any other ``new`` as given. The zone is a part of the schedule that changes only when
+    given (docs/schedules.md, "update"): a 09:30 New York entry given new fields stays in New York,
+    it does not move to the app's zone."""
+    if (zoned_kind(new) is None or "timezone" in new or zoned_kind(current) is None
+            or current.get("timezone") is None):
+        return new
+    return {**new, "timezone": current["timezone"]}
+
+
 def anarchon_json(ours: dict | None) -> dict:
     """``options['anarchon']`` as data: timedeltas as seconds, an aware ``anchor`` datetime as
     seconds since the Unix epoch; other values as given."""

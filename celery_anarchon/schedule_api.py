@@ -230,9 +230,12 @@ class Schedules:
                anarchon: dict = _UNSET, by: str | None = None,
                check_task: bool = True) -> ScheduledEntry:
         """Change a store entry: each argument given replaces that part of the definition (the
-        others are kept; ``anarchon`` and ``options`` are replaced whole). The new slots follow
-        the start-up rule on every instance within ``anarchon_sync_interval``. Two updates of one
-        entry at once: the last one written wins.
+        others are kept; ``anarchon`` and ``options`` are replaced whole). A ``schedule`` that is
+        a crontab or cron without a zone of its own (an object built without ``tz``, or data
+        without ``"timezone"``) keeps the entry's zone (:func:`entry_json.keep_zone`): name the
+        zone to change it, the app's included. The new slots follow the start-up rule on every
+        instance within ``anarchon_sync_interval``. Two updates of one entry at once: the last
+        one written wins.
 
         :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name`` (change it there).
         :raises UnknownEntry: the store holds no entry ``name``.
@@ -251,6 +254,9 @@ class Schedules:
         current = json.loads(stored.definition)
         merged = {k: current.get(k) for k in ("task", "schedule", "args", "kwargs", "options",
                                               "anarchon") if k in current}
+        if "schedule" in changes:
+            changes["schedule"] = entry_json.keep_zone(
+                entry_json.schedule_json(changes["schedule"]), current.get("schedule"))
         merged.update(changes)
         definition = self._definition(name, **{k: merged.get(k) for k in (
             "task", "schedule", "args", "kwargs", "options", "anarchon")})

@@ -536,3 +536,46 @@ def test_status_and_list_name_the_zone_of_a_crontab_in_the_apps_zone(sqlite_url,
     _, text, _ = run_in_process(cli_commands.list_entries, app, False, capsys=capsys)
     [row] = [line for line in text.splitlines() if line.startswith("nightly ")]
     assert "crontab 0 3 * * * Europe/Berlin" in row and "every 2 s" in text
+
+
+def test_update_crontab_or_cron_keeps_the_entrys_time_zone(sqlite_url, namespace):
+    """`update --crontab` / `--cron` change the fields and keep the entry's zone (only the flags
+    given change): a 09:30 New York entry moved to 10:30 stays in New York, its next slot 10:30
+    New York time, not 10:30 in the app's zone (UTC). `--timezone` alone moves the zone and keeps
+    the fields; with the fields it wins; on an interval entry it is refused (exit 2)."""
+    def run(*args, code=0):
+        return exits(operate(sqlite_url, namespace, "good", *args), code)
+
+    run("add", "ny", "--task", "operate_app.report", "--crontab", "30 9 * * *",
+        "--timezone", "America/New_York")
+    out = run("update", "ny", "--crontab", "30 10 * * *")
+    assert "updated ny (store: crontab 30 10 * * * America/New_York -> operate_app.report" in out
+    after = "2027-01-04T12:00:00Z"              # a Monday, 07:00 in New York (EST, UTC-05:00)
+    slots = json.loads(run("next", "ny", "-n", "1", "--after", after, "--json"))
+    assert slots["timezone"] == "America/New_York"
+    assert slots["slots"][0]["utc"] == "2027-01-04T15:30:00+00:00", slots   # 10:30 EST
+
+    run("add", "tokyo", "--task", "operate_app.report", "--cron", "0 3 L * *",
+        "--timezone", "Asia/Tokyo")
+    updated = json.loads(run("update", "tokyo", "--cron", "0 4 L * *", "--json"))
+    assert updated["definition"]["schedule"] == {"cron": "0 4 L * *", "timezone": "Asia/Tokyo"}
+    updated = json.loads(run("update", "tokyo", "--crontab", "0 5 * * *", "--json"))
+    assert updated["definition"]["schedule"] == {"crontab": {"minute": "0", "hour": "5"},
+                                                 "timezone": "Asia/Tokyo"}
+
+    updated = json.loads(run("update", "ny", "--timezone", "Europe/Paris", "--json"))
+    assert updated["definition"]["schedule"] == {
+        "crontab": {"minute": "30", "hour": "10"}, "timezone": "Europe/Paris"}
+    updated = json.loads(run("update", "ny", "--crontab", "0 6 * * *", "--timezone", "UTC",
+                             "--json"))
+    assert updated["definition"]["schedule"] == {"crontab": {"minute": "0", "hour": "6"},
+                                                 "timezone": "UTC"}
+
+    run("add", "every", "--task", "operate_app.report", "--every", "60")
+    done = operate(sqlite_url, namespace, "good", "update", "every", "--timezone", "Asia/Tokyo")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert ("Error: entry 'every': --timezone changes the time zone of a crontab or cron "
+            "schedule, and this entry's schedule is every 60 s; fix: give --crontab or --cron "
+            "with --timezone") in done.stderr, done.stderr
+    listed = {e["name"]: e for e in json.loads(run("list", "--json"))}
+    assert listed["every"]["definition"]["schedule"] == {"every": 60}

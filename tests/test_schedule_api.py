@@ -140,6 +140,28 @@ def test_unknown_entries_and_names_taken(api):
     assert api.get("report").definition["schedule"] == {"every": 10}
 
 
+def test_an_update_of_a_crontab_or_cron_without_a_zone_keeps_the_entrys_zone(api):
+    """A crontab or cron given to update() without a zone of its own (as an object or as data)
+    keeps the entry's zone: the zone is a part of the schedule, which changes only when given.
+    A schedule that names a zone sets it; an interval has none."""
+    api.add("ny", task="proj.report",
+            schedule={"crontab": {"minute": "30", "hour": "9"}, "timezone": "America/New_York"})
+    updated = api.update("ny", schedule=crontab(minute=30, hour=10))
+    assert updated.definition["schedule"] == {"crontab": {"minute": 30, "hour": 10},
+                                              "timezone": "America/New_York"}
+    updated = api.update("ny", schedule={"cron": "30 11 * * 1-5"})
+    assert updated.definition["schedule"] == {"cron": "30 11 * * 1-5",
+                                              "timezone": "America/New_York"}
+    updated = api.update("ny", schedule={"crontab": {"hour": "12"}, "timezone": "Asia/Tokyo"})
+    assert updated.definition["schedule"] == {"crontab": {"hour": "12"}, "timezone": "Asia/Tokyo"}
+    updated = api.update("ny", schedule=cron("0 6 * * *", tz="UTC"))
+    assert updated.definition["schedule"] == {"cron": "0 6 * * *", "timezone": "UTC"}
+    assert api.update("ny", schedule=60).definition["schedule"] == {"every": 60}
+    api.add("plain", task="proj.report", schedule=crontab(minute=0, hour=3))
+    updated = api.update("plain", schedule=crontab(minute=0, hour=4))   # no zone to keep
+    assert updated.definition["schedule"] == {"crontab": {"minute": 0, "hour": 4}}
+
+
 def test_an_unsafe_entry_is_refused_with_the_start_up_message_and_nothing_is_written(api):
     app = api.app
     config = ScheduleEntry(name="fast", task="proj.report", schedule=1,
