@@ -63,25 +63,26 @@ class CeleryProcs:
         return merged
 
     def start(self, name: str, *args: str, env: dict | None = None, log: str | None = None,
-              append: bool = False) -> Proc:
+              append: bool = False, cwd: str | None = None) -> Proc:
         """Start ``celery -A app *args`` as ``name`` (a name started again replaces the old one).
 
         :param log: the log file (default ``workdir/name.log``); ``append`` keeps what it holds.
+        :param cwd: the process's working directory (default ``workdir``).
         """
         log = log or os.path.join(self.workdir, f"{name}.log")
         with open(log, "ab" if append else "wb") as handle:
             popen = subprocess.Popen([*CELERY, "-A", self.app, *args], env=self.environment(env),
-                                     cwd=self.workdir, stdout=handle, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     cwd=cwd or self.workdir, stdout=handle,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc = Proc(name, popen, log)
         return proc
 
     def beat(self, name: str, *extra: str, env: dict | None = None, loglevel: str = "info",
-             log: str | None = None, append: bool = False) -> Proc:
+             log: str | None = None, append: bool = False, cwd: str | None = None) -> Proc:
         """``celery beat`` (Celery's shelve file, unused by our scheduler, kept in the workdir)."""
         return self.start(name, "beat", "-l", loglevel, "--schedule",
                           os.path.join(self.workdir, f"{name}-unused-schedule"), *extra, env=env,
-                          log=log, append=append)
+                          log=log, append=append, cwd=cwd)
 
     def worker(self, name: str, *extra: str, pool: str = "threads", concurrency: int = 8,
                node: str | None = None, env: dict | None = None, loglevel: str = "info",

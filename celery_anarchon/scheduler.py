@@ -136,9 +136,10 @@ class Scheduler(beat.Scheduler):
         url, options, self._store_warning = resolve_store_url(app, self._settings)
         self._pid = os.getpid()
         self._instance_id = make_instance_id()
-        self._store_url, self._store_options = url, options
         self.store = open_store(url, namespace=self._settings.namespace,
                                 instance_id=self._instance_id, options=options)
+        # the store's own URL: a relative SQLite path resolved once, here (a fork reopens it)
+        self._store_url, self._store_options = self.store.url, options
         self.engine: Engine | None = None
         self._plans_snapshot: dict | None = None
         self._store_plans: dict[str, tuple[str, object]] = {}   # name -> (definition, plan|None)

@@ -158,3 +158,85 @@ def test_three_beats_send_every_slot_exactly_once(kind, tmp_path, namespace, cap
     assert not wrong, wrong[:5]
     if kind == "redis":    # enough runs (about 60) for the share to mean something
         assert max(share.values()) <= 0.6 * sum(share.values()), share
+
+
+def test_two_beats_in_two_directories_with_a_relative_sqlite_path_each_name_their_own_file(
+        tmp_path, namespace):
+    """What a relative SQLite path (``sqlite:///rel.sqlite3``) promises, with two real beats
+    started from two directories: each process resolves it once, against its own working
+    directory, so the two beats use two files, and each says so. Its banner, its start-up line
+    and ``status`` / ``check`` (run in that directory) name the absolute file, never the relative
+    URL alone, and a warning names the relative path, the directory and the fix. Each file's
+    history holds the sends of the beat that named it only, and both files hold sends of the same
+    slots: the duplicates the warning speaks of."""
+    entry = "clock"
+    dirs = {name: tmp_path / name for name in ("a", "b")}
+    for folder in dirs.values():           # stores in service for a while (no refused first 10 s)
+        folder.mkdir()
+        store = open_store(f"sqlite:///{folder / 'rel.sqlite3'}", namespace=namespace,
+                           instance_id="test")
+        store.prepare([entry])
+        backdate_memory_start(store, [entry], 120_000)
+        store.close()
+    env = {"ANARCHON_SC_BROKER": "memory://", "ANARCHON_SC_STORE": "sqlite:///rel.sqlite3",
+           "ANARCHON_SC_NAMESPACE": namespace, "ANARCHON_SC_QUEUE": f"rel-{namespace}",
+           "ANARCHON_SC_OUT": str(tmp_path / "unused.jsonl"), "ANARCHON_SC_CLOCK": "1"}
+    cluster = Cluster(str(tmp_path), env, app="schedules_app")
+    texts = {}
+    try:
+        for name, folder in dirs.items():
+            cluster.beat(f"beat-{name}", cwd=str(folder))
+
+        def sends(folder):
+            store = open_store(f"sqlite:///{folder / 'rel.sqlite3'}", namespace=namespace,
+                               instance_id="test")
+            try:
+                return {(r.slot_ms, r.instance) for r in store.history(entry)
+                        if r.event is RunEvent.SENT}
+            finally:
+                store.close()
+
+        deadline = time.monotonic() + 60
+        while not all(len(sends(f)) >= 3 for f in dirs.values()):
+            assert time.monotonic() < deadline, f"no sends in both files\n{cluster.logs()}"
+            assert all(p.alive() for p in cluster.procs.values()), cluster.logs()
+            time.sleep(0.2)
+        for name, command in (("status", ("status",)), ("status-json", ("status", "--json")),
+                              ("check", ("check",))):
+            proc = cluster.start(name, "anarchon", *command, cwd=str(dirs["a"]))
+            proc.popen.wait(60)
+            texts[name] = proc.text()
+    finally:
+        cluster.stop_all()
+    instances = {}
+    for name, folder in dirs.items():
+        path = folder / "rel.sqlite3"
+        text = cluster.text(f"beat-{name}")
+        assert f". store -> sqlite:///{path} (sqlite" in text, text              # the banner
+        [line] = [ln for ln in text.splitlines() if "anarchon: instance " in ln]
+        assert f", store sqlite:///{path}, namespace" in line, line
+        instances[name] = line.split("anarchon: instance ", 1)[1].split(",", 1)[0]
+        warning = (f"sqlite store sqlite:///{path}: anarchon_store_url 'sqlite:///rel.sqlite3' "
+                   "names a relative path, resolved against this process's working directory "
+                   f"({folder}): a beat or command started in another directory opens another "
+                   "file, and two beats on two files each send every run. Fix: give the "
+                   f"absolute path, anarchon_store_url = 'sqlite:///{path}' (four slashes)")
+        assert warning in text, text
+        assert text.count("sqlite:///rel.sqlite3") == text.count(warning), text
+    by_file = {name: sends(folder) for name, folder in dirs.items()}
+    for name in dirs:
+        assert {instance for _, instance in by_file[name]} == {instances[name]}, by_file
+    both = {slot for slot, _ in by_file["a"]} & {slot for slot, _ in by_file["b"]}
+    assert both, by_file        # each file's beat sent the same slots: two stores, two sends
+
+    path_a = dirs["a"] / "rel.sqlite3"
+    assert f"store: sqlite:///{path_a} (sqlite)" in texts["status"], texts["status"]
+    assert (f"warning: sqlite store sqlite:///{path_a}: anarchon_store_url "
+            "'sqlite:///rel.sqlite3' names a relative path") in texts["status"], texts["status"]
+    data = json.loads(texts["status-json"])          # what the page and /api/status show
+    assert data["store"]["url"] == f"sqlite:///{path_a}"
+    assert [i["instance_id"] for i in data["instances"]] == [instances["a"]]
+    assert any("names a relative path" in w for w in data["store"]["warnings"]), data["store"]
+    assert f"store sqlite:///{path_a} (sqlite)" in texts["check"], texts["check"]
+    assert (f"warn  sqlite store sqlite:///{path_a}: anarchon_store_url 'sqlite:///rel.sqlite3' "
+            "names a relative path") in texts["check"], texts["check"]

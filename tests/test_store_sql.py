@@ -102,9 +102,23 @@ def test_sqlite_paths_relative_and_absolute(tmpdir_path, monkeypatch):
     absolute = _open("sqlite:///" + os.path.join(tmpdir_path, "abs.sqlite3"))
     assert absolute.path == os.path.join(tmpdir_path, "abs.sqlite3")
     monkeypatch.chdir("/")  # the path was resolved when the store was built
-    relative.prepare(["e"])
+    warnings = relative.prepare(["e"])
     assert os.path.isfile(os.path.join(tmpdir_path, "sub", "claims.sqlite3"))
     relative.close()
+    # resolved once: the store's URL is the absolute one, and that is what every line prints
+    path = os.path.join(tmpdir_path, "sub", "claims.sqlite3")
+    assert relative.url == relative.safe_url == f"sqlite:///{path}"
+    assert warnings == [
+        f"sqlite store sqlite:///{path}: anarchon_store_url 'sqlite:///sub/claims.sqlite3' names "
+        f"a relative path, resolved against this process's working directory ({tmpdir_path}): "
+        "a beat or command started in another directory opens another file, and two beats on "
+        "two files each send every run. Fix: give the absolute path, "
+        f"anarchon_store_url = 'sqlite:///{path}' (four slashes)"]
+    assert absolute.url == "sqlite:///" + os.path.join(tmpdir_path, "abs.sqlite3")
+    assert absolute.prepare(["e"]) == []
+    absolute.close()
+    with_query = _open("sqlite:///q.sqlite3?timeout=3")       # resolved against "/" now
+    assert with_query.url == "sqlite:////q.sqlite3?timeout=3"
 
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])

@@ -30,7 +30,7 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon._util import mask_url, seconds
 from celery_anarchon.stores.sql.core import SQLStore
 
-__all__ = ["PostgreSQLStore", "SQLiteStore", "SQLStore"]
+__all__ = ["PostgreSQLStore", "SQLiteStore", "SQLStore", "absolute_sqlite_url"]
 
 log = logging.getLogger(__name__)
 
@@ -299,12 +299,35 @@ class PostgreSQLStore(SQLStore):
         return warnings
 
 
+def absolute_sqlite_url(url: str) -> str:
+    """``url`` (``sqlite:///path``) with its path made absolute against the working directory
+    (``sqlite:////abs/path``, query kept); an absolute path's URL, and any URL SQLAlchemy cannot
+    read or without a file (the store refuses those), as given.
+
+    The one place a relative SQLite path is resolved: a relative path names another file in each
+    directory a process starts in, so it is resolved once, when the store is built, and only the
+    absolute URL is used and printed after that.
+    """
+    try:
+        parsed = sa.make_url(url)
+    except sa_exc.ArgumentError:
+        return url
+    database = parsed.database or ""
+    if (database in ("", ":memory:") or database.startswith("file:") or os.path.isabs(database)
+            or parsed.query.get("mode") == "memory"):
+        return url
+    return parsed.set(database=os.path.abspath(database)).render_as_string(hide_password=False)
+
+
 class SQLiteStore(SQLStore):
     """One SQLite file shared by the beat processes of one host (WAL, ``BEGIN IMMEDIATE``).
 
     Store clock: the host clock read inside SQLite. ``claim_timeout`` (seconds) is the
     ``busy_timeout``: how long a transaction waits for another process's write lock. A relative
-    path is resolved against the working directory when the store is built. A file that is
+    path is resolved once, against the working directory when the store is built
+    (:func:`absolute_sqlite_url`): :attr:`url` and :attr:`safe_url` are the absolute URL (every
+    banner, log, ``check``, ``status`` and page line names that file), and :meth:`prepare` warns
+    that another directory would mean another file. A file that is
     deleted or replaced while beat runs is noticed before the next operation: the store reconnects
     and treats it as amnesia (docs/design.md "Amnesia"). Every commit is ``synchronous = FULL`` (in WAL
     mode, NORMAL may lose the last commits on a power cut).
@@ -322,7 +345,11 @@ class SQLiteStore(SQLStore):
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         self._file_id: tuple[int, int] | None = None
-        super().__init__(url, **kwargs)
+        absolute = absolute_sqlite_url(url)
+        #: (the URL as given, the working directory it was resolved against) when it named a
+        #: relative path, else None
+        self.relative: tuple[str, str] | None = (url, os.getcwd()) if absolute != url else None
+        super().__init__(absolute, **kwargs)
 
     @property
     def path(self) -> str:
@@ -403,12 +430,23 @@ class SQLiteStore(SQLStore):
             raise ConfigError(f"anarchon_store_url {self.safe_url!r}: {self.path!r} is a folder, not "
                               f"a SQLite file; {fix}")
         try:
-            return super().prepare(entries)
+            return super().prepare(entries) + self._relative_warning()
         except StoreUnavailable as error:
             if "unable to open database file" in str(error) or "readonly database" in str(error):
                 raise ConfigError(f"anarchon_store_url {self.safe_url!r}: cannot open the SQLite file "
                                   f"{self.path!r} ({error}); {fix}") from None
             raise
+
+    def _relative_warning(self) -> list[str]:
+        """The warning of a store URL that named a relative path (empty otherwise)."""
+        if self.relative is None:
+            return []
+        given, folder = self.relative
+        return [f"{self.kind} store {self.safe_url}: anarchon_store_url {mask_url(given)!r} names "
+                f"a relative path, resolved against this process's working directory ({folder}): "
+                "a beat or command started in another directory opens another file, and two beats "
+                "on two files each send every run. Fix: give the absolute path, "
+                f"anarchon_store_url = {self.safe_url!r} (four slashes)"]
 
     def _check_server(self, conn: sa.Connection) -> list[str]:
         if sqlite3.sqlite_version_info < (3, 24, 0):
