@@ -105,8 +105,15 @@ def _print_instances(data: dict) -> None:
         for d in data["disagreements"]:
             click.echo(f"  {d['entry']}:")
             for v in d["definitions"]:
-                click.echo(f"    {v['fingerprint']} on {', '.join(v['instances'])}: "
+                source = f" ({_SOURCE_WORDS[v['source']]})" if d["fix"] else ""
+                click.echo(f"    {v['fingerprint']}{source} on {', '.join(v['instances'])}: "
                            f"{v['definition'] or 'definition not saved'}")
+            if d["fix"]:
+                click.echo(f"    {d['fix']}")
+
+
+#: how status names where an instance takes an entry from
+_SOURCE_WORDS = {"config": "beat_schedule", "store": "store entry"}
 
 
 def _state(e: dict) -> str:

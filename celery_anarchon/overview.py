@@ -15,13 +15,14 @@ import datetime
 import json
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from celery import beat
 
 from celery_anarchon import entry_json
 from celery_anarchon._tz import zone_name
 from celery_anarchon._util import iso
+from celery_anarchon.engine.instances import clash_fix
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, build_plan
 from celery_anarchon.schedule_api import CONFIG, STORE, Schedules, ScheduledEntry, config_items
@@ -84,9 +85,21 @@ def _who(r: InstanceRecord) -> str:
     return f"{r.host}:{r.pid}"
 
 
-def _fingerprint_views(store, records: list[InstanceRecord]) -> tuple[list[dict], list[dict], list[str]]:
+#: where a live instance takes an entry's definition from (``disagreements[].definitions[].source``)
+SOURCE_CONFIG, SOURCE_STORE = CONFIG, STORE
+
+
+def _fingerprint_views(store, records: list[InstanceRecord], stored: Mapping[str, str],
+                       store_definition: Callable[[str], tuple[str | None, str]]
+                       ) -> tuple[list[dict], list[dict], list[str]]:
     """The config entries only some instances run, the entries whose fingerprints differ
-    between instances, and the instances whose fingerprints are not saved yet."""
+    between instances, and the instances whose fingerprints are not saved yet.
+
+    An instance whose beat_schedule lacks a name that is a store entry (``stored``: name ->
+    definition text) runs the store's (:meth:`EntrySync.merge`): it is not "not running" the
+    entry, and when others run a beat_schedule entry of that name, the entry is a disagreement
+    whose definitions say where each comes from (``store_definition``: a store entry's
+    fingerprint and definition as beat builds them)."""
     mappings: dict[str, dict[str, str] | None] = {}
     for r in records:
         if r.fingerprints_digest not in mappings:
@@ -97,20 +110,39 @@ def _fingerprint_views(store, records: list[InstanceRecord]) -> tuple[list[dict]
     partial = []
     disagreements = []
     for name in names:
-        not_by = [_who(r) for r, m in known if name not in m]
-        if not_by:
+        without = [_who(r) for r, m in known if name not in m]
+        if without and name not in stored:
             partial.append({"entry": name, "run_by": [_who(r) for r, m in known if name in m],
-                            "not_run_by": not_by})
-        by_fingerprint: dict[str, list[str]] = {}
+                            "not_run_by": without})
+        groups: dict[tuple[str, str | None], list[str]] = {}
         for r, m in known:
             if name in m:
-                by_fingerprint.setdefault(m[name], []).append(_who(r))
-        if len(by_fingerprint) > 1:
+                groups.setdefault((SOURCE_CONFIG, m[name]), []).append(_who(r))
+        store_text: dict[tuple[str, str | None], str] = {}
+        if without and name in stored:     # they run the store entry of that name
+            fingerprint, store_text[(SOURCE_STORE, fingerprint)] = store_definition(name)
+            groups[(SOURCE_STORE, fingerprint)] = without
+        if len(groups) > 1:
             disagreements.append({"entry": name, "definitions": [
-                {"fingerprint": fp, "instances": hosts,
-                 "definition": store.load_definition(name, fp)}
-                for fp, hosts in sorted(by_fingerprint.items())]})
+                {"fingerprint": fp, "source": source, "instances": hosts,
+                 "definition": (store_text[(source, fp)] if source == SOURCE_STORE
+                                else store.load_definition(name, fp))}
+                for (source, fp), hosts in sorted(groups.items(), key=lambda g: (g[0][0],
+                                                                                g[0][1] or ""))],
+                "fix": clash_fix(name) if store_text else None})
     return partial, disagreements, unsaved
+
+
+def _store_definition(app, settings: Settings, store: ClaimStore, name: str,
+                      text: str) -> tuple[str | None, str]:
+    """A store entry's fingerprint and definition as a beat builds them; ``None`` and its JSON
+    text with the rule it breaks when beat refuses it."""
+    try:
+        plan = build_plan(name, entry_json.parse(name, text, app=app), app=app,
+                          settings=settings, store=store)
+    except ConfigError as exc:
+        return None, f"{text} (beat refuses it: {exc})"
+    return plan.fingerprint, plan.definition
 
 
 def _config_items(app) -> dict:
@@ -313,9 +345,15 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     * ``run_now``: the run-now requests the store remembers: ``{entry, request_id, slot, by,
       requested}``.
     * ``partial``: config entries only some instances run: ``{entry, run_by, not_run_by}``
-      (``host:pid`` lists).
-    * ``disagreements``: config entries whose definition differs between live instances:
-      ``{entry, definitions: [{fingerprint, instances, definition}]}``.
+      (``host:pid`` lists); an instance whose beat_schedule lacks a store entry's name runs the
+      store's, and is not listed here.
+    * ``disagreements``: entries whose definition differs between live instances, or that some
+      run from their beat_schedule and others from the store (a store entry's name in some
+      instances' beat_schedule: there it wins, the others run the store's, so both schedules are
+      sent): ``{entry, definitions: [{fingerprint, source, instances, definition}]}`` (``source``:
+      ``"config"``, the instances' beat_schedule, or ``"store"``, the store entry; a store entry
+      that breaks a rule has the fingerprint ``None``), ``fix`` (what to do when the sources
+      differ, else ``None``).
     * ``unsaved``: instances (``host:pid``) whose entries are not saved yet.
     """
     settings = settings or Settings.from_app(app)
@@ -348,7 +386,9 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
         try:
             records = store.instances()
             out["instances"] = [_instance(r, store_now, settings.sync_interval_s) for r in records]
-            out["partial"], out["disagreements"], out["unsaved"] = _fingerprint_views(store, records)
+            out["partial"], out["disagreements"], out["unsaved"] = _fingerprint_views(
+                store, records, texts,
+                lambda name: _store_definition(app, settings, store, name, texts[name]))
         except StoreError as exc:
             part["reachable"], part["error"], reachable = False, str(exc), False
     config = _config_items(app)

@@ -131,6 +131,47 @@ def test_status_shows_live_instances_what_they_disagree_on_store_entries_and_pau
     assert "added: request req-9" in out
 
 
+def test_status_reports_a_store_entry_that_other_instances_run_from_their_beat_schedule(
+        tmp_path, namespace):
+    """``nightly`` is a store entry and a beat_schedule entry of host-a only; host-b, whose
+    beat_schedule lacks it, runs the store's. status lists it as a disagreement with both
+    definitions, where each comes from and the hosts, and the fix; it never says host-b does not
+    run it. The same on the status app's own beat_schedule entry with a store copy."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    store = open_store(url, namespace=namespace, instance_id="test", options={})
+    try:
+        store.prepare(())
+        store.save_definition("nightly", "aaaa11112222", '{"schedule":"every 7200 s (config)"}')
+        store.save_definition("config-entry", "cccc33334444", '{"schedule":"every 60 s"}')
+        store.save_fingerprints("d-a", {"nightly": "aaaa11112222", "config-entry": "cccc33334444"})
+        store.save_fingerprints("d-b", {})
+        for iid, host, digest in (("i-a", "host-a", "d-a"), ("i-b", "host-b", "d-b")):
+            store.record_instance(InstanceRecord(iid, host, 4242, "0.1.0", 1_000, 2_000, 0, 2,
+                                                 digest), ttl_ms=600_000)
+        for name in ("nightly", "config-entry"):
+            store.put_entry(name, json.dumps({"task": "cli_app.report",
+                                              "schedule": {"every": 3600}}), by="ops", create=True)
+    finally:
+        store.close()
+    data = json.loads(ok(cli(url, namespace, "status", "--json")))
+    assert data["partial"] == [], data["partial"]
+    clashes = {d["entry"]: d for d in data["disagreements"]}
+    assert sorted(clashes) == ["config-entry", "nightly"], data["disagreements"]
+    nightly = clashes["nightly"]
+    [config, stored] = nightly["definitions"]
+    assert (config["source"], config["fingerprint"], config["instances"], config["definition"]) == (
+        "config", "aaaa11112222", ["host-a:4242"], '{"schedule":"every 7200 s (config)"}')
+    assert (stored["source"], stored["instances"]) == ("store", ["host-b:4242"])
+    assert "period_ms=3600000" in stored["definition"] and len(stored["fingerprint"]) == 12
+    assert nightly["fix"].startswith("Fix: keep one definition under this name: remove the "
+                                     "store entry (celery anarchon remove nightly)")
+    out = ok(cli(url, namespace, "status"))
+    assert "  nightly:\n    aaaa11112222 (beat_schedule) on host-a:4242: " in out, out
+    assert f"    {stored['fingerprint']} (store entry) on host-b:4242: " in out, out
+    assert "    Fix: keep one definition under this name" in out
+    assert "not by host-b" not in out
+
+
 def test_a_store_that_cannot_hold_entries_or_cannot_be_reached(namespace):
     fails(cli("amqp://guest:guest@127.0.0.1:5672//", namespace, "list"), 2, ENTRY_STORE_NAMES)
     fails(cli("nats://127.0.0.1:4222", namespace, "pause", "config-entry"), 2, ENTRY_STORE_NAMES)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import socket
 import sys
 import time
 
@@ -101,6 +102,11 @@ class Run:
 
     def runs(self, entry: str = "dyn") -> list[dict]:
         return [x for x in read_executions(self.out) if x["entry"] == entry]
+
+
+def socket_host() -> str:
+    """This host's name, as an instance record names it (the beats run here)."""
+    return socket.gethostname()
 
 
 def slots_between(period_ms: int, lo_ms: float, hi_ms: float) -> list[int]:
@@ -306,3 +312,58 @@ def test_two_beats_with_different_definitions_both_log_it(tmp_path, namespace):
         cluster.stop_all()
     print(f"disagreement test: {time.monotonic() - began:.1f} s")
 
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_store_entry_here_and_a_beat_schedule_entry_there_is_reported_by_both(
+        kind, tmp_path, namespace):
+    """``drift`` is a store entry (every 3600 s), and beat-b also has a ``beat_schedule`` entry
+    ``drift`` (every 7200 s): beat-b runs its own (a config entry wins on the host that has
+    both), beat-a runs the store's, so the union of both schedules is sent. Each logs the
+    disagreement, naming the entry, both definitions, where each comes from and the other's
+    host:pid; ``status`` (from an app without the config entry, as on beat-a's host) lists it
+    with both definitions, their sources and hosts, and does not say beat-a leaves ``drift``
+    unrun; once beat-b stops, beat-a logs that the clash is over."""
+    began = time.monotonic()
+    url = store_url(kind, str(tmp_path))
+    env = cluster_env(kind, url, namespace, str(tmp_path / "executions.jsonl"),
+                      ANARCHON_SC_SYNC_INTERVAL="1")
+    with celery_anarchon.schedules(schedules_app.make_app(env), by="ops") as api:
+        api.add("drift", task=schedules_app.TASK, schedule=3600)
+    cluster = Cluster(str(tmp_path), env, app="schedules_app")
+    try:
+        one = cluster.beat("beat-a")
+        two = cluster.beat("beat-b", env={"ANARCHON_SC_DRIFT_EVERY": "7200"})
+        here_store = "anarchon: entry 'drift' is a store entry here and a beat_schedule entry"
+        here_config = "anarchon: entry 'drift' is a beat_schedule entry here and a store entry"
+        for name, text, other in (("beat-a", here_store, two), ("beat-b", here_config, one)):
+            cluster.wait_log(name, text, 30)
+            line = next(ln for ln in cluster.text(name).splitlines() if text in ln)
+            assert "ERROR" in line, line
+            assert f":{other.pid} run" in line, line                   # the other's host:pid
+            assert f":{cluster.procs[name].pid})" in line, line        # this instance's
+            for period in ("period_ms=3600000", "period_ms=7200000"):  # both definitions
+                assert period in line, line
+            assert "anarchon remove drift" in line, line               # the fix
+        status = cluster.start("status", "anarchon", "status", "--json")
+        status.popen.wait(60)
+        text = cluster.start("status-text", "anarchon", "status")
+        text.popen.wait(60)
+        cluster.stop("beat-b")
+        cluster.wait_log("beat-a", "anarchon: entry 'drift': no live instance runs another "
+                         "definition of it any more", 3 + 10)
+    finally:
+        cluster.stop_all()
+    data = json.loads(status.text())
+    who = {p.name: f"{socket_host()}:{p.pid}" for p in (one, two)}
+    assert not [p for p in data["partial"] if p["entry"] == "drift"], data["partial"]
+    [clash] = [d for d in data["disagreements"] if d["entry"] == "drift"]
+    by_source = {d["source"]: d for d in clash["definitions"]}
+    assert by_source["store"]["instances"] == [who["beat-a"]], clash
+    assert by_source["config"]["instances"] == [who["beat-b"]], clash
+    assert "period_ms=3600000" in by_source["store"]["definition"], clash
+    assert "period_ms=7200000" in by_source["config"]["definition"], clash
+    out = text.text()
+    assert "drift:" in out and f"(store entry) on {who['beat-a']}" in out, out
+    assert f"(beat_schedule) on {who['beat-b']}" in out, out
+    print(f"store/config clash test ({kind}): {time.monotonic() - began:.1f} s")

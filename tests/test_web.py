@@ -331,7 +331,11 @@ def _status_data() -> dict:
         "run_now": [{"entry": EVIL, "request_id": EVIL, "slot": t, "by": EVIL, "requested": t}],
         "partial": [{"entry": EVIL, "run_by": [EVIL], "not_run_by": [EVIL]}],
         "disagreements": [{"entry": EVIL, "definitions": [
-            {"fingerprint": EVIL, "instances": [EVIL], "definition": EVIL}]}],
+            {"fingerprint": EVIL, "source": "config", "instances": [EVIL], "definition": EVIL}],
+            "fix": None}, {"entry": EVIL, "definitions": [
+            {"fingerprint": EVIL, "source": "config", "instances": [EVIL], "definition": EVIL},
+            {"fingerprint": EVIL, "source": "store", "instances": [EVIL], "definition": EVIL}],
+            "fix": "Fix: keep one definition " + EVIL}],
         "unsaved": [EVIL],
     }
 
@@ -346,7 +350,8 @@ def test_every_value_on_the_page_is_escaped_and_every_part_shown():
                   "is run by", "its entries are not saved yet", "holder &lt;script&gt;",
                   "token 17", "(expired)", "late by 9 s", "Recent skips", "Run-now requests",
                   'class="run skip"', 'class="run ok"', 'data-action="resume"',
-                  'class="state st-paused"', "redis://:***@h:6379/0"):
+                  'class="state st-paused"', "redis://:***@h:6379/0", "(store entry) on",
+                  "(beat_schedule) on", "Fix: keep one definition &lt;script&gt;"):
         assert shown in page, shown
     closed = render_page(_status_data(), actions=False)
     assert "data-action" not in closed and 'id="token"' not in closed

@@ -256,7 +256,7 @@ class Engine:
             return []
         if sync.follow():
             self._set_plans(sync.merge(self.config_plans))
-        self.heartbeat.beat(self.config_plans, len(self.plans))
+        self.heartbeat.beat(self.config_plans, len(self.plans), sync.store_plans)
         return sync.requests_due(now, self.plans)
 
     def _claim(self, requests: list[ClaimRequest]) -> None:

@@ -3,7 +3,16 @@ definition of a config (``beat_schedule``) entry: a rolling deploy, or a schedul
 per process. Each instance records, every sync interval, the digest of the fingerprints of the
 config entries it runs (the mapping saved once per digest); one that finds a live instance with
 another fingerprint of an entry it runs logs an error naming the entry, both definitions and the
-hosts, at start-up and whenever that set of disagreements changes."""
+hosts, at start-up and whenever that set of disagreements changes.
+
+A name can also be a store entry and, on some instances, a ``beat_schedule`` entry: those run
+their config entry (it wins a name clash, :meth:`EntrySync.merge`), the others run the store's,
+so the union of both schedules is sent. An instance sees it through the other instances'
+mappings (a store entry it runs that another runs from its beat_schedule; a config entry it runs
+under a store entry's name that another does not have in its beat_schedule, so runs the
+store's) and logs it once per change of that entry's clash: an error naming the entry, both
+definitions, where each comes from, the hosts and the fix (a warning when the two definitions
+are the same: the same runs, but a change of the store entry would not reach every instance)."""
 from __future__ import annotations
 
 import hashlib
@@ -11,6 +20,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import shlex
 import socket
 from collections.abc import Mapping
 from typing import Callable
@@ -34,12 +44,25 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree
 
 #: one disagreement: (entry, the other instance's fingerprint, its host:pid)
 Disagreement = tuple[str, str, str]
+#: where an instance takes an entry's definition from: the store, or its beat_schedule
+FROM_STORE, FROM_CONFIG = "store", "beat_schedule"
+#: one clash of a store entry's name with a beat_schedule entry: (entry, where this instance
+#: takes it from, the other instance's fingerprint (of the other source), its host:pid)
+Clash = tuple[str, str, str, str]
 
 
 def fingerprints_digest(fingerprints: Mapping[str, str]) -> str:
     """sha256 (hex) of the sorted ``(name, fingerprint)`` pairs: equal for equal mappings."""
     text = json.dumps(sorted(fingerprints.items()), separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def clash_fix(entry: str) -> str:
+    """The fix of a name that some instances run from the store and others from their
+    beat_schedule: one text for the beat log, ``status`` and the status page."""
+    return (f"Fix: keep one definition under this name: remove the store entry (celery anarchon "
+            f"remove {shlex.quote(entry)}) and define it in every host's beat_schedule, or remove "
+            "it from every beat_schedule and keep the store's, or rename one of them.")
 
 
 def host_pid() -> str:
@@ -72,15 +95,20 @@ class Heartbeat:
         self.started_ms = int(clock() * 1000)
         self.saved_digest: str | None = None
         self.reported: frozenset[Disagreement] = frozenset()
+        self.reported_clashes: frozenset[Clash] = frozenset()
         self._mappings: dict[str, dict[str, str]] = {}       # digest -> its mapping (immutable)
         self._definitions: dict[tuple[str, str], str | None] = {}
         self._mine: tuple[dict, dict[str, str], str] | None = None  # (config, mapping, digest)
 
-    def beat(self, config: dict[str, EntryPlan], entries: int) -> None:
+    def beat(self, config: dict[str, EntryPlan], entries: int,
+             store_plans: Mapping[str, EntryPlan] | None = None) -> None:
         """Record this instance (``config``: the config plans it runs; ``entries``: how many it
-        runs in all), then compare with the other live instances. A store error is backed off.
-        The fingerprints of ``config`` are walked once per ``config`` object (the engine passes a
-        new one when beat_schedule changes), not at every heartbeat."""
+        runs in all), then compare with the other live instances: the config entries they run
+        with other definitions, and the names of ``store_plans`` (the store entries as this
+        instance last synced them, those its config shadows included) that some run from the
+        store and others from their beat_schedule. A store error is backed off. The fingerprints
+        of ``config`` are walked once per ``config`` object (the engine passes a new one when
+        beat_schedule changes), not at every heartbeat."""
         if not self.outage.may_try():
             return
         if self._mine is None or self._mine[0] is not config:   # walked once per config
@@ -95,13 +123,18 @@ class Heartbeat:
             self.store.record_instance(InstanceRecord(
                 self.instance_id, host, pid, VERSION, self.started_ms, int(self.clock() * 1000),
                 self.skew.skew_ms, entries, digest), self.ttl_ms)
-            found = self._disagreements(mine, digest)
+            others = self._others(digest)
+            found = self._disagreements(mine, others)
+            clashes = self._clashes(mine, store_plans or {}, others)
             if found != self.reported:
                 self._report(found, config)
+            if clashes != self.reported_clashes:
+                self._report_clashes(clashes, config, store_plans or {})
         except StoreError as exc:
             self.outage.failed(exc, "recording this instance in the store")
             return
         self.reported = found
+        self.reported_clashes = clashes
 
     def leave(self) -> None:
         """Drop this instance's record (beat is shutting down); a store error is only logged."""
@@ -110,8 +143,11 @@ class Heartbeat:
         except StoreError as exc:
             logger.debug("anarchon: removing this instance's record failed: %s", exc)
 
-    def _disagreements(self, mine: dict[str, str], digest: str) -> frozenset[Disagreement]:
-        found = set()
+    def _others(self, digest: str) -> list[tuple[str, dict[str, str]]]:
+        """The other live instances whose config differs from this one's (``digest``), as
+        ``(host:pid, their mapping)``; one whose mapping is not saved yet is compared at the next
+        heartbeat."""
+        others = []
         live = self.store.instances()
         self.observer.live_instances(len(live))
         for other in live:
@@ -123,8 +159,30 @@ class Heartbeat:
                 if theirs is None:           # not saved yet: compared at the next heartbeat
                     continue
                 self._mappings[other.fingerprints_digest] = theirs
-            found.update((name, fp, f"{other.host}:{other.pid}") for name, fp in theirs.items()
+            others.append((f"{other.host}:{other.pid}", theirs))
+        return others
+
+    @staticmethod
+    def _disagreements(mine: dict[str, str],
+                       others: list[tuple[str, dict[str, str]]]) -> frozenset[Disagreement]:
+        return frozenset((name, fp, who) for who, theirs in others for name, fp in theirs.items()
                          if name in mine and mine[name] != fp)
+
+    @staticmethod
+    def _clashes(mine: dict[str, str], store_plans: Mapping[str, EntryPlan],
+                 others: list[tuple[str, dict[str, str]]]) -> frozenset[Clash]:
+        """The store entries' names that this instance and another take from different places:
+        this one runs the store's and the other its beat_schedule entry, or the reverse (the
+        other's beat_schedule lacks a name this one's has: it runs the store's)."""
+        if not store_plans:
+            return frozenset()
+        shadowed_here = [name for name in mine if name in store_plans]
+        found = set()
+        for who, theirs in others:
+            found.update((name, FROM_STORE, fp, who) for name, fp in theirs.items()
+                         if name in store_plans and name not in mine)
+            found.update((name, FROM_CONFIG, store_plans[name].fingerprint, who)
+                         for name in shadowed_here if name not in theirs)
         return frozenset(found)
 
     def _definition(self, name: str, fingerprint: str) -> str:
@@ -149,3 +207,43 @@ class Heartbeat:
                 "Where their slots differ, each sends its own runs. Fix: give every instance the "
                 "same beat_schedule entry (during a rolling deploy this ends once every host runs "
                 "the new code).", name, host_pid(), plan.fingerprint, plan.definition, theirs)
+
+    def _report_clashes(self, found: frozenset[Clash], config: dict[str, EntryPlan],
+                        store_plans: Mapping[str, EntryPlan]) -> None:
+        """Log each entry whose clash changed: an error naming the entry, both definitions, where
+        each comes from, the hosts and the fix (a warning when both definitions are the same);
+        an entry whose clash is over, once."""
+        new: dict[str, set[Clash]] = {}
+        old: dict[str, set[Clash]] = {}
+        for clash in found:
+            new.setdefault(clash[0], set()).add(clash)
+        for clash in self.reported_clashes:
+            old.setdefault(clash[0], set()).add(clash)
+        for name in sorted(set(old) - set(new)):
+            logger.warning("anarchon: entry %r: no live instance runs another definition of it any "
+                           "more (the clash of its store entry and a beat_schedule entry is over)",
+                           name)
+        for name in sorted(n for n in new if new[n] != old.get(n)):
+            here = next(iter(new[name]))[1]
+            theirs: dict[str, list[str]] = {}
+            for _, _, fingerprint, who in sorted(new[name]):
+                theirs.setdefault(fingerprint, []).append(who)
+            if here == FROM_STORE:
+                plan, what = store_plans[name], "a store entry here and a beat_schedule entry"
+                mine = f"the store's definition {plan.fingerprint}: {plan.definition}"
+                other, text_of = "its beat_schedule", lambda fp: self._definition(name, fp)
+            else:
+                plan, what = config[name], "a beat_schedule entry here and a store entry"
+                mine = (f"its beat_schedule definition {plan.fingerprint}: {plan.definition} "
+                        "(the store's is ignored here)")
+                other, text_of = "the store's", lambda fp: store_plans[name].definition
+            text = "; ".join(f"{', '.join(hosts)} run{'s' if len(hosts) == 1 else ''} {other} "
+                             f"definition {fp}: {text_of(fp)}" for fp, hosts in theirs.items())
+            differ = any(fp != plan.fingerprint for fp in theirs)
+            outcome = ("Each instance sends the slots of the definition it runs: the runs of both "
+                       "schedules are sent." if differ else
+                       "Both definitions are the same today, but a change of the store entry "
+                       "does not reach the instances that run their beat_schedule entry.")
+            (logger.error if differ else logger.warning)(
+                "anarchon: entry %r is %s on other instances: this instance (%s) runs %s; %s. %s "
+                "%s", name, what, host_pid(), mine, text, outcome, clash_fix(name))

@@ -97,12 +97,18 @@ class EntrySync:
 
     def merge(self, config: dict[str, EntryPlan]) -> dict[str, EntryPlan]:
         """The plans to run: ``config`` (``beat_schedule``) and the store's entries; a config
-        entry wins a name clash (logged once per clash)."""
+        entry wins a name clash here (logged once per clash, with both definitions). The
+        instances whose beat_schedule lacks the name run the store's: the heartbeat names them
+        (:class:`~celery_anarchon.engine.instances.Heartbeat`)."""
         clashes = set(config) & set(self.store_plans)
         for name in sorted(clashes - self._clashes):
-            logger.warning("anarchon: store entry %r has the name of a beat_schedule entry: the "
-                           "beat_schedule one runs, the store's is ignored. Fix: remove the store "
-                           "entry or rename one of them.", name)
+            ours, stored = config[name], self.store_plans[name]
+            logger.warning("anarchon: store entry %r has the name of a beat_schedule entry: here "
+                           "the beat_schedule one runs (%s: %s) and the store's is ignored (%s: "
+                           "%s); an instance whose beat_schedule lacks it runs the store's. Fix: "
+                           "keep one definition under this name: remove the store entry or the "
+                           "beat_schedule entry, or rename one of them.", name, ours.fingerprint,
+                           ours.definition, stored.fingerprint, stored.definition)
         self._clashes = clashes
         plans = dict(config)
         plans.update((n, p) for n, p in self.store_plans.items() if n not in config)
