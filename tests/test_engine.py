@@ -20,6 +20,7 @@ from celery.schedules import crontab
 
 from celery_anarchon import entry_json, install
 from celery_anarchon.engine import Engine
+from celery_anarchon.engine.claims import claim_request
 from celery_anarchon.engine.instances import host_pid
 from celery_anarchon.errors import SendOutcomeUnknown, StoreUnavailable
 from celery_anarchon.plan import build_plan, build_plans
@@ -564,6 +565,35 @@ def test_a_run_waiting_for_the_store_and_reseeded_is_claimed_and_sent_once(redis
     h.engine.tick()
     assert [s for _, s, _ in h.sent].count(slot) == 1, f"slot sent {h.sent}; batches {batches}"
     assert all(len(b) == len(set(b)) for b in batches), f"a run twice in one batch: {batches}"
+
+
+def test_a_run_due_in_the_heap_and_waiting_in_the_retries_is_claimed_once_by_the_coordinator(
+        sqlite_url, namespace, harnesses):
+    """The coordinator's own rule, whatever the heap does (engine/due.py keeps a re-seed from
+    queueing a waiting run, test_engine_parts.py::test_due_reseed_leaves_a_waiting_claim_in_the_retries):
+    a run that reaches one tick both from the heap and from the claim retries is claimed once,
+    with the heap's copy (the current plan's), and sent once. A store answers won to every copy
+    of its own claim, so a second copy in the batch would be a second send."""
+    h = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0, "max_late": 5})})
+    batches = []
+    claim = h.store.claim
+
+    def recording(requests):
+        batches.append([(r.run, r.task_id) for r in requests])
+        return claim(requests)
+    h.store.claim = recording
+    slot = (int(time.time() * 1000) - 500) // 10_000 * 10_000     # in the past, within 10.5 s
+    h.clock.offset = slot / 1000 - 0.5 - time.time()             # the engine: just before it
+    h.engine.tick()                                                # seeds the slot (9.5 s late before)
+    assert not h.sent and h.engine.next_fire() == slot / 1000
+    stale = dataclasses.replace(claim_request(namespace, h.plans["e"], slot), task_id="stale-copy")
+    h.engine.claims.hold([stale])                                  # the same run, waiting
+    h.clock.offset = slot / 1000 + 0.1 - time.time()
+    h.engine.tick()
+    assert h.sent == [("e", slot, 1)], h.sent
+    heap_copy = claim_request(namespace, h.plans["e"], slot).task_id
+    assert batches == [[(("e", slot), heap_copy)]], batches
+    assert ("e", slot) not in h.engine.claims, "the waiting copy was answered too"
 
 
 def test_a_wall_clock_stepped_back_still_retries_the_store(redis_proxy, namespace, harnesses):
