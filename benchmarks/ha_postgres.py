@@ -10,6 +10,13 @@ that break it (lag, crash, promotion). Never the shared server on 5432.
         ha.promote()                             # pg_ctl promote the first standby: a new timeline
         url_b = ha.url(ha.primary)               # the promoted standby is the primary now
 
+    with PostgresHA(standbys=0) as ha:          # a backup restored on another server
+        dump = ha.dump_tables()                  # pg_dump -t 'anarchon_*' of the primary
+        ...                                      # commits the backup does not have
+        ha.restore_on_new_server(dump)           # a new cluster (initdb: another system
+                                                 # identifier, timeline 1) on the same port
+        ha.epoch()                               # (system identifier, timeline) of the primary
+
 Every node runs as the ``postgres`` user (``runuser``) from ``/usr/lib/postgresql/*/bin``, on a
 free loopback port, in its own temporary folder, with ``trust`` authentication. Each standby
 reaches the primary through its own TCP proxy (tests/tcp_proxy.py, in this process) so a test
@@ -200,6 +207,38 @@ class PostgresHA(Rig):
         self.primary = node
         return node
 
+    def dump_tables(self, pattern: str = "anarchon_*") -> str:
+        """A backup of the primary's tables whose names match ``pattern`` (``pg_dump -t``, plain
+        SQL), written into the rig's folder; returns its path. :raises RuntimeError:"""
+        path = os.path.join(self.root, f"dump-{time.monotonic_ns()}.sql")
+        as_postgres(os.path.join(self.bin, "pg_dump"), "-h", "127.0.0.1", "-p",
+                    str(self.primary.port), "-U", "postgres", "-d", self.database, "-t", pattern,
+                    "--no-owner", "-f", path, cwd=self.root)
+        return path
+
+    def restore_on_new_server(self, dump: str) -> Node:
+        """A backup restored on another server at the same address: crash the primary, ``initdb``
+        a new cluster (never the per-process template: a new cluster has a system identifier of
+        its own, and starts on timeline 1 as every new cluster does, the primary's own timeline
+        when nothing was promoted), start it on the old primary's port, create the database and
+        replay ``dump`` into it (psql). The new server becomes :attr:`primary`; returns it.
+        :raises RuntimeError:"""
+        old = self.primary
+        self.stop(old, "immediate")
+        node = Node(f"restored{len(self.nodes)}", self.root)
+        node.port = old.port
+        as_postgres(os.path.join(self.bin, "initdb"), "-D", node.data, "-A", "trust", "-U",
+                    "postgres", "--no-sync", "--no-instructions")
+        with open(os.path.join(node.data, "postgresql.auto.conf"), "a") as conf:
+            conf.write("wal_level = replica\nmax_wal_senders = 10\nmax_replication_slots = 10\n")
+        self.nodes.append(node)
+        self._start(node)
+        self._psql(node, f"CREATE DATABASE {self.database}", db="postgres")
+        as_postgres("psql", "-h", "127.0.0.1", "-p", str(node.port), "-U", "postgres", "-d",
+                    self.database, "-q", "-v", "ON_ERROR_STOP=1", "-f", dump, cwd=self.root)
+        self.primary = node
+        return node
+
     def set_synchronous(self, names: str) -> None:
         """Set ``synchronous_standby_names`` on the primary (``ALTER SYSTEM`` + reload)."""
         self.synchronous = names
@@ -219,6 +258,14 @@ class PostgresHA(Rig):
         out = as_postgres("psql", "-h", "127.0.0.1", "-p", str(node.port), "-U", "postgres", "-d",
                           db or self.database, "-Atqc", sql, cwd=self.root)
         return out.stdout.strip()
+
+    def epoch(self, node: Node | None = None) -> tuple[str, int]:
+        """(system identifier, timeline of the current WAL file) of ``node`` (default: the
+        primary): what the PostgreSQL store's epoch is made of."""
+        sysid, wal = self._psql(node or self.primary, "SELECT system_identifier::text, "
+                                "pg_walfile_name(pg_current_wal_lsn()) FROM pg_control_system()"
+                                ).split("|")
+        return sysid, int(wal[:8], 16)
 
     def query(self, node: Node, sql: str) -> str:
         """Run ``sql`` on ``node`` with psql; its unaligned output. :raises RuntimeError:"""

@@ -61,6 +61,35 @@ def test_promoted_lagging_standby_never_rewins_a_won_run(async_rig, opened, name
     assert b.claim([req("e", after_memory_restart(b))])[0].outcome is Outcome.WON
 
 
+def test_claim_tables_restored_on_a_new_server_on_the_same_timeline_never_rewin_a_run(
+        opened, namespace):
+    """The claim tables are backed up (pg_dump), A wins X, then the server is lost and the backup
+    is restored on a new one (another initdb: another system identifier, on timeline 1 like the
+    old server). The restored tables lack X and their memory start is old; the timeline alone
+    cannot tell the servers apart. B's claim of X is refused (forgotten: the system identifier
+    changed), never won (docs/design.md "Amnesia": epoch)."""
+    with ha_postgres.PostgresHA(standbys=0) as ha:
+        a = opened(ha.url(), namespace, "A")
+        prepared(a)
+        assert a.claim([req("e", fresh_slot(a))])[0].outcome is Outcome.WON
+        dump = ha.dump_tables()
+        slot = fresh_slot(a) + 1
+        assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
+        old_system, old_timeline = ha.epoch()
+        a.close()
+        ha.restore_on_new_server(dump)
+        new_system, new_timeline = ha.epoch()
+        assert new_timeline == old_timeline and new_system != old_system, (
+            "the rig must give another server on the same timeline")
+
+        b = opened(ha.url(), namespace, "B")
+        again = b.claim([req("e", slot)])[0]
+        assert again.outcome is Outcome.FORGOTTEN, again
+        assert new_system in again.detail and old_system in again.detail, again
+        # the memory began again when B noticed the new server: later runs are claimed as usual
+        assert b.claim([req("e", after_memory_restart(b))])[0].outcome is Outcome.WON
+
+
 def test_claim_waits_for_the_synchronous_standby_and_a_cancelled_wait_is_unconfirmed(
         sync_rig, opened, namespace):
     """With synchronous_standby_names set (durability "auto"), a claim commits only once the
