@@ -64,8 +64,9 @@ def _wait(predicate, timeout: float, what: str):
 class Node(RedisServer):
     """One ``redis-server`` of the rig; ``proxy`` is the TCP proxy it replicates through."""
 
-    def __init__(self, name: str, folder: str, args: tuple[str, ...], binary: str) -> None:
-        super().__init__(name, folder, persistent=False, args=args, binary=binary)
+    def __init__(self, name: str, folder: str, args: tuple[str, ...], binary: str,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(name, folder, persistent=False, args=args, binary=binary, env=env)
         self.proxy: TCPProxy | None = None
 
     def client(self) -> redis.Redis:
@@ -129,19 +130,23 @@ class RedisHA(Rig):
     :param folder: where everything lives (default: a new temporary folder, removed by close).
     :param proxies: replicas reach the master through their own proxy (needed by :meth:`lag`);
         False: directly (benchmarks: the Python proxy adds latency to every replicated byte).
+    :param env: more environment variables for every data node (e.g. a
+        :class:`fsync_hold.FsyncHold`'s, a disk whose fsync the test holds back).
     """
 
     master_name = "mymaster"
 
     def __init__(self, *, replicas: int = 2, sentinels: int = 0, rdb: bool = False,
                  binary: str = "redis-server", args: tuple[str, ...] = (),
-                 folder: str | None = None, proxies: bool = True) -> None:
+                 folder: str | None = None, proxies: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         self.folder = folder or tempfile.mkdtemp(prefix="anarchon-ha-redis-")
         self._own_folder = folder is None
         base = (*_COMMON, *(("--save", "3600 1") if rdb else ()), *args)
         self.binary = binary
-        self.master = Node("master", self.folder, base, binary)
-        self.replicas = [Node(f"replica{i + 1}", self.folder, base, binary) for i in range(replicas)]
+        self.master = Node("master", self.folder, base, binary, env)
+        self.replicas = [Node(f"replica{i + 1}", self.folder, base, binary, env)
+                         for i in range(replicas)]
         self.sentinels = [SentinelNode(f"sentinel{i + 1}", self.folder, binary)
                           for i in range(sentinels)]
         self.nodes = [self.master, *self.replicas]

@@ -72,10 +72,13 @@ class RedisClusterRig(Rig):
         :meth:`close`).
     :param binary: the ``redis-server`` of every node (e.g. Redis 8, for WAITAOF).
     :param args: more ``redis-server`` arguments of every node, after the cluster's own.
+    :param env: more environment variables of every node (e.g. a
+        :class:`fsync_hold.FsyncHold`'s, a disk whose fsync the test holds back).
     """
 
     def __init__(self, masters: int = 3, folder: str | None = None, *,
-                 binary: str = "redis-server", args: tuple[str, ...] = ()) -> None:
+                 binary: str = "redis-server", args: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> None:
         self._own_folder = folder is None
         self.folder = folder or tempfile.mkdtemp(prefix="anarchon-redis-cluster-")
         taken: set[int] = set()
@@ -86,7 +89,7 @@ class RedisClusterRig(Rig):
                 # a replica may always be promoted, however long ago it heard from its master
                 "--cluster-replica-validity-factor", "0",
                 # a replica syncs at once (the default waits 5 s for more replicas to join)
-                "--repl-diskless-sync-delay", "0", *args), binary=binary)
+                "--repl-diskless-sync-delay", "0", *args), binary=binary, env=env)
             for i in range(2 * masters)]
 
     @property

@@ -108,15 +108,18 @@ class RedisServer:
     """A ``redis-server`` of our own on a free port (see the module docstring)."""
 
     def __init__(self, name: str, folder: str, *, persistent: bool, args: tuple[str, ...] = (),
-                 binary: str = "redis-server", port: int | None = None) -> None:
+                 binary: str = "redis-server", port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         """:param args: more ``redis-server`` arguments, after the persistence ones (a later
             directive wins: ``("--save", "3600 1")`` gives RDB snapshots, ``("--replicaof", ...)``).
         :param binary: the ``redis-server`` to run (another version, e.g. Redis 8).
-        :param port: a fixed port (default: a free one)."""
+        :param port: a fixed port (default: a free one).
+        :param env: more environment variables for the server (e.g. fsync_hold.FsyncHold.env)."""
         self.name = name
         self.persistent = persistent
         self.args = tuple(args)
         self.binary = binary
+        self.env = dict(env or {})
         self.port = free_port() if port is None else port
         self.dir = os.path.join(folder, f"{name}-data")
         os.makedirs(self.dir, exist_ok=True)
@@ -133,7 +136,8 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
              "--logfile", self.log, "--daemonize", "no", *persistence, *self.args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **self.env} if self.env else None)
         wait_port(self.port, True, 20, f"redis-server {self.name}")
         # the port answers before an AOF is loaded: wait until PING works
         wait_for(self._pong, 20, f"redis-server {self.name} to answer PING")

@@ -25,13 +25,14 @@ from celery_anarchon.stores.entry_store import Pause
 
 from stores_support import wait_until
 from backends import backdate_memory_start
-from ha_support import assert_release_lost_is_never_taken_over
+from ha_support import assert_release_lost_is_never_taken_over, need
 from helpers import prepared
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server is not installed")
 
 ha_redis = pytest.importorskip("ha_redis")
+import fsync_hold  # noqa: E402  (benchmarks/, on the path once ha_redis imported)
 RedisHA = ha_redis.RedisHA
 
 #: short confirmation waits keep each test to seconds (the default is 2 s)
@@ -312,6 +313,43 @@ def test_auto_durability_goes_on_when_the_aof_is_turned_off(namespace):
         before = waitaofs()
         assert claim(a, slot + 2).outcome is Outcome.WON
         assert waitaofs() == before, "a server without AOF is asked WAITAOF no more"
+
+
+#: WAITAOF's wait: above the one second an ``appendfsync everysec`` fsync may take to come
+AOF_CONFIRM = 1.5
+
+
+@pytest.mark.parametrize("durability, strategy",
+                         [("auto", s) for s in STRATEGIES] + [("aof", "lease")])
+def test_a_claim_whose_aof_fsync_is_not_confirmed_is_unconfirmed(durability, strategy, namespace,
+                                                                tmp_path):
+    """WAITAOF's reply decides: the master's disk holds back its fsync (fsync_hold.FsyncHold, an
+    LD_PRELOAD that blocks fsync until released; appendfsync everysec), so WAITAOF 1 0 answers
+    [0, 0] after confirm_timeout. A claim is then UNCONFIRMED (never sent), and so is its retry
+    (lease); an entry-store write raises StoreError (lease). Once the disk has it, the retry is
+    WON (docs/design.md "Amnesia": durable claim)."""
+    need(fsync_hold.compiler() is not None, "the fsync hold needs a C compiler (cc)")
+    need(ha_redis.REDIS8_BINARY is not None,
+         "the Redis 8 binary of .ci/redis8.sh is not built (WAITAOF needs Redis >= 7.2)")
+    hold = fsync_hold.FsyncHold(str(tmp_path))
+    with RedisHA(replicas=0, binary=ha_redis.REDIS8_BINARY, env=hold.env,
+                 args=("--appendonly", "yes", "--appendfsync", "everysec")) as ha:
+        a = prepared(store(ha.url, "A", namespace, durability=durability, strategy=strategy,
+                           confirm_timeout=AOF_CONFIRM))
+        hold.hold()
+        try:
+            slot = a.now_ms()
+            result = claim(a, slot)
+            assert result.outcome is Outcome.UNCONFIRMED, result
+            assert "the AOF fsync was not confirmed" in result.detail, result
+            assert a.history("e")[0].event is RunEvent.UNCONFIRMED
+            if strategy == "lease":
+                assert claim(a, slot).outcome is Outcome.UNCONFIRMED, "a retry is not a send"
+                with pytest.raises(StoreError, match="the AOF fsync was not confirmed"):
+                    pause_of(a, "e")
+        finally:
+            hold.release()
+        assert claim(a, slot).outcome is Outcome.WON, "confirmed once the disk has it"
 
 
 def test_aof_durability_on_a_server_without_waitaof_is_a_config_error(namespace):

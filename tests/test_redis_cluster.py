@@ -282,6 +282,45 @@ def test_durability_auto_goes_on_when_a_master_turns_its_aof_off():
             store.close()
 
 
+def test_a_claim_whose_aof_fsync_is_not_confirmed_is_unconfirmed_on_every_master(tmp_path):
+    """WAITAOF's reply decides on each master: the nodes' disk holds back its fsync
+    (fsync_hold.FsyncHold; appendfsync everysec), so every master's WAITAOF 1 0 answers [0, 0]:
+    every claim of the batch is UNCONFIRMED (never sent), naming the fsync. Once the disks have
+    them, the retries are WON (docs/design.md "Amnesia": durable claim)."""
+    import fsync_hold
+    from ha_redis import REDIS8_BINARY
+    from redis_cluster import RedisClusterRig
+    for available, missing in ((REDIS8_BINARY is not None,
+                                "the Redis 8 binary of .ci/redis8.sh is not built"),
+                               (fsync_hold.compiler() is not None,
+                                "the fsync hold needs a C compiler (cc)")):
+        if not available:
+            if IN_CI:
+                pytest.fail(missing)
+            pytest.skip(missing)
+    hold = fsync_hold.FsyncHold(str(tmp_path))
+    namespace = "aof-" + uuid.uuid4().hex[:6]
+    with RedisClusterRig(binary=REDIS8_BINARY, env=hold.env,
+                         args=("--appendonly", "yes", "--appendfsync", "everysec")) as rig:
+        store = open_store(rig.url, namespace=namespace, instance_id="A",
+                           options={"claim_timeout": 3, "confirm_timeout": 1.5})
+        try:
+            store.prepare(ENTRIES)
+            backdate_memory_start(store, ENTRIES, 120_000)
+            slot = store.now_ms()
+            requests = [ClaimRequest(e, slot, 60_000, f"t-{e}-{slot}", "fp") for e in ENTRIES]
+            hold.hold()
+            try:
+                results = store.claim(requests)
+            finally:
+                hold.release()
+            assert [r.outcome for r in results] == [Outcome.UNCONFIRMED] * len(ENTRIES), results
+            assert all("the AOF fsync was not confirmed" in r.detail for r in results), results
+            assert [r.outcome for r in store.claim(requests)] == [Outcome.WON] * len(ENTRIES)
+        finally:
+            store.close()
+
+
 def test_a_redis_url_pointed_at_a_cluster_node_says_to_use_the_cluster_store(tmp_path):
     """The plain Redis store on one node of a Cluster gets MOVED (or CROSSSLOT) replies: nothing
     is claimed, and the error names the fix (redis+cluster://)."""
