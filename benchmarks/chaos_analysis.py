@@ -19,11 +19,12 @@ Each expected run (every slot of every entry in the window) is then one of:
   store could not be reached) is a duplicate: the guarantee does not allow that one;
 * **explained miss**: no body ran, the store's history or a log line names one of the reasons
   of docs/design.md "The guarantee" for that run, **and an injected fault that can cause that reason
-  was on around the run's slot** (:data:`CAUSES`: a window from before the fault's start to after
-  its end, see :func:`fault_windows`). A reason with no such fault does not explain the miss: the
-  run counts as unexplained (``reasons_without_fault``). A history record ``claimed`` (a claim
-  without a send) explains a miss only when its instance was killed or restarted by the harness
-  (the winner died between its claim and its send);
+  was on around the run's slot, on the beat that named it when the fault hit one beat**
+  (benchmarks/chaos_causes.py: :data:`CAUSES`, the window of each reason from before the fault's
+  start to after its end, the beat of a kill, a pause or the clock skew). A reason with no such
+  fault does not explain the miss: the run counts as unexplained (``reasons_without_fault``). A
+  history record ``claimed`` (a claim without a send) explains a miss only when its instance was
+  killed or restarted by the harness (the winner died between its claim and its send);
 * **sent, then lost by the broker**: no body ran, the history says the winner sent it, and the
   broker's own AOF shows a worker popped the message and the broker stopped before kombu recorded
   it as unacked (see :func:`broker_fates`). The scheduler did its part (the guarantee ends at the
@@ -49,6 +50,8 @@ import os
 import re
 from datetime import datetime
 
+from chaos_causes import CAUSES, LEASE_REASONS, caused_by, fault_windows  # noqa: F401
+
 #: history events that explain a run that did not run (RunEvent values)
 MISS_EVENTS = ("late", "late_local", "early", "forgotten", "overlapping", "superseded",
                "store_unreachable", "send_failed", "send_unknown", "unknown", "unconfirmed",
@@ -59,55 +62,9 @@ MISS_EVENTS = ("late", "late_local", "early", "forgotten", "overlapping", "super
 #: the stores' history detail (redis_scripts.TAKE_OVER, sql_leases) and the engine's log line
 NOT_TAKEN_OVER = "not taken over"
 
-#: which injected fault kinds (benchmarks/chaos_faults.py) can cause each miss reason
-CAUSES = {
-    # the instance reached the slot late: paused, or a tick blocked on a slow store or broker call
-    "late_local": ("pause", "latency", "store-restart", "store-lock", "broker-outage"),
-    # the claim reached the store late on its clock, or early: skew, or a claim held up
-    "late": ("pause", "skew", "latency", "store-restart", "store-lock", "broker-outage"),
-    "early": ("skew",),
-    # the store lost its data (a Redis without persistence restarted)
-    "forgotten": ("store-restart",),
-    "store_unreachable": ("store-restart", "store-lock", "latency"),
-    "unknown": ("store-restart", "store-lock", "latency"),
-    "unconfirmed": ("store-restart", "latency"),
-    # a send failing until max_late (broker down), or a claim answered after max_late
-    "send_failed": ("broker-outage", "latency", "store-restart", "store-lock", "pause"),
-    # a publish that broke off: the broker went down, or beat was stopped mid-publish
-    "send_unknown": ("broker-outage", "skew", "kill"),
-    # the winner died between its claim and its send (killed, or restarted with another clock)
-    "claimed": ("kill", "skew"),
-    # leased runs held up past their next slot or their attempts
-    "overlapping": ("pause-runner", "broker-outage", "kill", "pause", "latency", "store-restart",
-                    "store-lock"),
-    "superseded": ("pause-runner", "broker-outage", "kill", "pause", "latency", "store-restart",
-                   "store-lock"),
-    "lost": ("pause-runner", "broker-outage", "kill", "pause", "store-restart", "store-lock"),
-    # an expired run the store refused to take over after it lost writes (a restart, a failover)
-    "not_taken_over": ("store-restart",),
-}
-#: the Sentinel rig's faults (--store redis-sentinel): a promotion changes the epoch (the new
-#: master's run_id), so the slots around it are refused ``forgotten``; a lagging replica, and the
-#: replicas' resync after a promotion, make a WAIT fall short (``unconfirmed``); until Sentinel
-#: promotes a replica the store cannot be reached, and claims and sends are held up
-FAILOVERS = ("master-kill", "failover", "lag-failover", "pause-failover")
-for _reason in ("forgotten", "unconfirmed", "store_unreachable", "unknown", "late_local", "late",
-                "send_failed", "overlapping", "superseded", "lost", "not_taken_over"):
-    CAUSES[_reason] += FAILOVERS
-#: a fault can affect runs whose slot is this long before it starts (their claims and sends are
-#: retried until max_late) ...
-WINDOW_BEFORE_S = 20.0
-#: ... and this long after it ends (the recovery: max_late 15 s, the worker's reconnect back-off)
-WINDOW_AFTER_S = 30.0
-#: leased runs feel a fault longer: a lease (6 s), queue timeouts and up to 3 attempts, periods up to
-#: 30 s, so a run delayed by a fault overlaps or supersedes the next one
-LEASE_REASONS = ("overlapping", "superseded", "lost", "not_taken_over")
-LEASE_WINDOW_BEFORE_S, LEASE_WINDOW_AFTER_S = 45.0, 75.0
-#: a store restart makes the store forget (a new epoch, or no persistence): slots whose claims were
-#: still retried when it went down (max_late 15 s + the 10 s tolerance) up to those the restarted
-#: store refuses (10 s after the first claim reaches it, which the beats' outage backoff can delay
-#: by up to 5 s), and no others
-FORGOTTEN_WINDOW_BEFORE_S, FORGOTTEN_WINDOW_AFTER_S = 25.0, 15.0
+#: a broker-side loss (below) falls near a broker outage or a worker's death: a message sent up to
+#: max_late (15 s) plus 5 s before it, and the worker's reconnect back-off after it
+BROKER_WINDOW_BEFORE_S, BROKER_WINDOW_AFTER_S = 20.0, 30.0
 #: broker-side losses allowed per broker outage or worker death: one BRPOP in flight per worker
 #: connection (two workers) can be lost with the broker; a worker whose connection dropped can
 #: hold a few prefetched messages it never acknowledges
@@ -188,18 +145,24 @@ def expected_runs(periods_ms: dict[str, int], t0_ms: int, t1_ms: int) -> set[tup
 
 
 def log_reasons(out: str, instances: list[dict], periods_ms: dict[str, int]):
-    """(entry, slot) -> reasons named by log lines; the bodies whose release found their lease
-    taken over, and the bodies whose heartbeat logged that it lost the lease, as (entry, slot,
+    """(entry, slot) -> reasons named by log lines; ((entry, slot), reason) -> the beats whose
+    log named it (``None``: a worker's log); the bodies whose release found their lease taken
+    over, and the bodies whose heartbeat logged that it lost the lease, as (entry, slot,
     attempt)."""
     reasons: dict[tuple[str, int], set[str]] = collections.defaultdict(set)
+    sources: dict[tuple[tuple[str, int], str], set[str | None]] = collections.defaultdict(set)
     refused: set[tuple[str, int, int]] = set()
     lost_warned: set[tuple[str, int, int]] = set()
-    beat_logs = [i["log"] for i in instances]
-    worker_logs = [os.path.join(out, n) for n in os.listdir(out) if n.startswith("worker-")
-                   and n.endswith(".log")]
-    for path in beat_logs + worker_logs:
+    beat_logs = [(i["log"], i.get("beat")) for i in instances]
+    worker_logs = [(os.path.join(out, n), None) for n in os.listdir(out)
+                   if n.startswith("worker-") and n.endswith(".log")]
+    for path, beat in beat_logs + worker_logs:
         if not os.path.exists(path):
             continue
+
+        def note(run: tuple[str, int], reason: str, beat: str | None = beat) -> None:
+            reasons[run].add(reason)
+            sources[(run, reason)].add(beat)
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 if "slot" not in line:
@@ -207,32 +170,32 @@ def log_reasons(out: str, instances: list[dict], periods_ms: dict[str, int]):
                 for pattern, reason in BEAT_PATTERNS:
                     m = pattern.search(line)
                     if m:
-                        reasons[(m.group("entry"), iso_ms(m.group(2)))].add(reason)
+                        note((m.group("entry"), iso_ms(m.group(2))), reason)
                 if m := BEAT_RANGE.search(line):
                     entry, lo, hi = m.group("entry"), iso_ms(m.group(2)), iso_ms(m.group(3))
                     period = periods_ms.get(entry)
                     if period:
                         for slot in range(lo, hi + 1, period):
-                            reasons[(entry, slot)].add("late_local")
+                            note((entry, slot), "late_local")
                 if m := BEAT_SKIP.search(line):
                     why = next((r for text, r in SKIP_REASONS if m.group("why").startswith(text)),
                                "skipped: " + m.group("why")[:40])
-                    reasons[(m.group("entry"), iso_ms(m.group(2)))].add(why)
+                    note((m.group("entry"), iso_ms(m.group(2))), why)
                 if m := WORKER_DROP.search(line):
                     state = m.group("state").strip()
                     run = (m.group("entry"), int(m.group("slot")))
                     # the lazy pattern stops at the first space: "unknown" (to the store)
                     if state in ("unknown", "unknown to the store"):
-                        reasons[run].add("forgotten")        # the store lost the run's record
+                        note(run, "forgotten")               # the store lost the run's record
                     elif state in ("superseded", "lost"):
-                        reasons[run].add(state)
+                        note(run, state)
                 if m := WORKER_NO_ADOPT.search(line):
-                    reasons[(m.group("entry"), int(m.group("slot")))].add("store_unreachable")
+                    note((m.group("entry"), int(m.group("slot"))), "store_unreachable")
                 if m := WORKER_LOST.search(line):
                     lost_warned.add((m.group("entry"), int(m.group("slot")), int(m.group("attempt"))))
                 if m := WORKER_REFUSED.search(line):
                     refused.add((m.group("entry"), int(m.group("slot")), int(m.group("attempt"))))
-    return reasons, refused, lost_warned
+    return reasons, sources, refused, lost_warned
 
 
 #: how :func:`broker_fates` names a message the broker handed to a worker and then lost
@@ -307,39 +270,18 @@ def worker_crashes(out: str) -> list[str]:
     return found
 
 
-def fault_windows(faults: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """kind -> the (start, end) epoch seconds of every injected (not skipped) fault of that kind."""
-    windows: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
-    for f in faults:
-        if f.get("skipped") or not f.get("started"):
-            continue
-        windows[f["kind"]].append((f["started"], f.get("ended") or f["started"]))
-    return windows
-
-
-def caused_by(reason: str, slot_ms: int, windows: dict[str, list[tuple[float, float]]]) -> list[str]:
-    """The injected faults (``kind@+start``) that can cause ``reason`` for a run at ``slot_ms``:
-    of a kind in :data:`CAUSES`, with the slot inside the fault's window."""
-    if reason in LEASE_REASONS:
-        before, after = LEASE_WINDOW_BEFORE_S, LEASE_WINDOW_AFTER_S
-    elif reason == "forgotten":
-        before, after = FORGOTTEN_WINDOW_BEFORE_S, FORGOTTEN_WINDOW_AFTER_S
-    else:
-        before, after = WINDOW_BEFORE_S, WINDOW_AFTER_S
-    slot = slot_ms / 1000
-    return [f"{kind}@{start:.1f}" for kind in CAUSES.get(reason, ())
-            for start, end in windows.get(kind, ()) if start - before <= slot <= end + after]
-
-
-def broker_loss_verdict(runs: list[tuple[str, int]], per_outage: int,
-                        windows: dict[str, list[tuple[float, float]]],
+def broker_loss_verdict(runs: list[tuple[str, int]], per_outage: int, windows: dict[str, list],
                         worker_restarts: list[dict]) -> dict:
     """Whether broker-side losses (``runs``: (entry, slot)) are what broker outages and worker
-    deaths can cause: each slot within ``WINDOW_BEFORE_S`` before to ``WINDOW_AFTER_S`` after one,
-    and at most ``per_outage`` of them per outage or death."""
-    spans = list(windows.get("broker-outage", ())) + [(r["at"], r["at"]) for r in worker_restarts]
+    deaths can cause: each slot within ``BROKER_WINDOW_BEFORE_S`` before to
+    ``BROKER_WINDOW_AFTER_S`` after one, and at most ``per_outage`` of them per outage or death.
+
+    :param windows: :func:`chaos_causes.fault_windows`."""
+    spans = ([(w.start, w.end) for w in windows.get("broker-outage", ())]
+             + [(r["at"], r["at"]) for r in worker_restarts])
     outside = [run for run in runs
-               if not any(a - WINDOW_BEFORE_S <= run[1] / 1000 <= b + WINDOW_AFTER_S for a, b in spans)]
+               if not any(a - BROKER_WINDOW_BEFORE_S <= run[1] / 1000 <= b + BROKER_WINDOW_AFTER_S
+                          for a, b in spans)]
     bound = per_outage * len(spans)
     return {"count": len(runs), "bound": bound, "outside_windows": outside[:20],
             "ok": not outside and len(runs) <= bound}
@@ -374,7 +316,8 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     history: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
     for rec in read_jsonl(os.path.join(out, "history.jsonl")):
         history[(rec["entry"], rec["slot_ms"])].append(rec)
-    reasons, refused, lost_warned = log_reasons(out, instances, periods_ms)
+    reasons, log_sources, refused, lost_warned = log_reasons(out, instances, periods_ms)
+    beat_of = {i["instance"]: i.get("beat") for i in instances if i["instance"]}
     takeovers = dropped = 0
     sends: collections.Counter = collections.Counter()    # (entry, slot) -> publishes tried
     for path in [i["log"] for i in instances] + [os.path.join(out, n) for n in os.listdir(out)
@@ -394,7 +337,9 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
         if e["kind"] in ("end", "lost"):
             body_end[e["task_id"]] = e["time"]
     faults = read_jsonl(os.path.join(out, "faults.jsonl"))
-    windows = fault_windows(faults)
+    # the skew's target: the beat restarted under the skewed clock
+    windows = fault_windows(faults, {i["beat"] for i in instances
+                                     if i.get("skew") and i.get("beat")})
     runner_paused = windows.get("pause-runner", [])
 
     # a runner holds its lease from the adoption (history "started", just before the body), so
@@ -405,7 +350,7 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
     def paused_while_running(body: dict) -> bool:
         end = body_end.get(body["task_id"], float("inf"))
         start = min(body["time"], adopted_at.get(body["task_id"], body["time"]))
-        return any(a <= end and b >= start for a, b in runner_paused)
+        return any(p.start <= end and p.end >= start for p in runner_paused)
 
     for e in events:
         if e["kind"] in ("run", "start"):
@@ -460,10 +405,17 @@ def analyse(out: str, periods_ms: dict[str, int], leased: set[str], t0_ms: int, 
                     if rec["event"] in MISS_EVENTS
                     and (rec["event"] != "claimed" or rec["instance"] in ended)]
         found = set(reasons.get(run, ())) | set(recorded)
+        # who named each reason: the beats of the history records' instances, the beats whose
+        # log named it (None: a worker, or an instance that is no beat of the run)
+        sources = {r: set(log_sources.get((run, r), ())) for r in found}
+        for rec in history.get(run, []):
+            if rec["event"] in MISS_EVENTS and miss_event(rec) in sources:
+                sources[miss_event(rec)].add(beat_of.get(rec.get("instance")))
         item = {"entry": entry, "slot": slot, "history": history.get(run, []),
                 "log_reasons": sorted(reasons.get(run, ()))}
-        # a reason explains the miss only with an injected fault that can cause it, around the slot
-        causes = {r: caused_by(r, slot, windows) for r in found}
+        # a reason explains the miss only with an injected fault that can cause it, around the
+        # slot, and (a fault of one beat) on the beat that named the reason
+        causes = {r: caused_by(r, slot, windows, sources[r]) for r in found}
         accepted = {r for r, c in causes.items() if c}
         recorded_ok = [r for r in recorded if r in accepted]
         if accepted:

@@ -97,3 +97,106 @@ def test_a_leased_run_not_taken_over_after_a_failover_is_an_explained_miss(tmp_p
     assert summary["explained_by_reason"] == {"not_taken_over": 1}, summary
     assert summary["unexplained"] == 0
     assert verdict("skew")["unexplained"] == 1, "a skew cannot make the store lose writes"
+
+
+def _verdict_of_one_miss(folder, *, event: str, beat: str, faults: list[dict],
+                         entry: str = "e-00", killed: bool = False) -> dict:
+    """The chaos verdict on one run that did not run: its history says ``event``, recorded by
+    ``beat`` (of two beats, beat-1 and beat-2), with ``faults`` injected (``beat`` and times
+    relative to the slot, in seconds)."""
+    import chaos_analysis
+    slot = 1_800_000_000_000
+    folder.mkdir()
+    instances = []
+    for n in (1, 2):
+        log = folder / f"beat-{n}.0.log"
+        log.write_text(f"anarchon: instance vm:{n}:x, ...\n")
+        instances.append({"beat": f"beat-{n}", "log": str(log),
+                          "ended_by": "SIGKILL" if killed and f"beat-{n}" == beat else None})
+    (folder / "instances.jsonl").write_text("".join(json.dumps(i) + "\n" for i in instances))
+    (folder / "executions.jsonl").write_text("")
+    (folder / "history.jsonl").write_text(json.dumps(
+        {"entry": entry, "slot_ms": slot, "event": event, "instance": f"vm:{beat[-1]}:x",
+         "store_ms": slot + 1000, "task_id": "t", "attempt": 1, "detail": ""}) + "\n")
+    (folder / "faults.jsonl").write_text("".join(json.dumps(
+        {"kind": f["kind"], "target": f.get("target", ""), "started": slot / 1000 + f["start"],
+         "ended": slot / 1000 + f["end"]}) + "\n" for f in faults))
+    return chaos_analysis.analyse(str(folder), {entry: 3_600_000},
+                                  {entry} if entry.startswith("lease") else set(), slot - 1, slot)
+
+
+#: (history event, the fault kind that can cause it, its target, the entry): one of each window
+NEAR_AND_FAR = [
+    ("send_failed", "broker-outage", "", "e-00"),
+    ("store_unreachable", "store-restart", "", "e-00"),
+    ("forgotten", "store-restart", "", "e-00"),
+    ("late_local", "pause", "beat-1", "e-00"),
+    ("overlapping", "pause-runner", "", "lease-00"),
+    ("superseded", "pause-runner", "", "lease-00"),
+]
+
+
+@pytest.mark.parametrize("event, kind, target, entry", NEAR_AND_FAR)
+def test_a_fault_explains_a_miss_only_around_its_slot(tmp_path, event, kind, target, entry):
+    """A missed run whose history names a reason is explained by a fault that can cause it when
+    the fault was on around its slot; the same fault 60 s before or after the slot does not
+    excuse it (benchmarks/chaos_causes.py: the window of each reason)."""
+    def verdict(name, start, end):
+        return _verdict_of_one_miss(tmp_path / name, event=event, beat="beat-1", entry=entry,
+                                    faults=[{"kind": kind, "target": target, "start": start,
+                                             "end": end}])
+    near = verdict("near", 1, 3)
+    assert (near["explained"], near["unexplained"]) == (1, 0), near
+    before = verdict("before", -64, -60)        # ended 60 s before the slot
+    assert (before["explained"], before["unexplained"]) == (0, 1), before
+    assert before["reasons_without_fault"] == {event: 1}, before
+    after = verdict("after", 60, 64)            # began 60 s after the slot
+    assert (after["explained"], after["unexplained"]) == (0, 1), after
+
+
+@pytest.mark.parametrize("event, kind, killed", [("late_local", "pause", False),
+                                                 ("send_failed", "pause", False),
+                                                 ("claimed", "kill", True)])
+def test_a_fault_of_one_beat_explains_only_what_that_beat_recorded(tmp_path, event, kind, killed):
+    """A kill or a pause of beat-2 at the slot does not explain a reason beat-1 recorded (beat-1
+    was neither stopped nor paused); the same fault on beat-1 does."""
+    def verdict(target):
+        return _verdict_of_one_miss(tmp_path / target, event=event, beat="beat-1", killed=killed,
+                                    faults=[{"kind": kind, "target": target, "start": 0.5,
+                                             "end": 4}])
+    assert verdict("beat-1")["explained"] == 1
+    other = verdict("beat-2")
+    assert (other["explained"], other["unexplained"]) == (0, 1), other
+
+
+def test_a_rerun_is_allowed_only_when_its_runner_was_paused_while_it_ran(tmp_path):
+    """Two bodies of a leased run: the first one's release found its lease taken over. That is a
+    rerun the guarantee allows when the leased worker was paused (pause-runner) while the first
+    body ran, and a duplicate when the pause came 60 s later."""
+    import chaos_analysis
+    slot = 1_800_000_000_000
+
+    def verdict(name, pause_at):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "instances.jsonl").write_text("")
+        (folder / "history.jsonl").write_text("")
+        (folder / "worker-leases.log").write_text(
+            f"lease-00: slot {slot} attempt 1 finished, but its lease had been taken over\n")
+        bodies = [{"kind": "start", "entry": "lease-00", "slot": slot, "attempt": attempt,
+                   "task_id": f"t{attempt}", "time": slot / 1000 + at}
+                  for attempt, at in ((1, 1), (2, 15))]
+        ends = [{"kind": "end", "entry": "lease-00", "slot": slot, "attempt": 1, "task_id": "t1",
+                 "time": slot / 1000 + 12}]
+        (folder / "executions.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in bodies + ends))
+        (folder / "faults.jsonl").write_text(json.dumps(
+            {"kind": "pause-runner", "target": "runner", "started": slot / 1000 + pause_at,
+             "ended": slot / 1000 + pause_at + 8}) + "\n")
+        return chaos_analysis.analyse(str(folder), {"lease-00": 3_600_000}, {"lease-00"},
+                                      slot - 1, slot)
+
+    paused = verdict("paused", 2)
+    assert (paused["lease_lost_reruns"], paused["duplicates"]) == (1, 0), paused
+    later = verdict("later", 62)
+    assert (later["lease_lost_reruns"], later["duplicates"]) == (0, 1), later
