@@ -530,8 +530,14 @@ def test_an_entry_write_the_replica_did_not_confirm_raises(namespace):
         finally:
             os.kill(replica.proc.pid, signal.SIGCONT)
         ha.promote(replica)
-        b = store(ha.url, "B", namespace, confirm_timeout=CONFIRM)
-        assert claim(b, b.now_ms(), "e3").outcome is not Outcome.PAUSED
+        # durability "none": R, promoted without replicas, confirms nothing within replica_grace
+        b = store(ha.url, "B", namespace, durability="none")
+        stored = b.load_entries().entries.get("e3")
+        assert stored is None or stored.pause is None, f"R has the pause: {stored}"
+        first = claim(b, b.now_ms(), "e3")
+        assert first.outcome is Outcome.FORGOTTEN, first        # R's epoch: the promotion
+        # ...and past the slots it refuses, R runs the entry: it never got the pause
+        assert claim(b, after_restart(b, first.store_ms), "e3").outcome is Outcome.WON
 
 
 def test_a_confirmed_pause_survives_a_sentinel_failover(namespace):
