@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+import pytest
+
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import ClaimStore
 
@@ -15,7 +17,7 @@ import backends
 from backends import (  # noqa: F401  (re-exported: the lists the tests parametrize over)
     ALL_STORES, LATENESS_STORES, LEASE_STORES, VARIANT_OPTIONS, backdate_memory_start,
 )
-from conftest import require_server
+from conftest import IN_CI, require_server
 
 
 @dataclass
@@ -138,8 +140,21 @@ class StoreMaker:
             store.close()
 
 
+def require_client(kind: str) -> None:
+    """Skip (developer machine) or fail (CI) a test of ``kind`` whose client library is not
+    installed (the kind stays in the parametrization: backends.kinds_whose_store)."""
+    missing = backends.BY_KIND[kind].missing_client
+    if missing is None:
+        return
+    if IN_CI:
+        pytest.fail(f"{kind}: {missing}", pytrace=False)
+    pytest.skip(f"{kind}: {missing}")
+
+
 def store_url(kind: str, tmpdir: str) -> str:
-    """The URL of a real server (or file) for ``kind``; skips/fails when the server is down."""
+    """The URL of a real server (or file) for ``kind``; skips/fails when the server is down or
+    the store's client library is not installed."""
+    require_client(kind)
     backend = backends.BY_KIND[kind]
     if backend.url_variable is None:
         return "sqlite:///" + os.path.join(tmpdir, "claims.sqlite3")

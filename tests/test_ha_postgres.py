@@ -17,7 +17,7 @@ from ha_support import (
 from stores_support import wait_until
 from test_store_contract import after_memory_restart, fresh_slot, prepared, req
 
-ha_postgres = pytest.importorskip("ha_postgres")
+import ha_postgres  # noqa: E402  (benchmarks/: conftest puts it on the path)
 
 
 @pytest.fixture(autouse=True)

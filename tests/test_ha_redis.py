@@ -28,12 +28,24 @@ from backends import backdate_memory_start
 from ha_support import assert_release_lost_is_never_taken_over, need
 from helpers import prepared
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
-                                reason="redis-server is not installed")
-
-ha_redis = pytest.importorskip("ha_redis")
-import fsync_hold  # noqa: E402  (benchmarks/, on the path once ha_redis imported)
+import fsync_hold  # noqa: E402  (benchmarks/: conftest puts it on the path)
+import ha_redis  # noqa: E402
 RedisHA = ha_redis.RedisHA
+
+@pytest.fixture(autouse=True)
+def redis_server_binary():
+    """Every test here starts servers of its own: skipped without redis-server, failed under CI."""
+    need(shutil.which("redis-server") is not None, "redis-server is not installed (apt-get install "
+         "redis-server): the tests here start servers of their own")
+
+
+def need_redis8() -> str:
+    """The Redis >= 8.6 binary of .ci/redis8.sh: the test is skipped without it, failed under CI."""
+    need(ha_redis.REDIS8_BINARY is not None,
+         "the Redis 8 binary of .ci/redis8.sh is not built (run .ci/redis8.sh): the idmp strategy "
+         "needs Redis >= 8.6, WAITAOF >= 7.2")
+    return ha_redis.REDIS8_BINARY
+
 
 #: short confirmation waits keep each test to seconds (the default is 2 s)
 CONFIRM = 0.4
@@ -43,11 +55,9 @@ STRATEGIES = ("lease", "stream-id", "script", "idmp")
 
 
 def rig(strategy: str, **kwargs) -> RedisHA:
-    """A rig that runs ``strategy`` (idmp: on the Redis 8 binary, skipped if it is not built)."""
+    """A rig that runs ``strategy`` (idmp: on the Redis 8 binary, :func:`need_redis8`)."""
     if strategy == "idmp":
-        if ha_redis.REDIS8_BINARY is None:
-            pytest.skip("the Redis 8 binary of .ci/redis8.sh is not built (idmp needs >= 8.6)")
-        kwargs["binary"] = ha_redis.REDIS8_BINARY
+        kwargs["binary"] = need_redis8()
     return RedisHA(**kwargs)
 
 
@@ -280,9 +290,7 @@ def test_durability_replica_without_replicas_warns_and_never_sends(namespace):
 
 def redis8_with_aof() -> RedisHA:
     """A Redis 8 master of the test's own, without replicas, keeping an AOF (fsync every second)."""
-    if ha_redis.REDIS8_BINARY is None:
-        pytest.skip("the Redis 8 binary of .ci/redis8.sh is not built")
-    return RedisHA(replicas=0, binary=ha_redis.REDIS8_BINARY,
+    return RedisHA(replicas=0, binary=need_redis8(),
                    args=("--appendonly", "yes", "--appendfsync", "everysec"))
 
 
@@ -329,10 +337,8 @@ def test_a_claim_whose_aof_fsync_is_not_confirmed_is_unconfirmed(durability, str
     (lease); an entry-store write raises StoreError (lease). Once the disk has it, the retry is
     WON (docs/design.md "Amnesia": durable claim)."""
     need(fsync_hold.compiler() is not None, "the fsync hold needs a C compiler (cc)")
-    need(ha_redis.REDIS8_BINARY is not None,
-         "the Redis 8 binary of .ci/redis8.sh is not built (WAITAOF needs Redis >= 7.2)")
     hold = fsync_hold.FsyncHold(str(tmp_path))
-    with RedisHA(replicas=0, binary=ha_redis.REDIS8_BINARY, env=hold.env,
+    with RedisHA(replicas=0, binary=need_redis8(), env=hold.env,
                  args=("--appendonly", "yes", "--appendfsync", "everysec")) as ha:
         a = prepared(store(ha.url, "A", namespace, durability=durability, strategy=strategy,
                            confirm_timeout=AOF_CONFIRM))

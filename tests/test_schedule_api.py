@@ -20,14 +20,16 @@ from celery_anarchon.stores import open_store
 from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, EntryStore
 from celery_anarchon.timing import Settings
 
-from backends import BACKENDS, url_of
+from backends import BACKENDS, kinds_whose_store, url_of
 from conftest import require_server
+from stores_support import require_client
 
 #: the test rows whose store holds entries (read from the classes: a store is built without I/O)
-ENTRY_STORES = tuple(b.kind for b in BACKENDS if isinstance(b._probe(), EntryStore))
+ENTRY_STORES = kinds_whose_store(lambda store: isinstance(store, EntryStore))
 
 
 def store_url(kind: str, tmp_path) -> tuple[str, dict]:
+    require_client(kind)
     backend = next(b for b in BACKENDS if b.kind == kind)
     if backend.url_variable is None:
         return f"sqlite:///{tmp_path / 'store.sqlite3'}", {}
