@@ -115,6 +115,18 @@ AFTER_SEND = frozenset({RunEvent.STARTED, RunEvent.FINISHED, RunEvent.GIVEN_UP,
                         RunEvent.SUPERSEDED})
 
 
+#: the earlier records a run's history record keeps at most (:attr:`HistoryRecord.earlier`): two
+#: per takeover (the dead attempt's last record, the takeover), so max_attempts = 6 fits whole
+MAX_EARLIER = 10
+
+
+def keeps_earlier(replaced: RunEvent | str, event: RunEvent | str) -> bool:
+    """Whether a record of ``replaced`` goes into :attr:`HistoryRecord.earlier` when ``event``
+    replaces it: a takeover keeps the dead attempt's last record, and a ``taken_over`` record is
+    kept by whatever replaces it (the same rule in every lease store: Lua and SQL)."""
+    return RunEvent.TAKEN_OVER.value in (RunEvent(replaced).value, RunEvent(event).value)
+
+
 class RunState(str, enum.Enum):
     """State of a leased run's record (docs/design.md "Leases")."""
 
@@ -123,11 +135,13 @@ class RunState(str, enum.Enum):
     FINISHED = "finished"
     GIVEN_UP = "given_up"
     SUPERSEDED = "superseded"
+    #: ended by a pause of its entry before a worker started it (or took it over)
+    PAUSED = "paused"
     _missing_ = _reads_lost_as("GIVEN_UP")
 
     @property
     def is_terminal(self) -> bool:
-        return self in (RunState.FINISHED, RunState.GIVEN_UP, RunState.SUPERSEDED)
+        return self in (RunState.FINISHED, RunState.GIVEN_UP, RunState.SUPERSEDED, RunState.PAUSED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +166,10 @@ class ClaimRequest:
     :param task_id: the task id the winner will send (recorded in history).
     :param fingerprint: the claiming instance's fingerprint of the entry's definition.
     :param lease: set for leased entries: the claim also creates the run's lease record.
+    :param requested: the run of a run-now request (``run_now``), not a slot of the entry's
+        schedule: for a leased entry it is its own run, never superseded by a newer scheduled
+        slot and never superseding one (docs/design.md "Leases": Overlap); the overlap rule
+        still applies to it.
     """
 
     entry: str
@@ -160,6 +178,7 @@ class ClaimRequest:
     task_id: str = ""
     fingerprint: str = ""
     lease: LeaseTerms | None = None
+    requested: bool = False
 
     @property
     def run(self) -> tuple[str, int]:
@@ -207,6 +226,12 @@ class HistoryRecord:
 
     :param store_ms: the store's clock (or the recording instance's, for stores without one)
         when the record was last written, UTC ms.
+    :param earlier: the records of the run's earlier attempts that this one replaced, oldest
+        first (lease stores; read only): a takeover keeps the dead attempt's last record, and the
+        next record of the new attempt keeps the ``taken_over`` record, so a run taken over shows
+        what each attempt did and each attempt's task id. At most :data:`MAX_EARLIER` (the
+        newest); their own ``earlier`` is empty. Not counted in ``history_size``, which bounds
+        the runs of an entry.
     """
 
     entry: str
@@ -217,6 +242,7 @@ class HistoryRecord:
     task_id: str = ""
     attempt: int = 1
     detail: str = ""
+    earlier: tuple[HistoryRecord, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +283,9 @@ class TakeoverOutcome(str, enum.Enum):
     GIVEN_UP = "given_up"
     SUPERSEDED = "superseded"  #: a newer slot of the entry was claimed: the run is abandoned
     REFUSED = "refused"        #: the token changed or the run is alive/finished: nothing to do
+    #: the entry is paused: the run is not taken over and ends (recorded ``paused`` once, with
+    #: the pause's description; not caught up after the resume, as a paused claim is not)
+    PAUSED = "paused"
     _missing_ = _reads_lost_as("GIVEN_UP")
 
 
@@ -406,20 +435,32 @@ class LeaseStore(ClaimStore):
 
     @abc.abstractmethod
     def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
-                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
+                  queue_timeout_ms: int, max_attempts: int,
+                  task_id: str = "") -> tuple[TakeoverOutcome, LeasedRun | None]:
         """One compare-and-set on ``expected_token``: if the run is still expired and no newer slot
         of the entry was claimed, queue it again as the next attempt with a new token and a queue
-        deadline of now + ``queue_timeout_ms``. After ``max_attempts`` it is recorded given up,
-        and so is a run whose slot is older than the entry's effective memory start + tolerance
-        (the store may have lost writes to its record, e.g. its release: a possible miss, never a
-        second run). Exactly one of several instances finding the same expired run gets
+        deadline of now + ``queue_timeout_ms``, recorded ``taken_over`` with ``task_id`` (the new
+        attempt's) in the run's history, which keeps the dead attempt's record in ``earlier``.
+
+        Checked in this order after the compare-and-set: the entry paused (``PAUSED``: the run
+        ends, recorded ``paused`` with the pause's description, checked atomically with the
+        pause as a claim checks it); the slot older than the entry's effective memory start +
+        tolerance (``GIVEN_UP``: the store may have lost writes to its record, e.g. its release:
+        a possible miss, never a second run); a newer scheduled slot claimed (``SUPERSEDED``;
+        never for the run of a run-now request, which is its own run); ``max_attempts`` reached
+        (``GIVEN_UP``). Exactly one of several instances finding the same expired run gets
         ``TAKEN``."""
 
     @abc.abstractmethod
     def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
         """Worker side, before the task body runs: succeeds when the run is queued (any attempt's
         message) or started with an expired lease; sets it started with a new token, ``owner`` and
-        lease expiry = now + ``duration_ms``. Returns ``(adopted, record)``."""
+        lease expiry = now + ``duration_ms``. Returns ``(adopted, record)``.
+
+        When the entry is paused (checked atomically with the pause) such a run is not adopted:
+        it ends in state ``paused``, recorded ``paused`` with the pause's description, and the
+        message is dropped. A run that is started under a live lease is not touched by a pause
+        (:meth:`renew` and :meth:`release` work as before)."""
 
     @abc.abstractmethod
     def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:

@@ -48,7 +48,7 @@ from celery_anarchon.stores.redis.cluster_entries import SCRIPTS as CLUSTER_SCRI
 from celery_anarchon.stores.redis.cluster_keys import SlotKeys, parse_cluster_url
 from celery_anarchon.stores.redis.entries import SCRIPTS as ENTRY_SCRIPTS
 from celery_anarchon.stores.redis.history import HISTORY_BATCH, history_records
-from celery_anarchon.stores.redis.lease import RedisLeaseStore, _run
+from celery_anarchon.stores.redis.lease import RedisLeaseStore, _run, claim_args
 from celery_anarchon.stores.redis.store import _items, claim_results
 
 #: threads that run the rounds of the masters past the first at once (a cluster has rarely more)
@@ -351,13 +351,7 @@ class RedisClusterStore(RedisLeaseStore):
         calls, order = [], []
         for slot, indexes in by_slot.items():
             blocks: dict[str, int] = {}
-            args: list = []
-            for i in indexes:
-                r, lease = requests[i], requests[i].lease
-                args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms),
-                         int(r.max_late_ms), r.task_id, r.fingerprint, "1" if lease else "0",
-                         int(lease.queue_timeout_ms) if lease else 0,
-                         "1" if lease and lease.overlap_allowed else "0", r.entry]
+            args = claim_args([requests[i] for i in indexes], blocks)
             calls.append(self._slot_call("claim", slot, [k for e in blocks for k in self._block(e)],
                                          args, True))
             order.append(indexes)

@@ -20,13 +20,17 @@ def _items(value) -> list:
     return value if isinstance(value, list) else []
 
 
+def _record(entry: str, slot_ms: int, r: dict) -> HistoryRecord:
+    """One history record ``{e, i, t, k, a, d, c?}`` of a script's reply."""
+    return HistoryRecord(entry=entry, slot_ms=slot_ms, event=RunEvent(r["e"]), instance=r["i"],
+                         store_ms=int(r["t"]), task_id=r["k"], attempt=int(r["a"]), detail=r["d"],
+                         earlier=tuple(_record(entry, slot_ms, e) for e in _items(r.get("c"))))
+
+
 def history_records(entry: str, reply: dict) -> list[HistoryRecord]:
     """The records of the history script's ``reply`` ``{now, records: [{s, r}]}``, newest
-    first."""
-    return [HistoryRecord(entry=entry, slot_ms=int(h["s"]), event=RunEvent(h["r"]["e"]),
-                          instance=h["r"]["i"], store_ms=int(h["r"]["t"]), task_id=h["r"]["k"],
-                          attempt=int(h["r"]["a"]), detail=h["r"]["d"])
-            for h in _items(reply.get("records"))]
+    first (each with the earlier attempts' records it keeps)."""
+    return [_record(entry, int(h["s"]), h["r"]) for h in _items(reply.get("records"))]
 
 
 class RedisHistory:

@@ -85,13 +85,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
         if not requests:
             return []
         blocks: dict[str, int] = {}
-        args: list = []
-        for r in requests:
-            lease = r.lease
-            args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), int(r.max_late_ms),
-                     r.task_id, r.fingerprint, "1" if lease else "0",
-                     int(lease.queue_timeout_ms) if lease else 0,
-                     "1" if lease and lease.overlap_allowed else "0", r.entry]
+        args = claim_args(requests, blocks)
         reply, unconfirmed = self._claim_call([k for e in blocks for k in self._block(e)], args)
         return self._unconfirmed(claim_results(requests, reply), unconfirmed)
     # -- leases (docs/design.md "Leases"; every decision on the server's clock) ---------------------
@@ -111,10 +105,13 @@ class RedisLeaseStore(RedisStore, LeaseStore):
                 for f in _items(reply.get("runs"))]
 
     def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
-                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
+                  queue_timeout_ms: int, max_attempts: int,
+                  task_id: str = "") -> tuple[TakeoverOutcome, LeasedRun | None]:
         """One compare-and-set on ``expected_token`` ("Takeover"): REFUSED unless still expired;
-        SUPERSEDED when a newer slot was claimed; LOST at ``max_attempts``; else TAKEN as the next
-        attempt, queued with a new token and deadline = now + ``queue_timeout_ms`` (ms).
+        PAUSED when the entry is paused (the run ends); SUPERSEDED when a newer scheduled slot was
+        claimed (never a run-now request's run); GIVEN_UP at ``max_attempts``; else TAKEN as the
+        next attempt, queued with a new token and deadline = now + ``queue_timeout_ms`` (ms),
+        recorded ``taken_over`` with ``task_id``.
 
         A retry by the instance whose takeover committed (its reply was lost) answers TAKEN again
         with the same record (spec point 8). With ``durability`` on, TAKEN is confirmed like a
@@ -123,7 +120,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
         deadline passes (or TAKEN by this instance's retry once confirmed)."""
         reply, unconfirmed = self._claim_call(
             self._block(entry), [int(slot_ms), int(expected_token), int(queue_timeout_ms),
-                                 int(max_attempts)], script="take_over")
+                                 int(max_attempts), task_id, entry], script="take_over")
         outcome = TakeoverOutcome(reply["outcome"])
         if outcome is TakeoverOutcome.TAKEN and unconfirmed:
             outcome = TakeoverOutcome.REFUSED
@@ -131,8 +128,10 @@ class RedisLeaseStore(RedisStore, LeaseStore):
 
     def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
         """Worker side ("Adopt"): a queued run, or one started with an expired lease, becomes
-        started with a new token, ``owner`` and lease expiry = now + ``duration_ms`` (ms)."""
-        reply = self._call("adopt", self._block(entry), int(slot_ms), owner, int(duration_ms))
+        started with a new token, ``owner`` and lease expiry = now + ``duration_ms`` (ms); when
+        the entry is paused it ends paused instead (not adopted)."""
+        reply = self._call("adopt", self._block(entry), int(slot_ms), owner, int(duration_ms),
+                           entry)
         return reply["adopted"] == "1", _run(entry, slot_ms, reply)
 
     def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
@@ -153,6 +152,21 @@ class RedisLeaseStore(RedisStore, LeaseStore):
         reply = self._call("requeue", self._block(entry), int(slot_ms), int(token), int(delay_ms),
                            int(queue_timeout_ms))
         return reply["done"] == "1"
+
+
+def claim_args(requests: Sequence[ClaimRequest], blocks: dict[str, int]) -> list:
+    """The ARGV items of the claim script for ``requests`` (:data:`.lease_scripts.CLAIM_ITEMS`
+    each, in the order the script reads them); ``blocks`` maps each entry to its block number
+    (filled here, in the order entries first appear)."""
+    args: list = []
+    for r in requests:
+        lease = r.lease
+        args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), int(r.max_late_ms),
+                 r.task_id, r.fingerprint, "1" if lease else "0",
+                 int(lease.queue_timeout_ms) if lease else 0,
+                 "1" if lease and lease.overlap_allowed else "0", r.entry,
+                 "1" if r.requested else "0"]
+    return args
 
 
 def _run(entry: str, slot_ms: int, reply: dict) -> LeasedRun | None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from celery_anarchon.stores.redis.scripts import SHARED, lua
 
+#: ARGV items per request of the claim script (:data:`CLAIM`)
+CLAIM_ITEMS = 10
+
 #: Helpers of the lease scripts: fencing tokens, the age of claims, leased-run records.
 _LEASE = r"""
 -- max(last + 1, store clock in us): tokens keep growing even after the store forgot
@@ -27,11 +30,16 @@ local function keep_until(b, slot_s, until_ms)
   end
 end
 
--- a lease event replaces the record, keeping its task id; the attempt is the run's
-local function history_event(b, slot_s, event, run, detail)
-  local old = history_get(b, slot_s)
-  history_put(b, slot_s, event, old and old.k or '', tonumber(run.a), detail or '', false)
+-- a lease event replaces the record, keeping its task id unless one is given (a takeover's: the
+-- new attempt's); the attempt is the run's
+local function history_event(b, slot_s, event, run, detail, task_id)
+  if not task_id then
+    local old = history_get(b, slot_s)
+    task_id = old and old.k or ''
+  end
+  history_put(b, slot_s, event, task_id, tonumber(run.a), detail or '', false)
 end
+
 
 local function run_get(b, slot_s) return hget_json(key(b, RUNS), slot_s) end
 
@@ -53,17 +61,28 @@ end
 
 local function expired(run)
   return (run.s == 'queued' or run.s == 'started') and not alive(run)
+end
+-- a run that ends because its entry is paused (why: the pause's description), recorded once
+local function end_paused(b, slot_s, run, why)
+  run.s = 'paused'
+  run_put(b, slot_s, run)
+  history_event(b, slot_s, 'paused', run, why)
 end"""
 
 #: Claim a batch of runs: all runs of a tick in one EVALSHA.
 #: KEYS: the namespace keys, then one ENTRY_KEYS block per distinct entry of the batch.
 #: ARGV[1..6]: header (instance id, memory ms, history_size, settings, horizon ms, replica grace and
 #:   allow_eviction).
-#: ARGV[7..]: 9 items per request, in request order:
+#: ARGV[7..]: CLAIM_ITEMS items per request, in request order:
 #:   +0 entry block number (1-based), +1 slot (UTC ms, decimal), +2 max_late ms,
 #:   +3 task id (history), +4 claimant's fingerprint, +5 "1" leased / "0",
-#:   +6 queue_timeout ms (leased), +7 "1" overlap allowed / "0" skip (leased), +8 entry name.
-#: Order per run: already claimed, paused, forgotten, late, early, superseded, overlapping, won.
+#:   +6 queue_timeout ms (leased), +7 "1" overlap allowed / "0" skip (leased), +8 entry name,
+#:   +9 "1" the run of a run-now request / "0" a scheduled slot.
+#: Order per run: already claimed, paused, forgotten, late, early, superseded (scheduled slots:
+#: a newer scheduled slot of the entry was claimed), overlapping (another run of the entry alive),
+#: won. A leased run-now request is its own run: never superseded, and its claim neither makes
+#: older slots superseded (the entry's newest slot stays the schedule's) nor supersedes a dead
+#: run; a scheduled claim never supersedes a dead run-now run either (it is taken over).
 #: Reply: {now, results: [{o outcome, w winner, f fingerprint, k token, a attempt, d detail}],
 #: replicas: replicas to wait for (when counted), online: replicas online now, seen and held: when
 #: more are required than are online, the size of the recent group whose majority is required
@@ -78,7 +97,7 @@ local function prune(b)  -- claims (and terminal runs) past their age; never by 
   if #gone > 0 then redis.call('ZREMRANGEBYSCORE', key(b, EXPIRY), '-inf', NOW) end
 end
 
-local function refusal(b, slot_s, slot, max_late, leased, overlap)
+local function refusal(b, slot_s, slot, max_late, leased, overlap, requested)
   local forgot = amnesia(b, slot)
   if forgot then return 'forgotten', forgot end
   if NOW - slot >= MEMORY_MS then
@@ -92,16 +111,22 @@ local function refusal(b, slot_s, slot, max_late, leased, overlap)
   end
   if not leased then return nil end
   local newest = num(redis.call('HGET', key(b, FENCE), 'newest'))
-  if newest and newest > slot then
+  if not requested and newest and newest > slot then
     return 'superseded', 'a newer slot (' .. iso(newest) .. ') was already claimed'
   end
   local live, dead = nil, {}
-  for _, s in ipairs(redis.call('ZRANGEBYSCORE', key(b, ACTIVE), '-inf', '(' .. slot_s)) do
-    local run = run_get(b, s)
-    if run and alive(run) then live = live or s elseif run then dead[#dead + 1] = {s, run} end
+  for _, s in ipairs(redis.call('ZRANGE', key(b, ACTIVE), 0, -1)) do
+    local run = s ~= slot_s and run_get(b, s)
+    if run and alive(run) then
+      live = live or s
+    elseif run and not requested and run.r ~= '1' and tonumber(s) < slot then
+      dead[#dead + 1] = {s, run}
+    end
   end
   if live and not overlap then
-    return 'overlapping', 'the run of ' .. iso(tonumber(live)) .. ' is still alive'
+    local why = 'the run of ' .. iso(tonumber(live)) .. ' is still alive'
+    if requested then why = why .. ' (this run-now request is skipped: overlap="skip")' end
+    return 'overlapping', why
   end
   for _, pair in ipairs(dead) do
     pair[2].s = 'superseded'
@@ -112,7 +137,7 @@ local function refusal(b, slot_s, slot, max_late, leased, overlap)
 end
 
 local function claim_one(b, slot_s, max_late, task_id, fingerprint, leased, queue_timeout, overlap,
-                         name)
+                         name, requested)
   local slot = tonumber(slot_s)
   local raw = redis.call('HGET', key(b, CLAIMS), slot_s)
   if raw then  -- already claimed: checked before anything else ("Who won")
@@ -128,7 +153,7 @@ local function claim_one(b, slot_s, max_late, task_id, fingerprint, leased, queu
   end
   local paused = pause_refusal(b, slot_s, task_id, name)
   if paused then return paused end
-  local skip, detail = refusal(b, slot_s, slot, max_late, leased, overlap)
+  local skip, detail = refusal(b, slot_s, slot, max_late, leased, overlap, requested)
   if skip then
     history_put(b, slot_s, skip, task_id, 1, detail, true)
     return {o = skip, d = detail}
@@ -138,9 +163,11 @@ local function claim_one(b, slot_s, max_late, task_id, fingerprint, leased, queu
   history_put(b, slot_s, 'claimed', task_id, 1, '', false)
   if not leased then return {o = 'won', w = INSTANCE, f = fingerprint} end
   local newest = num(redis.call('HGET', key(b, FENCE), 'newest'))
-  if not newest or slot > newest then redis.call('HSET', key(b, FENCE), 'newest', slot_s) end
+  if not requested and (not newest or slot > newest) then
+    redis.call('HSET', key(b, FENCE), 'newest', slot_s)
+  end
   local run = {s = 'queued', a = '1', k = int(next_token(b)), o = INSTANCE, w = INSTANCE, x = '',
-               q = int(NOW + queue_timeout)}
+               q = int(NOW + queue_timeout), r = requested and '1' or nil}
   run_put(b, slot_s, run)
   return {o = 'won', w = INSTANCE, f = fingerprint, k = run.k, a = run.a}
 end
@@ -148,18 +175,19 @@ end
 for b = 1, NBLOCKS do prune(b) end
 local refused = settings_refusal()
 local results = {}
-for i = 7, #ARGV, 9 do
+for i = 7, #ARGV, CLAIM_ITEMS do
   local b, slot_s, task_id = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 3]
   if refused then
     history_put(b, slot_s, 'forgotten', task_id, 1, refused, true)
     results[#results + 1] = {o = 'forgotten', d = refused}
   else
     results[#results + 1] = claim_one(b, slot_s, tonumber(ARGV[i + 2]), task_id, ARGV[i + 4],
-      ARGV[i + 5] == '1', tonumber(ARGV[i + 6]), ARGV[i + 7] == '1', ARGV[i + 8])
+      ARGV[i + 5] == '1', tonumber(ARGV[i + 6]), ARGV[i + 7] == '1', ARGV[i + 8],
+      ARGV[i + 9] == '1')
   end
 end
 return claim_reply(results)
-""")
+""".replace("CLAIM_ITEMS", str(CLAIM_ITEMS)))
 
 #: Read one leased run.
 #: KEYS: the namespace keys, then the entry's ENTRY_KEYS block.  ARGV[1..6]: header.  ARGV[7]: slot (ms).
@@ -184,7 +212,10 @@ end
 return cjson.encode({now = int(NOW), runs = found})
 """)
 
-#: Take over an expired run: one compare-and-set on the expected token. The new record keeps the
+#: Take over an expired run: one compare-and-set on the expected token; then, in this order, the
+#: entry paused (the run ends paused: recorded once with the pause's description, never taken
+#: over after the resume, as a paused claim is not caught up), the store's memory (below), a newer
+#: scheduled slot (superseded; never for a run-now request's run) and max_attempts. The new record keeps the
 #: token it replaced (p), so this instance's retry of a takeover whose reply was lost is TAKEN
 #: again with the same record, not REFUSED. A run whose slot is older than the entry's memory
 #: start + 10 s (an epoch change or amnesia since it was claimed: the store may have lost writes
@@ -193,6 +224,7 @@ return cjson.encode({now = int(NOW), runs = found})
 #: KEYS: the namespace keys, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: expected token.
 #: ARGV[9]: queue_timeout ms for the new attempt.  ARGV[10]: max_attempts.
+#: ARGV[11]: the new attempt's task id (history).  ARGV[12]: the entry's name (its pause).
 #: Reply: {now, outcome (TakeoverOutcome value), run?, replicas (to wait for, when counted), online,
 #: seen?, held?} (as the claim reply).
 TAKE_OVER = lua(_LEASE + r"""
@@ -210,6 +242,11 @@ if run and run.p and tonumber(run.p) == tonumber(ARGV[8]) and run.s == 'queued'
   return reply('taken')  -- this instance's own takeover, whose reply was lost: the same record
 end
 if not run or tonumber(run.k) ~= tonumber(ARGV[8]) or not expired(run) then return reply('refused') end
+local paused = pause_of(ARGV[12])
+if paused then
+  end_paused(1, slot_s, run, paused)
+  return reply('paused')
+end
 local forgot = amnesia(1, tonumber(slot_s))
 if forgot then  -- the store may have lost writes to this record (its release, its adoption)
   local why = 'not taken over: its lease record may be stale after the store lost writes'
@@ -223,7 +260,7 @@ if forgot then  -- the store may have lost writes to this record (its release, i
   return reply('given_up')
 end
 local newest = num(redis.call('HGET', key(1, FENCE), 'newest'))
-if newest and newest > tonumber(slot_s) then
+if run.r ~= '1' and newest and newest > tonumber(slot_s) then
   run.s = 'superseded'
   run_put(1, slot_s, run)
   history_event(1, slot_s, 'superseded', run, 'a newer slot (' .. iso(newest) .. ') was claimed')
@@ -235,26 +272,35 @@ if tonumber(run.a) >= tonumber(ARGV[10]) then
   history_event(1, slot_s, 'given_up', run, 'given up after ' .. run.a .. ' attempts')
   return reply('given_up')
 end
+local why = 'attempt ' .. run.a .. ' (token ' .. run.k .. ') was queued past its deadline'
+if run.s == 'started' then
+  why = 'the lease of attempt ' .. run.a .. ' (token ' .. run.k .. ', runner ' .. run.o .. ') expired'
+end
 run = {s = 'queued', a = int(tonumber(run.a) + 1), k = int(next_token(1)), o = INSTANCE,
-       w = INSTANCE, p = run.k, x = '', q = int(NOW + tonumber(ARGV[9]))}
+       w = INSTANCE, p = run.k, x = '', q = int(NOW + tonumber(ARGV[9])), r = run.r}
 run_put(1, slot_s, run)
-history_event(1, slot_s, 'taken_over', run, '')
+history_event(1, slot_s, 'taken_over', run, why, ARGV[11])
 return reply('taken')
 """)
 
-#: Worker side: adopt a queued run (or one started with an expired lease) before the body runs.
+#: Worker side: adopt a queued run (or one started with an expired lease) before the body runs;
+#: when the entry is paused such a run ends paused instead (recorded once; its message is dropped).
 #: KEYS: the namespace keys, then the entry's ENTRY_KEYS block.
 #: ARGV[1..6]: header.  ARGV[7]: slot (ms).  ARGV[8]: owner (this execution).
-#: ARGV[9]: lease duration ms.
+#: ARGV[9]: lease duration ms.  ARGV[10]: the entry's name (its pause).
 #: Reply: {now, adopted "1"/"0", run?}.
 ADOPT = lua(_LEASE + r"""
 memory_start(1)
 local slot_s = ARGV[7]
 local run = run_get(1, slot_s)
 local adopted = '0'
-if run and (run.s == 'queued' or (run.s == 'started' and expired(run))) then
+local paused = run and (run.s == 'queued' or (run.s == 'started' and expired(run)))
+  and pause_of(ARGV[10])
+if paused then
+  end_paused(1, slot_s, run, paused)
+elseif run and (run.s == 'queued' or (run.s == 'started' and expired(run))) then
   run = {s = 'started', a = run.a, k = int(next_token(1)), o = ARGV[8], w = run.w, p = run.p,
-         x = int(NOW + tonumber(ARGV[9])), q = ''}
+         x = int(NOW + tonumber(ARGV[9])), q = '', r = run.r}
   run_put(1, slot_s, run)
   history_event(1, slot_s, 'started', run, '')
   adopted = '1'

@@ -46,13 +46,15 @@ Records (JSON objects of strings):
 
 * claim ``{w: winner, f: fingerprint, t: claimed at ms}`` in ``claims`` (field = slot);
 * pause ``{r: reason, b: by, t: paused at ms}`` in the namespace's pauses (field = entry name);
-* history ``{e: event, i: instance, t: ms, k: task id, a: attempt, d: detail}`` in ``history``;
+* history ``{e: event, i: instance, t: ms, k: task id, a: attempt, d: detail, c: the earlier
+  attempts' records (the same fields, oldest first; absent when none)}`` in ``history``;
 * leased run ``{s: state, a: attempt, k: token, o: owner, w: the instance that sent the current
   attempt, p: the token a takeover replaced, x: lease expiry ms or "", q: queue deadline ms or
-  ""}`` in ``runs`` (:mod:`.lease_scripts`).
+  "", r: "1" for the run of a run-now request}`` in ``runs`` (:mod:`.lease_scripts`).
 """
 from __future__ import annotations
 
+from celery_anarchon.stores.base import MAX_EARLIER
 from celery_anarchon.stores.redis.options import LIVE_REPLICA_LAG_S
 
 #: The fields of the store-wide hash ``<prefix>:{<namespace>}:store`` (``KEYS[1]`` of every script).
@@ -269,18 +271,30 @@ local function history_get(b, slot_s) return hget_json(key(b, HISTORY), slot_s) 
 
 -- write a run's history record (fill_only: only if it has none), keep the newest HISTORY_SIZE
 -- a beat's notes of its publish (SEND_NOTES), written at the end of its tick, never replace a
--- later attempt's record nor what came after the send of their own attempt (AFTER_SEND)
+-- later attempt's record nor what came after the send of their own attempt (AFTER_SEND).
+-- A record replaced keeps the earlier attempts' records (c, oldest first, at most MAX_EARLIER):
+-- a takeover keeps the dead attempt's last record, and whatever replaces a taken_over record
+-- keeps it (base.keeps_earlier)
 local SEND_NOTES = {sent = true, send_failed = true, send_unknown = true}
 local AFTER_SEND = {started = true, finished = true, given_up = true, superseded = true}
 local function history_put(b, slot_s, event, task_id, attempt, detail, fill_only)
   if fill_only and redis.call('HEXISTS', key(b, HISTORY), slot_s) == 1 then return end
+  local old = history_get(b, slot_s)
   if SEND_NOTES[event] then
-    local old = history_get(b, slot_s)
     if old and (tonumber(old.a) > tonumber(attempt)
                 or (tonumber(old.a) == tonumber(attempt) and AFTER_SEND[old.e])) then return end
   end
-  redis.call('HSET', key(b, HISTORY), slot_s, cjson.encode({e = event, i = INSTANCE,
-    t = int(NOW), k = task_id, a = int(attempt), d = detail}))
+  local rec = {e = event, i = INSTANCE, t = int(NOW), k = task_id, a = int(attempt), d = detail}
+  if old then
+    local chain = (type(old.c) == 'table' and #old.c > 0) and old.c or nil
+    if old.e == 'taken_over' or event == 'taken_over' then
+      chain = chain or {}
+      chain[#chain + 1] = {e = old.e, i = old.i, t = old.t, k = old.k, a = old.a, d = old.d}
+      while #chain > MAX_EARLIER do table.remove(chain, 1) end
+    end
+    rec.c = chain
+  end
+  redis.call('HSET', key(b, HISTORY), slot_s, cjson.encode(rec))
   redis.call('ZADD', key(b, HISTORY_SLOTS), slot_s, slot_s)
   local excess = redis.call('ZCARD', key(b, HISTORY_SLOTS)) - HISTORY_SIZE
   if excess > 0 then
@@ -326,6 +340,7 @@ def lua(body: str, extra_keys: tuple[str, ...] = ()) -> str:
     header += "".join(f"local {name} = {len(ENTRY_KEYS) + i}\n"
                       for i, name in enumerate(extra_keys, 1))
     header += f"local LIVE_LAG_S = {LIVE_REPLICA_LAG_S}\n"  # a replica's lag that still counts, s
+    header += f"local MAX_EARLIER = {MAX_EARLIER}\n"  # earlier records a history record keeps
     return header + _PRELUDE + body
 
 

@@ -1,6 +1,8 @@
 """The claim decisions of the SQL stores: one batch in one transaction, every run checked in the
 order of the contract (:mod:`celery_anarchon.stores.base`, :mod:`.entry_store`): already claimed,
-paused, forgotten, late, early, then for leased runs superseded and overlapping; else won. A part of
+paused, forgotten, late, early, then for leased runs superseded (scheduled slots only: a run-now
+request's run is its own run, never superseded by a newer scheduled slot and never superseding one)
+and overlapping (another run of the entry alive); else won. A part of
 :class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store. Instants are
 UTC ms on the store's clock.
 """
@@ -35,6 +37,7 @@ class _Open:
     attempt: int
     lease_expires_ms: int | None
     queue_deadline_ms: int | None
+    requested: bool = False       #: the run of a run-now request
 
     def alive(self, now_ms: int) -> bool:
         if self.state == "queued":
@@ -125,11 +128,11 @@ class SQLClaims:
         if names:
             for row in conn.execute(
                     sa.select(r.c.entry, r.c.slot_ms, r.c.state, r.c.attempt, r.c.lease_expires_ms,
-                              r.c.queue_deadline_ms)
+                              r.c.queue_deadline_ms, r.c.requested)
                     .where(r.c.namespace == self.namespace, r.c.entry.in_(sorted(names)),
                            schema.open_run)):
                 opened[row.entry][row.slot_ms] = _Open(row.state, row.attempt, row.lease_expires_ms,
-                                                       row.queue_deadline_ms)
+                                                       row.queue_deadline_ms, bool(row.requested))
         return opened
 
     def _refusal(self, r: ClaimRequest, fence: Fence, now: int) -> tuple[Outcome, str] | None:
@@ -182,13 +185,15 @@ class SQLClaims:
         token = None
         if r.lease is not None:
             token = fence.issue_token(now_us)
-            fence.newest_slot = slot if fence.newest_slot is None else max(fence.newest_slot, slot)
+            if not r.requested:   # the entry's newest slot stays the schedule's
+                fence.newest_slot = slot if fence.newest_slot is None else max(fence.newest_slot, slot)
             deadline = now + r.lease.queue_timeout_ms
             writes.new_runs.append({
                 "namespace": self.namespace, "entry": entry, "slot_ms": slot, "state": "queued",
                 "attempt": 1, "token": token, "owner": self.instance_id, "lease_expires_ms": None,
-                "queue_deadline_ms": deadline, "keep_until_ms": None, "prev_token": None})
-            opened[entry][slot] = _Open("queued", 1, None, deadline)
+                "queue_deadline_ms": deadline, "keep_until_ms": None, "prev_token": None,
+                "requested": 1 if r.requested else None})
+            opened[entry][slot] = _Open("queued", 1, None, deadline, r.requested)
         held[r.run] = (self.instance_id, r.fingerprint, token, 1, self.instance_id)
         writes.claims.append({
             "namespace": self.namespace, "entry": entry, "slot_ms": slot, "winner": self.instance_id,
@@ -201,17 +206,24 @@ class SQLClaims:
     def _lease_refusal(self, r: ClaimRequest, fence: Fence, opened: dict[int, _Open], now: int,
                        writes: _ClaimWrites) -> tuple[Outcome, str] | None:
         """Superseded or overlapping (docs/design.md "Leases": Overlap, Takeover); when the claim may
-        proceed, every dead earlier run of the entry becomes superseded."""
-        if fence.newest_slot is not None and fence.newest_slot > r.slot_ms:
+        proceed, every dead earlier run of the entry becomes superseded. A run-now request's run
+        (``r.requested``) is never superseded, and its claim supersedes nothing; a dead run-now
+        run is not superseded by a scheduled claim either (it is taken over). Any other live run
+        of the entry makes either kind overlapping under ``overlap="skip"``."""
+        if (not r.requested and fence.newest_slot is not None
+                and fence.newest_slot > r.slot_ms):
             return Outcome.SUPERSEDED, f"a newer slot {iso(fence.newest_slot)} was already claimed"
-        earlier = {s: o for s, o in opened.items() if s < r.slot_ms}
-        alive = sorted(s for s, o in earlier.items() if o.alive(now))
+        others = {s: o for s, o in opened.items() if s != r.slot_ms}
+        alive = sorted(s for s, o in others.items() if o.alive(now))
         if alive and not r.lease.overlap_allowed:
-            o = earlier[alive[-1]]
+            o = others[alive[-1]]
+            request = " (this run-now request is skipped: overlap=\"skip\")" if r.requested else ""
             return Outcome.OVERLAPPING, (f"the run of {iso(alive[-1])} is still {o.state} "
-                                         f"(attempt {o.attempt})")
-        for s, o in earlier.items():
-            if s not in alive:
+                                         f"(attempt {o.attempt}){request}")
+        if r.requested:
+            return None
+        for s, o in others.items():
+            if s < r.slot_ms and s not in alive and not o.requested:
                 del opened[s]
                 writes.superseded_runs.append({"b_ns": self.namespace, "b_entry": r.entry, "b_slot": s,
                                                "b_keep": now + self.memory_ms})
@@ -243,7 +255,7 @@ class SQLClaims:
         self._history.write(conn, list(w.skip_history.values()), replace=False, trim=False)
         self._history.write(conn, list(w.claimed_history.values()), replace=True, trim=False)
         self._history.write(conn, list(w.superseded_history.values()), replace=True, keep_task_id=True,
-                            trim=False)
+                            trim=False, chained=True)
         self._history.trim(conn, {run[0] for h in (w.skip_history, w.claimed_history,
                                                    w.superseded_history) for run in h})
         self._save_fences(conn, fences)

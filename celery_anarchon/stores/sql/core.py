@@ -131,7 +131,8 @@ class SQLStore(LeaseStore, EntryStore):
             namespace=self.namespace, instance_id=self.instance_id, memory_ms=self.memory_ms,
             kind=self.kind, safe_url=self.safe_url, run=self._run, lock_entries=self._lock_entries,
             note_store=self._note_store, save_fences=self._save_fences, now_us=self._now_us,
-            history_row=self._history.row, write_history=self._history.write)
+            history_row=self._history.row, write_history=self._history.write,
+            pauses=self._entries.pauses)
 
     # -- dialect hooks ----------------------------------------------------------------------
     def _engine_url(self, url: str) -> sa.URL:
@@ -426,9 +427,11 @@ class SQLStore(LeaseStore, EntryStore):
         return self._leases.expired_runs(entries)
 
     def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
-                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
+                  queue_timeout_ms: int, max_attempts: int,
+                  task_id: str = "") -> tuple[TakeoverOutcome, LeasedRun | None]:
         return self._leases.take_over(entry, slot_ms, expected_token,
-                                      queue_timeout_ms=queue_timeout_ms, max_attempts=max_attempts)
+                                      queue_timeout_ms=queue_timeout_ms, max_attempts=max_attempts,
+                                      task_id=task_id)
 
     def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
         return self._leases.adopt(entry, slot_ms, owner, duration_ms)

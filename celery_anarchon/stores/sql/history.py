@@ -5,19 +5,36 @@ Instants are UTC ms on the store's clock.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
 from celery_anarchon.stores.base import (
-    AFTER_SEND, SEND_NOTES, SKIP_EVENTS, HistoryRecord, RunEvent,
+    AFTER_SEND, MAX_EARLIER, SEND_NOTES, SKIP_EVENTS, HistoryRecord, RunEvent, keeps_earlier,
 )
 from celery_anarchon.stores.sql import schema
 
 _RUN_KEY = ("namespace", "entry", "slot_ms")
 #: ``history_many`` names at most this many entries in one query
 HISTORY_BATCH = 1000
+#: runs read per statement by a write that keeps earlier attempts' records
+_LOOKUP_CHUNK = 500
+#: the fields of a record kept in ``earlier`` (JSON)
+_EARLIER_FIELDS = ("event", "instance", "store_ms", "task_id", "attempt", "detail")
+_AFTER_SEND = {e.value for e in AFTER_SEND}
+
+
+def _records(r: Any) -> HistoryRecord:
+    """A row of ``anarchon_history`` as a record, with the earlier attempts' records it keeps."""
+    earlier = tuple(HistoryRecord(entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(e["event"]),
+                                  instance=e["instance"], store_ms=e["store_ms"],
+                                  task_id=e["task_id"], attempt=e["attempt"], detail=e["detail"])
+                    for e in json.loads(r.earlier or "[]"))
+    return HistoryRecord(entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(r.event),
+                         instance=r.instance, store_ms=r.store_ms, task_id=r.task_id,
+                         attempt=r.attempt, detail=r.detail, earlier=earlier)
 
 
 class SQLHistory:
@@ -49,16 +66,26 @@ class SQLHistory:
 
     def write(self, conn: sa.Connection, rows: list[dict], *, replace: bool,
                        keep_task_id: bool = False, trim: bool = True,
-                       send_notes: bool = False) -> None:
+                       send_notes: bool = False, chained: bool = False) -> None:
         """Fill (``replace=False``) or replace history records (``keep_task_id``: an existing
         record keeps its task id; ``send_notes``: the rows are :data:`SEND_NOTES`, which replace
         neither a later attempt's record nor one of :data:`AFTER_SEND` of their own attempt),
-        then trim their entries."""
+        then trim their entries.
+
+        ``chained``: the rows may replace a record of another attempt (lease events, the notes of
+        a taken-over attempt): each replaced record is read first and kept in ``earlier`` when
+        :func:`~celery_anarchon.stores.base.keeps_earlier` says so (as the Lua of the Redis
+        stores does). The other replacements keep ``earlier`` as it is."""
         if not rows:
             return
         h = schema.history
         ins = self._insert(h)
-        if replace:
+        if replace and chained:
+            rows = self._chain(conn, rows, keep_task_id=keep_task_id, send_notes=send_notes)
+            columns = [*_EARLIER_FIELDS, "earlier"]
+            stmt = ins.on_conflict_do_update(index_elements=_RUN_KEY,
+                                             set_={k: ins.excluded[k] for k in columns})
+        elif replace:
             columns = ["event", "instance", "store_ms", "attempt", "detail"]
             if not keep_task_id:
                 columns.append("task_id")
@@ -71,9 +98,40 @@ class SQLHistory:
                                              where=sa.not_(later) if send_notes else None)
         else:
             stmt = ins.on_conflict_do_nothing(index_elements=_RUN_KEY)
-        conn.execute(stmt, rows)
+        if rows:
+            conn.execute(stmt, rows)
         if trim:
             self.trim(conn, {r["entry"] for r in rows})
+
+    def _chain(self, conn: sa.Connection, rows: list[dict], *, keep_task_id: bool,
+               send_notes: bool) -> list[dict]:
+        """The rows to write in place of ``rows`` (one per run, in their order's result): each
+        replaces the run's current record by :meth:`write`'s rules, keeping the earlier attempts'
+        records (at most :data:`~celery_anarchon.stores.base.MAX_EARLIER`)."""
+        h = schema.history
+        runs = sorted({(r["entry"], r["slot_ms"]) for r in rows})
+        current: dict[tuple[str, int], dict] = {}
+        for i in range(0, len(runs), _LOOKUP_CHUNK):
+            for row in conn.execute(sa.select(h).where(
+                    h.c.namespace == self.namespace,
+                    sa.tuple_(h.c.entry, h.c.slot_ms).in_(runs[i:i + _LOOKUP_CHUNK]))).mappings():
+                current[(row["entry"], row["slot_ms"])] = dict(row)
+        out: dict[tuple[str, int], dict] = {}
+        for row in rows:
+            run = (row["entry"], row["slot_ms"])
+            old, new = current.get(run), {**row, "earlier": None}
+            if old is not None:
+                if send_notes and (old["attempt"] > row["attempt"] or (
+                        old["attempt"] == row["attempt"] and old["event"] in _AFTER_SEND)):
+                    continue
+                if keep_task_id:
+                    new["task_id"] = old["task_id"]
+                earlier = json.loads(old["earlier"] or "[]")
+                if keeps_earlier(old["event"], row["event"]):
+                    earlier = [*earlier, {k: old[k] for k in _EARLIER_FIELDS}][-MAX_EARLIER:]
+                new["earlier"] = json.dumps(earlier) if earlier else None
+            current[run] = out[run] = new
+        return list(out.values())
 
     def trim(self, conn: sa.Connection, names: set[str]) -> None:
         """Keep the newest ``history_size`` runs of each entry of ``names``."""
@@ -114,9 +172,11 @@ class SQLHistory:
             self._lock_entries(conn, sorted({n.entry for n in notes}))
             now = self._now_us(conn) // 1000
             for how, group in itertools.groupby(notes, key=kind):
-                self.write(conn, [self.row(n.entry, n.slot_ms, n.event, now, task_id=n.task_id,
-                                           attempt=n.attempt, detail=n.detail) for n in group],
-                           replace=how != "fill", send_notes=how == "send", trim=False)
+                rows = [self.row(n.entry, n.slot_ms, n.event, now, task_id=n.task_id,
+                                 attempt=n.attempt, detail=n.detail) for n in group]
+                # a later attempt's note may replace a takeover's record: keep it (chained)
+                self.write(conn, rows, replace=how != "fill", send_notes=how == "send", trim=False,
+                           chained=any(r["attempt"] > 1 for r in rows))
             self.trim(conn, {n.entry for n in notes})
         self._run("record", work)
 
@@ -130,9 +190,7 @@ class SQLHistory:
                  .order_by(h.c.slot_ms.desc()).limit(limit or self.history_size))
         rows = self._run("read history", lambda conn: conn.execute(query).all(), write=False)
         known = {e.value for e in RunEvent}
-        return [HistoryRecord(entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(r.event),
-                              instance=r.instance, store_ms=r.store_ms, task_id=r.task_id,
-                              attempt=r.attempt, detail=r.detail) for r in rows if r.event in known]
+        return [_records(r) for r in rows if r.event in known]
 
     def history_many(self, entries: Iterable[str],
                      limit: int | None = None) -> dict[str, list[HistoryRecord]]:
@@ -162,9 +220,7 @@ class SQLHistory:
         known = {e.value for e in RunEvent}
         for r in self._run("read history", work, write=False):
             if r.event in known:
-                out[r.entry].append(HistoryRecord(
-                    entry=r.entry, slot_ms=r.slot_ms, event=RunEvent(r.event), instance=r.instance,
-                    store_ms=r.store_ms, task_id=r.task_id, attempt=r.attempt, detail=r.detail))
+                out[r.entry].append(_records(r))
         return out
 
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:

@@ -62,14 +62,17 @@ class SQLLeases:
     :param save_fences: ``save_fences(conn, fences)``: write the fences that changed.
     :param now_us: ``now_us(conn)``: the store's clock, UTC microseconds.
     :param history_row: ``history_row(entry, slot_ms, event, now, **fields)``: a history row.
-    :param write_history: ``write_history(conn, rows, *, replace, keep_task_id)``.
+    :param write_history: ``write_history(conn, rows, *, replace, keep_task_id, chained)``.
+    :param pauses: ``pauses(conn, names)``: the entries' pauses (read after the entry's row is
+        locked, as a claim reads them: a pause committed before the operation holds).
     """
 
     def __init__(self, *, namespace: str, instance_id: str, memory_ms: int, kind: str,
                  safe_url: str, run: Callable[..., Any],
                  lock_entries: Callable[..., dict[str, Fence]], note_store: Callable[..., Any],
                  save_fences: Callable[..., None], now_us: Callable[..., int],
-                 history_row: Callable[..., dict], write_history: Callable[..., None]) -> None:
+                 history_row: Callable[..., dict], write_history: Callable[..., None],
+                 pauses: Callable[..., dict[str, Any]]) -> None:
         self.namespace = namespace
         self.instance_id = instance_id
         self.memory_ms = memory_ms
@@ -82,6 +85,7 @@ class SQLLeases:
         self._now_us = now_us
         self._history_row = history_row
         self._write_history = write_history
+        self._pauses = pauses
 
     def _read_run(self, conn: sa.Connection, entry: str, slot_ms: int) -> dict | None:
         r = schema.runs
@@ -128,7 +132,17 @@ class SQLLeases:
                      detail: str = "", task_id: str | None = None) -> None:
         row = self._history_row(run["entry"], run["slot_ms"], event, now, task_id=task_id or "",
                                 attempt=run["attempt"], detail=detail)
-        self._write_history(conn, [row], replace=True, keep_task_id=task_id is None)
+        self._write_history(conn, [row], replace=True, keep_task_id=task_id is None, chained=True)
+
+    def _ended_by_pause(self, conn: sa.Connection, run: dict, now: int) -> bool:
+        """If the run's entry is paused: the run ends paused, recorded once with the pause's
+        description (docs/design.md "Leases": a pause stops takeovers and adoptions); True."""
+        pause = self._pauses(conn, [run["entry"]]).get(run["entry"])
+        if pause is None:
+            return False
+        self._update_run(conn, run, state=RunState.PAUSED.value, keep_until_ms=now + self.memory_ms)
+        self._lease_event(conn, run, RunEvent.PAUSED, now, detail=pause.describe())
+        return True
 
     def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
         """The record of one leased run (``store_ms`` = now), or None. :raises StoreUnavailable:"""
@@ -157,11 +171,14 @@ class SQLLeases:
         return self._run("find expired runs", work, write=False)
 
     def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
-                  queue_timeout_ms: int, max_attempts: int) -> tuple[TakeoverOutcome, LeasedRun | None]:
+                  queue_timeout_ms: int, max_attempts: int,
+                  task_id: str = "") -> tuple[TakeoverOutcome, LeasedRun | None]:
         """Compare-and-set on ``expected_token`` (docs/design.md "Leases": Takeover): REFUSED unless
-        the run is still expired with that token; SUPERSEDED when a newer slot was claimed; LOST
-        after ``max_attempts``; else TAKEN: queued again as the next attempt with a new token and
-        deadline = now + ``queue_timeout_ms``. The record keeps the token it replaced, so this
+        the run is still expired with that token; PAUSED when its entry is paused (the run ends);
+        SUPERSEDED when a newer scheduled slot was claimed (never a run-now request's run);
+        GIVEN_UP after ``max_attempts``; else TAKEN: queued again as the next attempt with a new
+        token and deadline = now + ``queue_timeout_ms``, recorded ``taken_over`` with
+        ``task_id`` (the dead attempt's record kept in ``earlier``). The record keeps the token it replaced, so this
         instance's retry with the same ``expected_token`` (its first reply was lost) answers TAKEN
         again with the same record while the run is still queued (docs/design.md "Leases":
         Takeover). A run whose
@@ -181,6 +198,8 @@ class SQLLeases:
             if (run is None or run["token"] != expected_token or run["state"] not in schema.OPEN_STATES
                     or not self._expired(run, now)):
                 return TakeoverOutcome.REFUSED, (self._leased(run, now) if run else None)
+            if self._ended_by_pause(conn, run, now):
+                return TakeoverOutcome.PAUSED, self._leased(run, now)
             begun = fence.memory_start_ms
             if slot_ms < begun + LATENESS_TOLERANCE_MS:
                 # the store may have lost writes to this record (its release, its adoption)
@@ -194,7 +213,8 @@ class SQLLeases:
                     f"not taken over: {why} (a possible miss; the store's memory began again at "
                     f"{iso(begun)}{since})"))
                 return TakeoverOutcome.GIVEN_UP, self._leased(run, now)
-            if fence.newest_slot is not None and fence.newest_slot > slot_ms:
+            if (not run.get("requested") and fence.newest_slot is not None
+                    and fence.newest_slot > slot_ms):
                 self._update_run(conn, run, state="superseded", keep_until_ms=now + self.memory_ms)
                 self._lease_event(conn, run, RunEvent.SUPERSEDED, now,
                                   detail=f"a newer slot {iso(fence.newest_slot)} was claimed")
@@ -204,12 +224,14 @@ class SQLLeases:
                 self._lease_event(conn, run, RunEvent.GIVEN_UP, now,
                                   detail=f"no attempt finished after {run['attempt']} of {max_attempts}")
                 return TakeoverOutcome.GIVEN_UP, self._leased(run, now)
+            why = (f"the lease of attempt {run['attempt']} (token {expected_token}, runner "
+                   f"{run['owner']}) expired" if run["state"] == "started" else
+                   f"attempt {run['attempt']} (token {expected_token}) was queued past its deadline")
             self._update_run(conn, run, state="queued", attempt=run["attempt"] + 1,
                              prev_token=expected_token,
                              token=fence.issue_token(now_us), owner=self.instance_id,
                              lease_expires_ms=None, queue_deadline_ms=now + queue_timeout_ms)
-            self._lease_event(conn, run, RunEvent.TAKEN_OVER, now, task_id="",
-                              detail=f"token {expected_token} expired")
+            self._lease_event(conn, run, RunEvent.TAKEN_OVER, now, task_id=task_id, detail=why)
             return TakeoverOutcome.TAKEN, self._leased(run, now)
 
         def unconfirmed(answer):
@@ -222,13 +244,16 @@ class SQLLeases:
 
     def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
         """Worker side: adopt a queued run (or one started with an expired lease): started, new
-        token, ``owner``, lease until now + ``duration_ms``. :returns: ``(adopted, record)``.
+        token, ``owner``, lease until now + ``duration_ms``; when its entry is paused it ends
+        paused instead (not adopted). :returns: ``(adopted, record)``.
         :raises StoreUnavailable:"""
         def op(conn, fence: Fence, run: dict | None, now_us: int):
             now = now_us // 1000
             if run is None:
                 return False, None
             if not (run["state"] == "queued" or (run["state"] == "started" and self._expired(run, now))):
+                return False, self._leased(run, now)
+            if self._ended_by_pause(conn, run, now):
                 return False, self._leased(run, now)
             self._update_run(conn, run, state="started", token=fence.issue_token(now_us), owner=owner,
                              lease_expires_ms=now + duration_ms, queue_deadline_ms=None)

@@ -10,9 +10,11 @@ integers derived from the store's clock in microseconds (docs/design.md "Words":
   their names: that row lock is what serializes claims and lease changes of one entry.
 * ``anarchon_claims``: one row per claimed run: the winner, its fingerprint, the store time of the
   claim and ``keep_until_ms`` = max(claim time, slot) + memory, after which it is pruned.
-* ``anarchon_history``: the newest ``history_size`` runs of each entry (trimmed on write).
+* ``anarchon_history``: the newest ``history_size`` runs of each entry (trimmed on write); a
+  run's row keeps the records of its earlier attempts (``earlier``, JSON) after a takeover.
 * ``anarchon_runs``: the record of each leased run (docs/design.md "Leases"); ``keep_until_ms`` is set
-  when the run reaches a terminal state (now + memory) and it is pruned after that.
+  when the run reaches a terminal state (now + memory) and it is pruned after that; ``requested``
+  marks the run of a run-now request (never superseded by a scheduled slot).
 * ``anarchon_definitions``: fingerprint -> the text of the entry definition it stands for.
 * ``anarchon_stores``: one row per namespace: the store-wide memory start (``born_ms``), the
   server's epoch it was noted under (PostgreSQL: system identifier and timeline; SQLite: none),
@@ -79,6 +81,8 @@ history = sa.Table(
     sa.Column("task_id", _TEXT, nullable=False),
     sa.Column("attempt", sa.Integer(), nullable=False),
     sa.Column("detail", _TEXT, nullable=False),
+    # JSON list of the earlier attempts' records the run's record keeps (NULL: none)
+    sa.Column("earlier", _TEXT, nullable=True),
 )
 
 runs = sa.Table(
@@ -92,6 +96,7 @@ runs = sa.Table(
     sa.Column("queue_deadline_ms", _MS, nullable=True),
     sa.Column("keep_until_ms", _MS, nullable=True),      # set once terminal: pruned after it
     sa.Column("prev_token", _MS, nullable=True),         # the token a takeover replaced
+    sa.Column("requested", sa.Integer(), nullable=True),  # 1: a run-now request's run
 )
 #: ``state IN ('queued', 'started')`` with literal values, so that PostgreSQL's generic plans
 #: can prove the partial index below applies
@@ -168,7 +173,8 @@ stores = sa.Table(
 )
 
 #: columns added after a table's first release: (table, column, SQL type), added when missing
-_ADDED_COLUMNS = (("anarchon_runs", "prev_token", "BIGINT"),)
+_ADDED_COLUMNS = (("anarchon_runs", "prev_token", "BIGINT"), ("anarchon_runs", "requested", "INTEGER"),
+                  ("anarchon_history", "earlier", "TEXT"))
 
 
 def clock_us(dialect_name: str) -> sa.ColumnElement:
