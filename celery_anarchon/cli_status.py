@@ -158,6 +158,9 @@ def _print_entries(data: dict) -> None:
         for r in e["runs"]:
             click.echo(f"  {r['slot']}  {r['event']:<17} {r['instance']}  attempt {r['attempt']}  "
                        f"{r['task_id']} {r['detail']}".rstrip())
+            for x in reversed(r["earlier"]):    # the run's earlier attempts, newest first
+                click.echo(f"    before: attempt {x['attempt']} {x['event']:<11} {x['instance']}  "
+                           f"{x['task_id']} {x['detail']}".rstrip())
         if e["lease"]:
             lease = e["lease"]
             click.echo(f"  lease of {lease['slot']}: {lease['state']}, attempt {lease['attempt']}, "
@@ -222,8 +225,10 @@ def history(app, entry: str, since: str | None, limit: int | None, as_json: bool
         return
     rows = [("SLOT", "EVENT", "INSTANCE", "ATTEMPT", "TASK ID", "RECORDED", "REASON")]
     for r in runs:
-        rows.append((r["slot"], r["event"], r["instance"] or "-", str(r["attempt"]),
-                     r["task_id"] or "-", r["at"] or "-", r["detail"] or "-"))
+        # a run taken over: its record, then what its earlier attempts recorded (newest first)
+        for x in (r, *reversed(r["earlier"])):
+            rows.append((x["slot"], x["event"], x["instance"] or "-", str(x["attempt"]),
+                         x["task_id"] or "-", x["at"] or "-", x["detail"] or "-"))
     _table(rows)
 
 

@@ -17,6 +17,8 @@ lease headers runs untouched. For a leased message, before the body runs:
   attempt's message this is) or started with an expired lease, and issues a new fencing token;
 * any other message of the run (a duplicate delivery while it runs, a message of a run that
   finished, was superseded or lost) is **dropped** without running the body: logged and counted;
+  so is the message of a run not started yet whose entry is paused (the store ends the run
+  paused, atomically with the pause); a pause never stops a body that runs;
 * a **heartbeat** thread in the executing process renews the lease every ``heartbeat`` seconds by
   token; a renewal that finds its token stale marks the lease lost (:func:`current_lease`);
 * when the task returns or fails for good the lease is **released** by token; a retry hands the
@@ -316,6 +318,13 @@ def _adopt(task, request, headers) -> Lease:
         raise Ignore()
     if not adopted and run is not None and run.owner == owner and run.state is RunState.STARTED:
         adopted = True
+    if not adopted and run is not None and run.state is RunState.PAUSED:
+        _count(task.app, "dropped_paused")
+        logger.warning("%s: dropped a message of slot %s (attempt %d, task %s) without running it: "
+                       "the entry is paused, so the run ends before it started (recorded paused "
+                       "in the store's history; not caught up after the resume).", entry, slot,
+                       attempt, request.id)
+        raise Ignore()
     if not adopted:
         state = run.state.value if run is not None else "unknown to the store"
         _count(task.app, "dropped")

@@ -123,7 +123,7 @@ class PrometheusObserver(Observer):
             "claims; lease_check: the scan of expired leases)", ["operation"],
             buckets=ROUND_TRIP_BUCKETS, registry=registry)
         self.leases = Counter("anarchon_leases", "Lease events of this instance (started, "
-                              "taken_over, lost, superseded)", ["event"], registry=registry)
+                              "taken_over, lost, superseded, paused)", ["event"], registry=registry)
         self.store_up = Gauge("anarchon_store_up", "1 when the store answered last, 0 when it "
                               "could not be reached", registry=registry)
         self.last_tick = Gauge("anarchon_last_tick_timestamp_seconds", "When this instance last "

@@ -50,7 +50,16 @@ def _iso(ms: int | None) -> str | None:
 
 
 def run_json(rec: HistoryRecord) -> dict:
-    """One history record as data: ``{slot, event, at, instance, attempt, task_id, detail}``."""
+    """One history record as data: ``{slot, event, at, instance, attempt, task_id, detail,
+    earlier}``; ``earlier``: the records of the run's earlier attempts it keeps (a run taken
+    over: the dead attempt's last record, then ``taken_over``), oldest first, each with the same
+    keys but ``earlier``."""
+    out = _record_json(rec)
+    out["earlier"] = [_record_json(e) for e in rec.earlier]
+    return out
+
+
+def _record_json(rec: HistoryRecord) -> dict:
     return {"slot": iso(rec.slot_ms), "event": rec.event.value, "at": _iso(rec.store_ms or None),
             "instance": rec.instance, "attempt": rec.attempt, "task_id": rec.task_id,
             "detail": rec.detail}
@@ -335,9 +344,10 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
       app's for the others), ``next`` (the next ``next_count`` slots), ``problem`` (the start-up
       rule it breaks, or ``None``), ``leased``, ``shadowed`` (a store entry under a
       beat_schedule name: ignored), ``paused`` (``None`` or ``{by, reason, since}``), ``runs``
-      (newest first: ``{slot, event, at, instance, attempt, task_id, detail}``; ``event`` is a
-      :class:`~celery_anarchon.stores.base.RunEvent` value such as ``sent``, ``late``,
-      ``paused``; ``at`` when it was recorded), ``last`` (``runs[0]`` or ``None``), ``lease``
+      (newest first: ``{slot, event, at, instance, attempt, task_id, detail, earlier}``;
+      ``event`` is a :class:`~celery_anarchon.stores.base.RunEvent` value such as ``sent``,
+      ``late``, ``paused``; ``at`` when it was recorded; ``earlier``: a run taken over keeps the
+      records of its earlier attempts, oldest first, see :func:`run_json`), ``last`` (``runs[0]`` or ``None``), ``lease``
       (leased entries: the newest run's lease ``{slot, state, attempt, holder, token, expires,
       queue_deadline, expired}`` or ``None``), ``run_now`` (its pending requests, as below),
       ``state`` (``"running"``, ``"paused"``, ``"problem"``, or ``"unknown"`` when the store

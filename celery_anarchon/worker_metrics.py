@@ -7,7 +7,8 @@ set (``anarchon_worker_metrics_addr``: default ``"127.0.0.1"``). Imports prometh
 Events: ``adopted`` (a leased run started here), ``renewed``, ``renew_failed`` (the store did not
 answer), ``lost`` (a renewal found the token stale: taken over), ``released``,
 ``release_refused`` (finished after a takeover), ``release_failed``, ``handed_back`` (a retry),
-``dropped`` (a message of a run that is not this attempt's to run) and
+``dropped`` (a message of a run that is not this attempt's to run), ``dropped_paused`` (a
+message of a run not started yet whose entry is paused: the run ends) and
 ``dropped_store_unreachable``.
 
 Which processes count where:

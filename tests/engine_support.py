@@ -55,6 +55,7 @@ class FakeStore:
         self.expired: list[LeasedRun] = []
         self.takeover_answers: list = []      # (outcome, run) or an exception, one per call
         self.takeover_calls: list[tuple] = []
+        self.takeover_task_ids: list[str] = []
         self.store_ms = None                  # a callable returning the store's clock, or None
         self.definitions: dict[tuple[str, str], str] = {}
 
@@ -75,8 +76,9 @@ class FakeStore:
         self._call("expired_runs")
         return [run for run in self.expired if run.entry in entries]
 
-    def take_over(self, entry, slot_ms, token, *, queue_timeout_ms, max_attempts):
+    def take_over(self, entry, slot_ms, token, *, queue_timeout_ms, max_attempts, task_id=""):
         self.takeover_calls.append((entry, slot_ms, token))
+        self.takeover_task_ids.append(task_id)
         self._call("take_over")
         answer = self.takeover_answers.pop(0)
         if isinstance(answer, Exception):

@@ -95,7 +95,8 @@ def test_history_since_and_limit(sqlite_url, namespace):
     assert "host-a:1:aa" in table[1] and "reason 0.1" in table[1] and "task-0.1" in table[1]
     recent = json.loads(exits(run("--since", "1h", "--json"), 0))
     assert [r["task_id"] for r in recent] == ["task-0.1", "task-0.5"]
-    assert set(recent[0]) == {"slot", "event", "at", "instance", "attempt", "task_id", "detail"}
+    assert set(recent[0]) == {"slot", "event", "at", "instance", "attempt", "task_id", "detail",
+                              "earlier"}
     since = datetime.datetime.fromtimestamp((now - 2.5 * 3_600_000) / 1000, datetime.timezone.utc)
     newest = json.loads(exits(run("--since", since.isoformat(), "--limit", "2", "--json"), 0))
     assert [(r["event"], r["detail"]) for r in newest] == [("paused", "reason 0.1"),

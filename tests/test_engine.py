@@ -30,7 +30,7 @@ from celery_anarchon.stores.entry_store import Pause
 from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
-from stores_support import store_url, wait_until
+from stores_support import LEASE_STORES, store_url, wait_until
 from tcp_proxy import TCPProxy, redis_address
 from backends import backdate_memory_start
 
@@ -929,3 +929,78 @@ def test_a_store_error_while_syncing_backs_off_and_never_stops_beat(sqlite_url, 
                for r in caplog.records)
     wait_until(lambda: (h.engine.tick(), "s" in h.engine.plans)[1], 5,
                "the sync after the backoff", interval=0.05)
+
+
+# -- leased runs: run-now requests, pauses, takeovers' history (every lease store) ----------------
+
+@pytest.fixture(params=LEASE_STORES)
+def lease_url(request, tmp_path):
+    return store_url(request.param, str(tmp_path))
+
+
+def test_a_run_now_request_of_a_leased_entry_runs_though_newer_slots_were_claimed(
+        lease_url, namespace, harnesses):
+    """A leased entry every 2 s, the sync every 3 s: the request's slot (the store's clock when
+    it was made) is older than the scheduled slot claimed before the sync saw it. It is its own
+    run: claimed and sent, never refused as superseded."""
+    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 4, "overlap": "allow"}
+    h = make(harnesses, lease_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5, "lease": lease})},
+             sync_s=3)
+    h.engine.tick()                                     # the start-up slot, and the first sync
+    slot = h.store.now_ms()
+    h.store.request_run("e", "r1", slot, by="test")
+    h.advance(2.0)
+    h.engine.tick()                                     # the next scheduled slot, newer than it
+    assert max(s for _, s, _ in h.sent) > slot, h.sent
+    h.sync(3.0)
+    assert ("e", slot, 1) in h.sent, (h.sent, h.history("e").get(slot))
+    assert h.engine.stats["claim_superseded"] == 0
+    assert h.store.inspect("e", slot).state is RunState.QUEUED
+
+
+def test_a_leased_run_claimed_before_a_pause_is_not_taken_over_while_paused(
+        lease_url, namespace, harnesses, caplog):
+    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 0.3}
+    anchor = int(time.time() - 1) % 3600                       # the start-up slot: 1 s ago
+    h = make(harnesses, lease_url, namespace,
+             {"e": (3600, {"jitter": 0, "max_late": 5, "anchor": anchor, "lease": lease})})
+    h.engine.tick()
+    (_, slot, _), = h.sent                                     # no worker adopts it
+    pause = h.store.set_pause("e", Pause("migration", "ops", 0), by="ops").pause
+    wait_until(lambda: h.store.expired_runs(["e"]), 10, "the queue deadline")
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        h.engine.takeovers.check(h.engine.plans)
+    assert h.sent == [("e", slot, 1)], "not sent again while paused"
+    assert h.engine.stats["takeover_paused"] == 1
+    assert h.store.inspect("e", slot).state is RunState.PAUSED
+    record = h.history("e")[slot]
+    assert (record.event, record.detail) == (RunEvent.PAUSED, pause.describe()), record
+    assert any("not taken over: the entry is paused" in r.getMessage() for r in caplog.records)
+    h.store.set_pause("e", None, by="ops")
+    h.advance(2.0)
+    h.engine.takeovers.check(h.engine.plans)
+    assert h.sent == [("e", slot, 1)], "not caught up after the resume"
+
+
+def test_a_taken_over_run_records_the_new_attempts_task_id_and_the_dead_attempt(
+        lease_url, namespace, harnesses):
+    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 4}
+    anchor = int(time.time() - 1) % 3600
+    tasks = []
+    h = make(harnesses, lease_url, namespace,
+             {"e": (3600, {"jitter": 0, "max_late": 5, "anchor": anchor, "lease": lease})},
+             send=lambda plan, slot, attempt, token, task_id: tasks.append((attempt, task_id)))
+    h.engine.tick()
+    h.engine.tick()                                             # its send note
+    (_, slot), = [(1, s) for s in h.history("e")]
+    adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
+    assert adopted
+    wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
+    h.advance(3.5)
+    h.engine.takeovers.check(h.engine.plans)
+    h.engine.tick()
+    assert [a for a, _ in tasks] == [1, 2], tasks
+    record = h.history("e")[slot]
+    assert (record.event, record.attempt, record.task_id) == (RunEvent.SENT, 2, tasks[1][1]), record
+    assert [(e.event, e.attempt, e.task_id) for e in record.earlier] == [
+        (RunEvent.STARTED, 1, tasks[0][1]), (RunEvent.TAKEN_OVER, 2, tasks[1][1])], record.earlier

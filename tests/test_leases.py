@@ -14,6 +14,8 @@ import logging
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -22,6 +24,7 @@ from celery import Celery
 
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent, RunState
+from celery_anarchon.stores.entry_store import Pause
 
 from cluster import Cluster, read_executions
 from conftest import REDIS_URL, require_server
@@ -82,6 +85,14 @@ class LeaseCluster:
 
     def logs(self, *names):
         return "".join(self.cluster.procs[n].text() for n in names)
+
+    def command(self, *args: str) -> str:
+        """``celery -A lease_app anarchon *args`` as an operator runs it; its standard output."""
+        done = subprocess.run([sys.executable, "-m", "celery", "-A", "lease_app", "anarchon", *args],
+                              env=self.cluster.environment(), cwd=self.cluster.workdir,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        return done.stdout
 
     def stop(self):
         self.cluster.stop_all()
@@ -145,11 +156,76 @@ def test_a_killed_runner_is_replaced_once(kind, acks_late, make_cluster, capsys)
     assert result.get(timeout=10) == "done" and result.state == "SUCCESS"
     assert first["task_id"] != second["task_id"]
     assert c.store.inspect("long", c.slot()).state is RunState.FINISHED
+    # the history keeps the dead attempt, the takeover and the new attempt's task id
+    record = {h.slot_ms: h for h in c.store.history("long")}[c.slot()]
+    assert (record.event, record.attempt, record.task_id) == (
+        RunEvent.FINISHED, 2, second["task_id"]), record
+    assert [(e.event, e.attempt, e.task_id) for e in record.earlier] == [
+        (RunEvent.STARTED, 1, first["task_id"]), (RunEvent.TAKEN_OVER, 2, second["task_id"])
+    ], record.earlier
+    if not acks_late:    # as operators read it: `history`, `status --json` (/api/status), the page
+        _operators_see_both_attempts(c, first["task_id"], second["task_id"])
+
+
+def _operators_see_both_attempts(c, first_task, second_task):
+    from celery_anarchon.web import render_page
+
+    table = c.command("history", "long").splitlines()
+    rows = [line.split() for line in table[1:]]
+    assert [(r[1], r[3], r[4]) for r in rows[:3]] == [
+        ("finished", "2", second_task), ("taken_over", "2", second_task),
+        ("started", "1", first_task)], table
+    (run,) = [r for r in json.loads(c.command("history", "long", "--json"))
+              if r["task_id"] == second_task]
+    assert [(e["event"], e["attempt"], e["task_id"]) for e in run["earlier"]] == [
+        ("started", 1, first_task), ("taken_over", 2, second_task)]
+    status = json.loads(c.command("status", "--json"))
+    (entry,) = [e for e in status["entries"] if e["name"] == "long"]
+    assert entry["runs"][0] == run, "status --json and /api/status give the same record"
+    assert "before: attempt 1 started" in c.command("status")
+    page = render_page(status)
+    assert "before: attempt 2 taken_over by" in page and first_task in page
 
 
 @pytest.mark.skipif(CLUSTER not in LEASE_STORES, reason="the Redis Cluster store is not installed")
 def test_a_killed_runner_is_replaced_once_on_the_redis_cluster(make_cluster, capsys):
     test_a_killed_runner_is_replaced_once(CLUSTER, False, make_cluster, capsys)
+
+
+def test_a_run_claimed_before_a_pause_is_neither_taken_over_nor_run_while_paused(kind, make_cluster):
+    """Two runs claimed and sent before their entries were paused: one whose message waits in a
+    queue nobody consumes (beat finds it past its queue deadline: the takeover answers paused),
+    one whose worker starts after the pause (its adoption is refused). Neither body runs, no
+    attempt 2 is sent, each run is recorded paused once, and a resume does not catch them up."""
+    probe_queue = f"nobody-{uuid.uuid4().hex[:8]}"
+    c = make_cluster(kind, {"long": long_entry(1, queue_timeout=60),
+                            "probe": {"task": "lease_app.sleepy", "args": [1], "lease": FAST,
+                                      "queue": probe_queue}})
+    c.beat("b1")
+    try:
+        for name in ("long", "probe"):
+            c.cluster.wait_log("b1", f"Sending due task {name}")
+        pauses = {name: c.store.set_pause(name, Pause("migration", "ops", 0), by="ops").pause
+                  for name in ("long", "probe")}
+        wait_until(lambda: c.store.inspect("probe", c.slot()).state is RunState.PAUSED,
+                   FAST["queue_timeout"] + 4 * FAST["heartbeat"] + 10,
+                   f"the probe's takeover to answer paused\n{c.cluster.logs()}", interval=0.2)
+        c.worker()
+        c.cluster.wait_log("w1", "the entry is paused", timeout=20)
+        assert c.store.inspect("long", c.slot()).state is RunState.PAUSED
+        for name in ("long", "probe"):
+            record = {h.slot_ms: h for h in c.store.history(name)}[c.slot()]
+            assert (record.event, record.attempt, record.detail) == (
+                RunEvent.PAUSED, 1, pauses[name].describe()), record
+            c.store.set_pause(name, None, by="ops")
+        time.sleep(3 * FAST["heartbeat"])        # lease checks after the resume
+        assert c.store.inspect("probe", c.slot()).state is RunState.PAUSED
+    finally:
+        with c.client.connection_for_write() as conn:
+            conn.default_channel.queue_delete(probe_queue)
+    assert not c.events("start"), "no body ran"
+    assert "probe: slot" in c.logs("b1") and "not taken over: the entry is paused" in c.logs("b1")
+    assert "taken over as attempt" not in c.logs("b1")
 
 
 @pytest.mark.parametrize("acks_late", [False, True], ids=["default-acks", "acks-late"])

@@ -15,7 +15,8 @@ The words of the ``outcome`` and ``event`` arguments:
   ``unreachable`` (the store did not answer until max_late);
 * lease events on the beat side: ``started`` (a won claim of a leased entry: its lease record is
   queued), ``taken_over``, ``lost`` (given up after max_attempts, or because the store may have
-  lost writes to it), ``superseded`` (abandoned for a newer slot instead of a takeover).
+  lost writes to it), ``superseded`` (abandoned for a newer slot instead of a takeover),
+  ``paused`` (ended instead of a takeover: its entry is paused).
 """
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ class EntrySync:
                 claims.append(ClaimRequest(
                     entry=plan.name, slot_ms=request.slot_ms, max_late_ms=max_late_ms,
                     task_id=task_id_for(self.namespace, plan.name, request.slot_ms, 1),
-                    fingerprint=plan.fingerprint, lease=plan.lease_terms))
+                    fingerprint=plan.fingerprint, lease=plan.lease_terms, requested=True))
         return claims
 
     def _log_pauses(self, snapshot: EntrySnapshot, old: dict[str, EntryPlan]) -> None:

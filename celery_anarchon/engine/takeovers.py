@@ -4,7 +4,8 @@ message never reached a worker (queued past its deadline) are taken over, one co
 the expected token, and sent again as the next attempt. A started run is spared for a grace after
 a store error (its runner's renewals probably failed too); a takeover whose answer did not come
 back is asked again with the same expected token, and one attempt is never sent twice. Timed on
-the monotonic clock."""
+the monotonic clock. A takeover of a paused entry's run is refused by the store (the run ends
+paused, recorded once), and a run-now request's run is never superseded by a scheduled slot."""
 from __future__ import annotations
 
 import collections
@@ -36,7 +37,7 @@ MAX_TAKEN_KEPT = 10_000
 STORE_GRACE_HEARTBEATS = 2
 #: a takeover's outcome, as a lease event of the observer (REFUSED: nothing happened)
 LEASE_EVENTS = {TakeoverOutcome.TAKEN: "taken_over", TakeoverOutcome.GIVEN_UP: "lost",
-                TakeoverOutcome.SUPERSEDED: "superseded"}
+                TakeoverOutcome.SUPERSEDED: "superseded", TakeoverOutcome.PAUSED: "paused"}
 
 
 @dataclasses.dataclass
@@ -161,10 +162,13 @@ class Takeovers:
             return
         lease = plan.timing.lease
         key = (run.entry, run.slot_ms)
+        # a takeover always makes the attempt after the expired one (a retry of this instance's
+        # own takeover answers the record it made): that attempt's task id goes in the history
+        task_id = task_id_for(self.namespace, plan.name, run.slot_ms, run.attempt + 1)
         try:
             outcome, new = self.store.take_over(
                 run.entry, run.slot_ms, run.token, queue_timeout_ms=int(lease.queue_timeout_s * 1000),
-                max_attempts=lease.max_attempts)
+                max_attempts=lease.max_attempts, task_id=task_id)
         except StoreError as exc:
             # it may have committed with its reply lost: ask again with the same expected token
             # (the store answers TAKEN again with the same record), never burn an attempt
@@ -210,6 +214,10 @@ class Takeovers:
             self.sends.send(Send(plan, run.slot_ms, new.attempt, new.token,
                                  task_id_for(self.namespace, plan.name, run.slot_ms, new.attempt),
                                  give_up_at=self.monotonic() + plan.timing.max_late_s))
+        elif outcome is TakeoverOutcome.PAUSED:
+            logger.warning("%s: slot %s attempt %d not taken over: the entry is paused, so the run "
+                           "ends (recorded paused; not caught up after the resume). %s",
+                           plan.name, iso(run.slot_ms), run.attempt, why[0].upper() + why[1:])
         elif outcome is TakeoverOutcome.GIVEN_UP and (new or run).attempt < lease.max_attempts:
             # attempts left: the store refused the takeover because it may have lost writes to
             # the run's record since it was claimed (an epoch change or amnesia: a release or an

@@ -124,7 +124,8 @@ def keeps_earlier(replaced: RunEvent | str, event: RunEvent | str) -> bool:
     """Whether a record of ``replaced`` goes into :attr:`HistoryRecord.earlier` when ``event``
     replaces it: a takeover keeps the dead attempt's last record, and a ``taken_over`` record is
     kept by whatever replaces it (the same rule in every lease store: Lua and SQL)."""
-    return RunEvent.TAKEN_OVER.value in (RunEvent(replaced).value, RunEvent(event).value)
+    return RunEvent.TAKEN_OVER.value in (getattr(replaced, "value", replaced),
+                                         getattr(event, "value", event))
 
 
 class RunState(str, enum.Enum):
