@@ -12,8 +12,10 @@ on a layout where each script touches one hash slot (:mod:`.cluster_keys`):
 * **The epoch per slot**: the ``run_id`` of the master serving the slot. A failover (or a slot
   migrated to another master) restarts the memory of that slot's entries, 10 s refused, as a
   failover of one Redis does.
-* **Pauses** are written into the entry's slot too (:mod:`.cluster_entries`), so the claim checks
-  them in the same script: the store is an :class:`~celery_anarchon.stores.entry_store.EntryStore`.
+* **Pauses** are written into the entry's slot too (:mod:`.cluster_entries`), so the claim, the
+  takeover and the adoption of a leased run check them in the same script (every lease script of
+  an entry runs on its slot, whose head keys hold that slot's pauses): the store is an
+  :class:`~celery_anarchon.stores.entry_store.EntryStore`.
   Every entry-store write is confirmed on its master's replicas as a claim is (a ``once`` call in
   the round, followed by the ``confirm_write`` script on the same slot); one not confirmed raises
   StoreError.
