@@ -432,7 +432,7 @@ class Schedules:
                                            stored, shadowed=bool(stored and stored.definition)))
             elif stored is not None and stored.definition is not None:
                 out.append(self._scheduled(name, STORE, json.loads(stored.definition), stored))
-            elif stored is not None:
+            elif stored is not None and not stored.cleared:   # cleared: resumed or removed
                 out.append(self._scheduled(name, UNKNOWN, None, stored))
         return out
 

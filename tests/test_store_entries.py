@@ -14,7 +14,8 @@ from celery_anarchon.errors import ConfigError, EntryExists, UnknownEntry
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import LeaseStore, LeaseTerms, Outcome, RunEvent
 from celery_anarchon.stores.entry_store import (
-    ENTRY_STORE_NAMES, EntryStore, InstanceRecord, Pause, entry_store,
+    CLEARED_KEEP_MS, ENTRY_STORE_NAMES, EntriesEpoch, EntryStore, InstanceRecord, Pause,
+    entry_store,
 )
 
 from backends import BACKENDS, kinds_whose_store
@@ -69,7 +70,8 @@ def test_add_update_remove_with_their_errors(stores):
     assert a.load_entries().entries["report"].definition == OTHER_DEFINITION
 
     assert a.remove_entry("report", by="alice") is True
-    assert "report" not in b.load_entries().entries
+    removed = b.load_entries().entries["report"]
+    assert removed.cleared and removed.updated_by == "alice", "a removal leaves a cleared record"
     assert b.remove_entry("report", by="bob") is False, "nothing left to remove"
     with pytest.raises(UnknownEntry):
         a.put_entry("report", DEFINITION, by="alice", create=False)
@@ -218,7 +220,9 @@ def test_resume_lets_the_next_slot_win(stores):
     assert b.claim([req("report", slot)])[0].outcome is Outcome.PAUSED
     resumed = a.set_pause("report", None, by="alice")
     assert resumed.pause is None
-    assert "report" not in a.load_entries().entries, "a resumed config entry leaves nothing behind"
+    left = a.load_entries().entries["report"]
+    assert left.cleared and left.updated_ms >= resumed.updated_ms > 0, \
+        "a resumed config entry leaves a cleared record (instances that saw a loss read it)"
     nxt = b.claim([req("report", slot + 1)])[0]
     assert nxt.outcome is Outcome.WON and nxt.winner == "B"
 
@@ -252,7 +256,7 @@ def test_a_store_entry_keeps_its_pause_when_updated_and_loses_it_when_removed(st
     updated = b.put_entry("report", OTHER_DEFINITION, by="bob", create=False)
     assert updated.pause == pause and updated.definition == OTHER_DEFINITION
     assert b.remove_entry("report", by="bob") is True
-    assert "report" not in a.load_entries().entries, "the pause went with the entry"
+    assert a.load_entries().entries["report"].cleared, "the pause went with the entry"
     readded = a.put_entry("report", DEFINITION, by="alice", create=True)
     assert readded.pause is None
 
@@ -293,3 +297,112 @@ def test_a_store_that_cannot_hold_entries_is_a_config_error_naming_those_that_ca
     with pytest.raises(ConfigError) as info:
         entry_store(store)
     assert ENTRY_STORE_NAMES in str(info.value) and store.kind in str(info.value)
+
+
+# -- amnesia: the entries epoch, cleared records, an accepted loss (docs/design.md "Amnesia") -------
+
+def _written_under_another_server(store) -> None:
+    """Make the entries epoch look written under another server epoch (a restart, a failover)."""
+    if store.kind in ("sqlite", "postgresql"):
+        import sqlalchemy as sa
+        from celery_anarchon.stores.sql import schema
+        v = schema.schedule_versions
+        store._run("age the epoch", lambda conn: conn.execute(
+            sa.update(v).where(v.c.namespace == store.namespace)
+            .values(server_epoch="an-older-server")))
+    else:
+        store._redis()[0].hset(store.namespace_keys["entries:epoch"], "server", "an-older-server")
+
+
+def _age_cleared(store, name: str, by_ms: int) -> None:
+    """Move the time of ``name``'s cleared record ``by_ms`` into the past."""
+    if store.kind in ("sqlite", "postgresql"):
+        import sqlalchemy as sa
+        from celery_anarchon.stores.sql import schema
+        t = schema.schedule_entries
+        store._run("age a record", lambda conn: conn.execute(
+            sa.update(t).where(t.c.namespace == store.namespace, t.c.name == name)
+            .values(updated_ms=t.c.updated_ms - by_ms)))
+    else:
+        store._redis()[0].zincrby(store.namespace_keys["entries:cleared"], -by_ms, name)
+
+
+def test_the_entries_epoch_comes_with_the_first_write_and_is_gone_after_a_wipe(stores):
+    a, b = stores("A"), stores("B")
+    assert a.entries_epoch() == EntriesEpoch("", 0), "a new store holds no entries epoch"
+    a.set_pause("cfg", Pause("", "alice", 0), by="alice")
+    first = b.entries_epoch()
+    assert first.epoch and first.version == 1 == b.entries_version()
+    a.put_entry("report", DEFINITION, by="alice", create=True)
+    assert b.entries_epoch() == EntriesEpoch(first.epoch, 2), "one epoch while the data is kept"
+    loaded = b.load_entries()
+    assert (loaded.epoch, loaded.version, loaded.accepted_ms) == (first.epoch, 2, 0)
+    stores.wipe()
+    assert a.entries_epoch() == EntriesEpoch("", 0), "the wiped store holds no epoch"
+    assert a.load_entries().epoch == ""
+    a.set_pause("cfg", Pause("", "alice", 0), by="alice")
+    again = b.entries_epoch()
+    assert again.epoch not in ("", first.epoch) and again.version == 1, (first, again)
+
+
+def test_a_write_under_another_server_epoch_starts_a_new_entries_epoch(stores):
+    """The entries epoch is written anew by the first write after the server's own epoch
+    changed (a restart, a failover, a replaced file: writes may have been lost); a read never
+    writes it."""
+    a = stores("A")
+    a.set_pause("cfg", Pause("", "alice", 0), by="alice")
+    first = a.entries_epoch()
+    a.put_entry("report", DEFINITION, by="alice", create=True)
+    assert a.entries_epoch().epoch == first.epoch, "the same server: the same epoch"
+    _written_under_another_server(a)
+    assert a.entries_epoch() == EntriesEpoch(first.epoch, 2), "reading never writes the epoch"
+    a.load_entries()
+    a.set_pause("cfg", None, by="alice")
+    now = a.entries_epoch()
+    assert now.epoch not in ("", first.epoch) and now.version == 3, (first, now)
+
+
+def test_a_resume_or_a_removal_leaves_a_record_newer_than_what_it_cleared(stores):
+    """So that an instance that keeps a pause or a store entry from before a loss can tell the
+    operator's resume or removal written since from the loss itself."""
+    a, b = prepared(stores("A"), "cfg"), stores("B")
+    paused = a.set_pause("cfg", Pause("why", "alice", 0), by="alice")
+    resumed = b.set_pause("cfg", None, by="bob")
+    record = a.load_entries().entries["cfg"]
+    assert record.cleared and record == resumed, (record, resumed)
+    assert (record.updated_by, record.version > paused.version) == ("bob", True)
+    assert record.updated_ms >= paused.updated_ms
+    assert b.set_pause("never-paused", None, by="bob").cleared
+    assert a.load_entries().entries["never-paused"].cleared, "written even where nothing was"
+    added = a.put_entry("report", DEFINITION, by="alice", create=True)
+    assert b.remove_entry("report", by="bob")
+    gone = a.load_entries().entries["report"]
+    assert gone.cleared and gone.updated_by == "bob" and gone.version > added.version
+    again = a.put_entry("report", DEFINITION, by="alice", create=True)
+    assert again.definition == DEFINITION and not again.cleared, "a cleared name can be added"
+    assert a.set_pause("cfg", Pause("", "alice", 0), by="alice").pause is not None
+    assert a.claim([req("cfg", fresh_slot(a))])[0].outcome is Outcome.PAUSED
+
+
+def test_cleared_records_are_pruned_after_a_week(stores):
+    a = stores("A")
+    a.set_pause("old", None, by="alice")
+    a.set_pause("young", None, by="alice")
+    a.set_pause("paused", Pause("", "alice", 0), by="alice")
+    _age_cleared(a, "old", CLEARED_KEEP_MS + 60_000)
+    if isinstance(a, LeaseStore) and a.kind in ("sqlite", "postgresql"):
+        a.prune()
+    else:
+        a.set_pause("another", None, by="alice")       # Redis: the next write prunes
+    assert sorted(a.load_entries().entries) == sorted(
+        ["young", "paused"] + ([] if a.kind in ("sqlite", "postgresql") else ["another"]))
+
+
+def test_an_accepted_loss_is_recorded_with_who_and_when_and_raises_the_version(stores):
+    a, b = stores("A"), stores("B")
+    before = a.entries_version()
+    at = a.accept_loss(by="ops")
+    loaded = b.load_entries()
+    assert (loaded.accepted_ms, loaded.accepted_by) == (at, "ops")
+    assert loaded.version > before and loaded.epoch, "an entries write like any other"
+    assert abs(at - store_now(b)) < 5_000, "the store's clock"

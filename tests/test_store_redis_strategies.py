@@ -537,6 +537,7 @@ def test_namespace_keys_share_one_hash_tag_and_carry_no_ttl(every):
     a = prepared(every("A"))
     a.put_entry("e", DEFINITION, by="x", create=True)
     a.set_pause("e", Pause("", "x", 0), by="x")
+    a.set_pause("gone", None, by="x")             # a cleared record (entries:cleared)
     a.request_run("e", "r1", a.now_ms(), by="x")
     a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
     a.save_fingerprints("d", {"e": "fp"})

@@ -17,8 +17,20 @@ An :class:`EntryStore` is an instance store that also keeps, per namespace:
 * **run-now requests**: one extra run of an entry, with its own slot, one per request id.
 
 Every change to entries, pauses or requests raises the namespace's **entries version**, so an
-instance follows with one cheap read per ``anarchon_sync_interval`` (:meth:`entries_version`) and
+instance follows with one cheap read per ``anarchon_sync_interval`` (:meth:`entries_epoch`) and
 loads everything only when it moved (:meth:`load_entries`).
+
+**Amnesia** (docs/design.md "Amnesia"). A store can lose what it held: a Redis restarted without
+persistence, dropped tables, a restored backup, a promoted replica that missed writes. So that an
+instance can tell, the store keeps per namespace an **entries epoch**: an id written with the
+first write of an entry or a pause into a namespace that holds none, and written anew when the
+server's own epoch changed since (Redis ``run_id``, PostgreSQL system identifier and timeline,
+SQLite file inode: a restart, a failover, a replaced file). An epoch that vanished or changed, or
+a version lower than one seen before (an older copy), means the store may have lost writes. A
+resume and a removal leave the name's record **cleared** (no definition, no pause; pruned after
+:data:`CLEARED_KEEP_MS`) instead of deleting it, and :meth:`EntryOps.accept_loss` records when an
+operator accepted a loss: with the records' store-clock times, an instance that keeps what it
+knew from before a loss tells an operator's later word from the loss itself.
 
 Units as in :mod:`celery_anarchon.stores.base`: UTC integer milliseconds; the store's clock for
 ``*_ms`` it writes. What a store can do is its type: ``isinstance(store, InstanceStore)``,
@@ -30,6 +42,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import secrets
 from collections.abc import Mapping
 
 from celery_anarchon.errors import ConfigError
@@ -37,6 +50,12 @@ from celery_anarchon.stores.base import ClaimStore
 
 #: The stores that hold entries, pauses and run-now requests, in the words of error messages.
 ENTRY_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
+
+#: How long a cleared record (a resume or a removal) is kept, ms: 7 days. An instance that keeps
+#: what it knew from before a loss sees the resume or removal written since as long as the record
+#: is kept; an older copy of the store restored later than that may bring back a store entry
+#: removed in between (docs/design.md "Amnesia").
+CLEARED_KEEP_MS = 7 * 86_400_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +96,27 @@ class StoredEntry:
     updated_ms: int
     updated_by: str
 
+    @property
+    def cleared(self) -> bool:
+        """The record holds neither a definition nor a pause: the name was resumed or removed
+        (``updated_by`` at ``updated_ms``). Kept :data:`CLEARED_KEEP_MS`, so that an instance that
+        keeps what it knew from before a loss sees the operator's word (module docstring)."""
+        return self.definition is None and self.pause is None
+
+
+@dataclasses.dataclass(frozen=True)
+class EntriesEpoch:
+    """The identity of a namespace's entries data and its version, as
+    :meth:`EntryOps.entries_epoch` reads them (one cheap read).
+
+    :param epoch: the entries epoch (module docstring); ``""`` when the store holds none (nothing
+        written yet, or everything lost).
+    :param version: the entries version (``0`` before any change).
+    """
+
+    epoch: str
+    version: int
+
 
 @dataclasses.dataclass(frozen=True)
 class RunRequest:
@@ -99,11 +139,24 @@ class RunRequest:
 
 @dataclasses.dataclass(frozen=True)
 class EntrySnapshot:
-    """Everything :meth:`EntryStore.load_entries` read, at one entries version."""
+    """Everything :meth:`EntryStore.load_entries` read, at one entries version.
+
+    :param version: the entries version.
+    :param entries: every record by name: store entries, pauses, and cleared records
+        (:attr:`StoredEntry.cleared`).
+    :param requests: the run-now requests younger than the store's memory.
+    :param epoch: the entries epoch (:class:`EntriesEpoch`), ``""`` when the store holds none.
+    :param accepted_ms: when an operator last accepted a loss (:meth:`EntryOps.accept_loss`),
+        the store's clock, UTC ms; ``0``: never.
+    :param accepted_by: who accepted it (``""``: nobody).
+    """
 
     version: int
     entries: Mapping[str, StoredEntry]
     requests: tuple[RunRequest, ...]
+    epoch: str = ""
+    accepted_ms: int = 0
+    accepted_by: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +175,11 @@ class InstanceRecord:
         mapping itself is read with :meth:`InstanceStore.load_fingerprints`.
     :param seen_ms: the store's clock when the heartbeat was written, UTC ms (read back only).
     :param expires_ms: when the record expires on the store's clock, UTC ms (read back only).
+    :param kept: what the instance keeps from before its store lost entries data (JSON values:
+        ``since`` (UTC ms, its clock), ``why``, ``pauses`` {name: pause's detail}, ``entries``
+        [names], ``withheld`` [names], each list cut at a hundred names, and their counts
+        ``counts`` {pauses, entries, withheld}); ``None`` when it keeps nothing
+        (docs/design.md "Amnesia").
     """
 
     instance_id: str
@@ -135,6 +193,7 @@ class InstanceRecord:
     fingerprints_digest: str
     seen_ms: int = 0
     expires_ms: int = 0
+    kept: dict | None = None
 
 
 class InstanceOps(abc.ABC):
@@ -183,9 +242,24 @@ class EntryOps(InstanceOps):
         with every change of an entry, a pause or a run-now request."""
 
     @abc.abstractmethod
+    def entries_epoch(self) -> EntriesEpoch:
+        """The namespace's entries epoch and version, in one cheap read (what an instance
+        compares at every sync: module docstring)."""
+
+    @abc.abstractmethod
     def load_entries(self) -> EntrySnapshot:
-        """Every stored entry and pause of the namespace, and the run-now requests younger than the
-        store's memory, with the version they were read at (one consistent read)."""
+        """Every stored entry, pause and cleared record of the namespace, and the run-now
+        requests younger than the store's memory, with the version, epoch and last accepted
+        loss they were read at (one consistent read)."""
+
+    @abc.abstractmethod
+    def accept_loss(self, *, by: str) -> int:
+        """Record that an operator accepts what the store lost: every instance that keeps a
+        pause or a store entry from before a loss drops it (each record it kept is older than
+        this) and follows the store as it is. Raises the entries version.
+
+        :returns: when, the store's clock, UTC ms.
+        """
 
     @abc.abstractmethod
     def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
@@ -198,12 +272,14 @@ class EntryOps(InstanceOps):
 
     @abc.abstractmethod
     def remove_entry(self, name: str, *, by: str) -> bool:
-        """Remove a store entry's definition and its pause. ``False`` when there was none."""
+        """Remove a store entry's definition and its pause, leaving the name's record cleared
+        (:attr:`StoredEntry.cleared`). ``False`` (nothing written) when there was no definition."""
 
     @abc.abstractmethod
     def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
         """Pause (``pause`` set) or resume (``None``) the entry ``name``, config or store entry.
-        The pause's ``at_ms`` is replaced by the store's clock."""
+        The pause's ``at_ms`` is replaced by the store's clock. A resume always writes the
+        name's record (cleared when it holds no definition), even when it held nothing."""
 
     @abc.abstractmethod
     def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
@@ -272,9 +348,17 @@ class EntryStore(InstanceStore):
         """:meth:`EntryOps.entries_version`."""
         return self.entry_ops.entries_version()
 
+    def entries_epoch(self) -> EntriesEpoch:
+        """:meth:`EntryOps.entries_epoch`."""
+        return self.entry_ops.entries_epoch()
+
     def load_entries(self) -> EntrySnapshot:
         """:meth:`EntryOps.load_entries`."""
         return self.entry_ops.load_entries()
+
+    def accept_loss(self, *, by: str) -> int:
+        """:meth:`EntryOps.accept_loss`."""
+        return self.entry_ops.accept_loss(by=by)
 
     def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
         """:meth:`EntryOps.put_entry`."""
@@ -291,6 +375,11 @@ class EntryStore(InstanceStore):
     def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
         """:meth:`EntryOps.request_run`."""
         return self.entry_ops.request_run(entry, request_id, slot_ms, by=by)
+
+
+def new_epoch_id() -> str:
+    """A new entries epoch id (module docstring): 12 random hex digits."""
+    return secrets.token_hex(6)
 
 
 def entry_store(store: ClaimStore) -> EntryStore:

@@ -36,7 +36,7 @@ import redis
 
 from celery_anarchon.stores.entry_store import Pause, StoredEntry
 from celery_anarchon.stores.redis.cluster_keys import SlotKeys
-from celery_anarchon.stores.redis.entries import _PRELUDE, RedisEntries
+from celery_anarchon.stores.redis.entries import RedisEntries
 
 #: Write the pause of one entry into its slot, if newer than the slot's last write for it; with no
 #: version (a pause's first write, before the namespace orders it) the pause unconditionally, its
@@ -59,17 +59,7 @@ if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) else redis.call('HSET
 return '1'
 """
 
-#: Remove a store entry's definition and its pause, as ``entry_remove``, returning the version.
-#: KEYS: entries, pauses, entries:version.  ARGV: name.  Reply: {o: ok|none, v: version}.
-ENTRY_REMOVE_VERSIONED = _PRELUDE + r"""
-local rec = decoded(redis.call('HGET', KEYS[1], ARGV[1]))
-if not (rec and rec.d) then return cjson.encode({o = 'none'}) end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-return cjson.encode({o = 'ok', v = int(redis.call('INCR', KEYS[3]))})
-"""
-
-SCRIPTS = {"slot_pause": SLOT_PAUSE, "entry_remove_versioned": ENTRY_REMOVE_VERSIONED}
+SCRIPTS = {"slot_pause": SLOT_PAUSE}
 
 
 class ClusterEntries(RedisEntries):
@@ -133,8 +123,7 @@ class ClusterEntries(RedisEntries):
         :raises StoreUnavailable: a master did not answer.
         """
         doing = f"remove {name!r}"
-        reply = self._write(doing, "entry_remove_versioned",
-                            ("entries", "pauses", "entries:version"), name)
+        reply = self._write_entries(doing, "entry_remove", name, by)
         if reply["o"] != "ok":
             return False
         self._slot_pause(name, int(reply["v"]), None, doing=doing)

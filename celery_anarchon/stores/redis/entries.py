@@ -7,10 +7,13 @@ connection and its error translation; the pause itself is read inside every clai
 Keys, all under the namespace's one hash tag ``<prefix>:{<namespace>}`` (that of the store-wide
 hash ``:store``)::
 
-    :entries            hash   name -> {d: definition (absent: only a pause), v: version,
-                                        t: changed at ms, b: by}
+    :entries            hash   name -> {d: definition (absent: only a pause, or cleared),
+                                        v: version, t: changed at ms, b: by}
     :pauses             hash   name -> {r: reason, b: by, t: paused at ms}
     :entries:version    string the namespace's entries version
+    :entries:epoch      hash   the entries epoch {id, born: ms, server: the run_id it was
+                               written under, accepted: ms, accepted_by}
+    :entries:cleared    zset   the names whose record is cleared, scored by the ms it was
     :requests           hash   "<entry> <request id>" (percent-escaped) -> {e, i, s: slot, b, t}
     :requests:age       zset   request field scored by its request ms
     :instances          hash   instance id -> "<seen ms> <expires ms> <record JSON>"
@@ -19,7 +22,10 @@ hash ``:store``)::
     :fingerprints:kept  zset   digest scored by the ms until which it is kept
 
 Every write of an entry, a pause or a request is one Lua script that raises ``:entries:version``
-in the same script (atomic with the write), confirmed as a durable claim is: the store's
+in the same script (atomic with the write); a write of an entry or a pause also writes the
+entries epoch when there is none or the server's ``run_id`` changed since (a restart or a
+failover: docs/design.md "Amnesia"), and a resume or a removal leaves the name's record cleared
+(pruned after :data:`~celery_anarchon.stores.entry_store.CLEARED_KEEP_MS`). Each write is confirmed as a durable claim is: the store's
 ``durability`` (WAIT / WAITAOF pipelined after it, with the ``confirm_write`` script of
 :mod:`.scripts` counting the replicas by the claims' rule). One the master applied but did not
 confirm within ``confirm_timeout`` raises :class:`~celery_anarchon.errors.StoreError`: the change
@@ -45,14 +51,18 @@ import redis
 
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    EntryOps, EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
+    CLEARED_KEEP_MS, EntriesEpoch, EntryOps, EntrySnapshot, InstanceRecord, Pause, RunRequest,
+    StoredEntry, new_epoch_id,
 )
 from celery_anarchon.stores.redis.options import namespace_key_prefix
 
 #: The namespace's keys, by role (``<prefix>:{<namespace>}:<role>``); ``store`` is the store-wide
 #: hash of :data:`~.scripts.STORE_FIELDS`.
 ROLES = ("store", "pauses", "entries", "entries:version", "requests", "requests:age", "instances",
-         "instances:expiry", "fingerprints", "fingerprints:kept")
+         "instances:expiry", "fingerprints", "fingerprints:kept", "entries:epoch",
+         "entries:cleared")
+#: The keys of every write of an entry or a pause, in the order its script receives them.
+WRITE_ROLES = ("entries", "pauses", "entries:version", "entries:epoch", "entries:cleared")
 #: How long run-now requests are kept when the store's memory is unbounded (stream-id), ms.
 DAY_MS = 86_400_000
 
@@ -91,34 +101,68 @@ local function keep(zset, member, until_ms)
 end
 """
 
+#: The writes of entries and pauses (KEYS: :data:`WRITE_ROLES`; ARGV[1] the name, the last two
+#: ARGV a new epoch id and the ms a cleared record is kept): the entries epoch, and the record
+#: of one name kept or cleared.
+_WRITE_PRELUDE = _PRELUDE + r"""
+local EPOCH, CLEARED = KEYS[4], KEYS[5]
+local NEW_EPOCH, CLEARED_KEEP_MS = ARGV[#ARGV - 1], tonumber(ARGV[#ARGV])
+
+-- the entries epoch: written when the namespace has none, or anew when the server's run_id
+-- changed since it was written (a restart or a failover: writes may have been lost)
+local function entries_epoch()
+  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+  local rec = redis.call('HMGET', EPOCH, 'id', 'server')
+  if not rec[1] or rec[2] ~= run_id then
+    redis.call('HSET', EPOCH, 'id', NEW_EPOCH, 'born', int(NOW), 'server', run_id)
+  end
+end
+
+-- write the record of name (cleared: it holds neither definition nor pause, kept CLEARED_KEEP_MS
+-- so that instances that keep what they knew from before a loss see it), pruning old cleared ones
+local function put_record(name, rec, paused)
+  redis.call('HSET', KEYS[1], name, cjson.encode(rec))
+  if rec.d or paused then
+    redis.call('ZREM', CLEARED, name)
+  else
+    redis.call('ZADD', CLEARED, int(NOW), name)
+  end
+  prune(KEYS[1], CLEARED, '(' .. int(NOW - CLEARED_KEEP_MS))
+  entries_epoch()
+end
+"""
+
 #: Add (create "1") or update ("0") a store entry's definition.
-#: KEYS: entries, pauses, entries:version.  ARGV: name, definition, by, create.
+#: KEYS: WRITE_ROLES.  ARGV: name, definition, by, create, new epoch id, cleared keep ms.
 #: Reply: {o: ok|exists|unknown, r: the name's record, p: its pause?}.
-ENTRY_PUT = _PRELUDE + r"""
+ENTRY_PUT = _WRITE_PRELUDE + r"""
 local rec = decoded(redis.call('HGET', KEYS[1], ARGV[1])) or {}
 if ARGV[4] == '1' and rec.d then return cjson.encode({o = 'exists'}) end
 if ARGV[4] ~= '1' and not rec.d then return cjson.encode({o = 'unknown'}) end
 rec.d = ARGV[2]
 changed(rec, ARGV[3], KEYS[3])
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(rec))
+put_record(ARGV[1], rec, false)
 return cjson.encode({o = 'ok', r = rec, p = decoded(redis.call('HGET', KEYS[2], ARGV[1]))})
 """
 
-#: Remove a store entry's definition and its pause (nothing when it has no definition).
-#: KEYS: entries, pauses, entries:version.  ARGV: name.  Reply: {o: ok|none}.
-ENTRY_REMOVE = _PRELUDE + r"""
+#: Remove a store entry's definition and its pause, leaving the record cleared (nothing when it
+#: has no definition).
+#: KEYS: WRITE_ROLES.  ARGV: name, by, new epoch id, cleared keep ms.
+#: Reply: {o: ok|none, v: the version}.
+ENTRY_REMOVE = _WRITE_PRELUDE + r"""
 local rec = decoded(redis.call('HGET', KEYS[1], ARGV[1]))
 if not (rec and rec.d) then return cjson.encode({o = 'none'}) end
-redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('INCR', KEYS[3])
-return cjson.encode({o = 'ok'})
+rec = changed({}, ARGV[2], KEYS[3])
+put_record(ARGV[1], rec, false)
+return cjson.encode({o = 'ok', v = rec.v})
 """
 
-#: Pause ("1") or resume ("0") the entry called name (config or store entry).
-#: KEYS: entries, pauses, entries:version.  ARGV: name, pause, reason, pause's by, by.
-#: Reply: {o: ok, r: the name's record (dropped when it holds neither definition nor pause), p?}.
-ENTRY_PAUSE = _PRELUDE + r"""
+#: Pause ("1") or resume ("0") the entry called name (config or store entry); a resume of a name
+#: without a definition leaves its record cleared (written even when it held nothing).
+#: KEYS: WRITE_ROLES.  ARGV: name, pause, reason, pause's by, by, new epoch id, cleared keep ms.
+#: Reply: {o: ok, r: the name's record, p?}.
+ENTRY_PAUSE = _WRITE_PRELUDE + r"""
 local rec = changed(decoded(redis.call('HGET', KEYS[1], ARGV[1])) or {}, ARGV[5], KEYS[3])
 local pause = nil
 if ARGV[2] == '1' then
@@ -127,12 +171,17 @@ if ARGV[2] == '1' then
 else
   redis.call('HDEL', KEYS[2], ARGV[1])
 end
-if rec.d or pause then
-  redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(rec))
-else
-  redis.call('HDEL', KEYS[1], ARGV[1])
-end
+put_record(ARGV[1], rec, pause ~= nil)
 return cjson.encode({o = 'ok', r = rec, p = pause})
+"""
+
+#: Record that an operator accepts what the store lost (docs/design.md "Amnesia").
+#: KEYS: WRITE_ROLES.  ARGV: by, new epoch id, cleared keep ms.  Reply: {now}.
+ENTRIES_ACCEPT = _WRITE_PRELUDE + r"""
+entries_epoch()
+redis.call('HSET', EPOCH, 'accepted', int(NOW), 'accepted_by', ARGV[1])
+redis.call('INCR', KEYS[3])
+return cjson.encode({now = int(NOW)})
 """
 
 #: Record a run-now request unless its field exists (then: the first request, unchanged).
@@ -175,7 +224,7 @@ return cjson.encode({now = int(NOW)})
 
 #: The entry store's scripts, by the name the store registers them under.
 SCRIPTS = {"entry_put": ENTRY_PUT, "entry_remove": ENTRY_REMOVE, "entry_pause": ENTRY_PAUSE,
-           "request_run": REQUEST_RUN, "instance_record": INSTANCE_RECORD,
+           "entries_accept": ENTRIES_ACCEPT, "request_run": REQUEST_RUN, "instance_record": INSTANCE_RECORD,
            "fingerprints_save": FINGERPRINTS_SAVE}
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
@@ -227,6 +276,11 @@ class RedisEntries(EntryOps):
         """
         return self._write_confirmed(doing, script, [self.keys[r] for r in roles], list(args))
 
+    def _write_entries(self, doing: str, script: str, *args) -> Any:
+        """Run a write of entries or pauses (KEYS :data:`WRITE_ROLES`; ``args`` then a new epoch
+        id and :data:`CLEARED_KEEP_MS`), confirmed, as :meth:`_write`."""
+        return self._write(doing, script, WRITE_ROLES, *args, new_epoch_id(), CLEARED_KEEP_MS)
+
     def _read(self, doing: str, fill: Callable[[redis.client.Pipeline], None]) -> list:
         """One MULTI/EXEC (a consistent read): ``fill(pipe)`` queues the commands."""
         with self._unavailable(doing):
@@ -241,12 +295,22 @@ class RedisEntries(EntryOps):
             value = self._connection()[0].get(self.keys["entries:version"])
         return int(value or 0)
 
-    def load_entries(self) -> EntrySnapshot:
-        """Every entry and pause, and the requests younger than the horizon, in one MULTI."""
+    def entries_epoch(self) -> EntriesEpoch:
+        """The namespace's entries epoch and version: one MULTI of a GET and an HGET."""
         k = self.keys
-        version, entries, pauses, requests, (secs, micros) = self._read("load entries", lambda p: (
-            p.get(k["entries:version"]), p.hgetall(k["entries"]), p.hgetall(k["pauses"]),
-            p.hgetall(k["requests"]), p.time()))
+        version, epoch = self._read("read the entries epoch", lambda p: (
+            p.get(k["entries:version"]), p.hget(k["entries:epoch"], "id")))
+        return EntriesEpoch(epoch=epoch or "", version=int(version or 0))
+
+    def load_entries(self) -> EntrySnapshot:
+        """Every entry, pause and cleared record, the requests younger than the horizon, the
+        entries epoch and the last accepted loss, in one MULTI."""
+        k = self.keys
+        version, entries, pauses, requests, (secs, micros), epoch = self._read(
+            "load entries", lambda p: (
+                p.get(k["entries:version"]), p.hgetall(k["entries"]), p.hgetall(k["pauses"]),
+                p.hgetall(k["requests"]), p.time(),
+                p.hmget(k["entries:epoch"], "id", "accepted", "accepted_by")))
         now = int(secs) * 1000 + int(micros) // 1000
         stored = {name: _stored(name, json.loads(raw),
                                 json.loads(pauses[name]) if name in pauses else None)
@@ -254,13 +318,19 @@ class RedisEntries(EntryOps):
         young = [r for r in map(_request, map(json.loads, requests.values()))
                  if r.requested_ms > now - self.horizon_ms]
         young.sort(key=lambda r: (r.requested_ms, r.entry, r.request_id))
-        return EntrySnapshot(version=int(version or 0), entries=stored, requests=tuple(young))
+        epoch_id, accepted, accepted_by = epoch
+        return EntrySnapshot(version=int(version or 0), entries=stored, requests=tuple(young),
+                             epoch=epoch_id or "", accepted_ms=int(accepted or 0),
+                             accepted_by=accepted_by or "")
+
+    def accept_loss(self, *, by: str) -> int:
+        """Record the accepted loss (the server's clock, ``by``); raises the version."""
+        return int(self._write_entries("accept the loss", "entries_accept", by)["now"])
 
     def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
         """Add or update a definition (see :meth:`EntryStore.put_entry`)."""
-        reply = self._write(f"{'add' if create else 'update'} {name!r}", "entry_put",
-                            ("entries", "pauses", "entries:version"), name, definition, by,
-                            "1" if create else "0")
+        reply = self._write_entries(f"{'add' if create else 'update'} {name!r}", "entry_put",
+                                    name, definition, by, "1" if create else "0")
         if reply["o"] == "exists":
             raise EntryExists(f"{self.where}: the store holds an entry {name!r} already; update "
                               "it, or remove it first")
@@ -269,16 +339,14 @@ class RedisEntries(EntryOps):
         return _stored(name, reply["r"], reply.get("p"))
 
     def remove_entry(self, name: str, *, by: str) -> bool:
-        """Remove a definition and its pause; False when there was no definition."""
-        reply = self._write(f"remove {name!r}", "entry_remove",
-                            ("entries", "pauses", "entries:version"), name)
-        return reply["o"] == "ok"
+        """Remove a definition and its pause, leaving the record cleared; False when there was
+        no definition."""
+        return self._write_entries(f"remove {name!r}", "entry_remove", name, by)["o"] == "ok"
 
     def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
         """Pause or resume ``name`` (the pause's time is the server's)."""
-        reply = self._write(
-            f"{'pause' if pause else 'resume'} {name!r}", "entry_pause",
-            ("entries", "pauses", "entries:version"), name,
+        reply = self._write_entries(
+            f"{'pause' if pause else 'resume'} {name!r}", "entry_pause", name,
             "1" if pause else "0", pause.reason if pause else "", pause.by if pause else "", by)
         return _stored(name, reply["r"], reply.get("p"))
 

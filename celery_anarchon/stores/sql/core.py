@@ -119,7 +119,8 @@ class SQLStore(LeaseStore, EntryStore):
         #: entries, pauses, run-now requests, instance records, a part given what it needs
         self._entries = SQLEntries(namespace=self.namespace, memory_ms=self.memory_ms,
                                    insert=self._insert, run=self._run,
-                                   lock_entries=self._lock_entries, now_us=self._now_us)
+                                   lock_entries=self._lock_entries, now_us=self._now_us,
+                                   server_epoch=self._memory.server_epoch)
         #: the claim decisions of a batch, a part given what it needs of this store
         self._claims = SQLClaims(
             namespace=self.namespace, instance_id=self.instance_id, memory_s=self.memory_s,

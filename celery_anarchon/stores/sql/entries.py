@@ -8,6 +8,11 @@ committed before a claim took the row always holds), then writes, then raises th
 entries version (``anarchon_schedule_versions``, always the last row a transaction locks, so the
 lock order stays deadlock-free). A name's version is the entries version of its last change.
 
+The same statement that raises the version writes the entries epoch when the namespace has none
+or when the server's epoch changed since it was written (docs/design.md "Amnesia"). A resume and a
+removal leave the name's row cleared (no definition, no pause), pruned after
+:data:`~celery_anarchon.stores.entry_store.CLEARED_KEEP_MS`.
+
 Tables: :mod:`celery_anarchon.stores.sql.schema`. Instants are UTC ms on the store's clock.
 Definitions are JSON text, stored as text: nothing is pickled or evaluated.
 """
@@ -22,7 +27,8 @@ import sqlalchemy as sa
 
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    EntryOps, EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
+    CLEARED_KEEP_MS, EntriesEpoch, EntryOps, EntrySnapshot, InstanceRecord, Pause, RunRequest,
+    StoredEntry, new_epoch_id,
 )
 from celery_anarchon.stores.sql import schema
 
@@ -56,17 +62,21 @@ class SQLEntries(EntryOps):
         transaction of the store, driver errors turned into StoreUnavailable.
     :param lock_entries: ``lock_entries(conn, names)``: lock the entries' rows (claim order).
     :param now_us: ``now_us(conn)``: the store's clock, UTC microseconds.
+    :param server_epoch: ``server_epoch(conn)``: the server's epoch now (the entries epoch is
+        written anew when it changed).
     """
 
     def __init__(self, *, namespace: str, memory_ms: int, insert: Callable[[sa.Table], Any],
                  run: Callable[..., Any], lock_entries: Callable[..., Any],
-                 now_us: Callable[[sa.Connection], int]) -> None:
+                 now_us: Callable[[sa.Connection], int],
+                 server_epoch: Callable[[sa.Connection], str]) -> None:
         self.namespace = namespace
         self.memory_ms = memory_ms
         self._insert = insert
         self._store_run = run
         self._lock_entries = lock_entries
         self._now_us = now_us
+        self._server_epoch = server_epoch
         self._schema_checked = False
 
     def _run(self, what: str, work: Callable[[sa.Connection], T], **options: Any) -> T:
@@ -91,20 +101,32 @@ class SQLEntries(EntryOps):
         return {r.name: Pause(r.pause_reason or "", r.pause_by or "", r.pause_at_ms) for r in rows}
 
     def prune(self, conn: sa.Connection, now: int) -> int:
-        """Delete run-now requests older than the memory, expired instance records and
-        fingerprints unused for FINGERPRINTS_KEEP_MS. :returns: rows deleted."""
+        """Delete run-now requests older than the memory, expired instance records,
+        fingerprints unused for FINGERPRINTS_KEEP_MS and cleared records older than
+        CLEARED_KEEP_MS. :returns: rows deleted."""
         rq, inst, fp = schema.run_requests, schema.instances, schema.fingerprints
+        t = schema.schedule_entries
+        cleared = sa.and_(t.c.definition.is_(None), t.c.pause_at_ms.is_(None),
+                          t.c.updated_ms < now - CLEARED_KEEP_MS)
         return (conn.execute(sa.delete(rq).where(rq.c.requested_ms < now - self.memory_ms)).rowcount
                 + conn.execute(sa.delete(inst).where(inst.c.expires_ms < now)).rowcount
-                + conn.execute(sa.delete(fp).where(fp.c.used_ms < now - FINGERPRINTS_KEEP_MS)).rowcount)
+                + conn.execute(sa.delete(fp).where(fp.c.used_ms < now - FINGERPRINTS_KEEP_MS)).rowcount
+                + conn.execute(sa.delete(t).where(cleared)).rowcount)
 
     def _bump(self, conn: sa.Connection) -> int:
-        """Raise the namespace's entries version (the last row the transaction locks)."""
+        """Raise the namespace's entries version (the last row the transaction locks), and write
+        a new entries epoch when it has none or the server's epoch changed since."""
         v = schema.schedule_versions
+        ns = v.c.namespace == self.namespace
         ins = self._insert(v).values(namespace=self.namespace, version=1)
         conn.execute(ins.on_conflict_do_update(index_elements=("namespace",),
                                                set_={"version": v.c.version + 1}))
-        return conn.execute(sa.select(v.c.version).where(v.c.namespace == self.namespace)).scalar_one()
+        row = conn.execute(sa.select(v.c.version, v.c.epoch, v.c.server_epoch).where(ns)).one()
+        server = self._server_epoch(conn)
+        if row.epoch is None or row.server_epoch != server:
+            conn.execute(sa.update(v).where(ns).values(
+                epoch=new_epoch_id(), epoch_ms=self._now_us(conn) // 1000, server_epoch=server))
+        return row.version
 
     def _read(self, conn: sa.Connection, name: str) -> Any:
         t = schema.schedule_entries
@@ -126,13 +148,26 @@ class SQLEntries(EntryOps):
                          lambda conn: conn.execute(query).scalar() or 0, write=False,
                          isolation="single")
 
+    def entries_epoch(self) -> EntriesEpoch:
+        """The namespace's entries epoch and version: one read."""
+        v = schema.schedule_versions
+        query = sa.select(v.c.version, v.c.epoch).where(v.c.namespace == self.namespace)
+
+        def work(conn: sa.Connection) -> EntriesEpoch:
+            row = conn.execute(query).first()
+            return EntriesEpoch(epoch=(row.epoch or "") if row else "",
+                                version=row.version if row else 0)
+        return self._run("read the entries epoch", work, write=False, isolation="single")
+
     def load_entries(self) -> EntrySnapshot:
-        """Every entry and pause, the requests younger than the memory, and the version, read in
-        one snapshot (PostgreSQL: REPEATABLE READ; SQLite: one read transaction)."""
+        """Every entry, pause and cleared record, the requests younger than the memory, and the
+        version, epoch and last accepted loss, read in one snapshot (PostgreSQL: REPEATABLE READ;
+        SQLite: one read transaction)."""
         t, rq, v = schema.schedule_entries, schema.run_requests, schema.schedule_versions
 
         def work(conn: sa.Connection) -> EntrySnapshot:
-            version = conn.execute(sa.select(v.c.version).where(v.c.namespace == self.namespace)).scalar()
+            head = conn.execute(sa.select(v.c.version, v.c.epoch, v.c.accepted_ms, v.c.accepted_by)
+                                .where(v.c.namespace == self.namespace)).first()
             now = self._now_us(conn) // 1000
             entries = {r.name: _stored(r) for r in conn.execute(
                 sa.select(t).where(t.c.namespace == self.namespace).order_by(t.c.name))}
@@ -140,8 +175,24 @@ class SQLEntries(EntryOps):
                 sa.select(rq).where(rq.c.namespace == self.namespace,
                                     rq.c.requested_ms >= now - self.memory_ms)
                 .order_by(rq.c.requested_ms, rq.c.entry, rq.c.request_id)))
-            return EntrySnapshot(version=version or 0, entries=entries, requests=requests)
+            if head is None:
+                return EntrySnapshot(version=0, entries=entries, requests=requests)
+            return EntrySnapshot(version=head.version, entries=entries, requests=requests,
+                                 epoch=head.epoch or "", accepted_ms=head.accepted_ms or 0,
+                                 accepted_by=head.accepted_by or "")
         return self._run("load the entries", work, write=False, isolation="snapshot")
+
+    def accept_loss(self, *, by: str) -> int:
+        """Record the accepted loss (now, ``by``) and raise the entries version."""
+        v = schema.schedule_versions
+
+        def work(conn: sa.Connection) -> int:
+            self._bump(conn)
+            now = self._now_us(conn) // 1000
+            conn.execute(sa.update(v).where(v.c.namespace == self.namespace)
+                         .values(accepted_ms=now, accepted_by=by))
+            return now
+        return self._run("accept the loss", work)
 
     def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
         """Add (``create``) or update a store entry's definition, keeping its pause.
@@ -169,21 +220,24 @@ class SQLEntries(EntryOps):
         return self._write("write an entry", name, op)
 
     def remove_entry(self, name: str, *, by: str) -> bool:
-        """Remove a store entry's definition and its pause; ``False`` (nothing written) when the
-        name holds no definition."""
+        """Remove a store entry's definition and its pause, leaving the row cleared; ``False``
+        (nothing written) when the name holds no definition."""
         t = schema.schedule_entries
 
         def op(conn: sa.Connection, row: Any, now: int) -> bool:
             if row is None or row.definition is None:
                 return False
-            conn.execute(sa.delete(t).where(t.c.namespace == self.namespace, t.c.name == name))
-            self._bump(conn)
+            conn.execute(sa.update(t).where(t.c.namespace == self.namespace, t.c.name == name)
+                         .values(definition=None, pause_reason=None, pause_by=None,
+                                 pause_at_ms=None, version=self._bump(conn), updated_ms=now,
+                                 updated_by=by))
             return True
         return self._write("remove an entry", name, op)
 
     def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
-        """Pause or resume (``None``) ``name``; the pause's time is the store's clock. A resumed
-        name without a definition leaves no row; the answer then has neither."""
+        """Pause or resume (``None``) ``name``; the pause's time is the store's clock. A resume
+        of a name without a definition leaves its row cleared (written even when there was no
+        row: instances that keep a pause from before a loss see it)."""
         t = schema.schedule_entries
 
         def op(conn: sa.Connection, row: Any, now: int) -> StoredEntry:
@@ -192,17 +246,12 @@ class SQLEntries(EntryOps):
                       "pause_by": pause.by if pause else None,
                       "pause_at_ms": now if pause else None,
                       "version": version, "updated_ms": now, "updated_by": by}
-            where = sa.and_(t.c.namespace == self.namespace, t.c.name == name)
-            if row is None and pause is None:
-                return StoredEntry(name, None, None, version, now, by)
             if row is None:
                 conn.execute(sa.insert(t).values(namespace=self.namespace, name=name,
                                                  definition=None, **values))
-            elif pause is None and row.definition is None:
-                conn.execute(sa.delete(t).where(where))
-                return StoredEntry(name, None, None, version, now, by)
             else:
-                conn.execute(sa.update(t).where(where).values(**values))
+                conn.execute(sa.update(t).where(t.c.namespace == self.namespace, t.c.name == name)
+                             .values(**values))
             return _stored(self._read(conn, name))
         return self._write("pause an entry" if pause else "resume an entry", name, op)
 

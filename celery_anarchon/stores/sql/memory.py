@@ -67,6 +67,11 @@ class SQLMemory:
         self._epoch_sql = epoch_sql
         self._epoch_text = epoch_text
 
+    def server_epoch(self, conn: sa.Connection) -> str:
+        """The server's epoch now, as :meth:`note_store` records it (PostgreSQL: system
+        identifier and timeline; SQLite: the file's inode)."""
+        return self._epoch_text(conn, conn.execute(sa.select(self._epoch_sql(conn))).scalar())
+
     def note_store(self, conn: sa.Connection, *, claiming: bool) -> StoreNote:
         """Read the namespace's row of ``anarchon_stores`` with the server's epoch, in one
         statement, and bring it up to date (docs/design.md "Amnesia"):

@@ -25,9 +25,12 @@ The entry store (:mod:`celery_anarchon.stores.entry_store`, :mod:`.entries`):
 
 * ``anarchon_schedule_entries``: one row per name that holds a store entry's definition
   (canonical JSON text, ``NULL`` for a pause of a config entry) and/or a pause (``pause_at_ms``
-  set), with the name's version (the namespace's entries version of its last change).
+  set), with the name's version (the namespace's entries version of its last change); a resume
+  or a removal leaves it cleared (neither), pruned after ``CLEARED_KEEP_MS``.
 * ``anarchon_schedule_versions``: one row per namespace: the entries version, raised in the
-  transaction of every write to entries, pauses or run-now requests.
+  transaction of every write to entries, pauses or run-now requests; the entries epoch (an id,
+  when it began and the server's epoch it was written under: renewed when that changed) and the
+  last accepted loss (docs/design.md "Amnesia").
 * ``anarchon_run_requests``: run-now requests, one per (entry, request id); pruned after the
   store's memory.
 * ``anarchon_instances``: each live beat's heartbeat (JSON fields), until ``expires_ms``.
@@ -132,6 +135,11 @@ schedule_versions = sa.Table(
     "anarchon_schedule_versions", metadata,
     sa.Column("namespace", _TEXT, primary_key=True),
     sa.Column("version", _MS, nullable=False),
+    sa.Column("epoch", _TEXT, nullable=True),            # the entries epoch (NULL: none yet)
+    sa.Column("epoch_ms", _MS, nullable=True),           # when it began (store clock)
+    sa.Column("server_epoch", _TEXT, nullable=True),     # the server's epoch it was written under
+    sa.Column("accepted_ms", _MS, nullable=True),        # the last accepted loss (store clock)
+    sa.Column("accepted_by", _TEXT, nullable=True),
 )
 
 run_requests = sa.Table(
@@ -174,7 +182,12 @@ stores = sa.Table(
 
 #: columns added after a table's first release: (table, column, SQL type), added when missing
 _ADDED_COLUMNS = (("anarchon_runs", "prev_token", "BIGINT"), ("anarchon_runs", "requested", "INTEGER"),
-                  ("anarchon_history", "earlier", "TEXT"))
+                  ("anarchon_history", "earlier", "TEXT"),
+                  ("anarchon_schedule_versions", "epoch", "TEXT"),
+                  ("anarchon_schedule_versions", "epoch_ms", "BIGINT"),
+                  ("anarchon_schedule_versions", "server_epoch", "TEXT"),
+                  ("anarchon_schedule_versions", "accepted_ms", "BIGINT"),
+                  ("anarchon_schedule_versions", "accepted_by", "TEXT"))
 
 
 def clock_us(dialect_name: str) -> sa.ColumnElement:
