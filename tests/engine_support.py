@@ -8,7 +8,10 @@ from datetime import timezone
 from celery_anarchon import slots as slot_math
 from celery_anarchon.plan import EntryPlan
 from celery_anarchon.stores.base import LeasedRun, RunState
-from celery_anarchon.stores.entry_store import EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry
+from celery_anarchon.stores.base import Memory
+from celery_anarchon.stores.entry_store import (
+    EntriesEpoch, EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
+)
 from celery_anarchon.timing import EntryTiming, LeaseSettings
 
 #: a wall-clock origin on a 10 s slot boundary (epoch seconds)
@@ -103,9 +106,14 @@ class FakeEntryStore(FakeStore):
     the test writes entries, pauses and run-now requests with ``put``, ``pause`` and ``request``
     (each raises the entries version, as a store's writes do)."""
 
+    memory = Memory(duration_s=3600.0, count=None, setting="memory")
+
     def __init__(self) -> None:
         super().__init__()
         self.version = 0
+        self.epoch = "e1"                     # the entries epoch (a test changes it: a loss)
+        self.clock_ms = 0                     # the store's clock of the records' updated_ms
+        self.accepted_ms = 0
         self.entries: dict[str, StoredEntry] = {}
         self.requests: list[RunRequest] = []
         self.records: dict[str, InstanceRecord] = {}
@@ -114,7 +122,8 @@ class FakeEntryStore(FakeStore):
 
     def put(self, name: str, definition: str | None, pause: Pause | None = None, by: str = "t") -> None:
         self.version += 1
-        self.entries[name] = StoredEntry(name, definition, pause, self.version, 0, by)
+        self.clock_ms += 1
+        self.entries[name] = StoredEntry(name, definition, pause, self.version, self.clock_ms, by)
 
     def remove(self, name: str) -> None:
         self.version += 1
@@ -128,13 +137,30 @@ class FakeEntryStore(FakeStore):
         self.version += 1
         self.requests.append(RunRequest(entry, request_id, slot_ms, "t", slot_ms))
 
+    def lose_everything(self, epoch: str = "") -> None:
+        """The store forgets every entry, pause and request (a wipe): ``epoch`` is its new one."""
+        self.version, self.epoch, self.accepted_ms = 0, epoch, 0
+        self.entries.clear()
+        self.requests.clear()
+
+    def accept_loss(self, *, by: str) -> int:
+        self.version += 1
+        self.clock_ms += 1
+        self.accepted_ms = self.clock_ms
+        return self.clock_ms
+
     def entries_version(self) -> int:
         self._call("entries_version")
         return self.version
 
+    def entries_epoch(self) -> EntriesEpoch:
+        self._call("entries_version")
+        return EntriesEpoch(self.epoch, self.version)
+
     def load_entries(self) -> EntrySnapshot:
         self._call("load_entries")
-        return EntrySnapshot(self.version, dict(self.entries), tuple(self.requests))
+        return EntrySnapshot(self.version, dict(self.entries), tuple(self.requests),
+                             epoch=self.epoch, accepted_ms=self.accepted_ms)
 
     def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
         self._call("record_instance")

@@ -23,7 +23,7 @@ from celery_anarchon.engine.sync import BuildStorePlans, EntrySync
 from celery_anarchon.engine.takeovers import Takeovers
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
-from celery_anarchon.stores.base import ClaimRequest, ClaimResult, ClaimStore, Outcome
+from celery_anarchon.stores.base import ClaimRequest, ClaimResult, ClaimStore, Outcome, RunEvent
 from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,8 @@ class Engine:
         self._beat_at = 0.0                 #: monotonic: the next heartbeat without a sync
         if isinstance(store, EntryStore) and sync_interval_s:
             self.sync = EntrySync(store, build_store_plans, sync_interval_s, namespace, monotonic,
-                                  self.outage, self.due.requested)
+                                  self.outage, self.due.requested, instance_id=instance_id,
+                                  clock=clock, observer=observer)
         if isinstance(store, InstanceStore) and sync_interval_s:
             self.heartbeat = Heartbeat(store, instance_id, clock,
                                        int(TTL_INTERVALS * sync_interval_s * 1000), self.outage,
@@ -256,7 +257,8 @@ class Engine:
             return []
         if sync.follow():
             self._set_plans(sync.merge(self.config_plans))
-        self.heartbeat.beat(self.config_plans, len(self.plans), sync.store_plans)
+        self.heartbeat.beat(self.config_plans, len(self.plans), sync.store_plans,
+                            kept=sync.kept.record())
         return sync.requests_due(now, self.plans)
 
     def _claim(self, requests: list[ClaimRequest]) -> None:
@@ -270,7 +272,7 @@ class Engine:
         unique: dict[tuple[str, int], ClaimRequest] = {}
         for request in requests:
             unique.setdefault(request.run, request)
-        requests = list(unique.values())
+        requests = self._refuse_kept_pauses(list(unique.values()))
         start = 0
         while start < len(requests) and not self._stopping:
             chunk = requests[start:start + self.pace.size()]
@@ -293,6 +295,24 @@ class Engine:
                     won.append(send)
             self.sends.send_many(won)
             self.pace.measured(len(chunk), self.monotonic() - began)
+
+    def _refuse_kept_pauses(self, requests: list[ClaimRequest]) -> list[ClaimRequest]:
+        """The requests to claim: a run of an entry whose pause this instance keeps from before
+        the store lost it (docs/design.md "Amnesia") is not claimed; it is answered paused here,
+        logged, counted and recorded in the history (the store's claim would let it win)."""
+        if self.sync is None or not self.sync.kept.pauses:
+            return requests
+        rest = []
+        for request in requests:
+            detail = self.sync.pause_detail(request.entry)
+            if detail is None:
+                rest.append(request)
+                continue
+            self.claims.answered(request.run)
+            self.notes.add(request.entry, request.slot_ms, RunEvent.PAUSED, detail=detail,
+                           task_id=request.task_id)
+            self._on_result(ClaimResult(request, Outcome.PAUSED, detail=detail))
+        return rest
 
     def _on_result(self, result: ClaimResult) -> Send | None:
         """Count and log one claim's answer; the send of a won run (sent by the caller)."""

@@ -101,11 +101,13 @@ class Heartbeat:
         self._mine: tuple[dict, dict[str, str], str] | None = None  # (config, mapping, digest)
 
     def beat(self, config: dict[str, EntryPlan], entries: int,
-             store_plans: Mapping[str, EntryPlan] | None = None) -> None:
+             store_plans: Mapping[str, EntryPlan] | None = None, *,
+             kept: dict | None = None) -> None:
         """Record this instance (``config``: the config plans it runs; ``entries``: how many it
-        runs in all), then compare with the other live instances: the config entries they run
-        with other definitions, and the names of ``store_plans`` (the store entries as this
-        instance last synced them, those its config shadows included) that some run from the
+        runs in all; ``kept``: what it keeps from before a loss of the store's entries data,
+        ``InstanceRecord.kept``), then compare with the other live instances: the config entries
+        they run with other definitions, and the names of ``store_plans`` (the store entries as
+        this instance last synced them, those its config shadows included) that some run from the
         store and others from their beat_schedule. A store error is backed off. The fingerprints
         of ``config`` are walked once per ``config`` object (the engine passes a new one when
         beat_schedule changes), not at every heartbeat."""
@@ -122,7 +124,7 @@ class Heartbeat:
             host, pid = socket.gethostname(), os.getpid()
             self.store.record_instance(InstanceRecord(
                 self.instance_id, host, pid, VERSION, self.started_ms, int(self.clock() * 1000),
-                self.skew.skew_ms, entries, digest), self.ttl_ms)
+                self.skew.skew_ms, entries, digest, kept=kept), self.ttl_ms)
             others = self._others(digest)
             found = self._disagreements(mine, others)
             clashes = self._clashes(mine, store_plans or {}, others)

@@ -59,6 +59,14 @@ class Observer:
     def store_reachable(self, up: bool) -> None:
         """The store answered (``True``) or could not be reached (``False``)."""
 
+    def entries_lost(self) -> None:
+        """This instance saw the store lose entries data: its entries epoch vanished or changed,
+        or its entries version went back (docs/design.md "Amnesia")."""
+
+    def entries_kept(self, pauses: int, entries: int) -> None:
+        """This instance keeps ``pauses`` pauses and ``entries`` store entries from before a loss
+        of the store's entries data (0 and 0: it follows the store)."""
+
 
 #: the observer of an engine given none
 NOOP = Observer()

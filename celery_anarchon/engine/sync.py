@@ -2,15 +2,23 @@
 every ``anarchon_sync_interval`` on the monotonic clock one cheap read of the entries version;
 when it moved (and at the first sync) every store entry, pause and run-now request is loaded,
 the store entries become plans (through the scheduler's callback), and the run-now requests this
-instance has not handled yet are claimed at once. Store errors go through the outage backoff."""
+instance has not handled yet are claimed at once. Store errors go through the outage backoff.
+
+Each read compares the store's entries epoch and version with the last ones loaded: an epoch
+that vanished or changed, or a version that went back, is a loss (docs/design.md "Amnesia"), and
+the instance keeps what it knew (:mod:`.kept`): its pauses (the engine refuses their runs here),
+its store entries (they keep running) and the run-now runs it handled (never claimed again)."""
 from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Callable
 
 from celery_anarchon import timing
 from celery_anarchon._util import iso
+from celery_anarchon.engine.kept import KeptEntries, loss_of
+from celery_anarchon.engine.observe import NOOP, Observer
 from celery_anarchon.engine.outage import Outage
 from celery_anarchon.errors import StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
@@ -22,6 +30,11 @@ logger = logging.getLogger(__name__)
 #: store entries -> plans (the scheduler's callback): an invalid definition is logged by the
 #: callback and left out, the others are returned
 BuildStorePlans = Callable[[EntrySnapshot], "dict[str, EntryPlan]"]
+#: run-now runs handled here that the store lost are kept this long past the store's memory, ms
+#: (a request older than the memory is never loaded again)
+KEPT_REQUEST_MARGIN_MS = 60_000
+#: ... and a day when the store's memory is unbounded
+KEPT_REQUEST_UNBOUNDED_MS = 86_400_000
 
 
 class EntrySync:
@@ -36,12 +49,17 @@ class EntrySync:
     :param outage: the store outage backoff (a failed sync backs off like any store operation).
     :param requested: the run-now runs ``(entry, slot_ms)`` this instance handled, shared with
         the heap of due runs (which never claims one of them as a scheduled run); kept here to
-        the requests the store still holds.
+        the requests the store still holds, and those it lost (kept until they are older than
+        the store's memory).
+    :param instance_id: this instance's id (in the details of the runs of a kept pause).
+    :param clock: the wall clock, epoch seconds.
+    :param observer: told of losses and of what is kept.
     """
 
     def __init__(self, store: EntryStore, build_store_plans: BuildStorePlans | None,
                  interval_s: float, namespace: str, monotonic: Callable[[], float],
-                 outage: Outage, requested: set[tuple[str, int]]) -> None:
+                 outage: Outage, requested: set[tuple[str, int]], *, instance_id: str = "",
+                 clock: Callable[[], float] = time.time, observer: Observer = NOOP) -> None:
         self.store = store
         self.build_store_plans = build_store_plans
         self.interval_s = interval_s
@@ -54,6 +72,14 @@ class EntrySync:
         #: run-now runs (entry, slot_ms) this instance claimed or let pass: never claimed again
         self.requested = requested
         self.next_sync = -math.inf                      #: monotonic; -inf: at the first tick
+        self.clock = clock
+        #: (entries epoch, version) last loaded; None before the first sync
+        self.loaded: tuple[str, int] | None = None
+        #: what this instance keeps from before a loss of the store's entries data
+        self.kept = KeptEntries(instance_id, f"{store.safe_url} (namespace {namespace!r})", clock,
+                                observer=observer)
+        #: run-now runs handled here that the store lost: still never claimed again
+        self.kept_requests: set[tuple[str, int]] = set()
         self._pauses: dict[str, Pause] = {}
         self._clashes: set[str] = set()
 
@@ -71,14 +97,16 @@ class EntrySync:
         return max(self.next_sync, self.outage.retry_at)
 
     def follow(self) -> bool:
-        """One sync: read the entries version; load everything when it moved (and at the first
-        call). A store error is logged and backed off (retried at the next :meth:`due`).
+        """One sync: read the entries epoch and version; load everything when either moved (and
+        at the first call), keeping what the store lost (:mod:`.kept`). A store error is logged
+        and backed off (retried at the next :meth:`due`).
 
         :returns: whether a new snapshot was loaded (the plans may have changed).
         """
         try:
-            version = self.store.entries_version()
-            snapshot = self.store.load_entries() if version != self.version else None
+            mark = self.store.entries_epoch()
+            loaded = (mark.epoch, mark.version)
+            snapshot = self.store.load_entries() if loaded != self.loaded else None
         except StoreError as exc:
             self.outage.failed(exc, "syncing the store's entries")
             return False
@@ -86,14 +114,38 @@ class EntrySync:
         self.next_sync = self.monotonic() + self.interval_s
         if snapshot is None:
             return False
+        loss = loss_of(self.loaded, (snapshot.epoch, snapshot.version))
+        held = {(r.entry, r.slot_ms) for r in snapshot.requests}
+        if loss is not None:
+            self.kept_requests |= self.requested - held
+        self._forget_old_requests()
+        snapshot = self.kept.follow(snapshot, loss)
         old = self.store_plans
         self.store_plans = self.build_store_plans(snapshot) if self.build_store_plans else {}
         self.requests = snapshot.requests
-        self.requested &= {(r.entry, r.slot_ms) for r in snapshot.requests}
+        self.requested &= held | self.kept_requests
         self._log_pauses(snapshot, old)
         self._log_sync(snapshot.version, old)
         self.version = snapshot.version
+        self.loaded = (snapshot.epoch, snapshot.version)
         return True
+
+    def pause_detail(self, name: str) -> str | None:
+        """The history detail of a run of ``name`` this instance refuses because it keeps the
+        entry's pause from before the store lost it, or ``None`` (:meth:`.KeptEntries.pause_detail`)."""
+        return self.kept.pause_detail(name) if self.kept.pauses else None
+
+    def _forget_old_requests(self) -> None:
+        """Drop the kept run-now runs older than the store's memory (never loaded again)."""
+        if not self.kept_requests:
+            self.kept.requests = 0
+            return
+        memory_s = self.store.memory.duration_s
+        horizon = (timing.ms(memory_s) + KEPT_REQUEST_MARGIN_MS if memory_s
+                   else KEPT_REQUEST_UNBOUNDED_MS)
+        oldest = int(self.clock() * 1000) - horizon
+        self.kept_requests = {run for run in self.kept_requests if run[1] >= oldest}
+        self.kept.requests = len(self.kept_requests)
 
     def merge(self, config: dict[str, EntryPlan]) -> dict[str, EntryPlan]:
         """The plans to run: ``config`` (``beat_schedule``) and the store's entries; a config
@@ -151,7 +203,8 @@ class EntrySync:
                 logger.info("anarchon: entry %s is %s", name, pauses[name].describe())
         for name in sorted(set(self._pauses) - set(pauses)):
             stored = snapshot.entries.get(name)
-            if stored is None and name in old and name not in self.store_plans:
+            if ((stored is None or stored.definition is None) and name in old
+                    and name not in self.store_plans):
                 continue                               # the store entry was removed
             logger.info("anarchon: entry %s is resumed%s", name,
                         f" by {stored.updated_by}" if stored is not None else "")

@@ -7,7 +7,8 @@ ANARCHON_SC_STORE_OPTIONS (JSON); ANARCHON_SC_SYNC_INTERVAL and ANARCHON_SC_MAX_
 unset: the defaults of celery_anarchon); the config (``beat_schedule``) entries:
 ANARCHON_SC_CLOCK (seconds: an entry ``clock`` of that period, the tests' pacemaker) and
 ANARCHON_SC_DRIFT_EVERY (seconds: an entry ``drift`` of that period; two hosts given two values
-run two definitions of one entry, as in a rolling deploy).
+run two definitions of one entry, as in a rolling deploy); ANARCHON_SC_ENTRIES (JSON: more
+entries, name -> period in seconds).
 
 The test process builds the same app with :func:`make_app` (its ``schedules(app)`` writes to the
 beats' store); ``celery -A schedules_app`` finds :data:`app`, built from ``os.environ``.
@@ -54,6 +55,8 @@ def config_schedule(env: Mapping[str, str]) -> dict:
         schedule["clock"] = {"task": TASK, "schedule": float(env["ANARCHON_SC_CLOCK"])}
     if env.get("ANARCHON_SC_DRIFT_EVERY"):
         schedule["drift"] = {"task": TASK, "schedule": float(env["ANARCHON_SC_DRIFT_EVERY"])}
+    for name, period in json.loads(env.get("ANARCHON_SC_ENTRIES") or "{}").items():
+        schedule[name] = {"task": TASK, "schedule": float(period)}
     return schedule
 
 
