@@ -165,9 +165,10 @@ class KeptEntries:
              snapshot: EntrySnapshot, loss: str | None) -> None:
         added = new.names() - old.names()
         if loss is not None and not added:
-            logger.info("anarchon: the store %s: %s; it holds every entry and pause this instance "
-                        "knew%s", self.where, loss,
-                        "" if not self else ", besides what is kept from before")
+            logger.info("anarchon: the store %s: %s; nothing more is kept from before it (the "
+                        "store holds every entry and pause this instance knew%s, or an operator "
+                        "accepted the loss)", self.where, loss,
+                        ", besides what was kept already" if self else "")
         if added:
             logger.error("anarchon: store entries lost: the store %s lost entries or pauses this "
                          "instance knew: %s. %s", self.where, self.why, self._kept_text(new))
