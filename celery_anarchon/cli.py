@@ -188,6 +188,17 @@ def resume(ctx, name, by, as_json):
     cli_commands.resume(ctx.obj.app, name, by, as_json)
 
 
+@anarchon.command(name="accept-loss", cls=CeleryCommand)
+@click.option("--by", help="Who accepts it (default user@host:pid).")
+@click.option("--json", "as_json", is_flag=True, help="Print when and by whom as JSON.")
+@click.pass_context
+def accept_loss(ctx, by, as_json):
+    """Accept what the store lost: every instance that keeps pauses or store entries from
+    before a loss of the store's data (see status) follows the store as it is."""
+    from celery_anarchon import cli_commands
+    cli_commands.accept_loss(ctx.obj.app, by, as_json)
+
+
 @anarchon.command(name="run-now", cls=CeleryCommand)
 @click.argument("name")
 @click.option("--request-id", help="Your id of this request: the same id twice runs once.")

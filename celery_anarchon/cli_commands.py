@@ -195,6 +195,18 @@ def resume(app, name: str, by: str | None, as_json: bool) -> None:
     _print_entry("resumed", entry, as_json)
 
 
+def accept_loss(app, by: str | None, as_json: bool) -> None:
+    with _schedules(app) as s:
+        at = s.accept_loss(by=by)
+        who = by or s.by
+    if as_json:
+        click.echo(json.dumps({"accepted": iso(at), "by": who}, sort_keys=True))
+    else:
+        click.echo(f"accepted the loss at {iso(at)} by {who}: every instance that keeps pauses or "
+                   "store entries from before a loss of the store's data follows the store as it "
+                   "is at its next sync")
+
+
 def run_now(app, name: str, request_id: str | None, by: str | None, as_json: bool) -> None:
     with _schedules(app) as s:
         request = s.run_now(name, request_id, by=by)

@@ -25,7 +25,7 @@ from celery_anarchon.cli_commands import (
 from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
 from celery_anarchon.app_store import make_instance_id, open_app_store, resolve_store_url
 from celery_anarchon.leases import is_installed
-from celery_anarchon.overview import dumps, overview, run_json
+from celery_anarchon.overview import dumps, lost_lines, overview, run_json
 from celery_anarchon.plan import EntryPlan
 from celery_anarchon.schedule_api import check_task
 from celery_anarchon.slots import CronSlots
@@ -66,6 +66,8 @@ def _print_status(data: dict) -> None:
         click.echo(f"durability: {s['durability']}")
     for warning in s["warnings"]:
         click.echo(f"warning: {warning}")
+    for line in lost_lines(data):
+        click.echo(line)
     if data["instance_records"]:
         _print_instances(data)
     else:
@@ -122,6 +124,9 @@ def _state(e: dict) -> str:
     if e["paused"]:
         p = e["paused"]
         return f"paused by {p['by']}" + (f": {p['reason']}" if p["reason"] else "")
+    if e["state"] == "kept":
+        return "paused (kept by " + ", ".join(k["instance"] for k in e["kept"]
+                                              if k["what"] == "pause") + ")"
     return "problem" if e["problem"] else "running"
 
 

@@ -130,6 +130,15 @@ class PrometheusObserver(Observer):
                                "ticked (epoch seconds)", registry=registry)
         self.entry_count = Gauge("anarchon_entries", "Entries this instance runs",
                                  registry=registry)
+        self.entries_losses = Counter(
+            "anarchon_entries_lost", "Losses of the store's entries data this instance saw (its "
+            "entries epoch gone or changed, or its entries version gone back)", registry=registry)
+        self.kept = Gauge(
+            "anarchon_entries_kept", "Pauses (kind=pause) and store entries (kind=entry) this "
+            "instance keeps from before its store lost them; 0: it follows the store",
+            ["kind"], registry=registry)
+        for kind in ("pause", "entry"):
+            self.kept.labels(kind).set(0)
         Info("anarchon_instance", "This beat instance", registry=registry).info(
             {"instance_id": instance_id, "namespace": namespace, "version": VERSION})
         self._gauge_cls = Gauge
@@ -179,6 +188,13 @@ class PrometheusObserver(Observer):
 
     def store_reachable(self, up: bool) -> None:
         self.store_up.set(1 if up else 0)
+
+    def entries_lost(self) -> None:
+        self.entries_losses.inc()
+
+    def entries_kept(self, pauses: int, entries: int) -> None:
+        self._child(self.kept, "pause").set(pauses)
+        self._child(self.kept, "entry").set(entries)
 
 
 _process_lock = threading.Lock()

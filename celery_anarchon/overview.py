@@ -87,7 +87,51 @@ def _instance(r: InstanceRecord, store_now_ms: int | None, sync_interval_s: floa
             "last_tick_age_s": None if age_ms is None else round(age_ms / 1000, 3),
             "skew_ms": r.skew_ms, "entries": r.entries, "fingerprints_digest": r.fingerprints_digest,
             "seen": _iso(r.seen_ms or None), "expires": _iso(r.expires_ms or None),
-            "ticking": not stale, "stale": stale}
+            "ticking": not stale, "stale": stale, "kept": r.kept}
+
+
+#: what an operator does about a loss the instances keep from (status, the page)
+LOST_FIX = ("write each kept pause and store entry again (celery anarchon pause NAME --reason "
+            "...; celery anarchon add NAME ..., the beat's log gives each store entry's "
+            "definition), or accept the loss: celery anarchon accept-loss (every instance then "
+            "follows the store as it is)")
+
+
+def _lost(records: list[InstanceRecord]) -> list[dict]:
+    """What live instances keep from before the store lost entries data (docs/design.md
+    "Amnesia"), one item per instance that keeps something."""
+    out = []
+    for r in records:
+        k = r.kept or {}
+        if not k:
+            continue
+        out.append({"instance": _who(r), "instance_id": r.instance_id,
+                    "since": _iso(k.get("since")), "why": k.get("why", ""),
+                    "pauses": dict(k.get("pauses") or {}), "entries": list(k.get("entries") or []),
+                    "withheld": list(k.get("withheld") or []), "counts": dict(k.get("counts") or {}),
+                    "requests": k.get("requests", 0)})
+    return out
+
+
+def lost_lines(data: dict) -> list[str]:
+    """The ``lost`` part of the status data as text lines (``status``), empty when nothing is
+    kept."""
+    lines = []
+    for item in data.get("lost") or ():
+        lines.append(f"  {item['instance']} since {item['since']}: {item['why']}")
+        for name, pause in item["pauses"].items():
+            lines.append(f"    pause kept (no run claimed there): {name} ({pause})")
+        if item["entries"]:
+            lines.append(f"    store entries kept running: {', '.join(item['entries'])}")
+        if item["withheld"]:
+            lines.append("    store entries removed before the loss, brought back by the store, "
+                         f"not run there: {', '.join(item['withheld'])}")
+        if item["requests"]:
+            lines.append(f"    {item['requests']} run-now run(s) handled there, never claimed again")
+    if lines:
+        lines.insert(0, "ERROR: the store lost entries data; these instances keep what they knew:")
+        lines.append(f"  fix: {LOST_FIX}")
+    return lines
 
 
 def _who(r: InstanceRecord) -> str:
@@ -266,9 +310,24 @@ def _planned(cache: dict, used: set, app, settings: Settings, store: ClaimStore,
     return found
 
 
+def _kept_of(lost: list[dict] | None, name: str) -> list[dict]:
+    """What live instances keep of entry ``name`` from before the store's loss."""
+    out = []
+    for item in lost or ():
+        if name in item["pauses"]:
+            out.append({"instance": item["instance"], "what": "pause",
+                        "detail": item["pauses"][name]})
+        if name in item["entries"]:
+            out.append({"instance": item["instance"], "what": "entry", "detail": ""})
+        if name in item["withheld"]:
+            out.append({"instance": item["instance"], "what": "withheld", "detail": ""})
+    return out
+
+
 def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry, config: Mapping,
            stored_text: str | None, *, history: list[HistoryRecord], next_count: int, now_ms: int,
-           reachable: bool, requests: list[dict], cache: dict, used: set) -> dict:
+           reachable: bool, requests: list[dict], cache: dict, used: set,
+           kept: list[dict]) -> dict:
     planned = _planned(cache, used, app, settings, store, scheduled, config, stored_text)
     definition = scheduled.definition or {}
     out = {"name": scheduled.name, "source": scheduled.source, "task": definition.get("task"),
@@ -278,7 +337,8 @@ def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry
            "shadowed": scheduled.shadowed, "paused": None, "last": None, "runs": [],
            "lease": None, "state": UNKNOWN_STATE,
            "run_now": (None if requests is None
-                       else [r for r in requests if r["entry"] == scheduled.name])}
+                       else [r for r in requests if r["entry"] == scheduled.name]),
+           "kept": kept}
     if reachable and scheduled.pause is not None:
         p = scheduled.pause
         out["paused"] = {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
@@ -286,7 +346,9 @@ def _entry(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry
         out["runs"] = [run_json(r) for r in history]
         out["last"] = out["runs"][0] if history else None
         out["lease"] = _lease(store, planned.plan, history)
-        out["state"] = "paused" if out["paused"] else "problem" if out["problem"] else "running"
+        out["state"] = ("paused" if out["paused"] else
+                        "kept" if any(k["what"] == "pause" for k in kept) else
+                        "problem" if out["problem"] else "running")
     return out
 
 
@@ -350,8 +412,17 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
       records of its earlier attempts, oldest first, see :func:`run_json`), ``last`` (``runs[0]`` or ``None``), ``lease``
       (leased entries: the newest run's lease ``{slot, state, attempt, holder, token, expires,
       queue_deadline, expired}`` or ``None``), ``run_now`` (its pending requests, as below),
-      ``state`` (``"running"``, ``"paused"``, ``"problem"``, or ``"unknown"`` when the store
-      cannot be read: ``paused``, ``lease`` and ``run_now`` are then ``None``, not known).
+      ``kept`` (what live instances keep of it from before the store lost entries data, as in
+      ``lost``: ``{instance, what: "pause" | "entry" | "withheld", detail}``), ``state``
+      (``"running"``, ``"paused"``, ``"kept"`` (the store holds no pause, but a live instance
+      keeps one from before the store's loss: it claims no run of it), ``"problem"``, or
+      ``"unknown"`` when the store cannot be read: ``paused``, ``lease`` and ``run_now`` are then
+      ``None``, not known).
+    * ``lost``: what live instances keep from before the store lost entries data (docs/design.md
+      "Amnesia"), one item per such instance: ``{instance (host:pid), instance_id, since, why,
+      pauses {name: detail}, entries [names kept running], withheld [names not run], counts,
+      requests}``; ``[]`` when none keeps anything, ``None`` when the store cannot be read. What
+      to do: :data:`LOST_FIX`.
     * ``run_now``: the run-now requests the store remembers: ``{entry, request_id, slot, by,
       requested}``.
     * ``partial``: config entries only some instances run: ``{entry, run_by, not_run_by}``
@@ -369,7 +440,8 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     settings = settings or Settings.from_app(app)
     out = {"namespace": store.namespace, "generated": None, "store": _store_part(store, None),
            "instance_records": isinstance(store, InstanceStore), "instances": [],
-           "entries": [], "run_now": [], "partial": [], "disagreements": [], "unsaved": []}
+           "entries": [], "run_now": [], "partial": [], "disagreements": [], "unsaved": [],
+           "lost": []}
     part = out["store"]
     store_now = None
     try:
@@ -396,6 +468,7 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
         try:
             records = store.instances()
             out["instances"] = [_instance(r, store_now, settings.sync_interval_s) for r in records]
+            out["lost"] = _lost(records)
             out["partial"], out["disagreements"], out["unsaved"] = _fingerprint_views(
                 store, records, texts,
                 lambda name: _store_definition(app, settings, store, name, texts[name]))
@@ -415,21 +488,22 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
             out["entries"].append(_entry(
                 app, settings, store, scheduled, config, texts.get(scheduled.name),
                 history=history, next_count=next_count, now_ms=now_ms, reachable=reachable,
-                requests=requests, cache=cache, used=used))
+                requests=requests, cache=cache, used=used,
+                kept=_kept_of(out["lost"], scheduled.name)))
         except StoreError as exc:
             part["reachable"], part["error"], reachable = False, str(exc), False
             out["entries"].append(_entry(
                 app, settings, store, scheduled, config, texts.get(scheduled.name),
                 history=history, next_count=next_count, now_ms=now_ms, reachable=False,
-                requests=requests, cache=cache, used=used))
+                requests=requests, cache=cache, used=used, kept=[]))
     for key in set(cache) - used:   # definitions no longer listed
         del cache[key]
     if not reachable:   # what only the store knows is unknown, not empty
         out["instances"] = out["partial"] = out["disagreements"] = out["unsaved"] = None
-        out["run_now"] = None
+        out["run_now"] = out["lost"] = None
         for entry in out["entries"]:
             entry.update(state=UNKNOWN_STATE, paused=None, lease=None, run_now=None, runs=[],
-                         last=None)
+                         last=None, kept=None)
     return out
 
 
@@ -464,4 +538,4 @@ def dumps(data: dict) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-__all__ = ["overview", "dumps", "run_json", "STALE_INTERVALS"]
+__all__ = ["overview", "dumps", "run_json", "lost_lines", "LOST_FIX", "STALE_INTERVALS"]

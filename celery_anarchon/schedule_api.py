@@ -8,6 +8,7 @@
         s.pause("nightly-billing", reason="migration")      # a beat_schedule entry too
         s.run_now("report", request_id="ticket-4711")        # one extra run, once per id
         s.resume("nightly-billing")
+        s.accept_loss()      # after the store lost data: every instance follows it as it is
 
 Store entries live in the app's store (``anarchon_store_url``), per namespace, as JSON
 (:mod:`celery_anarchon.entry_json`); every live beat instance follows within
@@ -330,6 +331,17 @@ class Schedules:
         slot = extra_slot(name, plan.slots, int(time.time() * 1000) if now is None else now,
                           {r.slot_ms for r in snapshot.requests if r.entry == name})
         return self._ready().request_run(name, request_id, slot, by=by)
+
+    def accept_loss(self, *, by: str | None = None) -> int:
+        """Accept what the store lost (docs/design.md "Amnesia"): an instance that saw the store
+        lose entries data keeps the pauses and store entries it knew (``celery anarchon status``
+        lists them by instance) until the store holds each name again or an operator accepts the
+        loss. After this call every such instance drops what it keeps at its next sync and
+        follows the store as it is: pause or add again first what should stay.
+
+        :returns: when the loss was accepted, the store's clock, UTC ms.
+        """
+        return self._ready().accept_loss(by=by or self.by)
 
     # -- reading -------------------------------------------------------------------------------
     def get(self, name: str) -> ScheduledEntry:

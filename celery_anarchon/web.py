@@ -284,7 +284,14 @@ def render_page(data: dict | None, *, error: str | None = None, actions: bool = 
         data=data, error=error, actions=actions, nonce=nonce,
         refresh_ms=int(refresh_interval(refresh_s, 0.0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
         classes=COLOURS, skips=recent_skips(data), shown=shown, links=links,
-        kept={k: v for k, v in params.items() if k != "q"})
+        kept={k: v for k, v in params.items() if k != "q"}, lost_fix=_lost_fix())
+
+
+def _lost_fix() -> str:
+    """What to do about a store's loss (:data:`overview.LOST_FIX`; imported when rendered, as
+    the overview is)."""
+    from celery_anarchon.overview import LOST_FIX
+    return LOST_FIX
 
 
 @functools.lru_cache(maxsize=1)
@@ -347,13 +354,15 @@ def recent_skips(data: dict, limit: int = SKIPS_SHOWN) -> list[tuple[str, dict]]
 
 def attention(entry: dict) -> str | None:
     """Why an entry of the status data needs attention, or ``None``: ``"unknown"`` (the store
-    cannot be read), ``"paused"``, ``"problem"`` (it breaks a start-up rule), ``"lease
-    expired"``, or the event of its newest skipped or failed run among those shown (``"late"``,
+    cannot be read), ``"paused"``, ``"pause kept"`` (a live instance keeps its pause from before
+    the store lost it), ``"problem"`` (it breaks a start-up rule), ``"lease expired"``, or the event of its newest skipped or failed run among those shown (``"late"``,
     ``"send_failed"``, ...)."""
     if entry.get("state") == "unknown":
         return "unknown"
     if entry.get("paused"):
         return "paused"
+    if entry.get("state") == "kept":
+        return "pause kept"
     if entry.get("problem"):
         return "problem"
     if (entry.get("lease") or {}).get("expired"):

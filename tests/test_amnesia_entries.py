@@ -11,6 +11,7 @@ and for every name once an operator accepts the loss.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import sqlite3
@@ -235,3 +236,83 @@ def test_a_second_loss_keeps_what_the_first_kept_and_an_accept_seen_late_still_c
     s.store.accept_loss(by="ops")
     s.follow()
     assert not s.sync.kept, "the accept is newer than every record kept"
+
+
+def test_status_the_page_and_the_metrics_show_what_an_instance_keeps(tmp_path, namespace,
+                                                                     harnesses):
+    """``status`` (its data and text), the page and the metrics: which instance keeps which
+    pause and store entry since when and why, with the fix; nothing once the loss is accepted."""
+    pytest.importorskip("prometheus_client")
+    pytest.importorskip("jinja2")
+    from celery_anarchon.metrics import PrometheusObserver
+    from celery_anarchon.overview import LOST_FIX, lost_lines, overview
+    from celery_anarchon.web import render_page
+    url = store_url("sqlite", str(tmp_path))
+    h = make(harnesses, url, namespace, CFG, sync_s=1)
+    h.app.conf.update(beat_schedule={"cfg": {"task": "proj.t", "schedule": 2.0}},
+                      anarchon_namespace=namespace, anarchon_store_url=url)
+    observer = PrometheusObserver(instance_id="A", namespace=namespace)
+    h.engine.sync.kept.observer = observer
+    h.store.set_pause("cfg", Pause("maintenance", "ops", 0), by="ops")
+    h.store.put_entry("s", _definition(jitter=0, max_late=10), by="ops", create=True)
+    h.engine.tick()
+    backends.wipe("sqlite", url, namespace)
+    h.sync()
+
+    def metric(name, **labels):
+        return observer.registry.get_sample_value(name, labels)
+    assert metric("anarchon_entries_lost_total") == 1
+    assert (metric("anarchon_entries_kept", kind="pause"), metric("anarchon_entries_kept",
+                                                                   kind="entry")) == (1, 1)
+    data = overview(h.app, h.store)
+    (lost,) = data["lost"]
+    assert lost["instance_id"] == "A" and lost["pauses"] == {"cfg": "paused by ops: maintenance"}
+    assert lost["entries"] == ["s"] and "gone" in lost["why"] and lost["since"]
+    (cfg,) = [e for e in data["entries"] if e["name"] == "cfg"]
+    assert cfg["state"] == "kept" and cfg["paused"] is None
+    assert cfg["kept"] == [{"instance": lost["instance"], "what": "pause",
+                            "detail": "paused by ops: maintenance"}]
+    text = "\n".join(lost_lines(data))
+    for words in ("ERROR: the store lost entries data", f"{lost['instance']} since",
+                  "pause kept (no run claimed there): cfg (paused by ops: maintenance)",
+                  "store entries kept running: s", LOST_FIX):
+        assert words in text, (words, text)
+    page = render_page(data)
+    assert "the store lost entries data" in page and "paused (kept)" in page
+
+    h.store.accept_loss(by="ops")
+    h.sync()
+    assert overview(h.app, h.store)["lost"] == []
+    assert metric("anarchon_entries_kept", kind="pause") == 0
+
+
+def test_status_names_what_each_instance_keeps_and_accept_loss_records_the_operators_word(
+        tmp_path, namespace):
+    """``celery -A proj anarchon status`` and ``accept-loss`` as an operator runs them."""
+    from celery_anarchon.stores import open_store
+    from celery_anarchon.stores.entry_store import InstanceRecord
+    from test_cli_operate import exits, operate
+    url = store_url("sqlite", str(tmp_path))
+    store = open_store(url, namespace=namespace, instance_id="beat-a:7:aa", options={})
+    now = int(time.time() * 1000)
+    kept = {"since": now - 5_000, "why": "its entries epoch 3f9a is gone (...)",
+            "pauses": {"every-2s": "paused by ops: freeze"}, "entries": ["dyn"], "withheld": [],
+            "counts": {"pauses": 1, "entries": 1, "withheld": 0}, "requests": 0}
+    try:
+        store.prepare([])
+        store.record_instance(InstanceRecord("beat-a:7:aa", "beat-a", 7, "0.1.0", now - 60_000,
+                                             now, 0, 3, "d", kept=kept), ttl_ms=600_000)
+        out = exits(operate(url, namespace, "good", "status"), 0)
+        for words in ("ERROR: the store lost entries data; these instances keep what they knew:",
+                      "beat-a:7 since", "its entries epoch 3f9a is gone",
+                      "pause kept (no run claimed there): every-2s (paused by ops: freeze)",
+                      "store entries kept running: dyn", "celery anarchon accept-loss",
+                      "paused (kept by beat-a:7)"):
+            assert words in out, (words, out)
+        done = json.loads(exits(operate(url, namespace, "good", "accept-loss", "--by", "ops",
+                                        "--json"), 0))
+        assert done["by"] == "ops" and done["accepted"]
+        loaded = store.load_entries()
+        assert loaded.accepted_by == "ops" and loaded.accepted_ms > now - 60_000
+    finally:
+        store.close()
