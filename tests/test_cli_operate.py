@@ -130,15 +130,15 @@ def test_next_shows_the_utc_offset_change_across_dst(sqlite_url, namespace):
 
 #: the keys of status --json (overview's docstring documents each)
 TOP_KEYS = {"namespace", "generated", "store", "instance_records", "instances", "entries",
-            "run_now", "partial", "disagreements", "unsaved"}
+            "run_now", "partial", "disagreements", "unsaved", "lost"}
 STORE_KEYS = {"url", "kind", "namespace", "durability", "memory_s", "memory_count",
               "checks_lateness", "leases", "entries", "reachable", "error", "warnings", "clock",
               "skew_ms"}
 INSTANCE_KEYS = {"instance_id", "host", "pid", "version", "started", "last_tick",
                  "last_tick_age_s", "skew_ms", "entries", "fingerprints_digest", "seen", "expires",
-                 "ticking", "stale"}
+                 "ticking", "stale", "kept"}
 ENTRY_KEYS = {"name", "source", "task", "schedule", "timezone", "next", "problem", "leased",
-              "shadowed", "paused", "last", "runs", "lease", "run_now", "state"}
+              "shadowed", "paused", "last", "runs", "lease", "run_now", "state", "kept"}
 
 
 def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, namespace):
