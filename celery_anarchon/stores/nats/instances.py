@@ -43,9 +43,10 @@ _NS_PER_MS = 1_000_000
 FINGERPRINTS_MAX_AGE_MS = 24 * 3600 * 1000
 #: an instance saves the mapping its heartbeat names again after this long, seconds
 FINGERPRINTS_REFRESH_S = 12 * 3600.0
-#: the fields of a record its heartbeat writes (``seen_ms`` and ``expires_ms`` are read back)
+#: the fields of a record its heartbeat writes (``seen_ms`` and ``expires_ms`` are read back;
+#: ``kept`` is about store entries, which a NATS store does not hold)
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
-                       if f.name not in ("seen_ms", "expires_ms"))
+                       if f.name not in ("seen_ms", "expires_ms", "kept"))
 
 
 #: the instances stream's max_age when it is created, ms: nats-server refuses one under 100 ms
