@@ -316,3 +316,37 @@ def test_status_names_what_each_instance_keeps_and_accept_loss_records_the_opera
         assert loaded.accepted_by == "ops" and loaded.accepted_ms > now - 60_000
     finally:
         store.close()
+
+
+def test_a_store_that_forgot_runs_is_synced_before_the_next_claim(tmp_path, namespace, harnesses):
+    """With a long sync interval, an instance whose claims the store answers forgotten (its
+    memory began again: it lost its data) looks at the store's entries before it claims again,
+    so a paused entry is never won once the store's first 10 s have passed."""
+    url = store_url("sqlite", str(tmp_path))
+    h = make(harnesses, url, namespace, CFG, sync_s=3600)
+    h.store.set_pause("cfg", Pause("maintenance", "ops", 0), by="ops")
+    h.engine.tick()                                   # the first sync: cfg is paused
+    backends.wipe("sqlite", url, namespace)
+    h.advance(2)
+    h.engine.tick()                                   # claimed: forgotten (a new memory)
+    assert h.engine.stats["claim_forgotten"] == 1, h.engine.stats
+    backdate_memory_start(h.store, ["cfg"], 120_000)  # the store's first 10 s are over
+    h.advance(2)
+    h.engine.tick()
+    assert not [s for name, s, _ in h.sent if name == "cfg"], h.sent
+    assert h.engine.sync.pause_detail("cfg"), "the loss was seen before the claim"
+
+
+def test_a_store_error_makes_the_next_sync_come_before_the_next_claims():
+    """A store that could not be reached may come back empty: the sync after it comes at once,
+    not an interval later."""
+    s = Synced(clock=Clocks().wall)
+    s.follow()
+    s.clocks.advance(1)
+    assert not s.sync.due()
+    s.outage.failed(RuntimeError("connection refused"), "claiming 1 run(s)")
+    assert not s.sync.due(), "the backoff first"
+    s.clocks.advance(1)
+    assert s.sync.due() and s.sync.next_try() <= s.clocks.mono()
+    s.sync.follow()
+    assert not s.sync.due()

@@ -340,6 +340,8 @@ class Engine:
                          result.winner or "another instance")
         else:
             self.skips.refused(plan, result)
+        if outcome is Outcome.FORGOTTEN and self.sync is not None:
+            self.sync.resync()    # the store may have lost its pauses too: look before claiming
         return None
 
     def _periodic(self) -> None:

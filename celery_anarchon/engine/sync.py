@@ -72,6 +72,7 @@ class EntrySync:
         #: run-now runs (entry, slot_ms) this instance claimed or let pass: never claimed again
         self.requested = requested
         self.next_sync = -math.inf                      #: monotonic; -inf: at the first tick
+        self._synced_at = -math.inf                     #: monotonic: the last sync that answered
         self.clock = clock
         #: (entries epoch, version) last loaded; None before the first sync
         self.loaded: tuple[str, int] | None = None
@@ -89,12 +90,23 @@ class EntrySync:
         return timing.ms(2 * self.interval_s + timing.RUN_NOW_MARGIN_S)
 
     def due(self) -> bool:
-        """Whether a sync is due (its interval passed, and the store is not in its backoff)."""
-        return self.monotonic() >= self.next_sync and self.outage.may_try()
+        """Whether a sync is due: its interval passed, or a store operation failed since the last
+        sync (the store may have restarted and lost its entries: the sync comes before the next
+        claims), and the store is not in its backoff."""
+        return ((self.monotonic() >= self.next_sync or self._failed_since())
+                and self.outage.may_try())
 
     def next_try(self) -> float:
         """The monotonic time of the next sync."""
-        return max(self.next_sync, self.outage.retry_at)
+        return max(-math.inf if self._failed_since() else self.next_sync, self.outage.retry_at)
+
+    def resync(self) -> None:
+        """Sync at the next tick, before its claims: the store answered that it forgot runs (its
+        memory began again: it may have lost its entries and pauses too)."""
+        self.next_sync = -math.inf
+
+    def _failed_since(self) -> bool:
+        return self.outage.last_error_at >= self._synced_at
 
     def follow(self) -> bool:
         """One sync: read the entries epoch and version; load everything when either moved (and
@@ -111,7 +123,8 @@ class EntrySync:
             self.outage.failed(exc, "syncing the store's entries")
             return False
         self.outage.recovered()
-        self.next_sync = self.monotonic() + self.interval_s
+        self._synced_at = self.monotonic()
+        self.next_sync = self._synced_at + self.interval_s
         if snapshot is None:
             return False
         loss = loss_of(self.loaded, (snapshot.epoch, snapshot.version))
