@@ -279,6 +279,8 @@ def test_status_the_page_and_the_metrics_show_what_an_instance_keeps(tmp_path, n
         assert words in text, (words, text)
     page = render_page(data)
     assert "the store lost entries data" in page and "paused (kept)" in page
+    buttons = render_page(data, actions=True)       # a kept pause is lifted by a resume
+    assert 'data-action="resume" data-entry="cfg"' in buttons
 
     h.store.accept_loss(by="ops")
     h.sync()
