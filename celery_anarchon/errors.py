@@ -25,6 +25,15 @@ class EntryOwnedByConfig(ConfigError):
     on it; update and remove do not)."""
 
 
+class RequestRefused(ConfigError):
+    """A run-now request id the store can no longer vouch for: an id that carries its creation
+    time (a UUIDv7, as the API, the command line and the status page make them) made before the
+    store's memory of run-now requests began (a new store, one that lost its data, ids pruned
+    after ``anarchon_request_retention``), or more than the store-side tolerance ahead of its
+    clock. Nothing is written: the store cannot tell whether that request ran, so it does not
+    run it again (docs/schedules.md, "What each operation guarantees")."""
+
+
 class StoreError(Exception):
     """A store operation failed. Beat logs it and retries; it never sends without a won claim."""
 

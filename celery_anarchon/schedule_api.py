@@ -27,24 +27,22 @@ import getpass
 import json
 import os
 import socket
-import time
 import unicodedata
-import uuid
 from typing import Any
 
 from celery import beat
 from celery.schedules import crontab
 
-from celery_anarchon import entry_json
+from celery_anarchon import entry_json, timing
 from celery_anarchon.app_store import make_instance_id, open_app_store
-from celery_anarchon.errors import ConfigError, EntryOwnedByConfig, UnknownEntry
+from celery_anarchon.errors import ConfigError, EntryOwnedByConfig, StoreError, UnknownEntry
 from celery_anarchon.plan import build_plan
-from celery_anarchon.slots import SlotSchedule
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.entry_store import (
     EntrySnapshot, EntryStore, Pause, RunRequest, StoredEntry, entry_store,
 )
-from celery_anarchon.timing import Settings
+from celery_anarchon.stores.run_now import SlotWindow, SlotWindowPassed
+from celery_anarchon.timing import Settings, check_request_retention
 
 #: where an entry is defined (:attr:`ScheduledEntry.source`)
 CONFIG, STORE, UNKNOWN = "config", "store", "unknown"
@@ -147,10 +145,10 @@ class Schedules:
     Build it with :func:`celery_anarchon.schedules`; close it (or use ``with``). Methods raise
     :class:`~celery_anarchon.errors.StoreUnavailable` when the store cannot be reached; after that
     the outcome of a write is unknown (retrying it is safe: each write is idempotent, and a
-    ``run_now`` retried with its ``request_id`` is one request). A write the store applied but
-    did not confirm durable within its ``confirm_timeout`` (a Redis store with ``durability`` on
-    and its replicas down) raises :class:`~celery_anarchon.errors.StoreError`: the change may be
-    lost if the master fails over now; repeat it once the replicas are back.
+    ``run_now`` retried with its ``request_id`` is one request and one run). A write the store
+    applied but did not confirm durable within its ``confirm_timeout`` (a Redis store with
+    ``durability`` on and its replicas down) raises :class:`~celery_anarchon.errors.StoreError`:
+    the change may be lost if the master fails over now; repeat it once the replicas are back.
 
     :param app: the Celery app (its ``anarchon_*`` settings, ``beat_schedule``, ``timezone`` and
         ``tasks``).
@@ -302,23 +300,43 @@ class Schedules:
             self._known(name, snapshot)
         return self._as_scheduled(self._ready().set_pause(name, None, by=by or self.by))
 
+    def new_request_id(self) -> str:
+        """A new run-now request id: a UUIDv7 made from the store's clock
+        (:meth:`~celery_anarchon.stores.run_now.RequestClock.new_id`). Make it before calling
+        :meth:`run_now` when the call may have to be retried: the same id again is the same
+        request (one run), for ``anarchon_request_retention``.
+
+        :raises StoreUnavailable: the store cannot be reached (nothing was requested).
+        """
+        return self._ready().request_clock().new_id()
+
     def run_now(self, name: str, request_id: str | None = None, *,
                 by: str | None = None) -> RunRequest:
         """One extra run of an entry, config or store, claimed like any run with a slot of its
-        own (the store's clock now, never one of the entry's scheduled slots); the schedule does
+        own, which the store chooses in the write that records the request (its clock's now,
+        moved past the entry's scheduled slots and its other requests' slots); the schedule does
         not move. An instance that runs the entry claims it at its next sync; it is sent once.
 
-        :param request_id: the caller's id (default: a new uuid4): the same id twice is one
-            request and one run; the answer is then the first request.
+        :param request_id: the caller's id: the same id again is the same request and no new
+            run (the answer is the first request, ``created`` False), for as long as the store
+            keeps it (``anarchon_request_retention``, default 7 days). Default: a new id
+            (:meth:`new_request_id`), in the answer; a :class:`StoreError` raised then carries it
+            (``exc.request_id``) so the call can be retried with it.
+        :returns: the request; ``created`` tells a new request from one made before.
         :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``.
+        :raises RequestRefused: ``request_id`` is a UUIDv7 made before the store's memory of
+            requests began, longer ago than the retention, or ahead of the store's clock: the
+            store cannot tell whether it ran (nothing is written).
         :raises ConfigError: the entry is paused (resume it first: every claim would refuse the
-            run), or its definition is invalid.
+            run), its definition is invalid, or ``anarchon_request_retention`` is shorter than the
+            store's memory (:func:`~celery_anarchon.timing.check_request_retention`).
+        :raises StoreError: the store could not be reached or did not confirm the write: the
+            outcome is unknown; repeat the call with the same ``request_id`` (``exc.request_id``).
         """
         by = by or self.by
-        if request_id is None:
-            request_id = uuid.uuid4().hex
-        if not isinstance(request_id, str) or not request_id:
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise ConfigError(f"entry {name!r}: request_id {request_id!r} must be non-empty text")
+        check_request_retention(self.settings, self.store.memory)
         snapshot = self._snapshot()
         entry = self._known(name, snapshot)
         stored = snapshot.entries.get(name)
@@ -327,10 +345,28 @@ class Schedules:
                               f"would answer paused; fix: resume it first (celery anarchon resume "
                               f"{name})")
         plan = build_plan(name, entry, app=self.app, settings=self.settings, store=self.store)
-        now = self.store.now_ms()
-        slot = extra_slot(name, plan.slots, int(time.time() * 1000) if now is None else now,
-                          {r.slot_ms for r in snapshot.requests if r.entry == name})
-        return self._ready().request_run(name, request_id, slot, by=by)
+        retention_ms = timing.ms(self.settings.request_retention_s)
+        try:
+            for _ in range(3):
+                clock = self._ready().request_clock()
+                if request_id is None:
+                    request_id = clock.new_id()
+                window = SlotWindow.around(plan.slots, clock.now_ms)
+                try:
+                    return self.store.request_run(name, request_id, window,
+                                                  by=by, retention_ms=retention_ms)
+                except SlotWindowPassed:
+                    continue                       # nothing written: a new window
+            raise StoreError(f"entry {name!r}: run-now: the store's clock left the window of "
+                             "scheduled slots the request was computed for, 3 times in a row (a "
+                             "store clock that jumps, or calls that take a minute); fix: check "
+                             "the store's clock and retry")
+        except StoreError as exc:
+            if request_id is not None:
+                exc.request_id = request_id
+                exc.add_note(f"run-now request id {request_id!r}: the outcome is unknown; "
+                             "repeat the call with this request_id (one run, never two)")
+            raise
 
     def accept_loss(self, *, by: str | None = None) -> int:
         """Accept what the store lost (docs/design.md "Amnesia"): an instance that saw the store
@@ -495,24 +531,6 @@ def check_task(app, name: str, task: str) -> None:
                       "module that defines it (imports, include, autodiscover_tasks), or pass "
                       "check_task=False (command line: --no-check-task) if only the workers "
                       "know it")
-
-
-#: how far past now a run-now slot may move to avoid the entry's slots, ms
-EXTRA_SLOT_SEARCH_MS = 1000
-
-
-def extra_slot(name: str, slots: SlotSchedule, now_ms: int, taken: set[int] | frozenset = frozenset()) -> int:
-    """The slot of a run-now request: ``now_ms``, moved 1 ms later while it is one of the entry's
-    scheduled slots or another request's (a request must never share a scheduled run's claim).
-
-    :raises ConfigError: no such slot within :data:`EXTRA_SLOT_SEARCH_MS` (an entry that runs
-        every millisecond).
-    """
-    for slot in range(now_ms, now_ms + EXTRA_SLOT_SEARCH_MS):
-        if slot not in taken and slots.next_after(slot - 1) != slot:
-            return slot
-    raise ConfigError(f"entry {name!r}: no millisecond within {EXTRA_SLOT_SEARCH_MS} ms of now is "
-                      "free of its scheduled slots; fix: wait for its next run instead")
 
 
 def schedules(app, *, store: ClaimStore | None = None, by: str | None = None) -> Schedules:

@@ -45,6 +45,11 @@ DEFAULT_SYNC_INTERVAL_S = 5.0
 #: a run-now request is claimed with a max_late of at least 2 x the sync interval + this, seconds
 #: (the instances see it up to one interval late, and one more interval covers a missed sync)
 RUN_NOW_MARGIN_S = 5.0
+#: how long the store keeps the id of a run-now request (``anarchon_request_retention``), seconds:
+#: a week, so that a retry days later is still one request
+DEFAULT_REQUEST_RETENTION_S = 7 * 86400.0
+#: the longest ``anarchon_request_retention``, seconds (ten years: more is a typo)
+MAX_REQUEST_RETENTION_S = 3650 * 86400.0
 
 #: keys allowed in ``options={"anarchon": {...}}``
 ENTRY_KEYS = ("anchor", "jitter", "lease", "max_late")
@@ -53,8 +58,8 @@ LEASE_KEYS = ("duration", "heartbeat", "max_attempts", "overlap", "queue_timeout
 OVERLAP_VALUES = ("skip", "allow")
 #: the Celery settings of celery_anarchon (any other anarchon_* key is a typo)
 SETTINGS = ("anarchon_heartbeat", "anarchon_jitter", "anarchon_lease", "anarchon_max_late",
-            "anarchon_namespace", "anarchon_store_options", "anarchon_store_url",
-            "anarchon_sync_interval",
+            "anarchon_namespace", "anarchon_request_retention", "anarchon_store_options",
+            "anarchon_store_url", "anarchon_sync_interval",
             # checked by celery_anarchon.metrics and celery_anarchon.worker_metrics
             "anarchon_metrics_port", "anarchon_metrics_addr", "anarchon_metrics_max_entries",
             "anarchon_worker_metrics_port", "anarchon_worker_metrics_addr")
@@ -108,6 +113,9 @@ class Settings:
     :param jitter_s: ``anarchon_jitter`` or ``None`` (default: 2 s lowered per entry).
     :param sync_interval_s: ``anarchon_sync_interval``: how often an instance reads the store's
         entries version (and heartbeats), seconds (default 5).
+    :param request_retention_s: ``anarchon_request_retention``: how long the store keeps the id of
+        a run-now request made by this app (the API, the command line, the status page), seconds
+        (default 7 days); a request id is one run for that long (docs/schedules.md).
     """
 
     jitter_s: float | None
@@ -118,6 +126,7 @@ class Settings:
     store_url: str | None
     store_options: dict
     sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S
+    request_retention_s: float = DEFAULT_REQUEST_RETENTION_S
 
     @property
     def run_now_max_late_s(self) -> float:
@@ -142,6 +151,7 @@ class Settings:
                                   f"{', '.join(SETTINGS)}. A typo must not silently disable a rule.")
         for name, default in (("anarchon_max_late", DEFAULT_MAX_LATE_S),
                               ("anarchon_sync_interval", DEFAULT_SYNC_INTERVAL_S),
+                              ("anarchon_request_retention", DEFAULT_REQUEST_RETENTION_S),
                               ("anarchon_lease", DEFAULT_LEASE_S),
                               ("anarchon_heartbeat", DEFAULT_HEARTBEAT_S)):
             _not_negative(conf.get(name), name, default)
@@ -156,6 +166,12 @@ class Settings:
             raise ConfigError(f"anarchon_max_late: {max_late_s:g} s must be more than 0 (default 60)")
         if sync_s <= 0:
             raise ConfigError(f"anarchon_sync_interval: {sync_s:g} s must be more than 0 (default 5)")
+        retention_s = seconds(conf.get("anarchon_request_retention", DEFAULT_REQUEST_RETENTION_S),
+                              "anarchon_request_retention")
+        if not 0 < retention_s <= MAX_REQUEST_RETENTION_S:
+            raise ConfigError(f"anarchon_request_retention: {retention_s:g} s must be more than 0 "
+                              f"and at most {MAX_REQUEST_RETENTION_S:g} (ten years); default "
+                              f"{DEFAULT_REQUEST_RETENTION_S:g} (a week)")
         if lease_s <= 0 or heartbeat_s <= 0:
             raise ConfigError("anarchon_lease and anarchon_heartbeat must be more than 0 seconds "
                               f"(got {lease_s:g} s and {heartbeat_s:g} s; defaults 30 and 5)")
@@ -178,7 +194,7 @@ class Settings:
         if zone_error is not None:
             raise zone_error
         return cls(jitter_s, max_late_s, lease_s, heartbeat_s, namespace, store_url, dict(options),
-                   sync_interval_s=sync_s)
+                   sync_interval_s=sync_s, request_retention_s=retention_s)
 
 
 def timezone_error(app) -> ConfigError | None:
@@ -351,10 +367,32 @@ def check_sync_interval(settings: Settings, memory: Memory) -> None:
             f"anarchon_store_options[{memory.setting!r}] to at least {math.ceil(span * 2):g}.")
 
 
+def check_request_retention(settings: Settings, memory: Memory) -> None:
+    """The retention of run-now request ids against the store: a request stays claimable for
+    :attr:`Settings.run_now_max_late_s` after its slot and is read by every instance for the
+    store's memory, so its id must be kept longer than both (+ the store-side lateness
+    tolerance), or a retry while the first request can still run would be a second request
+    (docs/schedules.md, "What each operation guarantees").
+
+    :raises ConfigError: naming both values and the fix.
+    """
+    need = max(settings.run_now_max_late_s, memory.duration_s or 0) + LATENESS_TOLERANCE_MS / 1000
+    if settings.request_retention_s < need:
+        read = (f"read by every instance for the store's memory ({_fmt(memory.duration_s)}, "
+                f"store option {memory.setting!r}) and " if memory.duration_s else "")
+        raise ConfigError(
+            f"anarchon_request_retention {_fmt(settings.request_retention_s)} must be at least "
+            f"{_fmt(need)}: a run-now request is {read}claimed up to "
+            f"{_fmt(settings.run_now_max_late_s)} after its slot, and a retry of its id while it "
+            f"can still run must find it. Fix: raise anarchon_request_retention (default "
+            f"{DEFAULT_REQUEST_RETENTION_S:g} s, a week).")
+
+
 def ms(s: float) -> int:
     """Seconds to integer milliseconds (rounded)."""
     return int(round(s * 1000))
 
 
-__all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "Settings", "check_sync_interval",
+__all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "Settings", "check_request_retention",
+           "check_sync_interval",
            "resolve", "seconds", "split_entry_options", "ms", "LATENESS_TOLERANCE_MS"]

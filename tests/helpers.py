@@ -24,3 +24,13 @@ def prepared(store, *entries: str):
     store.prepare(entries)
     backdate_memory_start(store, entries, BACKDATE_MS)
     return store
+
+
+def request_run(store, entry: str, request_id: str, *, by: str = "test", scheduled=(), **options):
+    """``store.request_run`` with a window around the store's clock (:meth:`SlotWindow.around`
+    holds ``scheduled``, the entry's scheduled slots, none by default); ``options``:
+    ``retention_ms``."""
+    from celery_anarchon.stores.run_now import SlotWindow
+    now = store.now_ms()
+    window = SlotWindow(now - SlotWindow.BEFORE_MS, now + SlotWindow.AFTER_MS, frozenset(scheduled))
+    return store.request_run(entry, request_id, window, by=by, **options)

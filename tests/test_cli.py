@@ -16,6 +16,7 @@ from celery_anarchon.stores import open_store
 from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, InstanceRecord
 
 from conftest import POSTGRES_URL, require_server
+from helpers import request_run
 
 APPS = pathlib.Path(__file__).parent / "apps"
 
@@ -80,7 +81,7 @@ def test_add_update_pause_run_now_list_remove_and_their_exit_codes(tmp_path, nam
     fails(run("run-now", "config-entry"), 2, "paused by ops: db migration", "resume it first")
     first = json.loads(ok(run("run-now", "report", "--request-id", "t-1", "--json")))
     again = json.loads(ok(run("run-now", "report", "--request-id", "t-1", "--json")))
-    assert first == again and first["request_id"] == "t-1"       # one request, one run
+    assert first == {**again, "created": True} and first["request_id"] == "t-1"   # one run
 
     table = ok(run("list")).splitlines()
     assert table[0].split() == ["NAME", "SOURCE", "SCHEDULE", "TASK", "STATE"]
@@ -115,7 +116,7 @@ def test_status_shows_live_instances_what_they_disagree_on_store_entries_and_pau
                                                  digest), ttl_ms=600_000)
         store.put_entry("added", json.dumps({"task": "cli_app.report", "schedule": {"every": 90}}),
                         by="ops", create=True)
-        store.request_run("added", "req-9", 1_796_000_000_001, by="ops")
+        request_run(store, "added", "req-9", by="ops")
     finally:
         store.close()
     ok(cli(url, namespace, "pause", "config-entry", "--reason", "release", "--by", "ops"))
@@ -214,3 +215,4 @@ def test_status_shows_the_live_instances_of_a_store_that_keeps_no_entries(namesp
     assert "live instances: 1" in out and "nats-host:4242  i-nats" in out and "skew -7 ms" in out
     data = json.loads(ok(cli(url, namespace, "status", "--json")))
     assert data["instance_records"] and [i["instance_id"] for i in data["instances"]] == ["i-nats"]
+

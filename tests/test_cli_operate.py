@@ -25,6 +25,7 @@ from celery_anarchon.timing import Settings
 
 from backends import BACKENDS
 from cluster import Cluster
+from helpers import request_run
 
 APPS = pathlib.Path(__file__).parent / "apps"
 BERLIN_DST_2027 = "2027-03-26T12:00:00Z"   # two days before the last Sunday of March 2027
@@ -162,7 +163,7 @@ def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, names
         store.adopt("leased-hourly", slot, "worker-1@host:77", 30_000)
         store.put_entry("added", json.dumps({"task": "operate_app.report",
                                              "schedule": {"every": 90}}), by="ops", create=True)
-        store.request_run("added", "req-9", now + 1, by="ops")
+        request_run(store, "added", "req-9", by="ops")
     finally:
         store.close()
     assert won.outcome.value == "won"

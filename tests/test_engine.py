@@ -33,6 +33,7 @@ from conftest import REDIS_URL, require_server
 from stores_support import LEASE_STORES, store_url, wait_until
 from tcp_proxy import TCPProxy, redis_address
 from backends import backdate_memory_start
+from helpers import request_run
 
 
 class Clock:
@@ -846,9 +847,8 @@ def test_a_run_now_request_is_claimed_at_once_and_sent_once(sqlite_url, namespac
     a.engine.tick()
     b.engine.tick()
     batches = _recording_claims(a)
-    slot = a.store.now_ms()
-    assert a.store.request_run("e", "r1", slot, by="test").slot_ms == slot
-    assert a.store.request_run("e", "r1", slot + 500, by="test").slot_ms == slot, "one request"
+    slot = request_run(a.store, "e", "r1").slot_ms
+    assert request_run(a.store, "e", "r1").slot_ms == slot, "one request"
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         a.sync()
         b.sync()
@@ -857,10 +857,10 @@ def test_a_run_now_request_is_claimed_at_once_and_sent_once(sqlite_url, namespac
     assert batches == [[("e", slot)]]
     assert a.history("e")[slot].event is RunEvent.SENT
     assert any(m.startswith("anarchon: entry e: run-now request r1 by test") for m in _info(caplog))
-    a.store.request_run("e", "r2", slot + 1, by="test")     # the version moves again
+    second = request_run(a.store, "e", "r2").slot_ms      # the version moves again
     a.sync()
-    assert a.sent == [("e", slot, 1), ("e", slot + 1, 1)], "r1 is not claimed again"
-    assert batches[1:] == [[("e", slot + 1)]]
+    assert a.sent == [("e", slot, 1), ("e", second, 1)], "r1 is not claimed again"
+    assert batches[1:] == [[("e", second)]]
 
 
 def test_instances_with_other_definitions_of_an_entry_both_log_it_and_leave_at_close(
@@ -947,8 +947,7 @@ def test_a_run_now_request_of_a_leased_entry_runs_though_newer_slots_were_claime
     h = make(harnesses, lease_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5, "lease": lease})},
              sync_s=3)
     h.engine.tick()                                     # the start-up slot, and the first sync
-    slot = h.store.now_ms()
-    h.store.request_run("e", "r1", slot, by="test")
+    slot = request_run(h.store, "e", "r1").slot_ms
     h.advance(2.0)
     h.engine.tick()                                     # the next scheduled slot, newer than it
     assert max(s for _, s, _ in h.sent) > slot, h.sent

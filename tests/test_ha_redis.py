@@ -26,7 +26,7 @@ from celery_anarchon.stores.entry_store import Pause
 from stores_support import wait_until
 from backends import backdate_memory_start
 from ha_support import assert_release_lost_is_never_taken_over, need
-from helpers import prepared
+from helpers import prepared, request_run
 
 import fsync_hold  # noqa: E402  (benchmarks/: conftest puts it on the path)
 import ha_redis  # noqa: E402
@@ -519,7 +519,7 @@ def test_an_entry_write_the_replica_did_not_confirm_raises(namespace):
             writes = {
                 "add": lambda: a.put_entry("x", definition, by="ops", create=True),
                 "update": lambda: a.put_entry("x", definition, by="ops", create=False),
-                "run-now": lambda: a.request_run("x", "r1", a.now_ms(), by="ops"),
+                "run-now": lambda: request_run(a, "x", "r1", by="ops"),
                 "resume": lambda: a.set_pause("e3", None, by="ops"),
                 "remove": lambda: a.remove_entry("x", by="ops"),
             }

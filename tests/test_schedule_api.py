@@ -2,8 +2,11 @@
 what it refuses (with the messages a beat start-up gives), and the errors that name the problem."""
 from __future__ import annotations
 
+import collections
+import dataclasses
 import datetime
 import json
+import threading
 
 import pytest
 from celery import Celery
@@ -14,15 +17,16 @@ import celery_anarchon
 from celery_anarchon import ConfigError, cron, entry_json
 from celery_anarchon.errors import EntryExists, EntryOwnedByConfig, UnknownEntry
 from celery_anarchon.plan import build_plan
-from celery_anarchon.schedule_api import ScheduledEntry, Schedules, default_by, extra_slot
+from celery_anarchon.schedule_api import ScheduledEntry, Schedules, default_by
 from celery_anarchon.slots import IntervalSlots
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, EntryStore
+from celery_anarchon.stores.run_now import SlotWindow, request_id_ms
 from celery_anarchon.timing import Settings
 
 from backends import BACKENDS, kinds_whose_store, url_of
 from conftest import require_server
-from stores_support import require_client
+from stores_support import require_client, wait_until
 
 #: the test rows whose store holds entries (read from the classes: a store is built without I/O)
 ENTRY_STORES = kinds_whose_store(lambda store: isinstance(store, EntryStore))
@@ -97,10 +101,14 @@ def test_a_store_entry_from_add_to_remove(kind, tmp_path, namespace):
 
         first = s.run_now("report", request_id="r-1")
         again = s.run_now("report", request_id="r-1")
-        assert again == first and first.entry == "report" and first.by == "ops@test"
+        assert first.created and not again.created and first.entry == "report"
+        assert again == dataclasses.replace(first, created=False) and first.by == "ops@test"
         assert [r.request_id for r in store.load_entries().requests if r.entry == "report"] == ["r-1"]
         other = s.run_now("report")                       # a new id: a second request, its own slot
-        assert other.request_id != "r-1" and other.slot_ms != first.slot_ms
+        assert other.request_id != "r-1" and other.slot_ms != first.slot_ms and other.created
+        # a UUIDv7 of the store's clock (in a new store's first 10 s: up to 10 s ahead)
+        made = request_id_ms(other.request_id)
+        assert other.requested_ms - 5_000 < made <= other.requested_ms + 10_000, other
 
         s.remove("report")
         with pytest.raises(UnknownEntry, match="no entry 'report'"):
@@ -125,7 +133,7 @@ def test_beat_schedule_entries_are_owned_by_the_config_but_pause_resume_and_run_
     assert not api.resume("config-entry").paused
     request = api.run_now("config-entry", request_id="once")
     assert request.slot_ms % 60_000 != 0                 # never one of its scheduled slots
-    assert api.store.load_entries().requests[-1] == request
+    assert api.store.load_entries().requests[-1] == dataclasses.replace(request, created=False)
 
 
 def test_unknown_entries_and_names_taken(api):
@@ -245,13 +253,16 @@ def celery_anarchon_custom():
     return Mine()
 
 
-def test_a_run_now_slot_is_never_a_scheduled_slot_nor_another_requests():
-    every_second = IntervalSlots(1000)
-    assert extra_slot("e", every_second, 5_000) == 5_001
-    assert extra_slot("e", every_second, 5_001, {5_001, 5_002}) == 5_003
-    assert extra_slot("e", every_second, 5_500) == 5_500
-    with pytest.raises(ConfigError, match="no millisecond within 1000 ms"):
-        extra_slot("e", IntervalSlots(1), 5_000)
+def test_a_run_now_window_lists_the_entrys_scheduled_slots_around_the_stores_clock():
+    window = SlotWindow.around(IntervalSlots(1000), 1_796_000_000_500)
+    assert (window.start_ms, window.end_ms) == (1_796_000_000_500 - SlotWindow.BEFORE_MS,
+                                                1_796_000_000_500 + SlotWindow.AFTER_MS)
+    assert window.scheduled == frozenset(range(1_795_999_996_000, 1_796_000_060_001, 1000))
+    assert window.choose(1_796_000_001_000, set()) == 1_796_000_001_001
+    assert window.choose(1_796_000_001_000, {1_796_000_001_001}) == 1_796_000_001_002
+    dense = SlotWindow.around(IntervalSlots(1), 5_000_000)
+    assert len(dense.scheduled) == SlotWindow.MAX_SLOTS and dense.end_ms == max(dense.scheduled)
+    assert dense.choose(5_000_000, set()) is None
 
 
 def test_who_made_a_change_defaults_to_user_at_host_and_pid(api):
@@ -296,3 +307,75 @@ def test_entry_names_with_control_characters_or_nothing_visible_are_refused(api)
         assert words in str(info.value) and "fix:" in str(info.value), (name, info.value)
     assert {e.name for e in api.list()} == {"config-entry", "celery.backend_cleanup"}
     api.add("café ☕ it's \"fine\"", task="proj.report", schedule=10)   # visible: accepted
+
+
+# -- run-now: one run per request id, one slot per request -------------------------------------
+
+#: a store memory short enough to wait out (seconds), per store whose memory can be that short
+SHORT_MEMORY = {"sqlite": {"memory": 6}, "postgresql": {"memory": 6}, "redis": {"memory": 6},
+                "redis-cluster": {"memory": 6}, "redis-script": {"window": 6}}
+#: timing settings that fit that memory (run-now's max_late 2 x 0.2 + 5 s < 6 s)
+SHORT_TIMING = dict(anarchon_jitter=0.5, anarchon_max_late=2, anarchon_sync_interval=0.2)
+
+
+@pytest.mark.parametrize("kind", [k for k in ENTRY_STORES if k in SHORT_MEMORY])
+def test_a_request_id_is_one_run_after_the_stores_memory_passed(kind, tmp_path, namespace):
+    """The same request id again after the store's memory of claims passed, and after the writes
+    that prune (another request; a beat's periodic prune on the SQL stores): the first request,
+    its slot and time, never a second one."""
+    url, options = store_url(kind, tmp_path)
+    memory = SHORT_MEMORY[kind]
+    app = make_app(url, namespace, {**options, **memory}, **SHORT_TIMING)
+    with celery_anarchon.schedules(app) as s:
+        first = s.run_now("config-entry", request_id="ticket-4711")
+        memory_ms = 1000 * next(iter(memory.values()))
+        wait_until(lambda: s.store.now_ms() > first.requested_ms + memory_ms + 1000, 30,
+                   "the store's memory to pass")
+        s.run_now("config-entry", request_id="ticket-4712")        # a write that prunes
+        if hasattr(s.store, "prune"):
+            s.store.prune()                                        # what a beat's claims do
+        again = s.run_now("config-entry", request_id="ticket-4711")
+        young = s.store.load_entries().requests
+    assert again == dataclasses.replace(first, created=False), (first, again)
+    assert "ticket-4711" not in [r.request_id for r in young], "beats read only young requests"
+
+
+#: racers and rounds of the concurrent run-now test
+RACERS, ROUNDS = 4, 10
+
+
+@pytest.mark.parametrize("kind", ENTRY_STORES)
+def test_concurrent_run_now_requests_never_share_a_slot(kind, tmp_path, namespace):
+    """RACERS callers, each with its own connection, ask run-now of one entry at the same moment,
+    ROUNDS times, each with its own request id: every request has a slot of its own (two
+    requests on one slot would be one claim: one of them would never run), and the store holds
+    every request with the slot its caller was told."""
+    url, options = store_url(kind, tmp_path)
+    app = make_app(url, namespace, options)
+    apis = [celery_anarchon.schedules(app) for _ in range(RACERS)]
+    barrier = threading.Barrier(RACERS)
+    told: list[list] = [[] for _ in range(RACERS)]
+
+    def racer(i: int) -> None:
+        for r in range(ROUNDS):
+            barrier.wait(timeout=60)
+            told[i].append(apis[i].run_now("config-entry", request_id=f"r{r}-{i}"))
+    try:
+        for api in apis:
+            api.list()                                   # connected and prepared
+        threads = [threading.Thread(target=racer, args=(i,)) for i in range(RACERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        requests = [q for qs in told for q in qs]
+        assert len(requests) == RACERS * ROUNDS, "every racer finished"
+        held = {(q.request_id, q.slot_ms) for q in apis[0].store.load_entries().requests}
+    finally:
+        for api in apis:
+            api.close()
+    shared = collections.Counter(q.slot_ms for q in requests)
+    assert [slot for slot, n in shared.items() if n > 1] == [], sorted(
+        (q.slot_ms, q.request_id) for q in requests if shared[q.slot_ms] > 1)
+    assert held == {(q.request_id, q.slot_ms) for q in requests}
+    assert all(q.slot_ms % 60_000 for q in requests), "never a scheduled slot"

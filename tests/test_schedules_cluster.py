@@ -24,10 +24,12 @@ end, on what the worker executed plus what the broker still holds once the beats
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import re
 import socket
 import sys
+import threading
 import time
 
 import pytest
@@ -275,7 +277,8 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
     assert len(want) >= 1 and [s for s in want if s not in by_slot] == [], (want, sorted(by_slot))
 
     # 5. run_now: one request (the same slot for the same id), a slot of its own, one execution
-    assert first == second == third, (first, second, third)
+    assert first.created and not second.created and not third.created
+    assert second == third == dataclasses.replace(first, created=False), (first, second, third)
     assert first.slot_ms % SECOND_MS != 0 and other.slot_ms != first.slot_ms, (first, other)
     assert counts[("dyn", first.slot_ms)] == 1 and counts[("dyn", other.slot_ms)] == 1
 
@@ -283,6 +286,82 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
     late = [x for x in dyn if x["slot"] > ms["remove_synced"]]
     assert not late, f"runs after every instance synced the removal: {late}"
     assert all(x["instance"] for x in scheduled if not x.get("queued"))
+
+
+#: callers that ask run-now at the same moments, and how many times each, in the cluster test
+RACERS, ROUNDS = 4, 5
+
+
+@pytest.mark.parametrize("kind", ("postgresql", "redis"))
+def test_concurrent_run_now_requests_each_run_exactly_once(kind, tmp_path, namespace, capsys):
+    """Three beats and a worker run a 1-s store entry ``dyn``; RACERS callers, each with its own
+    connection, ask run-now of it at the same moments, ROUNDS times, each with its own request id:
+    every request gets a slot of its own (neither another request's nor a scheduled one), every
+    requested slot is executed exactly once, and asking again with each id is no new run."""
+    require_server(REDIS_URL, "Redis (the broker)")
+    began = time.monotonic()
+    url = store_url(kind, str(tmp_path))
+    out = str(tmp_path / "executions.jsonl")
+    env = cluster_env(kind, url, namespace, out, ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S),
+                      ANARCHON_SC_MAX_LATE=str(MAX_LATE_S))
+    store = open_store(url, namespace=namespace, instance_id="test",
+                       options=dict(VARIANT_OPTIONS.get(kind, {})))
+    store.prepare(["dyn"])
+    backdate_memory_start(store, ["dyn"], 120_000)
+    apis = [celery_anarchon.schedules(schedules_app.make_app(env), by=f"racer-{i}")
+            for i in range(RACERS)]
+    cluster = Cluster(str(tmp_path), env, app="schedules_app")
+    run = Run(cluster, out, BEATS)
+    told: list[list] = [[] for _ in range(RACERS)]
+    barrier = threading.Barrier(RACERS)
+
+    def racer(i: int) -> None:
+        for r in range(ROUNDS):
+            barrier.wait(timeout=60)
+            told[i].append(apis[i].run_now("dyn", request_id=f"race-{r}-{i}"))
+            time.sleep(0.3)
+    try:
+        cluster.worker("worker")
+        for name in BEATS:
+            cluster.beat(name)
+        cluster.wait_log("worker", "ready.", timeout=60)
+        apis[0].add("dyn", task=schedules_app.TASK, schedule=FIRST_MS / 1000)
+        run.synced(apis[0].store.entries_version(), timeout=60)
+        run.wait(lambda: len(run.runs()) >= 2, SYNC_S + 3 + SLACK_S, "two runs of dyn")
+        run.phase("start")
+        threads = [threading.Thread(target=racer, args=(i,)) for i in range(RACERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        requests = [q for qs in told for q in qs]
+        assert len(requests) == RACERS * ROUNDS, "every racer finished"
+        slots = {q.slot_ms for q in requests}
+        run.wait(lambda: slots <= {x["slot"] for x in run.runs()}, 2 * SYNC_S + 5 + SLACK_S + 5,
+                 "every run-now run")
+        run.phase("run_now")
+        again = [apis[0].run_now("dyn", request_id=q.request_id) for q in requests]
+        for name in BEATS:
+            cluster.stop(name)
+        run.wait(lambda: not queued_messages(env["ANARCHON_SC_QUEUE"]), 15,
+                 "the worker to empty the queue")
+        run.phase("stop")
+    finally:
+        cluster.stop_all()
+        for api in apis:
+            api.close()
+        store.close()
+    counts = collections.Counter(x["slot"] for x in run.runs())
+    with capsys.disabled():
+        print(f"\n[{kind}] {len(requests)} run-now requests, {len(counts)} runs of dyn; cost (s): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in run.costs.items())
+              + f", total {time.monotonic() - began:.1f}")
+    assert len(slots) == len(requests), sorted((q.slot_ms, q.request_id) for q in requests)
+    assert not [s for s in slots if s % FIRST_MS == 0], "a scheduled slot"
+    assert {s: counts[s] for s in slots} == {s: 1 for s in slots}, cluster.logs()
+    assert [n for n in counts.values() if n > 1] == [], "a run executed twice"
+    assert [q.created for q in again] == [False] * len(requests)
+    assert [dataclasses.replace(q, created=True) for q in again] == requests
 
 
 def test_two_beats_with_different_definitions_both_log_it(tmp_path, namespace):

@@ -6,21 +6,27 @@ namespace; each test is named after the promise it proves.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
+import uuid
 
 import pytest
 
-from celery_anarchon.errors import ConfigError, EntryExists, UnknownEntry
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
+from celery_anarchon.errors import ConfigError, EntryExists, RequestRefused, UnknownEntry
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import LeaseStore, LeaseTerms, Outcome, RunEvent
 from celery_anarchon.stores.entry_store import (
     CLEARED_KEEP_MS, ENTRY_STORE_NAMES, EntriesEpoch, EntryStore, InstanceRecord, Pause,
     entry_store,
 )
+from celery_anarchon.stores.run_now import (
+    SlotWindow, SlotWindowPassed, new_request_id, request_id_ms,
+)
 
 from backends import BACKENDS, kinds_whose_store
-from helpers import prepared
-from stores_support import require_client
+from helpers import prepared, request_run
+from stores_support import require_client, wait_until
 from test_store_contract import _maker, fresh_slot, req, store_now
 
 DEFINITION = '{"schedule":{"every":60},"task":"proj.tasks.report"}'
@@ -103,7 +109,7 @@ def test_entries_version_grows_with_every_write_and_is_stable_otherwise(stores):
     grew("pause of a store entry")
     a.set_pause("report", None, by="alice")
     grew("resume")
-    b.request_run("report", "req-1", fresh_slot(b), by="bob")
+    request_run(b, "report", "req-1", by="bob")
     grew("run-now request")
     a.remove_entry("report", by="alice")
     grew("remove")
@@ -118,9 +124,9 @@ def test_entries_version_grows_with_every_write_and_is_stable_otherwise(stores):
     stable("a refused add")
     assert a.remove_entry("nope", by="a") is False
     stable("removing a name without a definition")
-    b.request_run("cfg2", "req-2", fresh_slot(b), by="b")
+    request_run(b, "cfg2", "req-2", by="b")
     grew("run-now request")
-    b.request_run("cfg2", "req-2", fresh_slot(b), by="b")
+    request_run(b, "cfg2", "req-2", by="b")
     stable("the same request again")
     a.load_entries(), b.instances(), a.load_fingerprints("x"), b.history("cfg")
     a.record_instance(_record("A"), 60_000)
@@ -136,7 +142,7 @@ def test_load_entries_is_one_consistent_read(stores):
     instance loads is one of the states between two writes: its version is the version after k
     writes and it holds exactly the first k writes."""
     writer, reader = stores("W"), stores("R")
-    slot = fresh_slot(writer)
+    slots: dict[str, int] = {}
     after = {writer.entries_version(): 0}          # version -> writes done
     done = threading.Event()
     failures: list[BaseException] = []
@@ -147,7 +153,8 @@ def test_load_entries_is_one_consistent_read(stores):
                 if i % 2 == 0:
                     writer.put_entry(f"e{i:02}", DEFINITION, by="w", create=True)
                 else:
-                    writer.request_run(f"e{i - 1:02}", f"r{i:02}", slot + i, by="w")
+                    made = request_run(writer, f"e{i - 1:02}", f"r{i:02}", by="w")
+                    slots[made.request_id] = made.slot_ms
                 after[writer.entries_version()] = i + 1
         except BaseException as error:  # reported below, never a hang
             failures.append(error)
@@ -169,7 +176,7 @@ def test_load_entries_is_one_consistent_read(stores):
         assert sorted(snap.entries) == [f"e{i:02}" for i in range(0, k, 2)], (snap.version, k)
         assert sorted(r.request_id for r in snap.requests) == [f"r{i:02}" for i in range(1, k, 2)]
     assert after[snapshots[-1].version] == 40
-    assert {r.request_id: r.slot_ms for r in snapshots[-1].requests}["r39"] == slot + 39
+    assert {r.request_id: r.slot_ms for r in snapshots[-1].requests} == slots
 
 
 # -- pauses --------------------------------------------------------------------------------------------
@@ -265,20 +272,128 @@ def test_a_store_entry_keeps_its_pause_when_updated_and_loses_it_when_removed(st
 
 def test_the_same_request_id_twice_is_one_request_with_the_first_slot(stores):
     a, b = stores("A"), stores("B")
-    slot = fresh_slot(a)
-    first = a.request_run("report", "deploy-42", slot, by="alice")
-    assert (first.entry, first.request_id, first.slot_ms, first.by) == ("report", "deploy-42", slot,
-                                                                        "alice")
+    first = request_run(a, "report", "deploy-42", by="alice")
+    assert (first.entry, first.request_id, first.by, first.created) == (
+        "report", "deploy-42", "alice", True)
     assert abs(first.requested_ms - store_now(a)) < 5_000, "requested on the store's clock"
-    again = b.request_run("report", "deploy-42", slot + 1000, by="bob")
-    assert again == first, "the first request is returned, whoever asks again"
-    other = b.request_run("report", "deploy-43", slot + 1000, by="bob")
-    assert other.slot_ms == slot + 1000 and other.by == "bob"
-    same_id_other_entry = b.request_run("nightly", "deploy-42", slot + 2000, by="bob")
-    assert same_id_other_entry.slot_ms == slot + 2000, "request ids are per entry"
+    assert first.requested_ms <= first.slot_ms, "the slot is the store's clock at the request"
+    version = a.entries_version()
+    again = request_run(b, "report", "deploy-42", by="bob")
+    assert again == dataclasses.replace(first, created=False), "the first request, whoever asks"
+    assert a.entries_version() == version, "found: nothing written"
+    other = request_run(b, "report", "deploy-43", by="bob")
+    assert other.created and other.slot_ms != first.slot_ms and other.by == "bob"
+    same_id_other_entry = request_run(b, "nightly", "deploy-42", by="bob")
+    assert same_id_other_entry.created, "request ids are per entry"
     loaded = sorted((r.entry, r.request_id, r.slot_ms) for r in a.load_entries().requests)
-    assert loaded == [("nightly", "deploy-42", slot + 2000), ("report", "deploy-42", slot),
-                      ("report", "deploy-43", slot + 1000)]
+    assert loaded == sorted((r.entry, r.request_id, r.slot_ms)
+                            for r in (first, other, same_id_other_entry))
+
+
+def test_a_run_now_slot_skips_the_scheduled_slots_and_the_other_requests_slots(stores):
+    """The store chooses the slot in its write: its clock's now, 1 ms later while it is one of
+    the window's scheduled slots or the slot of another request of the entry."""
+    a = stores("A")
+    now = store_now(a)
+    busy = range(now - SlotWindow.BEFORE_MS, now + 300)   # every ms up to 300 ms from now
+    window = SlotWindow(now - SlotWindow.BEFORE_MS, now + SlotWindow.AFTER_MS, frozenset(busy))
+    made = [a.request_run("e", f"r{i}", window, by="t") for i in range(3)]
+    taken: set[int] = set()
+    for q in made:
+        assert q.slot_ms == window.choose(q.requested_ms, taken), (q, taken)
+        assert q.slot_ms not in busy and q.slot_ms not in taken
+        taken.add(q.slot_ms)
+    other = a.request_run("other", "r0", window, by="t")
+    assert other.slot_ms == window.choose(other.requested_ms, set()), "per entry"
+
+
+def test_a_request_with_no_free_slot_or_outside_its_window_writes_nothing(stores):
+    a = stores("A")
+    request_run(a, "e", "r0")
+    version, now = a.entries_version(), store_now(a)
+    start, end = now - SlotWindow.BEFORE_MS, now + SlotWindow.AFTER_MS
+    every_ms = SlotWindow(start, end, frozenset(range(start, end + 1)))
+    with pytest.raises(ConfigError, match="'e': no millisecond within 1000 ms of now is free"):
+        a.request_run("e", "r1", every_ms, by="t")
+    with pytest.raises(SlotWindowPassed, match="outside the window"):
+        a.request_run("e", "r1", SlotWindow(now - 120_000, now - 60_000), by="t")
+    assert a.entries_version() == version
+    assert [r.request_id for r in a.load_entries().requests] == ["r0"]
+
+
+def test_a_request_id_that_carries_its_time_is_refused_once_the_store_cannot_vouch_for_it(stores):
+    """A UUIDv7 made more than the retention ago, before a new store's memory began (+ the 10-s
+    tolerance of an id made ahead), or more than that tolerance ahead of the store's clock:
+    RequestRefused naming the id, when it was made, why and the fix; nothing written. One the
+    store holds is found whatever its age; an opaque id is never refused; the ids the store's
+    clock makes (RequestClock.new_id) are taken, even in the new memory's first 10 s."""
+    a = stores("A")
+    clock = a.request_clock()                       # a new store: its memory begins now
+    assert clock.now_ms - 5_000 < clock.born_ms <= clock.now_ms and clock.pruned_ms == 0
+    version = a.entries_version()
+    cases = {"8 days ago": (clock.now_ms - 8 * 86_400_000, "more than anarchon_request_retention"),
+             "before the memory began": (clock.born_ms - 1, "before the store's memory of run-now "
+                                                            "requests began"),
+             "made ahead, before it began + 10 s": (clock.born_ms + LATENESS_TOLERANCE_MS - 1,
+                                                    "+ 10 s for an id made ahead"),
+             "ahead of the clock": (store_now(a) + 60_000, "after the store's clock")}
+    for what, (made_ms, words) in cases.items():
+        request_id = new_request_id(made_ms)
+        assert request_id_ms(request_id) == made_ms
+        with pytest.raises(RequestRefused) as refused:
+            request_run(a, "e", request_id)
+        assert words in str(refused.value) and request_id in str(refused.value), (what, refused.value)
+        assert iso(made_ms) in str(refused.value), "when it was made"
+        fix = "new_request_id()" if what == "ahead of the clock" else "celery anarchon history e"
+        assert fix in str(refused.value), refused.value
+    assert a.entries_version() == version, "nothing written"
+    fresh = a.request_clock().new_id()
+    first = request_run(a, "e", fresh)
+    assert first.created and request_run(a, "e", fresh) == dataclasses.replace(first, created=False)
+    assert request_run(a, "e", "ticket-4711").created, "an opaque id"
+
+
+def test_a_prune_by_a_shorter_retention_moves_the_start_of_what_the_store_vouches_for(stores):
+    """A process with a retention of 1 s writes a request: the store may have pruned the ids
+    made more than 1 s before, so a UUIDv7 made then is refused for every process, whatever its
+    own retention; one the store still holds is found."""
+    a = prepared(stores("A"))                       # in service for two minutes
+    held = a.request_clock().new_id()
+    first = request_run(a, "e", held)
+    made = store_now(a)
+    wait_until(lambda: store_now(a) > made + 1_500, 10, "1.5 s on the store's clock")
+    request_run(a, "e", "short", retention_ms=1_000)
+    assert a.request_clock().pruned_ms > made
+    with pytest.raises(RequestRefused, match="the store pruned the request ids made before then"):
+        request_run(a, "e", new_request_id(made))
+    assert request_run(a, "e", held) == dataclasses.replace(first, created=False)
+
+
+def test_a_request_id_made_before_the_store_lost_its_data_is_refused_never_run_again(stores):
+    """Amnesia (docs/design.md): the store forgot every request; its memory of requests begins
+    again at its next operation, so a UUIDv7 request id made before is refused (it may have run),
+    while an opaque id is a new request (one run while the store holds it: the documented bound)."""
+    a = stores("A")
+    made = a.request_clock().new_id()
+    assert request_run(a, "e", made).created
+    stores.wipe()
+    b = stores("B")
+    with pytest.raises(RequestRefused, match="before the store's memory of run-now requests began"):
+        request_run(b, "e", made)
+    assert b.load_entries().requests == ()
+    assert request_run(b, "e", "ticket-4711").created
+    assert request_run(b, "e", b.request_clock().new_id()).created, "a new id runs"
+
+
+def test_request_ids_are_uuid7_with_the_time_they_were_made():
+    made = {new_request_id(1_796_000_000_123) for _ in range(100)}
+    assert len(made) == 100, "random bits"
+    for text in made:
+        value = uuid.UUID(text)
+        assert (value.version, value.variant, str(value)) == (7, uuid.RFC_4122, text)
+        assert request_id_ms(text) == request_id_ms(text.upper()) == 1_796_000_000_123
+    for opaque in ("ticket-4711", uuid.uuid4().hex, str(uuid.uuid4()), "", text + "x"):
+        assert request_id_ms(opaque) is None, opaque
 
 
 # -- the capability check ----------------------------------------------------------------------

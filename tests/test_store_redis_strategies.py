@@ -8,6 +8,7 @@ settings and waits on the server's clock (``wait_until``), never sleeps.
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import random
 import time
@@ -32,7 +33,7 @@ from celery_anarchon.stores.redis.strategies import (
 from conftest import REDIS_URL, require_server
 from stores_support import StoreMaker, wait_until
 from test_store_redis import redis_maker, round_trips
-from helpers import prepared, req
+from helpers import prepared, req, request_run
 
 KINDS = ("redis-stream-id", "redis-script", "redis-idmp")
 #: every Redis strategy: each is an entry store
@@ -517,7 +518,7 @@ def test_every_write_is_one_script_raising_the_version_and_reads_are_one_round_t
     a.put_entry("e", DEFINITION, by="x", create=True)
     a.set_pause("e", Pause("", "x", 0), by="x")
     a.set_pause("e", None, by="x")
-    a.request_run("e", "r1", a.now_ms(), by="x")
+    request_run(a, "e", "r1", by="x")
     a.remove_entry("e", by="x")
     assert [names for names in sent if names] == [["EVALSHA", "EVALSHA"]] * 5
     sent.clear()
@@ -538,7 +539,7 @@ def test_namespace_keys_share_one_hash_tag_and_carry_no_ttl(every):
     a.put_entry("e", DEFINITION, by="x", create=True)
     a.set_pause("e", Pause("", "x", 0), by="x")
     a.set_pause("gone", None, by="x")             # a cleared record (entries:cleared)
-    a.request_run("e", "r1", a.now_ms(), by="x")
+    request_run(a, "e", "r1", by="x")
     a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
     a.save_fingerprints("d", {"e": "fp"})
     keys = a.namespace_keys
@@ -552,23 +553,27 @@ def test_namespace_keys_share_one_hash_tag_and_carry_no_ttl(every):
 
 
 def test_old_requests_and_expired_instances_are_pruned_by_the_next_write(script):
-    """Run-now requests live as long as the store's memory (here the script window, 1 s; a day
-    when it is unbounded, stream-id); an expired instance record is dropped by the next heartbeat,
-    both on the server's clock."""
+    """Run-now requests are read by beat as long as the store's memory (here the script window,
+    1 s; a day when it is unbounded, stream-id), their ids are kept for the retention (a week by
+    default); an expired instance record is dropped by the next heartbeat, all on the server's
+    clock."""
     a = prepared(script("A", window=1))
     assert a._entries.horizon_ms == 1000
     assert RedisStore(REDIS_URL, namespace="n", instance_id="i",
                       strategy="stream-id")._entries.horizon_ms == DAY_MS
-    first = a.request_run("e", "r1", a.now_ms(), by="x")
+    first = request_run(a, "e", "r1", by="x")
     a.record_instance(InstanceRecord("old", "h", 1, "1", 0, 0, None, 1, ""), 1)
     wait_until(lambda: a.now_ms() > first.requested_ms + 1000, 5, "the window to pass")
     assert [r.request_id for r in a.load_entries().requests] == [], "too old to be loaded"
-    a.request_run("e", "r2", a.now_ms(), by="x")
+    request_run(a, "e", "r2", by="x")
     a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, ""), 60_000)
     server, keys = raw(script), a.namespace_keys
     assert server.hkeys(keys["requests"]) == ["e r2"] and server.zcard(keys["requests:age"]) == 1
+    assert server.zrange(keys["requests:slots"], 0, -1) == ["e r2"]
+    assert sorted(server.hkeys(keys["requests:ids"])) == ["e r1", "e r2"], "kept for the retention"
     assert server.hkeys(keys["instances"]) == ["A"] and server.zcard(keys["instances:expiry"]) == 1
     assert [r.request_id for r in a.load_entries().requests] == ["r2"]
+    assert request_run(a, "e", "r1", by="y") == dataclasses.replace(first, created=False)
 
 
 def test_record_many_writes_what_record_writes_in_one_pipeline(every, monkeypatch):

@@ -3,6 +3,7 @@ concurrent batches, fork safety and timeouts. The store contract itself is in
 test_store_contract.py; these run against the same real servers."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import multiprocessing
 import os
@@ -23,6 +24,7 @@ from celery_anarchon.stores.sql import PostgreSQLStore, SQLiteStore
 
 from conftest import POSTGRES_URL
 from stores_support import StoreMaker, new_tmpdir, store_url, wait_until
+from helpers import request_run
 from test_store_contract import _race, fresh_slot, prepared, req
 
 SQL_STORES = ("sqlite", "postgresql")
@@ -573,3 +575,19 @@ def test_postgresql_durability_options_are_validated(options, words):
 def test_sqlite_has_no_durability_option(tmpdir_path):
     with pytest.raises(ConfigError, match="durability"):
         _open("sqlite:///" + os.path.join(tmpdir_path, "x.sqlite3"), durability="standby")
+
+
+def test_a_database_of_an_earlier_version_takes_run_now_requests_and_keeps_its_old_ones(stores):
+    """A database written before ``anarchon_request_memory`` existed (its run-now requests in
+    ``anarchon_run_requests``): a new process creates the table and finds the old requests by
+    their ids (one run)."""
+    a = prepared(stores("A"))
+    first = request_run(a, "e", "old-1")
+
+    def drop(conn: sa.Connection) -> None:
+        conn.execute(sa.text("DROP TABLE anarchon_request_memory"))
+    a._run("drop the table", drop)
+    b = stores("B")                                        # a new process: checks the schema
+    assert request_run(b, "e", "old-1") == dataclasses.replace(first, created=False)
+    assert request_run(b, "e", "new-1").created
+    assert _rows(b, sql_schema.request_memory) == 1

@@ -14,7 +14,7 @@ from celery_anarchon import ConfigError, install
 from celery_anarchon.plan import build_plan, build_plans, task_id_for
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Memory
-from celery_anarchon.timing import Settings, check_sync_interval, resolve
+from celery_anarchon.timing import Settings, check_request_retention, check_sync_interval, resolve
 
 
 def make_app(**conf):
@@ -237,3 +237,37 @@ def test_a_run_now_claim_must_stay_within_the_store_memory():
         "run (120 s, store option 'memory'), or a late claim could win it a second time. Fix: "
         "lower anarchon_sync_interval (default 5) or set anarchon_store_options['memory'] to at "
         "least 250.")
+
+
+def test_the_request_retention_defaults_to_a_week_and_is_checked_like_the_others():
+    assert Settings.from_app(make_app()).request_retention_s == 7 * 86400
+    assert Settings.from_app(make_app(
+        anarchon_request_retention=timedelta(days=2))).request_retention_s == 2 * 86400
+    for value, expected in [(0, "anarchon_request_retention: 0 s must be more than 0"),
+                            (-1, "anarchon_request_retention: -1 s must be more than 0"),
+                            (1e12, "at most 3.1536e+08 (ten years)"),
+                            ("7d", "'7d' is not a duration")]:
+        with pytest.raises(ConfigError) as info:
+            Settings.from_app(make_app(anarchon_request_retention=value))
+        assert expected in str(info.value) and "anarchon_request_retention" in str(info.value)
+    with pytest.raises(ConfigError, match="did you mean 'anarchon_request_retention'"):
+        Settings.from_app(make_app(anarchon_request_retension=5))
+
+
+def test_request_ids_must_be_kept_longer_than_a_request_can_run():
+    """A request is read for the store's memory and claimed up to 2 x sync + 5 s after its slot:
+    its id must be kept longer (+ the 10-s tolerance), or a retry meanwhile would run again."""
+    check_request_retention(Settings.from_app(make_app()), Memory(3600))
+    check_request_retention(Settings.from_app(make_app(anarchon_request_retention=26)), Memory(None))
+    with pytest.raises(ConfigError) as info:
+        check_request_retention(Settings.from_app(make_app(anarchon_request_retention=24)),
+                                Memory(None))
+    assert "must be at least 25 s" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        check_request_retention(Settings.from_app(make_app(anarchon_request_retention=3000)),
+                                Memory(3600))
+    assert str(info.value) == (
+        "anarchon_request_retention 3000 s must be at least 3610 s: a run-now request is read by "
+        "every instance for the store's memory (3600 s, store option 'memory') and claimed up to "
+        "15 s after its slot, and a retry of its id while it can still run must find it. Fix: "
+        "raise anarchon_request_retention (default 604800 s, a week).")

@@ -14,7 +14,13 @@ An :class:`EntryStore` is an instance store that also keeps, per namespace:
   as canonical JSON text (data, never code: nothing is pickled or evaluated);
 * **pauses**, of any entry, config (``beat_schedule``) or store: a pause is checked inside the
   atomic claim, so it holds at once on every instance, synced or not;
-* **run-now requests**: one extra run of an entry, with its own slot, one per request id.
+* **run-now requests**: one extra run of an entry, with its own slot, one per request id. The
+  store chooses the slot inside the atomic write that records the request (its clock's now,
+  moved past the slots of the entry's other requests and its scheduled slots), and keeps every
+  request id for a retention of its own (``anarchon_request_retention``), apart from the
+  requests young enough to be claimed, which are all :meth:`EntryOps.load_entries` reads.
+  Request ids that carry their creation time (UUIDv7) are refused when made before the store's
+  memory of requests began: the rules are in :mod:`celery_anarchon.stores.run_now`.
 
 Every change to entries, pauses or requests raises the namespace's **entries version**, so an
 instance follows with one cheap read per ``anarchon_sync_interval`` (:meth:`entries_epoch`) and
@@ -47,6 +53,8 @@ from collections.abc import Mapping
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores.base import ClaimStore
+from celery_anarchon.stores.run_now import RequestClock, SlotWindow
+from celery_anarchon.timing import DEFAULT_REQUEST_RETENTION_S
 
 #: The stores that hold entries, pauses and run-now requests, in the words of error messages.
 ENTRY_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
@@ -124,10 +132,12 @@ class RunRequest:
 
     :param entry: the entry's name.
     :param request_id: the caller's id: the same id twice is one request (one run).
-    :param slot_ms: the run's slot, UTC ms (the store's clock at the request; never one of the
-        entry's scheduled slots).
+    :param slot_ms: the run's slot, UTC ms (the store's clock at the request, moved past the
+        entry's scheduled slots and its other requests' slots: no two requests share one).
     :param by: who asked.
     :param requested_ms: when, on the store's clock, UTC ms.
+    :param created: ``True`` when the call that returned it recorded it; ``False`` when it found
+        the request made before with that id (no new run), and in what ``load_entries`` reads.
     """
 
     entry: str
@@ -135,6 +145,7 @@ class RunRequest:
     slot_ms: int
     by: str
     requested_ms: int
+    created: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,8 +260,9 @@ class EntryOps(InstanceOps):
     @abc.abstractmethod
     def load_entries(self) -> EntrySnapshot:
         """Every stored entry, pause and cleared record of the namespace, and the run-now
-        requests younger than the store's memory, with the version, epoch and last accepted
-        loss they were read at (one consistent read)."""
+        requests younger than the store's memory (not every request id the store keeps: those are
+        kept longer, for :meth:`request_run`), with the version, epoch and last accepted loss they
+        were read at (one consistent read)."""
 
     @abc.abstractmethod
     def accept_loss(self, *, by: str) -> int:
@@ -282,9 +294,42 @@ class EntryOps(InstanceOps):
         name's record (cleared when it holds no definition), even when it held nothing."""
 
     @abc.abstractmethod
-    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
-        """Record a run-now request unless one with ``request_id`` exists for ``entry``; return the
-        request as stored (the first one's slot when the id was seen before)."""
+    def request_clock(self) -> RequestClock:
+        """The store's clock and the start of its memory of run-now requests, once that start is
+        noted (a new or wiped store, or a new epoch, begins it now): a new request id is made
+        from it (:meth:`~.run_now.RequestClock.new_id`)."""
+
+    @abc.abstractmethod
+    def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
+                    retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
+        """Record a run-now request of ``entry`` unless the store holds one with ``request_id``,
+        in one atomic write that, in this order:
+
+        1. finds the request of that id (kept for ``retention_ms`` after it was made; in the
+           requests younger than the memory too): it is returned, ``created`` False;
+        2. refuses an id that carries its time (:func:`~.run_now.request_id_ms`) by
+           :meth:`~.run_now.RequestClock.refusal`: made more than ``retention_ms`` ago, before the store's
+           memory start + the lateness tolerance (a new store, a wiped one, a new epoch), before
+           the newest prune of request ids (which notes now - its retention), or more than the
+           tolerance ahead, on the store's clock;
+        3. prunes the requests made more than ``retention_ms`` + the tolerance ago (an id is made
+           at most the tolerance ahead of its request: every id pruned is older than the prune's
+           now - retention);
+        4. chooses the slot: the store's clock now, 1 ms later while it is one of
+           ``window.scheduled`` or the slot of another request of the entry
+           (:meth:`~.run_now.SlotWindow.choose`);
+        5. records the request (the store's clock as ``requested_ms``), raises the entries
+           version and writes the entries epoch when the namespace has none or the server's
+           epoch changed since (as every write of an entry or a pause: module docstring);
+           returns it with ``created`` True.
+
+        :param window: the entry's scheduled slots around the store's clock.
+        :param retention_ms: how long request ids are kept, ms (``anarchon_request_retention``).
+        :raises RequestRefused: step 2 (:func:`~.run_now.request_refusal`); nothing written.
+        :raises SlotWindowPassed: the store's clock is outside ``window``; nothing written.
+        :raises ConfigError: no free millisecond (:func:`~.run_now.no_free_slot`); nothing
+            written.
+        """
 
 
 class InstanceStore(ClaimStore):
@@ -372,9 +417,15 @@ class EntryStore(InstanceStore):
         """:meth:`EntryOps.set_pause`."""
         return self.entry_ops.set_pause(name, pause, by=by)
 
-    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
+    def request_clock(self) -> RequestClock:
+        """:meth:`EntryOps.request_clock`."""
+        return self.entry_ops.request_clock()
+
+    def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
+                    retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
         """:meth:`EntryOps.request_run`."""
-        return self.entry_ops.request_run(entry, request_id, slot_ms, by=by)
+        return self.entry_ops.request_run(entry, request_id, window, by=by,
+                                          retention_ms=retention_ms)
 
 
 def new_epoch_id() -> str:

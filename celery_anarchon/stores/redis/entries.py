@@ -14,8 +14,13 @@ hash ``:store``)::
     :entries:epoch      hash   the entries epoch {id, born: ms, server: the run_id it was
                                written under, accepted: ms, accepted_by}
     :entries:cleared    zset   the names whose record is cleared, scored by the ms it was
-    :requests           hash   "<entry> <request id>" (percent-escaped) -> {e, i, s: slot, b, t}
+    :requests           hash   "<entry> <request id>" (percent-escaped) -> {e, i, s: slot, b, t}:
+                               the requests younger than the memory (what load_entries reads)
     :requests:age       zset   request field scored by its request ms
+    :requests:slots     zset   request field scored by its slot (a new request's slot avoids them)
+    :requests:ids       hash   request field -> the same record, kept for the retention
+    :requests:ids:age   zset   request field scored by its request ms
+    :requests:pruned    string the newest "now - retention" of a prune of :requests:ids
     :instances          hash   instance id -> "<seen ms> <expires ms> <record JSON>"
     :instances:expiry   zset   instance id scored by its expiry ms
     :fingerprints       hash   digest -> JSON {config entry name: fingerprint}
@@ -35,8 +40,11 @@ runs alone. Instance records and fingerprint mappings are not confirmed (a heart
 again within seconds). :meth:`RedisEntries.version` is one GET, and the other
 reads are one MULTI (one consistent read). Every time is the server's ``TIME``: an instance
 record expires on the store's clock. No key carries a TTL: requests (older than the store's
-memory, or a day when it is unbounded), expired instance records and fingerprint mappings no
-heartbeat named for a day are pruned by the scripts that write their kind. Numbers are written as
+memory, or a day when it is unbounded; their ids after the retention the request script is
+given), expired instance records and fingerprint mappings no heartbeat named for a day are
+pruned by the scripts that write their kind. The request script also reads and keeps the
+store-wide note of the claims' scripts (``:store``: epoch and memory start, with the same rules):
+its memory start begins the memory of run-now requests. Numbers are written as
 decimal strings (``%d``), definitions as the caller's JSON text: nothing is pickled or evaluated.
 """
 from __future__ import annotations
@@ -49,16 +57,22 @@ from urllib.parse import quote
 
 import redis
 
+from celery_anarchon._util import LATENESS_TOLERANCE_MS
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    CLEARED_KEEP_MS, EntriesEpoch, EntryOps, EntrySnapshot, InstanceRecord, Pause, RunRequest,
-    StoredEntry, new_epoch_id,
+    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, EntryOps, EntrySnapshot,
+    InstanceRecord, Pause, RunRequest, StoredEntry, new_epoch_id,
+)
+from celery_anarchon.stores.run_now import (
+    EXTRA_SLOT_SEARCH_MS, RequestClock, SlotWindow, SlotWindowPassed, no_free_slot,
+    request_id_ms, request_refusal,
 )
 from celery_anarchon.stores.redis.options import namespace_key_prefix
 
 #: The namespace's keys, by role (``<prefix>:{<namespace>}:<role>``); ``store`` is the store-wide
 #: hash of :data:`~.scripts.STORE_FIELDS`.
-ROLES = ("store", "pauses", "entries", "entries:version", "requests", "requests:age", "instances",
+ROLES = ("store", "pauses", "entries", "entries:version", "requests", "requests:age",
+         "requests:slots", "requests:ids", "requests:ids:age", "requests:pruned", "instances",
          "instances:expiry", "fingerprints", "fingerprints:kept", "entries:epoch",
          "entries:cleared")
 #: The keys of every write of an entry or a pause, in the order its script receives them.
@@ -184,19 +198,86 @@ redis.call('INCR', KEYS[3])
 return cjson.encode({now = int(NOW)})
 """
 
-#: Record a run-now request unless its field exists (then: the first request, unchanged).
-#: KEYS: requests, requests:age, entries:version.
-#: ARGV: field, entry, request id, slot ms, by, horizon ms (older requests are pruned).
-#: Reply: the request's record {e, i, s, b, t}.
-REQUEST_RUN = _PRELUDE + r"""
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if raw then return raw end
-prune(KEYS[1], KEYS[2], '(' .. int(NOW - tonumber(ARGV[6])))
-raw = cjson.encode({e = ARGV[2], i = ARGV[3], s = ARGV[4], b = ARGV[5], t = int(NOW)})
-redis.call('HSET', KEYS[1], ARGV[1], raw)
-redis.call('ZADD', KEYS[2], int(NOW), ARGV[1])
-redis.call('INCR', KEYS[3])
-return raw
+#: The store-wide note as the claims' scripts keep it (:mod:`.scripts`, "Epoch"): a new or wiped
+#: store, or a new server epoch (run_id), begins its memory now. Sets BORN (store ms). KEYS[1]: the
+#: namespace's store-wide hash.
+_NOTE = r"""
+local BORN
+do
+  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+  local note = redis.call('HMGET', KEYS[1], 'epoch', 'born')
+  if not note[1] then
+    redis.call('HSET', KEYS[1], 'epoch', run_id, 'born', int(NOW))
+    BORN = NOW
+  elseif note[1] ~= run_id then
+    redis.call('HSET', KEYS[1], 'epoch', run_id, 'born', int(NOW), 'previous', note[1])
+    BORN = NOW
+  else
+    BORN = tonumber(note[2]) or NOW
+  end
+end
+"""
+
+#: The store's clock once the memory start is noted, with the prune mark (``request_clock``).
+#: KEYS: store, requests:pruned.  Reply: {now, born, pruned}.
+REQUEST_CLOCK = _PRELUDE + _NOTE + r"""
+return cjson.encode({now = int(NOW), born = int(BORN),
+                     pruned = int(tonumber(redis.call('GET', KEYS[2]) or '0'))})
+"""
+
+#: Record a run-now request (EntryOps.request_run, its steps in order): found (the retention's
+#: ids, or the young requests) -> {o: found, r}; an id that carries its time refused
+#: (RequestClock.refusal) -> {o: why, now, born, pruned}; the store's clock outside the caller's
+#: window -> {o: window, now}; pruned; the slot chosen (SlotWindow.choose) or none -> {o: full};
+#: recorded -> {o: new, r}.
+#: KEYS: store, requests, requests:age, requests:slots, requests:ids, requests:ids:age,
+#:   requests:pruned, entries:version.
+#: ARGV: field, entry, request id, by, memory horizon ms (young requests), retention ms, the id's
+#:   time ms ("" : an opaque id), window start ms, window end ms, the window's scheduled slots
+#:   (decimal ms, space-separated), the entry's field prefix ("<escaped entry> "), search ms,
+#:   tolerance ms.
+REQUEST_RUN = _PRELUDE + _NOTE + r"""
+local raw = redis.call('HGET', KEYS[5], ARGV[1]) or redis.call('HGET', KEYS[2], ARGV[1])
+if raw then return cjson.encode({o = 'found', r = raw}) end
+local R, TOL = tonumber(ARGV[6]), tonumber(ARGV[13])
+local pruned = tonumber(redis.call('GET', KEYS[7]) or '0')
+local id_ms = tonumber(ARGV[7])
+if id_ms then
+  local why = nil
+  if id_ms < NOW - R then why = 'retention'
+  elseif id_ms < BORN + TOL then why = 'memory'
+  elseif id_ms < pruned then why = 'pruned'
+  elseif id_ms > NOW + TOL then why = 'ahead' end
+  if why then
+    return cjson.encode({o = why, now = int(NOW), born = int(BORN), pruned = int(pruned)})
+  end
+end
+local start, stop = tonumber(ARGV[8]), tonumber(ARGV[9])
+if NOW < start or NOW > stop then return cjson.encode({o = 'window', now = int(NOW)}) end
+prune(KEYS[5], KEYS[6], '(' .. int(NOW - R - TOL))
+if pruned < NOW - R then redis.call('SET', KEYS[7], int(NOW - R)) end
+prune(KEYS[2], KEYS[3], '(' .. int(NOW - tonumber(ARGV[5])))
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. int(NOW - tonumber(ARGV[5])))
+local blocked = {}
+for slot in string.gmatch(ARGV[10], '%d+') do blocked[tonumber(slot)] = true end
+local taken = redis.call('ZRANGEBYSCORE', KEYS[4], int(NOW), int(stop), 'WITHSCORES')
+local prefix = ARGV[11]
+for i = 1, #taken, 2 do
+  if string.sub(taken[i], 1, #prefix) == prefix then blocked[tonumber(taken[i + 1])] = true end
+end
+local slot = nil
+for candidate = NOW, math.min(stop, NOW + tonumber(ARGV[12]) - 1) do
+  if not blocked[candidate] then slot = candidate break end
+end
+if not slot then return cjson.encode({o = 'full'}) end
+raw = cjson.encode({e = ARGV[2], i = ARGV[3], s = int(slot), b = ARGV[4], t = int(NOW)})
+redis.call('HSET', KEYS[2], ARGV[1], raw)
+redis.call('ZADD', KEYS[3], int(NOW), ARGV[1])
+redis.call('ZADD', KEYS[4], int(slot), ARGV[1])
+redis.call('HSET', KEYS[5], ARGV[1], raw)
+redis.call('ZADD', KEYS[6], int(NOW), ARGV[1])
+redis.call('INCR', KEYS[8])
+return cjson.encode({o = 'new', r = raw})
 """
 
 #: An instance's heartbeat: its record, expiring ttl ms later on the server's clock; drops expired
@@ -224,7 +305,8 @@ return cjson.encode({now = int(NOW)})
 
 #: The entry store's scripts, by the name the store registers them under.
 SCRIPTS = {"entry_put": ENTRY_PUT, "entry_remove": ENTRY_REMOVE, "entry_pause": ENTRY_PAUSE,
-           "entries_accept": ENTRIES_ACCEPT, "request_run": REQUEST_RUN, "instance_record": INSTANCE_RECORD,
+           "entries_accept": ENTRIES_ACCEPT, "request_clock": REQUEST_CLOCK,
+           "request_run": REQUEST_RUN, "instance_record": INSTANCE_RECORD,
            "fingerprints_save": FINGERPRINTS_SAVE}
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
@@ -350,12 +432,37 @@ class RedisEntries(EntryOps):
             "1" if pause else "0", pause.reason if pause else "", pause.by if pause else "", by)
         return _stored(name, reply["r"], reply.get("p"))
 
-    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
-        """Insert-if-absent on (entry, request id); the request as stored."""
-        field = f"{quote(entry, safe='')} {quote(request_id, safe='')}"
-        return _request(self._write(
-            f"run-now {entry!r}", "request_run", ("requests", "requests:age", "entries:version"),
-            field, entry, request_id, int(slot_ms), by, self.horizon_ms))
+    def request_clock(self) -> RequestClock:
+        """The server's ``TIME`` once the store-wide memory start is noted, with the prune mark
+        (one script)."""
+        return _clock(self._write("read the clock for a request id", "request_clock",
+                                  ("store", "requests:pruned")))
+
+    def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
+                    retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
+        """:meth:`EntryStore.request_run` in one script (:data:`REQUEST_RUN`), confirmed as a
+        durable claim is."""
+        prefix = quote(entry, safe="") + " "
+        id_ms = request_id_ms(request_id)
+        reply = self._write(
+            f"run-now {entry!r}", "request_run",
+            ("store", "requests", "requests:age", "requests:slots", "requests:ids",
+             "requests:ids:age", "requests:pruned", "entries:version"),
+            prefix + quote(request_id, safe=""), entry, request_id, by, self.horizon_ms,
+            int(retention_ms), "" if id_ms is None else id_ms, window.start_ms, window.end_ms,
+            " ".join(str(s) for s in sorted(window.scheduled)), prefix, EXTRA_SLOT_SEARCH_MS,
+            LATENESS_TOLERANCE_MS)
+        outcome = reply["o"]
+        if outcome in ("found", "new"):
+            return _request(json.loads(reply["r"]), created=outcome == "new")
+        if outcome == "window":
+            raise SlotWindowPassed(f"{self.where}: run-now of {entry!r}: the store's clock "
+                                   f"{reply['now']} is outside the window {window.start_ms}.."
+                                   f"{window.end_ms}")
+        if outcome == "full":
+            raise no_free_slot(entry)
+        raise request_refusal(entry, request_id, outcome, id_ms=int(id_ms), clock=_clock(reply),
+                              retention_ms=int(retention_ms))
 
     # -- instances, fingerprints --------------------------------------------------------------
     def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
@@ -405,7 +512,12 @@ def _stored(name: str, rec: dict, pause: dict | None) -> StoredEntry:
                        version=int(rec["v"]), updated_ms=int(rec["t"]), updated_by=rec["b"])
 
 
-def _request(rec: dict) -> RunRequest:
+def _clock(reply: dict) -> RequestClock:
+    """A RequestClock from a script's reply ``{now, born, pruned}``."""
+    return RequestClock(int(reply["now"]), int(reply["born"]), int(reply["pruned"]))
+
+
+def _request(rec: dict, created: bool = False) -> RunRequest:
     """A RunRequest from the script's record ``{e, i, s, b, t}``."""
     return RunRequest(entry=rec["e"], request_id=rec["i"], slot_ms=int(rec["s"]), by=rec["b"],
-                      requested_ms=int(rec["t"]))
+                      requested_ms=int(rec["t"]), created=created)

@@ -120,7 +120,8 @@ class SQLStore(LeaseStore, EntryStore):
         self._entries = SQLEntries(namespace=self.namespace, memory_ms=self.memory_ms,
                                    insert=self._insert, run=self._run,
                                    lock_entries=self._lock_entries, now_us=self._now_us,
-                                   server_epoch=self._memory.server_epoch)
+                                   server_epoch=self._memory.server_epoch,
+                                   note_store=self._note_store)
         #: the claim decisions of a batch, a part given what it needs of this store
         self._claims = SQLClaims(
             namespace=self.namespace, instance_id=self.instance_id, memory_s=self.memory_s,

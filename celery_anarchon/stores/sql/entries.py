@@ -25,10 +25,14 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from celery_anarchon._util import LATENESS_TOLERANCE_MS
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    CLEARED_KEEP_MS, EntriesEpoch, EntryOps, EntrySnapshot, InstanceRecord, Pause, RunRequest,
-    StoredEntry, new_epoch_id,
+    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, EntryOps, EntrySnapshot,
+    InstanceRecord, Pause, RunRequest, StoredEntry, new_epoch_id,
+)
+from celery_anarchon.stores.run_now import (
+    RequestClock, SlotWindow, SlotWindowPassed, no_free_slot, request_id_ms, request_refusal,
 )
 from celery_anarchon.stores.sql import schema
 
@@ -47,16 +51,16 @@ def _stored(row: Any) -> StoredEntry:
                        updated_ms=row.updated_ms, updated_by=row.updated_by)
 
 
-def _request(row: Any) -> RunRequest:
+def _request(row: Any, created: bool = False) -> RunRequest:
     return RunRequest(entry=row.entry, request_id=row.request_id, slot_ms=row.slot_ms,
-                      by=row.requested_by, requested_ms=row.requested_ms)
+                      by=row.requested_by, requested_ms=row.requested_ms, created=created)
 
 
 class SQLEntries(EntryOps):
     """The EntryStore operations of one namespace.
 
-    :param memory_ms: the store's memory, ms: run-now requests older than it are not loaded and
-        are pruned.
+    :param memory_ms: the store's memory, ms: run-now requests older than it are not loaded
+        (their ids are kept for the retention :meth:`request_run` is given).
     :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
     :param run: ``run(what, work, *, write=True, isolation=None)``: ``work(conn)`` in one
         transaction of the store, driver errors turned into StoreUnavailable.
@@ -64,12 +68,15 @@ class SQLEntries(EntryOps):
     :param now_us: ``now_us(conn)``: the store's clock, UTC microseconds.
     :param server_epoch: ``server_epoch(conn)``: the server's epoch now (the entries epoch is
         written anew when it changed).
+    :param note_store: ``note_store(conn, claiming=False)``: the namespace's store-wide note
+        (:meth:`.memory.SQLMemory.note_store`; its ``born_ms`` begins the memory of requests).
     """
 
     def __init__(self, *, namespace: str, memory_ms: int, insert: Callable[[sa.Table], Any],
                  run: Callable[..., Any], lock_entries: Callable[..., Any],
                  now_us: Callable[[sa.Connection], int],
-                 server_epoch: Callable[[sa.Connection], str]) -> None:
+                 server_epoch: Callable[[sa.Connection], str],
+                 note_store: Callable[..., Any]) -> None:
         self.namespace = namespace
         self.memory_ms = memory_ms
         self._insert = insert
@@ -77,6 +84,7 @@ class SQLEntries(EntryOps):
         self._lock_entries = lock_entries
         self._now_us = now_us
         self._server_epoch = server_epoch
+        self._note_store = note_store
         self._schema_checked = False
 
     def _run(self, what: str, work: Callable[[sa.Connection], T], **options: Any) -> T:
@@ -101,15 +109,14 @@ class SQLEntries(EntryOps):
         return {r.name: Pause(r.pause_reason or "", r.pause_by or "", r.pause_at_ms) for r in rows}
 
     def prune(self, conn: sa.Connection, now: int) -> int:
-        """Delete run-now requests older than the memory, expired instance records,
-        fingerprints unused for FINGERPRINTS_KEEP_MS and cleared records older than
-        CLEARED_KEEP_MS. :returns: rows deleted."""
-        rq, inst, fp = schema.run_requests, schema.instances, schema.fingerprints
+        """Delete expired instance records, fingerprints unused for FINGERPRINTS_KEEP_MS and
+        cleared records older than CLEARED_KEEP_MS (run-now requests are pruned by
+        :meth:`request_run`, after their retention). :returns: rows deleted."""
+        inst, fp = schema.instances, schema.fingerprints
         t = schema.schedule_entries
         cleared = sa.and_(t.c.definition.is_(None), t.c.pause_at_ms.is_(None),
                           t.c.updated_ms < now - CLEARED_KEEP_MS)
-        return (conn.execute(sa.delete(rq).where(rq.c.requested_ms < now - self.memory_ms)).rowcount
-                + conn.execute(sa.delete(inst).where(inst.c.expires_ms < now)).rowcount
+        return (conn.execute(sa.delete(inst).where(inst.c.expires_ms < now)).rowcount
                 + conn.execute(sa.delete(fp).where(fp.c.used_ms < now - FINGERPRINTS_KEEP_MS)).rowcount
                 + conn.execute(sa.delete(t).where(cleared)).rowcount)
 
@@ -255,23 +262,65 @@ class SQLEntries(EntryOps):
             return _stored(self._read(conn, name))
         return self._write("pause an entry" if pause else "resume an entry", name, op)
 
-    def request_run(self, entry: str, request_id: str, slot_ms: int, *, by: str) -> RunRequest:
-        """Insert the request unless ``(entry, request_id)`` exists; the stored one is returned.
-        Only a new request raises the entries version."""
-        rq = schema.run_requests
+    def _request_clock(self, conn: sa.Connection, *, born: int | None = None,
+                       lock: bool = False) -> RequestClock:
+        """The namespace's memory start (``born``, else noted now by
+        :meth:`.memory.SQLMemory.note_store`: a new or wiped store, a new epoch begin it now), its
+        prune mark (``lock``: its row locked) and the clock."""
+        mem = schema.request_memory
+        if born is None:
+            born = self._note_store(conn, claiming=False).born_ms
+        query = sa.select(mem.c.pruned_ms).where(mem.c.namespace == self.namespace)
+        pruned = conn.execute(query.with_for_update() if lock else query).scalar()
+        return RequestClock(self._now_us(conn) // 1000, born, pruned or 0)
+
+    def request_clock(self) -> RequestClock:
+        """:meth:`EntryStore.request_clock`, in one transaction."""
+        return self._run("read the clock for a request id", self._request_clock)
+
+    def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
+                    retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
+        """:meth:`EntryStore.request_run` in one transaction that notes the store-wide memory
+        start, locks the entry's row (the lock its claims take: two requests of one entry are
+        serialized), then the namespace's row of ``anarchon_request_memory``, and raises the
+        entries version last (the lock order of every write)."""
+        rq, mem = schema.run_requests, schema.request_memory
+        retention_ms = int(retention_ms)
+        id_ms = request_id_ms(request_id)
+        key = (rq.c.namespace == self.namespace, rq.c.entry == entry)
 
         def work(conn: sa.Connection) -> RunRequest:
-            now = self._now_us(conn) // 1000
-            inserted = conn.execute(self._insert(rq).values(
-                namespace=self.namespace, entry=entry, request_id=request_id, slot_ms=int(slot_ms),
-                requested_by=by, requested_ms=now,
-            ).on_conflict_do_nothing(index_elements=("namespace", "entry", "request_id"))
-                .returning(rq.c.slot_ms)).first()
-            if inserted is not None:
-                self._bump(conn)
-            return _request(conn.execute(sa.select(rq).where(
-                rq.c.namespace == self.namespace, rq.c.entry == entry,
-                rq.c.request_id == request_id)).one())
+            born = self._note_store(conn, claiming=False).born_ms     # lock order: first
+            self._lock_entries(conn, [entry])
+            found = conn.execute(sa.select(rq).where(*key, rq.c.request_id == request_id)).first()
+            if found is not None:
+                return _request(found)
+            clock = self._request_clock(conn, born=born, lock=True)
+            now = clock.now_ms
+            why = None if id_ms is None else clock.refusal(id_ms, retention_ms)
+            if why is not None:
+                raise request_refusal(entry, request_id, why, id_ms=id_ms, clock=clock,
+                                      retention_ms=retention_ms)
+            if not window.covers(now):
+                raise SlotWindowPassed(f"run-now of {entry!r}: the store's clock {now} is outside "
+                                       f"the window {window.start_ms}..{window.end_ms}")
+            conn.execute(sa.delete(rq).where(
+                rq.c.namespace == self.namespace,
+                rq.c.requested_ms < now - retention_ms - LATENESS_TOLERANCE_MS))
+            if clock.pruned_ms < now - retention_ms:
+                ins = self._insert(mem).values(namespace=self.namespace, pruned_ms=now - retention_ms)
+                conn.execute(ins.on_conflict_do_update(index_elements=("namespace",),
+                                                       set_={"pruned_ms": ins.excluded.pruned_ms}))
+            taken = set(conn.execute(sa.select(rq.c.slot_ms).where(
+                *key, rq.c.slot_ms.between(now, window.end_ms))).scalars())
+            slot = window.choose(now, taken)
+            if slot is None:
+                raise no_free_slot(entry)
+            conn.execute(sa.insert(rq).values(namespace=self.namespace, entry=entry,
+                                              request_id=request_id, slot_ms=slot,
+                                              requested_by=by, requested_ms=now))
+            self._bump(conn)
+            return RunRequest(entry, request_id, slot, by, now, created=True)
         return self._run("request a run", work)
 
     def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:

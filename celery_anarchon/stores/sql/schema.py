@@ -31,8 +31,13 @@ The entry store (:mod:`celery_anarchon.stores.entry_store`, :mod:`.entries`):
   transaction of every write to entries, pauses or run-now requests; the entries epoch (an id,
   when it began and the server's epoch it was written under: renewed when that changed) and the
   last accepted loss (docs/design.md "Amnesia").
-* ``anarchon_run_requests``: run-now requests, one per (entry, request id); pruned after the
-  store's memory.
+* ``anarchon_run_requests``: run-now requests, one per (entry, request id), pruned by age after
+  the ``anarchon_request_retention`` of the caller that writes the next request (+ the lateness
+  tolerance); the engine reads only those younger than the store's memory (by
+  ``requested_ms``).
+* ``anarchon_request_memory``: one row per namespace: ``pruned_ms``, the newest "now - retention"
+  of a prune of run-now requests: a request id made before it may have been pruned, so one that
+  carries its time is refused (with the store-wide memory start, ``anarchon_stores.born_ms``).
 * ``anarchon_instances``: each live beat's heartbeat (JSON fields), until ``expires_ms``.
 * ``anarchon_fingerprints``: digest -> JSON mapping entry -> fingerprint; ``used_ms`` is
   refreshed by each heartbeat naming the digest, and it is pruned a day after its last use.
@@ -151,6 +156,12 @@ run_requests = sa.Table(
     sa.Column("requested_by", _TEXT, nullable=False),
     sa.Column("requested_ms", _MS, nullable=False),
     sa.Index("anarchon_run_requests_requested", "namespace", "requested_ms"),
+)
+
+request_memory = sa.Table(
+    "anarchon_request_memory", metadata,
+    sa.Column("namespace", _TEXT, primary_key=True),
+    sa.Column("pruned_ms", _MS, nullable=False),         # request ids made before may be pruned
 )
 
 instances = sa.Table(
