@@ -201,14 +201,27 @@ def accept_loss(ctx, by, as_json):
 
 @anarchon.command(name="run-now", cls=CeleryCommand)
 @click.argument("name")
-@click.option("--request-id", help="Your id of this request: the same id twice runs once.")
+@click.option("--request-id", help="The id of this request (default: a new one, printed): the "
+                                   "same id again is the same request, one run.")
 @click.option("--by", help="Who asks (default user@host:pid).")
 @click.option("--json", "as_json", is_flag=True, help="Print the request as JSON.")
 @click.pass_context
 def run_now(ctx, name, request_id, by, as_json):
     """Run entry NAME once more, now (claimed like any run; the schedule does not move)."""
     from celery_anarchon import cli_commands
-    cli_commands.run_now(ctx.obj.app, name, request_id, by, as_json)
+    cli_commands.run_now(ctx.obj.app, name, request_id, by, as_json, command=_typed(ctx))
+
+
+def _typed(ctx) -> str:
+    """How the operator ran ``anarchon``, for a command to print: the program as Click names it
+    (``celery``) and ``-A`` as given (on the command line or in ``CELERY_APP``)."""
+    import shlex
+    root = ctx.find_root()
+    app = root.params.get("app")
+    words = [root.info_name or "celery"]
+    if isinstance(app, str) and app:
+        words += ["-A", shlex.quote(app)]
+    return " ".join([*words, "anarchon"])
 
 
 @anarchon.command(name="list", cls=CeleryCommand)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shlex
 from collections.abc import Iterator
 
 import click
@@ -207,14 +208,36 @@ def accept_loss(app, by: str | None, as_json: bool) -> None:
                    "is at its next sync")
 
 
-def run_now(app, name: str, request_id: str | None, by: str | None, as_json: bool) -> None:
+def run_now(app, name: str, request_id: str | None, by: str | None, as_json: bool,
+            command: str = "celery anarchon") -> None:
+    """``run-now``: the request's id (given, or a new one of the store's clock) is printed with
+    the command that repeats the same request; a repeat says so (no new run); a store error
+    says the outcome is unknown and prints that command.
+
+    :param command: how the operator ran ``anarchon`` (``celery -A proj anarchon``), for the
+        printed command.
+    """
     with _schedules(app) as s:
-        request = s.run_now(name, request_id, by=by)
+        if request_id is None:
+            request_id = s.new_request_id()            # an error here: nothing was requested
+        again = (f"{command} run-now {shlex.quote(name)} --request-id "
+                 f"{shlex.quote(request_id)}")
+        try:
+            request = s.run_now(name, request_id, by=by)
+        except StoreError as exc:
+            raise StoreError(f"{exc}; the outcome is unknown: repeat the same request (one run, "
+                             f"never two): {again}") from exc
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(request), sort_keys=True))
+    elif request.created:
+        click.echo(f"run-now {name}: new request {request.request_id}, slot "
+                   f"{iso(request.slot_ms)}, by {request.by} at {iso(request.requested_ms)}")
+        click.echo(f"to repeat this request if its outcome is ever in doubt (one run, never two): "
+                   f"{again}")
     else:
-        click.echo(f"run-now {name}: request {request.request_id}, slot {iso(request.slot_ms)}, "
-                   f"by {request.by} at {iso(request.requested_ms)}")
+        click.echo(f"run-now {name}: request {request.request_id} was already requested at "
+                   f"{iso(request.requested_ms)} by {request.by}: no new run (its slot "
+                   f"{iso(request.slot_ms)})")
 
 
 def _table(rows: list[tuple[str, ...]]) -> None:

@@ -141,10 +141,15 @@ class StatusSource:
     def act(self, action: str, name: str, fields: dict[str, str], by: str) -> dict:
         """Pause, resume or run ``name`` now; returns the entry (or the request) as JSON values.
 
-        :param fields: ``reason`` (pause), ``request_id`` (run-now).
+        :param fields: ``reason`` (pause), ``request_id`` (run-now: the page makes one per
+            click; default a new one of the store's clock).
+        :returns: run-now: the request (:class:`~celery_anarchon.stores.entry_store.RunRequest`
+            as JSON values; ``created`` False: made before, no new run).
         :raises UnknownEntry: no entry of that name.
-        :raises ConfigError: the store cannot hold pauses (NATS, RabbitMQ), or bad input.
-        :raises StoreError: the store is unreachable (the outcome is unknown; retry).
+        :raises ConfigError: the store cannot hold pauses (NATS, RabbitMQ), or bad input
+            (``RequestRefused``: a request id the store can no longer vouch for).
+        :raises StoreError: the store is unreachable (the outcome is unknown; retry; a run-now's
+            carries its ``request_id``, to repeat).
         """
         import dataclasses
 
@@ -154,7 +159,8 @@ class StatusSource:
                 return s.pause(name, fields.get("reason", ""), by=by).as_json()
             if action == "resume":
                 return s.resume(name, by=by).as_json()
-            return dataclasses.asdict(s.run_now(name, fields.get("request_id") or None, by=by))
+            request_id = fields.get("request_id") or s.new_request_id()
+            return dataclasses.asdict(s.run_now(name, request_id, by=by))
 
     def close(self) -> None:
         """Close the store."""
@@ -236,7 +242,13 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
         except ConfigError as exc:
             return _error(JSONResponse, 400, str(exc))
         except StoreError as exc:
-            return _error(JSONResponse, 503, f"{exc} (the outcome is unknown: retry)")
+            request_id = getattr(exc, "request_id", None)
+            if request_id is None:
+                return _error(JSONResponse, 503, f"{exc} (the outcome is unknown: retry)")
+            return JSONResponse({"error": f"{exc}; the outcome of run-now request {request_id} is "
+                                          f"unknown: repeat it with request_id={request_id} (one "
+                                          "run, never two).", "request_id": request_id},
+                                status_code=503, headers=headers())
         return JSONResponse({"action": action, "entry": name, "result": done}, headers=headers())
 
     def _error(response, status: int, message: str):
@@ -281,7 +293,7 @@ def render_page(data: dict | None, *, error: str | None = None, actions: bool = 
                       if shown["page"] < shown["pages"] else None),
              "all": page_link(params, q=None, page=None) if shown["query"] else None}
     return _template().render(
-        data=data, error=error, actions=actions, nonce=nonce,
+        data=data, error=error, actions=actions, nonce=nonce, store_ms=_store_ms(data),
         refresh_ms=int(refresh_interval(refresh_s, 0.0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
         classes=COLOURS, skips=recent_skips(data), shown=shown, links=links,
         kept={k: v for k, v in params.items() if k != "q"}, lost_fix=_lost_fix())
@@ -318,6 +330,16 @@ async def _form(request) -> dict[str, str]:
             return {}
     parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
     return {k: v[0] for k, v in parsed.items()}
+
+
+def _store_ms(data: dict) -> int | None:
+    """The store's clock when the status data was read, UTC ms (``None``: not known): the
+    page's script makes run-now request ids of it."""
+    import datetime
+    try:
+        return round(datetime.datetime.fromisoformat(data["store"]["clock"]).timestamp() * 1000)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _when(value) -> str:

@@ -216,3 +216,33 @@ def test_status_shows_the_live_instances_of_a_store_that_keeps_no_entries(namesp
     data = json.loads(ok(cli(url, namespace, "status", "--json")))
     assert data["instance_records"] and [i["instance_id"] for i in data["instances"]] == ["i-nats"]
 
+
+UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+def test_run_now_prints_its_request_id_the_retry_command_and_says_a_repeat_runs_nothing(
+        tmp_path, namespace):
+    """``run-now`` without ``--request-id`` makes an id, prints it and the command that repeats
+    the same request (with ``-A`` as typed); that command, or any repeat of a ``--request-id``,
+    says the request was made before, when and by whom, and that no new run comes of it."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    out = ok(cli(url, namespace, "run-now", "config-entry", "--by", "ops"))
+    (made,) = set(UUID7.findall(out))
+    assert f"run-now config-entry: new request {made}" in out, out
+    retry = f"-m celery -A cli_app anarchon run-now config-entry --request-id {made}"
+    assert retry in out, out
+    again = ok(cli(url, namespace, "run-now", "config-entry", "--request-id", made, "--by", "dev"))
+    assert re.search(rf"run-now config-entry: request {made} was already requested at "
+                     r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00 by ops: no new run", again), again
+    first = ok(cli(url, namespace, "run-now", "config-entry", "--request-id", "ticket-4711"))
+    assert "run-now config-entry: new request ticket-4711" in first, first
+    repeat = ok(cli(url, namespace, "run-now", "config-entry", "--request-id", "ticket-4711"))
+    assert "request ticket-4711 was already requested at" in repeat and "no new run" in repeat
+    as_json = json.loads(ok(cli(url, namespace, "run-now", "config-entry", "--request-id",
+                                "ticket-4711", "--json")))
+    assert as_json["request_id"] == "ticket-4711" and as_json["created"] is False
+    # a store that cannot be reached: the outcome of a request is unknown, the retry is printed
+    down = "redis://127.0.0.1:1/0"
+    failed = cli(down, namespace, "run-now", "config-entry", "--request-id", "ticket-4712")
+    fails(failed, 1, "the outcome is unknown",
+          "-A cli_app anarchon run-now config-entry --request-id ticket-4712")

@@ -16,8 +16,10 @@ token given, the page makes one and prints it once.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -104,6 +106,24 @@ def browser():
         yield driver
     finally:
         driver.quit()
+
+
+#: a run-now request id as the page makes it: a UUIDv7
+UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+#: the page's next POST reaches its server, but its answer never reaches the page
+LOSE_FIRST_ANSWER = """
+var real = window.fetch, lost = false;
+window.fetch = function (url, options) {
+  var answer = real(url, options);
+  if (lost || !options || options.method !== "POST") return answer;
+  lost = true;
+  return answer.then(function () { throw new TypeError("the answer was lost"); });
+};"""
+
+
+def _message(driver) -> str:
+    from selenium.webdriver.common.by import By
+    return driver.find_element(By.ID, "message").text
 
 
 def _entry_row(driver, name: str):
@@ -211,6 +231,31 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
         if not SCREENSHOT.exists() or os.environ.get("ANARCHON_UPDATE_SCREENSHOT") == "1":
             shutil.copyfile(shot, SCREENSHOT)
         run.phase("page")
+
+        # run now from the page, whose first answer is lost on the way back (the request reached
+        # the store, the page never heard): the page keeps the click's request id and says the
+        # outcome is unknown; the next click repeats that same request: no new run
+        browser.get(base + "/?refresh=0")
+        browser.execute_script(LOSE_FIRST_ANSWER)
+        button = "button[data-action=run-now]"
+        _entry_row(browser, TRICKY).find_element(By.CSS_SELECTOR, button).click()
+        WebDriverWait(browser, 10).until(lambda d: "is unknown" in _message(d))
+        (made,) = UUID7.findall(_message(browser))
+        assert "click run now again to repeat this same request" in _message(browser)
+        _entry_row(browser, TRICKY).find_element(By.CSS_SELECTOR, button).click()
+        WebDriverWait(browser, 10).until(lambda d: "no new run" in _message(d))
+        assert f"run-now {TRICKY}: request {made} was already requested at " in _message(browser)
+        (request,) = [r for r in api.store.load_entries().requests if r.entry == TRICKY]
+        assert request.request_id == made and request.by.startswith("web:127.0.0.1@"), request
+        _entry_row(browser, TRICKY).find_element(By.CSS_SELECTOR, button).click()
+        WebDriverWait(browser, 10).until(lambda d: "new request" in _message(d))
+        (other,) = UUID7.findall(_message(browser))
+        assert other != made, "a new click, a new request"
+        requested = {request.slot_ms} | {r.slot_ms for r in api.store.load_entries().requests
+                                         if r.request_id == other}
+        run.wait(lambda: requested <= {x["slot"] for x in run.runs(TRICKY)}, 2 * 1 + 5 + 5,
+                 "both run-now runs of the store entry")
+        run.phase("run-now")
         for name in BEATS:
             cluster.stop(name)
         run.wait(lambda: not queued_messages(env["ANARCHON_SC_QUEUE"]), 15,
@@ -225,6 +270,8 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
                  if x["entry"] == "clock" and x["slot"] > done_ms]
     assert not ran_after, f"slots of clock after the pause ran: {ran_after}\n{logs}"
     assert any(x["entry"] == "clock" for x in read_executions(out))
+    ran = collections.Counter(x["slot"] for x in read_executions(out) if x["entry"] == TRICKY)
+    assert len(requested) == 2 and all(ran[slot] == 1 for slot in requested), (requested, ran)
     print(f"web test: {time.monotonic() - began:.1f} s; phases "
           + ", ".join(f"{k} {v:.1f}" for k, v in run.costs.items()))
 
@@ -277,9 +324,19 @@ def test_without_actions_posts_are_refused_and_no_password_is_shown(tmp_path, na
         assert http(f"{open_base}/api/entries/config-entry/resume", data=b"", headers=form)[0] == 200
         status, body = http(f"{open_base}/api/entries/config-entry/run-now",
                             data=b"request_id=ticket-1", headers=form)
-        assert status == 200 and json.loads(body)["result"]["request_id"] == "ticket-1", body
+        first = json.loads(body)["result"]
+        assert status == 200 and first["request_id"] == "ticket-1" and first["created"], body
+        status, body = http(f"{open_base}/api/entries/config-entry/run-now",
+                            data=b"request_id=ticket-1", headers=form)
+        assert status == 200 and json.loads(body)["result"] == {**first, "created": False}, body
+        status, body = http(f"{open_base}/api/entries/config-entry/run-now", data=b"", headers=form)
+        made = json.loads(body)["result"]
+        assert status == 200 and made["created"] and UUID7.fullmatch(made["request_id"]), body
         requests = json.loads(http(open_base + "/api/status")[1])["run_now"]
-        assert [r["request_id"] for r in requests] == ["ticket-1"], requests
+        assert [r["request_id"] for r in requests] == ["ticket-1", made["request_id"]], requests
+        page = http(open_base + "/")[1]
+        store_ms = int(re.search(r'<main id="status" data-store-ms="(\d+)"', page).group(1))
+        assert abs(store_ms - made["requested_ms"]) < 60_000, "the store's clock, for the page's ids"
         status, body = http(f"{open_base}/api/entries/no-such-entry/pause", data=b"",
                             headers={TOKEN_HEADER: token})
         assert status == 404 and "no-such-entry" in json.loads(body)["error"], body
