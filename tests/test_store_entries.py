@@ -477,6 +477,27 @@ def test_a_write_under_another_server_epoch_starts_a_new_entries_epoch(stores):
     assert now.epoch not in ("", first.epoch) and now.version == 3, (first, now)
 
 
+def test_a_run_now_request_writes_the_entries_epoch_as_every_entry_write_does(stores):
+    """A request raises the entries version, so it writes the entries epoch as a pause does: into
+    a namespace that holds none, and anew after the server's own epoch changed. A request that
+    raised the version under the old epoch would hide a loss: an instance that knew (epoch,
+    version) before a failover that lost its last write sees the same pair again after the
+    request (a lost write, one new), so it loads neither the loss nor the request."""
+    a, b = stores("A"), stores("B")
+    request_run(a, "cfg", "r1")
+    first = b.entries_epoch()
+    assert first.epoch and first.version == 1, "the namespace's first write writes an epoch"
+    request_run(a, "cfg", "r2")
+    assert b.entries_epoch() == EntriesEpoch(first.epoch, 2), "the same server: the same epoch"
+    _written_under_another_server(a)
+    assert not request_run(a, "cfg", "r1").created
+    assert b.entries_epoch() == EntriesEpoch(first.epoch, 2), "a request found writes nothing"
+    request_run(a, "cfg", "r3")
+    now = b.entries_epoch()
+    assert now.epoch not in ("", first.epoch) and now.version == 3, (first, now)
+    assert b.load_entries().epoch == now.epoch
+
+
 def test_a_resume_or_a_removal_leaves_a_record_newer_than_what_it_cleared(stores):
     """So that an instance that keeps a pause or a store entry from before a loss can tell the
     operator's resume or removal written since from the loss itself."""

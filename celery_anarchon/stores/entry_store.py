@@ -29,8 +29,9 @@ loads everything only when it moved (:meth:`load_entries`).
 **Amnesia** (docs/design.md "Amnesia"). A store can lose what it held: a Redis restarted without
 persistence, dropped tables, a restored backup, a promoted replica that missed writes. So that an
 instance can tell, the store keeps per namespace an **entries epoch**: an id written with the
-first write of an entry or a pause into a namespace that holds none, and written anew when the
-server's own epoch changed since (Redis ``run_id``, PostgreSQL system identifier and timeline,
+first write of an entry, a pause or a run-now request (every write that raises the entries
+version) into a namespace that holds none, and written anew when the server's own epoch changed
+since (Redis ``run_id``, PostgreSQL system identifier and timeline,
 SQLite file inode: a restart, a failover, a replaced file). An epoch that vanished or changed, or
 a version lower than one seen before (an older copy), means the store may have lost writes. A
 resume and a removal leave the name's record **cleared** (no definition, no pause; pruned after

@@ -27,11 +27,12 @@ hash ``:store``)::
     :fingerprints:kept  zset   digest scored by the ms until which it is kept
 
 Every write of an entry, a pause or a request is one Lua script that raises ``:entries:version``
-in the same script (atomic with the write); a write of an entry or a pause also writes the
-entries epoch when there is none or the server's ``run_id`` changed since (a restart or a
-failover: docs/design.md "Amnesia"), and a resume or a removal leaves the name's record cleared
-(pruned after :data:`~celery_anarchon.stores.entry_store.CLEARED_KEEP_MS`). Each write is confirmed as a durable claim is: the store's
-``durability`` (WAIT / WAITAOF pipelined after it, with the ``confirm_write`` script of
+in the same script (atomic with the write) and writes the entries epoch when there is none or
+the server's ``run_id`` changed since (a restart or a failover: docs/design.md "Amnesia"; a
+version raised under the old epoch would hide the loss from an instance), and a resume or a
+removal leaves the name's record cleared (pruned after
+:data:`~celery_anarchon.stores.entry_store.CLEARED_KEEP_MS`). Each write is confirmed as a
+durable claim is: the store's ``durability`` (WAIT / WAITAOF pipelined after it, with the ``confirm_write`` script of
 :mod:`.scripts` counting the replicas by the claims' rule). One the master applied but did not
 confirm within ``confirm_timeout`` raises :class:`~celery_anarchon.errors.StoreError`: the change
 may be lost if the master fails over now (a pause lost so would let the promoted replica run the
@@ -115,22 +116,29 @@ local function keep(zset, member, until_ms)
 end
 """
 
+#: The entries epoch, kept by every script that raises the entries version (the writes of
+#: entries and pauses, an accepted loss, a run-now request).
+_EPOCH = r"""
+-- the entries epoch (hash epoch_key): written when the namespace has none, or anew (new_id) when
+-- the server's run_id changed since it was written (a restart or a failover: writes may have
+-- been lost)
+local function renew_entries_epoch(epoch_key, new_id)
+  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+  local rec = redis.call('HMGET', epoch_key, 'id', 'server')
+  if not rec[1] or rec[2] ~= run_id then
+    redis.call('HSET', epoch_key, 'id', new_id, 'born', int(NOW), 'server', run_id)
+  end
+end
+"""
+
 #: The writes of entries and pauses (KEYS: :data:`WRITE_ROLES`; ARGV[1] the name, the last two
 #: ARGV a new epoch id and the ms a cleared record is kept): the entries epoch, and the record
 #: of one name kept or cleared.
-_WRITE_PRELUDE = _PRELUDE + r"""
+_WRITE_PRELUDE = _PRELUDE + _EPOCH + r"""
 local EPOCH, CLEARED = KEYS[4], KEYS[5]
 local NEW_EPOCH, CLEARED_KEEP_MS = ARGV[#ARGV - 1], tonumber(ARGV[#ARGV])
 
--- the entries epoch: written when the namespace has none, or anew when the server's run_id
--- changed since it was written (a restart or a failover: writes may have been lost)
-local function entries_epoch()
-  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
-  local rec = redis.call('HMGET', EPOCH, 'id', 'server')
-  if not rec[1] or rec[2] ~= run_id then
-    redis.call('HSET', EPOCH, 'id', NEW_EPOCH, 'born', int(NOW), 'server', run_id)
-  end
-end
+local function entries_epoch() renew_entries_epoch(EPOCH, NEW_EPOCH) end
 
 -- write the record of name (cleared: it holds neither definition nor pause, kept CLEARED_KEEP_MS
 -- so that instances that keep what they knew from before a loss see it), pruning old cleared ones
@@ -229,14 +237,15 @@ return cjson.encode({now = int(NOW), born = int(BORN),
 #: ids, or the young requests) -> {o: found, r}; an id that carries its time refused
 #: (RequestClock.refusal) -> {o: why, now, born, pruned}; the store's clock outside the caller's
 #: window -> {o: window, now}; pruned; the slot chosen (SlotWindow.choose) or none -> {o: full};
-#: recorded -> {o: new, r}.
+#: recorded, the entries version raised and the entries epoch kept as every write of an entry
+#: or a pause keeps it -> {o: new, r}.
 #: KEYS: store, requests, requests:age, requests:slots, requests:ids, requests:ids:age,
-#:   requests:pruned, entries:version.
+#:   requests:pruned, entries:version, entries:epoch.
 #: ARGV: field, entry, request id, by, memory horizon ms (young requests), retention ms, the id's
 #:   time ms ("" : an opaque id), window start ms, window end ms, the window's scheduled slots
 #:   (decimal ms, space-separated), the entry's field prefix ("<escaped entry> "), search ms,
-#:   tolerance ms.
-REQUEST_RUN = _PRELUDE + _NOTE + r"""
+#:   tolerance ms, a new entries epoch id.
+REQUEST_RUN = _PRELUDE + _EPOCH + _NOTE + r"""
 local raw = redis.call('HGET', KEYS[5], ARGV[1]) or redis.call('HGET', KEYS[2], ARGV[1])
 if raw then return cjson.encode({o = 'found', r = raw}) end
 local R, TOL = tonumber(ARGV[6]), tonumber(ARGV[13])
@@ -277,6 +286,7 @@ redis.call('ZADD', KEYS[4], int(slot), ARGV[1])
 redis.call('HSET', KEYS[5], ARGV[1], raw)
 redis.call('ZADD', KEYS[6], int(NOW), ARGV[1])
 redis.call('INCR', KEYS[8])
+renew_entries_epoch(KEYS[9], ARGV[14])
 return cjson.encode({o = 'new', r = raw})
 """
 
@@ -447,11 +457,11 @@ class RedisEntries(EntryOps):
         reply = self._write(
             f"run-now {entry!r}", "request_run",
             ("store", "requests", "requests:age", "requests:slots", "requests:ids",
-             "requests:ids:age", "requests:pruned", "entries:version"),
+             "requests:ids:age", "requests:pruned", "entries:version", "entries:epoch"),
             prefix + quote(request_id, safe=""), entry, request_id, by, self.horizon_ms,
             int(retention_ms), "" if id_ms is None else id_ms, window.start_ms, window.end_ms,
             " ".join(str(s) for s in sorted(window.scheduled)), prefix, EXTRA_SLOT_SEARCH_MS,
-            LATENESS_TOLERANCE_MS)
+            LATENESS_TOLERANCE_MS, new_epoch_id())
         outcome = reply["o"]
         if outcome in ("found", "new"):
             return _request(json.loads(reply["r"]), created=outcome == "new")
