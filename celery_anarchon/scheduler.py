@@ -16,11 +16,13 @@ import copy
 import logging
 import os
 import sys
+import threading
 import time
 
 import click
-from celery import beat
-from kombu.exceptions import EncodeError
+from celery import beat, signals
+from kombu.exceptions import EncodeError, OperationalError
+from kombu.serialization import SerializerNotInstalled
 from kombu.utils.objects import cached_property
 
 from celery_anarchon import entry_json
@@ -57,6 +59,20 @@ BATCH_COMMANDS_PER_MESSAGE = 12
 #: socket timeout (seconds) of beat's own Redis broker connection when the broker's transport
 #: options set none: without one a publish to a broker that stopped answering blocks beat forever
 BROKER_SOCKET_TIMEOUT_S = 10.0
+
+
+#: per thread: whether a publish began since :meth:`Scheduler._send` cleared it. Set by Celery's
+#: ``before_task_publish`` signal (sent right before any producer publishes a task message) and
+#: by beat's own producer's ``publish``: either is proof enough that a write may have begun
+_PUBLISHING = threading.local()
+
+
+def _publish_begins(**_signal) -> None:
+    _PUBLISHING.began = True
+
+
+signals.before_task_publish.connect(_publish_begins, weak=False,
+                                    dispatch_uid="celery_anarchon.scheduler.publish_begins")
 
 
 def _stderr_is_logged() -> bool:
@@ -387,7 +403,16 @@ class Scheduler(beat.Scheduler):
 
     @cached_property
     def producer(self):
-        return self.Producer(self._ensure_connected(), auto_declare=False)
+        """Beat's producer; its ``publish`` notes that a publish began (:data:`_PUBLISHING`): an
+        error raised before that wrote nothing (see :meth:`_send`)."""
+        producer = self.Producer(self._ensure_connected(), auto_declare=False)
+        publish = producer.publish
+
+        def noted_publish(*args, **kwargs):
+            _PUBLISHING.began = True
+            return publish(*args, **kwargs)
+        producer.publish = noted_publish
+        return producer
 
     def _ensure_connected(self):
         """Connect to the broker without blocking the tick for long (Celery's default retries up
@@ -464,10 +489,16 @@ class Scheduler(beat.Scheduler):
     def _send(self, plan, slot_ms: int, attempt: int, token: int | None, task_id: str) -> None:
         """Publish one won run with its task id and headers (the engine's send callback).
 
+        An error raised before kombu's ``Producer.publish`` began (Celery building the message:
+        an option it refuses, a queue missing from ``task_queues``, arguments the task's
+        signature refuses) wrote nothing: it is a plain failure, and it leaves the send batch to
+        the other runs (only a connection error there marks the batch broken).
+
         :raises SendOutcomeUnknown: the publish broke off after it began: the broker may hold
             the message, so it must not be published again.
-        :raises Exception: nothing was published (the broker could not be reached, the arguments
-            cannot be serialized); the engine retries until max_late.
+        :raises Exception: nothing was published (the broker could not be reached, Celery
+            refused the message, the arguments cannot be serialized); the engine retries until
+            max_late, then records ``send_failed``.
         """
         entry = plan.entry
         options = copy.deepcopy(plan.celery_options)
@@ -503,6 +534,7 @@ class Scheduler(beat.Scheduler):
         if logger.isEnabledFor(logging.INFO):
             logger.info("Scheduler: Sending due task %s (%s) slot %s attempt %d", plan.name,
                         entry.task, iso(slot_ms), attempt)
+        _PUBLISHING.began = False
         try:
             task = self.app.tasks.get(entry.task)
             if task is not None:
@@ -511,7 +543,14 @@ class Scheduler(beat.Scheduler):
                 self.app.send_task(entry.task, args, kwargs, producer=producer, **options)
         except Exception as exc:
             stopped = self._closing or _exit_requested(exc)
-            if isinstance(exc, (EncodeError, TypeError)) and not stopped:
+            if not stopped and not getattr(_PUBLISHING, "began", True):
+                if _connection_error(exc, producer):   # the connection is suspect: dropped
+                    if batch is not None:
+                        batch.broken = True
+                    else:
+                        self._drop_connection()
+                raise                     # before the publish: nothing was written
+            if isinstance(exc, (EncodeError, SerializerNotInstalled, TypeError)) and not stopped:
                 raise                     # the message could not be built: nothing was written
             if batch is not None:         # the connection is dropped when the batch ends
                 batch.broken = True
@@ -521,6 +560,22 @@ class Scheduler(beat.Scheduler):
                 raise SendOutcomeUnknown(f"beat was stopped during the publish ({exc!r})") from exc
             raise SendOutcomeUnknown(f"{type(exc).__name__}: {exc}") from exc
         self._broker_used_at = time.monotonic()
+
+
+def _connection_error(exc: Exception, producer) -> bool:
+    """Whether ``exc`` is an error of the broker connection or channel (kombu's
+    ``OperationalError``, an ``OSError``, the driver's errors the transport lists in
+    ``connection_errors`` / ``channel_errors``), not a refusal of the message itself. Python's
+    own exception classes in those lists (the Redis transport lists ``KeyError``) are left out:
+    Celery raises them for a bad message (a queue missing from ``task_queues``)."""
+    errors: tuple = (OperationalError, OSError)
+    try:
+        connection = producer.connection
+        listed = tuple(connection.connection_errors) + tuple(connection.channel_errors)
+    except Exception:              # no connection to ask: the generic errors only
+        listed = ()
+    errors += tuple(cls for cls in listed if cls.__module__ != "builtins")
+    return isinstance(exc, errors)
 
 
 class _Batch:

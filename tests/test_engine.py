@@ -325,6 +325,62 @@ def test_a_publish_that_broke_off_is_not_published_again(sqlite_url, namespace, 
     assert any("publish broke off" in r.getMessage() for r in caplog.records)
 
 
+def test_a_send_refused_before_anything_was_written_fails_alone_and_delays_no_other(
+        sqlite_url, namespace):
+    """A real Redis broker and store, beat's own send and send batch: three runs due in one
+    tick, the middle one's options name a queue Celery refuses before it publishes anything
+    (task_create_missing_queues off). The other two go out in that tick's batch (on the broker,
+    recorded sent); the middle one is not recorded send_unknown (nothing was published): it is
+    tried again alone and, once max_late passed, recorded send_failed."""
+    from kombu import Queue
+
+    from celery_anarchon import Scheduler
+    require_server(REDIS_URL, "Redis")
+    queue = f"q-{namespace}"
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(
+        broker_url=REDIS_URL.rsplit("/", 1)[0] + "/8", anarchon_store_url=sqlite_url,
+        anarchon_namespace=namespace, task_create_missing_queues=False,
+        task_queues=[Queue(queue)], task_default_queue=queue,
+        beat_schedule={name: {"task": "proj.t", "schedule": 60.0, "options": {
+            **options, "anarchon": {"jitter": 0, "max_late": 120}}}
+            for name, options in (("a", {}), ("b", {"queue": "nowhere"}), ("c", {}))})
+    scheduler = Scheduler(app)
+    backdate_memory_start(scheduler.store, ["a", "b", "c"], 120_000)
+    clock, mono = Clock(), Clock(time.monotonic)
+    engine = Engine(scheduler.store, scheduler.engine.plans, instance_id="A", namespace=namespace,
+                    send=scheduler._send, send_batch=scheduler._send_batch, clock=clock,
+                    monotonic=mono, rng=random.Random(7))
+    try:
+        engine.tick()                      # start-up: each entry's newest slot, in one batch
+        history = {name: scheduler.store.history(name) for name in "abc"}
+        slot = history["a"][0].slot_ms
+        with app.connection_for_read() as conn:
+            delivered = []
+            consumer = conn.SimpleQueue(queue)
+            while True:
+                try:
+                    message = consumer.get(timeout=0.5)
+                except consumer.Empty:
+                    break
+                message.ack()
+                delivered.append(message.headers["anarchon_entry"])
+            consumer.close()
+        assert sorted(delivered) == ["a", "c"]
+        assert [h.event for h in history["a"]] == [RunEvent.SENT]
+        assert [h.event for h in history["c"]] == [RunEvent.SENT], "a bad send delayed another"
+        assert [h.event for h in history["b"]] == [RunEvent.CLAIMED], "nothing was published"
+        assert engine.stats["send_unknown"] == 0 and engine.stats["sent"] == 2
+        assert list(engine.sends.retrying) == [("b", slot)]
+        clock.offset += 121                 # max_late passed: the send failed for good
+        mono.offset += 121
+        engine.tick()
+        [failed] = [h for h in scheduler.store.history("b") if h.slot_ms == slot]
+        assert failed.event is RunEvent.SEND_FAILED and "nowhere" in failed.detail
+    finally:
+        scheduler.close()
+
+
 def test_a_stopped_engine_sends_nothing_more_it_wins(sqlite_url, namespace, harnesses):
     """close() in the middle of a tick's sends (beat's SIGTERM handler): the rest is not sent."""
     def send_then_stop(plan, slot_ms, attempt, token, task_id):
