@@ -1,6 +1,6 @@
 """Leaf helpers: time formatting, clock skew, URL masking, option validation, and the store-side
 values the timing rules need. The bottom layer: it imports nothing of ours but
-:mod:`celery_anarchon.errors`.
+:mod:`celery_anarchon.errors` and the bounds of :mod:`celery_anarchon.limits`.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from urllib.parse import unquote_plus
 
 from celery_anarchon.errors import ConfigError
+from celery_anarchon.limits import LAST_SLOT_MS, MAX_DURATION_S, duration_bound, shown_value
 
 #: Lease stores refuse a run whose slot is older than max_late + this, or further than this in
 #: the future, on the store's clock (docs/design.md "Timing": store-side lateness tolerance).
@@ -54,9 +55,19 @@ class Memory:
 
 # -- time ------------------------------------------------------------------------------------------
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def iso(ms: int) -> str:
-    """UTC ms as ISO 8601 with milliseconds (``2026-01-01T00:00:00.000+00:00``), for logs."""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    """UTC ms as ISO 8601 with milliseconds (``2026-01-01T00:00:00.000+00:00``), for logs and
+    views. Never raises: an instant outside the years 1 to 9999 (a value an older version
+    stored) is shown as ``<ms> ms since the Unix epoch``."""
+    if -62_135_596_800_000 <= ms <= LAST_SLOT_MS:
+        try:
+            return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+        except (OverflowError, ValueError, TypeError):
+            pass
+    return f"{ms} ms since the Unix epoch"
 
 
 # -- clocks ----------------------------------------------------------------------------------------
@@ -187,39 +198,52 @@ def store_option(name: str) -> str:
     return f"anarchon_store_options[{name!r}]"
 
 
-def duration(value: Any, what: str) -> float:
-    """``value`` (int, float or timedelta) as seconds >= 0; ``what`` names it in the error
-    (a Celery setting or an entry's option: the timing rules' validator).
+def duration(value: Any, what: str, *, maximum: float = MAX_DURATION_S,
+             fix: str = "give a shorter duration, in seconds") -> float:
+    """``value`` (int, float or timedelta) as seconds from 0 to ``maximum``; ``what`` names it in
+    the error (a Celery setting or an entry's option: the timing rules' validator).
 
-    :raises ConfigError: not a number or a timedelta, not finite, or negative.
+    :param maximum: the most it may be, seconds (default
+        :data:`~celery_anarchon.limits.MAX_DURATION_S`, 100 years; an anchor takes
+        :data:`~celery_anarchon.limits.LAST_SLOT_S`).
+    :param fix: the fix the error of a value above ``maximum`` gives.
+    :raises ConfigError: not a number or a timedelta, not finite, negative, or more than
+        ``maximum``.
     """
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = float(value)
+        try:
+            result = float(value)
+        except OverflowError:           # an int too large for a float
+            result = math.inf
     else:
         raise ConfigError(f"{what}: {value!r} is not a duration; give seconds (int or float) or a "
                           "datetime.timedelta")
-    if not math.isfinite(result) or result < 0:
+    if math.isnan(result) or result < 0:
         raise ConfigError(f"{what}: {value!r} must be a finite number of seconds >= 0")
+    if result > maximum:
+        raise ConfigError(f"{what}: {shown_value(value)} s is more than {duration_bound(maximum)}, "
+                          f"the most it may be; fix: {fix}")
     return result
 
 
 def seconds(name: str, value: Any, *, minimum: float | None = None, why: str = "") -> float:
     """Store option ``name`` as seconds: an int, float or timedelta, finite, > 0 (or
-    >= ``minimum``).
+    >= ``minimum``) and at most :data:`~celery_anarchon.limits.MAX_DURATION_S` (100 years).
 
     :param why: appended to the error after ``; `` (e.g. the server's own limit).
     :raises ConfigError: naming the option, the value and the rule.
     """
     number = value.total_seconds() if isinstance(value, timedelta) else value
     bad = (isinstance(number, bool) or not isinstance(number, (int, float))
-           or not math.isfinite(number)
+           or number > MAX_DURATION_S or not math.isfinite(number)
            or (number <= 0 if minimum is None else number < minimum))
     if bad:
         rule = "> 0" if minimum is None else f">= {minimum:g}"
         raise ConfigError(f"{store_option(name)} = {value!r}: must be a number of seconds {rule} "
-                          f"(int, float or timedelta){'; ' + why if why else ''}")
+                          f"and at most {duration_bound(MAX_DURATION_S)} (int, float or "
+                          f"timedelta){'; ' + why if why else ''}")
     return float(number)
 
 

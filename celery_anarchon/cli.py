@@ -35,6 +35,10 @@ class JSONValue(click.ParamType):
     def convert(self, value, param, ctx):
         if not isinstance(value, str):
             return value
+        from celery_anarchon import limits
+        if limits.text_too_deep(value):      # json.loads would recurse past Python's limit
+            self.fail(f"the JSON is nested more than {limits.MAX_DEPTH} levels deep (lists and "
+                      "objects within each other); fix: flatten the data", param, ctx)
         try:
             parsed = json.loads(value)
         except ValueError as exc:

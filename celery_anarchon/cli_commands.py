@@ -61,7 +61,8 @@ def _schedules(app) -> Iterator[Schedules]:
 
 
 def _number(value: float) -> int | float:
-    return int(value) if float(value).is_integer() else value
+    """A whole number of seconds as an int (exactly: a larger float, 1e+308, stays one)."""
+    return int(value) if float(value).is_integer() and abs(value) < 2 ** 53 else value
 
 
 def _schedule_of(flags: dict) -> dict | None:

@@ -19,6 +19,7 @@ import click
 from celery_anarchon import entry_json, testing
 from celery_anarchon._tz import zone_name
 from celery_anarchon._util import iso
+from celery_anarchon.limits import LAST_SLOT_MS
 from celery_anarchon.cli_commands import (
     EXIT_FAILURE, _exit_codes, _open, _table, import_task_modules,
 )
@@ -27,7 +28,7 @@ from celery_anarchon.app_store import make_instance_id, open_app_store, resolve_
 from celery_anarchon.leases import is_installed
 from celery_anarchon.overview import dumps, lost_lines, overview, run_json
 from celery_anarchon.plan import EntryPlan
-from celery_anarchon.schedule_api import check_task
+from celery_anarchon.schedule_api import check_task, normal_name
 from celery_anarchon.slots import CronSlots
 from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 from celery_anarchon.timing import Settings, check_sync_interval
@@ -35,6 +36,8 @@ from celery_anarchon.timing import Settings, check_sync_interval
 #: ``--since`` durations: ``90s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w``
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
 _UNIT_S = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
+#: 0001-01-01T00:00:00Z, UTC ms: the first instant a date holds
+_FIRST_MS = -62_135_596_800_000
 
 
 # -- status -------------------------------------------------------------------------------------
@@ -181,12 +184,20 @@ def parse_since(text: str, now_ms: int, *, option: str = "--since", sign: int = 
 
     :param option: the option's name in the error message.
     :param sign: -1: a duration is before ``now_ms`` (``--since``); +1: after it (``--after``).
-    :raises click.BadParameter: neither, with examples of both, or an instant out of range.
+    :raises click.BadParameter: neither, with examples of both, or an instant outside the years
+        1 to 9999.
     """
     value = text.strip()
     if value and _DURATION.sub("", value) == "":
         seconds = sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(value))
-        return now_ms + sign * int(seconds * 1000)
+        at_ms = now_ms + sign * seconds * 1000
+        if not _FIRST_MS <= at_ms <= LAST_SLOT_MS:      # inf included
+            when = "before the year 1" if sign < 0 else "after the year 9999"
+            raise click.BadParameter(
+                f"{text!r} {'ago' if sign < 0 else 'from now'} is {when}; fix: give a shorter "
+                "duration, or an ISO 8601 time such as 2026-03-29T00:00:00Z",
+                param_hint=f"'{option}'")
+        return int(at_ms)
     try:
         at = datetime.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
         if at.tzinfo is None:
@@ -209,7 +220,9 @@ def parse_after(text: str, now_ms: int) -> int:
 
 
 def history(app, entry: str, since: str | None, limit: int | None, as_json: bool) -> None:
-    """``history ENTRY``: every run the store remembers of ``entry``, newest first."""
+    """``history ENTRY``: every run the store remembers of ``entry`` (its name in Unicode NFC,
+    as beat records it), newest first."""
+    entry = normal_name(entry)
     with _exit_codes():
         settings, store = _open(app)
         try:
@@ -495,11 +508,9 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
                 raise click.BadParameter(f"{after!r} is outside the years 1-9999",
                                          param_hint="'--after'") from None
             plan = testing.plan_of(app, entry, store=store)
-            try:
+            try:   # the entry is valid (plan_of): what fails here is a slot past the year 9999
                 slots = testing.next_slots(app, entry, n, after=start, store=store)
-            except (OverflowError, ValueError) as exc:
-                if isinstance(exc, ConfigError):
-                    raise
+            except (OverflowError, ValueError):
                 raise ConfigError(f"entry {entry!r}: its next {n} slots after {start.isoformat()} "
                                   "go past the year 9999; fix: give an earlier --after, or a "
                                   "smaller -n") from None

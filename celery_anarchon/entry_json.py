@@ -22,8 +22,11 @@ nothing is pickled or evaluated. The form::
 * ``{"solar": "sunrise", "lat": 48.85, "lon": 2.35}``: Celery's solar (needs ``ephem``).
 
 The canonical text (:func:`canonical`) is ``json.dumps(obj, sort_keys=True, separators=(",", ":"))``:
-the same definition gives the same text on every host. :func:`parse` checks a definition and
-builds the entry; the timing rules (docs/design.md "Timing") are then applied by
+the same definition gives the same text on every host. It is at most
+:data:`~celery_anarchon.limits.MAX_DEFINITION_BYTES` (64 KiB: every beat reads every definition at
+each change of the store's entries) and nests at most :data:`~celery_anarchon.limits.MAX_DEPTH`
+(100) levels, checked before any parser recurses. :func:`parse` checks a definition and builds
+the entry; the timing rules (docs/design.md "Timing") are then applied by
 :func:`celery_anarchon.plan.build_plan`, with the same messages as at start-up.
 """
 from __future__ import annotations
@@ -40,7 +43,7 @@ from celery import beat
 from celery import schedules as celery_schedules
 from celery.exceptions import ImproperlyConfigured
 
-from celery_anarchon import slots
+from celery_anarchon import limits, slots
 from celery_anarchon._tz import did_you_mean, zone_name
 from celery_anarchon.errors import ConfigError
 
@@ -100,16 +103,48 @@ def canonical(obj: dict | str, *, name: str = "") -> str:
 
     :param name: the entry's name, for the error message.
     :raises ConfigError: the value is not JSON (a Python object, NaN or infinity, a key that is
-        not a string).
+        not a string), nests more than :data:`~celery_anarchon.limits.MAX_DEPTH` levels (found
+        before serializing it), or its text is longer than
+        :data:`~celery_anarchon.limits.MAX_DEFINITION_BYTES`.
     """
     if isinstance(obj, (str, bytes)):
         obj = _load(name, obj)
+    _check_depth(name, obj)
     try:
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"entry {name!r}: the definition is not JSON ({exc}); fix: give only "
                           "strings, numbers, booleans, null, lists and objects with string keys "
                           "(dates as ISO text or seconds)") from None
+    _check_size(name, len(text))        # ASCII (ensure_ascii): one byte a character
+    return text
+
+
+def _check_depth(name: str, obj: Any) -> None:
+    """Refuse a definition that nests more than :data:`~celery_anarchon.limits.MAX_DEPTH`
+    levels, naming the key that does (found without recursion)."""
+    if not limits.too_deep(obj):
+        return
+    deep = [key for key, value in obj.items() if limits.too_deep(value, limits.MAX_DEPTH - 1)] \
+        if isinstance(obj, dict) else []
+    where = deep[0] if deep else None
+    raise ConfigError(_too_deep(name, "the definition" if where is None else f"key {where!r}"))
+
+
+def _too_deep(name: str, what: str) -> str:
+    return (f"entry {name!r}: {what} is nested more than {limits.MAX_DEPTH} levels deep (lists "
+            "and objects within each other; the definition itself is one); fix: flatten the data "
+            "(the limit keeps every JSON parser and serializer, Celery's too, within its "
+            "recursion limit)")
+
+
+def _check_size(name: str, size: int) -> None:
+    if size > limits.MAX_DEFINITION_BYTES:
+        raise ConfigError(
+            f"entry {name!r}: the definition is {size:,} bytes of JSON, more than "
+            f"{limits.MAX_DEFINITION_BYTES:,} (64 KiB, the limit of a stored definition: every "
+            "beat reads every definition at each change of the store's entries); fix: pass a "
+            "reference (an id, a path, a URL) in args or kwargs instead of the data itself")
 
 
 def _no_constant(text: str):
@@ -117,7 +152,12 @@ def _no_constant(text: str):
 
 
 def _load(name: str, text: str | bytes) -> Any:
-    """The JSON values of ``text`` (NaN and Infinity refused, as :func:`canonical` refuses them)."""
+    """The JSON values of ``text`` (NaN and Infinity refused, as :func:`canonical` refuses them;
+    its size and nesting checked before it is parsed)."""
+    _check_size(name, len(text) if isinstance(text, bytes) or text.isascii()
+                else len(text.encode("utf-8", "surrogatepass")))
+    if limits.text_too_deep(text):
+        raise ConfigError(_too_deep(name, "the definition"))
     try:
         return json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
@@ -137,11 +177,22 @@ def _zone(name: str, key: str, value: Any) -> zoneinfo.ZoneInfo:
                  "(zoneinfo.available_timezones()), or leave it out for the app's timezone")
 
 
+#: the longest period a ``timedelta`` (and so Celery's interval schedule) holds, seconds
+_LONGEST_TIMEDELTA_S = datetime.timedelta.max.total_seconds()
+
+
 def _every(name: str, sched: dict, app) -> celery_schedules.schedule:
     every = sched["every"]
     if not _is_number(every) or every <= 0:
         raise _error(name, "schedule.every", every, "not a number of seconds > 0",
                      'give the period in seconds, e.g. {"every": 60}')
+    if every > _LONGEST_TIMEDELTA_S:    # (a shorter period's slots: plan.build_plan)
+        raise _error(name, "schedule.every", every,
+                     "its next slot would come after the year 9999, the last year a slot can "
+                     "have (dates, ISO 8601 times and the stores' clocks end there)",
+                     'give a shorter period, e.g. {"every": 86400} for daily runs (a crontab '
+                     'runs yearly at most: {"crontab": {"minute": "0", "hour": "0", '
+                     '"day_of_month": "1", "month_of_year": "1"}})')
     return celery_schedules.schedule(datetime.timedelta(seconds=every), app=app)
 
 
@@ -152,6 +203,9 @@ def _every(name: str, sched: dict, app) -> celery_schedules.schedule:
 _SHARED_CRONTABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: at most this many distinct crontabs are shared per app
 MAX_SHARED_CRONTABS = 10_000
+#: what Celery's crontab raises for a field it cannot parse (its ParseException is no ValueError:
+#: an empty field, for one)
+_CRONTAB_ERRORS = (ValueError, TypeError, KeyError, celery_schedules.ParseException)
 
 def _crontab(name: str, sched: dict, app) -> celery_schedules.crontab:
     fields = sched["crontab"]
@@ -170,11 +224,11 @@ def _crontab(name: str, sched: dict, app) -> celery_schedules.crontab:
         return shared[key]
     try:
         result = celery_schedules.crontab(**fields, app=app)
-    except (ValueError, TypeError, KeyError) as exc:
+    except _CRONTAB_ERRORS as exc:
         for field, value in fields.items():  # name the field Celery refuses alone, if one
             try:
                 celery_schedules.crontab(**{field: value})
-            except (ValueError, TypeError, KeyError) as field_exc:
+            except _CRONTAB_ERRORS as field_exc:
                 raise _error(name, f"schedule.crontab.{field}", value,
                              f"Celery's crontab refuses it ({field_exc})",
                              "write the field in crontab syntax within its range: minute 0-59, "
@@ -316,8 +370,8 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
 def _seconds(value: Any) -> Any:
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        return int(value)               # (exactly: a larger float stays one, e.g. 1e+308)
     return value
 
 
@@ -411,6 +465,8 @@ def anarchon_json(ours: dict | None) -> dict:
 
 
 def _json_value(value: Any) -> Any:
+    if limits.too_deep(value):          # json.dumps would recurse past Python's limit
+        return {"repr": f"(nested more than {limits.MAX_DEPTH} levels deep)"}
     try:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError):

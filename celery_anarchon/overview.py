@@ -11,20 +11,17 @@ an exception: a status view must show an outage, not fail on it; what only the s
 """
 from __future__ import annotations
 
-import datetime
 import json
 import time
 import weakref
 from collections.abc import Callable, Mapping
-
-from celery import beat
 
 from celery_anarchon import entry_json
 from celery_anarchon._tz import zone_name
 from celery_anarchon._util import iso
 from celery_anarchon.engine.instances import clash_fix
 from celery_anarchon.errors import ConfigError, StoreError
-from celery_anarchon.plan import EntryPlan, build_plan
+from celery_anarchon.plan import EntryPlan, build_plan, config_entry
 from celery_anarchon.schedule_api import CONFIG, STORE, Schedules, ScheduledEntry, config_items
 from celery_anarchon.slots import CronSlots
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
@@ -205,11 +202,11 @@ def _config_items(app) -> dict:
 
 def _celery_entry(app, scheduled: ScheduledEntry, config: Mapping, stored_text: str | None):
     """The Celery ``ScheduleEntry`` of one listed entry, or ``None`` (a pause of a name neither
-    ``beat_schedule`` nor the store defines)."""
+    ``beat_schedule`` nor the store defines).
+
+    :raises ConfigError: Celery cannot build it, or its definition is invalid."""
     if scheduled.source == CONFIG and scheduled.name in config:
-        now = datetime.datetime.now(datetime.timezone.utc)
-        return beat.ScheduleEntry(**{"last_run_at": now, **config[scheduled.name],
-                                     "name": scheduled.name, "app": app})
+        return config_entry(scheduled.name, config[scheduled.name], app=app)
     if scheduled.source == STORE and stored_text is not None:
         return entry_json.parse(scheduled.name, stored_text, app=app)
     if scheduled.source == CONFIG and entry_json.is_storable(scheduled.definition or {}):
@@ -241,7 +238,9 @@ def _lease(store: ClaimStore, plan: EntryPlan | None, runs: list[HistoryRecord])
 
 class _Planned:
     """What an entry's definition gives, whatever the time: its plan (or the rule it breaks),
-    zone and schedule in words, and its next slots while they stand."""
+    zone and schedule in words, and its next slots while they stand. Nothing an entry's
+    definition holds makes it raise: any failure is the entry's ``problem`` (one broken entry is
+    a problem row; the others are shown)."""
 
     __slots__ = ("plan", "problem", "timezone", "schedule", "next_from", "next")
 
@@ -257,13 +256,15 @@ class _Planned:
             if celery_entry is not None:
                 self.plan = build_plan(scheduled.name, celery_entry, app=app, settings=settings,
                                        store=store)
-        except ConfigError as exc:
-            self.problem = str(exc)
-        if self.plan is not None:
-            self.timezone = _timezone(self.plan, app)
-            if "schedule" in definition:   # a crontab in the app's zone: name the zone
-                self.schedule = entry_json.describe_schedule(definition["schedule"],
-                                                             default_zone=self.timezone)
+            if self.plan is not None:
+                self.timezone = _timezone(self.plan, app)
+                if "schedule" in definition:   # a crontab in the app's zone: name the zone
+                    self.schedule = entry_json.describe_schedule(definition["schedule"],
+                                                                 default_zone=self.timezone)
+        except StoreError:
+            raise
+        except Exception as exc:   # ConfigError, or what a schedule class of the user's raised
+            self.plan, self.problem = None, _problem(scheduled.name, exc)
 
     def next_slots(self, now_ms: int, count: int) -> list[str]:
         """The ``count`` slots after ``now_ms`` (ISO), computed again only once the first of
@@ -274,11 +275,24 @@ class _Planned:
                     and self.next_from <= now_ms and (not self.next or now_ms < self.next[0][0]))
         if not standing:
             slot, slots = now_ms, []
-            for _ in range(count):
-                slot = self.plan.slots.next_after(slot)
-                slots.append((slot, iso(slot)))
+            try:
+                for _ in range(count):
+                    slot = self.plan.slots.next_after(slot)
+                    slots.append((slot, iso(slot)))
+            except Exception as exc:   # a slot past the year 9999, a schedule class's error
+                self.problem = _problem(self.plan.name, exc)
+                self.plan = None
+                return []
             self.next_from, self.next = now_ms, slots
         return [text for _, text in self.next]
+
+
+def _problem(name: str, exc: Exception) -> str:
+    """An entry's problem from what building or reading its plan raised: a ConfigError's
+    message, else the exception named with the entry."""
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    return f"entry {name!r}: {type(exc).__name__}: {exc}"
 
 
 def _definition_key(scheduled: ScheduledEntry, stored_text: str | None) -> tuple:
@@ -522,11 +536,9 @@ def _config_listed(app) -> list[ScheduledEntry]:
     """The ``beat_schedule`` entries as listed entries (a store without entries, or one that
     cannot be read)."""
     listed = []
-    now = datetime.datetime.now(datetime.timezone.utc)
     for name, item in sorted(_config_items(app).items()):
         try:
-            data = entry_json.from_entry(beat.ScheduleEntry(
-                **{"last_run_at": now, **item, "name": name, "app": app}))
+            data = entry_json.from_entry(config_entry(name, item, app=app))
         except Exception:  # a broken entry: its problem comes from build_plan
             data = {"task": item.get("task"), "schedule": {"repr": repr(item.get("schedule"))}}
         listed.append(ScheduledEntry(name, CONFIG, data))

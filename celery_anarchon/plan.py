@@ -6,16 +6,20 @@ entry fails beat before anything is sent (docs/design.md "Timing", "Slots", poin
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
+import numbers
 import re
+import time
 import uuid
 from typing import Any, Callable
 
+from celery import beat
 from celery import schedules as celery_schedules
 
+from celery_anarchon import limits, task_options, timing
 from celery_anarchon import slots as slot_math
-from celery_anarchon import timing
 from celery_anarchon._util import duration
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.leases import is_installed
@@ -93,15 +97,29 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store
         passes one dict for all its entries; the JSON of each of 100,000 entries is a second).
     :param warn: told each warning of an allowed but unwise setting (:func:`timing.resolve`);
         default: logged.
-    :raises ConfigError: naming the entry, the value and the fix.
+    :param name: the entry's name, as every boundary gives it: in Unicode NFC
+        (:func:`~celery_anarchon.limits.entry_name`; :func:`build_plans` normalizes the names of
+        ``beat_schedule``, the schedules API those it is given).
+    :raises ConfigError: naming the entry, the value and the fix: its name (too long, a control
+        or format character, not in NFC: a store entry an older version wrote), its schedule
+        (a slot past the year 9999 too), its timing, its ``apply_async`` options
+        (:func:`celery_anarchon.task_options.check`).
     """
+    if limits.entry_name(name) != name:
+        raise ConfigError(
+            f"entry name {limits.shown(name)} is not in Unicode NFC (normalization form C): names "
+            "are normalized to it wherever they are given, so this one (a store entry an older "
+            "version wrote) could not be paused or run by its name; fix: remove it (celery "
+            "anarchon remove finds it by its exact name) and add it again")
     ours, celery_options = timing.split_entry_options(name, entry.options)
+    task_options.check(name, celery_options)
     schedule = entry.schedule
     if schedule is None:
         raise ConfigError(f"entry {name!r} has no 'schedule'; give a number of seconds, a "
                           "timedelta, a crontab, a solar or celery_anarchon.cron(...)")
-    if "producer" in celery_options:
-        raise ConfigError(f"entry {name!r}: options['producer'] is set by beat; remove it")
+    for key in ("producer", "publisher", "connection"):   # beat publishes on its own
+        if key in celery_options:
+            raise ConfigError(f"entry {name!r}: options[{key!r}] is set by beat; remove it")
     anchor_s = None
     if "anchor" in ours:
         if not _is_interval(schedule):
@@ -111,8 +129,14 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store
         if hasattr(anchor, "timestamp") and getattr(anchor, "tzinfo", None) is not None:
             anchor_s = anchor.timestamp()
         else:
-            anchor_s = duration(anchor, f"entry {name!r}: options['anarchon']['anchor']")
+            anchor_s = duration(anchor, f"entry {name!r}: options['anarchon']['anchor']",
+                                maximum=limits.LAST_SLOT_S,
+                                fix="give an instant before the year 10000 (seconds since the "
+                                    "Unix epoch, or an aware datetime), or a shift of less than "
+                                    "one period")
     slots = slot_math.slots_for(schedule, entry=name, app_timezone=app.timezone, anchor_s=anchor_s)
+    if isinstance(slots, slot_math.IntervalSlots):   # its next slot before the year 9999
+        slots.next_after(int(time.time() * 1000))
     entry_timing = timing.resolve(name, {k: v for k, v in ours.items() if k != "anchor"}, settings,
                                   shortest_gap_s=slots.shortest_gap_ms / 1000,
                                   memory=store.memory, is_interval=_is_interval(schedule),
@@ -151,15 +175,26 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store
 
 
 def build_plans(entries: dict, *, app, settings: timing.Settings, store: Store) -> dict[str, EntryPlan]:
-    """Plans of every entry; every problem of every entry is reported at once.
+    """Plans of every entry; every problem of every entry is reported at once. The names are
+    normalized to Unicode NFC (the plans are keyed and claimed by that form), and two names
+    equal once normalized are refused: every host and the store would take them for one.
 
     :raises ConfigError: one message listing each misconfigured entry.
     """
-    plans, problems, known = {}, [], {}
+    plans, problems, known, given = {}, [], {}, {}
     for name, entry in entries.items():
         try:
-            plans[name] = build_plan(name, entry, app=app, settings=settings, store=store,
-                                     known=known)
+            normal = limits.entry_name(name)
+            if normal in given:
+                first = given[normal]
+                raise ConfigError(
+                    f"entries {first!r} and {name!r} of beat_schedule ({ascii(first)} and "
+                    f"{ascii(name)}) are the same name once normalized (Unicode NFC: the same "
+                    "characters written two ways), which every host and the store take for one "
+                    "entry; fix: rename one of them")
+            given[normal] = name
+            plans[normal] = build_plan(normal, entry, app=app, settings=settings, store=store,
+                                       known=known)
         except ConfigError as exc:
             problems.append(str(exc))
     if len(problems) == 1:
@@ -170,3 +205,37 @@ def build_plans(entries: dict, *, app, settings: timing.Settings, store: Store) 
     return plans
 
 
+def config_entry(name: str, item: dict, *, app, entry_cls: type = beat.ScheduleEntry):
+    """A ``beat_schedule`` item as Celery's entry, the way beat builds it; an item Celery cannot
+    build is a ConfigError naming the entry, what is wrong and the fix.
+
+    :raises ConfigError: an unknown key, a schedule Celery cannot use (text, a number too large
+        for a ``timedelta``), or whatever else Celery refuses (its message quoted).
+    """
+    try:
+        return entry_cls(**{"last_run_at": datetime.datetime.now(datetime.timezone.utc), **item,
+                            "name": name, "app": app})
+    except Exception as exc:           # what Celery raises is not ours to choose
+        raise cannot_build(name, item, exc) from None
+
+
+def cannot_build(name: str, item: Any, exc: Exception) -> ConfigError:
+    """The error of a ``beat_schedule`` item Celery could not build (``exc``), naming the entry,
+    what is wrong and the fix: a schedule given as text, a number of seconds no ``timedelta``
+    holds, else Celery's own words and the keys it takes."""
+    schedule = item.get("schedule") if isinstance(item, dict) else None
+    where = f"entry {limits.shown(name) if isinstance(name, str) else repr(name)}"
+    if isinstance(schedule, str):
+        return slot_math.text_schedule_error(name, schedule)
+    if isinstance(schedule, numbers.Real) and isinstance(exc, OverflowError):
+        return ConfigError(
+            f"{where}: every {schedule:g} s: its next slot would come after the year 9999, the "
+            "last year a slot can have (dates, ISO 8601 times and the stores' clocks end there); "
+            "fix: give a shorter period (a crontab runs yearly at most: crontab(0, 0, "
+            "day_of_month=1, month_of_year=1))")
+    keys = sorted(item, key=str) if isinstance(item, dict) else item
+    return ConfigError(
+        f"{where}: Celery cannot build it from {keys}: {type(exc).__name__}: {exc}. Allowed "
+        "keys: task, schedule, args, kwargs, options, relative; the schedule is a number of "
+        "seconds, a timedelta, a crontab, a solar, celery_anarchon.cron(...) or an object with "
+        "anarchon_next() and anarchon_shortest_gap()")

@@ -15,13 +15,13 @@ Store entries live in the app's store (``anarchon_store_url``), per namespace, a
 ``anarchon_sync_interval``. Pause, resume and run-now work on every entry, config
 (``beat_schedule``) or store; add, update and remove only on store entries. Every definition is
 checked before it is written, with the rules and messages of a beat start-up
-(:func:`celery_anarchon.plan.build_plan`): an unsafe entry is refused now, not at 3 a.m. What
-each operation guarantees: docs/schedules.md.
+(:func:`celery_anarchon.plan.build_plan`): an unsafe entry is refused now, not at 3 a.m. Every
+name given is normalized to Unicode NFC (:func:`celery_anarchon.limits.entry_name`), as beat
+normalizes the names of ``beat_schedule``. What each operation guarantees: docs/schedules.md.
 """
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import difflib
 import getpass
 import json
@@ -33,10 +33,11 @@ from typing import Any
 from celery import beat
 from celery.schedules import crontab
 
-from celery_anarchon import entry_json, timing
+from celery_anarchon import entry_json, limits, timing
 from celery_anarchon.app_store import make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, EntryOwnedByConfig, StoreError, UnknownEntry
-from celery_anarchon.plan import build_plan
+from celery_anarchon.plan import build_plan, config_entry
+from celery_anarchon.slots import text_schedule_error
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.entry_store import (
     EntrySnapshot, EntryStore, Pause, RunRequest, StoredEntry, entry_store,
@@ -59,10 +60,15 @@ def config_items(app) -> dict[str, dict]:
     the config entries from here.
 
     :param app: the Celery app (``beat_schedule``, ``result_expires``, its result backend).
-    :returns: a new dict of ``beat_schedule`` items (dicts as Celery takes them); never raises (a
-        result backend that cannot be built adds no entry: beat would fail on it at start-up).
+    :returns: a new dict of ``beat_schedule`` items (dicts as Celery takes them) by name in
+        Unicode NFC, as beat runs them (the second of two names equal in NFC keeps its own form:
+        beat refuses the pair); never raises (a result backend that cannot be built adds no
+        entry: beat would fail on it at start-up).
     """
-    config = dict(app.conf.beat_schedule or {})
+    config: dict = {}
+    for name, item in (app.conf.beat_schedule or {}).items():
+        normal = normal_name(name)
+        config[name if normal in config else normal] = item
     try:
         cleanup = app.conf.result_expires and not app.backend.supports_autoexpire
     except Exception:                      # a backend that cannot be built: beat would fail
@@ -74,21 +80,22 @@ def config_items(app) -> dict[str, dict]:
     return config
 
 
-def check_name(name: str) -> None:
-    """Refuse a new entry name that is empty, whitespace only, or holds a control character or a
-    line break (``\n``, ``\t``, ``\x1b``, U+2028, ...): it would break tables, logs and the
-    status page's buttons.
+def check_name(name: str) -> str:
+    """The name of an entry written to the store (added, paused, run now), in Unicode NFC.
+    Refused: empty or whitespace only, longer than 200 characters (one limit on every store), or
+    holding a control character, a line break or an invisible format character (``\n``,
+    ``\x1b``, U+2028, U+202E, U+200B, ...): it would break or disguise tables, logs and the
+    status page's buttons (:func:`celery_anarchon.limits.entry_name`).
 
-    :raises ConfigError: naming the character (escaped) and the fix.
+    :returns: the NFC form of ``name``.
+    :raises ConfigError: naming the rule, the character (escaped) and the fix.
     """
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"entry name {name!r}: empty or whitespace only; fix: give the entry a "
-                          "name of visible characters")
-    for char in name:
-        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
-            raise ConfigError(f"entry name {name!r}: holds the control character {char!r} "
-                              f"(U+{ord(char):04X}); fix: use visible characters and spaces only "
-                              "(e.g. 'nightly-report')")
+    return limits.entry_name(name)
+
+
+def normal_name(name: Any) -> Any:
+    """The NFC form of a name given to find an entry (a name that is no string: as given)."""
+    return unicodedata.normalize("NFC", name) if isinstance(name, str) else name
 
 
 def default_by() -> str:
@@ -217,8 +224,8 @@ class Schedules:
         :raises ConfigError: the definition is invalid or breaks a timing rule (the start-up
             message), or the task is not registered.
         """
+        name = check_name(name)
         self._not_config(name, "add")
-        check_name(name)
         definition = self._definition(name, task=task, schedule=schedule, args=args,
                                       kwargs=kwargs, options=options, anarchon=anarchon)
         text = self._check(name, definition, check_task)
@@ -240,6 +247,7 @@ class Schedules:
         :raises UnknownEntry: the store holds no entry ``name``.
         :raises ConfigError: nothing to change, or as :meth:`add`.
         """
+        name = normal_name(name)
         self._not_config(name, "update")
         changes = {k: v for k, v in dict(task=task, schedule=schedule, args=args, kwargs=kwargs,
                                           options=options, anarchon=anarchon).items()
@@ -250,7 +258,7 @@ class Schedules:
         stored = self._snapshot().entries.get(name)
         if stored is None or stored.definition is None:
             raise self._unknown(name)
-        current = json.loads(stored.definition)
+        current = _stored_data(name, stored.definition, strict=True)
         merged = {k: current.get(k) for k in ("task", "schedule", "args", "kwargs", "options",
                                               "anarchon") if k in current}
         if "schedule" in changes:
@@ -266,11 +274,16 @@ class Schedules:
         """Remove a store entry (and its pause): no instance claims its runs after its next sync;
         a run already claimed is still sent.
 
+        A name an older version stored unnormalized (not in NFC) is found by its exact form.
+
         :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name`` (remove it there).
         :raises UnknownEntry: the store holds no entry ``name``.
         """
+        given, name = name, normal_name(name)
         self._not_config(name, "remove")
-        if not self._ready().remove_entry(name, by=by or self.by):
+        store = self._ready()
+        if not store.remove_entry(name, by=by or self.by) and (
+                given == name or not store.remove_entry(given, by=by or self.by)):
             raise self._unknown(name)
 
     def pause(self, name: str, reason: str = "", *, by: str | None = None) -> ScheduledEntry:
@@ -280,6 +293,7 @@ class Schedules:
 
         :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``.
         """
+        name = check_name(name)
         if not isinstance(reason, str):
             raise ConfigError(f"entry {name!r}: reason {reason!r} must be text")
         by = by or self.by
@@ -294,6 +308,7 @@ class Schedules:
 
         :raises UnknownEntry: nothing defines ``name`` and the store holds no pause of it.
         """
+        name = normal_name(name)
         snapshot = self._snapshot()
         stored = snapshot.entries.get(name)
         if stored is None or stored.pause is None:
@@ -333,6 +348,7 @@ class Schedules:
         :raises StoreError: the store could not be reached or did not confirm the write: the
             outcome is unknown; repeat the call with the same ``request_id`` (``exc.request_id``).
         """
+        name = check_name(name)
         by = by or self.by
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise ConfigError(f"entry {name!r}: request_id {request_id!r} must be non-empty text")
@@ -385,6 +401,7 @@ class Schedules:
 
         :raises UnknownEntry: neither ``beat_schedule`` nor the store knows ``name``.
         """
+        name = normal_name(name)
         for found in self._entries(self._snapshot(), only=name):
             return found
         raise self._unknown(name)
@@ -403,9 +420,9 @@ class Schedules:
         return config_items(self.app)
 
     def _config_entry(self, name: str, item: dict) -> beat.ScheduleEntry:
-        # last_run_at given: a schedule class of the user's may have no now() (beat never asks)
-        return beat.ScheduleEntry(**{"last_run_at": datetime.datetime.now(datetime.timezone.utc),
-                                     **item, "name": name, "app": self.app})
+        """The entry Celery builds of a beat_schedule item (ConfigError when it cannot: the
+        message beat stops with)."""
+        return config_entry(name, item, app=self.app)
 
     def _not_config(self, name: str, what: str) -> None:
         if not isinstance(name, str) or not name:
@@ -442,6 +459,8 @@ class Schedules:
         raise self._unknown(name)
 
     def _definition(self, name: str, *, task, schedule, args, kwargs, options, anarchon) -> dict:
+        if isinstance(schedule, str):           # "every 5 minutes": no schedule we can read
+            raise text_schedule_error(name, schedule)
         options = dict(options or {}) if isinstance(options, dict) or options is None else options
         if isinstance(options, dict) and "anarchon" in options:
             if anarchon:
@@ -479,7 +498,8 @@ class Schedules:
                 out.append(self._scheduled(name, CONFIG, self._config_data(name, config[name]),
                                            stored, shadowed=bool(stored and stored.definition)))
             elif stored is not None and stored.definition is not None:
-                out.append(self._scheduled(name, STORE, json.loads(stored.definition), stored))
+                out.append(self._scheduled(name, STORE, _stored_data(name, stored.definition),
+                                           stored))
             elif stored is not None and not stored.cleared:   # cleared: resumed or removed
                 out.append(self._scheduled(name, UNKNOWN, None, stored))
         return out
@@ -506,8 +526,37 @@ class Schedules:
                                    self._config_data(stored.name, config[stored.name]), stored,
                                    shadowed=stored.definition is not None)
         if stored.definition is not None:
-            return self._scheduled(stored.name, STORE, json.loads(stored.definition), stored)
+            return self._scheduled(stored.name, STORE,
+                                   _stored_data(stored.name, stored.definition), stored)
         return self._scheduled(stored.name, UNKNOWN, None, stored)
+
+
+def _stored_data(name: str, text: str, *, strict: bool = False) -> dict:
+    """A stored definition as data, for views and ``update``; its nesting is checked before it is
+    parsed (a definition an older version stored may nest past Python's recursion limit).
+
+    :param strict: raise instead of returning a note (``update`` merges into the data).
+    :returns: the definition; one that cannot be read back as an object (``strict`` off) is
+        ``{"repr": <why>, "storable": false}``.
+    :raises ConfigError: (``strict``) nested too deep, not JSON, or not an object.
+    """
+    problem = None
+    if limits.text_too_deep(text):
+        problem = f"is nested more than {limits.MAX_DEPTH} levels deep"
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            problem = f"is not valid JSON ({exc})"
+        else:
+            if isinstance(data, dict):
+                return data
+            problem = "is not a JSON object"
+    message = (f"entry {name!r}: the stored definition {problem}; fix: remove the entry and add "
+               "it again")
+    if strict:
+        raise ConfigError(message)
+    return {"repr": message, "storable": False}
 
 
 def check_task(app, name: str, task: str) -> None:

@@ -208,11 +208,7 @@ class Scheduler(beat.Scheduler):
             try:
                 self.Entry(**dict(item, name=name, app=self.app))
             except Exception as exc:
-                problems.append(f"entry {name!r}: Celery cannot build it from {sorted(item)}: "
-                                f"{type(exc).__name__}: {exc}. Allowed keys: task, schedule, args, "
-                                "kwargs, options, relative; the schedule is a number of seconds, a "
-                                "timedelta, a crontab, a solar, celery_anarchon.cron(...) or an object "
-                                "with anarchon_next() and anarchon_shortest_gap()")
+                problems.append(str(plans_mod.cannot_build(name, item, exc)))
         if problems:
             raise ConfigError("\n".join(problems))
         raise failed

@@ -54,6 +54,7 @@ from croniter import CroniterBadDateError, croniter
 
 from celery_anarchon._tz import did_you_mean, first_transition_in, offset_s, transitions_in, zone_name
 from celery_anarchon.errors import ConfigError
+from celery_anarchon.limits import LAST_SLOT_MS, LAST_SLOT_S, year_of
 
 __all__ = ["SlotSchedule", "slots_for", "cron"]
 
@@ -116,18 +117,34 @@ class SlotSchedule(abc.ABC):
 
 
 class IntervalSlots(SlotSchedule):
-    """Slots ``anchor_ms + k * period_ms`` for every integer k (docs/design.md "Slots", interval).
+    """Slots ``anchor_ms + k * period_ms`` for every integer k (docs/design.md "Slots", interval),
+    up to the end of the year 9999 (:data:`~celery_anarchon.limits.LAST_SLOT_MS`).
 
     Exact integer math; ``shortest_gap_ms`` is the period.
+
+    :param entry: the entry's name, for the error of a slot past the year 9999.
     """
 
-    def __init__(self, period_ms: int, anchor_ms: int = 0):
+    def __init__(self, period_ms: int, anchor_ms: int = 0, *, entry: str = ""):
         self.period_ms = self.shortest_gap_ms = period_ms
         self.anchor_ms = anchor_ms % period_ms  # anchors one period apart give the same slots
+        self.entry = entry
 
     def next_after(self, after_ms: int) -> int:
+        """The first slot after ``after_ms``.
+
+        :raises ConfigError: that slot comes after the year 9999 (no date, ISO time or store
+            clock reaches it), naming the entry, the period, the year and the fix.
+        """
         k = (_whole_ms(after_ms) - self.anchor_ms) // self.period_ms + 1
-        return self.anchor_ms + k * self.period_ms
+        slot = self.anchor_ms + k * self.period_ms
+        if slot > LAST_SLOT_MS:
+            raise ConfigError(
+                f"entry {self.entry!r}: every {self.period_ms / 1000:g} s: its next slot would be in "
+                f"the year {year_of(slot)}, after 9999, the last year a slot can have (dates, "
+                "ISO 8601 times and the stores' clocks end there); fix: give a shorter period "
+                "(a crontab runs yearly at most: crontab(0, 0, day_of_month=1, month_of_year=1))")
+        return slot
 
     def describe(self) -> str:
         return f"kind=interval period_ms={self.period_ms} anchor_ms={self.anchor_ms}"
@@ -457,7 +474,7 @@ def _ms_of(value, entry: str, what: str) -> int:
     if isinstance(value, datetime.timedelta):
         micros = value // datetime.timedelta(microseconds=1)
     elif isinstance(value, (int, float, Decimal)) and not isinstance(value, bool) \
-            and math.isfinite(value):
+            and math.isfinite(value) and abs(value) <= LAST_SLOT_S:  # no slot lies beyond
         micros = Decimal(repr(value) if isinstance(value, float) else value) * 1_000_000
     else:
         micros = None
@@ -481,7 +498,7 @@ def _interval_slots(entry: str, sched: interval_schedule, anchor_s) -> IntervalS
         raise ConfigError(f"entry {entry!r}: period {sched.run_every!r} is not positive; "
                           "fix: give a period of at least one millisecond")
     anchor_ms = 0 if anchor_s is None else _ms_of(anchor_s, entry, "anchor")
-    return IntervalSlots(period_ms, anchor_ms)
+    return IntervalSlots(period_ms, anchor_ms, entry=entry)
 
 
 class SolarSlots(SlotSchedule):
@@ -556,6 +573,16 @@ class CustomSlots(SlotSchedule):
         return f"kind=custom class={self._name}" + (f" repr={self._sched!r}" if own_repr else "")
 
 
+def text_schedule_error(entry: str, text: str) -> ConfigError:
+    """The error of a schedule given as text (``"every 5 minutes"``), which neither Celery nor
+    we read: naming the entry, the text and the schedule objects to give instead."""
+    shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
+    return ConfigError(
+        f"entry {entry!r}: schedule {shown} is text, which Celery cannot read as a schedule; "
+        "fix: give a number of seconds (300), a timedelta (timedelta(minutes=5)), a crontab "
+        "(crontab(minute='*/5')) or celery_anarchon.cron('*/5 * * * *')")
+
+
 def slots_for(schedule, *, entry: str, app_timezone: datetime.tzinfo,
               anchor_s: float | None = None) -> SlotSchedule:
     """Build the :class:`SlotSchedule` of one ``beat_schedule`` entry's schedule.
@@ -601,6 +628,8 @@ def slots_for(schedule, *, entry: str, app_timezone: datetime.tzinfo,
         return slots
     if isinstance(schedule, interval_schedule):
         return _interval_slots(entry, schedule, anchor_s)
+    if isinstance(schedule, str):
+        raise text_schedule_error(entry, schedule)
     raise ConfigError(
         f"entry {entry!r}: schedule {schedule!r} of class {type(schedule).__qualname__} is not "
         "supported: every host must compute the same slots from it. Fix: use a number, a "

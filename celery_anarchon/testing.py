@@ -26,13 +26,11 @@ import difflib
 import re
 from collections.abc import Callable, Iterable
 
-from celery import beat
-
 from celery_anarchon import entry_json
 from celery_anarchon.app_store import make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, UnknownEntry
-from celery_anarchon.plan import EntryPlan, build_plan
-from celery_anarchon.schedule_api import config_items
+from celery_anarchon.plan import EntryPlan, build_plan, config_entry
+from celery_anarchon.schedule_api import config_items, normal_name
 from celery_anarchon.slots import datetime_to_ms, ms_to_datetime
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.timing import Settings, check_sync_interval, timezone_error
@@ -59,6 +57,16 @@ RULES: tuple[tuple[str, str], ...] = (
     ("relative", "slots the same on every host (no relative=True)"),
     ("not supported", "a schedule class every host computes the same slots from"),
     ("Celery cannot build it", "a beat_schedule item Celery can build"),
+    ("which Celery cannot read as a schedule", "a beat_schedule item Celery can build"),
+    ("after the year 9999", "slots before the end of the year 9999"),
+    ("characters, more than", "a name of at most 200 characters"),
+    ("format character", "a name of visible characters"),
+    ("control character", "a name of visible characters"),
+    ("not in Unicode NFC", "a name in Unicode NFC"),
+    ("the same name once normalized", "names that differ in Unicode NFC"),
+    ("bytes of JSON, more than", "a definition of at most 64 KiB"),
+    ("levels deep", "a definition nested at most 100 levels"),
+    ("kombu or the worker cannot use", "apply_async options of the types Celery takes"),
     ("is not a known IANA time zone", "a known time zone"),
     ("must be more than 0", "a duration more than 0"),
 )
@@ -126,15 +134,13 @@ def config_entries(app) -> dict:
     """The config entries (:func:`celery_anarchon.schedule_api.config_items`: ``beat_schedule``
     and Celery's own ``celery.backend_cleanup``) as Celery ``ScheduleEntry`` objects, by name; an
     item Celery cannot build is a :class:`ConfigError` in its place (with the message beat stops
-    with)."""
+    with); the names in Unicode NFC, as beat runs them."""
     out: dict = {}
-    now = datetime.datetime.now(datetime.timezone.utc)
     for name, item in config_items(app).items():
         try:
-            out[name] = beat.ScheduleEntry(**{"last_run_at": now, **item, "name": name, "app": app})
-        except Exception as exc:  # what Scheduler.merge_inplace reports
-            out[name] = ConfigError(f"entry {name!r}: Celery cannot build it from {sorted(item)}: "
-                                    f"{type(exc).__name__}: {exc}")
+            out[name] = config_entry(name, item, app=app)
+        except ConfigError as exc:  # what Scheduler.merge_inplace reports
+            out[name] = exc
     return out
 
 
@@ -214,6 +220,7 @@ def plan_of(app, entry: str, *, store: ClaimStore | None = None) -> EntryPlan:
     :raises ConfigError: the entry breaks a rule.
     """
     settings = Settings.from_app(app)   # an unknown app timezone is refused here
+    entry = normal_name(entry)
     store_, own = _open(app, settings, store)
     try:
         config = config_entries(app)

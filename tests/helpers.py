@@ -34,3 +34,26 @@ def request_run(store, entry: str, request_id: str, *, by: str = "test", schedul
     now = store.now_ms()
     window = SlotWindow(now - SlotWindow.BEFORE_MS, now + SlotWindow.AFTER_MS, frozenset(scheduled))
     return store.request_run(entry, request_id, window, by=by, **options)
+
+
+#: store entries an older version accepted and that are invalid now, by name (each definition
+#: as that version stored it): beat leaves each out, and every read surface shows it as a
+#: problem row beside the others
+BROKEN_STORE_ENTRIES = {
+    "far": {"task": "t", "schedule": {"every": 1_000_000_000_000}},     # next slot: year 33658
+    "expires-soon": {"task": "t", "schedule": {"every": 60}, "options": {"expires": "soon"}},
+    "headers-x": {"task": "t", "schedule": {"every": 60}, "options": {"headers": "x"}},
+    "huge-args": {"task": "t", "schedule": {"every": 60}, "args": ["x" * 100_000]},
+    "n" * 300: {"task": "t", "schedule": {"every": 60}},
+    "cafe\u0301": {"task": "t", "schedule": {"every": 60}},
+}
+
+
+def write_broken_entries(store) -> None:
+    """Write :data:`BROKEN_STORE_ENTRIES` into ``store`` (an entry store) as an older version
+    did: canonical JSON, no check."""
+    import json
+    store.prepare(())
+    for name, definition in BROKEN_STORE_ENTRIES.items():
+        text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
+        store.put_entry(name, text, by="an older version", create=True)

@@ -179,6 +179,179 @@ RETRIED = [
      ["amqp://guest:***@", "refused access", "check the user name, password"]),
 ]
 
+# -- bad values of a definition, a name, an option: one error, nothing written (rows 39-...) -------
+
+SQLITE_API = "sqlite:////tmp/anarchon-bad-input-api.sqlite3"
+
+
+def nested(depth: int) -> list:
+    """A list nested ``depth`` levels deep: [[[...]]]."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def api_add(name="e", **definition):
+    """``celery_anarchon.schedules(app).add(name, ...)`` on a SQLite store, in a namespace of its
+    own (task "proj.t", every 60 s unless given); whatever happens, it wrote nothing."""
+    import uuid
+
+    import celery_anarchon
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=SQLITE_API, timezone="UTC",
+                    anarchon_namespace=f"bad-input-{uuid.uuid4().hex[:8]}",
+                    beat_schedule={"ok": {"task": "proj.t", "schedule": 60.0}})
+    with celery_anarchon.schedules(app) as s:
+        before = s.store.entries_version()
+        try:
+            s.add(name, **{"task": "proj.t", "schedule": 60, **definition}, check_task=False)
+        finally:
+            assert s.store.entries_version() == before and not s.store.load_entries().entries, \
+                "a refused add wrote to the store"
+
+
+#: (id, what is wrong, where it is given, how, the fragments the message must contain)
+BAD_VALUES = [
+    ("every-1e308", "an interval of 1e308 seconds", "API, CLI",
+     lambda: api_add(schedule={"every": 1e308}),
+     ["entry 'e'", "'schedule.every' = 1e+308", "after the year 9999", "fix: give a shorter period"]),
+    ("every-1e18", "an interval of 1e18 seconds", "API, CLI",
+     lambda: api_add(schedule={"every": 1e18}),
+     ["entry 'e'", "'schedule.every' = 1e+18", "after the year 9999"]),
+    ("every-1e12", "an interval of 1e12 seconds (next slot in the year 33658)", "API, CLI",
+     lambda: api_add(schedule=1e12),
+     ["entry 'e'", "every 1e+12 s", "in the year 33658", "after 9999", "fix: give a shorter period"]),
+    ("beat-every-1e12", "an interval of 1e12 seconds in beat_schedule", "beat",
+     lambda: beat_with({"e": {"schedule": 1e12}}),
+     ["entry 'e'", "every 1e+12 s", "in the year 33658", "fix: give a shorter period"]),
+    ("beat-every-1e18", "an interval of 1e18 seconds in beat_schedule (Celery cannot hold it)",
+     "beat", lambda: beat_with({"e": {"schedule": 1e18}}),
+     ["entry 'e'", "1e+18", "after the year 9999", "fix: give a shorter period"]),
+    ("max-late-1e308", "max_late of 1e308 seconds", "API, CLI",
+     lambda: api_add(anarchon={"max_late": 1e308}),
+     ["entry 'e'", "max_late", "1e+308", "more than 3155760000 s (100 years)", "fix:"]),
+    ("anchor-1e308", "an anchor of 1e308 seconds", "API, CLI",
+     lambda: api_add(anarchon={"anchor": 1e308}),
+     ["entry 'e'", "['anchor']", "1e+308", "the end of the year 9999", "fix:"]),
+    ("crontab-empty", "an empty crontab field", "API, CLI",
+     lambda: api_add(schedule={"crontab": {"minute": ""}}),
+     ["entry 'e'", "'schedule.crontab.minute' = \"\"", "empty part", "fix: write the field"]),
+    ("args-deep", "args nested 5,000 levels deep", "API, CLI",
+     lambda: api_add(args=nested(5000)),
+     ["entry 'e'", "key 'args'", "nested more than 100 levels deep", "fix: flatten"]),
+    ("beat-text-schedule", "a schedule given as text in beat_schedule", "beat",
+     lambda: beat_with({"e": {"schedule": "every 5 minutes"}}),
+     ["entry 'e'", "'every 5 minutes'", "is text", "timedelta(minutes=5)", "crontab(minute='*/5')"]),
+    ("text-schedule", "a schedule given as text to the API", "API, CLI",
+     lambda: api_add(schedule="every 5 minutes"),
+     ["entry 'e'", "'every 5 minutes'", "is text", "timedelta(minutes=5)"]),
+    ("options-expires", "apply_async option expires that is no time", "API, CLI",
+     lambda: api_add(options={"expires": "soon"}),
+     ["entry 'e'", "options['expires'] = 'soon'", "ISO 8601", "fix: give seconds"]),
+    ("options-headers", "apply_async option headers that is no mapping", "API, CLI",
+     lambda: api_add(options={"headers": "x"}),
+     ["entry 'e'", "options['headers'] = 'x'", "not a mapping", "fix: give a dict"]),
+    ("beat-options-priority", "apply_async option priority as text in beat_schedule", "beat",
+     lambda: beat_with({"e": {"schedule": 60, "options": {"priority": "high"}}}),
+     ["entry 'e'", "options['priority'] = 'high'", "integer from 0 to 255", "fix:"]),
+    ("name-long", "a name of 201 characters", "API, CLI",
+     lambda: api_add("n" * 201),
+     ["201 characters, more than 200", "fix: give a shorter name"]),
+    ("beat-name-long", "a beat_schedule name of 3,000 characters", "beat",
+     lambda: beat_with({"n" * 3000: {"schedule": 60}}),
+     ["3,000 characters, more than 200", "fix: give a shorter name"]),
+    ("name-rlo", "a name holding U+202E (right-to-left override)", "API, CLI",
+     lambda: api_add("pay\u202eroll"),
+     ["format character U+202E (RIGHT-TO-LEFT OVERRIDE)", "fix: use visible characters"]),
+    ("name-zwsp", "a name holding U+200B (zero width space)", "API, CLI",
+     lambda: api_add("re\u200bport"),
+     ["format character U+200B (ZERO WIDTH SPACE)", "fix: use visible characters"]),
+    ("beat-names-nfc", "two beat_schedule names equal after NFC (café composed and decomposed)",
+     "beat", lambda: beat_with({"caf\u00e9": {"schedule": 60}, "cafe\u0301": {"schedule": 60}}),
+     ["'café'", "the same name once normalized (Unicode NFC", "fix: rename one"]),
+    ("definition-size", "a definition of more than 64 KiB (args of 70,000 characters)", "API, CLI",
+     lambda: api_add(args=["x" * 70_000]),
+     ["entry 'e'", "70,", "bytes of JSON, more than 65,536", "fix: pass a reference"]),
+]
+
+
+@pytest.mark.parametrize("case", BAD_VALUES, ids=[c[0] for c in BAD_VALUES])
+def test_a_bad_value_is_one_config_error_naming_it_and_nothing_is_written(case):
+    """Each is a ConfigError (a refused add wrote nothing: api_add checks), never an
+    OverflowError, a RecursionError, Celery's ParseException or a traceback of a later send."""
+    _, _, _, call, fragments = case
+    with pytest.raises(ConfigError) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
+    assert len(str(info.value)) < 1000, "a message must stay readable"
+
+
+_DEEP_ARGS = "[" * 5000 + "]" * 5000
+#: (id, the command's arguments after ``celery -A app anarchon``, fragments of its one Error line)
+BAD_COMMANDS = [
+    ("every-1e308", ["add", "e", "--every", "1e308"], ["'schedule.every'", "after the year 9999"]),
+    ("every-1e18", ["add", "e", "--every", "1e18"], ["'schedule.every'", "after the year 9999"]),
+    ("every-1e12", ["add", "e", "--every", "1e12"], ["in the year 33658"]),
+    ("max-late-1e308", ["add", "e", "--every", "60", "--anarchon", '{"max_late": 1e308}'],
+     ["max_late", "more than 3155760000 s (100 years)"]),
+    ("anchor-1e308", ["add", "e", "--every", "60", "--anarchon", '{"anchor": 1e308}'],
+     ["['anchor']", "the end of the year 9999"]),
+    ("crontab-empty", ["add", "e", "--json-definition",
+                       '{"task": "T", "schedule": {"crontab": {"minute": ""}}}'],
+     ["'schedule.crontab.minute'", "empty part"]),
+    ("args-deep", ["add", "e", "--every", "60", "--args", _DEEP_ARGS],
+     ["'--args'", "nested more than 100 levels deep", "fix: flatten"]),
+    ("since", ["history", "ok", "--since", "99999999d"],
+     ["'--since'", "'99999999d'", "before the year 1", "fix:"]),
+    ("since-inf", ["history", "ok", "--since", "9" * 400 + "d"], ["'--since'", "before the year 1"]),
+    ("options-expires", ["add", "e", "--every", "60", "--options", '{"expires": "soon"}'],
+     ["options['expires'] = 'soon'"]),
+    ("name-rlo", ["add", "pay\u202eroll", "--every", "60"], ["U+202E"]),
+    ("name-long", ["add", "n" * 201, "--every", "60"], ["201 characters, more than 200"]),
+    ("definition-size", ["add", "e", "--every", "60", "--args", '["' + "x" * 70_000 + '"]'],
+     ["more than 65,536"]),
+]
+
+
+@pytest.mark.parametrize("case", BAD_COMMANDS, ids=[c[0] for c in BAD_COMMANDS])
+def test_a_bad_value_on_the_command_line_exits_2_with_one_error_line(case, tmp_path, namespace):
+    """The command line as a user types it (click parses the flags, our code runs in this
+    process): exit 2, one ``Error:`` line, no traceback, and nothing written."""
+    from click.testing import CliRunner
+    from celery.bin.celery import celery as celery_command
+    case_id, args, fragments = case
+    module = f"bad_cli_{namespace.replace('-', '_')}"
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    (tmp_path / f"{module}.py").write_text(
+        "from celery import Celery\n"
+        f"app = Celery({module!r}, set_as_current=False)\n"
+        f"app.conf.update(broker_url='memory://', anarchon_store_url={url!r}, timezone='UTC',\n"
+        f"                anarchon_namespace={namespace!r},\n"
+        "                beat_schedule={'ok': {'task': 'T', 'schedule': 60.0}})\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        args = [a.replace('"T"', f'"{module}.T"') for a in args]
+        if args[0] == "add" and "--json-definition" not in args:
+            args += ["--task", "T", "--no-check-task"]
+        result = CliRunner().invoke(celery_command, ["-A", module, "anarchon", *args])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module, None)
+    output = result.stdout + result.stderr
+    assert result.exit_code == 2, (result.exit_code, output[-2000:], result.exception)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in output, output[-2000:]
+    for fragment in fragments:
+        assert fragment in errors[0], f"{fragment!r} missing from: {errors[0][:1000]}"
+    written = open_store(url, namespace=namespace, instance_id="t")
+    try:
+        assert not written.load_entries().entries, "a refused command wrote to the store"
+    finally:
+        written.close()
+
+
 #: servers a case needs (case id -> (url, name))
 NEEDS = {"strategy-option": (REDIS_URL, "Redis"), "idmp-old-redis": (REDIS_URL, "Redis"),
          "store-option": (REDIS_URL, "Redis"), "credentials": (AMQP_URL, "RabbitMQ"),
@@ -298,6 +471,15 @@ if __name__ == "__main__":     # print the table of docs/reliability.md
             text = f"(not measured: {exc})"
         kind = "beat refuses to start" if (case_id, what, call, _) in REFUSED else "logged; beat keeps running, sends nothing, retries"
         print(f"| {n} | {what} | {kind}: `{text}` |")
+    print("\n(rows 36-38: the multi-process test; then the bad values)\n")
+    kinds = {"beat": "beat refuses to start",
+             "API, CLI": "the API raises it, the CLI exits 2 with it; nothing is written"}
+    for n, (case_id, what, where, call, _) in enumerate(BAD_VALUES, 39):
+        try:
+            text = message_of(call)
+        except Exception as exc:
+            text = f"(not measured: {exc})"
+        print(f"| {n} | {what} | {kinds[where]}: `{text}` |")
 
 
 def test_a_broken_url_a_redis_db_that_is_no_number_and_an_unknown_zone_are_config_errors(capsys):

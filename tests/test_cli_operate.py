@@ -581,3 +581,46 @@ def test_update_crontab_or_cron_keeps_the_entrys_time_zone(sqlite_url, namespace
             "with --timezone") in done.stderr, done.stderr
     listed = {e["name"]: e for e in json.loads(run("list", "--json"))}
     assert listed["every"]["definition"]["schedule"] == {"every": 60}
+
+
+def test_one_broken_entry_never_takes_down_status_list_history_or_check(sqlite_url, namespace,
+                                                                         capsys):
+    """A beat_schedule schedule given as text, and store entries an older version accepted and
+    that break a rule now (a slot in the year 33658, options Celery cannot send, 100 KB of
+    args, a name too long, a decomposed name): status (text and JSON), list, history and check
+    each show every entry, each broken one as a problem row naming it, and the others as they
+    are."""
+    from celery_anarchon import cli_commands, cli_status
+    from helpers import BROKEN_STORE_ENTRIES, write_broken_entries
+    app = _leased_app(sqlite_url, namespace)
+    app.conf.beat_schedule["text"] = {"task": "t", "schedule": "every 5 minutes"}
+    store = open_store(sqlite_url, namespace=namespace, instance_id="older", options={})
+    write_broken_entries(store)
+    store.close()
+    broken = {"text", *BROKEN_STORE_ENTRIES}
+
+    code, out, err = run_in_process(cli_status.status, app, 5, True, capsys=capsys)
+    assert code == 0 and not err, err
+    entries = {e["name"]: e for e in json.loads(out)["entries"]}
+    assert broken | {"every-2s", "leased"} <= set(entries)
+    for name in broken:
+        assert entries[name]["state"] == "problem" and entries[name]["next"] == [], entries[name]
+    assert "in the year 33658" in entries["far"]["problem"]
+    assert "options['expires'] = 'soon'" in entries["expires-soon"]["problem"]
+    assert "'every 5 minutes'" in entries["text"]["problem"]
+    assert "more than 65,536" in entries["huge-args"]["problem"]
+    assert "300 characters, more than 200" in entries["n" * 300]["problem"]
+    assert "not in Unicode NFC" in entries["cafe\u0301"]["problem"]
+    assert entries["every-2s"]["state"] == "running" and len(entries["every-2s"]["next"]) == 1
+
+    code, text, err = run_in_process(cli_status.status, app, 5, False, capsys=capsys)
+    assert code == 0 and not err and "Traceback" not in text
+    assert f"entries that break a rule (beat refuses them): {len(broken)}" in text
+    code, text, err = run_in_process(cli_commands.list_entries, app, False, capsys=capsys)
+    assert code == 0 and not err and all(f"\n{name} " in text for name in ("far", "text"))
+    code, text, err = run_in_process(cli_status.history, app, "far", None, None, False,
+                                     capsys=capsys)
+    assert code == 0 and "far: no runs" in text
+    code, text, err = run_in_process(cli_status.check, app, True, capsys=capsys)
+    assert code == 1 and "Traceback" not in text + err
+    assert "FAIL  far:" in text and "FAIL  text:" in text and "ok    beat_schedule entry 'every-2s'" in text

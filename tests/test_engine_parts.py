@@ -116,6 +116,28 @@ def test_due_skips_slots_reached_late_without_a_burst(parts, caplog):
     assert any("skipped as late" in m for m in messages(caplog))
 
 
+def test_an_entry_whose_next_slot_is_past_the_year_9999_stops_alone(parts, caplog):
+    """An interval whose anchor puts its first slot at T0 and whose period puts the next in the
+    year 33658 (accepted when it was added: its next slot then was T0): its run at T0 is due,
+    then it has no further run (its next slot: the year 33712), logged by name; the other entry's runs go on."""
+    import dataclasses
+
+    from celery_anarchon.slots import IntervalSlots
+    far = make_plan("far", every_s=10)
+    far = dataclasses.replace(far, slots=IntervalSlots(10 ** 15, T0_MS, entry="far"))
+    other = make_plan("other", every_s=10)
+    plans = {"far": far, "other": other}
+    for plan in plans.values():
+        parts.due.seed(plan, T0 - 1)
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        assert sorted(r.run for r in parts.due.pop(T0, plans)) == [("far", T0_MS), ("other", T0_MS)]
+        assert [r.run for r in parts.due.pop(T0 + 10, plans)] == [("other", T0_MS + 10_000)]
+    [said] = messages(caplog, logging.ERROR)
+    assert said.startswith("far: no further run on this instance") and "year 33712" in said
+    parts.due.seed(far, T0 + 11)                 # a re-seed (the entry changed) says it again
+    assert parts.due.next_fire() == T0 + 20
+
+
 def test_due_never_repeats_a_claimed_slot_after_the_clock_went_back(parts):
     plan = make_plan(every_s=10, max_late_s=5)
     parts.due.seed(plan, T0)

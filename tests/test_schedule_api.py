@@ -379,3 +379,84 @@ def test_concurrent_run_now_requests_never_share_a_slot(kind, tmp_path, namespac
         (q.slot_ms, q.request_id) for q in requests if shared[q.slot_ms] > 1)
     assert held == {(q.request_id, q.slot_ms) for q in requests}
     assert all(q.slot_ms % 60_000 for q in requests), "never a scheduled slot"
+
+
+#: the longest name: 200 characters of 4 bytes each in UTF-8 (800 bytes)
+LONGEST_NAME = "\U0001d11e" * 200
+
+
+@pytest.mark.parametrize("kind", ENTRY_STORES)
+def test_one_name_limit_on_every_store_and_a_name_is_one_entry_in_nfc(kind, tmp_path, namespace):
+    """The longest name (200 characters, 800 bytes) works on every store: added, paused, its run
+    claimed and its history read; one more character is refused before anything is written (on
+    PostgreSQL a 2,700-byte name failed as "store unreachable"). "café" typed decomposed (NFD)
+    is the composed entry (NFC): added once, paused by either form, listed once."""
+    from celery_anarchon.stores.base import ClaimRequest, Outcome
+    url, options = store_url(kind, tmp_path)
+    app = make_app(url, namespace, options)
+    with celery_anarchon.schedules(app) as s:
+        assert s.add(LONGEST_NAME, task="proj.report", schedule=60).name == LONGEST_NAME
+        assert s.pause(LONGEST_NAME, reason="800 bytes").paused
+        assert s.resume(LONGEST_NAME).paused is False
+        from backends import backdate_memory_start
+        backdate_memory_start(s.store, [LONGEST_NAME], 120_000)
+        slot = s.store.now_ms() or int(datetime.datetime.now().timestamp() * 1000)
+        [result] = s.store.claim([ClaimRequest(LONGEST_NAME, slot, 120_000, task_id="t-1")])
+        assert result.outcome is Outcome.WON, result
+        assert [r.slot_ms for r in s.store.history(LONGEST_NAME)] == [slot]
+        before = s.store.entries_version()
+        for name, words in ((LONGEST_NAME + "x", "201 characters, more than 200"),
+                            ("pay\u202eroll", "format character U\\+202E"),
+                            ("zero\u200bwidth", "format character U\\+200B")):
+            with pytest.raises(ConfigError, match=words):
+                s.add(name, task="proj.report", schedule=60)
+        assert s.store.entries_version() == before, "a refused name was written"
+
+        composed, decomposed = "caf\u00e9", "cafe\u0301"
+        assert s.add(decomposed, task="proj.report", schedule=60).name == composed
+        with pytest.raises(EntryExists, match="'café'.* already"):
+            s.add(composed, task="proj.report", schedule=60)
+        assert s.pause(decomposed, reason="either form").name == composed
+        assert s.get(composed).paused and s.get(decomposed).paused
+        assert [e.name for e in s.list() if e.name.startswith("caf")] == [composed]
+        s.update(decomposed, schedule=120)
+        assert s.get(composed).definition["schedule"] == {"every": 120}
+        s.remove(decomposed)
+        assert not [e for e in s.list() if e.name.startswith("caf")]
+        s.remove(LONGEST_NAME)
+
+
+def test_a_definition_stored_before_these_rules_can_still_be_removed_by_its_exact_name(api):
+    """A name written by an older version (decomposed, or longer than the limit) is not run by
+    beat and is shown as a problem; ``remove`` finds it by its exact name, so it can go."""
+    store = api._ready()
+    text = entry_json.canonical({"task": "proj.report", "schedule": {"every": 60}})
+    for name in ("cafe\u0301", "n" * 300):
+        store.put_entry(name, text, by="older version", create=True)
+        api.remove(name)
+        assert name not in store.load_entries().entries
+
+
+def test_a_beat_schedule_name_is_one_entry_in_nfc_so_a_pause_by_either_form_stops_it(
+        tmp_path, namespace):
+    """beat_schedule names "café" decomposed (NFD): beat runs it as the composed name (NFC),
+    the API pauses it by either form, and beat's claim of its run answers paused."""
+    from backends import backdate_memory_start
+    from celery_anarchon import Scheduler
+    from celery_anarchon.stores.base import ClaimRequest, Outcome
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    app = make_app(f"sqlite:///{tmp_path / 'store.sqlite3'}", namespace)
+    app.conf.beat_schedule = {decomposed: {"task": "proj.report", "schedule": 60.0}}
+    scheduler = Scheduler(app)
+    try:
+        assert composed in scheduler.engine.plans and decomposed not in scheduler.engine.plans
+        with celery_anarchon.schedules(app) as s:
+            assert s.pause(composed, reason="either form").paused
+            assert [e.name for e in s.list() if e.name.startswith("caf")] == [composed]
+            assert s.get(decomposed).paused
+        backdate_memory_start(scheduler.store, [composed], 120_000)
+        slot = scheduler.store.now_ms()
+        [result] = scheduler.store.claim([ClaimRequest(composed, slot, 60_000, task_id="t")])
+        assert result.outcome is Outcome.PAUSED
+    finally:
+        scheduler.close()

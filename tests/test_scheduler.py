@@ -368,6 +368,29 @@ def test_store_entries_run_and_an_invalid_one_is_left_out_by_name(tmp_path, capl
     store.close()
 
 
+def test_store_entries_an_older_version_accepted_are_left_out_by_name_and_the_others_run(
+        tmp_path, caplog):
+    """Definitions stored before the rules of names, sizes, slots and options (a slot in the
+    year 33658, options Celery cannot send, 100 KB of args, a name too long, a decomposed
+    name): each is logged by name once as left out, without a traceback, and a good store entry
+    and the config entry run."""
+    from helpers import BROKEN_STORE_ENTRIES, write_broken_entries
+    app = make_app(tmp_path, anarchon_sync_interval=0.2)
+    scheduler = Scheduler(app)
+    write_broken_entries(scheduler.store)
+    scheduler.store.put_entry("good", entry_json.canonical(
+        {"task": "proj.t", "schedule": {"every": 10}}), by="test", create=True)
+    try:
+        with caplog.at_level(logging.INFO, "celery_anarchon"):
+            scheduler.tick()
+        assert set(scheduler.engine.plans) - {"celery.backend_cleanup"} == {"tick", "good"}
+        for name in BROKEN_STORE_ENTRIES:
+            said = [r for r in caplog.records if f"store entry {name!r} is not valid" in r.getMessage()]
+            assert len(said) == 1 and not said[0].exc_info, (name, said)
+    finally:
+        scheduler.close()
+
+
 def test_a_sync_interval_the_store_cannot_cover_stops_beat_at_start_up(tmp_path):
     app = make_app(tmp_path, anarchon_sync_interval=2000)           # memory: 3600 s
     with pytest.raises(ConfigError) as info:

@@ -523,3 +523,35 @@ def test_the_page_shows_entries_needing_attention_first_pages_the_rest_and_filte
         assert len(json.loads(asgi(site, "GET", "/api/status", "q=e3")[2])["entries"]) >= 5
     finally:
         source.close()
+
+
+def test_one_broken_entry_is_an_error_row_and_never_takes_down_the_page(tmp_path, namespace):
+    """A beat_schedule schedule given as text, and store entries an older version accepted and
+    that break a rule now (a slot in the year 33658 answered 500 for / and /api/status): both
+    answer 200, every entry listed, each broken one with its problem, the others as they are."""
+    from celery import Celery
+    from celery_anarchon.web import StatusSource, create_app
+    from helpers import BROKEN_STORE_ENTRIES, write_broken_entries
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    app = Celery("web_broken", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_namespace=namespace, anarchon_store_url=url,
+                    beat_schedule={"fine": {"task": "t", "schedule": 60.0},
+                                   "text": {"task": "t", "schedule": "every 5 minutes"}})
+    store = open_store(url, namespace=namespace, instance_id="older", options={})
+    write_broken_entries(store)
+    store.close()
+    source = StatusSource(app, runs=2)
+    try:
+        site = create_app(source, token=None, refresh_s=5.0)
+        status, _, body = asgi(site, "GET", "/api/status")
+        assert status == 200, body[:2000]
+        entries = {e["name"]: e for e in json.loads(body)["entries"]}
+        for name in ("text", *BROKEN_STORE_ENTRIES):
+            assert entries[name]["state"] == "problem" and entries[name]["problem"], name
+        assert entries["fine"]["state"] == "running" and entries["fine"]["next"]
+        status, _, page = asgi(site, "GET", "/", "per_page=1000")
+        assert status == 200, page[:2000]
+        assert "in the year 33658" in entries["far"]["problem"] and "in the year 33658" in page
+        assert 'data-entry="fine"' in page
+    finally:
+        source.close()

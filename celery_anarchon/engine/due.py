@@ -1,7 +1,9 @@
 """The heap of due runs: one pending slot per entry, fired at slot + jitter (jitter drawn per
 run from the engine's random source), seeded at start-up with the newest slot still within
 max_late. Slots reached too late are skipped (never sent in a burst), and a slot this instance
-already claimed is never due again (a clock set back, a re-seed)."""
+already claimed is never due again (a clock set back, a re-seed). An entry whose next slot
+cannot be computed (past the year 9999, a schedule class's error) is logged and has no further
+run here; the others go on."""
 from __future__ import annotations
 
 import heapq
@@ -11,6 +13,7 @@ import random
 from celery_anarchon._util import iso
 from celery_anarchon.engine.claims import ClaimRetries, claim_request
 from celery_anarchon.engine.skips import SkipLog
+from celery_anarchon.errors import ConfigError
 from celery_anarchon.plan import EntryPlan
 from celery_anarchon.stores.base import ClaimRequest
 
@@ -50,18 +53,22 @@ class DueRuns:
         A re-seed (the entry changed at run time) whose slot already waits in the claim retries
         (the store was unreachable) does not queue it a second time: the waiting claim takes the
         new definition and the slot after it is queued (one run is claimed once per batch)."""
-        now_ms = int(now * 1000)
-        first = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
-        latest = None
-        while first <= now_ms:
-            latest, first = first, plan.slots.next_after(first)
-        slot = latest if latest is not None else first
-        handled = self._last_claimed.get(plan.name, -1)
-        if slot <= handled:
-            slot = plan.slots.next_after(handled)
-        if (plan.name, slot) in self.claims:
-            self.claims.hold([claim_request(self.namespace, plan, slot)])
-            slot = plan.slots.next_after(slot)
+        try:
+            now_ms = int(now * 1000)
+            first = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
+            latest = None
+            while first <= now_ms:
+                latest, first = first, plan.slots.next_after(first)
+            slot = latest if latest is not None else first
+            handled = self._last_claimed.get(plan.name, -1)
+            if slot <= handled:
+                slot = plan.slots.next_after(handled)
+            if (plan.name, slot) in self.claims:
+                self.claims.hold([claim_request(self.namespace, plan, slot)])
+                slot = plan.slots.next_after(slot)
+        except ConfigError as exc:
+            self._no_next(plan, exc)
+            return
         self._push(plan, slot)
 
     def forget(self, name: str) -> None:
@@ -111,13 +118,25 @@ class DueRuns:
     def _schedule_next(self, plan: EntryPlan, slot_ms: int, now_ms: int) -> None:
         """Push the slot after ``slot_ms``; slots that are already late (the process was paused,
         the clock jumped forward) are skipped, logged and recorded, never sent in a burst."""
-        nxt = plan.slots.next_after(slot_ms)
-        if now_ms - nxt > plan.max_late_ms:
-            late = []
+        late: list[int] = []
+        try:
+            nxt = plan.slots.next_after(slot_ms)
             while now_ms - nxt > plan.max_late_ms and len(late) < MAX_SKIP_WALK:
                 late.append(nxt)
                 nxt = plan.slots.next_after(nxt)
             if now_ms - nxt > plan.max_late_ms:
                 nxt = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
-            self.skips.late_local(plan, late, now_ms - late[0])
+        except ConfigError as exc:
+            self._no_next(plan, exc)
+            return
+        finally:
+            if late:
+                self.skips.late_local(plan, late, now_ms - late[0])
         self._push(plan, nxt)
+
+    def _no_next(self, plan: EntryPlan, exc: ConfigError) -> None:
+        """The entry's next slot cannot be computed: logged, and no further run here (a slot
+        past the year 9999 never comes; a schedule class that failed is fixed by a restart)."""
+        self._pending.pop(plan.name, None)
+        logger.error("%s: no further run on this instance: its next slot cannot be computed "
+                     "(%s); the other entries run", plan.name, exc)
