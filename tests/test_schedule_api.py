@@ -460,3 +460,24 @@ def test_a_beat_schedule_name_is_one_entry_in_nfc_so_a_pause_by_either_form_stop
         assert result.outcome is Outcome.PAUSED
     finally:
         scheduler.close()
+
+
+def test_an_update_with_a_bad_value_is_refused_and_writes_nothing(api):
+    """Each bad value an add refuses, an update refuses too, with the same message; the entry
+    and the store's version stay as they were."""
+    api.add("report", task="proj.report", schedule=60, options={"queue": "reports"})
+    before, definition = api.store.entries_version(), api.get("report").definition
+    deep: list = []
+    for _ in range(200):
+        deep = [deep]
+    for change, words in ((dict(schedule=1e12), "in the year 33658"),
+                          (dict(schedule="every 5 minutes"), "is text"),
+                          (dict(options={"expires": "soon"}), "options['expires'] = 'soon'"),
+                          (dict(options={"headers": "x"}), "options['headers'] = 'x'"),
+                          (dict(anarchon={"max_late": 1e308}), "more than 3155760000 s"),
+                          (dict(args=deep), "key 'args' is nested more than 100 levels"),
+                          (dict(args=["x" * 70_000]), "more than 65,536")):
+        with pytest.raises(ConfigError) as info:
+            api.update("report", **change)
+        assert words in str(info.value) and "fix:" in str(info.value), (change, info.value)
+    assert api.store.entries_version() == before and api.get("report").definition == definition
