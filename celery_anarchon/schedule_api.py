@@ -262,8 +262,10 @@ class Schedules:
         merged = {k: current.get(k) for k in ("task", "schedule", "args", "kwargs", "options",
                                               "anarchon") if k in current}
         if "schedule" in changes:
-            changes["schedule"] = entry_json.keep_zone(
-                entry_json.schedule_json(changes["schedule"]), current.get("schedule"))
+            as_data = entry_json.schedule_json(changes["schedule"])
+            zoned = entry_json.keep_zone(as_data, current.get("schedule"))
+            if zoned is not as_data:        # anything else is checked as given, with its message
+                changes["schedule"] = zoned
         merged.update(changes)
         definition = self._definition(name, **{k: merged.get(k) for k in (
             "task", "schedule", "args", "kwargs", "options", "anarchon")})
