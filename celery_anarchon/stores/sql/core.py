@@ -252,8 +252,10 @@ class SQLStore(LeaseStore, EntryStore):
     def _run(self, what: str, work: Callable[[sa.Connection], T], *, write: bool = True,
              needs_schema: bool = True, durable: bool = True,
              unconfirmed: Callable[[T], T] | None = None, isolation: str | None = None) -> T:
-        """Run ``work(conn)`` in one transaction. Re-creates missing tables once (amnesia: the
-        entries' memory then begins now), re-runs deadlock victims (``DEADLOCK_RETRIES``), and
+        """Run ``work(conn)`` in one transaction. Creates what the tables lack once, then runs it
+        again (:func:`~.schema.create_schema`): tables an older version made get the new columns
+        (an upgrade, told once at INFO); tables that vanished are amnesia (a warning; the memory
+        then begins now). Re-runs deadlock victims (``DEADLOCK_RETRIES``), and
         turns every driver error into StoreUnavailable naming the masked URL and the cause
         (:func:`~celery_anarchon.stores._common.translated`).
 
@@ -275,9 +277,11 @@ class SQLStore(LeaseStore, EntryStore):
             except errors as error:
                 if not (needs_schema and self._missing_table(error)):
                     raise
-            log.warning("%s store %s: tables missing during %s: the store forgot its data; "
-                        "re-creating them (docs/timing.md, \"Amnesia\")", self.kind, self.safe_url, what)
-            self._run("create the schema", schema.create_schema, needs_schema=False)
+            change = self._run("create the schema", schema.create_schema, needs_schema=False)
+            if not change.existed:   # create_schema tells a partial loss and an upgrade itself
+                log.warning("%s store %s: tables missing during %s: the store forgot its data; "
+                            "re-created them (docs/timing.md, \"Amnesia\")", self.kind,
+                            self.safe_url, what)
             return attempts()
 
     def _now_us(self, conn: sa.Connection) -> int:

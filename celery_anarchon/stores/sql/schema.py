@@ -44,8 +44,16 @@ The entry store (:mod:`celery_anarchon.stores.entry_store`, :mod:`.entries`):
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
+import threading
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, mask_url
+
+log = logging.getLogger(__name__)
 
 #: Run states of a leased run that is still in flight (anarchon_runs.state).
 OPEN_STATES = ("queued", "started")
@@ -199,6 +207,14 @@ _ADDED_COLUMNS = (("anarchon_runs", "prev_token", "BIGINT"), ("anarchon_runs", "
                   ("anarchon_schedule_versions", "server_epoch", "TEXT"),
                   ("anarchon_schedule_versions", "accepted_ms", "BIGINT"),
                   ("anarchon_schedule_versions", "accepted_by", "TEXT"))
+#: tables added after the first release, in the groups one version added together (the entry
+#: store's): the database of an older version lacks a whole group; any other table that is
+#: missing beside existing ones was lost (docs/design.md "Amnesia")
+_ADDED_TABLES = (frozenset({"anarchon_schedule_entries", "anarchon_schedule_versions",
+                            "anarchon_run_requests", "anarchon_instances", "anarchon_fingerprints"}),
+                 frozenset({"anarchon_request_memory"}))
+#: the tables of the store's memory of claimed runs: losing one restarts the memory
+MEMORY_TABLES = frozenset({"anarchon_entries", "anarchon_claims", "anarchon_runs"})
 
 
 def clock_us(dialect_name: str) -> sa.ColumnElement:
@@ -226,18 +242,88 @@ def insert(dialect_name: str, table: sa.Table):
     return (postgresql.insert if dialect_name == "postgresql" else sqlite.insert)(table)
 
 
-def create_schema(conn: sa.Connection) -> None:
-    """Create every missing table and index, inside the caller's transaction.
+@dataclasses.dataclass(frozen=True)
+class SchemaChange:
+    """What :func:`create_schema` changed in the database.
+
+    :param existed: some of the store's tables were there before (False: a new database, or
+        one whose tables were all dropped).
+    :param lost: the tables it re-created that an older version's database has too, while
+        others existed: data the store lost (docs/design.md "Amnesia").
+    :param upgraded: what it added to the tables of an older version: ``"table.column"``
+        columns, and the tables of a group (``_ADDED_TABLES``) that was missing whole.
+    """
+
+    existed: bool
+    lost: tuple[str, ...] = ()
+    upgraded: tuple[str, ...] = ()
+
+
+def create_schema(conn: sa.Connection) -> SchemaChange:
+    """Create every missing table and index, inside the caller's transaction, and add to older
+    tables the columns later versions added.
 
     On PostgreSQL a transaction-scoped advisory lock keeps several instances that find the
     tables missing at once from racing on the catalog; on SQLite the caller's ``BEGIN
-    IMMEDIATE`` does the same. Columns added in later versions are added to older tables.
+    IMMEDIATE`` does the same. What it did is told, once the transaction commits:
+
+    * an upgrade (columns, or a group of tables, that an older version's tables lack) in one
+      INFO line naming them, once per process and database: nothing is lost or refused;
+    * a table lost beside existing ones in a WARNING naming it; when it held the memory of
+      claimed runs (:data:`MEMORY_TABLES`), the memory start of every namespace (``anarchon_stores``)
+      becomes now, so no run won before is won again (docs/design.md "Amnesia").
+
+    :returns: what changed (:class:`SchemaChange`); a new database is neither loss nor upgrade.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(
             sa.func.hashtext(sa.literal("celery_anarchon schema")))))
+    ours = set(metadata.tables)
+    missing = ours - set(sa.inspect(conn).get_table_names())
     metadata.create_all(conn, checkfirst=True)
     inspector = sa.inspect(conn)
+    added = []
     for table, column, sql_type in _ADDED_COLUMNS:
-        if column not in {c["name"] for c in inspector.get_columns(table)}:
+        if table not in missing and column not in {c["name"] for c in inspector.get_columns(table)}:
             conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
+            added.append(f"{table}.{column}")
+    existed = missing != ours
+    whole = set().union(*(group for group in _ADDED_TABLES if group <= missing))
+    lost = tuple(sorted(missing - whole)) if existed else ()
+    upgraded = tuple(added) + (tuple(sorted(whole)) if existed and not lost else ())
+    if MEMORY_TABLES & set(lost):
+        conn.execute(sa.update(stores).values(born_ms=clock_ms(conn.dialect.name)))
+    change = SchemaChange(existed=existed, lost=lost, upgraded=upgraded)
+    if lost or upgraded:
+        sa.event.listen(conn, "commit", lambda _conn: _tell(conn, change), once=True)
+    return change
+
+
+#: (database, what was upgraded) pairs already told in this process
+_TOLD: set[tuple[str, tuple[str, ...]]] = set()
+_TOLD_LOCK = threading.Lock()
+
+
+def _tell(conn: sa.Connection, change: SchemaChange) -> None:
+    """Log what :func:`create_schema` changed (after the commit that made it so)."""
+    url = conn.engine.url
+    url = url.set(drivername=url.get_backend_name()).render_as_string(hide_password=False)
+    where = f"{conn.dialect.name} store {mask_url(url)}"
+    if change.lost:
+        memory = ("its memory of claimed runs begins again now (slots before now + "
+                  f"{LATENESS_TOLERANCE_MS // 1000} s are refused as forgotten)"
+                  if MEMORY_TABLES & set(change.lost) else "they held no claimed run")
+        log.warning("%s: tables missing beside the others (%s): the store forgot its data; "
+                    "re-created them; %s (docs/timing.md, \"Amnesia\")", where,
+                    ", ".join(change.lost), memory)
+    if change.upgraded:
+        with _TOLD_LOCK:
+            if (where, change.upgraded) in _TOLD:
+                return
+            _TOLD.add((where, change.upgraded))
+        columns = [name for name in change.upgraded if "." in name]
+        tables = [name for name in change.upgraded if "." not in name]
+        added = " and ".join(f"the {what} {', '.join(names)}" for what, names in
+                             (("columns", columns), ("tables", tables)) if names)
+        log.info("%s: the tables were made by an older version of celery_anarchon: added %s "
+                 "(an upgrade: no data lost, no run refused)", where, added)
