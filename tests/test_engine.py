@@ -30,7 +30,7 @@ from celery_anarchon.stores.entry_store import Pause
 from celery_anarchon.timing import Settings
 
 from conftest import REDIS_URL, require_server
-from stores_support import LEASE_STORES, store_url, wait_until
+from stores_support import LEASE_STORES, VARIANT_OPTIONS, store_url, wait_until
 from tcp_proxy import TCPProxy, redis_address
 from backends import backdate_memory_start
 from helpers import request_run
@@ -1011,6 +1011,31 @@ def test_a_run_now_request_of_a_leased_entry_runs_though_newer_slots_were_claime
     assert ("e", slot, 1) in h.sent, (h.sent, h.history("e").get(slot))
     assert h.engine.stats["claim_superseded"] == 0
     assert h.store.inspect("e", slot).state is RunState.QUEUED
+
+
+@pytest.mark.parametrize("kind", ["redis-stream-id", "redis-script", "redis-idmp"])
+def test_a_run_now_request_runs_though_newer_slots_were_claimed_on_every_redis_strategy(
+        kind, tmp_path, namespace, harnesses):
+    """The same on the Redis strategies without leases (stream-id: scheduled ids only grow):
+    the request's run is claimed and sent though a newer scheduled slot was claimed before the
+    sync saw it, never refused as superseded, and the scheduled slots after it still run."""
+    h = make(harnesses, store_url(kind, str(tmp_path)), namespace,
+             {"e": (2, {"jitter": 0, "max_late": 5})}, sync_s=3,
+             store_options=VARIANT_OPTIONS[kind])
+    h.engine.tick()                                     # the start-up slot, and the first sync
+    slot = h.store.now_ms()
+    h.store.request_run("e", "r1", slot, by="test")
+    h.advance(2.0)
+    h.engine.tick()                                     # the next scheduled slot, newer than it
+    newer = max(s for _, s, _ in h.sent)
+    assert newer > slot, h.sent
+    h.sync(3.0)
+    assert ("e", slot, 1) in h.sent, (h.sent, h.history("e").get(slot))
+    assert h.engine.stats["claim_superseded"] == 0
+    h.advance(2.0)
+    h.engine.tick()
+    assert max(s for _, s, _ in h.sent) > newer, "the schedule goes on after the request's run"
+    assert RunEvent.SUPERSEDED not in {r.event for r in h.history("e").values()}
 
 
 def test_a_leased_run_claimed_before_a_pause_is_not_taken_over_while_paused(

@@ -4,6 +4,7 @@ One suite, parametrized over the backends: each test is named after the promise 
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import random
 import re
@@ -159,6 +160,34 @@ def test_winner_is_recognised_on_retry(stores):
     assert again.outcome is Outcome.WON and again.winner == "A"
     assert other.outcome is Outcome.OTHER_WON
     assert other.winner == "A" and other.winner_fingerprint == "fp1"
+
+
+def test_a_run_now_claim_is_its_own_run_whatever_the_scheduled_slots(stores):
+    """A run-now request's claim (``requested``) has a slot of its own, the store's clock when it
+    was made: it is won once though a newer scheduled slot was claimed before it (never refused as
+    superseded), and, newer than the scheduled slots, it supersedes none of them (stream-id:
+    scheduled ids only grow, yet a run-now run moves no id). One (entry, slot) is one run,
+    whichever kind claims it."""
+    a, b = prepared(stores("A")), stores("B")
+    now = fresh_slot(a)
+    assert a.claim([req("e", now)])[0].outcome is Outcome.WON            # scheduled, newer
+    request = dataclasses.replace(req("e", now - 500), requested=True)
+    first = a.claim([request])[0]
+    assert first.outcome is Outcome.WON, first
+    later = b.claim([dataclasses.replace(req("e", now + 1000), requested=True)])[0]
+    assert later.outcome is Outcome.WON, later
+    scheduled = b.claim([req("e", now + 500)])[0]
+    assert scheduled.outcome is Outcome.WON, "a run-now run supersedes no scheduled slot"
+    other = b.claim([request])[0]
+    same_run = a.claim([dataclasses.replace(req("e", now + 500), requested=True)])[0]
+    assert RunEvent.SUPERSEDED not in {h.event for h in a.history("e")}, a.history("e")
+    if not a.recognises_winner:
+        assert other.outcome in (Outcome.UNKNOWN, Outcome.OTHER_WON)
+        assert same_run.outcome in (Outcome.UNKNOWN, Outcome.OTHER_WON)
+        return
+    assert (other.outcome, other.winner) == (Outcome.OTHER_WON, "A"), other
+    assert a.claim([request])[0].outcome is Outcome.WON, "the winner's retry reads its win back"
+    assert (same_run.outcome, same_run.winner) == (Outcome.OTHER_WON, "B"), same_run
 
 
 def test_claim_batch_answers_in_request_order(stores):

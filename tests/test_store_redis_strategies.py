@@ -237,6 +237,39 @@ def test_stream_id_trimming_keeps_the_refusal(stream_id):
     assert outcome(a, newest + 1) is Outcome.WON
 
 
+def test_stream_id_keeps_run_now_runs_apart_and_never_wins_one_twice(stream_id):
+    """Run-now runs (``requested``) older than the stream's newest slot are won, each once; they
+    move no stream id. The newest max(history_size, 100) are kept; every slot at or below the
+    newest one trimmed is refused (forgotten), so a trimmed run is never won again, and a slot of
+    a run-now run is the same run for a scheduled claim."""
+    a, b = prepared(stream_id("A", history_size=5)), stream_id("B", history_size=5)
+    server, keys = raw(stream_id), a.keys_of("e")
+    now = a.now_ms()
+    assert outcome(a, now) is Outcome.WON
+    base = now - 5000
+    results = a.claim([dataclasses.replace(req("e", base + i), requested=True) for i in range(120)])
+    assert {r.outcome for r in results} == {Outcome.WON}, Counter(r.outcome for r in results)
+    assert server.xinfo_stream(keys["claims:stream"])["last-generated-id"] == f"{now}-0"
+    assert server.zcard(keys["claims:requested"]) == 100 and server.hlen(keys["claims"]) == 100
+    assert server.get(keys["claims:requested:floor"]) == str(base + 19)
+    assert all(server.ttl(keys[k]) == -1 for k in ("claims", "claims:requested",
+                                                    "claims:requested:floor"))
+
+    def run_now(store, slot):
+        return store.claim([dataclasses.replace(req("e", slot), requested=True)])[0]
+    for slot in (base, base + 19, base - 1):      # trimmed, or older than the kept ones: refused
+        refused = run_now(b, slot)
+        assert refused.outcome is Outcome.FORGOTTEN and "run-now runs" in refused.detail, refused
+    kept = run_now(b, base + 20)
+    assert (kept.outcome, kept.winner) == (Outcome.OTHER_WON, "A"), kept
+    assert run_now(a, base + 20).outcome is Outcome.WON, "the winner's retry"
+    same = b.claim([req("e", base + 50)])[0]
+    assert (same.outcome, same.winner) == (Outcome.OTHER_WON, "A"), "one slot is one run"
+    assert outcome(b, now + 1000) is Outcome.WON, "the schedule goes on"
+    assert run_now(b, now + 500).outcome is Outcome.WON
+    assert outcome(b, now + 2000) is Outcome.WON, "a run-now run supersedes no scheduled slot"
+
+
 def _shuffled_racer(url, namespace, instance_id, runs, barrier, queue):
     store = open_store(url, namespace=namespace, instance_id=instance_id,
                        options={"strategy": "stream-id"})

@@ -15,7 +15,9 @@ Every claim script, for each run of the batch, in this order (docs/design.md "Wh
 2. the entry is paused -> PAUSED, detail ``Pause.describe()``, recorded once in history;
 3. the store's memory of the entry began after ``slot - 10 s`` (a new store, or it lost its data,
    e.g. a FLUSHDB) -> FORGOTTEN;
-4. the strategy's own refusals (below), recorded once in history (fill only);
+4. the strategy's own refusals (below), recorded once in history (fill only); none of them is
+   "superseded" for the run of a run-now request (``ClaimRequest.requested``): stream-id claims
+   it apart from its stream of scheduled slots, script and idmp never order their runs;
 5. won: the claim, the winner (instance id, fingerprint, store ms) and the history record
    ``claimed`` are written by the same script.
 
@@ -29,7 +31,8 @@ Before any run, every claim script checks the memory settings recorded store-wid
 another instance's, still in use, refuse the whole batch (forgotten, naming both).
 
 Keys: the lease strategy's block (:data:`~celery_anarchon.stores.redis.scripts.ENTRY_KEYS`: only
-``born``, ``claims`` (idmp: ``claims`` and ``claims:expiry``, for runs refused as paused) and
+``born``, ``claims`` (stream-id: the run-now runs' winners; idmp: ``claims`` and
+``claims:expiry``, for runs refused as paused) and
 the two history keys are used) followed by the strategy's own keys, all
 under the entry's one hash tag. No key carries a TTL.
 """
@@ -65,7 +68,8 @@ STREAM_KEEP_MIN = 100
 
 class _ClaimOnlyRedisStore(RedisStore):
     """What the three strategies share: no leases, no lateness check of their own, one claim
-    script per batch whose runs are 5 ARGV items each (after :meth:`_claim_params`)."""
+    script per batch whose runs are 6 ARGV items each (after :meth:`_claim_params`; the last
+    one marks the run of a run-now request, :attr:`ClaimRequest.requested`)."""
 
     checks_lateness = False
     #: the claim script
@@ -95,7 +99,7 @@ class _ClaimOnlyRedisStore(RedisStore):
         for i in order:
             r = requests[i]
             args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), r.task_id,
-                     r.fingerprint, r.entry]
+                     r.fingerprint, r.entry, "1" if r.requested else "0"]
         reply, unconfirmed = self._claim_call(
             [k for e in blocks for k in self._claim_block(e)], [*self._claim_params(), *args])
         results = self._unconfirmed(claim_results([requests[i] for i in order], reply), unconfirmed)
@@ -106,13 +110,22 @@ class _ClaimOnlyRedisStore(RedisStore):
 
 
 class RedisStreamIdStore(_ClaimOnlyRedisStore):
-    """Strategy ``stream-id``: the claim adds ``<slot>-0`` to the entry's stream; ids only grow,
-    so a claimed run is remembered forever and an older slot after a newer one is refused
-    (SUPERSEDED). The stream is trimmed to about max(history_size, 100) entries (MAXLEN ~), which
-    keeps its last id, so trimming never weakens the refusal; it never gets a TTL nor a DEL."""
+    """Strategy ``stream-id``: the claim of a scheduled slot adds ``<slot>-0`` to the entry's
+    stream; ids only grow, so a claimed run is remembered forever and an older slot after a newer
+    one is refused (SUPERSEDED). The stream is trimmed to about max(history_size, 100) entries
+    (MAXLEN ~), which keeps its last id, so trimming never weakens the refusal; it never gets a
+    TTL nor a DEL.
+
+    The run of a run-now request (:attr:`ClaimRequest.requested`) is its own run, kept apart (as
+    the lease stores keep it, docs/design.md "Leases": Overlap): its winner in ``claims``, its slot
+    in ``claims:requested``, never superseded by a scheduled slot and moving no stream id, so it
+    supersedes none. The newest max(history_size, 100) of them are kept; ``claims:requested:floor``
+    holds the newest slot trimmed, and every slot at or below it is refused (FORGOTTEN), so a
+    claimed run, of either kind, is never won again."""
 
     strategy = "stream-id"
-    EXTRA_KEYS = {"STREAM": "claims:stream"}
+    EXTRA_KEYS = {"STREAM": "claims:stream", "REQUESTED": "claims:requested",
+                  "REQUESTED_FLOOR": "claims:requested:floor"}
     CLAIM_SCRIPT = STREAM_ID_CLAIM
     CLAIM_IN_SLOT_ORDER = True
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from celery_anarchon.stores.redis.scripts import lua
 
-#: Helpers of the three claim scripts. ARGV after the header: the strategy's parameters, then 5
-#: items per request: entry block number (1-based), slot (UTC ms), task id, fingerprint, entry name.
+#: Helpers of the three claim scripts. ARGV after the header: the strategy's parameters, then
+#: RUN_ITEMS (6) items per request: entry block number (1-based), slot (UTC ms), task id,
+#: fingerprint, entry name, "1" for the run of a run-now request (ClaimRequest.requested) else "0".
 _HELPERS = r"""
 local function fields(flat)  -- a stream entry's field list -> table
   local t = {}
@@ -40,12 +41,13 @@ end
 local function claim_all(first, claim_one)
   local refused = settings_refusal()  -- other memory settings in use: nothing is claimed
   local results = {}
-  for i = first, #ARGV, 5 do
+  for i = first, #ARGV, 6 do
     local b, slot_s, task_id = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]
     if refused then
       results[#results + 1] = skipped(b, slot_s, task_id, 'forgotten', refused)
     else
-      results[#results + 1] = claim_one(b, slot_s, task_id, ARGV[i + 3], ARGV[i + 4])
+      results[#results + 1] = claim_one(b, slot_s, task_id, ARGV[i + 3], ARGV[i + 4],
+                                        ARGV[i + 5] == '1')
     end
   end
   return claim_reply(results)
@@ -53,17 +55,44 @@ end
 """
 
 #: stream-id: XADD <slot>-0 to the entry's stream; stream ids only grow (docs/design.md: memory forever).
-#: KEYS: the namespace keys, then per entry, ENTRY_KEYS then STREAM.
-#: ARGV[7]: entries to keep (MAXLEN ~).  ARGV[8..]: runs.
-#: Refusals: EARLY (slot more than 10 s ahead of the server's clock: an instance with a fast clock
-#: must not push the id past everyone's slots), SUPERSEDED (a newer slot is in the stream), UNKNOWN
-#: (this very id is the stream's last one but its entry is gone: nobody can tell the winner).
+#: A run-now request's run (its slot: the store's clock when it was made) is its own run, kept
+#: apart: its claim record in CLAIMS (field = slot) and its slot in REQUESTED, trimmed to the
+#: newest KEEP; REQUESTED_FLOOR is the newest slot ever trimmed from it. It moves no stream id, so
+#: it supersedes no scheduled slot, and no scheduled slot supersedes it.
+#: KEYS: the namespace keys, then per entry, ENTRY_KEYS then STREAM, REQUESTED, REQUESTED_FLOOR.
+#: ARGV[7]: entries to keep (MAXLEN ~; also the run-now runs kept).  ARGV[8..]: runs.
+#: Already claimed: <slot>-0 in the stream, or the slot in CLAIMS (one slot is one run, whichever
+#: kind claimed it). Refusals: EARLY (slot more than 10 s ahead of the server's clock: an
+#: instance with a fast clock must not push the id past everyone's slots), FORGOTTEN (the slot is
+#: at or below REQUESTED_FLOOR: a trimmed run-now run of that slot cannot be told apart from
+#: none), then for a scheduled slot SUPERSEDED (a newer slot is in the stream) and UNKNOWN (this
+#: very id is the stream's last one but its entry is gone: nobody can tell the winner).
 STREAM_ID_CLAIM = lua(_HELPERS + r"""
-local KEEP = ARGV[7]
-return claim_all(8, function(b, slot_s, task_id, fingerprint, name)
+local KEEP = tonumber(ARGV[7])
+
+local function claim_requested(b, slot_s, task_id, fingerprint)
+  redis.call('HSET', key(b, CLAIMS), slot_s,
+             cjson.encode({w = INSTANCE, f = fingerprint, t = int(NOW)}))
+  redis.call('ZADD', key(b, REQUESTED), slot_s, slot_s)
+  local excess = redis.call('ZCARD', key(b, REQUESTED)) - KEEP
+  if excess > 0 then
+    local gone = redis.call('ZRANGE', key(b, REQUESTED), 0, excess - 1)
+    redis.call('ZREMRANGEBYRANK', key(b, REQUESTED), 0, excess - 1)
+    for _, s in ipairs(gone) do redis.call('HDEL', key(b, CLAIMS), s) end
+    local floor = num(redis.call('GET', key(b, REQUESTED_FLOOR)))
+    if not floor or tonumber(gone[#gone]) > floor then
+      redis.call('SET', key(b, REQUESTED_FLOOR), gone[#gone])
+    end
+  end
+  return won(b, slot_s, task_id, fingerprint)
+end
+
+return claim_all(8, function(b, slot_s, task_id, fingerprint, name, requested)
   local stream, id, slot = key(b, STREAM), slot_s .. '-0', tonumber(slot_s)
   local found = redis.call('XRANGE', stream, id, id)[1]
   if found then return recorded(fields(found[2])) end
+  local raw = redis.call('HGET', key(b, CLAIMS), slot_s)
+  if raw then return recorded(cjson.decode(raw)) end
   local paused = pause_refusal(b, slot_s, task_id, name)
   if paused then return paused end
   local forgot = amnesia(b, slot)
@@ -72,6 +101,13 @@ return claim_all(8, function(b, slot_s, task_id, fingerprint, name)
     return skipped(b, slot_s, task_id, 'early',
       'slot is more than 10 s ahead of the store clock ' .. iso(NOW) .. '; is this host ahead?')
   end
+  local floor = num(redis.call('GET', key(b, REQUESTED_FLOOR)))
+  if floor and slot <= floor then
+    return skipped(b, slot_s, task_id, 'forgotten', 'the store keeps the newest ' .. int(KEEP) ..
+      ' run-now runs of an entry and no longer remembers those up to ' .. iso(floor) ..
+      ': this slot cannot be claimed safely')
+  end
+  if requested then return claim_requested(b, slot_s, task_id, fingerprint) end
   -- sequence is always 0: an XADD of <slot>-1 after <slot>-0 would be accepted (a second winner)
   local added = redis.pcall('XADD', stream, 'MAXLEN', '~', KEEP, id,
                             'w', INSTANCE, 'f', fingerprint, 't', int(NOW))
@@ -85,7 +121,7 @@ return claim_all(8, function(b, slot_s, task_id, fingerprint, name)
   return skipped(b, slot_s, task_id, 'superseded',
     'a newer slot (' .. iso(id_ms(last)) .. ') was already claimed; stream ids only grow')
 end)
-""", extra_keys=("STREAM",))
+""", extra_keys=("STREAM", "REQUESTED", "REQUESTED_FLOOR"))
 
 #: script: the claimed slots of each entry in a sorted set (score = slot), the winners in the
 #: ``claims`` hash; trimmed by window (server clock) and by count (history_size).
