@@ -72,6 +72,8 @@ _PATCHED_ATTR = "_anarchon_patched"
 _local = threading.local()
 _stores: dict = {}
 _stores_lock = threading.Lock()
+#: (pid, store URL) pairs whose store this process has named in its log
+_named: set = set()
 
 
 def is_installed(app) -> bool:
@@ -326,7 +328,7 @@ def _adopt(task, request, headers) -> Lease:
                        attempt, request.id)
         raise Ignore()
     if not adopted:
-        state = run.state.value if run is not None else "unknown to the store"
+        state = run.state.value if run is not None else f"unknown to the store {store.safe_url}"
         _count(task.app, "dropped")
         logger.warning("%s: dropped a message of slot %s (attempt %d, task %s) without running it: "
                        "the run is %s%s.", entry, slot, attempt, request.id, state,
@@ -369,7 +371,25 @@ def _store(app, namespace: str):
                 app, Settings.from_app(app, check_timezone=False), namespace=namespace,
                 instance_id=f"worker:{socket.gethostname()}:{os.getpid()}"))
             _stores[key] = store
+            _name_store(store)
         return store
+
+
+def _name_store(store) -> None:
+    """Say once per process which store the worker side uses: its URL as the store resolved it
+    (a relative SQLite path made absolute against this process's working directory, once, as beat
+    does) and, for a relative SQLite path, the warning beat gives at start-up: a worker in another
+    directory than beat adopts in another file (docs/stores.md "SQLite")."""
+    named = (os.getpid(), store.safe_url)
+    if named in _named:
+        return
+    _named.add(named)
+    logger.info("celery_anarchon: the worker side adopts, renews and releases leased runs in the "
+                "%s store %s", store.kind, store.safe_url)
+    relative_warning = getattr(store, "relative_warning", None)
+    warning = relative_warning() if relative_warning is not None else None
+    if warning:
+        logger.warning("celery_anarchon: %s", warning)
 
 
 class _Heartbeat:

@@ -218,8 +218,9 @@ def test_two_beats_in_two_directories_with_a_relative_sqlite_path_each_name_thei
         instances[name] = line.split("anarchon: instance ", 1)[1].split(",", 1)[0]
         warning = (f"sqlite store sqlite:///{path}: anarchon_store_url 'sqlite:///rel.sqlite3' "
                    "names a relative path, resolved against this process's working directory "
-                   f"({folder}): a beat or command started in another directory opens another "
-                   "file, and two beats on two files each send every run. Fix: give the "
+                   f"({folder}): a beat, worker or command started in another directory opens "
+                   "another file: two beats on two files each send every run, and a worker on "
+                   "another file than beat's adopts none of its leased runs. Fix: give the "
                    f"absolute path, anarchon_store_url = 'sqlite:///{path}' (four slashes)")
         assert warning in text, text
         assert text.count("sqlite:///rel.sqlite3") == text.count(warning), text

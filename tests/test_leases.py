@@ -473,3 +473,82 @@ def test_a_release_blocked_longer_than_the_lease_still_lands(namespace, caplog):
     finally:
         proxy.close()
         beat_store.close()
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["relative-path", "absolute-path"])
+def test_the_worker_side_names_its_store_and_resolves_a_relative_sqlite_path_as_beat_does(
+        tmp_path, monkeypatch, namespace, caplog, relative):
+    """The worker's store (adopt, heartbeat, release) opened on a relative SQLite path is the file
+    in the worker's working directory, resolved once, as beat's: the worker logs the absolute URL
+    it uses, once per process, and (relative path) beat's warning naming the path, the directory
+    and the fix; a later change of directory changes nothing."""
+    from celery_anarchon import leases
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "rel.sqlite3"
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="memory://",
+                    anarchon_store_url="sqlite:///rel.sqlite3" if relative else f"sqlite:///{path}")
+    monkeypatch.setattr(leases, "_stores", {})
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        store = leases._store(app, namespace)
+        monkeypatch.chdir("/")
+        assert leases._store(app, namespace) is store
+        leases._store(app, namespace + "-other").close()
+    store.close()
+    assert store.path == str(path)
+    lines = [r for r in caplog.records if f"sqlite:///{path}" in r.getMessage()]
+    named = [r for r in lines if r.levelno == logging.INFO]
+    assert len(named) == 1 and "worker" in named[0].getMessage(), caplog.text
+    warned = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    if not relative:
+        assert not warned and "relative path" not in caplog.text, caplog.text
+        return
+    assert len(warned) == 1, caplog.text
+    assert ("'sqlite:///rel.sqlite3' names a relative path, resolved against this process's "
+            f"working directory ({tmp_path})") in warned[0], warned[0]
+    assert "worker" in warned[0] and f"anarchon_store_url = 'sqlite:///{path}'" in warned[0]
+
+
+def test_a_worker_in_another_directory_than_beat_names_its_own_sqlite_file(tmp_path, namespace):
+    """A real beat and a real prefork worker started from two directories with
+    ``sqlite:///rel.sqlite3``: each resolves the path against its own directory, so the worker
+    adopts in another file than the one beat claimed in (the run is unknown there, and dropped).
+    The worker says which file it uses and gives beat's warning, naming its directory and the
+    fix; its drop names the file."""
+    require_server(REDIS_URL, "Redis (broker and results)")
+    dirs = {name: tmp_path / name for name in ("beat", "worker")}
+    for folder in dirs.values():
+        folder.mkdir()
+    store = open_store(f"sqlite:///{dirs['beat'] / 'rel.sqlite3'}", namespace=namespace,
+                       instance_id="test")
+    store.prepare(["long"])
+    backdate_memory_start(store, ["long"], 120_000)
+    store.close()
+    queue = f"lt-{namespace}"
+    schedule = {"long": {"every": 3600, "anchor": int(time.time()), "queue": queue,
+                         **long_entry(1)}}
+    cluster = Cluster(str(tmp_path), {
+        "ANARCHON_LT_BROKER": REDIS_BASE + "/8", "ANARCHON_LT_BACKEND": REDIS_BASE + "/7",
+        "ANARCHON_LT_STORE": "sqlite:///rel.sqlite3", "ANARCHON_LT_NAMESPACE": namespace,
+        "ANARCHON_LT_OUT": str(tmp_path / "events.jsonl"), "ANARCHON_LT_ACKS_LATE": "0",
+        "ANARCHON_LT_SCHEDULE": json.dumps(schedule)}, app="lease_app")
+    worker_file = dirs["worker"] / "rel.sqlite3"
+    try:
+        cluster.start("w1", "worker", "-l", "info", "-P", "prefork", "-c", "1",
+                      "--without-gossip", "--without-mingle", "--without-heartbeat",
+                      "-n", "w1@%h", "-Q", queue, cwd=str(dirs["worker"]))
+        cluster.wait_log("w1", "ready.")
+        cluster.beat("b1", cwd=str(dirs["beat"]))
+        cluster.wait_log("w1", f"unknown to the store sqlite:///{worker_file}", timeout=30)
+    finally:
+        cluster.stop_all()
+    text = cluster.text("w1")
+    assert (f"the worker side adopts, renews and releases leased runs in the sqlite store "
+            f"sqlite:///{worker_file}") in text, text
+    warning = (f"sqlite store sqlite:///{worker_file}: anarchon_store_url 'sqlite:///rel.sqlite3' "
+               "names a relative path, resolved against this process's working directory "
+               f"({dirs['worker']}): a beat, worker or command started in another directory opens "
+               "another file")
+    assert text.count(warning) == 1, text
+    assert f"sqlite:///{dirs['beat'] / 'rel.sqlite3'}" in cluster.text("b1")
+    assert not read_executions(str(tmp_path / "events.jsonl")), "no body ran in the wrong file"

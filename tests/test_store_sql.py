@@ -113,8 +113,9 @@ def test_sqlite_paths_relative_and_absolute(tmpdir_path, monkeypatch):
     assert warnings == [
         f"sqlite store sqlite:///{path}: anarchon_store_url 'sqlite:///sub/claims.sqlite3' names "
         f"a relative path, resolved against this process's working directory ({tmpdir_path}): "
-        "a beat or command started in another directory opens another file, and two beats on "
-        "two files each send every run. Fix: give the absolute path, "
+        "a beat, worker or command started in another directory opens another file: two beats "
+        "on two files each send every run, and a worker on another file than beat's adopts none "
+        "of its leased runs. Fix: give the absolute path, "
         f"anarchon_store_url = 'sqlite:///{path}' (four slashes)"]
     assert absolute.url == "sqlite:///" + os.path.join(tmpdir_path, "abs.sqlite3")
     assert absolute.prepare(["e"]) == []

@@ -326,8 +326,9 @@ class SQLiteStore(SQLStore):
     ``busy_timeout``: how long a transaction waits for another process's write lock. A relative
     path is resolved once, against the working directory when the store is built
     (:func:`absolute_sqlite_url`): :attr:`url` and :attr:`safe_url` are the absolute URL (every
-    banner, log, ``check``, ``status`` and page line names that file), and :meth:`prepare` warns
-    that another directory would mean another file. A file that is
+    banner, log, ``check``, ``status`` and page line names that file), and :meth:`prepare` (and
+    the worker side, when it opens its store) warns that another directory would mean another
+    file (:meth:`relative_warning`). A file that is
     deleted or replaced while beat runs is noticed before the next operation: the store reconnects
     and treats it as amnesia (docs/design.md "Amnesia"). Every commit is ``synchronous = FULL`` (in WAL
     mode, NORMAL may lose the last commits on a power cut).
@@ -430,23 +431,27 @@ class SQLiteStore(SQLStore):
             raise ConfigError(f"anarchon_store_url {self.safe_url!r}: {self.path!r} is a folder, not "
                               f"a SQLite file; {fix}")
         try:
-            return super().prepare(entries) + self._relative_warning()
+            warning = self.relative_warning()
+            return super().prepare(entries) + ([warning] if warning else [])
         except StoreUnavailable as error:
             if "unable to open database file" in str(error) or "readonly database" in str(error):
                 raise ConfigError(f"anarchon_store_url {self.safe_url!r}: cannot open the SQLite file "
                                   f"{self.path!r} ({error}); {fix}") from None
             raise
 
-    def _relative_warning(self) -> list[str]:
-        """The warning of a store URL that named a relative path (empty otherwise)."""
+    def relative_warning(self) -> str | None:
+        """The warning of a store URL that named a relative path, or None: the one text beat
+        (prepare), ``check``, ``status``, the page and the worker side give (docs/stores.md
+        "SQLite")."""
         if self.relative is None:
-            return []
+            return None
         given, folder = self.relative
-        return [f"{self.kind} store {self.safe_url}: anarchon_store_url {mask_url(given)!r} names "
+        return (f"{self.kind} store {self.safe_url}: anarchon_store_url {mask_url(given)!r} names "
                 f"a relative path, resolved against this process's working directory ({folder}): "
-                "a beat or command started in another directory opens another file, and two beats "
-                "on two files each send every run. Fix: give the absolute path, "
-                f"anarchon_store_url = {self.safe_url!r} (four slashes)"]
+                "a beat, worker or command started in another directory opens another file: two "
+                "beats on two files each send every run, and a worker on another file than "
+                "beat's adopts none of its leased runs. Fix: give the absolute path, "
+                f"anarchon_store_url = {self.safe_url!r} (four slashes)")
 
     def _check_server(self, conn: sa.Connection) -> list[str]:
         if sqlite3.sqlite_version_info < (3, 24, 0):
