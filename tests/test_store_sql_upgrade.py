@@ -25,6 +25,8 @@ LEASE = LeaseTerms(queue_timeout_ms=600_000)
 #: the tables the entry store added, in one version, to the lease store's
 ENTRY_TABLES = ("anarchon_fingerprints", "anarchon_instances", "anarchon_run_requests",
                 "anarchon_schedule_entries", "anarchon_schedule_versions")
+#: the tables this version added: the older version lacks them in both cases
+NEW_TABLES = ("anarchon_request_memory",)
 #: what a line of the upgrade says, and what a line of amnesia says
 UPGRADE_WORDS = "older version"
 AMNESIA_WORDS = "forgot its data"
@@ -57,21 +59,27 @@ def maker(request, namespace):
 
 
 def _as_the_first_version_made_them(url: str, *, entry_tables: bool = False) -> None:
-    """Drop what later versions added: the columns of ``schema._ADDED_COLUMNS`` and, with
-    ``entry_tables``, the tables of the entry store."""
+    """Drop what later versions added: the columns of ``schema._ADDED_COLUMNS``, the tables of
+    :data:`NEW_TABLES` and, with ``entry_tables``, the tables of the entry store."""
     with _engine(url).begin() as conn:
         for table, column, _ in sql_schema._ADDED_COLUMNS:
             conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
-        if entry_tables:
-            for table in ENTRY_TABLES:
-                conn.exec_driver_sql(f"DROP TABLE {table}")
+        for table in NEW_TABLES + (ENTRY_TABLES if entry_tables else ()):
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+
+
+def _added(entry_tables: bool) -> list[str]:
+    """The columns a new version adds to the older tables (those of a dropped table come with
+    it)."""
+    return [f"{t}.{c}" for t, c, _ in sql_schema._ADDED_COLUMNS
+            if not (entry_tables and t in ENTRY_TABLES)]
 
 
 def _columns(url: str) -> set[str]:
     with _engine(url).connect() as conn:
         inspector = sa.inspect(conn)
-        return {f"{t}.{c['name']}" for t in ("anarchon_runs", "anarchon_history")
-                for c in inspector.get_columns(t)}
+        tables = {t for t, _, _ in sql_schema._ADDED_COLUMNS} & set(inspector.get_table_names())
+        return {f"{t}.{c['name']}" for t in tables for c in inspector.get_columns(t)}
 
 
 def _lines(caplog, words: str) -> list[str]:
@@ -109,7 +117,7 @@ def test_a_new_version_on_older_tables_upgrades_them_and_forgets_nothing(maker, 
                       req("report", won_slot)])[0].outcome is Outcome.WON
     old.close()
     _as_the_first_version_made_them(maker.url, entry_tables=entry_tables)
-    added = [f"{t}.{c}" for t, c, _ in sql_schema._ADDED_COLUMNS]
+    added = _added(entry_tables)
     assert not set(added) & _columns(maker.url)
 
     new = maker("new")      # a process of the new version, that prepared nothing
@@ -136,6 +144,7 @@ def test_a_new_version_on_older_tables_upgrades_them_and_forgets_nothing(maker, 
     assert len(upgrades) == 1, caplog.text
     assert all(column in upgrades[0] for column in added), upgrades[0]
     assert all(table in upgrades[0] for table in ENTRY_TABLES) is entry_tables, upgrades[0]
+    assert all(table in upgrades[0] for table in NEW_TABLES), upgrades[0]
     for entry in ("billing", "report"):
         assert RunEvent.FORGOTTEN not in {r.event for r in beat.history(entry)}, beat.history(entry)
 
