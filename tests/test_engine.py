@@ -1023,8 +1023,7 @@ def test_a_run_now_request_runs_though_newer_slots_were_claimed_on_every_redis_s
              {"e": (2, {"jitter": 0, "max_late": 5})}, sync_s=3,
              store_options=VARIANT_OPTIONS[kind])
     h.engine.tick()                                     # the start-up slot, and the first sync
-    slot = h.store.now_ms()
-    h.store.request_run("e", "r1", slot, by="test")
+    slot = request_run(h.store, "e", "r1").slot_ms
     h.advance(2.0)
     h.engine.tick()                                     # the next scheduled slot, newer than it
     newer = max(s for _, s, _ in h.sent)
