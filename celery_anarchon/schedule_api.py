@@ -363,6 +363,9 @@ class Schedules:
                               f"would answer paused; fix: resume it first (celery anarchon resume "
                               f"{name})")
         plan = build_plan(name, entry, app=self.app, settings=self.settings, store=self.store)
+        timing.check_run_now(name, self.store.memory, shortest_gap_s=plan.slots.shortest_gap_ms / 1000,
+                             max_late_s=plan.timing.max_late_s,
+                             sync_interval_s=self.settings.sync_interval_s)
         retention_ms = timing.ms(self.settings.request_retention_s)
         try:
             for _ in range(3):

@@ -28,6 +28,7 @@ import math
 import zoneinfo
 from typing import Any, Callable
 
+from celery_anarchon import limits
 from celery_anarchon._tz import did_you_mean
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory
 from celery_anarchon._util import duration as seconds  # seconds(value, what): a duration >= 0
@@ -367,6 +368,42 @@ def check_sync_interval(settings: Settings, memory: Memory) -> None:
             f"anarchon_store_options[{memory.setting!r}] to at least {math.ceil(span * 2):g}.")
 
 
+def check_run_now(name: str, memory: Memory, *, shortest_gap_s: float, max_late_s: float,
+                  sync_interval_s: float) -> None:
+    """A run-now request of entry ``name`` against a store that remembers a number of runs per
+    entry (``memory.count``: Redis ``idmp`` ``max_size``, ``script`` ``history_size``): it is
+    claimed up to max(``max_late_s``, 2 x ``sync_interval_s`` + :data:`RUN_NOW_MARGIN_S`) after
+    its slot, which ``count`` x the entry's shortest gap must cover (the rule "count x shortest
+    gap must cover jitter + max_late" of docs/design.md "Timing", for run-now requests), or a
+    late claim finds the first one forgotten: a second win on ``idmp``, a refusal (a miss) on
+    ``script``. Checked where a request is made (:meth:`Schedules.run_now`) and where beat claims
+    one (:meth:`~celery_anarchon.engine.sync.EntrySync.requests_due`), not at start-up: an entry
+    that is never run now keeps running (its scheduled runs are covered by :func:`resolve`).
+
+    :param shortest_gap_s: the entry's shortest gap between slots, seconds.
+    :param max_late_s: the entry's max_late, seconds.
+    :param sync_interval_s: ``anarchon_sync_interval``, seconds.
+    :raises ConfigError: naming the entry, the values and the fix.
+    """
+    span = max(max_late_s, 2 * sync_interval_s + RUN_NOW_MARGIN_S)
+    covered = (memory.count or 0) * shortest_gap_s
+    if memory.count is None or covered > span:
+        return
+    need = math.floor(span / shortest_gap_s) + 1
+    sync_below = (covered - RUN_NOW_MARGIN_S) / 2
+    lower = (f", lower anarchon_sync_interval below {sync_below:g} s"
+             if sync_below > 0 and max_late_s < covered else "")
+    raise ConfigError(
+        f"entry {limits.shown(name)}: run-now refused: a run-now request is claimed up to "
+        f"{_fmt(span)} after its slot (2 x anarchon_sync_interval {_fmt(sync_interval_s)} + "
+        f"{_fmt(RUN_NOW_MARGIN_S)}, or the entry's max_late if longer), but the store remembers "
+        f"at most {memory.count} runs per entry (store option {memory.count_setting!r}); with "
+        f"{_fmt(shortest_gap_s)} between slots that is {_fmt(covered)}: a claim that late could "
+        "find the first claim forgotten and win the run a second time. Its scheduled runs are not "
+        f"affected. Fix: set anarchon_store_options[{memory.count_setting!r}] to at least "
+        f"{need * 2}{lower}, or wait for the entry's next run.")
+
+
 def check_request_retention(settings: Settings, memory: Memory) -> None:
     """The retention of run-now request ids against the store: a request stays claimable for
     :attr:`Settings.run_now_max_late_s` after its slot and is read by every instance for the
@@ -394,5 +431,5 @@ def ms(s: float) -> int:
 
 
 __all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "Settings", "check_request_retention",
-           "check_sync_interval",
+           "check_run_now", "check_sync_interval",
            "resolve", "seconds", "split_entry_options", "ms", "LATENESS_TOLERANCE_MS"]

@@ -919,6 +919,43 @@ def test_a_run_now_request_is_claimed_at_once_and_sent_once(sqlite_url, namespac
     assert batches[1:] == [[("e", second)]]
 
 
+def test_a_run_now_request_beyond_a_count_limited_memory_is_refused_never_sent_twice(
+        tmp_path, namespace, harnesses, caplog):
+    """idmp with ``max_size=5`` and an entry every second remembers about 5 s of its runs; a
+    run-now request is claimed up to 2 x anarchon_sync_interval + 5 s = 15 s after its slot.
+    Instance A claims the request at once and then 5 scheduled runs; B syncs later, within the
+    15 s: its claim would win the run a second time (the store forgot A's). So every instance
+    refuses the request of such an entry: never sent, logged (ERROR, naming the entry, the
+    values and the fix) and recorded in the history as forgotten."""
+    url = store_url("redis-idmp", str(tmp_path))
+    options = {**VARIANT_OPTIONS["redis-idmp"], "max_size": 5}
+    entries = {"e": (1, {"jitter": 0, "max_late": 3})}
+    a = make(harnesses, url, namespace, entries, instance="A", sync_s=5, store_options=options)
+    b = make(harnesses, url, namespace, entries, instance="B", backdate=False, sync_s=5,
+             store_options=options)
+    a.engine.tick()
+    b.engine.tick()
+    now = a.store.now_ms()
+    seconds = frozenset(range((now // 1000 - 10) * 1000, (now // 1000 + 70) * 1000, 1000))
+    slot = request_run(a.store, "e", "r1", scheduled=seconds).slot_ms
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        a.sync(5.0)                                     # A claims the request at once
+        for _ in range(6):                              # then a scheduled run a second
+            a.advance(1.0)
+            a.engine.tick()
+        b.sync(5.0)                                     # B syncs 6 s after the slot
+    sends = [s for s in a.sent + b.sent if s[1] == slot]
+    assert sends == [], f"the run-now run was sent {len(sends)} time(s): {sends}"
+    assert max(s for _, s, _ in a.sent) > slot + 5_000, "the schedule runs on"
+    record = a.history("e")[slot]
+    assert record.event is RunEvent.FORGOTTEN and "'max_size'" in record.detail, record
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2, errors                     # once per instance
+    for message in errors:
+        assert message.startswith("anarchon: entry e: run-now request r1 by test is not claimed"), message
+        assert "at most 5 runs" in message and "at least 32" in message, message
+
+
 def test_instances_with_other_definitions_of_an_entry_both_log_it_and_leave_at_close(
         sqlite_url, namespace, harnesses, caplog):
     a = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0, "max_late": 30})},

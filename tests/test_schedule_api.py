@@ -340,6 +340,35 @@ def test_a_request_id_is_one_run_after_the_stores_memory_passed(kind, tmp_path, 
     assert "ticket-4711" not in [r.request_id for r in young], "beats read only young requests"
 
 
+@pytest.mark.parametrize("kind, count", [("redis-idmp", "max_size"), ("redis-script", "history_size")])
+def test_run_now_is_refused_on_an_entry_whose_count_limited_memory_misses_its_window(
+        kind, count, tmp_path, namespace):
+    """A store that remembers at most 5 runs per entry, an entry every second: its scheduled
+    runs are safe (5 s > jitter + max_late), but a run-now request is claimed up to 2 x
+    anarchon_sync_interval + 5 s = 15 s after its slot, when the store may have forgotten the
+    first claim (idmp: a second win; script: refused as forgotten). run_now refuses it, naming
+    the entry, the values and the fix; nothing is written. The same configuration still passes
+    the start-up rules, and run-now works on an entry whose slots are far enough apart."""
+    from celery_anarchon.testing import check_schedule
+    url, options = store_url(kind, tmp_path)
+    app = make_app(url, namespace, {**options, count: 5})
+    app.conf.beat_schedule = {
+        "fast": {"task": "proj.report", "schedule": 1.0, "options": {"anarchon": {"max_late": 3}}},
+        "slow": {"task": "proj.report", "schedule": 60.0}}
+    assert check_schedule(app) == [], "beat starts: only run-now is refused"
+    with celery_anarchon.schedules(app) as s:
+        before = s.store.entries_version()
+        with pytest.raises(ConfigError) as info:
+            s.run_now("fast", request_id="r-1")
+        assert s.store.entries_version() == before and not s.store.load_entries().requests
+        assert s.run_now("slow", request_id="r-1").created
+    message = str(info.value)
+    for fragment in ("entry 'fast'", "up to 15 s after its slot", "at most 5 runs per entry",
+                     f"store option {count!r}", "1 s between slots that is 5 s",
+                     f"anarchon_store_options[{count!r}] to at least 32"):
+        assert fragment in message, (fragment, message)
+
+
 #: racers and rounds of the concurrent run-now test
 RACERS, ROUNDS = 4, 10
 

@@ -381,6 +381,53 @@ def test_idmp_remembers_max_size_runs_then_a_repeat_wins_again(idmp):
     assert again.outcome is Outcome.WON and again.winner == "B", "the oldest of 3 was forgotten"
 
 
+def _run_now_then_scheduled_runs(store, count: int, entry="e"):
+    """A run-now request of ``entry`` (an entry every second: its scheduled slots are the whole
+    seconds), then ``count`` scheduled runs of it claimed by ``store``, the slots after the
+    request's (claimed ahead of time, within the 10-s early tolerance, where a real beat would
+    claim them one a second). Returns the request's claim."""
+    now = store.now_ms()
+    seconds = frozenset(range((now // 1000 - 10) * 1000, (now // 1000 + 70) * 1000, 1000))
+    request = request_run(store, entry, "r1", scheduled=seconds)
+    claim = dataclasses.replace(req(entry, request.slot_ms, max_late_ms=15_000), requested=True)
+    first_second = request.slot_ms // 1000 * 1000 + 1000
+    runs = [req(entry, first_second + i * 1000, max_late_ms=3_000) for i in range(count)]
+    return claim, runs
+
+
+def test_idmp_forgets_a_run_now_claim_after_max_size_newer_runs_and_a_late_claim_wins_it_again(
+        idmp):
+    """Why a count-limited memory must cover a run-now request's late window (``timing.
+    check_run_now``): with ``max_size=5`` and an entry every second, IDMP remembers about 5 s
+    of runs, but a second instance claims the request up to 2 x anarchon_sync_interval + 5 s
+    (15 s) after its slot. Once 5 newer runs were claimed, its claim wins the run a second
+    time: IDMP has no floor to refuse it by."""
+    a, b = prepared(idmp("A", max_size=5)), idmp("B", max_size=5)
+    claim, runs = _run_now_then_scheduled_runs(a, 5)
+    assert a.claim([claim])[0].outcome is Outcome.WON
+    assert {r.outcome for r in a.claim(runs)} == {Outcome.WON}
+    again = b.claim([claim])[0]
+    assert (again.outcome, again.winner) == (Outcome.WON, "B"), "a second win of one run"
+    assert again.store_ms - claim.slot_ms < 10_000, "well within the request's 15-s window"
+
+
+def test_script_refuses_a_run_now_claim_after_history_size_newer_runs_as_forgotten(script):
+    """The same on ``script`` with ``history_size=5``: the count trimming moves its floor past the
+    request's slot, so the request's claim is refused (forgotten): no second win, but a request
+    that no instance claimed before those 5 runs is never sent (a miss)."""
+    a, b = prepared(script("A", history_size=5)), script("B", history_size=5)
+    claim, runs = _run_now_then_scheduled_runs(a, 5)
+    assert a.claim([claim])[0].outcome is Outcome.WON
+    assert {r.outcome for r in a.claim(runs)} == {Outcome.WON}
+    again = b.claim([claim])[0]
+    assert again.outcome is Outcome.FORGOTTEN and "history_size" in again.detail, again
+    prepared(a, "f")
+    missed, runs = _run_now_then_scheduled_runs(a, 6, entry="f")
+    assert {r.outcome for r in a.claim(runs)} == {Outcome.WON}
+    late = b.claim([missed])[0]
+    assert late.outcome is Outcome.FORGOTTEN, "first claimed after 6 newer runs: never sent"
+
+
 def test_idmp_winner_record_gone_is_unknown_never_a_win(idmp):
     a = prepared(idmp("A"))
     slot = a.now_ms()

@@ -14,7 +14,9 @@ from celery_anarchon import ConfigError, install
 from celery_anarchon.plan import build_plan, build_plans, task_id_for
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Memory
-from celery_anarchon.timing import Settings, check_request_retention, check_sync_interval, resolve
+from celery_anarchon.timing import (
+    Settings, check_request_retention, check_run_now, check_sync_interval, resolve,
+)
 
 
 def make_app(**conf):
@@ -237,6 +239,35 @@ def test_a_run_now_claim_must_stay_within_the_store_memory():
         "run (120 s, store option 'memory'), or a late claim could win it a second time. Fix: "
         "lower anarchon_sync_interval (default 5) or set anarchon_store_options['memory'] to at "
         "least 250.")
+
+
+def test_a_run_now_claim_must_stay_within_a_count_limited_memory_of_its_entry():
+    """count x shortest gap must cover a run-now request's max_late (2 x sync + 5 s, or the
+    entry's max_late if longer), as it covers jitter + max_late of the scheduled runs; the
+    error names the entry, the values and the fix, lowering the sync interval only when that
+    can help."""
+    idmp = Memory(duration_s=300, count=5, setting="duration", count_setting="max_size")
+    for memory, gap in ((Memory(3600), 0.001), (Memory(None), 0.001), (idmp, 3.001)):
+        check_run_now("e", memory, shortest_gap_s=gap, max_late_s=3, sync_interval_s=5)
+    with pytest.raises(ConfigError) as info:
+        check_run_now("e", idmp, shortest_gap_s=1, max_late_s=3, sync_interval_s=5)
+    assert str(info.value) == (
+        "entry 'e': run-now refused: a run-now request is claimed up to 15 s after its slot "
+        "(2 x anarchon_sync_interval 5 s + 5 s, or the entry's max_late if longer), but the store "
+        "remembers at most 5 runs per entry (store option 'max_size'); with 1 s between slots "
+        "that is 5 s: a claim that late could find the first claim forgotten and win the run a "
+        "second time. Its scheduled runs are not affected. Fix: set "
+        "anarchon_store_options['max_size'] to at least 32, or wait for the entry's next run.")
+    script = Memory(duration_s=300, count=10, setting="window", count_setting="history_size")
+    with pytest.raises(ConfigError) as info:
+        check_run_now("n" * 300, script, shortest_gap_s=2, max_late_s=4, sync_interval_s=10)
+    message = str(info.value)
+    assert message.startswith("entry 'nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn'...: run-now")
+    assert ("up to 25 s after its slot" in message and "that is 20 s" in message
+            and "anarchon_store_options['history_size'] to at least 26, lower "
+                "anarchon_sync_interval below 7.5 s, or wait" in message), message
+    check_run_now("e", script, shortest_gap_s=2, max_late_s=4, sync_interval_s=7.4)
+    check_run_now("e", script, shortest_gap_s=60, max_late_s=500, sync_interval_s=5)
 
 
 def test_the_request_retention_defaults_to_a_week_and_is_checked_like_the_others():

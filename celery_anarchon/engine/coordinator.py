@@ -104,7 +104,7 @@ class Engine:
         if isinstance(store, EntryStore) and sync_interval_s:
             self.sync = EntrySync(store, build_store_plans, sync_interval_s, namespace, monotonic,
                                   self.outage, self.due.requested, instance_id=instance_id,
-                                  clock=clock, observer=observer)
+                                  clock=clock, observer=observer, notes=self.notes)
         if isinstance(store, InstanceStore) and sync_interval_s:
             self.heartbeat = Heartbeat(store, instance_id, clock,
                                        int(TTL_INTERVALS * sync_interval_s * 1000), self.outage,

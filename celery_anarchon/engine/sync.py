@@ -20,9 +20,10 @@ from celery_anarchon._util import iso
 from celery_anarchon.engine.kept import KeptEntries, loss_of
 from celery_anarchon.engine.observe import NOOP, Observer
 from celery_anarchon.engine.outage import Outage
-from celery_anarchon.errors import StoreError
+from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, task_id_for
-from celery_anarchon.stores.base import ClaimRequest
+from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.stores.base import ClaimRequest, RunEvent
 from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, Pause, RunRequest
 
 logger = logging.getLogger(__name__)
@@ -54,13 +55,16 @@ class EntrySync:
     :param instance_id: this instance's id (in the details of the runs of a kept pause).
     :param clock: the wall clock, epoch seconds.
     :param observer: told of losses and of what is kept.
+    :param notes: the history-note buffer (a run-now request refused here is recorded in it).
     """
 
     def __init__(self, store: EntryStore, build_store_plans: BuildStorePlans | None,
                  interval_s: float, namespace: str, monotonic: Callable[[], float],
                  outage: Outage, requested: set[tuple[str, int]], *, instance_id: str = "",
-                 clock: Callable[[], float] = time.time, observer: Observer = NOOP) -> None:
+                 clock: Callable[[], float] = time.time, observer: Observer = NOOP,
+                 notes: NoteBuffer | None = None) -> None:
         self.store = store
+        self.notes = notes
         self.build_store_plans = build_store_plans
         self.interval_s = interval_s
         self.namespace = namespace
@@ -183,7 +187,11 @@ class EntrySync:
         """The claims of the run-now requests not handled here yet, of entries in ``plans``, each
         with max_late = max(the plan's, :attr:`request_max_late_ms`); a request already past it
         on the wall clock ``now`` (another instance ran it) and one whose slot is a scheduled
-        slot of its entry (that run is the schedule's) are let pass. Each is asked once."""
+        slot of its entry (that run is the schedule's) are let pass. A request of an entry whose
+        runs the store remembers by count for less than that max_late
+        (:func:`~celery_anarchon.timing.check_run_now`) is refused: logged (ERROR) and recorded
+        in the history as forgotten, never claimed (a late claim could win it a second time).
+        Each is asked once."""
         now_ms = int(now * 1000)
         claims = []
         for request in self.requests:
@@ -193,7 +201,16 @@ class EntrySync:
                 continue
             self.requested.add(run)
             max_late_ms = max(plan.max_late_ms, self.request_max_late_ms)
-            if now_ms - request.slot_ms > max_late_ms:
+            refusal = self._refusal(plan)
+            if refusal is not None:
+                logger.error("anarchon: entry %s: run-now request %s by %s is not claimed (slot "
+                             "%s): %s", request.entry, request.request_id, request.by,
+                             iso(request.slot_ms), refusal)
+                if self.notes is not None:
+                    self.notes.add(plan.name, request.slot_ms, RunEvent.FORGOTTEN, detail=refusal,
+                                   task_id=task_id_for(self.namespace, plan.name,
+                                                       request.slot_ms, 1))
+            elif now_ms - request.slot_ms > max_late_ms:
                 logger.debug("%s: run-now request %s is past its max_late here", request.entry,
                              request.request_id)
             elif plan.slots.next_after(request.slot_ms - 1) == request.slot_ms:
@@ -207,6 +224,19 @@ class EntrySync:
                     task_id=task_id_for(self.namespace, plan.name, request.slot_ms, 1),
                     fingerprint=plan.fingerprint, lease=plan.lease_terms, requested=True))
         return claims
+
+    def _refusal(self, plan: EntryPlan) -> str | None:
+        """Why a run-now request of ``plan``'s entry is not claimed here, or ``None``: a store
+        that remembers fewer of its runs than its request's max_late spans
+        (:func:`~celery_anarchon.timing.check_run_now`)."""
+        try:
+            timing.check_run_now(plan.name, self.store.memory,
+                                 shortest_gap_s=plan.slots.shortest_gap_ms / 1000,
+                                 max_late_s=plan.timing.max_late_s,
+                                 sync_interval_s=self.interval_s)
+        except ConfigError as exc:
+            return str(exc)
+        return None
 
     def _log_pauses(self, snapshot: EntrySnapshot, old: dict[str, EntryPlan]) -> None:
         pauses = {name: stored.pause for name, stored in snapshot.entries.items()
