@@ -36,7 +36,7 @@ from celery.schedules import crontab
 from celery_anarchon import entry_json, limits, timing
 from celery_anarchon.app_store import make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, EntryOwnedByConfig, StoreError, UnknownEntry
-from celery_anarchon.plan import build_plan, config_entry
+from celery_anarchon.plan import EntryPlan, build_plan, config_entry
 from celery_anarchon.slots import text_schedule_error
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.entry_store import (
@@ -363,15 +363,14 @@ class Schedules:
                               f"would answer paused; fix: resume it first (celery anarchon resume "
                               f"{name})")
         plan = build_plan(name, entry, app=self.app, settings=self.settings, store=self.store)
-        timing.check_run_now(name, self.store.memory, shortest_gap_s=plan.slots.shortest_gap_ms / 1000,
-                             max_late_s=plan.timing.max_late_s,
-                             sync_interval_s=self.settings.sync_interval_s)
+        self._check_run_now(plan, snapshot, None)
         retention_ms = timing.ms(self.settings.request_retention_s)
         try:
             for _ in range(3):
                 clock = self._ready().request_clock()
                 if request_id is None:
                     request_id = clock.new_id()
+                self._check_run_now(plan, snapshot, clock.now_ms)
                 window = SlotWindow.around(plan.slots, clock.now_ms)
                 try:
                     return self.store.request_run(name, request_id, window,
@@ -388,6 +387,20 @@ class Schedules:
                 exc.add_note(f"run-now request id {request_id!r}: the outcome is unknown; "
                              "repeat the call with this request_id (one run, never two)")
             raise
+
+    def _check_run_now(self, plan: EntryPlan, snapshot: EntrySnapshot, now_ms: int | None) -> None:
+        """:func:`~celery_anarchon.timing.check_run_now` for a new request of ``plan``'s entry
+        made at ``now_ms`` (the store's clock), counting the entry's requests of ``snapshot``
+        made within the span before it; ``None``: the entry alone (before the clock is read)."""
+        memory = self.store.memory
+        if memory.count is None:
+            return
+        max_late_s, sync_s = plan.timing.max_late_s, self.settings.sync_interval_s
+        span_ms = timing.ms(timing.run_now_span_s(max_late_s, sync_s))
+        others = 0 if now_ms is None else sum(
+            1 for r in snapshot.requests if r.entry == plan.name and r.slot_ms > now_ms - span_ms)
+        timing.check_run_now(plan.name, memory, shortest_gap_s=plan.slots.shortest_gap_ms / 1000,
+                             max_late_s=max_late_s, sync_interval_s=sync_s, others=others)
 
     def accept_loss(self, *, by: str | None = None) -> int:
         """Accept what the store lost (docs/design.md "Amnesia"): an instance that saw the store

@@ -368,40 +368,60 @@ def check_sync_interval(settings: Settings, memory: Memory) -> None:
             f"anarchon_store_options[{memory.setting!r}] to at least {math.ceil(span * 2):g}.")
 
 
+def run_now_span_s(max_late_s: float, sync_interval_s: float) -> float:
+    """How long after its slot a run-now request is claimed: max(the entry's ``max_late_s``, 2 x
+    ``sync_interval_s`` + :data:`RUN_NOW_MARGIN_S`), seconds (an instance claims it at its next
+    sync; :attr:`~celery_anarchon.engine.sync.EntrySync.request_max_late_ms`)."""
+    return max(max_late_s, 2 * sync_interval_s + RUN_NOW_MARGIN_S)
+
+
 def check_run_now(name: str, memory: Memory, *, shortest_gap_s: float, max_late_s: float,
-                  sync_interval_s: float) -> None:
+                  sync_interval_s: float, others: int = 0) -> None:
     """A run-now request of entry ``name`` against a store that remembers a number of runs per
     entry (``memory.count``: Redis ``idmp`` ``max_size``, ``script`` ``history_size``): it is
-    claimed up to max(``max_late_s``, 2 x ``sync_interval_s`` + :data:`RUN_NOW_MARGIN_S`) after
-    its slot, which ``count`` x the entry's shortest gap must cover (the rule "count x shortest
-    gap must cover jitter + max_late" of docs/design.md "Timing", for run-now requests), or a
-    late claim finds the first one forgotten: a second win on ``idmp``, a refusal (a miss) on
-    ``script``. Checked where a request is made (:meth:`Schedules.run_now`) and where beat claims
-    one (:meth:`~celery_anarchon.engine.sync.EntrySync.requests_due`), not at start-up: an entry
+    claimed up to :func:`run_now_span_s` after its slot, which ``count`` x the entry's shortest
+    gap must cover (the rule "count x shortest gap must cover jitter + max_late" of
+    docs/design.md "Timing", for run-now requests), or a late claim finds the first one
+    forgotten: a second win on ``idmp``, a refusal (a miss) on ``script``. Each of the entry's
+    ``others`` run-now requests made within that span before this one takes one of those runs.
+    Checked where a request is made (:meth:`Schedules.run_now`) and where beat claims one
+    (:meth:`~celery_anarchon.engine.sync.EntrySync.requests_due`), not at start-up: an entry
     that is never run now keeps running (its scheduled runs are covered by :func:`resolve`).
 
     :param shortest_gap_s: the entry's shortest gap between slots, seconds.
     :param max_late_s: the entry's max_late, seconds.
     :param sync_interval_s: ``anarchon_sync_interval``, seconds.
+    :param others: the entry's other run-now requests whose slots are within the span before
+        this one's.
     :raises ConfigError: naming the entry, the values and the fix.
     """
-    span = max(max_late_s, 2 * sync_interval_s + RUN_NOW_MARGIN_S)
-    covered = (memory.count or 0) * shortest_gap_s
-    if memory.count is None or covered > span:
+    if memory.count is None:
         return
-    need = math.floor(span / shortest_gap_s) + 1
-    sync_below = (covered - RUN_NOW_MARGIN_S) / 2
+    span = run_now_span_s(max_late_s, sync_interval_s)
+    covered = (memory.count - others) * shortest_gap_s
+    if covered > span:
+        return
+    need = math.floor(span / shortest_gap_s) + 1 + others
+    where = (f"entry {limits.shown(name)}: run-now refused: a run-now request is claimed up to "
+             f"{_fmt(span)} after its slot (2 x anarchon_sync_interval {_fmt(sync_interval_s)} + "
+             f"{_fmt(RUN_NOW_MARGIN_S)}, or the entry's max_late if longer), but the store "
+             f"remembers at most {memory.count} runs per entry (store option "
+             f"{memory.count_setting!r})")
+    risk = ("a claim that late could find the first claim forgotten, and win the run a second "
+            "time or be refused (a miss)")
+    fix = f"set anarchon_store_options[{memory.count_setting!r}] to at least {need * 2}"
+    if others and memory.count * shortest_gap_s > span:
+        raise ConfigError(
+            f"{where}, and {others} other run-now request(s) of the entry made in the last "
+            f"{_fmt(span)} take {others} of them; with {_fmt(shortest_gap_s)} between slots the "
+            f"rest is {_fmt(covered)}: {risk}. Fix: wait {_fmt(span)} and ask again, or {fix}.")
+    sync_below = (memory.count * shortest_gap_s - RUN_NOW_MARGIN_S) / 2
     lower = (f", lower anarchon_sync_interval below {sync_below:g} s"
-             if sync_below > 0 and max_late_s < covered else "")
+             if sync_below > 0 and max_late_s < memory.count * shortest_gap_s else "")
     raise ConfigError(
-        f"entry {limits.shown(name)}: run-now refused: a run-now request is claimed up to "
-        f"{_fmt(span)} after its slot (2 x anarchon_sync_interval {_fmt(sync_interval_s)} + "
-        f"{_fmt(RUN_NOW_MARGIN_S)}, or the entry's max_late if longer), but the store remembers "
-        f"at most {memory.count} runs per entry (store option {memory.count_setting!r}); with "
-        f"{_fmt(shortest_gap_s)} between slots that is {_fmt(covered)}: a claim that late could "
-        "find the first claim forgotten and win the run a second time. Its scheduled runs are not "
-        f"affected. Fix: set anarchon_store_options[{memory.count_setting!r}] to at least "
-        f"{need * 2}{lower}, or wait for the entry's next run.")
+        f"{where}; with {_fmt(shortest_gap_s)} between slots that is "
+        f"{_fmt(memory.count * shortest_gap_s)}: {risk}. Its scheduled runs are not affected. "
+        f"Fix: {fix}{lower}, or wait for the entry's next run.")
 
 
 def check_request_retention(settings: Settings, memory: Memory) -> None:
@@ -431,5 +451,5 @@ def ms(s: float) -> int:
 
 
 __all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "Settings", "check_request_retention",
-           "check_run_now", "check_sync_interval",
+           "check_run_now", "check_sync_interval", "run_now_span_s",
            "resolve", "seconds", "split_entry_options", "ms", "LATENESS_TOLERANCE_MS"]

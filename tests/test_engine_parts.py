@@ -15,7 +15,7 @@ import random
 import pytest
 
 import celery_anarchon.engine
-from celery_anarchon._util import iso
+from celery_anarchon._util import Memory, iso
 from celery_anarchon.engine.claims import ClaimRetries, claim_request
 from celery_anarchon.engine.counters import STATS_EVERY_S, Counters
 from celery_anarchon.engine.definitions import Definitions
@@ -948,6 +948,31 @@ def test_run_now_requests_are_claimed_once_with_a_max_late_covering_two_syncs():
     long_late = {"a": make_plan("a", max_late_s=60, fingerprint="fa")}
     s.requested.clear()
     assert s.sync.requests_due(T0 + 4.5, long_late)[0].max_late_ms == 60_000
+
+
+def test_run_now_requests_a_count_limited_memory_cannot_cover_are_refused_and_logged(caplog):
+    """A store that remembers 3 runs of an entry every 10 s (30 s) covers one request's 15 s
+    (2 x sync + 5 s), and each of the entry's requests within those 15 s before it takes one of
+    the 3: the third request in 3 s is refused (logged once, never claimed), as on every
+    instance that loaded it; a request 27 s later is claimed again."""
+    s = Synced()
+    s.store.memory = Memory(duration_s=300, count=3, setting="duration", count_setting="max_size")
+    s.store.put("a", "fa")
+    for i, slot in enumerate((T0_MS + 1_100, T0_MS + 2_200, T0_MS + 3_300)):
+        s.store.request("a", f"r{i}", slot)
+    s.sync.follow()
+    with caplog.at_level(logging.ERROR, "celery_anarchon"):
+        claims = s.sync.requests_due(T0 + 3.5, s.sync.merge({}))
+        assert s.sync.requests_due(T0 + 3.5, s.sync.merge({})) == [], "asked once"
+    assert [c.slot_ms for c in claims] == [T0_MS + 1_100, T0_MS + 2_200]
+    (error,) = messages(caplog, logging.ERROR)
+    assert error.startswith("anarchon: entry a: run-now request r2 by t is not claimed"), error
+    assert "2 other run-now request(s) of the entry made in the last 15 s" in error, error
+    assert ("a", T0_MS + 3_300) in s.requested
+    s.store.request("a", "r3", T0_MS + 30_500)
+    s.clocks.mono.advance(SYNC_S)
+    s.sync.follow()
+    assert [c.slot_ms for c in s.sync.requests_due(T0 + 31, s.sync.merge({}))] == [T0_MS + 30_500]
 
 
 def test_run_now_requests_past_their_max_late_or_on_a_scheduled_slot_are_let_pass():

@@ -363,9 +363,33 @@ def test_run_now_is_refused_on_an_entry_whose_count_limited_memory_misses_its_wi
         assert s.store.entries_version() == before and not s.store.load_entries().requests
         assert s.run_now("slow", request_id="r-1").created
     message = str(info.value)
-    for fragment in ("entry 'fast'", "up to 15 s after its slot", "at most 5 runs per entry",
+    for fragment in ("entry 'fast'", "run-now refused", "up to 15 s after its slot", "at most 5 runs per entry",
                      f"store option {count!r}", "1 s between slots that is 5 s",
                      f"anarchon_store_options[{count!r}] to at least 32"):
+        assert fragment in message, (fragment, message)
+
+
+def test_run_now_requests_of_one_entry_share_a_count_limited_memory(tmp_path, namespace):
+    """idmp with ``max_size=20`` and an entry every second covers a run-now request's 15 s (20 s
+    of runs); each request of the entry made within those 15 s takes one of the 20 runs, so
+    the sixth request in a row is refused (naming the five, the values and the fix), before
+    anything is written."""
+    url, options = store_url("redis-idmp", tmp_path)
+    app = make_app(url, namespace, {**options, "max_size": 20})
+    app.conf.beat_schedule = {"fast": {"task": "proj.report", "schedule": 1.0,
+                                       "options": {"anarchon": {"max_late": 3}}}}
+    with celery_anarchon.schedules(app) as s:
+        made = [s.run_now("fast", request_id=f"r-{i}") for i in range(5)]
+        assert all(r.created for r in made)
+        before = s.store.entries_version()
+        with pytest.raises(ConfigError) as info:
+            s.run_now("fast", request_id="r-5")
+        assert s.store.entries_version() == before
+    message = str(info.value)
+    for fragment in ("entry 'fast': run-now refused", "at most 20 runs per entry",
+                     "5 other run-now request(s) of the entry made in the last 15 s",
+                     "the rest is 15 s", "Fix: wait 15 s and ask again",
+                     "anarchon_store_options['max_size'] to at least 42"):
         assert fragment in message, (fragment, message)
 
 

@@ -255,8 +255,8 @@ def test_a_run_now_claim_must_stay_within_a_count_limited_memory_of_its_entry():
         "entry 'e': run-now refused: a run-now request is claimed up to 15 s after its slot "
         "(2 x anarchon_sync_interval 5 s + 5 s, or the entry's max_late if longer), but the store "
         "remembers at most 5 runs per entry (store option 'max_size'); with 1 s between slots "
-        "that is 5 s: a claim that late could find the first claim forgotten and win the run a "
-        "second time. Its scheduled runs are not affected. Fix: set "
+        "that is 5 s: a claim that late could find the first claim forgotten, and win the run a "
+        "second time or be refused (a miss). Its scheduled runs are not affected. Fix: set "
         "anarchon_store_options['max_size'] to at least 32, or wait for the entry's next run.")
     script = Memory(duration_s=300, count=10, setting="window", count_setting="history_size")
     with pytest.raises(ConfigError) as info:
@@ -268,6 +268,18 @@ def test_a_run_now_claim_must_stay_within_a_count_limited_memory_of_its_entry():
                 "anarchon_sync_interval below 7.5 s, or wait" in message), message
     check_run_now("e", script, shortest_gap_s=2, max_late_s=4, sync_interval_s=7.4)
     check_run_now("e", script, shortest_gap_s=60, max_late_s=500, sync_interval_s=5)
+    # each other request of the entry within the span takes one of the runs remembered
+    check_run_now("e", script, shortest_gap_s=2, max_late_s=4, sync_interval_s=5, others=2)
+    with pytest.raises(ConfigError) as info:
+        check_run_now("e", script, shortest_gap_s=2, max_late_s=4, sync_interval_s=5, others=3)
+    assert str(info.value) == (
+        "entry 'e': run-now refused: a run-now request is claimed up to 15 s after its slot "
+        "(2 x anarchon_sync_interval 5 s + 5 s, or the entry's max_late if longer), but the store "
+        "remembers at most 10 runs per entry (store option 'history_size'), and 3 other run-now "
+        "request(s) of the entry made in the last 15 s take 3 of them; with 2 s between slots "
+        "the rest is 14 s: a claim that late could find the first claim forgotten, and win the "
+        "run a second time or be refused (a miss). Fix: wait 15 s and ask again, or set "
+        "anarchon_store_options['history_size'] to at least 22.")
 
 
 def test_the_request_retention_defaults_to_a_week_and_is_checked_like_the_others():

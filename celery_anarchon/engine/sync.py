@@ -201,7 +201,7 @@ class EntrySync:
                 continue
             self.requested.add(run)
             max_late_ms = max(plan.max_late_ms, self.request_max_late_ms)
-            refusal = self._refusal(plan)
+            refusal = self._refusal(plan, request)
             if refusal is not None:
                 logger.error("anarchon: entry %s: run-now request %s by %s is not claimed (slot "
                              "%s): %s", request.entry, request.request_id, request.by,
@@ -225,15 +225,23 @@ class EntrySync:
                     fingerprint=plan.fingerprint, lease=plan.lease_terms, requested=True))
         return claims
 
-    def _refusal(self, plan: EntryPlan) -> str | None:
-        """Why a run-now request of ``plan``'s entry is not claimed here, or ``None``: a store
-        that remembers fewer of its runs than its request's max_late spans
-        (:func:`~celery_anarchon.timing.check_run_now`)."""
+    def _refusal(self, plan: EntryPlan, request: RunRequest) -> str | None:
+        """Why ``request`` (of ``plan``'s entry) is not claimed here, or ``None``: a store that
+        remembers fewer of the entry's runs than the request's max_late spans, counting the
+        entry's requests whose slots come within that span before its slot
+        (:func:`~celery_anarchon.timing.check_run_now`; every instance that loaded the request
+        loaded those too, so each decides the same)."""
+        memory = self.store.memory
+        if memory.count is None:
+            return None
+        span_ms = timing.ms(timing.run_now_span_s(plan.timing.max_late_s, self.interval_s))
+        others = sum(1 for r in self.requests if r.entry == request.entry
+                     and request.slot_ms - span_ms < r.slot_ms < request.slot_ms)
         try:
-            timing.check_run_now(plan.name, self.store.memory,
+            timing.check_run_now(plan.name, memory,
                                  shortest_gap_s=plan.slots.shortest_gap_ms / 1000,
                                  max_late_s=plan.timing.max_late_s,
-                                 sync_interval_s=self.interval_s)
+                                 sync_interval_s=self.interval_s, others=others)
         except ConfigError as exc:
             return str(exc)
         return None
