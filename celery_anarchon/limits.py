@@ -8,7 +8,9 @@ bound                             value                   why
 an entry's name                   200 characters (NFC)    one limit on every store (PostgreSQL
                                                           indexes at most about 2,700 bytes a
                                                           row); django-celery-beat's limit
-characters of a name              no Cc, Cf, Zl, Zp       a control or format character (U+202E
+a run-now request id              200 characters (NFC)    one limit on every store, which
+                                                          index it with the entry's name
+characters of a name (an id)      no Cc, Cf, Zl, Zp       a control or format character (U+202E
                                                           right-to-left override, U+200B zero
                                                           width space) hides or disguises a
                                                           name in every table and log
@@ -34,7 +36,9 @@ from celery_anarchon.errors import ConfigError
 
 #: the longest entry name, in characters (after NFC normalization): every store
 MAX_NAME_CHARS = 200
-#: the Unicode categories a name may not hold: control, format, line and paragraph separators
+#: the longest run-now request id, in characters (after NFC normalization): every store
+MAX_REQUEST_ID_CHARS = 200
+#: the Unicode categories a name (and a request id) may not hold: control, format, line and paragraph separators
 REFUSED_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
 #: the largest stored definition: bytes of its canonical JSON (ASCII: a character is a byte)
 MAX_DEFINITION_BYTES = 65_536
@@ -70,29 +74,62 @@ def entry_name(name: Any) -> str:
     """
     if not isinstance(name, str) or not name:
         raise ConfigError(f"entry name {name!r}: not a non-empty string; fix: name the entry")
-    if name.isascii() and name.isprintable() and len(name) <= MAX_NAME_CHARS and name.strip():
-        return name                     # the common case, at once: NFC already, no Cc or Cf
-    normal = unicodedata.normalize("NFC", name)
+    return _visible_text(
+        name, "entry name", noun="a name", example="'nightly-report'",
+        empty_fix="give the entry a name of visible characters",
+        limit_why="the limit of every store, as django-celery-beat's",
+        long_fix="give a shorter name (details belong in args or kwargs)")
+
+
+def request_id(value: Any, entry: str) -> str:
+    """A run-now request id checked and normalized to Unicode NFC, with the rules of an entry's
+    name (:func:`entry_name`): at most :data:`MAX_REQUEST_ID_CHARS` characters, none of
+    :data:`REFUSED_CATEGORIES`, something visible. An id is shown in tables, logs, the status
+    page and a printed command line, kept with the entry's name in every store (one limit on
+    every store), and ``ticket-4711`` typed on two keyboards is one request.
+
+    :param entry: the entry's name (checked), named in the message.
+    :returns: the NFC form of ``value``.
+    :raises ConfigError: naming the entry, the id (escaped, cut to 40 characters) and the fix.
+    """
+    label = f"entry {shown(entry)}: run-now request id"
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{label} {shown_value(value)}: not a non-empty string; fix: give text "
+                          "such as 'ticket-4711', or no id (a new one is made and printed)")
+    return _visible_text(
+        value, label, noun="an id", example="'ticket-4711'", limit=MAX_REQUEST_ID_CHARS,
+        empty_fix="give an id of visible characters such as 'ticket-4711', or no id (a new one "
+                  "is made and printed)",
+        limit_why="the limit of every store",
+        long_fix="give a shorter id (a ticket number, a UUID), or no id (a new one is made and "
+                 "printed)")
+
+
+def _visible_text(text: str, label: str, *, noun: str, example: str, empty_fix: str,
+                  limit_why: str, long_fix: str, limit: int = MAX_NAME_CHARS) -> str:
+    """``text`` in NFC, checked as a name is (:func:`entry_name`); the messages start with
+    ``label`` and the text (escaped, cut to 40 characters)."""
+    if text.isascii() and text.isprintable() and len(text) <= limit and text.strip():
+        return text                     # the common case, at once: NFC already, no Cc or Cf
+    normal = unicodedata.normalize("NFC", text)
     if not normal.strip():
-        raise ConfigError(f"entry name {name!r}: empty or whitespace only; fix: give the entry a "
-                          "name of visible characters")
-    if len(normal) > MAX_NAME_CHARS:
-        raise ConfigError(f"entry name {shown(normal)}: {len(normal):,} characters, more than "
-                          f"{MAX_NAME_CHARS} (the limit of every store, as django-celery-beat's); "
-                          "fix: give a shorter name (details belong in args or kwargs)")
+        raise ConfigError(f"{label} {shown(text)}: empty or whitespace only; fix: {empty_fix}")
+    if len(normal) > limit:
+        raise ConfigError(f"{label} {shown(normal)}: {len(normal):,} characters, more than "
+                          f"{limit} ({limit_why}); fix: {long_fix}")
     for char in normal:
         category = unicodedata.category(char)
         if category not in REFUSED_CATEGORIES:
             continue
         if category == "Cf":
             what = unicodedata.name(char, "a format character")
-            raise ConfigError(f"entry name {shown(normal)}: holds the invisible format character "
-                              f"U+{ord(char):04X} ({what}), which hides or disguises a name in "
+            raise ConfigError(f"{label} {shown(normal)}: holds the invisible format character "
+                              f"U+{ord(char):04X} ({what}), which hides or disguises {noun} in "
                               "tables and logs; fix: use visible characters and spaces only "
-                              "(e.g. 'nightly-report')")
-        raise ConfigError(f"entry name {shown(normal)}: holds the control character {char!r} "
+                              f"(e.g. {example})")
+        raise ConfigError(f"{label} {shown(normal)}: holds the control character {char!r} "
                           f"(U+{ord(char):04X}); fix: use visible characters and spaces only "
-                          "(e.g. 'nightly-report')")
+                          f"(e.g. {example})")
     return normal
 
 
@@ -171,6 +208,6 @@ def shown_value(value: Any) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
 
 
-__all__ = ["MAX_NAME_CHARS", "REFUSED_CATEGORIES", "MAX_DEFINITION_BYTES", "MAX_DEPTH",
-           "LAST_SLOT_MS", "LAST_SLOT_S", "MAX_DURATION_S", "entry_name", "shown", "too_deep",
-           "text_too_deep", "year_of", "duration_bound", "shown_value"]
+__all__ = ["MAX_NAME_CHARS", "MAX_REQUEST_ID_CHARS", "REFUSED_CATEGORIES", "MAX_DEFINITION_BYTES",
+           "MAX_DEPTH", "LAST_SLOT_MS", "LAST_SLOT_S", "MAX_DURATION_S", "entry_name", "request_id",
+           "shown", "too_deep", "text_too_deep", "year_of", "duration_bound", "shown_value"]

@@ -336,24 +336,29 @@ class Schedules:
 
         :param request_id: the caller's id: the same id again is the same request and no new
             run (the answer is the first request, ``created`` False), for as long as the store
-            keeps it (``anarchon_request_retention``, default 7 days). Default: a new id
-            (:meth:`new_request_id`), in the answer; a :class:`StoreError` raised then carries it
-            (``exc.request_id``) so the call can be retried with it.
+            keeps it (``anarchon_request_retention``, default 7 days). It has the rules of a name
+            (:func:`celery_anarchon.limits.request_id`: at most 200 characters, no control or
+            format character, normalized to NFC). Default: a new id (:meth:`new_request_id`), in
+            the answer; a :class:`StoreError` raised then carries it (``exc.request_id``) so the
+            call can be retried with it.
         :returns: the request; ``created`` tells a new request from one made before.
         :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``.
         :raises RequestRefused: ``request_id`` is a UUIDv7 made before the store's memory of
             requests began, longer ago than the retention, or ahead of the store's clock: the
             store cannot tell whether it ran (nothing is written).
-        :raises ConfigError: the entry is paused (resume it first: every claim would refuse the
-            run), its definition is invalid, or ``anarchon_request_retention`` is shorter than the
-            store's memory (:func:`~celery_anarchon.timing.check_request_retention`).
+        :raises ConfigError: ``request_id`` breaks its rules; the entry is paused (resume it
+            first: every claim would refuse the run); its definition is invalid; its store
+            remembers too few of its runs to cover a run-now claim
+            (:func:`~celery_anarchon.timing.check_run_now`); or ``anarchon_request_retention`` is
+            shorter than the store's memory
+            (:func:`~celery_anarchon.timing.check_request_retention`). Nothing is written.
         :raises StoreError: the store could not be reached or did not confirm the write: the
             outcome is unknown; repeat the call with the same ``request_id`` (``exc.request_id``).
         """
         name = check_name(name)
         by = by or self.by
-        if request_id is not None and (not isinstance(request_id, str) or not request_id):
-            raise ConfigError(f"entry {name!r}: request_id {request_id!r} must be non-empty text")
+        if request_id is not None:
+            request_id = limits.request_id(request_id, name)
         check_request_retention(self.settings, self.store.memory)
         snapshot = self._snapshot()
         entry = self._known(name, snapshot)

@@ -288,6 +288,65 @@ def test_a_bad_value_is_one_config_error_naming_it_and_nothing_is_written(case):
     assert len(str(info.value)) < 1000, "a message must stay readable"
 
 
+def api_run_now(request_id: str, *, url: str = SQLITE_API, options: dict | None = None,
+                schedule: float = 60.0):
+    """``celery_anarchon.schedules(app).run_now("ok", request_id=...)`` in a namespace of its
+    own (the config entry "ok", every ``schedule`` seconds, max_late 3 s); whatever happens, it
+    wrote nothing."""
+    import uuid
+
+    import celery_anarchon
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=url, timezone="UTC",
+                    anarchon_namespace=f"bad-input-{uuid.uuid4().hex[:8]}",
+                    anarchon_store_options=options or {},
+                    beat_schedule={"ok": {"task": "proj.t", "schedule": schedule,
+                                          "options": {"anarchon": {"max_late": 3}}}})
+    with celery_anarchon.schedules(app) as s:
+        before = s.store.entries_version()
+        try:
+            s.run_now("ok", request_id=request_id)
+        finally:
+            assert s.store.entries_version() == before, "a refused run-now wrote to the store"
+
+
+#: run-now requests refused (rows 68-...): (id, what is wrong, where it is given, how, the
+#: fragments the message must contain)
+BAD_REQUESTS = [
+    ("request-id-long", "a run-now request id of 201 characters", "API, CLI",
+     lambda: api_run_now("t" * 201),
+     ["entry 'ok': run-now request id", "201 characters, more than 200", "fix: give a shorter id"]),
+    ("request-id-newline", "a run-now request id holding a line break", "API, CLI",
+     lambda: api_run_now("t-1\nX-Injected: 1"),
+     ["entry 'ok': run-now request id 't-1\\nX-Injected: 1'", "control character '\\n'",
+      "fix: use visible characters"]),
+    ("request-id-rlo", "a run-now request id holding U+202E (right-to-left override)", "API, CLI",
+     lambda: api_run_now("pay\u202eroll"),
+     ["entry 'ok': run-now request id", "format character U+202E", "fix: use visible characters"]),
+    ("request-id-blank", "a run-now request id of spaces only", "API, CLI",
+     lambda: api_run_now("   "),
+     ["entry 'ok': run-now request id '   '", "empty or whitespace only", "fix: give an id"]),
+    ("run-now-count-memory", "run-now of an entry every second on Redis `script` with "
+     "`history_size` 5 (5 s of runs, against a run-now window of 15 s)", "API, CLI",
+     lambda: api_run_now("t-1", url=REDIS_URL, options={"strategy": "script", "history_size": 5},
+                         schedule=1.0),
+     ["entry 'ok': run-now refused", "up to 15 s after its slot", "at most 5 runs per entry",
+      "anarchon_store_options['history_size'] to at least 32"]),
+]
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_a_bad_run_now_request_is_one_config_error_naming_it_and_nothing_is_written(case):
+    case_id, _, _, call, fragments = case
+    if case_id == "run-now-count-memory":
+        require_server(REDIS_URL, "Redis")
+    with pytest.raises(ConfigError) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
+    assert len(str(info.value)) < 1000, "a message must stay readable"
+
+
 _DEEP_ARGS = "[" * 5000 + "]" * 5000
 #: (id, the command's arguments after ``celery -A app anarchon``, fragments of its one Error line)
 BAD_COMMANDS = [
@@ -312,6 +371,10 @@ BAD_COMMANDS = [
     ("name-long", ["add", "n" * 201, "--every", "60"], ["201 characters, more than 200"]),
     ("definition-size", ["add", "e", "--every", "60", "--args", '["' + "x" * 70_000 + '"]'],
      ["more than 65,536"]),
+    ("request-id-long", ["run-now", "ok", "--request-id", "t" * 201],
+     ["entry 'ok': run-now request id", "201 characters, more than 200"]),
+    ("request-id-esc", ["run-now", "ok", "--request-id", "t-1\x1b[31m"],
+     ["entry 'ok': run-now request id 't-1\\x1b[31m'", "control character"]),
 ]
 
 
@@ -347,7 +410,8 @@ def test_a_bad_value_on_the_command_line_exits_2_with_one_error_line(case, tmp_p
         assert fragment in errors[0], f"{fragment!r} missing from: {errors[0][:1000]}"
     written = open_store(url, namespace=namespace, instance_id="t")
     try:
-        assert not written.load_entries().entries, "a refused command wrote to the store"
+        snapshot = written.load_entries()
+        assert not snapshot.entries and not snapshot.requests, "a refused command wrote to the store"
     finally:
         written.close()
 
@@ -475,6 +539,13 @@ if __name__ == "__main__":     # print the table of docs/reliability.md
     kinds = {"beat": "beat refuses to start",
              "API, CLI": "the API raises it, the CLI exits 2 with it; nothing is written"}
     for n, (case_id, what, where, call, _) in enumerate(BAD_VALUES, 39):
+        try:
+            text = message_of(call)
+        except Exception as exc:
+            text = f"(not measured: {exc})"
+        print(f"| {n} | {what} | {kinds[where]}: `{text}` |")
+    print("\n(rows 59-67: cases of their own; then the run-now requests)\n")
+    for n, (case_id, what, where, call, _) in enumerate(BAD_REQUESTS, 68):
         try:
             text = message_of(call)
         except Exception as exc:

@@ -479,6 +479,53 @@ def test_one_name_limit_on_every_store_and_a_name_is_one_entry_in_nfc(kind, tmp_
         s.remove(LONGEST_NAME)
 
 
+#: the longest request id: 200 characters of 4 bytes each in UTF-8 (800 bytes)
+LONGEST_REQUEST_ID = "\U0001d120" * 200
+
+
+@pytest.mark.parametrize("kind", ENTRY_STORES)
+def test_one_request_id_limit_on_every_store_and_an_id_is_one_request_in_nfc(
+        kind, tmp_path, namespace):
+    """Request ids have the rules of entry names: the longest id (200 characters, 800 bytes) of
+    the longest name round-trips on every store (one request, found again, read back by beat);
+    one more character, a control or format character, or nothing visible is refused, naming
+    the entry, the id (escaped, shortened) and the fix, before anything is written. An id typed
+    decomposed (NFD) is the composed one (NFC): one request."""
+    url, options = store_url(kind, tmp_path)
+    app = make_app(url, namespace, options)
+    with celery_anarchon.schedules(app) as s:
+        s.add(LONGEST_NAME, task="proj.report", schedule=60)
+        first = s.run_now(LONGEST_NAME, request_id=LONGEST_REQUEST_ID)
+        again = s.run_now(LONGEST_NAME, request_id=LONGEST_REQUEST_ID)
+        assert first.created and again == dataclasses.replace(first, created=False)
+        assert [(r.entry, r.request_id) for r in s.store.load_entries().requests] == [
+            (LONGEST_NAME, LONGEST_REQUEST_ID)]
+        before = s.store.entries_version()
+        for request_id, words in (
+                (LONGEST_REQUEST_ID + "x", "201 characters, more than 200"),
+                ("i" * 5000, "5,000 characters, more than 200"),
+                ("t-1\nX-Injected: 1", "control character '\\n' (U+000A)"),
+                ("pay\u202eroll", "format character U+202E (RIGHT-TO-LEFT OVERRIDE)"),
+                ("zero\u200bwidth", "format character U+200B (ZERO WIDTH SPACE)"),
+                ("", "not a non-empty string"), ("   ", "empty or whitespace only"),
+                (42, "not a non-empty string")):
+            with pytest.raises(ConfigError) as info:
+                s.run_now("config-entry", request_id=request_id)
+            message = str(info.value)
+            assert message.startswith("entry 'config-entry': run-now request id "), message
+            assert words in message and "fix:" in message and len(message) < 500, message
+        with pytest.raises(ConfigError) as info:
+            s.run_now(LONGEST_NAME, request_id="i" * 201)
+        assert str(info.value).startswith(f"entry {LONGEST_NAME[:40]!r}...: run-now request id "
+                                          f"{'i' * 40!r}...: 201 characters"), info.value
+        assert s.store.entries_version() == before, "a refused request id was written"
+
+        composed = s.run_now("config-entry", request_id="caf\u00e9-1")
+        decomposed = s.run_now("config-entry", request_id="cafe\u0301-1")
+        assert composed.created and decomposed == dataclasses.replace(composed, created=False)
+        s.remove(LONGEST_NAME)
+
+
 def test_a_definition_stored_before_these_rules_can_still_be_removed_by_its_exact_name(api):
     """A name written by an older version (decomposed, or longer than the limit) is not run by
     beat and is shown as a problem; ``remove`` finds it by its exact name, so it can go."""
