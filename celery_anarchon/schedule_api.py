@@ -335,14 +335,16 @@ class Schedules:
         not move. An instance that runs the entry claims it at its next sync; it is sent once.
 
         :param request_id: the caller's id: the same id again is the same request and no new
-            run (the answer is the first request, ``created`` False), for as long as the store
-            keeps it (``anarchon_request_retention``, default 7 days). It has the rules of a name
+            run (the answer is the first request, ``created`` False, whatever happened to the
+            entry since: paused, or removed), for as long as the store keeps it
+            (``anarchon_request_retention``, default 7 days). It has the rules of a name
             (:func:`celery_anarchon.limits.request_id`: at most 200 characters, no control or
             format character, normalized to NFC). Default: a new id (:meth:`new_request_id`), in
             the answer; a :class:`StoreError` raised then carries it (``exc.request_id``) so the
             call can be retried with it.
         :returns: the request; ``created`` tells a new request from one made before.
-        :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``.
+        :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name`` (and the
+            store holds no request of it with ``request_id``).
         :raises RequestRefused: ``request_id`` is a UUIDv7 made before the store's memory of
             requests began, longer ago than the retention, or ahead of the store's clock: the
             store cannot tell whether it ran (nothing is written).
@@ -357,9 +359,16 @@ class Schedules:
         """
         name = check_name(name)
         by = by or self.by
+        given = request_id
         if request_id is not None:
             request_id = limits.request_id(request_id, name)
         check_request_retention(self.settings, self.store.memory)
+        if request_id is not None:
+            found = self._ready().find_request(name, request_id)
+            if found is None and given != request_id:   # stored unnormalized by an older version
+                found = self.store.find_request(name, given)
+            if found is not None:
+                return found                # the first request, whatever happened since
         snapshot = self._snapshot()
         entry = self._known(name, snapshot)
         stored = snapshot.entries.get(name)

@@ -246,3 +246,34 @@ def test_run_now_prints_its_request_id_the_retry_command_and_says_a_repeat_runs_
     failed = cli(down, namespace, "run-now", "config-entry", "--request-id", "ticket-4712")
     fails(failed, 1, "the outcome is unknown",
           "-A cli_app anarchon run-now config-entry --request-id ticket-4712")
+
+
+def test_run_now_refuses_a_bad_request_id_and_answers_a_repeat_of_a_paused_entry(
+        tmp_path, namespace):
+    """``--request-id`` has the rules of a name: too long, or holding a control or format
+    character: exit 2, one ``Error:`` line naming the entry, the id (escaped, shortened) and
+    the fix, nothing written. A repeat of an id after its entry was paused answers the first
+    request ("already requested ... no new run"), not "resume it first"."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    for request_id, words in (("t" * 201, "'tttttttttttttttttttttttttttttttttttttttt'...: 201 "
+                                          "characters, more than 200"),
+                              ("t-1\x1b[31m", "control character '\\x1b' (U+001B)"),
+                              ("pay\u202eroll", "format character U+202E"), ("", "not a non-empty")):
+        done = cli(url, namespace, "run-now", "config-entry", "--request-id", request_id)
+        fails(done, 2, "entry 'config-entry': run-now request id", words, "fix:")
+        errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    store = open_store(url, namespace=namespace, instance_id="t")
+    try:
+        assert store.entries_version() == 0, "a refused request id was written"
+    finally:
+        store.close()
+    first = ok(cli(url, namespace, "run-now", "config-entry", "--request-id", "ticket-4711",
+                   "--by", "alice"))
+    assert "new request ticket-4711" in first, first
+    ok(cli(url, namespace, "pause", "config-entry", "--reason", "migration"))
+    again = ok(cli(url, namespace, "run-now", "config-entry", "--request-id", "ticket-4711"))
+    assert re.search(r"run-now config-entry: request ticket-4711 was already requested at "
+                     r"\S+ by alice: no new run", again), again
+    fails(cli(url, namespace, "run-now", "config-entry", "--request-id", "ticket-4712"), 2,
+          "resume it first")

@@ -369,11 +369,47 @@ def test_run_now_is_refused_on_an_entry_whose_count_limited_memory_misses_its_wi
         assert fragment in message, (fragment, message)
 
 
+def test_a_repeated_request_id_is_answered_with_the_first_request_whatever_happened_since(
+        tmp_path, namespace):
+    """A retry of a request id is the first request (``created`` False, its slot, time and
+    author), never a new run, also when the entry was paused since (not "resume it first": that
+    would read as "no request was made"), or removed since (from the store, or from
+    beat_schedule: the request was made, and its run is in the history or never comes). A new
+    id of a paused or removed entry is refused as before, nothing written."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    app = make_app(url, namespace)
+    with celery_anarchon.schedules(app, by="alice") as s:
+        s.add("report", task="proj.report", schedule=60)
+        first = {name: s.run_now(name, request_id="ticket-4711")
+                 for name in ("report", "config-entry")}
+        s.pause("report", reason="migration")
+        s.pause("config-entry", reason="migration")
+        version = s.store.entries_version()
+        for name, request in first.items():
+            again = s.run_now(name, request_id="ticket-4711", by="bob")
+            assert again == dataclasses.replace(request, created=False), (again, request)
+            with pytest.raises(ConfigError, match="resume it first"):
+                s.run_now(name, request_id="ticket-4712")
+        assert s.store.entries_version() == version, "a repeat and a refusal write nothing"
+        s.remove("report")
+        again = s.run_now("report", request_id="ticket-4711")
+        assert again == dataclasses.replace(first["report"], created=False)
+        with pytest.raises(UnknownEntry, match="no entry 'report'"):
+            s.run_now("report", request_id="ticket-4712")
+    gone = make_app(url, namespace)
+    gone.conf.beat_schedule = {}
+    with celery_anarchon.schedules(gone) as s:
+        again = s.run_now("config-entry", request_id="ticket-4711")
+        assert again == dataclasses.replace(first["config-entry"], created=False)
+        with pytest.raises(UnknownEntry):
+            s.run_now("config-entry", request_id="ticket-4712")
+
+
 def test_run_now_requests_of_one_entry_share_a_count_limited_memory(tmp_path, namespace):
     """idmp with ``max_size=20`` and an entry every second covers a run-now request's 15 s (20 s
     of runs); each request of the entry made within those 15 s takes one of the 20 runs, so
     the sixth request in a row is refused (naming the five, the values and the fix), before
-    anything is written."""
+    anything is written; a repeat of a request made before is still its answer."""
     url, options = store_url("redis-idmp", tmp_path)
     app = make_app(url, namespace, {**options, "max_size": 20})
     app.conf.beat_schedule = {"fast": {"task": "proj.report", "schedule": 1.0,
@@ -385,6 +421,7 @@ def test_run_now_requests_of_one_entry_share_a_count_limited_memory(tmp_path, na
         with pytest.raises(ConfigError) as info:
             s.run_now("fast", request_id="r-5")
         assert s.store.entries_version() == before
+        assert s.run_now("fast", request_id="r-0") == dataclasses.replace(made[0], created=False)
     message = str(info.value)
     for fragment in ("entry 'fast': run-now refused", "at most 20 runs per entry",
                      "5 other run-now request(s) of the entry made in the last 15 s",

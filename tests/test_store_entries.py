@@ -290,6 +290,25 @@ def test_the_same_request_id_twice_is_one_request_with_the_first_slot(stores):
                             for r in (first, other, same_id_other_entry))
 
 
+def test_a_request_is_found_by_its_entry_and_id_with_the_longest_name_and_id(stores):
+    """find_request reads what request_run's first step finds, writing nothing: the request of
+    that entry and id (the longest of both: 200 characters of 4 bytes each), none for another
+    entry, id or spelling (a space and a percent sign stay themselves in the Redis field)."""
+    a, b = stores("A"), stores("B")
+    name, request_id = "\U0001d11e" * 200, "\U0001d120" * 200
+    assert a.find_request(name, request_id) is None
+    first = request_run(a, name, request_id, by="alice")
+    odd = request_run(a, name, "a b%20c", by="alice")
+    version = a.entries_version()
+    assert b.find_request(name, request_id) == dataclasses.replace(first, created=False)
+    assert b.find_request(name, "a b%20c") == dataclasses.replace(odd, created=False)
+    for entry, other in ((name, "a b c"), (name, "a%20b%20c"), (name, request_id[:-1]),
+                         ("report", request_id), (name[:-1], request_id)):
+        assert b.find_request(entry, other) is None, (entry[:3], other[:10])
+    assert a.entries_version() == version, "a read"
+    assert request_run(b, name, request_id, by="bob") == dataclasses.replace(first, created=False)
+
+
 def test_a_run_now_slot_skips_the_scheduled_slots_and_the_other_requests_slots(stores):
     """The store chooses the slot in its write: its clock's now, 1 ms later while it is one of
     the window's scheduled slots or the slot of another request of the entry."""

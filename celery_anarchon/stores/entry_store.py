@@ -301,6 +301,12 @@ class EntryOps(InstanceOps):
         from it (:meth:`~.run_now.RequestClock.new_id`)."""
 
     @abc.abstractmethod
+    def find_request(self, entry: str, request_id: str) -> RunRequest | None:
+        """The run-now request of ``entry`` with ``request_id``, as step 1 of :meth:`request_run`
+        finds it (``created`` False), or ``None``; one read, nothing written. A repeated request
+        is answered with it before any other check of the entry (paused, removed since)."""
+
+    @abc.abstractmethod
     def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
                     retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
         """Record a run-now request of ``entry`` unless the store holds one with ``request_id``,
@@ -421,6 +427,10 @@ class EntryStore(InstanceStore):
     def request_clock(self) -> RequestClock:
         """:meth:`EntryOps.request_clock`."""
         return self.entry_ops.request_clock()
+
+    def find_request(self, entry: str, request_id: str) -> RunRequest | None:
+        """:meth:`EntryOps.find_request`."""
+        return self.entry_ops.find_request(entry, request_id)
 
     def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
                     retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:

@@ -448,17 +448,26 @@ class RedisEntries(EntryOps):
         return _clock(self._write("read the clock for a request id", "request_clock",
                                   ("store", "requests:pruned")))
 
+    def find_request(self, entry: str, request_id: str) -> RunRequest | None:
+        """:meth:`EntryStore.find_request`: the two HGETs of :data:`REQUEST_RUN`'s first step,
+        in one MULTI."""
+        field = _request_field(entry, request_id)
+        kept, young = self._read("find a run-now request", lambda p: (
+            p.hget(self.keys["requests:ids"], field), p.hget(self.keys["requests"], field)))
+        raw = kept or young
+        return None if raw is None else _request(json.loads(raw))
+
     def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
                     retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
         """:meth:`EntryStore.request_run` in one script (:data:`REQUEST_RUN`), confirmed as a
         durable claim is."""
-        prefix = quote(entry, safe="") + " "
+        prefix = _request_field(entry, "")
         id_ms = request_id_ms(request_id)
         reply = self._write(
             f"run-now {entry!r}", "request_run",
             ("store", "requests", "requests:age", "requests:slots", "requests:ids",
              "requests:ids:age", "requests:pruned", "entries:version", "entries:epoch"),
-            prefix + quote(request_id, safe=""), entry, request_id, by, self.horizon_ms,
+            _request_field(entry, request_id), entry, request_id, by, self.horizon_ms,
             int(retention_ms), "" if id_ms is None else id_ms, window.start_ms, window.end_ms,
             " ".join(str(s) for s in sorted(window.scheduled)), prefix, EXTRA_SLOT_SEARCH_MS,
             LATENESS_TOLERANCE_MS, new_epoch_id())
@@ -525,6 +534,12 @@ def _stored(name: str, rec: dict, pause: dict | None) -> StoredEntry:
 def _clock(reply: dict) -> RequestClock:
     """A RequestClock from a script's reply ``{now, born, pruned}``."""
     return RequestClock(int(reply["now"]), int(reply["born"]), int(reply["pruned"]))
+
+
+def _request_field(entry: str, request_id: str) -> str:
+    """The field of a request in the request hashes: ``"<entry> <request id>"``, both
+    percent-escaped (``""`` as the id: the prefix of the entry's fields)."""
+    return quote(entry, safe="") + " " + quote(request_id, safe="")
 
 
 def _request(rec: dict, created: bool = False) -> RunRequest:

@@ -278,6 +278,17 @@ class SQLEntries(EntryOps):
         """:meth:`EntryStore.request_clock`, in one transaction."""
         return self._run("read the clock for a request id", self._request_clock)
 
+    def find_request(self, entry: str, request_id: str) -> RunRequest | None:
+        """:meth:`EntryStore.find_request`: one SELECT by the table's key."""
+        rq = schema.run_requests
+
+        def work(conn: sa.Connection) -> RunRequest | None:
+            found = conn.execute(sa.select(rq).where(
+                rq.c.namespace == self.namespace, rq.c.entry == entry,
+                rq.c.request_id == request_id)).first()
+            return None if found is None else _request(found)
+        return self._run("find a run-now request", work, write=False)
+
     def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
                     retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
         """:meth:`EntryStore.request_run` in one transaction that notes the store-wide memory
