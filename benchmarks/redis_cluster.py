@@ -27,12 +27,15 @@ BUS_OFFSET = 10000
 #: node ports are drawn from here, so that a node's port and its bus port (up to 32767) stay below
 #: Linux's default range of ephemeral ports (32768-60999), which an outgoing connection may hold
 PORTS = (10000, 22767)
+#: the operating system's random source: pytest-randomly reseeds ``random`` before each test, so
+#: two test processes (or two rigs of one) would draw the same ports from it
+_PICK = random.SystemRandom()
 
 
 def cluster_port(taken: set[int]) -> int:
     """A free loopback port whose cluster bus port (+10000) is free too (see :data:`PORTS`)."""
     for _ in range(1000):
-        port = random.randint(*PORTS)
+        port = _PICK.randint(*PORTS)
         if port in taken or port + BUS_OFFSET in taken:
             continue
         if not port_open(port, 0.05) and not port_open(port + BUS_OFFSET, 0.05):
