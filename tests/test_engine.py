@@ -1,6 +1,7 @@
 """The life of a run on one instance (docs/design.md "One run, in time"), against real stores.
 
-The engine's clock is real time plus an offset the test moves (a clock jump); the store's clock is
+The engine's clock is real time plus an offset the test moves (a clock jump), or pinned where a
+verdict depends on what is due at one instant (then only the test moves it); the store's clock is
 the real one. Sends go to a list.
 """
 from __future__ import annotations
@@ -47,6 +48,12 @@ class Clock:
     def __call__(self):
         return self.source() + self.offset
 
+    def pin(self, at: float) -> float:
+        """Stop the clock at ``at`` (the source's unit): from now on it moves only by ``offset``,
+        as the test moves it, however long the machine takes. Returns ``at``."""
+        self.source, self.offset = (lambda: at), 0.0
+        return at
+
 
 class Harness:
     def __init__(self, url, namespace, entries, *, instance="A", store_options=None, send=None,
@@ -90,6 +97,14 @@ class Harness:
         self.clock.offset += seconds
         self.mono.offset += seconds
 
+    def pin(self, period_s: float, after_s: float = 0.0) -> float:
+        """Pin the wall clock ``after_s`` past the slot boundary of ``period_s`` nearest to real
+        time (at most half a period from the store's clock, whose lateness and early limits are
+        10 s past max_late and 10 s ahead). Returns the boundary, epoch seconds."""
+        boundary = round(time.time() / period_s) * period_s
+        self.clock.pin(boundary + after_s)
+        return boundary
+
     def record_send(self, plan, slot_ms, attempt, token, task_id):
         self.sent.append((plan.name, slot_ms, attempt))
 
@@ -129,20 +144,22 @@ def make(harnesses, *args, **kwargs) -> Harness:
 
 def test_start_up_claims_only_the_newest_slot_within_max_late(sqlite_url, namespace, harnesses):
     h = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})})
+    now_ms = int(h.clock.pin(time.time()) * 1000)
     h.engine.tick()
-    now_ms = int(time.time() * 1000)
     assert len(h.sent) == 1
     name, slot, attempt = h.sent[0]
     assert slot == now_ms - now_ms % 10_000 and attempt == 1
 
 
 def test_jitter_never_blocks_the_tick(sqlite_url, namespace, harnesses):
+    """The tick at a slot with a jitter to wait hands the wait back (beat sleeps it) instead of
+    sleeping in the tick: nothing is claimed yet, and the delay is exactly the wait."""
     h = make(harnesses, sqlite_url, namespace, {"e": (60, {"jitter": 2})})
-    started = time.monotonic()
+    now = h.pin(60)                              # the tick comes right at the slot
     delay = h.engine.tick()
-    assert time.monotonic() - started < 1.0
     fire = h.engine.next_fire()
-    assert fire is not None and delay == pytest.approx(min(fire - time.time(), 60), abs=0.2)
+    assert h.sent == [] and fire is not None and now < fire <= now + 2
+    assert delay == pytest.approx(fire - now)
 
 
 def test_runs_due_by_a_tick_are_claimed_in_one_batch(sqlite_url, namespace, harnesses):
@@ -150,12 +167,12 @@ def test_runs_due_by_a_tick_are_claimed_in_one_batch(sqlite_url, namespace, harn
     batches = []
     claim = h.store.claim
     h.store.claim = lambda requests: (batches.append(len(requests)), claim(requests))[1]
-    time.sleep(1.05 - time.time() % 1)           # early in a second: one slot due per entry
+    start = h.pin(1, after_s=0.05)               # early in a second: one slot due per entry
     h.engine.tick()                              # start-up: one catch-up run per entry
     assert batches == [5]
     batches.clear()
-    first = h.sent[0][1]
-    time.sleep(max(0.0, first / 1000 + 1.05 - time.time()))   # the next slot, not two
+    assert {slot for _, slot, _ in h.sent} == {int(start * 1000)}
+    h.advance(1.0)                               # the next slot, not two
     h.engine.tick()
     assert batches == [5]
     assert len({slot for _, slot, _ in h.sent}) == 2 and len(h.sent) == 10
@@ -163,15 +180,16 @@ def test_runs_due_by_a_tick_are_claimed_in_one_batch(sqlite_url, namespace, harn
 
 def test_a_paused_instance_skips_late_slots_logs_and_records_them(sqlite_url, namespace, harnesses, caplog):
     h = make(harnesses, sqlite_url, namespace, {"e": (1, {"jitter": 0, "max_late": 1})})
+    start = int(h.pin(1, after_s=0.5) * 1000)   # half a second past a slot
     h.engine.tick()
-    time.sleep(3.2)                              # "paused" for three slots
+    h.advance(3.2)                               # "paused" for three slots
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         h.engine.tick()
     sent_slots = [slot for _, slot, _ in h.sent]
     late = [s for s, rec in h.history("e").items() if rec.event is RunEvent.LATE_LOCAL]
-    assert len(late) >= 1 and not set(late) & set(sent_slots)
+    assert sorted(late) == [start + 1000, start + 2000], late
     assert any("skipped as late" in r.getMessage() for r in caplog.records)
-    assert len(sent_slots) <= 2, "a pause never causes a burst of sends"
+    assert sent_slots == [start, start + 3000], "a pause never causes a burst of sends"
 
 
 def test_a_clock_jump_forward_makes_the_skipped_slots_late(sqlite_url, namespace, harnesses, caplog):
@@ -215,6 +233,7 @@ def test_sleep_never_exceeds_sixty_seconds(sqlite_url, namespace, harnesses):
 def test_losing_a_claim_is_normal_and_quiet(sqlite_url, namespace, harnesses, caplog):
     a = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})}, instance="A")
     b = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})}, instance="B", backdate=False)
+    b.clock.pin(a.clock.pin(time.time()))        # both at the same instant: the same slot due
     a.engine.tick()
     with caplog.at_level(logging.DEBUG, "celery_anarchon"):
         b.engine.tick()
@@ -226,6 +245,7 @@ def test_losing_a_claim_is_normal_and_quiet(sqlite_url, namespace, harnesses, ca
 def test_a_different_definition_is_named_in_the_log(sqlite_url, namespace, harnesses, caplog):
     a = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0, "max_late": 30})}, instance="A")
     b = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0})}, instance="B", backdate=False)
+    b.clock.pin(a.clock.pin(time.time()))        # both at the same instant: the same slot due
     a.engine.tick()
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         b.engine.tick()
@@ -293,12 +313,15 @@ def test_a_send_failing_until_max_late_is_recorded(sqlite_url, namespace, harnes
     def broken(*args):
         raise ConnectionError("broker down")
 
-    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 1})}, send=broken)
+    h = make(harnesses, sqlite_url, namespace, {"e": (10, {"jitter": 0, "max_late": 1})},
+             send=broken)
+    slot = int(h.pin(10) * 1000)                 # the tick comes right at the slot
     with caplog.at_level(logging.ERROR, "celery_anarchon"):
-        h.run_for(3.5)
-    done = time.time() * 1000 - 1000 - 1100      # slots whose max_late has passed, with a tick
-    events = [rec.event for slot, rec in h.history("e").items() if slot < done]
-    assert events and set(events) == {RunEvent.SEND_FAILED}
+        h.engine.tick()
+        for _ in range(5):                       # retried every second until max_late, and past
+            h.advance(0.5)
+            h.engine.tick()
+    assert {s: rec.event for s, rec in h.history("e").items()} == {slot: RunEvent.SEND_FAILED}
     assert any("kept failing until max_late" in r.getMessage() for r in caplog.records)
 
 
@@ -439,7 +462,9 @@ def test_the_skew_to_the_store_clock_is_measured_and_logged(sqlite_url, namespac
     assert len(found) == 1 and found[0].levelno == level, [r.getMessage() for r in found]
     message = found[0].getMessage()
     measured = float(re.search(r"clock is ([0-9.]+) s", message).group(1))
-    assert abs(measured - abs(offset_s)) < 0.05, message
+    round_trip_s = float(re.search(r"round trip ([0-9.]+) ms", message).group(1)) / 1000
+    # the store's reading lies between the two of this clock: off by half the round trip at most
+    assert abs(measured - abs(offset_s)) <= round_trip_s / 2 + 0.002, message
     assert says in message and ("behind" if offset_s < 0 else "ahead of") in message
 
 
@@ -493,11 +518,14 @@ def test_a_claim_whose_answer_was_lost_is_recognised_as_won(redis_proxy, namespa
     entries = {"e": (2, {"jitter": 0, "max_late": 5})}
     h = make(harnesses, url, namespace, entries, store_options={"claim_timeout": 0.5})
     other = make(harnesses, REDIS_URL, namespace, entries, instance="B", backdate=False)
+    h.pin(2, after_s=0.05)
+    other.clock.pin(h.clock())                   # both at the same instant: the same slot due
     h.engine.tick()
     other.engine.tick()
     assert len(h.sent) + len(other.sent) == 1
     sent_before = len(h.sent)
-    time.sleep(2.05 - time.time() % 2)           # the next slot
+    h.advance(2)                                 # the next slot
+    other.advance(2)
     redis_proxy.swallow_replies = True
     h.engine.tick()                              # the claim reaches Redis; its answer does not
     assert len(h.sent) == sent_before
@@ -608,17 +636,18 @@ def test_a_run_waiting_for_the_store_and_reseeded_is_claimed_and_sent_once(redis
     url = redis_proxy.url("redis", "/9")
     h = make(harnesses, url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})},
              store_options={"claim_timeout": 0.5})
+    slot = int(h.pin(2, after_s=0.05) * 1000) + 2000
     h.engine.tick()                              # start-up: the newest slot, sent
     assert len(h.sent) == 1
     batches = _recording_claims(h)
-    time.sleep(2.05 - time.time() % 2)           # the next slot, S
-    slot = int(time.time() * 1000) // 2000 * 2000
+    h.advance(2)                                 # the next slot, S
     redis_proxy.outage()
     h.engine.tick()                              # S's claim fails: it waits for the store
     assert len(h.sent) == 1 and batches == [[("e", slot)]]
     h.engine.update_plans(_changed_plans(h, {"e": (2, {"jitter": 0, "max_late": 9})}))
     redis_proxy.restore()
-    time.sleep(0.6)                              # past the first backoff (0.5 s)
+    wait_until(lambda: (h.engine.tick(), len(h.sent) > 1)[1], 10,  # past the backoff (0.5 s)
+               "the claim retried once the store answers", interval=0.05)
     h.engine.tick()
     assert [s for _, s, _ in h.sent].count(slot) == 1, f"slot sent {h.sent}; batches {batches}"
     assert all(len(b) == len(set(b)) for b in batches), f"a run twice in one batch: {batches}"
@@ -639,13 +668,12 @@ def test_a_run_due_in_the_heap_and_waiting_in_the_retries_is_claimed_once_by_the
         batches.append([(r.run, r.task_id) for r in requests])
         return claim(requests)
     h.store.claim = recording
-    slot = (int(time.time() * 1000) - 500) // 10_000 * 10_000     # in the past, within 10.5 s
-    h.clock.offset = slot / 1000 - 0.5 - time.time()             # the engine: just before it
+    slot = int(h.pin(10, after_s=-0.5) * 1000)                   # the engine: just before it
     h.engine.tick()                                                # seeds the slot (9.5 s late before)
     assert not h.sent and h.engine.next_fire() == slot / 1000
     stale = dataclasses.replace(claim_request(namespace, h.plans["e"], slot), task_id="stale-copy")
     h.engine.claims.hold([stale])                                  # the same run, waiting
-    h.clock.offset = slot / 1000 + 0.1 - time.time()
+    h.advance(0.6)
     h.engine.tick()
     assert h.sent == [("e", slot, 1)], h.sent
     heap_copy = claim_request(namespace, h.plans["e"], slot).task_id
@@ -659,14 +687,15 @@ def test_a_wall_clock_stepped_back_still_retries_the_store(redis_proxy, namespac
     url = redis_proxy.url("redis", "/9")
     h = make(harnesses, url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})},
              store_options={"claim_timeout": 0.5})
+    h.pin(2, after_s=0.05)
     h.engine.tick()
     assert len(h.sent) == 1
-    time.sleep(2.05 - time.time() % 2)
+    h.advance(2)                                 # the next slot
     redis_proxy.outage()
     h.engine.tick()                              # the claim fails: retried after the backoff
     assert len(h.sent) == 1
     redis_proxy.restore()
-    h.clock.offset = -3600
+    h.clock.offset -= 3600
     wait_until(lambda: (h.engine.tick(), len(h.sent) == 2)[1], 5,
                "the claim retried after the wall clock went back an hour", interval=0.05)
 
@@ -683,9 +712,14 @@ def test_a_wall_clock_stepped_back_still_takes_over_a_dead_runner_on_time(sqlite
     assert adopted
     wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
     h.clock.offset = -3600
-    # within two heartbeats of the expiry (a check every heartbeat at a random offset), plus 1 s
-    wait_until(lambda: (h.engine.tick(), ("e", slot, 2) in h.sent)[1], 2 * lease["heartbeat"] + 1,
-               "the takeover after the wall clock went back an hour", interval=0.05)
+    # within two heartbeats of the engine's monotonic clock (a check every heartbeat at a random
+    # offset), plus 1 s: the test moves that clock, so the bound holds however slow the machine
+    h.mono.pin(time.monotonic())
+    moved = 0.0
+    while (h.engine.tick(), ("e", slot, 2) not in h.sent)[1]:
+        assert moved < 2 * lease["heartbeat"] + 1, "no takeover after the wall clock went back"
+        h.mono.offset += 0.05
+        moved += 0.05
     assert h.store.inspect("e", slot).attempt == 2
 
 
@@ -710,6 +744,7 @@ def test_a_run_answered_unconfirmed_is_never_sent_nor_claimed_again(sqlite_url, 
             results.append(result)
         return results
     h.store.claim = unconfirmed_once
+    h.pin(2, after_s=0.5)                        # every re-seed below finds the same newest slot
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         h.engine.tick()                          # start-up: the newest slot, answered unconfirmed
     (slot,), = [[s for _, s in b] for b in batches]
@@ -758,14 +793,21 @@ def test_a_takeover_whose_reply_was_lost_is_retried_and_sent_once(redis_proxy, n
         assert h.sent == [("e", slot, 1)]
         assert direct.inspect("e", slot).attempt == 2, "the takeover reached the store"
         redis_proxy.restore()
-        # asked again after the grace for a started run (2 heartbeats + 1 s), before attempt 2's
-        # queue deadline (4 s after the takeover), past which any instance takes it over anew
-        wait_until(lambda: (h.engine.tick(), h.sent[1:])[1], lease["queue_timeout"],
-                   "the takeover asked again", interval=0.05)
+        # asked again after the grace for a started run (2 heartbeats + 1 s) of the engine's
+        # monotonic clock, which the test moves: well before attempt 2's queue deadline (4 s
+        # after the takeover on the store's clock), past which any instance takes it over anew
+        h.mono.pin(time.monotonic())
+        moved = 0.0
+        while (h.engine.tick(), not h.sent[1:])[1]:
+            assert moved < lease["queue_timeout"], "the takeover was not asked again"
+            h.mono.offset += 0.05
+            moved += 0.05
         assert h.sent == [("e", slot, 1), ("e", slot, 2)], "an attempt was burned"
         adopted, _ = direct.adopt("e", slot, "runner-2", 60_000)  # a worker takes attempt 2
         assert adopted
-        h.run_for(1.5)
+        for _ in range(30):                       # three heartbeats of lease checks
+            h.mono.offset += 0.1
+            h.engine.tick()
         assert h.sent == [("e", slot, 1), ("e", slot, 2)], "attempt 2 was sent twice"
         assert direct.inspect("e", slot).attempt == 2
     finally:
@@ -818,6 +860,7 @@ def test_a_store_entry_runs_follows_an_update_and_a_removal_and_no_slot_is_claim
     h = make(harnesses, sqlite_url, namespace, {"cfg": (3600, {"jitter": 0})}, sync_s=1)
     batches = _recording_claims(h)
     h.store.put_entry("s", _definition(jitter=0, max_late=10), by="test", create=True)
+    h.pin(2, after_s=0.5)                        # the tick and its sync see the same instant
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         h.engine.tick()                          # start-up: the sync loads "s", its newest slot
         (slot,) = [s for n, s, _ in h.sent if n == "s"]
@@ -878,6 +921,7 @@ def test_a_paused_entry_is_skipped_at_info_once_and_its_slot_not_claimed_after_r
         sqlite_url, namespace, harnesses, caplog):
     h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})}, sync_s=1)
     batches = _recording_claims(h)
+    h.pin(2, after_s=0.5)                        # the re-seed finds the paused slot again
     h.store.set_pause("e", Pause("maintenance", "ops", 0), by="ops")
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         h.engine.tick()                          # the pause is decided inside the claim
