@@ -53,6 +53,36 @@ def require_server(url: str, what: str) -> None:
     pytest.skip(message)
 
 
+def _shared_task_name(constructor) -> str:
+    """The task a Celery shared-task constructor makes (its ``name`` option, else its function)."""
+    code, cells = getattr(constructor, "__code__", None), getattr(constructor, "__closure__", None)
+    found = dict(zip(code.co_freevars, (c.cell_contents for c in cells))) if code and cells else {}
+    fun, opts = found.get("fun"), found.get("opts") or {}
+    if opts.get("name"):
+        return opts["name"]
+    return f"{fun.__module__}.{fun.__qualname__}" if fun is not None else repr(constructor)
+
+
+@pytest.fixture(autouse=True)
+def no_shared_celery_task():
+    """Fail a test that registers a Celery shared task (``@app.task`` or ``@shared_task`` without
+    ``shared=False``): Celery adds such a task to every app finalized later in the process, so
+    it leaks into the apps of the tests that run after it, and their verdicts then depend on the
+    order of the tests."""
+    from celery import _state
+    import celery.app.builtins  # noqa: F401  (Celery's own shared tasks, registered once)
+    finalizers = getattr(_state, "_on_app_finalizers", None)
+    before = set(finalizers) if finalizers is not None else set()
+    yield
+    added = set(finalizers) - before if finalizers is not None else set()
+    if added:
+        finalizers.difference_update(added)   # the next tests' apps stay clean
+        where = sorted(_shared_task_name(c) for c in added)
+        pytest.fail(f"the test registered {len(added)} Celery shared task(s) ({', '.join(where)}): "
+                    "every app made after it gets them; pass shared=False to app.task",
+                    pytrace=False)
+
+
 @pytest.fixture
 def namespace() -> str:
     """A namespace of its own for each test, so tests sharing a server never see each other."""
