@@ -293,26 +293,28 @@ def test_memory_outlasts_jitter_plus_max_late(stores):
 
 
 def test_memory_outlasts_jitter_plus_max_late_on_the_store_clock(lateness_stores):
-    memory_ms, max_late_ms, jitter_ms = 3_000, 1_000, 500       # jitter + max_late < memory
+    memory_ms, max_late_ms, jitter_ms = 4_000, 1_000, 500       # jitter + max_late < memory
     a = prepared(lateness_stores("A", memory=memory_ms / 1000))
     b = lateness_stores("B", memory=memory_ms / 1000)
-    slot = fresh_slot(a)
+    # a slot already past jitter + max_late on the store's clock (a claims it late, within the
+    # store's 10-s tolerance): b's claim comes at once, 2.4 s before the memory ends
+    slot = store_now(a) - jitter_ms - max_late_ms - 100
     assert a.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.WON
-    wait_until(lambda: store_now(a) > slot + jitter_ms + max_late_ms, 10,
-               "slot + jitter + max_late on the store's clock")
+    claimed = store_now(a)                       # the claim is kept a memory past its own time
     assert b.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.OTHER_WON
-    wait_until(lambda: store_now(a) > slot + memory_ms + 500, 10,
+    wait_until(lambda: store_now(a) > claimed + memory_ms + 500, 10,
                "the memory to pass on the store's clock")
     assert b.claim([req("e", slot, max_late_ms=max_late_ms)])[0].outcome is Outcome.FORGOTTEN
 
 
 def test_claim_older_than_memory_is_never_won_again(lateness_stores):
-    """Past the memory a repeated claim is refused (forgotten), never won a second time."""
-    a, b = prepared(lateness_stores("A", memory=1.0)), lateness_stores("B", memory=1.0)
+    """Past the memory a repeated claim is refused (forgotten), never won a second time. (Memory
+    2 s: both claims come within it even when each transaction waits long for its fsync.)"""
+    a, b = prepared(lateness_stores("A", memory=2.0)), lateness_stores("B", memory=2.0)
     slot = fresh_slot(a)
     assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
     assert b.claim([req("e", slot)])[0].outcome is Outcome.OTHER_WON
-    wait_until(lambda: store_now(a) > slot + 1500, 10, "the memory to pass")
+    wait_until(lambda: store_now(a) > slot + 2500, 10, "the memory to pass")
     again = b.claim([req("e", slot)])[0]
     assert again.outcome is Outcome.FORGOTTEN
 
