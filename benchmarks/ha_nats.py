@@ -51,6 +51,8 @@ NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 #: it campaigns, and a round whose vote is refused (the other follower's log is longer, or both
 #: campaigned at once) costs another such wait: 20 s, two rounds, was once too short under load.
 #: Measured here: 12 kills of a stream leader elected a new one after 4.1 to 8.2 s.
+#: It bounds a server's or the cluster's start too: /healthz and a stream's creation wait for the
+#: meta group's leader, elected the same way after a restart.
 ELECTION_S = 45
 
 
@@ -94,7 +96,7 @@ class NatsServer:
                      "--cluster", f"nats://127.0.0.1:{self.cluster_port}", "--routes", routes]
         return args + list(self.args)
 
-    def start(self, *, wait: bool = True, timeout: float = 30) -> None:
+    def start(self, *, wait: bool = True, timeout: float = ELECTION_S) -> None:
         """Start (or restart) the server with the same name, ports and store folder.
 
         :param wait: wait until its ``/healthz`` says ok (JetStream ready and caught up).
@@ -116,7 +118,7 @@ class NatsServer:
         except (OSError, ValueError):
             return False
 
-    def wait_healthy(self, timeout: float = 30) -> None:
+    def wait_healthy(self, timeout: float = ELECTION_S) -> None:
         """:raises RuntimeError: the server died or was not healthy within ``timeout`` s."""
         def up() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
@@ -188,7 +190,7 @@ class NatsCluster(Rig):
                 return server
         raise KeyError(name)
 
-    def start(self, timeout: float = 30) -> NatsCluster:
+    def start(self, timeout: float = ELECTION_S) -> NatsCluster:
         """Start every server, then wait until each one is healthy.
 
         :raises RuntimeError: a server exited or was not healthy in ``timeout`` seconds.
@@ -201,7 +203,7 @@ class NatsCluster(Rig):
         self.wait_ready(max(0.1, deadline - time.monotonic()))
         return self
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = ELECTION_S) -> None:
         """Wait until JetStream takes a stream with as many replicas as there are live servers
         (up to 3): a meta leader is elected and enough peers are current. Call it after a
         restart, before anything that creates streams. Creates and deletes ``RIG_READY``.

@@ -77,7 +77,8 @@ def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed
     first_winners = {s: next(iter(winners[s])) for s in before}
 
     during = [now - 30_000 + i for i in range(60)]
-    stop = time.monotonic() + 40
+    # the claims before the kill take a few seconds; after it, one election (a few rounds)
+    stop = time.monotonic() + 30 + ha_nats.ELECTION_S
     errors, retries = [], []
     leader = healed.stream_leader(stores[0].stream)
     started = threading.Barrier(len(stores) + 1, timeout=30)
@@ -105,7 +106,8 @@ def test_stream_leader_killed_during_claims_never_gives_a_run_two_winners(healed
     started.wait()
     leader.kill()
     for t in threads:
-        t.join(60)
+        t.join(max(0.0, stop - time.monotonic()) + 30)
+    assert not [t for t in threads if t.is_alive()], "a racer still claiming after the election"
     assert not errors, errors
     assert retries, "the kill came while claims were in flight (some waited for the election)"
     healed.stream_leader(stores[0].stream, not_on=leader)
@@ -164,7 +166,7 @@ def test_an_r1_stream_of_an_older_start_is_raised_to_three_replicas(healed, open
     assert _replicas(healed, new.stream) == 3, "never lowered"
     wait_until(lambda: all(r.get("current")
                            for r in healed.stream_info(new.stream)["cluster"]["replicas"]),
-               10, "the new replicas to catch up")
+               ha_nats.ELECTION_S, "the new replicas to catch up")
     leader = healed.stream_leader(new.stream)
     leader.kill()
     healed.stream_leader(new.stream, not_on=leader)
@@ -204,10 +206,10 @@ def test_single_server_restarted_after_losing_its_newest_writes_never_rewins(sin
     server.start()
     b = opened(single.url, namespace, "B")
     b.prepare(["e"])
-    again = claim_until_answered(b, [req("e", x2)], 10)[0]
+    again = claim_until_answered(b, [req("e", x2)], ha_nats.ELECTION_S)[0]
     assert again.outcome is not Outcome.WON, f"X2 won twice: by A, then by B ({again})"
     assert again.outcome is Outcome.FORGOTTEN and "epoch" in again.detail, again
-    retried = claim_until_answered(a, [req("e", x2)], 10)[0]
+    retried = claim_until_answered(a, [req("e", x2)], ha_nats.ELECTION_S)[0]
     assert retried.outcome is Outcome.FORGOTTEN, retried
     kept = b.claim([req("e", x1)])[0]
     assert kept.outcome is Outcome.FORGOTTEN and again.detail == kept.detail, (kept, again)
