@@ -51,6 +51,14 @@ REDIS8_BINARY = next(iter(sorted(glob.glob(os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
     "celery-anarchon", "redis-8", "redis-server")))), None)
 
+#: Sentinel's settings: a master is down after DOWN_AFTER_MS without an answer; a failover that did
+#: not complete (a split vote among the Sentinels, a promotion that did not take) is tried again
+#: after 2 x FAILOVER_TIMEOUT_MS (Redis's Sentinel documentation, "failover-timeout")
+DOWN_AFTER_MS, FAILOVER_TIMEOUT_MS = 1000, 10_000
+#: how long to wait for the Sentinels to promote a replica: the detection, two failed attempts and
+#: a third that completes (about 2 s when the first one does)
+FAILOVER_S = (DOWN_AFTER_MS + 2 * 2 * FAILOVER_TIMEOUT_MS) / 1000 + 10
+
 #: what every server of the rig runs with (fast full syncs, loopback only)
 _COMMON = ("--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1")
 
@@ -98,8 +106,8 @@ class SentinelNode:
         with open(self.conf, "w") as f:
             f.write(f"port {self.port}\nbind 127.0.0.1\ndaemonize no\nlogfile {self.log}\n"
                     f"sentinel monitor {master_name} 127.0.0.1 {master_port} 2\n"
-                    f"sentinel down-after-milliseconds {master_name} 1000\n"
-                    f"sentinel failover-timeout {master_name} 10000\n"
+                    f"sentinel down-after-milliseconds {master_name} {DOWN_AFTER_MS}\n"
+                    f"sentinel failover-timeout {master_name} {FAILOVER_TIMEOUT_MS}\n"
                     f"sentinel parallel-syncs {master_name} 2\n")
         self.proc = subprocess.Popen([self.binary, self.conf, "--sentinel"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -260,7 +268,7 @@ class RedisHA(Rig):
                 continue
         return None
 
-    def wait_new_master(self, old: Node, timeout: float = 30) -> Node:
+    def wait_new_master(self, old: Node, timeout: float = FAILOVER_S) -> Node:
         """Until the Sentinels name a master other than ``old`` and it answers as master; it
         becomes ``master``."""
         def moved():
@@ -272,7 +280,7 @@ class RedisHA(Rig):
         self.master = _wait(moved, timeout, f"the Sentinels to promote a replica of {old.name}")
         return self.master
 
-    def failover(self, timeout: float = 30) -> Node:
+    def failover(self, timeout: float = FAILOVER_S) -> Node:
         """``SENTINEL FAILOVER``: the Sentinels promote a replica; returns the new master."""
         old = self.master
         _wait(lambda: self.sentinels[0].command("SENTINEL", "FAILOVER", self.master_name), 10,

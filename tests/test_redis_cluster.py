@@ -22,6 +22,10 @@ from conftest import IN_CI
 from stores_support import store_url, wait_until
 
 ENTRIES = [f"entry-{i}" for i in range(12)]
+#: how long a claim is retried through a failover (and its runs' max_late): the promotion of a
+#: killed master's replica takes node timeout + an election (about 2 s; a failed election is
+#: retried after 4 node timeouts), the rig waits 30 s for it
+RETRY_S = 30
 
 
 @pytest.fixture
@@ -58,9 +62,9 @@ def test_a_master_failover_mid_run_never_gives_a_run_two_winners(rig):
         try:
             while not stop.is_set():
                 slot = int(time.time() * 1000) // 200 * 200
-                requests = [ClaimRequest(entry=e, slot_ms=slot, max_late_ms=5000, task_id=f"{e}-{slot}",
-                                         fingerprint="fp") for e in ENTRIES]
-                deadline = time.monotonic() + 8
+                requests = [ClaimRequest(entry=e, slot_ms=slot, max_late_ms=RETRY_S * 1000,
+                                         task_id=f"{e}-{slot}", fingerprint="fp") for e in ENTRIES]
+                deadline = time.monotonic() + RETRY_S
                 while True:   # the engine's retry: the same runs again until they are answered
                     try:
                         results = store.claim(requests)
@@ -91,7 +95,7 @@ def test_a_master_failover_mid_run_never_gives_a_run_two_winners(rig):
         rig.kill(second)
         promoted_at = time.time()
         wait_until(lambda: any(run[1] / 1000 > promoted_at + 0.5 and master_of[run[0]] == second.port
-                               for run in list(outcomes)), 15, "claims answered after the promotion")
+                               for run in list(outcomes)), RETRY_S, "claims answered after the promotion")
     finally:
         stop.set()
         for t in threads:
