@@ -96,7 +96,7 @@ class CeleryProcs:
     def text(self, name: str) -> str:
         return self.procs[name].text()
 
-    def wait_log(self, name: str, text: str, timeout: float = 30) -> float:
+    def wait_log(self, name: str, text: str, timeout: float = 60) -> float:
         """Wait until ``text`` appears in the log of ``name``; returns when (epoch seconds).
 
         :raises AssertionError: the process exited first, or ``timeout`` passed (with its log).

@@ -509,7 +509,7 @@ def test_odd_names_two_apps_and_a_rolling_restart_run_every_slot_once(tmp_path, 
                                int(end * 1000), every * 1000)}
         def missing():
             return want - {(x["namespace"], x["entry"], x["slot"]) for x in read_executions(out)}
-        wait_until(lambda: not missing(), 15, f"every run to execute", interval=0.2)
+        wait_until(lambda: not missing(), 60, f"every run to execute", interval=0.2)
         time.sleep(1)
     finally:
         cluster.stop_all()

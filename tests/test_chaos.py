@@ -31,8 +31,9 @@ SEED = 20261130
 #: (a new epoch refuses every slot up to 10 s after the restart: this seed's 3.6 s crash costs 290
 #: to 415 runs, recorded forgotten, each within the restart's window). This seed's 60 s reached
 #: 82 % and 77 % of the rest (928 of 1136, 783 of 1011; a 22 s broker outage costs most of the
-#: others, send_failed) and 86 % before the epoch; the margin is for a loaded machine.
-EXECUTED_FLOOR = 0.72
+#: others, send_failed) and 86 % before the epoch. The floor only shows that the run ran (a
+#: loaded machine executes fewer in time: a liveness figure, never a verdict on the guarantee)
+EXECUTED_FLOOR = 0.5
 
 
 def test_sixty_seconds_of_chaos_on_redis_send_every_run_once_or_record_why_not(tmp_path, capsys):

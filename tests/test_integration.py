@@ -1,7 +1,7 @@
 """Three real ``celery beat`` processes with our Scheduler and a real worker, on each lease store.
 
 Every slot of each entry (1 s, 2 s, 5 s intervals, an every-minute crontab) runs exactly once; no
-slot is missed; no instance wins more than 60 % of the 1-s entry. One beat is killed with SIGKILL
+slot is missed; no instance wins three quarters of the 1-s entry (its fair share is about 42 %). One beat is killed with SIGKILL
 midway: still no duplicate, and the only possible miss is a run whose claim it had won but not
 yet sent (the store's history shows that claim without a send).
 
@@ -46,6 +46,8 @@ def expected_slots(start_s: float, end_s: float) -> dict[str, list[int]]:
             for name, period in ENTRIES.items()}
 
 
+#: how long the worker may take to execute what was sent (a condition ends the wait earlier)
+DRAIN_S = 60.0
 #: the 60-s run on the Redis lease store; 20 s on every other store
 SECONDS = {kind: 64 if kind == "redis" else 22 for kind in ALL_STORES}
 
@@ -110,7 +112,7 @@ def test_three_beats_send_every_slot_exactly_once(kind, tmp_path, namespace, cap
 
         def arrived():
             return want <= {(x["entry"], x["slot"]) for x in read_executions(out)}
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + DRAIN_S
         while not arrived() and time.monotonic() < deadline:
             time.sleep(0.2)
         # a late duplicate of a wanted run is sent at most jitter + max_late after its slot
@@ -119,7 +121,7 @@ def test_three_beats_send_every_slot_exactly_once(kind, tmp_path, namespace, cap
         for name in ("beat-b", "beat-c"):
             cluster.stop(name)
         # nothing is sent any more: collect until the worker emptied the queue
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + DRAIN_S
         while queued_messages(queue) and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
@@ -157,7 +159,10 @@ def test_three_beats_send_every_slot_exactly_once(kind, tmp_path, namespace, cap
         or x["scheduled_at"] != datetime.fromtimestamp(x["slot"] / 1000, timezone.utc).isoformat())]
     assert not wrong, wrong[:5]
     if kind == "redis":    # enough runs (about 60) for the share to mean something
-        assert max(share.values()) <= 0.6 * sum(share.values()), share
+        # B and C each win about 5/12 (a third before the kill, half after), a standard deviation
+        # of 6 % of the runs: 3/4 is 5 deviations away, where jitter not drawn independently (one
+        # instance winning nearly every run) lands
+        assert max(share.values()) <= 0.75 * sum(share.values()), share
 
 
 def test_two_beats_in_two_directories_with_a_relative_sqlite_path_each_name_their_own_file(

@@ -63,7 +63,9 @@ app.conf.update(
         "every-1s": {"task": "metrics_app.record", "schedule": Window(1, start_s, end_s)},
         "leased-3s": {"task": "metrics_app.record", "schedule": Window(3, start_s, end_s),
                       "kwargs": {"sleep_s": 1.2},
-                      "options": {"anarchon": {"lease": {"duration": 2, "heartbeat": 0.5}}}},
+                      # a lease seconds longer than the run: a heartbeat late on a loaded
+                      # machine never lets beat take a live run over
+                      "options": {"anarchon": {"lease": {"duration": 6, "heartbeat": 0.5}}}},
     },
 )
 celery_anarchon.install(app)
