@@ -49,15 +49,16 @@ def _record(instance_id: str, digest: str = "d1", **changes) -> InstanceRecord:
 
 def test_instance_records_expire_on_the_store_clock(stores):
     a, b, c = stores("A"), stores("B"), stores("C")
-    a.record_instance(_record("A"), ttl_ms=1_500)
+    # a ttl of 3 s: the listing below comes well within it, even after slow writes
+    a.record_instance(_record("A"), ttl_ms=3_000)
     b.record_instance(_record("B", digest="d2"), ttl_ms=120_000)   # a longer ttl after a shorter
-    c.record_instance(_record("C"), ttl_ms=1_500)                  # and a shorter after a longer
+    c.record_instance(_record("C"), ttl_ms=3_000)                  # and a shorter after a longer
     listed = {r.instance_id: r for r in b.instances()}
     assert set(listed) == {"A", "B", "C"}
     mine = listed["A"]
     assert mine == _record("A", seen_ms=mine.seen_ms, expires_ms=mine.expires_ms), \
         "every field read back as written"
-    assert mine.expires_ms == mine.seen_ms + 1_500 and abs(mine.seen_ms - store_now(a)) < 5_000
+    assert mine.expires_ms == mine.seen_ms + 3_000 and abs(mine.seen_ms - store_now(a)) < 5_000
     wait_until(lambda: not {"A", "C"} & {r.instance_id for r in b.instances()}, 15,
                "A's and C's records to expire")
     assert store_now(b) >= mine.expires_ms, "expired by the store's clock, not before"

@@ -113,11 +113,12 @@ def test_unreachable_server_fails_fast_with_password_masked():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     store = open_store(f"nats://beat:s3cret@127.0.0.1:{port}", namespace="ns", instance_id="A",
-                       options={"claim_timeout": 3})
+                       options={"claim_timeout": 10})
     started = time.monotonic()
     with pytest.raises(StoreUnavailable) as caught:
         store.claim([req("e", 1)])
-    assert time.monotonic() - started < 1.0, "a refused connection is reported at once"
+    # at once, not after claim_timeout (10 s): half of it is margin for a loaded machine
+    assert time.monotonic() - started < 5, "a refused connection is reported at once"
     text = str(caught.value)
     assert "s3cret" not in text and "beat:***@127.0.0.1" in text and "Refused" in text
     store.close()

@@ -131,7 +131,7 @@ def test_unreachable_server_raises_store_unavailable_quickly(strategy):
     started = time.monotonic()
     with pytest.raises(StoreUnavailable) as caught:
         s.claim([req("e", 1)])
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 1 + 3     # claim_timeout, and margin for a loaded machine
     assert "redis://:***@127.0.0.1:1/0" in str(caught.value) and "s3cret" not in str(caught.value)
     with pytest.raises(StoreUnavailable):
         s.prepare(["e"])
