@@ -142,9 +142,12 @@ ENTRY_KEYS = {"name", "source", "task", "schedule", "timezone", "next", "problem
               "shadowed", "paused", "last", "runs", "lease", "run_now", "state", "kept"}
 
 
-def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, namespace):
+def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, namespace, monkeypatch):
     """A live instance and one whose ticks stopped, a paused entry, a leased run held by a
     worker, a store entry with a run-now request: status --json says each; the text says it too."""
+    # a sync interval of 60 s: the live instance stays live (2 intervals) however long the
+    # commands below take to start; the stopped one last ticked 10 minutes ago
+    monkeypatch.setenv("ANARCHON_OP_SYNC", "60")
     store = open_store(sqlite_url, namespace=namespace, instance_id="beat-a:1:aa", options={})
     now = int(time.time() * 1000)
     slot = now - 1_000
@@ -155,8 +158,8 @@ def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, names
         store.save_fingerprints("d", {"every-2s": "f1"})
         store.record_instance(InstanceRecord("beat-a:1:aa", "beat-a", 1, "0.1.0", now - 60_000,
                                              now, 3, 4, "d"), ttl_ms=600_000)
-        store.record_instance(InstanceRecord("beat-b:2:bb", "beat-b", 2, "0.1.0", now - 60_000,
-                                             now - 30_000, 0, 4, "d"), ttl_ms=600_000)
+        store.record_instance(InstanceRecord("beat-b:2:bb", "beat-b", 2, "0.1.0", now - 900_000,
+                                             now - 600_000, 0, 4, "d"), ttl_ms=600_000)
         [won] = store.claim([ClaimRequest("leased-hourly", slot, 60_000, task_id="t-1",
                                           lease=LeaseTerms(queue_timeout_ms=300_000))])
         store.record("leased-hourly", slot, RunEvent.SENT, task_id="t-1")
@@ -176,7 +179,7 @@ def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, names
     instances = {i["host"]: i for i in data["instances"]}
     assert all(set(i) == INSTANCE_KEYS for i in instances.values())
     assert instances["beat-a"]["ticking"] and not instances["beat-a"]["stale"]
-    assert instances["beat-b"]["stale"] and instances["beat-b"]["last_tick_age_s"] >= 29
+    assert instances["beat-b"]["stale"] and instances["beat-b"]["last_tick_age_s"] >= 599
     entries = {e["name"]: e for e in data["entries"]}
     assert all(set(e) == ENTRY_KEYS for e in entries.values())
     assert set(entries) == {"every-2s", "berlin-0230", "leased-hourly", "added",
@@ -210,14 +213,14 @@ def test_status_of_a_running_beat_and_of_one_whose_ticks_stopped(tmp_path, sqlit
     """A real beat: the overview shows it ticking with its runs sent; stopped (SIGSTOP), it is
     stale before its record expires."""
     env = {"ANARCHON_OP_STORE": sqlite_url, "ANARCHON_OP_NAMESPACE": namespace,
-           "ANARCHON_OP_SCHEDULE": "good", "ANARCHON_OP_SYNC": "1"}
+           "ANARCHON_OP_SCHEDULE": "good", "ANARCHON_OP_SYNC": "3"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.syspath_prepend(str(APPS))
     import operate_app
     app = operate_app.app
     app.conf.update(anarchon_store_url=sqlite_url, anarchon_namespace=namespace,
-                    anarchon_sync_interval=1.0)      # the module may be imported already
+                    anarchon_sync_interval=3.0)      # the module may be imported already
     cluster = Cluster(str(tmp_path), env, app="operate_app")
     store = open_store(sqlite_url, namespace=namespace, instance_id="test", options={})
     settings = Settings.from_app(app)
@@ -238,8 +241,10 @@ def test_status_of_a_running_beat_and_of_one_whose_ticks_stopped(tmp_path, sqlit
         assert data["instances"][0]["pid"] == cluster.procs["beat"].pid
         cluster.pause("beat")
         started = time.monotonic()
+        # stale after 2 sync intervals, gone after 3: a window of one interval (3 s), wide
+        # enough for an overview read on a loaded machine to fall in it
         data = wait_for(lambda: (d := overview(app, store, settings, runs=0))["instances"]
-                        and d["instances"][0]["stale"] and d, 10)
+                        and d["instances"][0]["stale"] and d, 30)
         assert data["instances"][0]["last_tick_age_s"] > 2
         print(f"stale {time.monotonic() - started:.1f} s after SIGSTOP")
         cluster.resume("beat")

@@ -218,7 +218,7 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
         for name in BEATS:
             cluster.stop(name)
         queue = env["ANARCHON_SC_QUEUE"]
-        run.wait(lambda: not queued_messages(queue), 15, "the worker to empty the queue")
+        run.wait(lambda: not queued_messages(queue), 60, "the worker to empty the queue")
     finally:
         cluster.stop_all()
         api.close()

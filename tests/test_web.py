@@ -215,7 +215,7 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
             found = [h for h in store.history("clock", limit=50)
                      if h.event is RunEvent.PAUSED and h.slot_ms > pause.at_ms]
             return found if len(found) >= 3 else None
-        paused = run.wait(paused_slots, 10, "three paused slots of clock in the history")
+        paused = run.wait(paused_slots, 30, "three paused slots of clock in the history")
         assert all(h.detail == f"paused by {pause.by}: maintenance <window>" for h in paused)
         run.phase("pause")
 
@@ -258,7 +258,7 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
         run.phase("run-now")
         for name in BEATS:
             cluster.stop(name)
-        run.wait(lambda: not queued_messages(env["ANARCHON_SC_QUEUE"]), 15,
+        run.wait(lambda: not queued_messages(env["ANARCHON_SC_QUEUE"]), 60,
                  "the worker to empty the queue")
     finally:
         cluster.stop_all()
