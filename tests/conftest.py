@@ -87,3 +87,12 @@ def no_shared_celery_task():
 def namespace() -> str:
     """A namespace of its own for each test, so tests sharing a server never see each other."""
     return "t-" + uuid.uuid4().hex[:12]
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The random order's seed again at the end (the header has it, but not under ``-q``, and a
+    long log's end is where a failure is read): ``--randomly-seed`` replays the order."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int):
+        terminalreporter.write_line(f"tests ran in random order: --randomly-seed={seed} replays it "
+                                    "(-p no:randomly: in file order)")
