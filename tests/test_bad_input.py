@@ -6,13 +6,16 @@ The table in docs/reliability.md lists these cases with their messages; print it
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import json
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from datetime import timedelta
 
@@ -29,7 +32,11 @@ from celery_anarchon.stores import open_store  # noqa: E402
 from conftest import AMQP_URL, REDIS_URL, require_server  # noqa: E402
 from backends import backdate_memory_start
 
-SQLITE = "sqlite:////tmp/anarchon-bad-input.sqlite3"
+#: a file of this test process's own (a fixed /tmp path was shared by every run on the host, and
+#: kept what earlier runs, of any version, wrote there)
+_FOLDER = tempfile.mkdtemp(prefix="anarchon-bad-input-")
+atexit.register(shutil.rmtree, _FOLDER, True)
+SQLITE = "sqlite:///" + os.path.join(_FOLDER, "claims.sqlite3")
 
 
 def beat_with(entries=None, **conf):
