@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import celery._state
 import pytest
 from celery import Celery
 from celery.schedules import crontab
@@ -267,7 +268,7 @@ def wait_for(condition, timeout: float):
 # -- celery_anarchon.testing in a user's own test suite ----------------------------------------
 
 def _app(schedule: dict, **conf) -> Celery:
-    app = Celery("users_app")
+    app = Celery("users_app", set_as_current=False)   # not the current app of later tests
     app.conf.update(broker_url="memory://", timezone="Europe/Berlin", beat_schedule=schedule,
                     anarchon_store_url="redis://127.0.0.1:1/0", **conf)   # never connected
     return app
@@ -330,7 +331,7 @@ def run_in_process(command, *args, capsys, **kwargs) -> tuple[int, str, str]:
 
 
 def _leased_app(url: str, namespace: str, **conf) -> Celery:
-    app = Celery("operate_inline")
+    app = Celery("operate_inline", set_as_current=False)
     app.conf.update(broker_url="memory://", anarchon_store_url=url, anarchon_namespace=namespace,
                     timezone="UTC", beat_schedule={
                         "every-2s": {"task": "t", "schedule": 2.0},
@@ -470,6 +471,7 @@ def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
         "def report():\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     app = _leased_app(sqlite_url, namespace, include=[module])
+    monkeypatch.setattr(celery._state._tls, "current_app", None, raising=False)   # undone after
     app.set_current()
     app.conf.beat_schedule["every-2s"]["task"] = "inc.reprot"
     flags = {"task": "inc.reprt", "every": 60.0}
