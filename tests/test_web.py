@@ -134,6 +134,23 @@ def _entry_row(driver, name: str):
     return None
 
 
+def _click(driver, name: str, selector: str) -> None:
+    """Clicks ``selector`` in ``name``'s row. The page replaces its rows when it refreshes (after
+    an action too); a row replaced between finding it and clicking raises instead of clicking,
+    so the row is found again: still one click."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def clicked(d) -> bool:
+        try:
+            _entry_row(d, name).find_element(By.CSS_SELECTOR, selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+    WebDriverWait(driver, 10).until(clicked)
+
+
 def _cells(driver, name: str, colour: str) -> int:
     """How many runs of ``name``'s strip have the colour class ``colour`` (0: no such row; a row
     replaced by the page's refresh meanwhile counts as 0 too)."""
@@ -203,7 +220,7 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
         # pause from the page: the token typed into its field, the reason beside it
         browser.find_element(By.ID, "token").send_keys(TOKEN)
         browser.find_element(By.ID, "reason").send_keys("maintenance <window>")
-        _entry_row(browser, "clock").find_element(By.CSS_SELECTOR, "button[data-action=pause]").click()
+        _click(browser, "clock", "button[data-action=pause]")
         WebDriverWait(browser, 10).until(
             lambda d: d.find_element(By.ID, "message").text == "pause clock: done")
         done_ms = time.time() * 1000   # the page had the answer: the pause was written
@@ -238,16 +255,16 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
         browser.get(base + "/?refresh=0")
         browser.execute_script(LOSE_FIRST_ANSWER)
         button = "button[data-action=run-now]"
-        _entry_row(browser, TRICKY).find_element(By.CSS_SELECTOR, button).click()
+        _click(browser, TRICKY, button)
         WebDriverWait(browser, 10).until(lambda d: "is unknown" in _message(d))
         (made,) = UUID7.findall(_message(browser))
         assert "click run now again to repeat this same request" in _message(browser)
-        _entry_row(browser, TRICKY).find_element(By.CSS_SELECTOR, button).click()
+        _click(browser, TRICKY, button)
         WebDriverWait(browser, 10).until(lambda d: "no new run" in _message(d))
         assert f"run-now {TRICKY}: request {made} was already requested at " in _message(browser)
         (request,) = [r for r in api.store.load_entries().requests if r.entry == TRICKY]
         assert request.request_id == made and request.by.startswith("web:127.0.0.1@"), request
-        _entry_row(browser, TRICKY).find_element(By.CSS_SELECTOR, button).click()
+        _click(browser, TRICKY, button)
         WebDriverWait(browser, 10).until(lambda d: "new request" in _message(d))
         (other,) = UUID7.findall(_message(browser))
         assert other != made, "a new click, a new request"
