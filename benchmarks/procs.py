@@ -9,6 +9,7 @@ benchmarks/servers.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,24 @@ import time
 from dataclasses import dataclass, field
 
 CELERY = [sys.executable, "-m", "celery"]
+
+
+def append_record(path: str, record: dict) -> None:
+    """Append ``record`` to ``path`` as one JSON line, in one ``write`` with ``O_APPEND``: the
+    lines of processes writing at once never interleave (an app's task noting what it did)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_records(path: str) -> list[dict]:
+    """The records :func:`append_record` wrote to ``path``, oldest first ([] before the first)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 @dataclass

@@ -3,13 +3,12 @@ harness of benchmarks/procs.py (on the path through conftest.py), with the test 
 tests/apps on the processes' ``PYTHONPATH``."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 
-from procs import CeleryProcs, Proc  # noqa: E402
+from procs import CeleryProcs, Proc, read_records  # noqa: E402
 
 APPS = os.path.join(os.path.dirname(__file__), "apps")
 
@@ -27,8 +26,5 @@ class Cluster(CeleryProcs):
         return self.workdir
 
 
-def read_executions(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+#: the JSON lines a test app's tasks appended to a file, oldest first
+read_executions = read_records
