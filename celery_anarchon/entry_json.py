@@ -344,6 +344,8 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
     if not isinstance(task, str) or not task:
         raise _error(name, "task", task, "missing or not a task name",
                      'give the registered name of the task, e.g. "proj.tasks.report"')
+    limits.plain_text(task, f"entry {limits.shown(name)}: task",
+                      'give the registered name of the task, e.g. "proj.tasks.report"')
     args, kwargs, options = obj.get("args", []), obj.get("kwargs", {}), obj.get("options", {})
     if not isinstance(args, list):
         raise _error(name, "args", args, "not a list", "give the positional arguments as a list")

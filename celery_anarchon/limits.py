@@ -10,10 +10,14 @@ an entry's name                   200 characters (NFC)    one limit on every sto
                                                           row); django-celery-beat's limit
 a run-now request id              200 characters (NFC)    one limit on every store, which
                                                           index it with the entry's name
-characters of a name (an id)      no Cc, Cf, Zl, Zp       a control or format character (U+202E
+characters of a name (an id)      no Cc, Cf, Zl, Zp, Cs   a control or format character (U+202E
                                                           right-to-left override, U+200B zero
                                                           width space) hides or disguises a
-                                                          name in every table and log
+                                                          name in every table and log; a lone
+                                                          surrogate is no character: no store
+                                                          can encode it
+other text (a task's name, a      text, no NUL, no lone   PostgreSQL's text holds no NUL; no
+pause reason, who: ``by``)        surrogate               store encodes a lone surrogate
 a stored definition               65,536 bytes of JSON    every beat reads every definition at
                                                           each change of the store's entries
 nesting of a definition's JSON    100 levels              refused before any parser recurses:
@@ -38,8 +42,9 @@ from celery_anarchon.errors import ConfigError
 MAX_NAME_CHARS = 200
 #: the longest run-now request id, in characters (after NFC normalization): every store
 MAX_REQUEST_ID_CHARS = 200
-#: the Unicode categories a name (and a request id) may not hold: control, format, line and paragraph separators
-REFUSED_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+#: the Unicode categories a name (and a request id) may not hold: control, format, line and
+#: paragraph separators, and lone surrogates (half of a UTF-16 pair: no store can encode one)
+REFUSED_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs")
 #: the largest stored definition: bytes of its canonical JSON (ASCII: a character is a byte)
 MAX_DEFINITION_BYTES = 65_536
 #: the deepest nesting of lists and objects within a definition (the definition itself is 1)
@@ -54,6 +59,8 @@ _MS_PER_YEAR = 365.2425 * 86_400_000
 _DAYS_TO_1970 = 719_162                 # 0001-01-01 to 1970-01-01 (proleptic Gregorian)
 _DAYS_PER_400_YEARS = 146_097
 _SHOWN_CHARS = 40
+_SURROGATE = ("holds the lone surrogate U+{:04X} (half of a UTF-16 pair, not a character: no "
+              "store can encode it to UTF-8)")
 
 
 def shown(name: str) -> str:
@@ -121,6 +128,9 @@ def _visible_text(text: str, label: str, *, noun: str, example: str, empty_fix: 
         category = unicodedata.category(char)
         if category not in REFUSED_CATEGORIES:
             continue
+        if category == "Cs":
+            raise ConfigError(f"{label} {shown(normal)}: {_SURROGATE.format(ord(char))}; fix: use "
+                              f"visible characters and spaces only (e.g. {example})")
         if category == "Cf":
             what = unicodedata.name(char, "a format character")
             raise ConfigError(f"{label} {shown(normal)}: holds the invisible format character "
@@ -131,6 +141,29 @@ def _visible_text(text: str, label: str, *, noun: str, example: str, empty_fix: 
                           f"(U+{ord(char):04X}); fix: use visible characters and spaces only "
                           f"(e.g. {example})")
     return normal
+
+
+def plain_text(value: Any, label: str, fix: str) -> str:
+    """Text every store can hold: a ``str`` without NUL (PostgreSQL's text refuses it) and
+    without a lone surrogate (no store encodes one to UTF-8). For a task's name, a pause reason,
+    who made a change (``by``).
+
+    :param label: what the text is, first in the message (``"entry 'e': reason"``).
+    :param fix: the message's fix.
+    :returns: ``value``.
+    :raises ConfigError: naming ``label``, the value (cut to 40 characters) and ``fix``.
+    """
+    if not isinstance(value, str):
+        raise ConfigError(f"{label} {shown_value(value)}: not text; fix: {fix}")
+    if value.isascii() and "\x00" not in value:
+        return value                    # the common case, at once
+    if "\x00" in value:
+        raise ConfigError(f"{label} {shown(value)}: holds the NUL character (U+0000), which "
+                          f"PostgreSQL's text cannot hold; fix: {fix}")
+    for char in value:
+        if "\ud800" <= char <= "\udfff":
+            raise ConfigError(f"{label} {shown(value)}: {_SURROGATE.format(ord(char))}; fix: {fix}")
+    return value
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
@@ -210,4 +243,5 @@ def shown_value(value: Any) -> str:
 
 __all__ = ["MAX_NAME_CHARS", "MAX_REQUEST_ID_CHARS", "REFUSED_CATEGORIES", "MAX_DEFINITION_BYTES",
            "MAX_DEPTH", "LAST_SLOT_MS", "LAST_SLOT_S", "MAX_DURATION_S", "entry_name", "request_id",
+           "plain_text",
            "shown", "too_deep", "text_too_deep", "year_of", "duration_bound", "shown_value"]

@@ -98,6 +98,26 @@ def normal_name(name: Any) -> Any:
     return unicodedata.normalize("NFC", name) if isinstance(name, str) else name
 
 
+def given_name(name: Any) -> str:
+    """The NFC form of a name given to find an entry (get, update, resume, remove): any non-empty
+    text (a name an older version stored under other rules is still found).
+
+    :raises ConfigError: ``name`` is not a non-empty string.
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"entry name {limits.shown_value(name)}: not a non-empty string; fix: "
+                          "name the entry (celery anarchon list shows the names)")
+    return unicodedata.normalize("NFC", name)
+
+
+def _by_text(by: Any, name: str | None = None) -> str:
+    """``by`` (who makes a change, to the entry ``name``) checked: text every store can hold
+    (:func:`celery_anarchon.limits.plain_text`)."""
+    label = "by" if name is None else f"entry {limits.shown(name)}: by"
+    return limits.plain_text(by, label, "give who makes the change as text, e.g. "
+                             "'ops@example.com', or leave it out (user@host:pid)")
+
+
 def default_by() -> str:
     """``user@host:pid``: who made a change, when the caller does not say."""
     try:
@@ -179,7 +199,7 @@ class Schedules:
             raise
         self._own_store = own
         self._prepared = False
-        self.by = by or default_by()
+        self.by = default_by() if by is None else _by_text(by)
 
     # -- life cycle ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -192,6 +212,11 @@ class Schedules:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def _who(self, by: Any, name: str | None = None) -> str:
+        """Who makes a change (to the entry ``name``): ``by`` checked (:func:`_by_text`), else
+        this object's ``by``."""
+        return self.by if by is None or by == "" else _by_text(by, name)
 
     def _ready(self) -> EntryStore:
         if not self._prepared:  # creates the tables/keys a store needs, as a beat start-up does
@@ -229,7 +254,8 @@ class Schedules:
         definition = self._definition(name, task=task, schedule=schedule, args=args,
                                       kwargs=kwargs, options=options, anarchon=anarchon)
         text = self._check(name, definition, check_task)
-        return self._as_scheduled(self._ready().put_entry(name, text, by=by or self.by, create=True))
+        stored = self._ready().put_entry(name, text, by=self._who(by, name), create=True)
+        return self._as_scheduled(stored)
 
     def update(self, name: str, *, task: str = _UNSET, schedule: Any = _UNSET,
                args: list | tuple = _UNSET, kwargs: dict = _UNSET, options: dict = _UNSET,
@@ -247,7 +273,7 @@ class Schedules:
         :raises UnknownEntry: the store holds no entry ``name``.
         :raises ConfigError: nothing to change, or as :meth:`add`.
         """
-        name = normal_name(name)
+        name = given_name(name)
         self._not_config(name, "update")
         changes = {k: v for k, v in dict(task=task, schedule=schedule, args=args, kwargs=kwargs,
                                           options=options, anarchon=anarchon).items()
@@ -270,7 +296,8 @@ class Schedules:
         definition = self._definition(name, **{k: merged.get(k) for k in (
             "task", "schedule", "args", "kwargs", "options", "anarchon")})
         text = self._check(name, definition, check_task)
-        return self._as_scheduled(self._ready().put_entry(name, text, by=by or self.by, create=False))
+        stored = self._ready().put_entry(name, text, by=self._who(by, name), create=False)
+        return self._as_scheduled(stored)
 
     def remove(self, name: str, *, by: str | None = None) -> None:
         """Remove a store entry (and its pause): no instance claims its runs after its next sync;
@@ -281,11 +308,12 @@ class Schedules:
         :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name`` (remove it there).
         :raises UnknownEntry: the store holds no entry ``name``.
         """
-        given, name = name, normal_name(name)
+        given, name = name, given_name(name)
         self._not_config(name, "remove")
         store = self._ready()
-        if not store.remove_entry(name, by=by or self.by) and (
-                given == name or not store.remove_entry(given, by=by or self.by)):
+        by = self._who(by, name)
+        if not store.remove_entry(name, by=by) and (
+                given == name or not store.remove_entry(given, by=by)):
             raise self._unknown(name)
 
     def pause(self, name: str, reason: str = "", *, by: str | None = None) -> ScheduledEntry:
@@ -296,9 +324,9 @@ class Schedules:
         :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``.
         """
         name = check_name(name)
-        if not isinstance(reason, str):
-            raise ConfigError(f"entry {name!r}: reason {reason!r} must be text")
-        by = by or self.by
+        limits.plain_text(reason, f"entry {limits.shown(name)}: reason", "give the reason as "
+                          "text of visible characters (e.g. 'migration'), or none")
+        by = self._who(by, name)
         self._known(name, self._snapshot())
         stored = self._ready().set_pause(name, Pause(reason=reason, by=by, at_ms=0), by=by)
         return self._as_scheduled(stored)
@@ -310,12 +338,12 @@ class Schedules:
 
         :raises UnknownEntry: nothing defines ``name`` and the store holds no pause of it.
         """
-        name = normal_name(name)
+        name = given_name(name)
         snapshot = self._snapshot()
         stored = snapshot.entries.get(name)
         if stored is None or stored.pause is None:
             self._known(name, snapshot)
-        return self._as_scheduled(self._ready().set_pause(name, None, by=by or self.by))
+        return self._as_scheduled(self._ready().set_pause(name, None, by=self._who(by, name)))
 
     def new_request_id(self) -> str:
         """A new run-now request id: a UUIDv7 made from the store's clock
@@ -358,7 +386,7 @@ class Schedules:
             outcome is unknown; repeat the call with the same ``request_id`` (``exc.request_id``).
         """
         name = check_name(name)
-        by = by or self.by
+        by = self._who(by, name)
         given = request_id
         if request_id is not None:
             request_id = limits.request_id(request_id, name)
@@ -425,7 +453,7 @@ class Schedules:
 
         :returns: when the loss was accepted, the store's clock, UTC ms.
         """
-        return self._ready().accept_loss(by=by or self.by)
+        return self._ready().accept_loss(by=self._who(by))
 
     # -- reading -------------------------------------------------------------------------------
     def get(self, name: str) -> ScheduledEntry:
@@ -433,7 +461,7 @@ class Schedules:
 
         :raises UnknownEntry: neither ``beat_schedule`` nor the store knows ``name``.
         """
-        name = normal_name(name)
+        name = given_name(name)
         for found in self._entries(self._snapshot(), only=name):
             return found
         raise self._unknown(name)
