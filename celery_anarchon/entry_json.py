@@ -94,7 +94,11 @@ def check_keys(name: str, obj: dict) -> None:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (an int is finite at any size: ``math.isfinite(10**400)`` raises
+    OverflowError; its range is the caller's bound to check)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def canonical(obj: dict | str, *, name: str = "") -> str:

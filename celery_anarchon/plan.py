@@ -219,6 +219,12 @@ def config_entry(name: str, item: dict, *, app, entry_cls: type = beat.ScheduleE
         raise cannot_build(name, item, exc) from None
 
 
+def _seconds_text(value: numbers.Real) -> str:
+    """``value`` as ``1e+18``; an int past a float's range (``10**400``, which ``:g`` cannot
+    format) by its first digits."""
+    return f"{value:g}" if abs(value) < 1e308 else limits.shown_value(value)
+
+
 def cannot_build(name: str, item: Any, exc: Exception) -> ConfigError:
     """The error of a ``beat_schedule`` item Celery could not build (``exc``), naming the entry,
     what is wrong and the fix: a schedule given as text, a number of seconds no ``timedelta``
@@ -229,9 +235,9 @@ def cannot_build(name: str, item: Any, exc: Exception) -> ConfigError:
         return slot_math.text_schedule_error(name, schedule)
     if isinstance(schedule, numbers.Real) and isinstance(exc, OverflowError):
         return ConfigError(
-            f"{where}: every {schedule:g} s: its next slot would come after the year 9999, the "
-            "last year a slot can have (dates, ISO 8601 times and the stores' clocks end there); "
-            "fix: give a shorter period (a crontab runs yearly at most: crontab(0, 0, "
+            f"{where}: every {_seconds_text(schedule)} s: its next slot would come after the "
+            "year 9999, the last year a slot can have (dates, ISO 8601 times and the stores' "
+            "clocks end there); fix: give a shorter period (a crontab runs yearly at most: crontab(0, 0, "
             "day_of_month=1, month_of_year=1))")
     keys = sorted(item, key=str) if isinstance(item, dict) else item
     return ConfigError(

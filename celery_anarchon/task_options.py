@@ -31,7 +31,8 @@ DELIVERY_MODES = ("transient", "persistent", 1, 2)
 def _number(value: Any, *, negative: bool) -> str | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return "not a number of seconds"
-    if not math.isfinite(value) or abs(value) > MAX_DURATION_S:
+    # the bound first: an int past a float's range compares exactly (math.isfinite overflows)
+    if abs(value) > MAX_DURATION_S or not math.isfinite(value):
         return f"not a finite number of seconds within {duration_bound(MAX_DURATION_S)}"
     if value < 0 and not negative:
         return "a negative number of seconds"

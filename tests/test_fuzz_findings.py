@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 import celery_anarchon
-from celery_anarchon import ConfigError
+from celery_anarchon import ConfigError, Scheduler
 
 from backends import BY_KIND
 from conftest import require_server
@@ -124,3 +124,52 @@ def test_a_name_that_is_not_text_is_a_config_error_on_every_operation(api, name)
                  lambda: api.add(name, task="proj.t", schedule=60)):
         refused(call, f"entry name {name!r}", "fix:")
     unchanged(api, before)
+
+
+HUGE = 10 ** 400        # an int past a float's range (math.isfinite raised OverflowError)
+
+
+@pytest.mark.parametrize("label, given, fragments", [
+    ("interval", dict(schedule=HUGE), ["entry 'huge'", "every"]),
+    ("interval-data", dict(schedule={"every": HUGE}), ["entry 'huge'", "every"]),
+    ("max_late", dict(anarchon={"max_late": HUGE}), ["entry 'huge'", "max_late"]),
+    ("jitter", dict(anarchon={"jitter": HUGE}), ["entry 'huge'", "jitter"]),
+    ("anchor", dict(anarchon={"anchor": HUGE}), ["entry 'huge'", "anchor"]),
+    ("lease", dict(anarchon={"lease": {"duration": HUGE}}), ["entry 'huge'", "lease"]),
+    ("expires", dict(options={"expires": HUGE}), ["entry 'huge'", "expires"]),
+    ("countdown", dict(options={"countdown": HUGE}), ["entry 'huge'", "countdown"]),
+    ("time_limit", dict(options={"time_limit": HUGE}), ["entry 'huge'", "time_limit"]),
+])
+def test_integers_past_float_range_are_config_errors(api, label, given, fragments):
+    """Finding 5 (schedules API): ``add("e", task=..., schedule=10**400)``, and 10**400 as
+    ``max_late``, ``jitter``, ``anchor``, ``expires``, ``countdown``: OverflowError ("int too
+    large to convert to float") from ``math.isfinite``; now a ConfigError naming the field."""
+    before = api.list()
+    definition = dict(task="proj.t", schedule=60)
+    definition.update(given)
+    refused(lambda: api.add("huge", **definition), *fragments, "fix:")
+    unchanged(api, before)
+
+
+def test_huge_integers_in_args_and_kwargs_are_stored_as_given(api):
+    """Finding 5, args side (schedules API, every store): an int past a float's range in args or
+    kwargs is JSON and is stored and read back exactly (no OverflowError on any store)."""
+    added = api.add("huge-args", task="proj.t", schedule=60, args=[HUGE], kwargs={"n": -HUGE})
+    assert api.get("huge-args").definition["args"] == [HUGE]
+    assert api.get("huge-args").definition["kwargs"] == {"n": -HUGE} == added.definition["kwargs"]
+
+
+def beat_start(tmp_path, namespace, beat_schedule):
+    """What ``celery beat`` does at start-up: build the Scheduler of an app so configured."""
+    app = make_app(f"sqlite:///{tmp_path / 'beat.sqlite3'}", namespace)
+    app.conf.beat_schedule = beat_schedule
+    return Scheduler(app)
+
+
+def test_an_interval_past_float_range_in_beat_schedule_stops_beat_by_name(tmp_path, namespace):
+    """Finding 5 (beat start-up): ``beat_schedule = {"e": {"task": "proj.t", "schedule":
+    10**400}}`` raised OverflowError while the message about it was formatted (``{:g}``)."""
+    with pytest.raises(ConfigError) as caught:
+        beat_start(tmp_path, namespace, {"e": {"task": "proj.t", "schedule": HUGE}})
+    assert "entry 'e': every 1000000000" in str(caught.value)
+    assert "after the year 9999" in str(caught.value) and "fix:" in str(caught.value)
