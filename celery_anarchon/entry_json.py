@@ -381,8 +381,8 @@ def _seconds(value: Any) -> Any:
     return value
 
 
-def _field_text(value: Any) -> str | int:
-    if isinstance(value, (str, int)) and not isinstance(value, bool):
+def _field_text(value: Any) -> str | int | bool:
+    if isinstance(value, (str, int)):   # a bool as given: parse refuses it by its field
         return value
     return ",".join(str(v) for v in sorted(value))  # a set, list or range of values
 

@@ -250,8 +250,13 @@ def _shortest_gap_ms(minutes, hours) -> int:
 
 def _check_steps(where: str, field_texts) -> None:
     """Refuse a step larger than its field's range (``*/120`` minutes): Celery and croniter
-    silently keep only the first value (minute 0), i.e. once an hour, not every 120 minutes."""
+    silently keep only the first value (minute 0), i.e. once an hour, not every 120 minutes; and
+    a field given as a bool (``minute=False``: Celery reads 0)."""
     for (name, lo, hi), text in zip(_FIELDS, field_texts):
+        if isinstance(text, bool):      # Celery takes False for 0 and True for 1
+            raise ConfigError(
+                f"{where}: {name} field {text!r}: not a crontab field (Celery would read it as "
+                f"{int(text)}); fix: give the field as text or a number, e.g. '0', '*/15', '1-5'")
         for part in text.split(",") if isinstance(text, str) else ():
             step = part.rpartition("/")[2].strip() if "/" in part else ""
             if step.isdigit() and int(step) > hi - lo:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from celery import Celery
+from celery.schedules import crontab
 
 import celery_anarchon
 from celery_anarchon import ConfigError, Scheduler
@@ -173,3 +174,24 @@ def test_an_interval_past_float_range_in_beat_schedule_stops_beat_by_name(tmp_pa
         beat_start(tmp_path, namespace, {"e": {"task": "proj.t", "schedule": HUGE}})
     assert "entry 'e': every 1000000000" in str(caught.value)
     assert "after the year 9999" in str(caught.value) and "fix:" in str(caught.value)
+
+
+@pytest.mark.parametrize("field, value", [  # (day_of_month=False: Celery's crontab refuses it)
+    ("minute", False), ("minute", True), ("hour", False), ("hour", True), ("day_of_week", False),
+    ("day_of_week", True), ("day_of_month", True), ("month_of_year", True)])
+def test_a_crontab_field_that_is_a_bool_is_refused_by_name(tmp_path, namespace, field, value):
+    """Finding 6 (schedules API and beat start-up): ``crontab(minute=False)`` raised TypeError
+    ("'bool' object is not iterable") in ``add``, and in ``beat_schedule`` Celery took False for
+    0 and True for 1 (a run at minute 0 nobody asked for); now both name the entry and field."""
+    app = make_app(f"sqlite:///{tmp_path / 'store.sqlite3'}", namespace)
+    with celery_anarchon.schedules(app) as s:
+        refused(lambda: s.add("cron", task="proj.t", schedule=crontab(**{field: value})),
+                "entry 'cron'", field, "fix:")
+        assert [e.name for e in s.list() if e.source == "store"] == []
+    with pytest.raises(ConfigError) as caught:
+        beat_start(tmp_path, namespace, {
+            "good": {"task": "proj.t", "schedule": 60},
+            "cron": {"task": "proj.t", "schedule": crontab(**{field: value})}})
+    message = str(caught.value)
+    assert "entry 'cron'" in message and field in message and repr(value) in message, message
+    assert "fix:" in message and "'good'" not in message
