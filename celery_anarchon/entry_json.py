@@ -160,6 +160,10 @@ def _load(name: str, text: str | bytes) -> Any:
     its size and nesting checked before it is parsed)."""
     _check_size(name, len(text) if isinstance(text, bytes) or text.isascii()
                 else len(text.encode("utf-8", "surrogatepass")))
+    bad = None if isinstance(text, bytes) else limits.undecodable(text)
+    if bad is not None:                 # bytes a store read that are not UTF-8
+        raise ConfigError(f"entry {name!r}: the definition {bad}; fix: remove the entry and add "
+                          "it again")
     if limits.text_too_deep(text):
         raise ConfigError(_too_deep(name, "the definition"))
     try:

@@ -166,6 +166,21 @@ def plain_text(value: Any, label: str, fix: str) -> str:
     return value
 
 
+def undecodable(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode, or None: a store's reader decodes bytes that are not
+    UTF-8 (a hand edit, another program) with ``surrogateescape``, each bad byte a lone surrogate
+    U+DC80..U+DCFF, so that the read works and the value is refused where it is used."""
+    if text.isascii():
+        return None
+    for index, char in enumerate(text):
+        if "\udc80" <= char <= "\udcff":
+            return (f"is not valid UTF-8 (the byte 0x{ord(char) - 0xDC00:02x} at character "
+                    f"{index})")
+        if "\ud800" <= char <= "\udfff":
+            return f"holds the lone surrogate U+{ord(char):04X} at character {index}"
+    return None
+
+
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether lists, tuples and dicts nest in ``value`` more than ``limit`` levels (``value``
     itself is level 1), found without recursion; a value that holds itself counts as too deep."""
@@ -243,5 +258,5 @@ def shown_value(value: Any) -> str:
 
 __all__ = ["MAX_NAME_CHARS", "MAX_REQUEST_ID_CHARS", "REFUSED_CATEGORIES", "MAX_DEFINITION_BYTES",
            "MAX_DEPTH", "LAST_SLOT_MS", "LAST_SLOT_S", "MAX_DURATION_S", "entry_name", "request_id",
-           "plain_text",
+           "plain_text", "undecodable",
            "shown", "too_deep", "text_too_deep", "year_of", "duration_bound", "shown_value"]

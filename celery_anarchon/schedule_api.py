@@ -598,12 +598,13 @@ def _stored_data(name: str, text: str, *, strict: bool = False) -> dict:
     :param strict: raise instead of returning a note (``update`` merges into the data).
     :returns: the definition; one that cannot be read back as an object (``strict`` off) is
         ``{"repr": <why>, "storable": false}``.
-    :raises ConfigError: (``strict``) nested too deep, not JSON, or not an object.
+    :raises ConfigError: (``strict``) not valid UTF-8, nested too deep, not JSON, or not an
+        object.
     """
-    problem = None
-    if limits.text_too_deep(text):
+    problem = limits.undecodable(text)  # bytes the store read that are not UTF-8
+    if problem is None and limits.text_too_deep(text):
         problem = f"is nested more than {limits.MAX_DEPTH} levels deep"
-    else:
+    elif problem is None:
         try:
             data = json.loads(text)
         except ValueError as exc:

@@ -13,22 +13,12 @@ from celery.schedules import crontab
 
 import celery_anarchon
 from celery_anarchon import ConfigError, Scheduler
+from celery_anarchon.stores.base import ClaimRequest, Outcome
 
-from backends import BY_KIND
-from conftest import require_server
-from stores_support import require_client
+from stores_support import store_url
 
 #: the stores a finding is checked on: the embedded default and the server stores that hold entries
 STORES = ("sqlite", "postgresql", "redis")
-
-
-def store_url(kind: str, tmp_path) -> str:
-    require_client(kind)
-    backend = BY_KIND[kind]
-    if backend.url_variable is None:
-        return f"sqlite:///{tmp_path / 'store.sqlite3'}"
-    require_server(backend.url, backend.server)
-    return backend.url
 
 
 def make_app(url: str, namespace: str, **conf) -> Celery:
@@ -42,7 +32,7 @@ def make_app(url: str, namespace: str, **conf) -> Celery:
 @pytest.fixture(params=STORES)
 def api(request, tmp_path, namespace):
     """The schedules API of a new namespace on each store, holding the store entry 'stored'."""
-    app = make_app(store_url(request.param, tmp_path), namespace)
+    app = make_app(store_url(request.param, str(tmp_path)), namespace)
     with celery_anarchon.schedules(app, by="ops@test") as s:
         s.add("stored", task="proj.t", schedule=60)
         yield s
@@ -195,3 +185,134 @@ def test_a_crontab_field_that_is_a_bool_is_refused_by_name(tmp_path, namespace, 
     message = str(caught.value)
     assert "entry 'cron'" in message and field in message and repr(value) in message, message
     assert "fix:" in message and "'good'" not in message
+
+
+def _write_raw_sqlite(url: str, name: str, definition: bytes) -> None:
+    """Write ``definition`` (bytes, as text) into the SQLite row of ``name``, as a hand edit."""
+    import sqlite3
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        conn.execute("UPDATE anarchon_schedule_entries SET definition = CAST(? AS TEXT) "
+                     "WHERE name = ?", (definition, name))
+
+
+def _write_raw_redis(url: str, namespace: str, name: str, record: bytes,
+                     role: str = "entries") -> None:
+    """Write ``record`` (bytes) as the field ``name`` of the namespace's ``role`` hash."""
+    import redis
+    client = redis.Redis.from_url(url)
+    [key] = [k for k in client.scan_iter(f"*{{{namespace}}}:{role}") if k.endswith(
+        f":{role}".encode())]
+    client.hset(key, name, record)
+
+
+def _every_read_surface_shows(app, broken: dict[str, str], capsys) -> None:
+    """``list``, ``status`` (JSON and text), ``/api/status``, the page and a beat start-up with
+    a sync: each works; each name of ``broken`` is a problem row whose message holds its text,
+    and the store entry 'good' and the config entry are shown as usual and planned by beat."""
+    import json
+
+    from celery_anarchon import cli_status
+    from celery_anarchon.web import StatusSource, create_app
+    from test_cli_operate import run_in_process
+    from test_web import asgi
+
+    with celery_anarchon.schedules(app) as s:
+        listed = {e.name: e for e in s.list()}
+    for name, text in broken.items():      # (a JSON object is listed as it is stored)
+        shown = listed[name].definition
+        assert shown.get("storable", True) is False or "schedule" not in shown, shown
+        assert "repr" not in shown or text in shown["repr"], shown
+    assert listed["good"].definition["schedule"] == {"every": 60}
+    code, out, err = run_in_process(cli_status.status, app, 5, True, capsys=capsys)
+    assert code == 0 and not err, err
+    entries = {e["name"]: e for e in json.loads(out)["entries"]}
+    for name, text in broken.items():
+        assert entries[name]["state"] == "problem" and text in entries[name]["problem"]
+    assert entries["good"]["state"] == "running" and entries["config-entry"]["state"] == "running"
+    code, out, err = run_in_process(cli_status.status, app, 5, False, capsys=capsys)
+    assert code == 0 and not err and "Traceback" not in out
+    source = StatusSource(app, runs=0)
+    try:
+        site = create_app(source, token=None, refresh_s=5.0)
+        status, _, body = asgi(site, "GET", "/api/status")
+        assert status == 200, body
+        served = {e["name"]: e for e in json.loads(body)["entries"]}
+        assert all(served[name]["state"] == "problem" for name in broken)
+        status, _, page = asgi(site, "GET", "/")
+        assert status == 200 and 'data-entry="good"' in page
+    finally:
+        source.close()
+    scheduler = Scheduler(app)
+    try:
+        scheduler.tick()
+        assert {"good", "config-entry"} <= set(scheduler.engine.plans)
+        assert not set(broken) & set(scheduler.engine.plans)
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_stored_definition_that_is_not_utf8_is_an_error_row_and_the_others_run(
+        kind, tmp_path, namespace, capsys):
+    """Finding 7 (every read surface, SQLite and Redis): a definition whose bytes are not UTF-8
+    (``{"t":"\xff"}`` written straight into the SQLite row or the Redis record) raised
+    UnicodeDecodeError (Redis) or failed the whole read as a store outage (SQLite: "Could not
+    decode to UTF-8 column"); now it is an error row in list, status, the page and /api/status,
+    and beat runs the others. (PostgreSQL checks the encoding of what it stores.)"""
+    url = store_url(kind, str(tmp_path))
+    app = make_app(url, namespace)
+    with celery_anarchon.schedules(app) as s:
+        s.add("good", task="proj.t", schedule=60)
+        s.add("bad", task="proj.t", schedule=60)
+    if kind == "sqlite":
+        _write_raw_sqlite(url, "bad", b'{"task":"\xff"}')
+    else:
+        _write_raw_redis(url, namespace, "bad", b'{"v":"2","t":"1","b":"x","d":"{\\"t\\":\xff}"}')
+    _every_read_surface_shows(app, {"bad": "is not valid UTF-8 (the byte 0xff"}, capsys)
+
+
+@pytest.mark.parametrize("record", [
+    b"not json", b"[1, 2]", b'{"d": 5, "v": "x", "t": 1, "b": 2}', b'{"v": "1"}',
+    b'{"d": "{\\"task\\": \\"proj.t\\"}"}'])
+def test_a_malformed_redis_entry_record_is_an_error_row_and_the_others_run(
+        record, tmp_path, namespace, capsys):
+    """Finding 8 (every read surface, Redis): an entries record that is not JSON, JSON of the
+    wrong type (a list), a definition that is not text, fields missing or of the wrong type
+    (``{"v": "x"}``): json.loads, KeyError, AttributeError or ValueError broke every read; now
+    the record reads (its version 0 when it has none) and its definition, where it has one, is an
+    error row; a record holding no definition reads as a cleared one."""
+    url = store_url("redis", str(tmp_path))
+    app = make_app(url, namespace)
+    with celery_anarchon.schedules(app) as s:
+        s.add("good", task="proj.t", schedule=60)
+        s.add("bad", task="proj.t", schedule=60)
+    _write_raw_redis(url, namespace, "bad", record)
+    if record == b'{"v": "1"}':              # no definition, no pause: a cleared record
+        _every_read_surface_shows(app, {}, capsys)
+        with celery_anarchon.schedules(app) as s:
+            assert "bad" not in {e.name for e in s.list()}
+        return
+    problem = {b"not json": "is not valid JSON", b"[1, 2]": "is not a JSON object",
+               b'{"d": 5, "v": "x", "t": 1, "b": 2}': "is not a JSON object"}.get(record, "schedule")
+    _every_read_surface_shows(app, {"bad": problem}, capsys)
+
+
+def test_a_malformed_redis_pause_record_reads_as_a_pause_saying_so(tmp_path, namespace, capsys):
+    """Finding 8, pause side (Redis): a pause record that is not JSON broke every read
+    (json.loads) and every claim of the batch that read it (the claim script's cjson.decode);
+    now the entry reads as paused and its claims answer paused, the reason saying the record is
+    not readable, the other entries' claims are decided as usual, and a resume clears it."""
+    url = store_url("redis", str(tmp_path))
+    app = make_app(url, namespace)
+    with celery_anarchon.schedules(app) as s:
+        s.add("good", task="proj.t", schedule=60)
+        s.pause("good", "first")
+        _write_raw_redis(url, namespace, "good", b"\xff junk", role="pauses")
+        entry = s.get("good")
+        assert entry.paused and "pause record is not readable" in entry.pause.reason
+        store, now_ms = s.store, s.store.request_clock().now_ms
+        results = store.claim([ClaimRequest(entry=name, slot_ms=now_ms, max_late_ms=60_000)
+                               for name in ("good", "config-entry")])
+        assert results[0].outcome is Outcome.PAUSED, results   # (the other: forgotten, as a
+        assert results[1].outcome is not Outcome.PAUSED, results  # new store's first claims)
+        assert not s.resume("good").paused and not s.get("good").paused

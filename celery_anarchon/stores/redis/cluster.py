@@ -133,7 +133,8 @@ class RedisClusterStore(RedisLeaseStore):
                 client = RedisCluster(
                     startup_nodes=[ClusterNode(host, port) for host, port in nodes],
                     socket_timeout=self.claim_timeout, socket_connect_timeout=self.claim_timeout,
-                    decode_responses=True, require_full_coverage=True,
+                    decode_responses=True, encoding_errors="surrogateescape",
+                    require_full_coverage=True,
                     retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=1), **kwargs)
                 texts = {**self._script_texts(), **ENTRY_SCRIPTS, **CLUSTER_SCRIPTS}
                 self._conn = (client, {name: client.register_script(t) for name, t in texts.items()})

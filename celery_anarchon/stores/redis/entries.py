@@ -404,8 +404,7 @@ class RedisEntries(EntryOps):
                 p.hgetall(k["requests"]), p.time(),
                 p.hmget(k["entries:epoch"], "id", "accepted", "accepted_by")))
         now = int(secs) * 1000 + int(micros) // 1000
-        stored = {name: _stored(name, json.loads(raw),
-                                json.loads(pauses[name]) if name in pauses else None)
+        stored = {name: _read_record(name, raw, pauses.get(name))
                   for name, raw in entries.items()}
         young = [r for r in map(_request, map(json.loads, requests.values()))
                  if r.requested_ms > now - self.horizon_ms]
@@ -529,6 +528,48 @@ def _stored(name: str, rec: dict, pause: dict | None) -> StoredEntry:
                        pause=Pause(reason=pause["r"], by=pause["b"], at_ms=int(pause["t"]))
                        if pause else None,
                        version=int(rec["v"]), updated_ms=int(rec["t"]), updated_by=rec["b"])
+
+
+def _read_record(name: str, raw: str, pause_raw: str | None) -> StoredEntry:
+    """The StoredEntry of a record as :meth:`RedisEntries.load_entries` reads it, whatever a hand
+    edit or another version wrote there: a record that is not a JSON object keeps its text as
+    the definition (refused by name where it is used: a problem row, an entry beat leaves out),
+    a definition that is not text its JSON, a version, time or author missing or of the wrong
+    type reads as 0 or ``""``; a pause record that cannot be read is a pause (its claims are
+    refused too) whose reason says so."""
+    rec = _json_object(raw)
+    definition = raw if rec is None else rec.get("d")
+    if definition is not None and not isinstance(definition, str):
+        definition = json.dumps(definition)
+    rec = rec or {}
+    pause = None
+    if pause_raw is not None:
+        fields = _json_object(pause_raw)
+        if fields is None or not all(isinstance(fields.get(k), str) for k in "rbt"):
+            pause = Pause(reason=f"the store's pause record is not readable: {pause_raw[:80]!r}",
+                          by="", at_ms=0)
+        else:
+            pause = Pause(reason=fields["r"], by=fields["b"], at_ms=_whole(fields["t"]))
+    return StoredEntry(name=name, definition=definition, pause=pause,
+                       version=_whole(rec.get("v")), updated_ms=_whole(rec.get("t")),
+                       updated_by=rec.get("b") if isinstance(rec.get("b"), str) else "")
+
+
+def _json_object(text: str) -> dict | None:
+    """The JSON object ``text`` holds, or None (not JSON, or not an object)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _whole(value: Any) -> int:
+    """A record's number (a decimal string, as the scripts write it), or 0 when it is not one."""
+    digits = value[1:] if isinstance(value, str) and value.startswith("-") else value
+    if isinstance(digits, str) and digits.isascii() and digits.isdecimal() and len(digits) < 20:
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _clock(reply: dict) -> RequestClock:

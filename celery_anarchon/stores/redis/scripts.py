@@ -306,15 +306,23 @@ local function history_put(b, slot_s, event, task_id, attempt, detail, fill_only
 end
 
 -- the pause of the entry called name as Pause.describe() words it ('paused by <by>: <reason>'),
--- or nil when it runs; read once per entry and script (nothing when no entry is paused)
+-- or nil when it runs; read once per entry and script (nothing when no entry is paused); a record
+-- that cannot be read is a pause too (decoding it failed the whole batch of claims)
 local pauses_read, any_paused = {}, nil
 local function pause_of(name)
   if any_paused == nil then any_paused = redis.call('EXISTS', PAUSES) == 1 end
   if not any_paused then return nil end
   local why = pauses_read[name]
   if why == nil then
-    local p = hget_json(PAUSES, name)
-    why = p and ('paused by ' .. p.b .. ((p.r ~= '' and (': ' .. p.r)) or '')) or false
+    local raw = redis.call('HGET', PAUSES, name)
+    local ok, p = pcall(cjson.decode, raw or 'null')
+    if not raw then
+      why = false
+    elseif ok and type(p) == 'table' and type(p.b) == 'string' and type(p.r) == 'string' then
+      why = 'paused by ' .. p.b .. ((p.r ~= '' and (': ' .. p.r)) or '')
+    else  -- a record a hand edit or another program wrote: still a pause, for every claim
+      why = "paused: the store's pause record is not readable"
+    end
     pauses_read[name] = why
   end
   return why or nil

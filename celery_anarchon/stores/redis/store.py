@@ -188,8 +188,12 @@ class RedisStore(RedisHistory, EntryStore):
             return conn
         with self._lock:
             if self._conn is None:
+                # surrogateescape: bytes that are not UTF-8 (a hand edit, another program) are
+                # read as lone surrogates, which the checks of a definition and a name refuse by
+                # name, instead of failing the whole read (entries.load_entries)
                 kwargs = dict(socket_timeout=self.claim_timeout,
                               socket_connect_timeout=self.claim_timeout, decode_responses=True,
+                              encoding_errors="surrogateescape",
                               retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=1,
                                           supported_errors=(redis.exceptions.ConnectionError,)))
                 if self._sentinel is None:

@@ -44,11 +44,34 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
                        if f.name not in ("seen_ms", "expires_ms"))
 
 
+def _text(value: str | bytes | None) -> str | None:
+    """A text column as :func:`_entry_columns` reads it: bytes (SQLite) decoded as UTF-8, each
+    byte that is not UTF-8 kept as a lone surrogate (``surrogateescape``), which the checks of a
+    definition and a name refuse by name (:func:`celery_anarchon.limits.undecodable`)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return value
+
+
 def _stored(row: Any) -> StoredEntry:
-    pause = (Pause(reason=row.pause_reason or "", by=row.pause_by or "", at_ms=row.pause_at_ms)
-             if row.pause_at_ms is not None else None)
-    return StoredEntry(name=row.name, definition=row.definition, pause=pause, version=row.version,
-                       updated_ms=row.updated_ms, updated_by=row.updated_by)
+    pause = (Pause(reason=_text(row.pause_reason) or "", by=_text(row.pause_by) or "",
+                   at_ms=row.pause_at_ms) if row.pause_at_ms is not None else None)
+    return StoredEntry(name=_text(row.name), definition=_text(row.definition), pause=pause,
+                       version=row.version, updated_ms=row.updated_ms,
+                       updated_by=_text(row.updated_by))
+
+
+def _entry_columns(conn: sa.Connection) -> list:
+    """The columns of ``anarchon_schedule_entries`` as :meth:`SQLEntries.load_entries` reads
+    them. SQLite keeps whatever bytes a hand edit or another program wrote in a text column, and
+    its driver raises on text that is not UTF-8 (the whole read failed, as a store outage): there
+    the text columns are read as bytes, for :func:`_text`. (PostgreSQL checks the encoding of
+    what it stores.)"""
+    table = schema.schedule_entries
+    if conn.dialect.name != "sqlite":
+        return list(table.c)
+    return [sa.cast(c, sa.LargeBinary).label(c.name) if isinstance(c.type, sa.Text) else c
+            for c in table.c]
 
 
 def _request(row: Any, created: bool = False) -> RunRequest:
@@ -176,8 +199,9 @@ class SQLEntries(EntryOps):
             head = conn.execute(sa.select(v.c.version, v.c.epoch, v.c.accepted_ms, v.c.accepted_by)
                                 .where(v.c.namespace == self.namespace)).first()
             now = self._now_us(conn) // 1000
-            entries = {r.name: _stored(r) for r in conn.execute(
-                sa.select(t).where(t.c.namespace == self.namespace).order_by(t.c.name))}
+            entries = {stored.name: stored for stored in map(_stored, conn.execute(
+                sa.select(*_entry_columns(conn)).where(t.c.namespace == self.namespace)
+                .order_by(t.c.name)))}
             requests = tuple(_request(r) for r in conn.execute(
                 sa.select(rq).where(rq.c.namespace == self.namespace,
                                     rq.c.requested_ms >= now - self.memory_ms)
