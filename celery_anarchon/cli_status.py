@@ -361,12 +361,17 @@ def _check_all(app, settings: Settings, store, use_store: bool, report: _Report)
     except ConfigError as exc:
         report.fail(testing.problem_of(None, exc))
     warnings: list[str] = []
-    plans, problems = testing.check_entries(app, testing.config_entries(app).items(),
-                                            settings=settings, store=store, warn=warnings.append)
+    try:
+        config = testing.config_entries(app)
+    except ConfigError as exc:             # beat_schedule is not a dict
+        report.fail(testing.problem_of(None, exc))
+        config = {}
+    plans, problems = testing.check_entries(app, config.items(), settings=settings, store=store,
+                                            warn=warnings.append)
     _entries(report, "beat_schedule", plans, problems, warnings)
     if use_store:
         config_plans = dict(plans)
-        plans.update(_check_store(app, settings, store, report))
+        plans.update(_check_store(app, settings, store, report, set(config)))
         _check_live_definitions(store, config_plans, report)
     if modules_imported:
         _check_tasks(app, plans, report)
@@ -386,8 +391,10 @@ def _entries(report: _Report, where: str, plans: dict[str, EntryPlan],
         report.warn(warning)
 
 
-def _check_store(app, settings: Settings, store, report: _Report) -> dict[str, EntryPlan]:
-    """The store reachable, what its setup can lose, and its own entries' rules."""
+def _check_store(app, settings: Settings, store, report: _Report,
+                 config: set[str]) -> dict[str, EntryPlan]:
+    """The store reachable, what its setup can lose, and its own entries' rules (``config``:
+    the names of the config entries, which win over store entries of the same name)."""
     try:
         warnings = store.prepare(())
         now = store.now_ms()
@@ -410,7 +417,6 @@ def _check_store(app, settings: Settings, store, report: _Report) -> dict[str, E
     except StoreError as exc:
         report.fail(testing.Problem(None, "the store reachable", str(exc)))
         return {}
-    config = set(testing.config_entries(app))
     items = []
     for name, e in sorted(stored.items()):
         if e.definition is None or name in config:

@@ -22,7 +22,9 @@ from celery_anarchon._util import iso
 from celery_anarchon.engine.instances import clash_fix
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.plan import EntryPlan, build_plan, config_entry
-from celery_anarchon.schedule_api import CONFIG, STORE, Schedules, ScheduledEntry, config_items
+from celery_anarchon.schedule_api import (
+    CONFIG, STORE, Schedules, ScheduledEntry, config_data, config_items,
+)
 from celery_anarchon.slots import CronSlots
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
 from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord, InstanceStore
@@ -537,11 +539,7 @@ def _config_listed(app) -> list[ScheduledEntry]:
     cannot be read)."""
     listed = []
     for name, item in sorted(_config_items(app).items()):
-        try:
-            data = entry_json.from_entry(config_entry(name, item, app=app))
-        except Exception:  # a broken entry: its problem comes from build_plan
-            data = {"task": item.get("task"), "schedule": {"repr": repr(item.get("schedule"))}}
-        listed.append(ScheduledEntry(name, CONFIG, data))
+        listed.append(ScheduledEntry(name, CONFIG, config_data(app, name, item)))
     return listed
 
 

@@ -111,6 +111,7 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Store
             "are normalized to it wherever they are given, so this one (a store entry an older "
             "version wrote) could not be paused or run by its name; fix: remove it (celery "
             "anarchon remove finds it by its exact name) and add it again")
+    check_call(name, entry)
     ours, celery_options = timing.split_entry_options(name, entry.options)
     task_options.check(name, celery_options)
     schedule = entry.schedule
@@ -205,13 +206,84 @@ def build_plans(entries: dict, *, app, settings: timing.Settings, store: Store) 
     return plans
 
 
+_SCHEDULE_EXAMPLE = ("{'nightly-report': {'task': 'proj.tasks.report', 'schedule': "
+                     "crontab(minute=0, hour=3)}}")
+
+
+@dataclasses.dataclass(frozen=True)
+class UnnamedItem:
+    """A ``beat_schedule`` item whose name is not a string (``3``, ``b"x"``): the operator views
+    key it by its repr (:func:`celery_anarchon.schedule_api.config_items`), and
+    :func:`config_entry` refuses it by that name, as beat does at start-up."""
+
+    name: Any
+    item: Any
+
+
+def beat_schedule_of(value: Any) -> dict:
+    """The ``beat_schedule`` setting checked as a whole: a dict of entries by name (None: none).
+
+    :raises ConfigError: anything else (a list, a string), naming the setting, its value and
+        the fix.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"beat_schedule = {limits.shown_value(value)}: not a dict of entries "
+                          f"by name; fix: give a dict such as {_SCHEDULE_EXAMPLE}")
+    return value
+
+
+def item_problem(name: Any, item: Any) -> ConfigError | None:
+    """What makes a ``beat_schedule`` item no entry before Celery sees it: its name is not a
+    string, or the item is not a dict (the error naming it, the value and the fix), else None."""
+    if isinstance(item, UnnamedItem):
+        return ConfigError(f"entry name {limits.shown_value(item.name)} of beat_schedule: not a "
+                           "string; fix: name the entry with text, e.g. 'nightly-report'")
+    if not isinstance(item, dict):
+        where = f"entry {limits.shown(name) if isinstance(name, str) else repr(name)}"
+        return ConfigError(f"{where}: {limits.shown_value(item)} is not a dict; fix: give the "
+                           "entry as {'task': 'proj.tasks.report', 'schedule': 60}")
+    return None
+
+
+def check_call(name: str, entry: beat.ScheduleEntry) -> None:
+    """Refuse what beat could not send: a task name that is not text (or holds NUL or a lone
+    surrogate), args that are not a list or tuple (a string would be sent as its characters),
+    kwargs or options that are not a dict.
+
+    :raises ConfigError: naming the entry, the field, the value and the fix.
+    """
+    where = f"entry {limits.shown(name)}"
+    if not isinstance(entry.task, str) or not entry.task:
+        raise ConfigError(f"{where}: task {limits.shown_value(entry.task)}: not a task name; fix: "
+                          "give the registered name of the task as text, e.g. "
+                          "'proj.tasks.report'")
+    limits.plain_text(entry.task, f"{where}: task", "give the registered name of the task, e.g. "
+                      "'proj.tasks.report'")
+    if entry.args is not None and not isinstance(entry.args, (list, tuple)):
+        raise ConfigError(f"{where}: args {limits.shown_value(entry.args)}: not a list or tuple; "
+                          "fix: give the positional arguments as a list, e.g. ['x'] (a string "
+                          "would be sent as its characters)")
+    for field in ("kwargs", "options"):
+        value = getattr(entry, field)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {field} {limits.shown_value(value)}: not a dict; fix: "
+                              f"give {field} as a dict, e.g. "
+                              + ("{'full': True}" if field == "kwargs" else "{'queue': 'reports'}"))
+
+
 def config_entry(name: str, item: dict, *, app, entry_cls: type = beat.ScheduleEntry):
     """A ``beat_schedule`` item as Celery's entry, the way beat builds it; an item Celery cannot
     build is a ConfigError naming the entry, what is wrong and the fix.
 
-    :raises ConfigError: an unknown key, a schedule Celery cannot use (text, a number too large
-        for a ``timedelta``), or whatever else Celery refuses (its message quoted).
+    :raises ConfigError: a name that is not a string or an item that is not a dict
+        (:func:`item_problem`), an unknown key, a schedule Celery cannot use (text, a number too
+        large for a ``timedelta``), or whatever else Celery refuses (its message quoted).
     """
+    problem = item_problem(name, item)
+    if problem is not None:
+        raise problem
     try:
         return entry_cls(**{"last_run_at": datetime.datetime.now(datetime.timezone.utc), **item,
                             "name": name, "app": app})
@@ -229,7 +301,10 @@ def cannot_build(name: str, item: Any, exc: Exception) -> ConfigError:
     """The error of a ``beat_schedule`` item Celery could not build (``exc``), naming the entry,
     what is wrong and the fix: a schedule given as text, a number of seconds no ``timedelta``
     holds, else Celery's own words and the keys it takes."""
-    schedule = item.get("schedule") if isinstance(item, dict) else None
+    problem = item_problem(name, item)
+    if problem is not None:
+        return problem
+    schedule = item.get("schedule")
     where = f"entry {limits.shown(name) if isinstance(name, str) else repr(name)}"
     if isinstance(schedule, str):
         return slot_math.text_schedule_error(name, schedule)
@@ -239,7 +314,7 @@ def cannot_build(name: str, item: Any, exc: Exception) -> ConfigError:
             "year 9999, the last year a slot can have (dates, ISO 8601 times and the stores' "
             "clocks end there); fix: give a shorter period (a crontab runs yearly at most: crontab(0, 0, "
             "day_of_month=1, month_of_year=1))")
-    keys = sorted(item, key=str) if isinstance(item, dict) else item
+    keys = sorted(item, key=str)
     return ConfigError(
         f"{where}: Celery cannot build it from {keys}: {type(exc).__name__}: {exc}. Allowed "
         "keys: task, schedule, args, kwargs, options, relative; the schedule is a number of "

@@ -36,7 +36,9 @@ from celery.schedules import crontab
 from celery_anarchon import entry_json, limits, timing
 from celery_anarchon.app_store import make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, EntryOwnedByConfig, StoreError, UnknownEntry
-from celery_anarchon.plan import EntryPlan, build_plan, config_entry
+from celery_anarchon.plan import (
+    EntryPlan, UnnamedItem, beat_schedule_of, build_plan, check_call, config_entry,
+)
 from celery_anarchon.slots import text_schedule_error
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.entry_store import (
@@ -62,11 +64,17 @@ def config_items(app) -> dict[str, dict]:
     :param app: the Celery app (``beat_schedule``, ``result_expires``, its result backend).
     :returns: a new dict of ``beat_schedule`` items (dicts as Celery takes them) by name in
         Unicode NFC, as beat runs them (the second of two names equal in NFC keeps its own form:
-        beat refuses the pair); never raises (a result backend that cannot be built adds no
-        entry: beat would fail on it at start-up).
+        beat refuses the pair; a name that is not a string is keyed by its repr, its item an
+        :class:`~celery_anarchon.plan.UnnamedItem` that :func:`~celery_anarchon.plan.config_entry`
+        refuses); a result backend that cannot be built adds no entry (beat would fail on it at
+        start-up).
+    :raises ConfigError: ``beat_schedule`` is not a dict (:func:`~celery_anarchon.plan.beat_schedule_of`).
     """
     config: dict = {}
-    for name, item in (app.conf.beat_schedule or {}).items():
+    for name, item in beat_schedule_of(app.conf.beat_schedule).items():
+        if not isinstance(name, str):   # shown by its repr, refused by config_entry
+            config[repr(name)] = UnnamedItem(name, item)
+            continue
         normal = normal_name(name)
         config[name if normal in config else normal] = item
     try:
@@ -565,11 +573,7 @@ class Schedules:
         return out
 
     def _config_data(self, name: str, item: dict) -> dict:
-        try:
-            return entry_json.from_entry(self._config_entry(name, item))
-        except Exception:  # a broken beat_schedule entry: shown, never stored
-            return {"task": item.get("task"), "schedule": {"repr": repr(item.get("schedule"))},
-                    "storable": False}
+        return config_data(self.app, name, item)
 
     @staticmethod
     def _scheduled(name: str, source: str, definition: dict | None, stored: StoredEntry | None,
@@ -589,6 +593,27 @@ class Schedules:
             return self._scheduled(stored.name, STORE,
                                    _stored_data(stored.name, stored.definition), stored)
         return self._scheduled(stored.name, UNKNOWN, None, stored)
+
+
+def config_data(app, name: str, item: Any) -> dict:
+    """A ``beat_schedule`` item as the views show its definition (:mod:`entry_json` data); an
+    item that is no entry as its task and the repr of its schedule, ``"storable": false`` (its
+    problem comes from :func:`~celery_anarchon.plan.build_plan`)."""
+    try:
+        entry = config_entry(name, item, app=app)
+        check_call(name, entry)            # a task that is no text is no JSON either
+        return entry_json.from_entry(entry)
+    except Exception:  # a broken beat_schedule entry: shown, never stored
+        return _broken_item_data(item)
+
+
+def _broken_item_data(item: Any) -> dict:
+    """What the views show of a ``beat_schedule`` item that is no entry."""
+    if not isinstance(item, dict):
+        return {"task": None, "schedule": {"repr": repr(item)}, "storable": False}
+    task = item.get("task")
+    return {"task": task if isinstance(task, str) else repr(task),
+            "schedule": {"repr": repr(item.get("schedule"))}, "storable": False}
 
 
 def _stored_data(name: str, text: str, *, strict: bool = False) -> dict:

@@ -129,7 +129,7 @@ class Scheduler(BrokerSends, beat.Scheduler):
         """
         with paused_gc():   # a build of many objects, no cyclic garbage (the first tick's too)
             # merge first, then add the defaults: the other order drops celery.backend_cleanup
-            self.merge_inplace(self.app.conf.beat_schedule)
+            self.merge_inplace(plans_mod.beat_schedule_of(self.app.conf.beat_schedule))
             self.install_default_entries(self.data)
             plans = self._build_plans()
             if isinstance(self.store, EntryStore):

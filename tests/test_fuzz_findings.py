@@ -316,3 +316,77 @@ def test_a_malformed_redis_pause_record_reads_as_a_pause_saying_so(tmp_path, nam
         assert results[0].outcome is Outcome.PAUSED, results   # (the other: forgotten, as a
         assert results[1].outcome is not Outcome.PAUSED, results  # new store's first claims)
         assert not s.resume("good").paused and not s.get("good").paused
+
+
+GOOD = {"task": "proj.t", "schedule": 60}
+#: (id, a beat_schedule, the fragments the error names): one broken entry beside a good one
+BAD_SHAPES = [
+    ("a-list", [GOOD], ["beat_schedule = [{'task'", "not a dict of entries by name", "fix:"]),
+    ("a-string", "abc", ["beat_schedule = 'abc'", "not a dict of entries by name", "fix:"]),
+    ("item-not-a-dict", {"good": GOOD, "bad": 5}, ["entry 'bad': 5 is not a dict", "fix:"]),
+    ("options-not-a-dict", {"good": GOOD, "bad": {**GOOD, "options": [1]}},
+     ["entry 'bad': options [1]: not a dict", "fix:"]),
+    ("int-name", {"good": GOOD, 3: GOOD}, ["entry name 3", "fix:"]),
+    ("task-bytes", {"good": GOOD, "bad": {**GOOD, "task": b"x"}},
+     ["entry 'bad': task b'x': not a task name", "fix:"]),
+    ("args-a-string", {"good": GOOD, "bad": {**GOOD, "args": "xy"}},
+     ["entry 'bad': args 'xy': not a list or tuple", "fix:"]),
+    ("args-an-int", {"good": GOOD, "bad": {**GOOD, "args": 5}}, ["entry 'bad': args 5", "fix:"]),
+    ("kwargs-a-list", {"good": GOOD, "bad": {**GOOD, "kwargs": [1]}},
+     ["entry 'bad': kwargs [1]: not a dict", "fix:"]),
+]
+
+
+@pytest.mark.parametrize("case, beat_schedule, fragments", BAD_SHAPES,
+                         ids=[c[0] for c in BAD_SHAPES])
+def test_a_beat_schedule_of_the_wrong_shape_is_named_by_check_beat_and_every_view(
+        case, beat_schedule, fragments, tmp_path, namespace, capsys):
+    """Finding 9 (beat start-up, ``celery anarchon check``, list, status, /api/status):
+    ``beat_schedule`` a list or a string (AttributeError), an item that is not a dict, options
+    that are not a dict (TypeError in dict()), an int name (list and status: TypeError sorting
+    names), ``task`` as bytes (status --json: bytes not JSON serializable; check: TypeError), args
+    a string or an int and kwargs a list (accepted: beat would send them). Now beat refuses to
+    start naming the problem; check reports it as a FAIL line and checks the others; list and
+    status show the good entry, or exit 2 with one Error line when the setting itself is no
+    dict."""
+    import json
+
+    from celery_anarchon import cli_commands, cli_status
+    from celery_anarchon.web import StatusSource, create_app
+    from test_cli_operate import run_in_process
+    from test_web import asgi
+
+    with pytest.raises(ConfigError) as caught:
+        beat_start(tmp_path, namespace, beat_schedule)
+    for fragment in fragments:
+        assert fragment in str(caught.value), str(caught.value)
+    app = make_app(f"sqlite:///{tmp_path / 'views.sqlite3'}", namespace)
+    app.conf.beat_schedule = beat_schedule
+    code, out, err = run_in_process(cli_status.check, app, True, capsys=capsys)
+    assert code == 1 and "Traceback" not in out + err
+    assert all(fragment in out for fragment in fragments), out
+    whole = not isinstance(beat_schedule, dict)
+    if not whole:
+        assert "ok    beat_schedule entry 'good'" in out, out
+    for command, args in ((cli_commands.list_entries, (app, False)),
+                          (cli_status.status, (app, 5, True)), (cli_status.status, (app, 5, False))):
+        code, out, err = run_in_process(command, *args, capsys=capsys)
+        assert "Traceback" not in out + err
+        if whole:
+            assert code == 2 and err.count("Error:") == 1 and fragments[0] in err, (code, err)
+        else:
+            assert code == 0 and not err and "good" in out, (code, err)
+    source = StatusSource(app, runs=0)
+    try:
+        status, _, body = asgi(create_app(source, token=None, refresh_s=5.0), "GET", "/api/status")
+    finally:
+        source.close()
+    if whole:
+        assert fragments[0] in body, body[:500]
+    else:
+        assert status == 200, body[:500]
+        entries = {e["name"]: e for e in json.loads(body)["entries"]}
+        assert entries["good"]["state"] == "running"
+        [bad] = [e for e in entries.values() if e["name"] in ("bad", "3")]
+        assert bad["state"] == "problem" and fragments[0] in bad["problem"], bad
+
