@@ -167,6 +167,20 @@ class StatusSource:
         self.store.close()
 
 
+#: the route convertor of an entry's name in a path: any text, line breaks too (Starlette's
+#: ``path`` is ``.*``, which stops at one: such a name answered 404 instead of the name's rule)
+ANY_TEXT = "anarchon_any_text"
+
+
+def _register_any_text() -> None:
+    """Register :data:`ANY_TEXT` with Starlette (once; its registry is global)."""
+    from starlette.convertors import CONVERTOR_TYPES, PathConvertor, register_url_convertor
+    if ANY_TEXT not in CONVERTOR_TYPES:
+        class AnyText(PathConvertor):
+            regex = r"[\s\S]*"
+        register_url_convertor(ANY_TEXT, AnyText())
+
+
 def create_app(source: StatusSource, *, token: str | None = None, refresh_s: float = 5.0,
                allowed_hosts: list[str] | None = None):
     """The Starlette application of the page.
@@ -259,10 +273,12 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
                       f"{request.url.path}; the routes are GET /api/status and POST "
                       "/api/entries/<name>/pause, /resume, /run-now")
 
+    _register_any_text()
     routes = [Route("/", index), Route("/api/status", api_status)]
-    routes += [Route(f"/api/entries/{{name:path}}/{a}", act, methods=["POST"]) for a in ACTIONS]
-    routes += [Route("/api/{rest:path}", api_not_found, methods=["GET", "POST", "PUT", "DELETE",
-                                                                 "PATCH"])]
+    routes += [Route(f"/api/entries/{{name:{ANY_TEXT}}}/{a}", act, methods=["POST"])
+               for a in ACTIONS]
+    routes += [Route(f"/api/{{rest:{ANY_TEXT}}}", api_not_found,
+                     methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
     middleware = ([Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
                   if allowed_hosts else [])
     return Starlette(routes=routes, middleware=middleware)

@@ -390,3 +390,39 @@ def test_a_beat_schedule_of_the_wrong_shape_is_named_by_check_beat_and_every_vie
         [bad] = [e for e in entries.values() if e["name"] in ("bad", "3")]
         assert bad["state"] == "problem" and fragments[0] in bad["problem"], bad
 
+
+def test_the_page_actions_answer_for_a_name_with_a_line_break(tmp_path, namespace):
+    """Finding 10 (the status page's POST /api/entries/<name>/pause, /resume, /run-now): a name
+    holding a line break ('a\\nb', a store entry an older version wrote: add refuses it now)
+    answered 404 "no such API route" (the route's pattern stopped at the line break). Now each
+    action reaches the entry as the API does: pause and run-now answer 400 with the name rule
+    (as add does), resume and the others act."""
+    import json
+
+    from celery_anarchon.entry_json import canonical
+    from celery_anarchon.web import TOKEN_HEADER, StatusSource, create_app
+    from test_web import asgi
+
+    app = make_app(f"sqlite:///{tmp_path / 'store.sqlite3'}", namespace)
+    with celery_anarchon.schedules(app) as s:
+        refused(lambda: s.add("a\nb", task="proj.t", schedule=60), "control character '\\n'")
+        s.store.put_entry("a\nb", canonical({"task": "proj.t", "schedule": {"every": 60}}),
+                          by="an older version", create=True)
+    source = StatusSource(app, runs=0)
+    token = "t" * 32
+    site = create_app(source, token=token, refresh_s=5.0)
+
+    def post(path: str) -> tuple[int, dict]:
+        status, _, body = asgi(site, "POST", path, headers={TOKEN_HEADER: token})
+        assert body.startswith("{"), (status, body[:300])
+        return status, json.loads(body)
+    try:
+        for action in ("pause", "run-now"):
+            status, answer = post(f"/api/entries/a\nb/{action}")
+            assert status == 400 and "control character '\\n'" in answer["error"], answer
+        status, answer = post("/api/entries/a\nb/resume")
+        assert status == 200 and answer["entry"] == "a\nb", answer
+        status, answer = post("/api/entries/config-entry/pause")
+        assert status == 200 and answer["result"]["paused"], answer
+    finally:
+        source.close()

@@ -449,8 +449,10 @@ def test_a_port_in_use_is_named_with_the_fix():
     check_address("127.0.0.1", port)   # free again
 
 
-def asgi(site, method: str, path: str, query: str = "") -> tuple[int, dict, str]:
-    """One request to the Starlette app in this process: (status, headers, body)."""
+def asgi(site, method: str, path: str, query: str = "",
+         headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    """One request to the Starlette app in this process (with ``headers`` too): (status,
+    headers, body)."""
     import asyncio
     sent = []
 
@@ -461,7 +463,8 @@ def asgi(site, method: str, path: str, query: str = "") -> tuple[int, dict, str]
         sent.append(message)
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
              "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-             "query_string": query.encode(), "headers": [(b"host", b"127.0.0.1")],
+             "query_string": query.encode(), "headers": [(b"host", b"127.0.0.1")] + [
+                 (k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8765)}
     asyncio.run(site(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
