@@ -189,12 +189,14 @@ class Schedules:
         ``tasks``).
     :param store: a store to use instead of the app's (then not closed by :meth:`close`).
     :param by: who makes the changes (default :func:`default_by`, ``user@host:pid``).
-    :raises ConfigError: a bad ``anarchon_*`` setting, or a store that cannot hold entries
+    :raises ConfigError: a bad ``anarchon_*`` setting, ``by`` that is not text every store can
+        hold, or a store that cannot hold entries
         (naming the stores that can: ``entry_store.ENTRY_STORE_NAMES``).
     """
 
     def __init__(self, app, *, store: ClaimStore | None = None, by: str | None = None) -> None:
         self.app = app
+        self.by = default_by() if by is None or by == "" else _by_text(by)   # before the store
         self.settings = Settings.from_app(app)
         own = store is None
         if store is None:
@@ -207,7 +209,6 @@ class Schedules:
             raise
         self._own_store = own
         self._prepared = False
-        self.by = default_by() if by is None else _by_text(by)
 
     # -- life cycle ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -13,6 +13,7 @@ from celery.schedules import crontab
 
 import celery_anarchon
 from celery_anarchon import ConfigError, Scheduler
+from celery_anarchon.schedule_api import default_by
 from celery_anarchon.stores.base import ClaimRequest, Outcome
 
 from stores_support import store_url
@@ -82,6 +83,9 @@ def test_by_that_is_not_text_is_a_config_error(api, by):
     refused(lambda: api.add("new", task="proj.t", schedule=60, by=by), "by", repr(by))
     refused(lambda: api.remove("stored", by=by), "by", repr(by))
     unchanged(api, before)
+    refused(lambda: celery_anarchon.schedules(api.app, by=by), "by", repr(by))
+    with celery_anarchon.schedules(api.app, by="") as default:
+        assert default.by == default_by(), "by='': user@host:pid, as before"
 
 
 def test_nul_in_task_reason_and_by_is_a_config_error(api):
