@@ -282,9 +282,10 @@ def test_a_malformed_redis_entry_record_is_an_error_row_and_the_others_run(
         record, tmp_path, namespace, capsys):
     """Finding 8 (every read surface, Redis): an entries record that is not JSON, JSON of the
     wrong type (a list), a definition that is not text, fields missing or of the wrong type
-    (``{"v": "x"}``): json.loads, KeyError, AttributeError or ValueError broke every read; now
-    the record reads (its version 0 when it has none) and its definition, where it has one, is an
-    error row; a record holding no definition reads as a cleared one."""
+    (``{"v": "x"}``): json.loads, KeyError, AttributeError or ValueError broke every read, and
+    the write scripts' cjson.decode failed ``remove``, the fix the problem row gives; now the
+    record reads (its version 0 when it has none), its definition, where it has one, is an error
+    row that ``remove`` clears; a record holding no definition reads as a cleared one."""
     url = store_url("redis", str(tmp_path))
     app = make_app(url, namespace)
     with celery_anarchon.schedules(app) as s:
@@ -299,6 +300,10 @@ def test_a_malformed_redis_entry_record_is_an_error_row_and_the_others_run(
     problem = {b"not json": "is not valid JSON", b"[1, 2]": "is not a JSON object",
                b'{"d": 5, "v": "x", "t": 1, "b": 2}': "is not a JSON object"}.get(record, "schedule")
     _every_read_surface_shows(app, {"bad": problem}, capsys)
+    with celery_anarchon.schedules(app) as s:   # the problem row's fix: remove it, add it again
+        s.remove("bad")
+        s.add("bad", task="proj.t", schedule=60)
+        assert s.get("bad").definition["schedule"] == {"every": 60}
 
 
 def test_a_malformed_redis_pause_record_reads_as_a_pause_saying_so(tmp_path, namespace, capsys):

@@ -94,7 +94,24 @@ _PRELUDE = r"""
 local clock = redis.call('TIME')
 local NOW = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)  -- store ms
 local function int(n) return string.format('%d', n) end
-local function decoded(raw) if raw then return cjson.decode(raw) end return nil end
+-- a name's record as load_entries reads it (_read_record): one a hand edit or another program
+-- wrote that is not a JSON object holds its text as the definition (so that it can be updated
+-- or removed, as its problem row says); a pause record that cannot be read is a pause saying so
+local function decoded(raw)
+  if not raw then return nil end
+  local ok, rec = pcall(cjson.decode, raw)
+  if ok and type(rec) == 'table' and string.match(raw, '^%s*{') then return rec end
+  return {d = raw}
+end
+local function pause_decoded(raw)
+  if not raw then return nil end
+  local ok, p = pcall(cjson.decode, raw)
+  if ok and type(p) == 'table' and type(p.r) == 'string' and type(p.b) == 'string'
+      and type(p.t) == 'string' then
+    return p
+  end
+  return {r = "the store's pause record is not readable", b = '', t = '0'}
+end
 
 -- a change of one name: the namespace's version goes up in the same script and becomes the name's
 local function changed(rec, by, version_key)
@@ -164,7 +181,7 @@ if ARGV[4] ~= '1' and not rec.d then return cjson.encode({o = 'unknown'}) end
 rec.d = ARGV[2]
 changed(rec, ARGV[3], KEYS[3])
 put_record(ARGV[1], rec, false)
-return cjson.encode({o = 'ok', r = rec, p = decoded(redis.call('HGET', KEYS[2], ARGV[1]))})
+return cjson.encode({o = 'ok', r = rec, p = pause_decoded(redis.call('HGET', KEYS[2], ARGV[1]))})
 """
 
 #: Remove a store entry's definition and its pause, leaving the record cleared (nothing when it
