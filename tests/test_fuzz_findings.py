@@ -262,7 +262,8 @@ def test_a_stored_definition_that_is_not_utf8_is_an_error_row_and_the_others_run
     (``{"t":"\xff"}`` written straight into the SQLite row or the Redis record) raised
     UnicodeDecodeError (Redis) or failed the whole read as a store outage (SQLite: "Could not
     decode to UTF-8 column"); now it is an error row in list, status, the page and /api/status,
-    and beat runs the others. (PostgreSQL checks the encoding of what it stores.)"""
+    and beat runs the others, and ``remove`` (the fix the row gives) clears it (SQLite failed it
+    as a store outage too). (PostgreSQL checks the encoding of what it stores.)"""
     url = store_url(kind, str(tmp_path))
     app = make_app(url, namespace)
     with celery_anarchon.schedules(app) as s:
@@ -273,6 +274,10 @@ def test_a_stored_definition_that_is_not_utf8_is_an_error_row_and_the_others_run
     else:
         _write_raw_redis(url, namespace, "bad", b'{"v":"2","t":"1","b":"x","d":"{\\"t\\":\xff}"}')
     _every_read_surface_shows(app, {"bad": "is not valid UTF-8 (the byte 0xff"}, capsys)
+    with celery_anarchon.schedules(app) as s:   # the problem row's fix: remove it, add it again
+        s.remove("bad")
+        s.add("bad", task="proj.t", schedule=60)
+        assert s.get("bad").definition["schedule"] == {"every": 60}
 
 
 @pytest.mark.parametrize("record", [

@@ -62,8 +62,8 @@ def _stored(row: Any) -> StoredEntry:
 
 
 def _entry_columns(conn: sa.Connection) -> list:
-    """The columns of ``anarchon_schedule_entries`` as :meth:`SQLEntries.load_entries` reads
-    them. SQLite keeps whatever bytes a hand edit or another program wrote in a text column, and
+    """The columns of ``anarchon_schedule_entries`` as :class:`SQLEntries` reads them (every
+    entry, or one name's row before a write). SQLite keeps whatever bytes a hand edit or another program wrote in a text column, and
     its driver raises on text that is not UTF-8 (the whole read failed, as a store outage): there
     the text columns are read as bytes, for :func:`_text`. (PostgreSQL checks the encoding of
     what it stores.)"""
@@ -160,7 +160,8 @@ class SQLEntries(EntryOps):
 
     def _read(self, conn: sa.Connection, name: str) -> Any:
         t = schema.schedule_entries
-        return conn.execute(sa.select(t).where(t.c.namespace == self.namespace, t.c.name == name)).first()
+        return conn.execute(sa.select(*_entry_columns(conn))
+                            .where(t.c.namespace == self.namespace, t.c.name == name)).first()
 
     def _write(self, what: str, name: str, op: Callable[[sa.Connection, Any, int], T]) -> T:
         """``op(conn, row_or_None, now_ms)`` with the entry's row of ``anarchon_entries`` locked."""
