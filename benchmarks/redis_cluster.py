@@ -68,9 +68,13 @@ def unsettled(table: list[list[str]], live: set[int]) -> str | None:
 
 
 class RedisClusterRig(Rig):
-    """Six nodes (:class:`servers.RedisServer`, nothing kept on disk) forming one cluster.
+    """Masters and their replicas (:class:`servers.RedisServer`, nothing kept on disk; six nodes
+    by default) forming one cluster.
 
-    :param masters: how many masters (each gets one replica).
+    :param masters: how many masters.
+    :param replicas: how many replicas each master gets (1; 0 for a cluster whose claims never
+        wait for a replica: the tests' shared rig, whose tests prove what the store does on a
+        cluster, not what replication does; the failover tests start rigs with replicas).
     :param folder: where the nodes keep their files (default: a temporary folder, deleted by
         :meth:`close`).
     :param binary: the ``redis-server`` of every node (e.g. Redis 8, for WAITAOF).
@@ -81,8 +85,9 @@ class RedisClusterRig(Rig):
 
     def __init__(self, masters: int = 3, folder: str | None = None, *,
                  binary: str = "redis-server", args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, replicas: int = 1) -> None:
         self._own_folder = folder is None
+        self.master_count, self.replicas = masters, replicas
         self.folder = folder or tempfile.mkdtemp(prefix="anarchon-redis-cluster-")
         taken: set[int] = set()
         self.nodes = [
@@ -93,7 +98,7 @@ class RedisClusterRig(Rig):
                 "--cluster-replica-validity-factor", "0",
                 # a replica syncs at once (the default waits 5 s for more replicas to join)
                 "--repl-diskless-sync-delay", "0", *args), binary=binary, env=env)
-            for i in range(2 * masters)]
+            for i in range(masters * (1 + replicas))]
 
     @property
     def url(self) -> str:
@@ -118,7 +123,7 @@ class RedisClusterRig(Rig):
                     node.port = cluster_port(taken)
         subprocess.run(["redis-cli", "--cluster", "create",
                         *(f"127.0.0.1:{n.port}" for n in self.nodes),
-                        "--cluster-replicas", "1", "--cluster-yes"],
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                        check=True, capture_output=True, text=True, timeout=60)
         self.wait_ok()
         return self
@@ -133,7 +138,7 @@ class RedisClusterRig(Rig):
         live node as a master with slots or a replica (:func:`unsettled`), the cluster has as many
         masters with slots as at the start (a failover is over), and each master whose replica is
         alive has it online (synced: ``WAIT`` can count it, a kill of the master can promote it)."""
-        want = len(self.nodes) // 2
+        want = self.master_count
 
         def ok() -> bool:
             for node in self.nodes:

@@ -46,7 +46,7 @@ def _flush_redis_cluster(url: str, open_one: Callable[[], ClaimStore]) -> None:
 
 
 def _start_redis_cluster() -> str | None:
-    from cluster_rig import cluster_url  # tests/: six nodes of our own, once per process
+    from cluster_rig import cluster_url  # tests/: three masters of our own, once per process
     return cluster_url()
 
 
@@ -283,7 +283,7 @@ BACKENDS: tuple[Backend, ...] = (
             "Redis >= 8.6 (built and started by .ci/run)", {"strategy": "idmp"}, _flush_redis,
             _backdate_redis),
     Backend("redis-cluster", "ANARCHON_TEST_REDIS_CLUSTER_URL", "redis+cluster://127.0.0.1:7000/",
-            "Redis Cluster (six nodes the tests start, or the variable's)", {},
+            "Redis Cluster (three masters the tests start, or the variable's)", {},
             _flush_redis_cluster, _backdate_redis_cluster, start=_start_redis_cluster),
     Backend("rabbitmq", "ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//", "RabbitMQ",
             {}, _delete_rabbitmq_queues, _backdate_rabbitmq),
