@@ -14,16 +14,20 @@ from urllib.parse import urlsplit
 
 import pytest
 
+#: the server rigs (benchmarks/servers.py, benchmarks/ha_*.py) are shared by tests and benchmarks
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
 from backends import url_of  # noqa: E402  (tests/backends.py: one row per store)
+import worker_servers  # noqa: E402
+
+#: under pytest-xdist, each worker's own servers, before any URL is read (tests/worker_servers.py)
+worker_servers.isolate()
 
 REDIS_URL = url_of("redis")
 POSTGRES_URL = url_of("postgresql")
 REDIS8_URL = url_of("redis-idmp")
 AMQP_URL = url_of("rabbitmq")
 NATS_URL = url_of("nats")
-
-#: the server rigs (benchmarks/servers.py, benchmarks/ha_*.py) are shared by tests and benchmarks
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -87,6 +91,11 @@ def no_shared_celery_task():
 def namespace() -> str:
     """A namespace of its own for each test, so tests sharing a server never see each other."""
     return "t-" + uuid.uuid4().hex[:12]
+
+
+def pytest_unconfigure(config) -> None:
+    """An xdist worker's own servers stop with it (tests/worker_servers.py)."""
+    worker_servers.stop()
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
