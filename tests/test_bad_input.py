@@ -55,7 +55,7 @@ class Custom:
 
 
 def _regular_file() -> str:
-    path = "/tmp/anarchon-bad-input-regular-file"
+    path = os.path.join(_FOLDER, "regular-file")
     open(path, "w").close()
     return path
 
@@ -188,7 +188,7 @@ RETRIED = [
 
 # -- bad values of a definition, a name, an option: one error, nothing written (rows 39-...) -------
 
-SQLITE_API = "sqlite:////tmp/anarchon-bad-input-api.sqlite3"
+SQLITE_API = "sqlite:///" + os.path.join(_FOLDER, "api.sqlite3")   # this process's own, as SQLITE
 
 
 def nested(depth: int) -> list:
