@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+#: pytest-xdist workers of `make test` (each with servers of its own: tests/worker_servers.py);
+#: TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= 2
 
 .PHONY: demo test docs clean
 
@@ -16,9 +19,9 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) example_project/demo.py
 
-## test: every test against the real servers (see DEVELOPERS.md); fails on any failure
+## test: every test against the real servers (see DEVELOPERS.md), on two workers; fails on any failure
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 docs: $(STAMP)
 	$(PY) -m sphinx -q -b html docs docs/_build/html
