@@ -204,13 +204,18 @@ def timezone_error(app) -> ConfigError | None:
     :returns: a ConfigError naming the setting, the value and the fix, or ``None``.
     """
     try:
-        app.timezone
+        zone = app.timezone
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
         value = app.conf.get("timezone")
         return ConfigError(f"timezone {value!r} (app.conf.timezone) is not a known IANA time "
                            f"zone ({exc}){did_you_mean(value)}; fix: use a zone name such as "
                            "'UTC' or 'Europe/Berlin' (the zones of the system, or pip install "
                            "tzdata)")
+    if not isinstance(zone, datetime.tzinfo):   # Celery passes a value that is no text as is
+        value = app.conf.get("timezone")
+        return ConfigError(f"timezone {value!r} (app.conf.timezone) is not a time zone: it is "
+                           f"{type(value).__name__}, not an IANA zone name; fix: use a zone name "
+                           "such as 'UTC' or 'Europe/Berlin'")
     return None
 
 

@@ -104,8 +104,8 @@ def beat_schedule_shape(beat_schedule) -> str | None:
             return "item not dict"
         if "options" in item and not isinstance(item["options"], dict):
             return "options not dict"
-        if isinstance(item.get("task"), (bytes, bytearray)):
-            return "bytes task"
+        if "task" in item and not isinstance(item["task"], str):
+            return "bytes task (while open: any task that is no string; int: status's table)"
         if "args" in item and not isinstance(item["args"], (list, tuple)):
             return "args not list"
     return None

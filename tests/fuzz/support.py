@@ -61,10 +61,10 @@ def new_namespace() -> str:
 def make_app(kind: str, beat_schedule=None, **conf) -> Celery:
     """An app on a namespace of its own, with the config entry ``cfg`` and the task ``fuzz.t``."""
     app = Celery("fuzz", set_as_current=False)
-    app.conf.update(broker_url="memory://", anarchon_store_url=url_of(kind),
-                    anarchon_namespace=new_namespace(), timezone="UTC",
-                    beat_schedule={"cfg": {"task": "fuzz.t", "schedule": 60.0}}
-                    if beat_schedule is None else beat_schedule, **conf)
+    app.conf.update({"broker_url": "memory://", "anarchon_store_url": url_of(kind),
+                     "anarchon_namespace": new_namespace(), "timezone": "UTC",
+                     "beat_schedule": {"cfg": {"task": "fuzz.t", "schedule": 60.0}}
+                     if beat_schedule is None else beat_schedule, **conf})
     app.task(name="fuzz.t", shared=False)(_task)
     return app
 

@@ -1,0 +1,79 @@
+"""A definition written straight into the store (by another version, a hand edit, a restore):
+text of any shape under any name never breaks a read surface or a beat. It is shown as an error
+row; the entries beside it run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import event, given, note, settings
+from hypothesis import strategies as st
+
+from fuzz import known, strategies as S
+from fuzz.conftest import budget, count
+from fuzz.support import STORES, ErrorLog, make_app, read_everything, require
+
+#: names another writer may have used (the API refuses some of them; the store holds them)
+RAW_NAMES = st.one_of(S.PLAIN, S.TEXT.filter(lambda t: 0 < len(t) <= 300))
+GOOD = {"task": "fuzz.t", "schedule": {"every": 60}}
+
+
+def _store_of(app):
+    from celery_anarchon import schedules
+    s = schedules(app)
+    return s, s._ready()
+
+
+def known_finding(kind: str, written: dict) -> str | None:
+    return known.first(known.surrogates(*written), known.nul_on_postgres(
+        kind, *written, *written.values()))
+
+
+@pytest.mark.parametrize("kind", STORES)
+@settings(max_examples=budget(25))
+@given(written=st.dictionaries(RAW_NAMES, S.DEFINITION_TEXTS, min_size=1, max_size=4),
+       pause=st.booleans(), since=S.DURATION_TEXTS)
+def test_a_definition_written_into_the_store_is_an_error_row_and_the_others_run(
+        kind, written, pause, since):
+    require(kind)
+    finding = known_finding(kind, written)
+    if finding:
+        note(f"known finding {finding!r}")
+        return
+    count()
+    app = make_app(kind)
+    s, store = _store_of(app)
+    try:
+        s.add("good", task="fuzz.t", schedule=60)
+        for name, text in written.items():
+            if name in ("good", "cfg"):
+                continue
+            store.put_entry(name, text, by="another version", create=True)
+            if pause:
+                from celery_anarchon.stores.entry_store import Pause
+                store.set_pause(name, Pause(reason="hand", by="x", at_ms=0), by="x")
+    finally:
+        s.close()
+    entries = read_everything(app, since=since, runs=2)
+    for name in ("good", "cfg"):
+        assert not entries[name].get("problem") and entries[name]["next"], entries[name]
+    problems = [n for n, e in entries.items() if e.get("problem")]
+    event(f"{len(problems)} problem rows")
+    assert_a_beat_runs_the_others(app)
+
+
+def assert_a_beat_runs_the_others(app) -> None:
+    """A Scheduler starts on the store, ticks without a failure logged, and plans the good
+    entries."""
+    from celery_anarchon import Scheduler
+    with ErrorLog() as errors:
+        beat = Scheduler(app)
+        try:
+            beat.tick()
+            planned = set(beat.engine.plans) if hasattr(beat.engine, "plans") else None
+        finally:
+            beat.close()
+    failed = [r for r in errors.records if "tick failed" in r.getMessage()]
+    assert not failed, errors.text()
+    if planned is not None:
+        assert {"good", "cfg"} <= planned, planned
