@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 #: TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
 
-.PHONY: demo test docs clean
+.PHONY: demo test fuzz docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,14 @@ demo: $(STAMP)
 ## test: every test against the real servers (see DEVELOPERS.md), on two workers; fails on any failure
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS)
+
+## fuzz: the property-based fuzzing of tests/fuzz/ for ~30 minutes, random (its seed printed);
+## make test runs the same properties for ~3 minutes, derandomized
+FUZZ_SEED ?= $(shell date +%s)
+fuzz: $(STAMP)
+	@echo "fuzz: --hypothesis-seed=$(FUZZ_SEED) (make fuzz FUZZ_SEED=$(FUZZ_SEED) replays it)"
+	$(PY) -m pytest tests/fuzz -p no:randomly --timeout 0 --hypothesis-profile fuzz \
+		--hypothesis-seed=$(FUZZ_SEED) --hypothesis-show-statistics
 
 docs: $(STAMP)
 	$(PY) -m sphinx -q -b html docs docs/_build/html

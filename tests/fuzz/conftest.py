@@ -31,6 +31,8 @@ settings.register_profile("fuzz", max_examples=1000, derandomize=False, **_COMMO
 #: while developing: the first failure as found, not shrunk (minutes saved on a slow property)
 settings.register_profile("dev", max_examples=100, derandomize=True, database=None,
                           phases=[Phase.explicit, Phase.generate], **_COMMON)
+settings.register_profile("hunt", max_examples=400, derandomize=False, database=None,
+                          phases=[Phase.explicit, Phase.generate], **_COMMON)
 
 #: test id -> [examples run, seconds]
 RAN: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])

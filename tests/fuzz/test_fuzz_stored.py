@@ -29,6 +29,12 @@ def known_finding(kind: str, written: dict) -> str | None:
         kind, *written, *written.values()))
 
 
+def storable(written: dict) -> bool:
+    """Text a store can hold: a lone surrogate is no UTF-8 (no writer can store it; bytes that
+    are not UTF-8 are written raw, below)."""
+    return not any(known._has_surrogate(t) for t in written.values())
+
+
 @pytest.mark.parametrize("kind", STORES)
 @settings(max_examples=budget(25))
 @given(written=st.dictionaries(RAW_NAMES, S.DEFINITION_TEXTS, min_size=1, max_size=4),
@@ -37,6 +43,8 @@ def test_a_definition_written_into_the_store_is_an_error_row_and_the_others_run(
         kind, written, pause, since):
     require(kind)
     finding = known_finding(kind, written)
+    if not storable(written):
+        return
     if finding:
         note(f"known finding {finding!r}")
         return
