@@ -81,6 +81,19 @@ def _definition_options(command):
 @click.group(name="anarchon")
 def anarchon():
     """celery_anarchon: the beat that runs on every host."""
+    _escape_what_cannot_be_written()
+
+
+def _escape_what_cannot_be_written() -> None:
+    """Every command writes text its output cannot encode escaped (``e\\ud800``): a lone
+    surrogate in a ``beat_schedule`` name or task, or in a stored definition decoded with
+    ``surrogateescape``, is shown (and reported by ``check``) instead of ending the command with
+    UnicodeEncodeError. A stream without ``reconfigure`` (not a text file) is left as it is."""
+    import sys
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            reconfigure(errors="backslashreplace")
 
 
 @anarchon.command(cls=CeleryCommand)

@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 
-from celery_anarchon import entry_json
+from celery_anarchon import entry_json, limits
 from celery_anarchon._tz import zone_name
 from celery_anarchon._util import iso
 from celery_anarchon.engine.instances import clash_fix
@@ -494,7 +494,9 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     histories: dict[str, list[HistoryRecord]] = {}
     if reachable and runs:
         try:   # every entry's runs in a few round trips (ClaimStore.history_many)
-            histories = store.history_many([e.name for e in listed], limit=runs)
+            # a name no store can encode (a lone surrogate) has no runs: beat refuses it
+            histories = store.history_many([e.name for e in listed
+                                            if limits.undecodable(e.name) is None], limit=runs)
         except StoreError as exc:
             part["reachable"], part["error"], reachable = False, str(exc), False
     cache, used = _plan_cache(app, settings, store), set()

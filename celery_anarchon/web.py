@@ -197,10 +197,11 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
         from starlette.applications import Starlette
         from starlette.middleware import Middleware
         from starlette.middleware.trustedhost import TrustedHostMiddleware
-        from starlette.responses import HTMLResponse, JSONResponse
+        from starlette import responses
         from starlette.routing import Route
     except ImportError as exc:
         raise missing_extra() from exc
+    HTMLResponse, JSONResponse = _escaped_responses(responses)
 
     actions = token is not None
 
@@ -282,6 +283,27 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
     middleware = ([Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
                   if allowed_hosts else [])
     return Starlette(routes=routes, middleware=middleware)
+
+
+def _escaped_responses(responses) -> tuple[type, type]:
+    """Starlette's HTML and JSON responses, writing text UTF-8 cannot encode escaped
+    (``e\\ud800``): a lone surrogate in a ``beat_schedule`` name or task, or in a stored
+    definition read with ``surrogateescape``, is shown on the page instead of failing the answer
+    with UnicodeEncodeError (a 500)."""
+    import json
+
+    class HTMLResponse(responses.HTMLResponse):
+        def render(self, content) -> bytes:
+            if isinstance(content, str):
+                return content.encode(self.charset, "backslashreplace")
+            return super().render(content)
+
+    class JSONResponse(responses.JSONResponse):
+        def render(self, content) -> bytes:   # Starlette's, but backslashreplace
+            return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                              separators=(",", ":")).encode("utf-8", "backslashreplace")
+
+    return HTMLResponse, JSONResponse
 
 
 def render_page(data: dict | None, *, error: str | None = None, actions: bool = False,

@@ -36,3 +36,54 @@ def test_an_app_timezone_that_is_no_zone_name_is_a_config_error_naming_the_setti
         Scheduler(app).close()
     problems = testing.check_schedule(app)
     assert any("app.conf.timezone" in str(p) for p in problems), problems
+
+
+def _cli(app, *args):
+    from celery.bin.base import CLIContext
+    from click.testing import CliRunner
+    from celery_anarchon.cli import anarchon
+    return CliRunner().invoke(anarchon, list(args), obj=CLIContext(app=app, no_color=True,
+                                                                     workdir=None))
+
+
+@pytest.mark.parametrize("item", [{"e\ud800": {"task": "t", "schedule": 60}},
+                                  {"e": {"task": "t\udcff", "schedule": 60}}],
+                         ids=["name", "task"])
+def test_a_lone_surrogate_in_beat_schedule_is_shown_escaped_by_every_command(sqlite_url, item):
+    """beat refuses a lone surrogate in a beat_schedule name or task by name, but check, list and
+    status raised UnicodeEncodeError writing that name to stdout: the commands now show text they
+    cannot encode escaped (e\\ud800), and check reports the rule."""
+    app = _app(sqlite_url, beat_schedule=item)
+    for args, code in ((["check", "--no-store"], 1), (["list"], 0), (["status"], 0),
+                       (["status", "--json"], 0)):
+        result = _cli(app, *args)
+        assert result.exception is None or isinstance(result.exception, SystemExit), \
+            (args, repr(result.exception))
+        assert result.exit_code == code, (args, result.stdout, result.stderr)
+        assert "\\ud800" in result.stdout or "\\udcff" in result.stdout, (args, result.stdout)
+
+
+@pytest.mark.parametrize("item", [{"e\ud800": {"task": "t", "schedule": 60}},
+                                  {"e": {"task": "t\udcff", "schedule": 60}}],
+                         ids=["name", "task"])
+def test_a_lone_surrogate_in_beat_schedule_is_shown_escaped_by_history_and_the_page(
+        sqlite_url, item):
+    """history asked the store for the runs of a name no store can encode (UnicodeEncodeError
+    from the driver) and the page's / and /api/status answered with UnicodeEncodeError (a 500
+    behind a server): history now finds no runs and the page shows the text escaped."""
+    import json
+    from fuzz.support import asgi
+    from celery_anarchon.web import StatusSource, create_app
+    app = _app(sqlite_url, beat_schedule=item)
+    result = _cli(app, "history", next(iter(item)))
+    assert result.exit_code == 0 and "no runs" in result.stdout, (result.stdout, result.exception)
+    source = StatusSource(app, runs=2)
+    try:
+        site = create_app(source, token=None)
+        status, _, body = asgi(site, "GET", "/api/status")
+        assert status == 200 and json.loads(body)["entries"], body[:500]
+        assert "\\ud800" in body or "\\udcff" in body
+        status, _, page = asgi(site, "GET", "/")
+        assert status == 200 and ("\\ud800" in page or "\\udcff" in page), page[:500]
+    finally:
+        source.close()

@@ -6,6 +6,7 @@ A filter looks at the input, never at the outcome: a new failure on other input 
 """
 from __future__ import annotations
 
+import os
 import sys
 
 #: finding -> the filter's description (for the report of what is still filtered)
@@ -118,5 +119,8 @@ def line_break_action(name) -> str | None:
 
 
 def first(*found: str | None) -> str | None:
-    """The first finding named, else ``None``."""
+    """The first finding named, else ``None`` (always ``None`` with ``ANARCHON_FUZZ_KNOWN=0``:
+    to see whether a filter's finding is fixed)."""
+    if os.environ.get("ANARCHON_FUZZ_KNOWN") == "0":
+        return None
     return next((f for f in found if f), None)

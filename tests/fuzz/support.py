@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import traceback
 import uuid
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import click
 from celery import Celery
@@ -124,9 +124,10 @@ def asgi(site, method: str, path: str, query: str = "", body: bytes = b"",
 
     async def send(message):
         sent.append(message)
-    raw = quote(path, safe="/").encode("ascii") if isinstance(path, str) else path
+    raw = quote(path.encode("utf-8", "surrogatepass"), safe="/")   # as a client sends it
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": raw, "root_path": "",
+             "scheme": "http", "path": unquote(raw), "raw_path": raw.encode("ascii"),
+             "root_path": "",
              "query_string": query.encode(), "headers": [(b"host", b"127.0.0.1"), *(headers or [])],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8765)}
     asyncio.run(site(scope, receive, send))
@@ -196,3 +197,27 @@ def read_everything(app, *, since: str = "1h", runs: int = 3) -> dict:
         source.close()
     assert set(names) <= set(entries), (names, list(entries))
     return entries
+
+
+# -- raw writes: what a hand edit, a restore or another version leaves in the store ---------------
+
+def write_raw(kind: str, app, name: str, raw: bytes, role: str = "entries") -> None:
+    """Overwrite what the store holds for entry ``name`` with ``raw`` bytes: SQLite's definition
+    column (``role`` "entries"; "pauses": its pause reason), a Redis hash field of ``role``."""
+    namespace = app.conf.anarchon_namespace
+    if kind == "sqlite":
+        import sqlite3
+        column = "definition" if role == "entries" else "pause_reason"
+        with sqlite3.connect(SQLITE_URL.removeprefix("sqlite:///")) as conn:
+            conn.execute(f"UPDATE anarchon_schedule_entries SET {column} = CAST(? AS TEXT) "
+                         "WHERE namespace = ? AND name = ?", (raw, namespace, name))
+        return
+    import redis
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [k for k in client.scan_iter(f"*{{{namespace}}}:{role}")
+                if k.endswith(f":{role}".encode())]
+        for key in keys:
+            client.hset(key, name.encode("utf-8", "surrogatepass"), raw)
+    finally:
+        client.close()

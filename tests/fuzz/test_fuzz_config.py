@@ -15,7 +15,7 @@ ZONE_SETTING = st.one_of(st.just("UTC"), st.just("UTC"), S.ZONES)
 
 
 def known_finding(beat_schedule, zone) -> str | None:
-    found = known.beat_schedule_shape(beat_schedule)
+    found = known.first(known.beat_schedule_shape(beat_schedule))
     if found or not isinstance(beat_schedule, dict):
         return found
     return known.first(known.surrogates(beat_schedule), known.huge_ints(beat_schedule),

@@ -11,11 +11,19 @@ from hypothesis import strategies as st
 
 from fuzz import known, strategies as S
 from fuzz.conftest import budget, count
-from fuzz.support import STORES, ErrorLog, make_app, read_everything, require
+from fuzz.support import STORES, ErrorLog, make_app, read_everything, require, write_raw
 
 #: names another writer may have used (the API refuses some of them; the store holds them)
 RAW_NAMES = st.one_of(S.PLAIN, S.TEXT.filter(lambda t: 0 < len(t) <= 300))
-GOOD = {"task": "fuzz.t", "schedule": {"every": 60}}
+#: bytes a hand edit or a restore may leave: not UTF-8, truncated JSON, a record of another shape
+RAW_BYTES = st.one_of(
+    st.binary(max_size=40),
+    st.sampled_from([b"\xff\xfe", b'{"task":"fuzz.t","schedule":{"every":60}}\xff', b"\xc3",
+                     b'{"d":"{}","v":1}', b'{"d":1}', b"{}", b"[]", b"null", b'{"r":"x"}',
+                     b'{"d":"{\\"task\\":\\"fuzz.t\\",\\"schedule\\":{\\"every\\":60}}"}',
+                     b'{"r":1,"b":null,"t":"x"}', b"\xed\xa0\x80"]),
+    S.DEFINITION_TEXTS.map(lambda t: t.encode("utf-8", "surrogatepass")),
+)
 
 
 def _store_of(app):
@@ -32,15 +40,17 @@ def known_finding(kind: str, written: dict) -> str | None:
 def storable(written: dict) -> bool:
     """Text a store can hold: a lone surrogate is no UTF-8 (no writer can store it; bytes that
     are not UTF-8 are written raw, below)."""
-    return not any(known._has_surrogate(t) for t in written.values())
+    return not any(known._has_surrogate(t) for t in (*written, *written.values()))
 
 
 @pytest.mark.parametrize("kind", STORES)
 @settings(max_examples=budget(25))
 @given(written=st.dictionaries(RAW_NAMES, S.DEFINITION_TEXTS, min_size=1, max_size=4),
-       pause=st.booleans(), since=S.DURATION_TEXTS)
+       pause=st.booleans(), since=S.DURATION_TEXTS,
+       raw=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["entries", "pauses"]), RAW_BYTES),
+                    max_size=3))
 def test_a_definition_written_into_the_store_is_an_error_row_and_the_others_run(
-        kind, written, pause, since):
+        kind, written, pause, since, raw):
     require(kind)
     finding = known_finding(kind, written)
     if not storable(written):
@@ -60,6 +70,12 @@ def test_a_definition_written_into_the_store_is_an_error_row_and_the_others_run(
             if pause:
                 from celery_anarchon.stores.entry_store import Pause
                 store.set_pause(name, Pause(reason="hand", by="x", at_ms=0), by="x")
+        names = [n for n in written if n not in ("good", "cfg")]
+        for index, role, data in raw if names else ():
+            if known.first(known.malformed_raw()):
+                note(f"raw write skipped: known finding {known.malformed_raw()!r}")
+                break
+            write_raw(kind, app, names[index % len(names)], data, role)
     finally:
         s.close()
     entries = read_everything(app, since=since, runs=2)
