@@ -35,6 +35,7 @@ import datetime
 import difflib
 import json
 import math
+import sys
 import weakref
 import zoneinfo
 from typing import Any
@@ -522,8 +523,10 @@ def describe_schedule(schedule: dict, default_zone: str | None = None) -> str:
     given = schedule.get("timezone") or default_zone
     zone = f" {given}" if given else ""
     if "every" in schedule:
-        return f"every {schedule['every']:g} s" if _is_number(schedule["every"]) \
-            else f"every {schedule['every']!r}"
+        every = schedule["every"]
+        if _is_number(every) and abs(every) <= sys.float_info.max:   # {:g} of 10**400 overflows
+            return f"every {every:g} s"
+        return f"every {limits.shown_value(every)}" + (" s" if _is_number(every) else "")
     if "crontab" in schedule and isinstance(schedule["crontab"], dict):
         fields = schedule["crontab"]
         order = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")

@@ -87,3 +87,27 @@ def test_a_lone_surrogate_in_beat_schedule_is_shown_escaped_by_history_and_the_p
         assert status == 200 and ("\\ud800" in page or "\\udcff" in page), page[:500]
     finally:
         source.close()
+
+
+def test_a_stored_interval_past_float_range_is_listed_not_an_overflow(sqlite_url):
+    """A definition written into the store with {"every": 10**400} (another version, a hand
+    edit): `celery anarchon list` raised OverflowError formatting it with {:g}; now it lists
+    the entry, its interval cut short, and status shows it as a problem row."""
+    import json
+    from celery_anarchon.stores import open_store
+    app = _app(sqlite_url, anarchon_namespace="ns")
+    store = open_store(sqlite_url, namespace="ns", instance_id="hand", options={})
+    store.prepare(())
+    for name, every in (("huge", 10**400), ("negative", -10**400)):
+        store.put_entry(name, json.dumps({"task": "t", "schedule": {"every": every}}),
+                        by="a hand edit", create=True)
+    store.close()
+    result = _cli(app, "list")
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+    assert result.exit_code == 0 and "every 1000000000" in result.stdout, result.stdout
+    assert "every -1000000000" in result.stdout, result.stdout
+    result = _cli(app, "status", "--json")
+    assert result.exit_code == 0, (result.stdout, result.exception)
+    entries = {e["name"]: e for e in json.loads(result.stdout)["entries"]}
+    assert entries["huge"]["problem"] and entries["negative"]["problem"], entries

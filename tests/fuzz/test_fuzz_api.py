@@ -47,13 +47,7 @@ OPS = st.one_of(
 
 def known_finding(verb: str, name, kwargs: dict, kind: str) -> str | None:
     """The known finding this call's input reaches (the call is then skipped)."""
-    values = (name, *kwargs.values())
-    return known.first(
-        known.surrogates(name, kwargs.get("task"), kwargs.get("by")),
-        known.non_text_by(kwargs.get("by")),
-        known.none_name(name),
-        known.huge_ints(*values), known.crontab_bools(*values),
-        known.nul_on_postgres(kind, *values))
+    return known.first(known.remove_surrogate(verb, name))
 
 
 def check_refusal(exc: BaseException, verb: str, name) -> None:
