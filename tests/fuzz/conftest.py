@@ -5,6 +5,8 @@ Profiles (``--hypothesis-profile NAME``; ``make test`` runs ``default``, ``make 
 
 * ``default``: derandomized (the same examples on every run: a failure replays as it is), about
   three minutes for every property together on a 2-core machine;
+* ``dev`` (a quarter of the examples, no shrinking: the first failure as found) and ``hunt``
+  (the default's examples, random, no shrinking): while developing;
 * ``fuzz``: about ten times the examples, random (the seed is printed: ``--hypothesis-seed=N``
   replays a run), for before a release (~30 minutes).
 
@@ -26,12 +28,16 @@ _COMMON = dict(deadline=None, print_blob=True, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
     HealthCheck.function_scoped_fixture, HealthCheck.large_base_example])
 #: ``max_examples`` of a profile is the scale of every property's own count (see ``budget``)
-settings.register_profile("default", max_examples=100, derandomize=True, database=None, **_COMMON)
-settings.register_profile("fuzz", max_examples=1000, derandomize=False, **_COMMON)
+#: the examples of the default profile (each property's ``budget`` is its share of them)
+DEFAULT_EXAMPLES = 400
+settings.register_profile("default", max_examples=DEFAULT_EXAMPLES, derandomize=True,
+                          database=None, **_COMMON)
+settings.register_profile("fuzz", max_examples=10 * DEFAULT_EXAMPLES, derandomize=False,
+                          **_COMMON)
 #: while developing: the first failure as found, not shrunk (minutes saved on a slow property)
-settings.register_profile("dev", max_examples=100, derandomize=True, database=None,
+settings.register_profile("dev", max_examples=DEFAULT_EXAMPLES // 4, derandomize=True, database=None,
                           phases=[Phase.explicit, Phase.generate], **_COMMON)
-settings.register_profile("hunt", max_examples=400, derandomize=False, database=None,
+settings.register_profile("hunt", max_examples=DEFAULT_EXAMPLES, derandomize=False, database=None,
                           phases=[Phase.explicit, Phase.generate], **_COMMON)
 
 #: test id -> [examples run, seconds]
@@ -39,9 +45,9 @@ RAN: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
 
 
 def budget(examples: int) -> int:
-    """A property's number of examples under the loaded profile (``examples`` under the default
-    one; ten times that under ``fuzz``)."""
-    return max(1, examples * settings.default.max_examples // 100)
+    """A property's number of examples under the loaded profile: ``examples`` under the default
+    one, ten times that under ``fuzz``, a quarter under ``dev``."""
+    return max(1, examples * settings.default.max_examples // DEFAULT_EXAMPLES)
 
 
 def count() -> None:

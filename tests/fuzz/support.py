@@ -163,7 +163,8 @@ class ErrorLog(logging.Handler):
 
 def read_everything(app, *, since: str = "1h", runs: int = 3) -> dict:
     """Every read surface on ``app``: the API's list and get, the commands list, list --json,
-    status, status --json, status --runs N, history --since, next, check, and the page's / and
+    status, status --json, status --runs N, history --since, next, next --after (``since``: a
+    duration or instant text, fuzzed), check, and the page's / and
     /api/status. Asserts none answers with a traceback; returns the ``/api/status`` entries by
     name."""
     from celery_anarchon import schedules
@@ -185,7 +186,8 @@ def read_everything(app, *, since: str = "1h", runs: int = 3) -> dict:
         if args == ["list", "--json"]:
             assert sorted(e["name"] for e in json.loads(result.stdout)) == sorted(names)
     for name in names:
-        for args in (["history", name, "--since", since], ["next", name, "-n", "3"]):
+        for args in (["history", name, "--since", since], ["next", name, "-n", "3"],
+                     ["next", name, "-n", "2", "--after", since]):
             # 2: a since the command refuses, a problem entry; 3: a pause without an entry
             cli_ok(cli(app, args), args, (0, 2, 3) if name in bare else (0, 2))
     source = StatusSource(app, runs=runs)

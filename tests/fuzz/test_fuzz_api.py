@@ -58,7 +58,7 @@ def check_refusal(exc: BaseException, verb: str, name) -> None:
 
 
 @pytest.mark.parametrize("kind", STORES)
-@settings(max_examples=budget(25))
+@settings(max_examples=budget(100))
 @given(ops=st.lists(OPS, min_size=1, max_size=8), since=S.DURATION_TEXTS,
        runs=st.integers(0, 30))
 def test_writes_succeed_or_refuse_cleanly_and_every_read_works_after(kind, ops, since, runs):

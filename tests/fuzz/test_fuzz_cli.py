@@ -39,7 +39,7 @@ def known_finding(args: list[str]) -> str | None:
 
 
 @pytest.mark.parametrize("kind", STORES)
-@settings(max_examples=budget(20))
+@settings(max_examples=budget(80))
 @given(batch=st.lists(commands(), min_size=1, max_size=6), since=S.DURATION_TEXTS)
 def test_commands_exit_cleanly_refuse_without_writing_and_reads_work_after(kind, batch, since):
     require(kind)

@@ -14,7 +14,7 @@ from fuzz.support import ErrorLog, cli, cli_ok, describe, is_ours, make_app, req
 ZONE_SETTING = st.one_of(st.just("UTC"), st.just("UTC"), S.ZONES)
 
 
-@settings(max_examples=budget(40))
+@settings(max_examples=budget(160))
 @given(beat_schedule=S.BEAT_SCHEDULES, zone=ZONE_SETTING)
 def test_check_returns_the_problems_and_beat_starts_or_names_them(beat_schedule, zone):
     require("sqlite")

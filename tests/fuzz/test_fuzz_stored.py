@@ -38,7 +38,7 @@ def storable(written: dict) -> bool:
 
 
 @pytest.mark.parametrize("kind", STORES)
-@settings(max_examples=budget(25))
+@settings(max_examples=budget(100))
 @given(written=st.dictionaries(RAW_NAMES, S.DEFINITION_TEXTS, min_size=1, max_size=4),
        pause=st.booleans(), since=S.DURATION_TEXTS,
        raw=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["entries", "pauses"]), RAW_BYTES),

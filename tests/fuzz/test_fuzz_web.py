@@ -34,7 +34,7 @@ def _form(fields: dict) -> bytes:
 
 
 @pytest.mark.parametrize("kind", STORES)
-@settings(max_examples=budget(20))
+@settings(max_examples=budget(80))
 @given(batch=st.lists(actions(), min_size=1, max_size=5),
        query=st.dictionaries(st.sampled_from(["q", "page", "per_page", "refresh", "x"]), FIELD,
                              max_size=3))
