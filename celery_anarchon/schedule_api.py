@@ -321,6 +321,8 @@ class Schedules:
         self._not_config(name, "remove")
         store = self._ready()
         by = self._who(by, name)
+        if limits.undecodable(name) is not None and name not in self._snapshot().entries:
+            raise self._unknown(name)   # text no store encodes: only a name read from the store
         if not store.remove_entry(name, by=by) and (
                 given == name or not store.remove_entry(given, by=by)):
             raise self._unknown(name)

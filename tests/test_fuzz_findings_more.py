@@ -111,3 +111,43 @@ def test_a_stored_interval_past_float_range_is_listed_not_an_overflow(sqlite_url
     assert result.exit_code == 0, (result.stdout, result.exception)
     entries = {e["name"]: e for e in json.loads(result.stdout)["entries"]}
     assert entries["huge"]["problem"] and entries["negative"]["problem"], entries
+
+
+@pytest.mark.parametrize("name", ["e\ud800", "e\udcff"])
+def test_remove_of_a_name_with_a_lone_surrogate_is_an_unknown_entry(sqlite_url, name):
+    """remove('e\\ud800') went to the store with the name and SQLite's driver raised
+    UnicodeEncodeError (get, update and resume answered UnknownEntry): now remove answers
+    UnknownEntry too, and `celery anarchon remove` exits 3 with one Error: line."""
+    import celery_anarchon
+    from celery_anarchon.errors import UnknownEntry
+    app = _app(sqlite_url)
+    with celery_anarchon.schedules(app) as s:
+        with pytest.raises(UnknownEntry, match="no entry"):
+            s.remove(name)
+    result = _cli(app, "remove", name)
+    assert result.exit_code == 3 and result.stderr.startswith("Error: no entry"), \
+        (result.stderr, result.exception)
+
+
+def test_a_redis_entry_record_nested_past_the_recursion_limit_is_an_error_row(namespace):
+    """A Redis entry record of 5000 nested lists (a hand edit, another program): load_entries'
+    json.loads raised RecursionError and every read of the namespace failed (list, status, the
+    page, beat's sync); now the record is the entry's definition, refused by name (a problem
+    row), and the entries beside it are listed."""
+    import json
+    import celery_anarchon
+    from conftest import REDIS_URL, require_server
+    from fuzz.support import write_raw_redis
+    require_server(REDIS_URL, "Redis")
+    app = _app(REDIS_URL, anarchon_namespace=namespace)
+    with celery_anarchon.schedules(app) as s:
+        s.add("deep", task="t", schedule=60, check_task=False)
+        s.add("fine", task="t", schedule=60, check_task=False)
+    write_raw_redis(REDIS_URL, namespace, "deep", b"[" * 5000 + b"]" * 5000)
+    with celery_anarchon.schedules(app) as s:
+        assert {"deep", "fine"} <= {e.name for e in s.list()}
+    result = _cli(app, "status", "--json")
+    assert result.exit_code == 0, (result.stdout, result.exception)
+    entries = {e["name"]: e for e in json.loads(result.stdout)["entries"]}
+    assert "nested more than" in entries["deep"]["problem"], entries["deep"]
+    assert not entries["fine"]["problem"]

@@ -217,8 +217,13 @@ def write_raw(kind: str, app, name: str, raw: bytes, role: str = "entries") -> N
             conn.execute(f"UPDATE anarchon_schedule_entries SET {column} = CAST(? AS TEXT) "
                          "WHERE namespace = ? AND name = ?", (raw, namespace, name))
         return
+    write_raw_redis(REDIS_URL, namespace, name, raw, role)
+
+
+def write_raw_redis(url: str, namespace: str, name: str, raw: bytes, role: str = "entries") -> None:
+    """Write ``raw`` as the field ``name`` of the namespace's ``role`` hash (a Redis store)."""
     import redis
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(url)
     try:
         keys = [k for k in client.scan_iter(f"*{{{namespace}}}:{role}")
                 if k.endswith(f":{role}".encode())]

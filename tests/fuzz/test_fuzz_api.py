@@ -4,10 +4,10 @@ of accepted writes every read surface works."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import event, given, note, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from fuzz import known, strategies as S
+from fuzz import strategies as S
 from fuzz.conftest import budget, count
 from fuzz.support import STORES, describe, is_ours, make_app, read_everything, require, state
 
@@ -45,11 +45,6 @@ OPS = st.one_of(
 )
 
 
-def known_finding(verb: str, name, kwargs: dict, kind: str) -> str | None:
-    """The known finding this call's input reaches (the call is then skipped)."""
-    return known.first(known.remove_surrogate(verb, name))
-
-
 def check_refusal(exc: BaseException, verb: str, name) -> None:
     """One of our errors, naming the entry or the field it refuses."""
     message = str(exc)
@@ -69,10 +64,6 @@ def test_writes_succeed_or_refuse_cleanly_and_every_read_works_after(kind, ops, 
     with schedules(app) as s:
         s._ready()
         for verb, name, kwargs in ops:
-            finding = known_finding(verb, name, kwargs, kind)
-            if finding:
-                note(f"skipped {verb}({name!r}, {kwargs!r}): known finding {finding!r}")
-                continue
             before = state(s.store)
             try:
                 getattr(s, verb)(name, **kwargs)

@@ -58,6 +58,7 @@ from urllib.parse import quote
 
 import redis
 
+from celery_anarchon import limits
 from celery_anarchon._util import LATENESS_TOLERANCE_MS
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
@@ -573,7 +574,10 @@ def _read_record(name: str, raw: str, pause_raw: str | None) -> StoredEntry:
 
 
 def _json_object(text: str) -> dict | None:
-    """The JSON object ``text`` holds, or None (not JSON, or not an object)."""
+    """The JSON object ``text`` holds, or None (not JSON, not an object, or nested deeper than
+    :data:`~celery_anarchon.limits.MAX_DEPTH`: json.loads would recurse past Python's limit)."""
+    if limits.text_too_deep(text):
+        return None
     try:
         value = json.loads(text)
     except ValueError:
