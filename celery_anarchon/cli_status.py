@@ -222,15 +222,15 @@ def parse_after(text: str, now_ms: int) -> int:
 def history(app, entry: str, since: str | None, limit: int | None, as_json: bool) -> None:
     """``history ENTRY``: every run the store remembers of ``entry`` (its name in Unicode NFC,
     as beat records it), newest first."""
-    entry = normal_name(entry)
+    given, entry = entry, normal_name(entry)
     with _exit_codes():
         settings, store = _open(app)
         try:
             since_ms = None if since is None else parse_since(since, int(time.time() * 1000))
             # a name no store can encode (a lone surrogate) has no runs: beat refuses it
             records = store.history(entry) if limits.undecodable(entry) is None else []
-            if not records:
-                _known_or_fail(app, store, entry)
+            if not records:   # given: a name stored unnormalized is known by its exact form
+                _known_or_fail(app, store, given)
         finally:
             store.close()
     runs = [run_json(r) for r in records if since_ms is None or r.slot_ms >= since_ms]

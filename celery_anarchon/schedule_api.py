@@ -468,13 +468,17 @@ class Schedules:
 
     # -- reading -------------------------------------------------------------------------------
     def get(self, name: str) -> ScheduledEntry:
-        """The entry ``name`` with its pause.
+        """The entry ``name`` with its pause (a name an older version stored unnormalized, not in
+        NFC, is found by its exact form, as :meth:`list` shows it).
 
         :raises UnknownEntry: neither ``beat_schedule`` nor the store knows ``name``.
         """
-        name = given_name(name)
-        for found in self._entries(self._snapshot(), only=name):
-            return found
+        given, name = name, given_name(name)
+        snapshot = self._snapshot()
+        # a name an older version stored unnormalized (not in NFC) is found by its exact form
+        for candidate in dict.fromkeys((name, given)):
+            for found in self._entries(snapshot, only=candidate):
+                return found
         raise self._unknown(name)
 
     def list(self) -> list[ScheduledEntry]:

@@ -220,7 +220,7 @@ def plan_of(app, entry: str, *, store: ClaimStore | None = None) -> EntryPlan:
     :raises ConfigError: the entry breaks a rule.
     """
     settings = Settings.from_app(app)   # an unknown app timezone is refused here
-    entry = normal_name(entry)
+    given, entry = entry, normal_name(entry)
     store_, own = _open(app, settings, store)
     try:
         config = config_entries(app)
@@ -234,9 +234,11 @@ def plan_of(app, entry: str, *, store: ClaimStore | None = None) -> EntryPlan:
         if store is not None and load is not None:
             stored = load().entries
             names += sorted(n for n, e in stored.items() if e.definition is not None)
-            if entry in stored and stored[entry].definition is not None:
-                parsed = entry_json.parse(entry, stored[entry].definition, app=app)
-                return build_plan(entry, parsed, app=app, settings=settings, store=store_)
+            # a name an older version stored unnormalized (not in NFC): found by its exact form
+            for name in dict.fromkeys((entry, given)):
+                if name in stored and stored[name].definition is not None:
+                    parsed = entry_json.parse(name, stored[name].definition, app=app)
+                    return build_plan(name, parsed, app=app, settings=settings, store=store_)
         close = difflib.get_close_matches(entry, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise UnknownEntry(f"no entry {entry!r}{hint}: beat_schedule"

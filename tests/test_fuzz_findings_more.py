@@ -151,3 +151,26 @@ def test_a_redis_entry_record_nested_past_the_recursion_limit_is_an_error_row(na
     entries = {e["name"]: e for e in json.loads(result.stdout)["entries"]}
     assert "nested more than" in entries["deep"]["problem"], entries["deep"]
     assert not entries["fine"]["problem"]
+
+
+def test_an_entry_stored_under_a_name_not_in_nfc_is_found_by_get_next_and_history(sqlite_url):
+    """A store entry an older version wrote under a decomposed name ('cafe\\u0301'): list()
+    shows it, but get(), `next` and `history` of that very name normalized it to 'café' and
+    answered UnknownEntry / exit 3 (remove finds such a name by its exact form); now they find
+    it too (next names its rule)."""
+    import celery_anarchon
+    from celery_anarchon.stores import open_store
+    app = _app(sqlite_url, anarchon_namespace="ns")
+    store = open_store(sqlite_url, namespace="ns", instance_id="older", options={})
+    store.prepare(())
+    store.put_entry("cafe\u0301", '{"schedule":{"every":60},"task":"t"}', by="an older version",
+                    create=True)
+    store.close()
+    with celery_anarchon.schedules(app) as s:
+        assert "cafe\u0301" in [e.name for e in s.list()]
+        assert s.get("cafe\u0301").name == "cafe\u0301"
+    # next and history found no entry either (exit 3); now: its rule (2), and no runs (0)
+    result = _cli(app, "next", "cafe\u0301")
+    assert result.exit_code == 2 and "not in Unicode NFC" in result.stderr, result.stderr
+    result = _cli(app, "history", "cafe\u0301")
+    assert result.exit_code == 0 and "no runs" in result.stdout, (result.stdout, result.stderr)
