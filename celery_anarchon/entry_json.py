@@ -32,6 +32,7 @@ the entry; the timing rules (docs/design.md "Timing") are then applied by
 from __future__ import annotations
 
 import datetime
+import decimal
 import difflib
 import json
 import math
@@ -381,6 +382,10 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
 def _seconds(value: Any) -> Any:
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
+    if isinstance(value, decimal.Decimal):   # Celery's schedule keeps a Decimal period as given
+        if not value.is_finite():
+            return str(value)                # 'Infinity', 'NaN': refused by the checks, by name
+        value = int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
         return int(value)               # (exactly: a larger float stays one, e.g. 1e+308)
     return value
@@ -406,7 +411,7 @@ def _zoned(schedule: Any, out: dict, zone: datetime.tzinfo | None) -> dict:
     if zone is None:
         return out
     name = _storable_zone(zone)
-    return {"repr": repr(schedule)} if name is None else {**out, "timezone": name}
+    return {"repr": limits.object_repr(schedule)} if name is None else {**out, "timezone": name}
 
 
 def schedule_json(schedule: Any) -> dict:
@@ -436,7 +441,7 @@ def schedule_json(schedule: Any) -> dict:
     if (isinstance(schedule, celery_schedules.schedule) and not hooks
             and type(schedule) is celery_schedules.schedule and not schedule.relative):
         return {"every": _seconds(schedule.run_every)}
-    return {"repr": repr(schedule)}
+    return {"repr": limits.object_repr(schedule)}
 
 
 #: the schedule kinds that run in a time zone (their ``"timezone"`` key)

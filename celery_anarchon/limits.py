@@ -256,7 +256,23 @@ def shown_value(value: Any) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
 
 
+def object_repr(value: Any) -> str:
+    """``repr(value)`` of an object the user gave (a schedule, an option), or, when the object's
+    own ``__repr__`` raises, its class and that error: Celery's ``schedule`` keeps a Decimal
+    period as given, and its repr then raises AttributeError (``total_seconds``). The object is
+    shown, never a traceback, wherever a definition or an error names it.
+
+    :returns: the repr, e.g. ``'<freq: 5.00 seconds>'``, or ``'<schedule object (its repr
+        raised AttributeError: ...)>'``.
+    """
+    try:
+        return repr(value)
+    except Exception as exc:  # a foreign object's __repr__: any error is its own
+        return f"<{type(value).__qualname__} object (its repr raised {type(exc).__name__}: {exc})>"
+
+
 __all__ = ["MAX_NAME_CHARS", "MAX_REQUEST_ID_CHARS", "REFUSED_CATEGORIES", "MAX_DEFINITION_BYTES",
            "MAX_DEPTH", "LAST_SLOT_MS", "LAST_SLOT_S", "MAX_DURATION_S", "entry_name", "request_id",
            "plain_text", "undecodable",
-           "shown", "too_deep", "text_too_deep", "year_of", "duration_bound", "shown_value"]
+           "shown", "too_deep", "text_too_deep", "year_of", "duration_bound", "shown_value",
+           "object_repr"]

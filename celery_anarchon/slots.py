@@ -54,7 +54,7 @@ from croniter import CroniterBadDateError, croniter
 
 from celery_anarchon._tz import did_you_mean, first_transition_in, offset_s, transitions_in, zone_name
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.limits import LAST_SLOT_MS, LAST_SLOT_S, year_of
+from celery_anarchon.limits import LAST_SLOT_MS, LAST_SLOT_S, object_repr, year_of
 
 __all__ = ["SlotSchedule", "slots_for", "cron"]
 
@@ -608,7 +608,7 @@ def slots_for(schedule, *, entry: str, app_timezone: datetime.tzinfo,
     has_hooks = any(hasattr(schedule, name) for name in hooks)
     if anchor_s is not None and (has_hooks or not isinstance(schedule, interval_schedule)):
         raise ConfigError(f"entry {entry!r}: anchor={anchor_s!r} applies to interval schedules "
-                          f"only, not to {schedule!r}; fix: remove 'anchor' from "
+                          f"only, not to {object_repr(schedule)}; fix: remove 'anchor' from "
                           "options['anarchon']")
     if has_hooks:
         missing = [name for name in hooks if not callable(getattr(schedule, name, None))]
@@ -625,8 +625,8 @@ def slots_for(schedule, *, entry: str, app_timezone: datetime.tzinfo,
         try:
             import ephem
         except ImportError:
-            raise ConfigError(f"entry {entry!r}: solar schedule {schedule!r} needs the ephem "
-                              "package; fix: pip install celery-anarchon[solar] "
+            raise ConfigError(f"entry {entry!r}: solar schedule {object_repr(schedule)} needs "
+                              "the ephem package; fix: pip install celery-anarchon[solar] "
                               "(or pip install ephem)") from None
         slots = SolarSlots(entry, schedule, ephem)
         slots.next_after(_CHECK_FROM_S * 1000)  # an event that never happens fails at start-up
@@ -636,8 +636,8 @@ def slots_for(schedule, *, entry: str, app_timezone: datetime.tzinfo,
     if isinstance(schedule, str):
         raise text_schedule_error(entry, schedule)
     raise ConfigError(
-        f"entry {entry!r}: schedule {schedule!r} of class {type(schedule).__qualname__} is not "
-        "supported: every host must compute the same slots from it. Fix: use a number, a "
-        "timedelta, crontab, solar or celery_anarchon.cron, or add two methods to the class: "
-        "anarchon_next(self, after: datetime) -> datetime (aware UTC in and out, strictly "
-        "later) and anarchon_shortest_gap(self) -> timedelta")
+        f"entry {entry!r}: schedule {object_repr(schedule)} of class "
+        f"{type(schedule).__qualname__} is not supported: every host must compute the same "
+        "slots from it. Fix: use a number, a timedelta, crontab, solar or celery_anarchon.cron, "
+        "or add two methods to the class: anarchon_next(self, after: datetime) -> datetime "
+        "(aware UTC in and out, strictly later) and anarchon_shortest_gap(self) -> timedelta")

@@ -174,3 +174,28 @@ def test_an_entry_stored_under_a_name_not_in_nfc_is_found_by_get_next_and_histor
     assert result.exit_code == 2 and "not in Unicode NFC" in result.stderr, result.stderr
     result = _cli(app, "history", "cafe\u0301")
     assert result.exit_code == 0 and "no runs" in result.stdout, (result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("relative", [False, True], ids=["plain", "relative"])
+@pytest.mark.parametrize("value", ["Infinity", "NaN", "1e400"])
+def test_a_celery_schedule_whose_own_repr_raises_is_named_by_every_command(sqlite_url, value,
+                                                                           relative):
+    """``schedule(Decimal('Infinity'))`` in beat_schedule (make fuzz, seed 1796430675): Celery
+    keeps a Decimal as the period, and the schedule's own repr then raises AttributeError
+    (``total_seconds``); list and status ended in that traceback where they show the definition.
+    Every command now names the entry and shows what the object is."""
+    from decimal import Decimal
+
+    from celery.schedules import schedule
+    given = schedule(Decimal(value), relative=relative)
+    app = _app(sqlite_url, beat_schedule={"e": {"task": "t", "schedule": given}})
+    for args, code in ((["check", "--no-store"], 1), (["list"], 0), (["list", "--json"], 0),
+                       (["status"], 0), (["status", "--json"], 0)):
+        result = _cli(app, *args)
+        assert result.exception is None or isinstance(result.exception, SystemExit), \
+            (args, result.exception)
+        assert result.exit_code == code, (args, result.exit_code, result.output)
+    problems = testing.check_schedule(app)
+    assert problems and all("'e'" in str(p) for p in problems), problems
+    with pytest.raises(ConfigError, match="entry 'e'"):
+        Scheduler(app).close()
