@@ -66,7 +66,7 @@ def _show(value: Any) -> str:
     try:
         text = json.dumps(value, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
-        text = repr(value)
+        text = limits.object_repr(value)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
@@ -486,7 +486,7 @@ def _json_value(value: Any) -> Any:
     try:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError):
-        return {"repr": repr(value)}
+        return {"repr": limits.object_repr(value)}
 
 
 def from_entry(entry: beat.ScheduleEntry) -> dict:

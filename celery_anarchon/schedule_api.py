@@ -617,10 +617,10 @@ def config_data(app, name: str, item: Any) -> dict:
 def _broken_item_data(item: Any) -> dict:
     """What the views show of a ``beat_schedule`` item that is no entry."""
     if not isinstance(item, dict):
-        return {"task": None, "schedule": {"repr": repr(item)}, "storable": False}
+        return {"task": None, "schedule": {"repr": limits.object_repr(item)}, "storable": False}
     task = item.get("task")
-    return {"task": task if isinstance(task, str) else repr(task),
-            "schedule": {"repr": repr(item.get("schedule"))}, "storable": False}
+    return {"task": task if isinstance(task, str) else limits.object_repr(task),
+            "schedule": {"repr": limits.object_repr(item.get("schedule"))}, "storable": False}
 
 
 def _stored_data(name: str, text: str, *, strict: bool = False) -> dict:

@@ -199,3 +199,21 @@ def test_a_celery_schedule_whose_own_repr_raises_is_named_by_every_command(sqlit
     assert problems and all("'e'" in str(p) for p in problems), problems
     with pytest.raises(ConfigError, match="entry 'e'"):
         Scheduler(app).close()
+
+
+def test_a_broken_beat_schedule_item_whose_schedule_repr_raises_is_listed(sqlite_url):
+    """The same schedule in an item that is no entry for another reason (kwargs not a dict; make
+    fuzz, seed 1796431968): the views show such an item by its task and its schedule's repr,
+    which raised AttributeError there too (list and status exited with the traceback)."""
+    from decimal import Decimal
+
+    from celery.schedules import schedule
+    item = {"task": "t", "schedule": schedule(Decimal("Infinity")), "kwargs": object()}
+    app = _app(sqlite_url, beat_schedule={"e": item})
+    for args, code in ((["check", "--no-store"], 1), (["list"], 0), (["list", "--json"], 0),
+                       (["status"], 0), (["status", "--json"], 0)):
+        result = _cli(app, *args)
+        assert result.exception is None or isinstance(result.exception, SystemExit), \
+            (args, result.exception)
+        assert result.exit_code == code, (args, result.exit_code, result.output)
+    assert "its repr raised AttributeError" in _cli(app, "list", "--json").output
