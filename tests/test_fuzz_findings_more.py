@@ -176,6 +176,17 @@ def test_an_entry_stored_under_a_name_not_in_nfc_is_found_by_get_next_and_histor
     assert result.exit_code == 0 and "no runs" in result.stdout, (result.stdout, result.stderr)
 
 
+def _every_view_answers(app) -> None:
+    """check finds the problem (exit 1); list, list --json, status and status --json answer
+    (exit 0); none ends in a traceback."""
+    for args, code in ((["check", "--no-store"], 1), (["list"], 0), (["list", "--json"], 0),
+                       (["status"], 0), (["status", "--json"], 0)):
+        result = _cli(app, *args)
+        assert result.exception is None or isinstance(result.exception, SystemExit), \
+            (args, result.exception)
+        assert result.exit_code == code, (args, result.exit_code, result.output)
+
+
 @pytest.mark.parametrize("relative", [False, True], ids=["plain", "relative"])
 @pytest.mark.parametrize("value", ["Infinity", "NaN", "1e400"])
 def test_a_celery_schedule_whose_own_repr_raises_is_named_by_every_command(sqlite_url, value,
@@ -189,12 +200,7 @@ def test_a_celery_schedule_whose_own_repr_raises_is_named_by_every_command(sqlit
     from celery.schedules import schedule
     given = schedule(Decimal(value), relative=relative)
     app = _app(sqlite_url, beat_schedule={"e": {"task": "t", "schedule": given}})
-    for args, code in ((["check", "--no-store"], 1), (["list"], 0), (["list", "--json"], 0),
-                       (["status"], 0), (["status", "--json"], 0)):
-        result = _cli(app, *args)
-        assert result.exception is None or isinstance(result.exception, SystemExit), \
-            (args, result.exception)
-        assert result.exit_code == code, (args, result.exit_code, result.output)
+    _every_view_answers(app)
     problems = testing.check_schedule(app)
     assert problems and all("'e'" in str(p) for p in problems), problems
     with pytest.raises(ConfigError, match="entry 'e'"):
@@ -210,10 +216,5 @@ def test_a_broken_beat_schedule_item_whose_schedule_repr_raises_is_listed(sqlite
     from celery.schedules import schedule
     item = {"task": "t", "schedule": schedule(Decimal("Infinity")), "kwargs": object()}
     app = _app(sqlite_url, beat_schedule={"e": item})
-    for args, code in ((["check", "--no-store"], 1), (["list"], 0), (["list", "--json"], 0),
-                       (["status"], 0), (["status", "--json"], 0)):
-        result = _cli(app, *args)
-        assert result.exception is None or isinstance(result.exception, SystemExit), \
-            (args, result.exception)
-        assert result.exit_code == code, (args, result.exit_code, result.output)
+    _every_view_answers(app)
     assert "its repr raised AttributeError" in _cli(app, "list", "--json").output
