@@ -241,7 +241,10 @@ def run_now(app, name: str, request_id: str | None, by: str | None, as_json: boo
                    f"{iso(request.slot_ms)})")
 
 
-def _table(rows: list[tuple[str, ...]]) -> None:
+def _table(rows: list[tuple]) -> None:
+    """Print ``rows`` as columns. A cell is shown as text: a stored definition another version
+    or a hand edit wrote may hold a value that is no text where text belongs (``{"task": 1}``)."""
+    rows = [tuple(cell if isinstance(cell, str) else str(cell) for cell in row) for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

@@ -218,3 +218,22 @@ def test_a_broken_beat_schedule_item_whose_schedule_repr_raises_is_listed(sqlite
     app = _app(sqlite_url, beat_schedule={"e": item})
     _every_view_answers(app)
     assert "its repr raised AttributeError" in _cli(app, "list", "--json").output
+
+
+def test_a_stored_definition_whose_task_is_no_text_is_shown_by_status_and_list(sqlite_url):
+    """A definition written into the store with a task that is no text (``{"task": 1}``; make
+    fuzz, seed 1796431968): status printed its table with the int as a cell and raised
+    TypeError (``len``); list and status now show it, with its problem row."""
+    import json
+    from celery_anarchon.stores import open_store
+    app = _app(sqlite_url, anarchon_namespace="ns")
+    store = open_store(sqlite_url, namespace="ns", instance_id="hand", options={})
+    store.prepare(())
+    store.put_entry("odd", json.dumps({"task": 1, "schedule": {"every": 60}}), by="a hand edit",
+                    create=True)
+    store.close()
+    for args in (["status"], ["list"], ["status", "--json"], ["list", "--json"]):
+        result = _cli(app, *args)
+        assert result.exception is None or isinstance(result.exception, SystemExit), \
+            (args, result.exception)
+        assert result.exit_code == 0 and "odd" in result.stdout, (args, result.stdout)
