@@ -46,13 +46,13 @@ import sqlalchemy as sa
 from celery import Celery
 from celery.schedules import crontab
 
-from celery_anarchon import cli_status
-from celery_anarchon.app_store import open_app_store
-from celery_anarchon.overview import overview
-from celery_anarchon.schedule_api import Schedules
+from celery_anarchon.operate.cli import reports as cli_status
+from celery_anarchon.settings import open_app_store
+from celery_anarchon.operate.overview import overview
+from celery_anarchon.operate.schedules import Schedules
 from celery_anarchon.stores.base import HistoryRecord, RunEvent
-from celery_anarchon.timing import Settings
-from celery_anarchon.web import StatusSource, create_app
+from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.operate.web import StatusSource, create_app
 
 DAY_MS = 86_400_000
 URLS = {"redis": "redis://127.0.0.1:6379/5",

@@ -50,9 +50,9 @@ APPS = os.path.join(HERE, "..", "tests", "apps")
 sys.path[:0] = [os.path.join(HERE, "..", "tests"), APPS]
 
 import celery_anarchon  # noqa: E402
-from celery_anarchon import entry_json  # noqa: E402
+from celery_anarchon.schedule import definition as entry_json  # noqa: E402
 from celery_anarchon.stores import open_store  # noqa: E402
-from celery_anarchon.timing import DEFAULT_SYNC_INTERVAL_S  # noqa: E402
+from celery_anarchon.schedule.timing import DEFAULT_SYNC_INTERVAL_S  # noqa: E402
 
 import schedules_app  # noqa: E402
 from backends import url_of  # noqa: E402

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from celery.schedules import crontab, schedule  # noqa: E402
 
-from celery_anarchon.slots import cron, slots_for  # noqa: E402
+from celery_anarchon.schedule.slots import cron, slots_for  # noqa: E402
 
 NY = zoneinfo.ZoneInfo("America/New_York")
 START_MS = int(dt.datetime(2025, 11, 1, tzinfo=dt.timezone.utc).timestamp() * 1000)

@@ -19,15 +19,15 @@ __all__ = ["Scheduler", "ConfigError", "LeaseLost", "StoreError", "StoreUnavaila
 def __getattr__(name):
     # imported on first use: `import celery_anarchon` stays light for worker processes
     if name == "Scheduler":
-        from celery_anarchon.scheduler import Scheduler
+        from celery_anarchon.beat.scheduler import Scheduler
         return Scheduler
     if name == "cron":
-        from celery_anarchon.slots import cron
+        from celery_anarchon.schedule.slots import cron
         return cron
     if name == "schedules":
-        from celery_anarchon.schedule_api import schedules
+        from celery_anarchon.operate.schedules import schedules
         return schedules
     if name in ("install", "current_lease"):
-        from celery_anarchon import leases
+        from celery_anarchon.worker import leases
         return getattr(leases, name)
     raise AttributeError(f"module 'celery_anarchon' has no attribute {name!r}")

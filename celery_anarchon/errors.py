@@ -58,5 +58,5 @@ class SendOutcomeUnknown(Exception):
 
 
 class LeaseLost(Exception):
-    """Raised by :meth:`celery_anarchon.current_lease().check() <celery_anarchon.leases.Lease.check>`
+    """Raised by :meth:`celery_anarchon.current_lease().check() <celery_anarchon.worker.leases.Lease.check>`
     when the run's lease was taken over by another attempt (the runner was presumed dead)."""

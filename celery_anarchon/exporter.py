@@ -1,5 +1,5 @@
-"""The HTTP exporter of Prometheus metrics, shared by beat (:mod:`celery_anarchon.metrics`) and
-the worker side (:mod:`celery_anarchon.worker_metrics`): its settings checked, and
+"""The HTTP exporter of Prometheus metrics, shared by beat (:mod:`celery_anarchon.beat.metrics`) and
+the worker side (:mod:`celery_anarchon.worker.metrics`): its settings checked, and
 ``prometheus_client.start_http_server`` started at most once per process and port.
 
 prometheus_client (the ``metrics`` extra) is imported only when an exporter is asked for.

@@ -15,6 +15,15 @@ HEADER_ATTEMPT = "anarchon_attempt"       #: 1 for the first send, 2... for a ta
 HEADER_TOKEN = "anarchon_token"           #: fencing token of the attempt (leased entries)
 HEADER_LEASE = "anarchon_lease"           #: lease settings, seconds (leased entries)
 
+#: the attribute :func:`celery_anarchon.install` sets on the app whose workers read leased messages
+INSTALLED_ATTR = "_anarchon_installed"
+
+
+def is_installed(app) -> bool:
+    """Whether :func:`celery_anarchon.install` ran for ``app``: its workers then adopt, renew and
+    release the leases these messages carry (beat refuses leased entries otherwise)."""
+    return bool(getattr(app, INSTALLED_ATTR, False))
+
 
 def _headers_of(request) -> dict:
     request = getattr(request, "request", request)      # a bound Task works too

@@ -78,8 +78,8 @@ class Demo:
         from proj import app
 
         from celery_anarchon._util import mask_url
-        from celery_anarchon.app_store import resolve_store_url
-        from celery_anarchon.timing import Settings
+        from celery_anarchon.settings import resolve_store_url
+        from celery_anarchon.schedule.timing import Settings
 
         settings = Settings.from_app(app)
         url, options, _ = resolve_store_url(app, settings)
@@ -113,7 +113,7 @@ class Demo:
     def summary(self, app, url, options, settings, start, end) -> int:
         from celery.beat import ScheduleEntry
 
-        from celery_anarchon.slots import slots_for
+        from celery_anarchon.schedule.slots import slots_for
         from celery_anarchon.stores import open_store
 
         counts = collections.Counter((r["entry"], r["slot"]) for r in self.executions())

@@ -5,14 +5,14 @@ from __future__ import annotations
 import collections
 from datetime import timezone
 
-from celery_anarchon import slots as slot_math
-from celery_anarchon.plan import EntryPlan
+from celery_anarchon.schedule import slots as slot_math
+from celery_anarchon.schedule.plan import EntryPlan
 from celery_anarchon.stores.base import LeasedRun, RunState
 from celery_anarchon.stores.base import Memory
 from celery_anarchon.stores.entry_store import (
     EntriesEpoch, EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
 )
-from celery_anarchon.timing import EntryTiming, LeaseSettings
+from celery_anarchon.schedule.timing import EntryTiming, LeaseSettings
 
 #: a wall-clock origin on a 10 s slot boundary (epoch seconds)
 T0 = 1_700_000_000.0

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from celery_anarchon.engine.outage import Outage
-from celery_anarchon.engine.sync import EntrySync
+from celery_anarchon.beat.engine.outage import Outage
+from celery_anarchon.beat.engine.sync import EntrySync
 from celery_anarchon.stores.base import RunEvent
 from celery_anarchon.stores.entry_store import Pause
 
@@ -244,9 +244,9 @@ def test_status_the_page_and_the_metrics_show_what_an_instance_keeps(tmp_path, n
     pause and store entry since when and why, with the fix; nothing once the loss is accepted."""
     pytest.importorskip("prometheus_client")
     pytest.importorskip("jinja2")
-    from celery_anarchon.metrics import PrometheusObserver
-    from celery_anarchon.overview import LOST_FIX, lost_lines, overview
-    from celery_anarchon.web import render_page
+    from celery_anarchon.beat.metrics import PrometheusObserver
+    from celery_anarchon.operate.overview import LOST_FIX, lost_lines, overview
+    from celery_anarchon.operate.web import render_page
     url = store_url("sqlite", str(tmp_path))
     h = make(harnesses, url, namespace, CFG, sync_s=1)
     h.app.conf.update(beat_schedule={"cfg": {"task": "proj.t", "schedule": 2.0}},

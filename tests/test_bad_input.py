@@ -563,7 +563,8 @@ if __name__ == "__main__":     # print the table of docs/reliability.md
 def test_a_broken_url_a_redis_db_that_is_no_number_and_an_unknown_zone_are_config_errors(capsys):
     """Each is a ConfigError naming the value and the fix, never a bare ValueError or a
     traceback; the password stays masked."""
-    from celery_anarchon import cli_status, testing
+    from celery_anarchon import testing
+    from celery_anarchon.operate.cli import reports as cli_status
     with pytest.raises(ConfigError) as info:
         store("redis://user:s3cret@[::1/3")
     assert type(info.value) is ConfigError and "cannot be parsed" in str(info.value)
@@ -588,8 +589,8 @@ def test_an_unknown_app_timezone_is_one_error_naming_the_setting_wherever_the_ap
     """beat, the status views and the schedules API all refuse it with the same message (the
     setting, the value, the fix), not one misleading "Celery cannot build it" per entry."""
     import celery_anarchon
-    from celery_anarchon import overview
-    from celery_anarchon.timing import Settings
+    from celery_anarchon.operate import overview
+    from celery_anarchon.schedule.timing import Settings
     app = Celery("proj", set_as_current=False)
     app.conf.update(broker_url="memory://", anarchon_store_url=SQLITE, timezone="Mars/Olympus",
                     beat_schedule={"a": {"task": "proj.t", "schedule": crontab(minute="0")},

@@ -191,10 +191,10 @@ def test_the_commands_on_postgresql(namespace):
 
 def test_loading_the_command_module_stays_light():
     """Every `celery` run imports cli.py: no store driver, no API, no engine until a command runs."""
-    code = ("import sys, celery_anarchon.cli; "
+    code = ("import sys, celery_anarchon.operate.cli; "
             "heavy = [m for m in sys.modules if m.startswith(('sqlalchemy', 'redis', 'nats', "
-            "'celery_anarchon.schedule_api', 'celery_anarchon.cli_commands', 'celery_anarchon.engine', "
-            "'celery_anarchon.plan'))]; print(heavy)")
+            "'celery_anarchon.operate.schedules', 'celery_anarchon.operate.cli.entries', 'celery_anarchon.beat.engine', "
+            "'celery_anarchon.schedule.plan'))]; print(heavy)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 

@@ -18,11 +18,11 @@ from celery.schedules import crontab
 
 import celery_anarchon
 from celery_anarchon import testing
-from celery_anarchon.overview import overview
+from celery_anarchon.operate.overview import overview
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import ClaimRequest, LeaseTerms, RunEvent
 from celery_anarchon.stores.entry_store import InstanceRecord
-from celery_anarchon.timing import Settings
+from celery_anarchon.schedule.timing import Settings
 
 from backends import BACKENDS
 from cluster import Cluster
@@ -342,8 +342,8 @@ def _leased_app(url: str, namespace: str, **conf) -> Celery:
 
 
 def test_an_unreachable_store_leaves_states_pauses_leases_and_instances_unknown(namespace, capsys):
-    from celery_anarchon import cli_status
-    from celery_anarchon.web import render_page
+    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.web import render_page
     app = _leased_app(DOWN_URL, namespace)
     code, out, _ = run_in_process(cli_status.status, app, 5, True, capsys=capsys)
     data = json.loads(out)
@@ -361,7 +361,7 @@ def test_an_unreachable_store_leaves_states_pauses_leases_and_instances_unknown(
 
 
 def test_status_warns_when_no_live_instance_sends_the_schedule(sqlite_url, namespace, capsys):
-    from celery_anarchon import cli_status
+    from celery_anarchon.operate.cli import reports as cli_status
     app = _leased_app(sqlite_url, namespace)
     code, text, _ = run_in_process(cli_status.status, app, 0, False, capsys=capsys)
     assert code == 0 and "live instances: 0" in text
@@ -382,7 +382,7 @@ def test_status_warns_when_no_live_instance_sends_the_schedule(sqlite_url, names
 def test_celerys_own_cleanup_entry_is_a_config_entry_for_every_command(sqlite_url, namespace, capsys):
     """celery.backend_cleanup (results expire, the backend does not expire them itself): next,
     history, check and the testing helpers know it as list, status and pause do."""
-    from celery_anarchon import cli_status
+    from celery_anarchon.operate.cli import reports as cli_status
     app = _leased_app(sqlite_url, namespace)
     assert "celery.backend_cleanup" in testing.config_entries(app)
     [slot] = testing.next_slots(app, "celery.backend_cleanup", 1,
@@ -402,7 +402,7 @@ def test_celerys_own_cleanup_entry_is_a_config_entry_for_every_command(sqlite_ur
 
 
 def test_check_warns_of_live_beats_running_another_definition(sqlite_url, namespace, capsys):
-    from celery_anarchon import cli_status
+    from celery_anarchon.operate.cli import reports as cli_status
     app = _leased_app(sqlite_url, namespace)
     mine = testing.plan_of(app, "every-2s").fingerprint
     store = open_store(sqlite_url, namespace=namespace, instance_id="old:9:aa", options={})
@@ -429,7 +429,7 @@ def test_check_reports_a_start_up_warning_of_an_entry_as_a_warn_line(sqlite_url,
     """A leased entry whose gap is shorter than lease duration + 2 x heartbeat passes its rules,
     but beat warns at start-up that a dead runner's replacement would always be superseded:
     check says so in a warn line of its report, not as a stray log line beside it."""
-    from celery_anarchon import cli_status
+    from celery_anarchon.operate.cli import reports as cli_status
     app = _leased_app(sqlite_url, namespace)
     app.conf.beat_schedule["leased"]["schedule"] = 30.0
     code, out, err = run_in_process(cli_status.check, app, True, capsys=capsys)
@@ -444,7 +444,7 @@ def test_check_strict_fails_on_a_warn_line(namespace, capsys, tmp_path):
     modules. --strict makes every warn line fail the check (exit 1), for a deploy pipeline that
     wants none; without a warning, --strict passes. (A Redis store, not checked here: the SQLite
     store's warning that it coordinates one host only would be one.)"""
-    from celery_anarchon import cli_status
+    from celery_anarchon.operate.cli import reports as cli_status
     from stores_support import store_url
     app = _leased_app(store_url("redis", str(tmp_path)), namespace)
 
@@ -464,7 +464,8 @@ def test_check_strict_fails_on_a_warn_line(namespace, capsys, tmp_path):
 
 def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
         sqlite_url, namespace, tmp_path, monkeypatch, capsys):
-    from celery_anarchon import cli_commands, cli_status
+    from celery_anarchon.operate.cli import entries as cli_commands
+    from celery_anarchon.operate.cli import reports as cli_status
     module = f"included_tasks_{namespace.replace('-', '_')}"
     (tmp_path / f"{module}.py").write_text(   # registered on this app only (not shared_task)
         "from celery import current_app\n\n@current_app.task(name='inc.report', shared=False)\n"
@@ -493,7 +494,7 @@ def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
 
 def test_next_after_takes_a_duration_from_now_names_its_option_and_notes_a_first_dst_row(
         sqlite_url, namespace, capsys):
-    from celery_anarchon import cli_status
+    from celery_anarchon.operate.cli import reports as cli_status
     app = _leased_app(sqlite_url, namespace)
     app.conf.beat_schedule["berlin"] = {"task": "t",
                                         "schedule": celery_anarchon.cron("30 2 * * *", tz="Europe/Berlin")}
@@ -518,7 +519,7 @@ def test_next_after_takes_a_duration_from_now_names_its_option_and_notes_a_first
 
 def test_check_names_a_bad_setting_states_its_rule_and_still_checks_the_rest(
         sqlite_url, namespace, capsys):
-    from celery_anarchon import cli_status
+    from celery_anarchon.operate.cli import reports as cli_status
     app = _leased_app(sqlite_url, namespace, anarchon_sync_interval=-5)
     code, out, _ = run_in_process(cli_status.check, app, True, capsys=capsys)
     assert code == 1
@@ -535,7 +536,8 @@ def test_check_names_a_bad_setting_states_its_rule_and_still_checks_the_rest(
 
 
 def test_status_and_list_name_the_zone_of_a_crontab_in_the_apps_zone(sqlite_url, namespace, capsys):
-    from celery_anarchon import cli_commands, cli_status
+    from celery_anarchon.operate.cli import entries as cli_commands
+    from celery_anarchon.operate.cli import reports as cli_status
     app = _leased_app(sqlite_url, namespace)
     app.conf.timezone = "Europe/Berlin"
     app.conf.beat_schedule["nightly"] = {"task": "t", "schedule": crontab(minute=0, hour=3)}
@@ -597,7 +599,8 @@ def test_one_broken_entry_never_takes_down_status_list_history_or_check(sqlite_u
     args, a name too long, a decomposed name): status (text and JSON), list, history and check
     each show every entry, each broken one as a problem row naming it, and the others as they
     are."""
-    from celery_anarchon import cli_commands, cli_status
+    from celery_anarchon.operate.cli import entries as cli_commands
+    from celery_anarchon.operate.cli import reports as cli_status
     from helpers import BROKEN_STORE_ENTRIES, write_broken_entries
     app = _leased_app(sqlite_url, namespace)
     app.conf.beat_schedule["text"] = {"task": "t", "schedule": "every 5 minutes"}

@@ -19,16 +19,17 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 from celery.schedules import crontab
 
-from celery_anarchon import entry_json, install
-from celery_anarchon.engine import Engine
-from celery_anarchon.engine.claims import claim_request
-from celery_anarchon.engine.instances import host_pid
+from celery_anarchon import install
+from celery_anarchon.schedule import definition as entry_json
+from celery_anarchon.beat.engine import Engine
+from celery_anarchon.beat.engine.claims import claim_request
+from celery_anarchon.beat.engine.instances import host_pid
 from celery_anarchon.errors import SendOutcomeUnknown, StoreUnavailable
-from celery_anarchon.plan import build_plan, build_plans
+from celery_anarchon.schedule.plan import build_plan, build_plans
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent, RunState
 from celery_anarchon.stores.entry_store import Pause
-from celery_anarchon.timing import Settings
+from celery_anarchon.schedule.timing import Settings
 
 from conftest import REDIS_URL, require_server
 from stores_support import LEASE_STORES, VARIANT_OPTIONS, store_url, wait_until

@@ -14,27 +14,27 @@ import random
 
 import pytest
 
-import celery_anarchon.engine
+import celery_anarchon.beat.engine
 from celery_anarchon._util import Memory, iso
-from celery_anarchon.engine.claims import ClaimRetries, claim_request
-from celery_anarchon.engine.counters import STATS_EVERY_S, Counters
-from celery_anarchon.engine.definitions import Definitions
-from celery_anarchon.engine.due import DueRuns
-from celery_anarchon.engine.instances import Heartbeat, fingerprints_digest
-from celery_anarchon.engine.notes import NoteBuffer
-from celery_anarchon.engine.outage import BACKOFF_FIRST_S, BACKOFF_MAX_S, DOWN_REPORT_EVERY_S, Outage
-from celery_anarchon.engine.pace import Pace
-from celery_anarchon.engine.sends import SEND_RETRY_S, Send, SendQueue
-from celery_anarchon.engine.skew import SKEW_EVERY_S, SkewCheck
-from celery_anarchon.engine.skips import SKIP_LOG_EVERY_S, SkipLog
-from celery_anarchon.engine.sync import EntrySync
-from celery_anarchon.engine.takeovers import TAKEOVER_RETRY_S, Takeovers, grace_s
+from celery_anarchon.beat.engine.claims import ClaimRetries, claim_request
+from celery_anarchon.beat.engine.counters import STATS_EVERY_S, Counters
+from celery_anarchon.beat.engine.definitions import Definitions
+from celery_anarchon.beat.engine.due import DueRuns
+from celery_anarchon.beat.engine.instances import Heartbeat, fingerprints_digest
+from celery_anarchon.beat.engine.notes import NoteBuffer
+from celery_anarchon.beat.engine.outage import BACKOFF_FIRST_S, BACKOFF_MAX_S, DOWN_REPORT_EVERY_S, Outage
+from celery_anarchon.beat.engine.pace import Pace
+from celery_anarchon.beat.engine.sends import SEND_RETRY_S, Send, SendQueue
+from celery_anarchon.beat.engine.skew import SKEW_EVERY_S, SkewCheck
+from celery_anarchon.beat.engine.skips import SKIP_LOG_EVERY_S, SkipLog
+from celery_anarchon.beat.engine.sync import EntrySync
+from celery_anarchon.beat.engine.takeovers import TAKEOVER_RETRY_S, Takeovers, grace_s
 from celery_anarchon.errors import SendOutcomeUnknown, StoreError
 from celery_anarchon.stores.base import (
     ClaimResult, LeasedRun, Outcome, RunEvent, RunState, TakeoverOutcome,
 )
 from celery_anarchon.stores.entry_store import InstanceRecord, Pause
-from celery_anarchon.timing import LeaseSettings
+from celery_anarchon.schedule.timing import LeaseSettings
 
 from engine_support import T0, Clocks, FakeEntryStore, FakeStore, leased_run, make_plan
 
@@ -122,7 +122,7 @@ def test_an_entry_whose_next_slot_is_past_the_year_9999_stops_alone(parts, caplo
     then it has no further run (its next slot: the year 33712), logged by name; the other entry's runs go on."""
     import dataclasses
 
-    from celery_anarchon.slots import IntervalSlots
+    from celery_anarchon.schedule.slots import IntervalSlots
     far = make_plan("far", every_s=10)
     far = dataclasses.replace(far, slots=IntervalSlots(10 ** 15, T0_MS, entry="far"))
     other = make_plan("other", every_s=10)
@@ -813,8 +813,8 @@ def test_counters_are_logged_every_five_minutes_when_there_are_any(caplog):
 # -- loggers -----------------------------------------------------------------------------------------
 
 def test_every_engine_module_logs_under_its_own_name():
-    for info in pkgutil.iter_modules(celery_anarchon.engine.__path__):
-        module = importlib.import_module(f"celery_anarchon.engine.{info.name}")
+    for info in pkgutil.iter_modules(celery_anarchon.beat.engine.__path__):
+        module = importlib.import_module(f"celery_anarchon.beat.engine.{info.name}")
         if hasattr(module, "logger"):
             assert module.logger.name == module.__name__
 
@@ -991,7 +991,7 @@ def test_run_now_requests_past_their_max_late_or_on_a_scheduled_slot_are_let_pas
 
 
 def test_an_engine_on_a_store_that_cannot_hold_entries_follows_nothing():
-    from celery_anarchon.engine import Engine
+    from celery_anarchon.beat.engine import Engine
     store = FakeStore()
     engine = Engine(store, {"e": make_plan()}, instance_id="A", namespace="ns", send=None,
                     sync_interval_s=SYNC_S, build_store_plans=store_plans)

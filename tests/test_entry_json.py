@@ -1,4 +1,4 @@
-"""Entry definitions as data (celery_anarchon.entry_json): JSON in, a Celery ScheduleEntry with real
+"""Entry definitions as data (celery_anarchon.schedule.definition): JSON in, a Celery ScheduleEntry with real
 schedule objects out; the same slots, timing and fingerprint as the beat_schedule entry it
 describes; every bad definition refused by entry, key, value and fix; nothing evaluated."""
 from __future__ import annotations
@@ -12,10 +12,11 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 from celery.schedules import crontab, schedule, solar
 
-from celery_anarchon import ConfigError, cron, entry_json
-from celery_anarchon.plan import build_plan
+from celery_anarchon import ConfigError, cron
+from celery_anarchon.schedule import definition as entry_json
+from celery_anarchon.schedule.plan import build_plan
 from celery_anarchon.stores import open_store
-from celery_anarchon.timing import Settings
+from celery_anarchon.schedule.timing import Settings
 
 #: 2025-01-01T00:00:00Z
 T0_MS = 1_735_689_600_000

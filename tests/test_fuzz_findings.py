@@ -13,7 +13,7 @@ from celery.schedules import crontab
 
 import celery_anarchon
 from celery_anarchon import ConfigError, Scheduler
-from celery_anarchon.schedule_api import default_by
+from celery_anarchon.operate.schedules import default_by
 from celery_anarchon.stores.base import ClaimRequest, Outcome
 
 from stores_support import store_url
@@ -215,8 +215,8 @@ def _every_read_surface_shows(app, broken: dict[str, str], capsys) -> None:
     and the store entry 'good' and the config entry are shown as usual and planned by beat."""
     import json
 
-    from celery_anarchon import cli_status
-    from celery_anarchon.web import StatusSource, create_app
+    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.web import StatusSource, create_app
     from test_cli_operate import run_in_process
     from test_web import asgi
 
@@ -365,8 +365,9 @@ def test_a_beat_schedule_of_the_wrong_shape_is_named_by_check_beat_and_every_vie
     dict."""
     import json
 
-    from celery_anarchon import cli_commands, cli_status
-    from celery_anarchon.web import StatusSource, create_app
+    from celery_anarchon.operate.cli import entries as cli_commands
+    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.web import StatusSource, create_app
     from test_cli_operate import run_in_process
     from test_web import asgi
 
@@ -413,8 +414,8 @@ def test_the_page_actions_answer_for_a_name_with_a_line_break(tmp_path, namespac
     (as add does), resume and the others act."""
     import json
 
-    from celery_anarchon.entry_json import canonical
-    from celery_anarchon.web import TOKEN_HEADER, StatusSource, create_app
+    from celery_anarchon.schedule.definition import canonical
+    from celery_anarchon.operate.web import TOKEN_HEADER, StatusSource, create_app
     from test_web import asgi
 
     app = make_app(f"sqlite:///{tmp_path / 'store.sqlite3'}", namespace)

@@ -41,7 +41,7 @@ def test_an_app_timezone_that_is_no_zone_name_is_a_config_error_naming_the_setti
 def _cli(app, *args):
     from celery.bin.base import CLIContext
     from click.testing import CliRunner
-    from celery_anarchon.cli import anarchon
+    from celery_anarchon.operate.cli import anarchon
     return CliRunner().invoke(anarchon, list(args), obj=CLIContext(app=app, no_color=True,
                                                                      workdir=None))
 
@@ -73,7 +73,7 @@ def test_a_lone_surrogate_in_beat_schedule_is_shown_escaped_by_history_and_the_p
     behind a server): history now finds no runs and the page shows the text escaped."""
     import json
     from fuzz.support import asgi
-    from celery_anarchon.web import StatusSource, create_app
+    from celery_anarchon.operate.web import StatusSource, create_app
     app = _app(sqlite_url, beat_schedule=item)
     result = _cli(app, "history", next(iter(item)))
     assert result.exit_code == 0 and "no runs" in result.stdout, (result.stdout, result.exception)

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 import pytest
 import redis
 
-from celery_anarchon.plan import task_id_for
+from celery_anarchon.schedule.plan import task_id_for
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent
 

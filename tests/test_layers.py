@@ -22,17 +22,39 @@ def _kept(contract: str, capsys) -> tuple[bool, str]:
     return kept, capsys.readouterr().out
 
 
-def test_no_module_imports_a_layer_above_it(capsys):
-    """errors < _util, _tz < slots, timing, messages < stores < app_store < leases < plan < engine
-    < scheduler, cli."""
-    kept, report = _kept("layers", capsys)
+def test_no_module_imports_a_wing_or_layer_above_it(capsys):
+    """errors < limits < _util < messages, exporter < schedule < stores < settings < the wings
+    (beat | worker | operate) < the glue (command, testing, overview)."""
+    kept, report = _kept("wings", capsys)
     assert kept, report
 
 
-def test_the_worker_side_never_imports_the_beat_side(capsys):
-    """leases, and everything it imports, never reach plan, engine, scheduler or cli."""
-    kept, report = _kept("worker-side", capsys)
+def test_beat_worker_and_operate_never_import_each_other(capsys):
+    """A worker process loads no scheduler, beat loads no command line, and the operator's commands
+    load neither: the wings are independent layers, chains through other modules included."""
+    kept, report = _kept("wings", capsys)
     assert kept, report
+    graph = grimp.build_graph("celery_anarchon")
+    wings = ("beat", "worker", "operate")
+    for wing in wings:
+        for other in wings:
+            if other != wing:
+                chain = graph.find_shortest_chain(importer=f"celery_anarchon.{wing}",
+                                                  imported=f"celery_anarchon.{other}",
+                                                  as_packages=True)
+                assert chain is None, f"{wing} reaches {other}: {chain}"
+
+
+def test_the_schedule_wing_is_layered_and_pure(capsys):
+    """plan < definition, task_options < timing < slots < zones; nothing in it reaches a store, a
+    wing or the settings."""
+    kept, report = _kept("schedule", capsys)
+    assert kept, report
+    graph = grimp.build_graph("celery_anarchon")
+    for above in ("stores", "settings", "beat", "worker", "operate"):
+        chain = graph.find_shortest_chain(importer="celery_anarchon.schedule",
+                                          imported=f"celery_anarchon.{above}", as_packages=True)
+        assert chain is None, f"schedule reaches {above}: {chain}"
 
 
 def test_each_store_backend_stands_on_the_contract_never_on_another(capsys):

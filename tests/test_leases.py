@@ -169,7 +169,7 @@ def test_a_killed_runner_is_replaced_once(kind, acks_late, make_cluster, capsys)
 
 
 def _operators_see_both_attempts(c, first_task, second_task):
-    from celery_anarchon.web import render_page
+    from celery_anarchon.operate.web import render_page
 
     table = c.command("history", "long").splitlines()
     rows = [line.split() for line in table[1:]]
@@ -441,7 +441,7 @@ def test_a_release_blocked_longer_than_the_lease_still_lands(namespace, caplog):
     that fires meanwhile does not call the lease lost."""
     import threading
 
-    from celery_anarchon import leases
+    from celery_anarchon.worker import leases
     from celery_anarchon.stores.base import ClaimRequest, LeaseTerms
     from tcp_proxy import TCPProxy, redis_address
 
@@ -491,7 +491,7 @@ def test_the_worker_side_names_its_store_and_resolves_a_relative_sqlite_path_as_
     in the worker's working directory, resolved once, as beat's: the worker logs the absolute URL
     it uses, once per process, and (relative path) beat's warning naming the path, the directory
     and the fix; a later change of directory changes nothing."""
-    from celery_anarchon import leases
+    from celery_anarchon.worker import leases
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "rel.sqlite3"
     app = Celery("proj", set_as_current=False)

@@ -14,14 +14,14 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_anarchon import exporter
-from celery_anarchon.engine.observe import Observer
-from celery_anarchon.engine.outage import Outage
-from celery_anarchon.engine.sends import Send, SendQueue
-from celery_anarchon.engine.notes import NoteBuffer
+from celery_anarchon.beat.engine.observe import Observer
+from celery_anarchon.beat.engine.outage import Outage
+from celery_anarchon.beat.engine.sends import Send, SendQueue
+from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.errors import ConfigError, StoreError
-from celery_anarchon.metrics import OTHER, EntryLabels, MetricsSettings, PrometheusObserver
+from celery_anarchon.beat.metrics import OTHER, EntryLabels, MetricsSettings, PrometheusObserver
 from celery_anarchon.stores import open_store
-from celery_anarchon.timing import Settings
+from celery_anarchon.schedule.timing import Settings
 
 from backends import backdate_memory_start
 from cluster import Cluster, read_executions
@@ -195,11 +195,11 @@ def test_the_send_queue_tells_the_observer_each_send_its_lateness_and_each_failu
 def test_takeovers_and_heartbeats_tell_the_observer():
     import random
 
-    from celery_anarchon.engine.instances import Heartbeat
-    from celery_anarchon.engine.skew import SkewCheck
-    from celery_anarchon.engine.takeovers import Takeovers
+    from celery_anarchon.beat.engine.instances import Heartbeat
+    from celery_anarchon.beat.engine.skew import SkewCheck
+    from celery_anarchon.beat.engine.takeovers import Takeovers
     from celery_anarchon.stores.base import TakeoverOutcome
-    from celery_anarchon.timing import LeaseSettings
+    from celery_anarchon.schedule.timing import LeaseSettings
     from engine_support import FakeEntryStore, leased_run
 
     clocks, store, recorder = Clocks(), FakeEntryStore(), Recorder()

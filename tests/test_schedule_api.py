@@ -14,15 +14,16 @@ from celery.beat import ScheduleEntry
 from celery.schedules import crontab
 
 import celery_anarchon
-from celery_anarchon import ConfigError, cron, entry_json
+from celery_anarchon import ConfigError, cron
+from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.errors import EntryExists, EntryOwnedByConfig, UnknownEntry
-from celery_anarchon.plan import build_plan
-from celery_anarchon.schedule_api import ScheduledEntry, Schedules, default_by
-from celery_anarchon.slots import IntervalSlots
+from celery_anarchon.schedule.plan import build_plan
+from celery_anarchon.operate.schedules import ScheduledEntry, Schedules, default_by
+from celery_anarchon.schedule.slots import IntervalSlots
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, EntryStore
 from celery_anarchon.stores.run_now import SlotWindow, request_id_ms
-from celery_anarchon.timing import Settings
+from celery_anarchon.schedule.timing import Settings
 
 from backends import BACKENDS, kinds_whose_store, url_of
 from conftest import require_server

@@ -14,12 +14,12 @@ from kombu.exceptions import OperationalError
 
 from celery_anarchon import ConfigError, Scheduler, scheduled_at
 from celery_anarchon.errors import SendOutcomeUnknown
-from celery_anarchon.app_store import resolve_store_url
-from celery_anarchon.scheduler import _exit_requested
+from celery_anarchon.settings import resolve_store_url
+from celery_anarchon.beat.scheduler import _exit_requested
 from celery_anarchon.stores import url_following_broker
-from celery_anarchon import entry_json
+from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.stores.base import RunEvent
-from celery_anarchon.timing import Settings
+from celery_anarchon.schedule.timing import Settings
 
 from conftest import REDIS_URL, require_server
 from stores_support import wait_until

@@ -13,7 +13,7 @@ from celery.beat import ScheduleEntry
 from celery.schedules import crontab, schedule, solar
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.slots import SlotSchedule, cron, ms_to_datetime, slots_for
+from celery_anarchon.schedule.slots import SlotSchedule, cron, ms_to_datetime, slots_for
 
 UTC = dt.timezone.utc
 NY = zoneinfo.ZoneInfo("America/New_York")
@@ -485,7 +485,7 @@ def test_no_clock_is_read(monkeypatch):
 def test_every_day_expressions_answer_as_croniter_does():
     """The arithmetic of an expression matching every day (slots._WallMatcher) gives croniter's
     answer for random minute and hour sets and random instants, seconds included."""
-    from celery_anarchon import slots as slots_module
+    from celery_anarchon.schedule import slots as slots_module
     rng = random.Random(20261201)
     for _ in range(300):
         minutes = "*" if rng.random() < 0.2 else ",".join(

@@ -4,7 +4,7 @@ For each transition a brute-force oracle walks the UTC timeline minute by minute
 says where the slots must be: a wildcard entry at every minute whose wall time matches, a
 fixed-time entry at the first minute whose wall time reaches each matching time (so once per
 matching local time per day, several times of a skipped interval falling on one instant). The
-slots computed by celery_anarchon.slots must be exactly those. Zones whose transitions and offsets
+slots computed by celery_anarchon.schedule.slots must be exactly those. Zones whose transitions and offsets
 are identical over 2020-2030 (links, neighbours) behave identically and are checked once.
 """
 
@@ -14,7 +14,7 @@ import zoneinfo
 
 import pytest
 
-from celery_anarchon.slots import cron, slots_for
+from celery_anarchon.schedule.slots import cron, slots_for
 
 UTC = dt.timezone.utc
 FROM_S = int(dt.datetime(2020, 1, 1, tzinfo=UTC).timestamp())

@@ -11,10 +11,10 @@ from celery.beat import ScheduleEntry
 from celery.schedules import crontab, schedule
 
 from celery_anarchon import ConfigError, install
-from celery_anarchon.plan import build_plan, build_plans, task_id_for
+from celery_anarchon.schedule.plan import build_plan, build_plans, task_id_for
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Memory
-from celery_anarchon.timing import (
+from celery_anarchon.schedule.timing import (
     Settings, check_request_retention, check_run_now, check_sync_interval, resolve,
 )
 

@@ -34,7 +34,7 @@ import celery_anarchon
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent
-from celery_anarchon.web import TOKEN_HEADER, check_address, resolve_token, token_matches
+from celery_anarchon.operate.web import TOKEN_HEADER, check_address, resolve_token, token_matches
 
 from backends import backdate_memory_start
 from cluster import APPS, Cluster, read_executions
@@ -419,7 +419,7 @@ def _status_data() -> dict:
 
 
 def test_every_value_on_the_page_is_escaped_and_every_part_shown():
-    from celery_anarchon.web import render_page
+    from celery_anarchon.operate.web import render_page
     page = render_page(_status_data(), actions=True, nonce="n0nce")
     assert "<script>alert" not in page and 'alert("x")' not in page
     assert page.count("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&amp;amp;") >= 20
@@ -475,7 +475,7 @@ def asgi(site, method: str, path: str, query: str = "",
 
 def test_refresh_is_clamped_unknown_api_routes_answer_json_and_a_short_token_is_warned_of(
         tmp_path, namespace):
-    from celery_anarchon.web import StatusSource, create_app
+    from celery_anarchon.operate.web import StatusSource, create_app
     from celery import Celery
     app = Celery("web_inline", set_as_current=False)
     app.conf.update(broker_url="memory://", anarchon_namespace=namespace,
@@ -495,7 +495,7 @@ def test_refresh_is_clamped_unknown_api_routes_answer_json_and_a_short_token_is_
         assert asgi(site, "POST", "/api/entries/e/explode")[0] == 404
     finally:
         source.close()
-    from celery_anarchon.web import token_warning
+    from celery_anarchon.operate.web import token_warning
     assert "3 characters, fewer than 16" in token_warning("abc", False)
     assert token_warning("abc", True) is None and token_warning("x" * 16, False) is None
 
@@ -504,7 +504,7 @@ def test_the_page_shows_entries_needing_attention_first_pages_the_rest_and_filte
         tmp_path, namespace):
     import re
     from celery import Celery
-    from celery_anarchon.web import StatusSource, create_app, entries_page, render_page
+    from celery_anarchon.operate.web import StatusSource, create_app, entries_page, render_page
     run = {"slot": "2026-03-29T01:00:00+00:00", "event": "sent", "at": None, "instance": "A",
            "attempt": 1, "task_id": "t", "detail": ""}
     entries = [{"name": f"job-{i:03d}", "state": "running", "paused": None, "problem": None,
@@ -550,7 +550,7 @@ def test_one_broken_entry_is_an_error_row_and_never_takes_down_the_page(tmp_path
     that break a rule now (a slot in the year 33658 answered 500 for / and /api/status): both
     answer 200, every entry listed, each broken one with its problem, the others as they are."""
     from celery import Celery
-    from celery_anarchon.web import StatusSource, create_app
+    from celery_anarchon.operate.web import StatusSource, create_app
     from helpers import BROKEN_STORE_ENTRIES, write_broken_entries
     url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
     app = Celery("web_broken", set_as_current=False)

@@ -6,7 +6,7 @@ remembers the claim for at least its *memory*. Lease stores also keep one record
 (state, attempt, fencing token, lease expiry) on their own clock.
 
 Units: every instant is UTC integer milliseconds (``*_ms``); durations given to a store are
-milliseconds too. User-facing settings are seconds and are converted by :mod:`celery_anarchon.timing`.
+milliseconds too. User-facing settings are seconds and are converted by :mod:`celery_anarchon.schedule.timing`.
 
 The rules below come from docs/design.md ("Who won", "Amnesia", "One run, in time", "Leases"):
 
@@ -30,6 +30,7 @@ from typing import ClassVar
 
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory, mask_url  # noqa: F401  (re-exported)
 from celery_anarchon.errors import ConfigError
+from celery_anarchon.schedule.timing import LEASE_STORE_NAMES, LeaseTerms  # noqa: F401  (re-exported)
 
 #: Default history kept per entry, in runs (``anarchon_store_options["history_size"]``).
 DEFAULT_HISTORY_SIZE = 100
@@ -143,18 +144,6 @@ class RunState(str, enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self in (RunState.FINISHED, RunState.GIVEN_UP, RunState.SUPERSEDED, RunState.PAUSED)
-
-
-@dataclasses.dataclass(frozen=True)
-class LeaseTerms:
-    """What a leased entry's claim needs from the store.
-
-    :param queue_timeout_ms: how long a queued run may wait for a worker to adopt it, ms.
-    :param overlap_allowed: ``overlap="allow"``: a new slot runs even if an earlier run is alive.
-    """
-
-    queue_timeout_ms: int
-    overlap_allowed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +296,9 @@ class ClaimStore(abc.ABC):
     #: True when a claim retried by its winner is recognised as won (docs/design.md "Who won"); a
     #: store that cannot read the winner back answers UNKNOWN instead (a possible miss)
     recognises_winner: ClassVar[bool] = True
+    #: True when the store holds leases (a :class:`LeaseStore`): what a plan, which cannot import
+    #: the stores, asks of the store it is built for
+    holds_leases: ClassVar[bool] = False
 
     def __init__(self, url: str, *, namespace: str, instance_id: str,
                  history_size: int = DEFAULT_HISTORY_SIZE,
@@ -424,6 +416,7 @@ class LeaseStore(ClaimStore):
     lease expiry) on its own clock (docs/design.md "Leases"). Lease stores check lateness."""
 
     checks_lateness: ClassVar[bool] = True
+    holds_leases: ClassVar[bool] = True
 
     @abc.abstractmethod
     def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
@@ -480,10 +473,6 @@ class LeaseStore(ClaimStore):
                 queue_timeout_ms: int) -> bool:
         """A retry hands the run back: state queued, deadline = now + ``delay_ms`` +
         ``queue_timeout_ms`` (the retry's countdown), attempt unchanged, if ``token`` is current."""
-
-
-#: The stores that hold leases, in the words of error messages (docs/design.md "Leases").
-LEASE_STORE_NAMES = "Redis (strategy 'lease'), PostgreSQL or SQLite"
 
 
 def lease_store(store: ClaimStore) -> LeaseStore:

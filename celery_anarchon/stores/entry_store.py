@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.run_now import RequestClock, SlotWindow
-from celery_anarchon.timing import DEFAULT_REQUEST_RETENTION_S
+from celery_anarchon.schedule.timing import DEFAULT_REQUEST_RETENTION_S
 
 #: The stores that hold entries, pauses and run-now requests, in the words of error messages.
 ENTRY_STORE_NAMES = "Redis (any strategy), PostgreSQL or SQLite"
@@ -90,7 +90,7 @@ class StoredEntry:
     """What the store keeps under one entry name.
 
     :param name: the entry's name.
-    :param definition: canonical JSON of a store entry (:mod:`celery_anarchon.entry_json`), or
+    :param definition: canonical JSON of a store entry (:mod:`celery_anarchon.schedule.definition`), or
         ``None`` when the store only holds a pause for a config entry of that name.
     :param pause: the entry's pause, ``None`` when it runs.
     :param version: grows with every change of this name (definition or pause).

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.errors import ConfigError, RequestRefused, StoreError
-from celery_anarchon.slots import SlotSchedule
+from celery_anarchon.schedule.slots import SlotSchedule
 
 
 #: how far past the store's clock a run-now slot may move to avoid the entry's scheduled slots

@@ -77,7 +77,7 @@ if os.environ.get("CHAOS_LOG_EVERY_SKIP"):
         def filter(self, record: logging.LogRecord) -> bool:
             return record.levelno > logging.DEBUG or "skipped:" in str(record.msg)
 
-    _skip_log = logging.getLogger("celery_anarchon.engine.skips")   # the claim refusals' logger
+    _skip_log = logging.getLogger("celery_anarchon.beat.engine.skips")   # the claim refusals' logger
     _skip_log.setLevel(logging.DEBUG)
     _skip_log.addFilter(_SkipsOnly())
 

@@ -41,7 +41,7 @@ app.conf.update(
 )
 EXIT_BEFORE_SEND = os.environ.get("ANARCHON_LT_EXIT_BEFORE_SEND")
 if EXIT_BEFORE_SEND:
-    from celery_anarchon.scheduler import Scheduler
+    from celery_anarchon.beat.scheduler import Scheduler
 
     class ExitBeforeSend(Scheduler):
         """The fault through the engine's send callback: the won claim (attempt 1) of the entry

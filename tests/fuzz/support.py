@@ -93,7 +93,7 @@ def describe(exc: BaseException) -> str:
 
 def cli(app, args: list) -> click.testing.Result:
     """``celery -A app anarchon ARGS`` in this process."""
-    from celery_anarchon.cli import anarchon
+    from celery_anarchon.operate.cli import anarchon
     runner = CliRunner()
     return runner.invoke(anarchon, args, obj=CLIContext(app=app, no_color=True, workdir=None),
                          catch_exceptions=True)
@@ -168,7 +168,7 @@ def read_everything(app, *, since: str = "1h", runs: int = 3) -> dict:
     /api/status. Asserts none answers with a traceback; returns the ``/api/status`` entries by
     name."""
     from celery_anarchon import schedules
-    from celery_anarchon.web import StatusSource, create_app
+    from celery_anarchon.operate.web import StatusSource, create_app
     with schedules(app) as s:
         listed = s.list()
         for entry in listed:

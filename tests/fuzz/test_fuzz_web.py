@@ -42,7 +42,7 @@ def test_page_actions_answer_json_never_500_and_the_page_works_after(kind, batch
     require(kind)
     count()
     from celery_anarchon import schedules
-    from celery_anarchon.web import StatusSource, create_app
+    from celery_anarchon.operate.web import StatusSource, create_app
     app = make_app(kind)
     with schedules(app) as s:
         s.add("a", task="fuzz.t", schedule=30)

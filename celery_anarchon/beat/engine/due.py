@@ -1,0 +1,142 @@
+"""The heap of due runs: one pending slot per entry, fired at slot + jitter (jitter drawn per
+run from the engine's random source), seeded at start-up with the newest slot still within
+max_late. Slots reached too late are skipped (never sent in a burst), and a slot this instance
+already claimed is never due again (a clock set back, a re-seed). An entry whose next slot
+cannot be computed (past the year 9999, a schedule class's error) is logged and has no further
+run here; the others go on."""
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+
+from celery_anarchon._util import iso
+from celery_anarchon.beat.engine.claims import ClaimRetries, claim_request
+from celery_anarchon.beat.engine.skips import SkipLog
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.schedule.plan import EntryPlan
+from celery_anarchon.stores.base import ClaimRequest
+
+logger = logging.getLogger(__name__)
+
+#: at most this many slots skipped in one go are walked one by one (the rest are counted)
+MAX_SKIP_WALK = 10_000
+
+
+class DueRuns:
+    """Pending runs by fire time (wall clock, epoch seconds).
+
+    :param namespace: ``anarchon_namespace``, part of every task id.
+    :param rng: the jitter source.
+    :param skips: logs and notes the slots reached too late.
+    :param claims: the claims waiting for the store (a re-seed does not queue one twice).
+    """
+
+    def __init__(self, namespace: str, rng: random.Random, skips: SkipLog,
+                 claims: ClaimRetries) -> None:
+        self.namespace = namespace
+        self.rng = rng
+        self.skips = skips
+        self.claims = claims
+        self._heap: list[tuple[float, int, str]] = []
+        self._pending: dict[str, int] = {}            # entry -> the slot waiting in the heap
+        self._last_claimed: dict[str, int] = {}       # entry -> newest slot this instance handled
+        #: run-now runs (entry, slot_ms) this instance handled: never claimed as scheduled runs
+        self.requested: set[tuple[str, int]] = set()
+
+    def seed(self, plan: EntryPlan, now: float) -> None:
+        """Queue the entry's first run: the newest slot still within max_late (so a deploy that
+        restarts every instance at once loses no run), else the next one. Nothing older, and
+        never a slot this instance already handled (a re-seed after the entry changed: a store
+        that reads its own claim back would answer won again, a second send).
+
+        A re-seed (the entry changed at run time) whose slot already waits in the claim retries
+        (the store was unreachable) does not queue it a second time: the waiting claim takes the
+        new definition and the slot after it is queued (one run is claimed once per batch)."""
+        try:
+            now_ms = int(now * 1000)
+            first = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
+            latest = None
+            while first <= now_ms:
+                latest, first = first, plan.slots.next_after(first)
+            slot = latest if latest is not None else first
+            handled = self._last_claimed.get(plan.name, -1)
+            if slot <= handled:
+                slot = plan.slots.next_after(handled)
+            if (plan.name, slot) in self.claims:
+                self.claims.hold([claim_request(self.namespace, plan, slot)])
+                slot = plan.slots.next_after(slot)
+        except ConfigError as exc:
+            self._no_next(plan, exc)
+            return
+        self._push(plan, slot)
+
+    def forget(self, name: str) -> None:
+        """Drop the pending run of entry ``name`` (removed, or about to be re-seeded)."""
+        self._pending.pop(name, None)
+
+    def claimed(self, name: str, slot_ms: int) -> None:
+        """This instance saw ``slot_ms`` of ``name`` decided (won, unconfirmed, paused, won by
+        another instance): it never asks for it, nor for an older slot, again."""
+        self._last_claimed[name] = max(self._last_claimed.get(name, -1), slot_ms)
+
+    def next_fire(self) -> float | None:
+        """When the next pending run fires (epoch seconds)."""
+        self._drop_stale_heads()
+        return self._heap[0][0] if self._heap else None
+
+    def pop(self, now: float, plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
+        """The claims of the runs due at ``now`` (wall clock); each entry's next run is queued."""
+        now_ms = int(now * 1000)
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            _, slot_ms, name = heapq.heappop(self._heap)
+            plan = plans.get(name)
+            if plan is None or self._pending.get(name) != slot_ms:
+                continue                       # entry removed or re-seeded
+            self._schedule_next(plan, slot_ms, now_ms)
+            if slot_ms <= self._last_claimed.get(name, -1) or (name, slot_ms) in self.requested:
+                logger.debug("%s: slot %s was already claimed here (the clock went back or the "
+                             "entry was re-seeded)", name, iso(slot_ms))
+                continue
+            lateness = now_ms - slot_ms
+            if lateness > plan.max_late_ms:
+                self.skips.late_local(plan, [slot_ms], lateness)
+                continue
+            due.append(claim_request(self.namespace, plan, slot_ms))
+        return due
+
+    def _push(self, plan: EntryPlan, slot_ms: int) -> None:
+        jitter_s = self.rng.uniform(0, plan.jitter_ms / 1000) if plan.jitter_ms else 0.0
+        self._pending[plan.name] = slot_ms
+        heapq.heappush(self._heap, (slot_ms / 1000 + jitter_s, slot_ms, plan.name))
+
+    def _drop_stale_heads(self) -> None:
+        while self._heap and self._pending.get(self._heap[0][2]) != self._heap[0][1]:
+            heapq.heappop(self._heap)
+
+    def _schedule_next(self, plan: EntryPlan, slot_ms: int, now_ms: int) -> None:
+        """Push the slot after ``slot_ms``; slots that are already late (the process was paused,
+        the clock jumped forward) are skipped, logged and recorded, never sent in a burst."""
+        late: list[int] = []
+        try:
+            nxt = plan.slots.next_after(slot_ms)
+            while now_ms - nxt > plan.max_late_ms and len(late) < MAX_SKIP_WALK:
+                late.append(nxt)
+                nxt = plan.slots.next_after(nxt)
+            if now_ms - nxt > plan.max_late_ms:
+                nxt = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
+        except ConfigError as exc:
+            self._no_next(plan, exc)
+            return
+        finally:
+            if late:
+                self.skips.late_local(plan, late, now_ms - late[0])
+        self._push(plan, nxt)
+
+    def _no_next(self, plan: EntryPlan, exc: ConfigError) -> None:
+        """The entry's next slot cannot be computed: logged, and no further run here (a slot
+        past the year 9999 never comes; a schedule class that failed is fixed by a restart)."""
+        self._pending.pop(plan.name, None)
+        logger.error("%s: no further run on this instance: its next slot cannot be computed "
+                     "(%s); the other entries run", plan.name, exc)

@@ -1,0 +1,125 @@
+"""Skips in the log: slots this instance reached too late (every one recorded in history), and
+claims the store refused (late or early on its clock, forgotten, overlapping, superseded, ...),
+the same kind of refusal of one entry logged at most once a minute (the ones hidden meanwhile
+counted on the next line, or on their own line once the minute passed: :meth:`SkipLog.flush`); a
+paused run (an operator's choice, not a fault) at INFO, once per run."""
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from typing import Callable
+
+from celery_anarchon._util import iso
+from celery_anarchon.beat.engine.notes import NoteBuffer
+from celery_anarchon.beat.engine.observe import LATE_LOCAL, NOOP, Observer
+from celery_anarchon.schedule.plan import EntryPlan
+from celery_anarchon.stores.base import ClaimResult, ClaimStore, Outcome, RunEvent
+
+logger = logging.getLogger(__name__)
+
+#: a skip of the same kind on the same entry is logged at most this often (the rest at debug)
+SKIP_LOG_EVERY_S = 60.0
+
+SKIP_REASONS = {
+    Outcome.LATE: "late on the store's clock (slot + max_late + 10 s had passed when the claim arrived)",
+    Outcome.EARLY: "early on the store's clock (more than 10 s before the slot): is this host's clock ahead?",
+    Outcome.FORGOTTEN: "the store does not remember that far back (a new store, one that lost its data, or a slot older than its memory)",
+    Outcome.OVERLAPPING: "an earlier run of this leased entry is still running (overlap='skip')",
+    Outcome.SUPERSEDED: "a newer slot of this entry was already claimed",
+    Outcome.UNKNOWN: "the store could not tell whether the claim was won; counted as lost",
+    Outcome.PAUSED: "the entry is paused",
+    Outcome.UNCONFIRMED: "won, but the store did not confirm the claim durable (on its replicas or disk) in time; not sent, so a failover cannot make it run twice",
+}
+
+
+def _level(outcome: Outcome) -> int:
+    """The log level of a refused claim: INFO for the expected ones (a leased run still running,
+    a newer slot claimed), else WARNING."""
+    return logging.INFO if outcome in (Outcome.OVERLAPPING, Outcome.SUPERSEDED) else logging.WARNING
+
+
+class SkipLog:
+    """Logs, counts and notes skipped slots.
+
+    :param store: the store (its ``history_size`` bounds the late slots noted at once).
+    :param instance_id: this instance's id, in the notes.
+    :param monotonic: the clock of elapsed time (the rate limit).
+    :param stats: the engine's counters (``late_local``).
+    :param notes: the history-note buffer.
+    :param observer: told of the slots reached too late.
+    """
+
+    def __init__(self, store: ClaimStore, instance_id: str, monotonic: Callable[[], float],
+                 stats: collections.Counter, notes: NoteBuffer, *,
+                 observer: Observer = NOOP) -> None:
+        self.store = store
+        self.observer = observer
+        self.instance_id = instance_id
+        self.monotonic = monotonic
+        self.stats = stats
+        self.notes = notes
+        self._logged: dict[tuple[str, str], tuple[float, int]] = {}
+        #: (entry, outcome) -> (plan, the newest hidden result): skips not logged yet
+        self._hidden: dict[tuple[str, str], tuple[EntryPlan, ClaimResult]] = {}
+        self._flush_at = math.inf     # when the first of them is due (monotonic seconds)
+
+    def late_local(self, plan: EntryPlan, slots: list[int], lateness_ms: int) -> None:
+        """``slots`` (in order) were reached ``lateness_ms`` after the first past max_late."""
+        self.stats["late_local"] += len(slots)
+        self.observer.claimed(plan.name, LATE_LOCAL, len(slots))
+        if len(slots) == 1:
+            logger.warning("%s: slot %s skipped as late: this instance reached it %.3f s after the "
+                           "slot (max_late %g s). Was the process paused or did the clock jump?",
+                           plan.name, iso(slots[0]), lateness_ms / 1000, plan.timing.max_late_s)
+        else:
+            logger.warning("%s: %d slots from %s to %s skipped as late (max_late %g s): the process "
+                           "was paused or the clock jumped forward.", plan.name, len(slots),
+                           iso(slots[0]), iso(slots[-1]), plan.timing.max_late_s)
+        for slot in slots[-self.store.history_size:]:
+            self.notes.add(plan.name, slot, RunEvent.LATE_LOCAL,
+                           detail=f"{self.instance_id} reached it {lateness_ms / 1000:.3f} s late")
+
+    def refused(self, plan: EntryPlan, result: ClaimResult) -> None:
+        """Log a skip; the same kind of skip of one entry at most once a minute (each run is in
+        the store's history anyway), with the number of the ones not logged."""
+        outcome = result.outcome
+        detail = f" ({result.detail})" if result.detail else ""
+        if outcome is Outcome.PAUSED:          # asked once per run: never retried
+            logger.info("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
+                        SKIP_REASONS[outcome], detail)
+            return
+        now = self.monotonic()
+        key = (plan.name, outcome.value)
+        last, hidden = self._logged.get(key, (-math.inf, 0))
+        if now - last < SKIP_LOG_EVERY_S:
+            self._logged[key] = (last, hidden + 1)
+            self._hidden[key] = (plan, result)
+            self._flush_at = min(self._flush_at, last + SKIP_LOG_EVERY_S)
+            logger.debug("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
+                         SKIP_REASONS[outcome], detail)
+            return
+        self._logged[key] = (now, 0)
+        self._hidden.pop(key, None)
+        more = f"; {hidden} more slot(s) of this entry skipped so in the last minute" if hidden else ""
+        logger.log(_level(outcome), "%s: slot %s skipped: %s%s%s", plan.name, iso(result.slot_ms),
+                   SKIP_REASONS[outcome], detail, more)
+
+    def flush(self) -> None:
+        """Log the skips the rate limit hid once their minute has passed, when no skip of the
+        same kind came to carry their count (each tick; nothing to do until the first is due).
+        One line per entry and kind: the count and the newest slot."""
+        now = self.monotonic()
+        if now < self._flush_at:
+            return
+        self._flush_at = math.inf
+        for key, (plan, result) in list(self._hidden.items()):
+            last, hidden = self._logged[key]
+            if now - last < SKIP_LOG_EVERY_S:
+                self._flush_at = min(self._flush_at, last + SKIP_LOG_EVERY_S)
+                continue
+            del self._hidden[key]
+            self._logged[key] = (now, 0)
+            detail = f" ({result.detail})" if result.detail else ""
+            logger.log(_level(result.outcome), "%s: %d more slot(s) skipped in the last minute: %s, the newest %s%s",
+                       plan.name, hidden, SKIP_REASONS[result.outcome], iso(result.slot_ms), detail)

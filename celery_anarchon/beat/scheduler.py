@@ -1,0 +1,335 @@
+"""The Celery beat ``Scheduler``: thin glue between Celery and the :class:`~celery_anarchon.beat.engine.Engine`.
+
+Use it on every host::
+
+    app.conf.beat_scheduler = "celery_anarchon:Scheduler"     # or: celery beat -S anarchon
+
+Celery builds a scheduler twice under ``celery beat`` (a ``lazy=True`` instance for the banner,
+which opens nothing, then the real one) and once under ``celery worker -B`` (in the forked Beat
+child). Connections are opened lazily in the process that ticks. Beat's shelve file is not used:
+the store is the only state shared between instances. The broker side (the producer, the send
+batch, the send of a won run) is :class:`celery_anarchon.beat.publisher.BrokerSends`.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import sys
+import time
+
+import click
+from celery import beat
+
+from celery_anarchon.schedule import definition as entry_json
+from celery_anarchon.schedule import plan as plans_mod
+from celery_anarchon._util import paused_gc
+from celery_anarchon.settings import make_instance_id, resolve_store_url
+from celery_anarchon.beat.publisher import BrokerSends, _exit_requested
+from celery_anarchon.beat.engine import MAX_SLEEP_S, Engine
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.beat.metrics import MetricsSettings, process_observer
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore
+from celery_anarchon.schedule.timing import Settings, check_sync_interval
+
+logger = logging.getLogger("celery_anarchon.beat.scheduler")
+
+#: beat_schedule is compared with its last copy at most this often after a change through
+#: ``add`` or ``update_from_dict`` (or of its size), and this often anyway, seconds (a comparison
+#: walks every entry: with 100,000 entries it is not done at every tick)
+SCHEDULE_CHECK_S, SCHEDULE_WALK_S = 1.0, 60.0
+
+
+def _stderr_is_logged() -> bool:
+    """True when ``sys.stderr`` is Celery's :class:`~celery.utils.log.LoggingProxy` (beat and the
+    worker redirect it into the log once logging is set up)."""
+    from celery.utils.log import LoggingProxy
+    return isinstance(sys.stderr, LoggingProxy)
+
+
+class BeatCannotStart(ConfigError, click.ClickException):
+    """A :class:`ConfigError` met while beat builds this scheduler, outside beat's log: Celery
+    builds one for its banner before it redirects stderr into the log, and its command line
+    (click) prints this as one ``Error:`` line and exits 1 instead of printing a traceback.
+    Still a ConfigError (and a ValueError) for code that builds a Scheduler itself."""
+
+    def __init__(self, error: ConfigError) -> None:
+        message = f"anarchon: beat cannot start: {error}"
+        ConfigError.__init__(self, message)
+        click.ClickException.__init__(self, message)
+
+
+class Entry(beat.ScheduleEntry):
+    """Celery's ``ScheduleEntry``, accepting any schedule object: a schedule class of your own
+    needs only ``anarchon_next`` and ``anarchon_shortest_gap`` (beat never asks it ``is_due``)."""
+
+    def default_now(self):
+        return self.schedule.now() if hasattr(self.schedule, "now") else self.app.now()
+
+
+class Scheduler(BrokerSends, beat.Scheduler):
+    """A beat scheduler that runs on every host: each run is claimed once in a shared store.
+
+    Settings (Celery configuration; seconds): ``anarchon_store_url``, ``anarchon_store_options``,
+    ``anarchon_namespace``, ``anarchon_jitter``, ``anarchon_max_late``, ``anarchon_lease``,
+    ``anarchon_heartbeat``, ``anarchon_sync_interval``, ``anarchon_metrics_port`` (Prometheus
+    metrics of this process: :mod:`celery_anarchon.beat.metrics`); per entry
+    ``options={"anarchon": {...}}`` (see docs/configuration). On a store that holds entries, the
+    store's entries run too.
+
+    :raises ConfigError: at start-up, for any unsafe or invalid setting or entry.
+    """
+
+    #: beat never sleeps longer than this between ticks, seconds (docs/design.md: at most 60 s)
+    max_interval = MAX_SLEEP_S
+    Entry = Entry
+
+    def __init__(self, app, *args, lazy: bool = False, **kwargs) -> None:
+        try:
+            self._construct(app, *args, lazy=lazy, **kwargs)
+        except ConfigError as exc:
+            if not _stderr_is_logged():
+                raise BeatCannotStart(exc) from exc
+            # beat's Service builds this scheduler after it redirected stderr into the log: the
+            # traceback Python prints on the way out would become one WARNING line per fragment
+            logger.critical("anarchon: beat cannot start: %s", exc)
+            raise SystemExit(1) from exc
+
+    def _construct(self, app, *args, lazy: bool, **kwargs) -> None:
+        self._settings = Settings.from_app(app)
+        self._metrics = MetricsSettings.from_app(app)
+        url, options, self._store_warning = resolve_store_url(app, self._settings)
+        self._pid = os.getpid()
+        self._instance_id = make_instance_id()
+        self.store = open_store(url, namespace=self._settings.namespace,
+                                instance_id=self._instance_id, options=options)
+        # the store's own URL: a relative SQLite path resolved once, here (a fork reopens it)
+        self._store_url, self._store_options = self.store.url, options
+        self.engine: Engine | None = None
+        self._plans_snapshot: dict | None = None
+        self._store_plans: dict[str, tuple[str, object]] = {}   # name -> (definition, plan|None)
+        self._closing = False
+        self._in_tick = False
+        self._ticked = False
+        self._broker_used_at = 0.0
+        self._schedule_checked_at = 0.0
+        self._schedule_dirty = False
+        self._batch: _Batch | None = None
+        super().__init__(app, *args, lazy=lazy, **kwargs)
+
+    # -- Celery's Scheduler interface -------------------------------------------------------------
+    def setup_schedule(self) -> None:
+        """Merge ``beat_schedule``, keep Celery's default entries, check every entry, and prepare
+        the store (an unreachable store is retried by the ticks; beat keeps running).
+
+        :raises ConfigError: naming each misconfigured entry, or a store that refuses the
+            configuration (e.g. a Redis too old for the ``idmp`` strategy).
+        """
+        with paused_gc():   # a build of many objects, no cyclic garbage (the first tick's too)
+            # merge first, then add the defaults: the other order drops celery.backend_cleanup
+            self.merge_inplace(plans_mod.beat_schedule_of(self.app.conf.beat_schedule))
+            self.install_default_entries(self.data)
+            plans = self._build_plans()
+            if isinstance(self.store, EntryStore):
+                check_sync_interval(self._settings, self.store.memory)
+            if self._store_warning:
+                logger.warning(self._store_warning)
+            self.engine = self._make_engine(plans)
+            self._plans_snapshot = copy.copy(self.schedule)
+            self.engine.start()
+        logger.info("anarchon: instance %s, store %s, namespace %r, %d entries%s",
+                    self._instance_id, self.store.safe_url, self._settings.namespace, len(plans),
+                    f", store entries followed every {self._settings.sync_interval_s:g} s"
+                    if self.engine.sync is not None else "")
+
+    def merge_inplace(self, b) -> None:
+        """Celery's merge, with an entry Celery cannot build (an unknown key, a schedule object
+        it cannot use) reported by name instead of a bare ``TypeError``.
+
+        :raises ConfigError: naming each entry and what Celery said about it.
+        """
+        try:
+            return super().merge_inplace(b)
+        except Exception as exc:           # which entry? each is built alone to name it
+            failed = exc
+        problems = []
+        for name, item in (b or {}).items():
+            try:
+                self.Entry(**dict(item, name=name, app=self.app))
+            except Exception as exc:
+                problems.append(str(plans_mod.cannot_build(name, item, exc)))
+        if problems:
+            raise ConfigError("\n".join(problems))
+        raise failed
+
+    def _build_plans(self) -> dict:
+        return plans_mod.build_plans(dict(self.schedule), app=self.app, settings=self._settings,
+                                     store=self.store)
+
+    def _make_engine(self, plans: dict, *, forked: bool = False) -> Engine:
+        """The engine of this process; with ``anarchon_metrics_port`` set, its observer is this
+        process's Prometheus metrics, whose exporter starts here (once per process).
+
+        :param forked: a process forked after start-up: a metrics port its parent still holds is
+            logged, and this process runs without metrics (a tick must not fail on it forever).
+        :raises ConfigError: the metrics port is in use (at start-up).
+        """
+        try:
+            observer = process_observer(self._metrics, instance_id=self._instance_id,
+                                        namespace=self._settings.namespace)
+        except ConfigError as exc:
+            if not forked:
+                raise
+            logger.error("anarchon: no metrics in this forked beat process: %s", exc)
+            observer = None
+        if observer is not None:
+            logger.info("anarchon: metrics on http://%s:%d/metrics", self._metrics.addr,
+                        self._metrics.port)
+        return Engine(self.store, plans, instance_id=self._instance_id,
+                      namespace=self._settings.namespace, send=self._send,
+                      sync_interval_s=self._settings.sync_interval_s,
+                      build_store_plans=self._build_store_plans, observer=observer,
+                      send_batch=self._send_batch)
+
+    def _build_store_plans(self, snapshot: EntrySnapshot) -> dict:
+        """The plans of the store's entries (the engine's callback at each sync that loaded):
+        each definition parsed (:func:`celery_anarchon.schedule.definition.parse`) and checked by the
+        start-up rules (:func:`celery_anarchon.schedule.plan.build_plan`), once per definition text. An
+        invalid one is logged by name and left out; the others run."""
+        built, plans, texts = {}, {}, {}
+        for name, stored in snapshot.entries.items():
+            if stored.definition is None:          # a pause of a config entry, no definition
+                continue
+            known = self._store_plans.get(name)
+            if known is None or known[0] != stored.definition:
+                try:
+                    entry = entry_json.parse(name, stored.definition, app=self.app,
+                                             entry_cls=self.Entry)
+                    plan = plans_mod.build_plan(name, entry, app=self.app,
+                                                settings=self._settings, store=self.store,
+                                                known=texts)
+                except Exception as exc:           # a bad definition never stops the others
+                    logger.error("anarchon: store entry %r is not valid on this instance and is "
+                                 "left out (the others run): %s", name, exc,
+                                 exc_info=not isinstance(exc, ConfigError))
+                    plan = None
+                known = (stored.definition, plan)
+            built[name] = known
+            if known[1] is not None:
+                plans[name] = known[1]
+        self._store_plans = built
+        return plans
+
+    def tick(self, *args, **kwargs) -> float:
+        """One iteration: claim and send what is due. Never raises: a failure is logged and
+        retried after a short delay, and beat keeps running.
+
+        :returns: seconds to sleep before the next tick (at most ``max_interval`` and 60 s).
+        """
+        self._in_tick = True
+        try:
+            self._follow_fork()
+            if self.engine is None:
+                self.setup_schedule()
+            self._follow_schedule_changes()
+            with paused_gc() if not self._ticked else contextlib.nullcontext():
+                delay = self.engine.tick()
+            self._ticked = True
+        except Exception as exc:
+            if self._closing or _exit_requested(exc):
+                raise SystemExit("beat is shutting down") from exc
+            logger.exception("anarchon: tick failed; trying again in 5 s")
+            delay = 5.0
+        finally:
+            self._in_tick = False
+        if self._closing:       # close() ran during this tick (beat's SIGTERM handler)
+            raise SystemExit("beat is shutting down")
+        return min(delay, float(self.max_interval or MAX_SLEEP_S), MAX_SLEEP_S)
+
+    def close(self) -> None:
+        """Release the store and the broker connection. Safe to call twice. Beat's SIGTERM
+        handler calls it in the middle of a tick, then raises ``SystemExit``, which a client
+        library may turn into another error: the engine then sends nothing more and the tick
+        ends beat with ``SystemExit`` (never a retried publish). Outside a tick the store and
+        broker reopen lazily, and this instance's heartbeat is removed from an entry store
+        (inside a tick the store may be in use: beat's second close, after the tick, does it)."""
+        if self._in_tick:
+            self._closing = True
+            if self.engine is not None:
+                self.engine.stop()
+        elif self.engine is not None:
+            self.engine.close()
+        try:
+            self.store.close()
+        finally:
+            super().close()
+
+    @property
+    def info(self) -> str:
+        """Banner lines: store (password masked), namespace and timing defaults."""
+        s = self._settings
+        jitter = (f"{s.jitter_s:g} s" if s.jitter_s is not None
+                  else "2 s (a quarter of the gap for short intervals)")
+        memory = self.store.memory
+        kept = "forever" if memory.duration_s is None else f"{memory.duration_s:g} s"
+        return "\n".join([
+            f"    . store -> {self.store.safe_url} ({self.store.kind}, remembers runs {kept})",
+            f"    . namespace -> {s.namespace}",
+            f"    . timing -> jitter {jitter}, max_late {s.max_late_s:g} s, "
+            f"lease {s.lease_s:g} s, heartbeat {s.heartbeat_s:g} s",
+        ])
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _follow_fork(self) -> None:
+        """A process forked after construction gets its own instance id and store connections."""
+        if os.getpid() == self._pid:
+            return
+        self._pid = os.getpid()
+        self._instance_id = make_instance_id()
+        self.store = open_store(self._store_url, namespace=self._settings.namespace,
+                                instance_id=self._instance_id, options=self._store_options)
+        self.__dict__.pop("producer", None)
+        self.__dict__.pop("connection", None)
+        if self.engine is not None:
+            self.engine = self._make_engine(self.engine.config_plans, forked=True)
+
+    def add(self, **kwargs):
+        """Celery's ``add``; the new entry is scheduled at the next tick (checked like every
+        entry)."""
+        self._schedule_dirty = True
+        return super().add(**kwargs)
+
+    def update_from_dict(self, dict_) -> None:
+        """Celery's ``update_from_dict``; the entries are scheduled at the next tick."""
+        self._schedule_dirty = True
+        super().update_from_dict(dict_)
+
+    def _follow_schedule_changes(self) -> None:
+        """Entries added or changed at run time (``add``, ``update_from_dict``) are checked and
+        scheduled; a bad one is logged and left out, the others keep running. beat_schedule is
+        compared with its last copy (by identity first: the copy is shallow, an entry changed in
+        place is the same object in both) at most every :data:`SCHEDULE_CHECK_S` after ``add``,
+        ``update_from_dict`` or a change of its size, and every :data:`SCHEDULE_WALK_S` anyway
+        (a change made to the dict directly): the comparison walks every entry, which an idle
+        beat with 100,000 entries cannot do at every tick."""
+        now = time.monotonic()
+        old, new = self._plans_snapshot, self.schedule
+        dirty = self._schedule_dirty or len(old) != len(new)
+        since = now - self._schedule_checked_at
+        if since < SCHEDULE_WALK_S and not (dirty and since >= SCHEDULE_CHECK_S):
+            return
+        self._schedule_checked_at = now
+        self._schedule_dirty = False
+        if len(old) == len(new) and all(old.get(name) is entry for name, entry in new.items()):
+            return
+        self._plans_snapshot = copy.copy(self.schedule)
+        if self.schedules_equal(old, new):  # entries replaced by equal ones
+            return
+        try:
+            plans = self._build_plans()
+        except ConfigError as exc:
+            logger.error("anarchon: the changed schedule is not valid, keeping the previous one: %s", exc)
+            return
+        self.engine.update_plans(plans)

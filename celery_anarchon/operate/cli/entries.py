@@ -1,0 +1,284 @@
+"""The bodies of the ``celery anarchon ...`` commands (:mod:`celery_anarchon.operate.cli` declares them
+and imports this module only when a command runs, so that every ``celery`` run stays light).
+
+Each body prints for people (a table, a line) or, with ``--json``, JSON for scripts, and ends
+with the exit code of :mod:`celery_anarchon.operate.cli`: 0 done, 1 store unreachable or another
+failure, 2 bad input, 3 unknown entry, 4 owned by ``beat_schedule`` or exists already.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shlex
+from collections.abc import Iterator
+
+import click
+
+from celery_anarchon.schedule import definition as entry_json
+from celery_anarchon.schedule.zones import zone_name
+from celery_anarchon._util import iso
+from celery_anarchon.settings import make_instance_id, open_app_store
+from celery_anarchon.errors import (
+    ConfigError, EntryExists, EntryOwnedByConfig, StoreError, UnknownEntry,
+)
+from celery_anarchon.operate.schedules import Schedules, ScheduledEntry
+from celery_anarchon.schedule.timing import Settings
+
+#: exit codes (documented in docs/schedules.md)
+EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_UNKNOWN_ENTRY, EXIT_OWNED_OR_EXISTS = 1, 2, 3, 4
+#: the flags of add/update that are parts of a definition: flag -> definition key
+_PART_FLAGS = {"task": "task", "args_": "args", "kwargs_": "kwargs", "options_": "options",
+               "anarchon": "anarchon"}
+#: the five fields of --crontab, in crontab(5) order
+_CRONTAB_ORDER = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+
+
+@contextlib.contextmanager
+def _exit_codes() -> Iterator[None]:
+    """Print an error as ``Error: ...`` on stderr and exit with its code."""
+    try:
+        yield
+    except UnknownEntry as exc:
+        _fail(exc, EXIT_UNKNOWN_ENTRY)
+    except (EntryOwnedByConfig, EntryExists) as exc:
+        _fail(exc, EXIT_OWNED_OR_EXISTS)
+    except ConfigError as exc:
+        _fail(exc, EXIT_BAD_INPUT)
+    except StoreError as exc:
+        _fail(exc, EXIT_FAILURE)
+
+
+def _fail(exc: Exception, code: int):
+    click.echo(f"Error: {exc}", err=True)
+    raise click.exceptions.Exit(code)
+
+
+@contextlib.contextmanager
+def _schedules(app) -> Iterator[Schedules]:
+    with _exit_codes(), Schedules(app) as s:
+        yield s
+
+
+def _number(value: float) -> int | float:
+    """A whole number of seconds as an int (exactly: a larger float, 1e+308, stays one)."""
+    return int(value) if float(value).is_integer() and abs(value) < 2 ** 53 else value
+
+
+def _schedule_of(flags: dict) -> dict | None:
+    kinds = [k for k in ("every", "crontab_", "cron") if flags.get(k) is not None]
+    if len(kinds) > 1:
+        raise click.UsageError("give one schedule: --every, --crontab or --cron")
+    if flags.get("timezone") is not None and kinds not in (["crontab_"], ["cron"]):
+        raise click.UsageError("--timezone goes with --crontab or --cron (or alone in update, to "
+                               "move a crontab or cron entry to another zone)")
+    zone = {"timezone": flags["timezone"]} if flags.get("timezone") is not None else {}
+    if not kinds:
+        return None
+    if kinds == ["every"]:
+        return {"every": _number(flags["every"])}
+    if kinds == ["cron"]:
+        return {"cron": flags["cron"], **zone}
+    fields = flags["crontab_"].split()
+    if len(fields) != 5:
+        raise click.UsageError(f"--crontab {flags['crontab_']!r}: give five fields, "
+                               '"minute hour day-of-month month day-of-week" (e.g. "0 3 * * 1-5")')
+    return {"crontab": {k: v for k, v in zip(_CRONTAB_ORDER, fields) if v != "*"}, **zone}
+
+
+def _parts(name: str, flags: dict) -> dict:
+    """The definition parts the flags give (``update`` changes only these)."""
+    given = [f for f in (*_PART_FLAGS, "every", "crontab_", "cron", "timezone")
+             if flags.get(f) is not None]
+    if flags.get("definition") is not None:
+        if given:
+            raise click.UsageError("--json-definition replaces the other flags: give one or the other")
+        entry_json.check_keys(name, flags["definition"])
+        return dict(flags["definition"])
+    parts = {key: flags[flag] for flag, key in _PART_FLAGS.items() if flags.get(flag) is not None}
+    schedule = _schedule_of(flags)
+    if schedule is not None:
+        parts["schedule"] = schedule
+    return parts
+
+
+def _print_entry(verb: str, entry: ScheduledEntry, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(entry.as_json(), sort_keys=True))
+        return
+    definition = entry.definition or {}
+    what = (f": {entry_json.describe_schedule(definition.get('schedule'))} -> "
+            f"{definition.get('task')}" if definition else "")
+    state = entry.pause.describe() if entry.pause else "running"
+    click.echo(f"{verb} {entry.name} ({entry.source}{what}; {state}; version {entry.version})")
+
+
+def import_task_modules(app) -> None:
+    """Import the app's default modules (``imports``, ``include``) as a worker does
+    (``app.loader.import_default_modules()``), so that the tasks they define are registered
+    before a task name is checked.
+
+    :raises ConfigError: a module cannot be imported (naming it, the setting and the cause).
+    """
+    try:
+        app.loader.import_default_modules()
+    except ImportError as exc:
+        module = exc.name or "?"
+        raise ConfigError(f"app {app.main!r}: cannot import module {module!r} of its imports / "
+                          f"include settings ({type(exc).__name__}: {exc}); fix: correct the "
+                          "module name in app.conf.include / app.conf.imports, or make it "
+                          "importable here (PYTHONPATH, the working directory)") from exc
+
+
+def _zone_only(flags: dict) -> str | None:
+    """``update --timezone`` without ``--crontab`` / ``--cron``: the new zone (the fields are
+    kept), else ``None``."""
+    if flags.get("timezone") is None or flags.get("definition") is not None:
+        return None
+    if any(flags.get(k) is not None for k in ("every", "crontab_", "cron")):
+        return None
+    return flags["timezone"]
+
+
+def _in_zone(s: Schedules, name: str, zone: str) -> dict:
+    """The schedule of entry ``name`` with its time zone set to ``zone`` (``update --timezone``).
+
+    :raises ConfigError: the entry's schedule is not a crontab or cron (it has no zone).
+    :raises UnknownEntry: no entry ``name``.
+    """
+    schedule = (s.get(name).definition or {}).get("schedule")
+    if entry_json.zoned_kind(schedule) is None:
+        what = entry_json.describe_schedule(schedule) if isinstance(schedule, dict) else "-"
+        raise ConfigError(f"entry {name!r}: --timezone changes the time zone of a crontab or cron "
+                          f"schedule, and this entry's schedule is {what}; fix: give --crontab or "
+                          "--cron with --timezone")
+    return {**schedule, "timezone": zone}
+
+
+def write(app, name: str, flags: dict, *, create: bool) -> None:
+    """``add`` (``create``) or ``update``. ``update --crontab`` / ``--cron`` without
+    ``--timezone`` keeps the entry's zone (:meth:`Schedules.update`); ``update --timezone``
+    alone changes the zone and keeps the fields."""
+    zone_only = None if create else _zone_only(flags)
+    if zone_only is not None:
+        flags = {**flags, "timezone": None}
+    with _exit_codes():
+        parts = _parts(name, flags)
+        if not flags.get("no_check_task"):
+            import_task_modules(app)
+    if create and ("task" not in parts or "schedule" not in parts):
+        raise click.UsageError("add needs --task and one of --every, --crontab or --cron "
+                               "(or --json-definition)")
+    if not create and not parts and zone_only is None:
+        raise click.UsageError("update needs at least one flag to change (see --help)")
+    with _schedules(app) as s:
+        if zone_only is not None:
+            parts["schedule"] = _in_zone(s, name, zone_only)
+        call = s.add if create else s.update
+        entry = call(name, **parts, by=flags.get("by"), check_task=not flags.get("no_check_task"))
+    _print_entry("added" if create else "updated", entry, flags.get("as_json"))
+
+
+def remove(app, name: str, by: str | None) -> None:
+    with _schedules(app) as s:
+        s.remove(name, by=by)
+    click.echo(f"removed {name}")
+
+
+def pause(app, name: str, reason: str, by: str | None, as_json: bool) -> None:
+    with _schedules(app) as s:
+        entry = s.pause(name, reason, by=by)
+    _print_entry("paused", entry, as_json)
+
+
+def resume(app, name: str, by: str | None, as_json: bool) -> None:
+    with _schedules(app) as s:
+        entry = s.resume(name, by=by)
+    _print_entry("resumed", entry, as_json)
+
+
+def accept_loss(app, by: str | None, as_json: bool) -> None:
+    with _schedules(app) as s:
+        at = s.accept_loss(by=by)
+        who = by or s.by
+    if as_json:
+        click.echo(json.dumps({"accepted": iso(at), "by": who}, sort_keys=True))
+    else:
+        click.echo(f"accepted the loss at {iso(at)} by {who}: every instance that keeps pauses or "
+                   "store entries from before a loss of the store's data follows the store as it "
+                   "is at its next sync")
+
+
+def run_now(app, name: str, request_id: str | None, by: str | None, as_json: bool,
+            command: str = "celery anarchon") -> None:
+    """``run-now``: the request's id (given, or a new one of the store's clock) is printed with
+    the command that repeats the same request; a repeat says so (no new run); a store error
+    says the outcome is unknown and prints that command.
+
+    :param command: how the operator ran ``anarchon`` (``celery -A proj anarchon``), for the
+        printed command.
+    """
+    with _schedules(app) as s:
+        if request_id is None:
+            request_id = s.new_request_id()            # an error here: nothing was requested
+        again = (f"{command} run-now {shlex.quote(name)} --request-id "
+                 f"{shlex.quote(request_id)}")
+        try:
+            request = s.run_now(name, request_id, by=by)
+        except StoreError as exc:
+            raise StoreError(f"{exc}; the outcome is unknown: repeat the same request (one run, "
+                             f"never two): {again}") from exc
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(request), sort_keys=True))
+    elif request.created:
+        click.echo(f"run-now {name}: new request {request.request_id}, slot "
+                   f"{iso(request.slot_ms)}, by {request.by} at {iso(request.requested_ms)}")
+        click.echo(f"to repeat this request if its outcome is ever in doubt (one run, never two): "
+                   f"{again}")
+    else:
+        click.echo(f"run-now {name}: request {request.request_id} was already requested at "
+                   f"{iso(request.requested_ms)} by {request.by}: no new run (its slot "
+                   f"{iso(request.slot_ms)})")
+
+
+def _table(rows: list[tuple]) -> None:
+    """Print ``rows`` as columns. A cell is shown as text: a stored definition another version
+    or a hand edit wrote may hold a value that is no text where text belongs (``{"task": 1}``)."""
+    rows = [tuple(cell if isinstance(cell, str) else str(cell) for cell in row) for row in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _app_zone(app) -> str | None:
+    """The name of the app's ``timezone`` (a crontab without a zone of its own runs in it), or
+    ``None`` when it names no known zone."""
+    try:
+        return zone_name(app.timezone)
+    except Exception:  # an unknown zone: check reports it
+        return None
+
+
+def list_entries(app, as_json: bool) -> None:
+    """``list``: a table, or a JSON list of :meth:`ScheduledEntry.as_json`."""
+    with _schedules(app) as s:
+        entries = s.list()
+    if as_json:
+        click.echo(json.dumps([e.as_json() for e in entries], sort_keys=True))
+        return
+    rows = [("NAME", "SOURCE", "SCHEDULE", "TASK", "STATE")]
+    zone = _app_zone(app)
+    for e in entries:
+        d = e.definition or {}
+        source = e.source + (" (store copy ignored)" if e.shadowed else "")
+        rows.append((e.name, source, entry_json.describe_schedule(d.get("schedule", "-"), zone),
+                     str(d.get("task", "-")), e.pause.describe() if e.pause else "running"))
+    _table(rows)
+
+
+# -- the store of a command (cli_status) ----------------------------------------------------------
+
+def _open(app):
+    """The app's settings and its store, opened (no I/O yet) as a command line instance."""
+    settings = Settings.from_app(app)
+    return settings, open_app_store(app, settings, instance_id="cli:" + make_instance_id())

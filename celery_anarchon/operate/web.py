@@ -1,0 +1,540 @@
+"""The status page: ``celery -A proj anarchon web [--host H] [--port P] [--allow-actions]``.
+
+One server-rendered HTML page (``GET /``) and the same data as JSON (``GET /api/status``): the
+data of :func:`celery_anarchon.operate.overview.overview`, read from the app's store on every request.
+With ``allow_actions``, ``POST /api/entries/<name>/pause``, ``.../resume`` and ``.../run-now``
+change the schedule through :class:`celery_anarchon.operate.schedules.Schedules`, each with the token
+in the ``X-Anarchon-Token`` header or a ``token`` form field (compared with
+:func:`hmac.compare_digest`); without it the page has no buttons and those endpoints answer 403.
+
+Security (docs/production.md "Status page"): it binds to 127.0.0.1 unless told otherwise, and on
+a loopback address answers only requests addressed to a loopback name (a page of another site
+cannot reach it through DNS rebinding); the store's URL is shown with its password masked
+(``store.safe_url``); every value is escaped (entry names are user data: Jinja2 with autoescape,
+and the page's script reads names from escaped attributes only); the page forbids framing and
+scripts other than its own. For remote use, put it behind your proxy and its authentication.
+
+Starlette, uvicorn and Jinja2 come with the ``web`` extra (``pip install celery-anarchon[web]``).
+"""
+from __future__ import annotations
+
+import functools
+import hmac
+import math
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode
+
+from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
+
+#: where the page listens unless told otherwise
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
+#: the header, form field and environment variable of the actions' token
+TOKEN_HEADER, TOKEN_FIELD, TOKEN_ENV = "X-Anarchon-Token", "token", "ANARCHON_WEB_TOKEN"
+#: the host names a page bound to a loopback address answers to
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+#: the largest form body an action reads, bytes
+MAX_FORM_BYTES = 16_384
+#: the actions, by the last part of their path
+ACTIONS = ("pause", "resume", "run-now")
+#: the page's reload interval, seconds: 0 (never) or within these bounds (``?refresh=N``)
+MIN_REFRESH_S, MAX_REFRESH_S = 1.0, 3600.0
+#: a shorter actions' token is accepted with a warning at start-up
+MIN_TOKEN_CHARS = 16
+#: entries per page of the status page: the default and the most (``?per_page=N``)
+PER_PAGE, MAX_PER_PAGE = 100, 1000
+
+
+def refresh_interval(value: str | float | None, default: float) -> float:
+    """The page's reload interval from ``?refresh=N``: 0 (never), else clamped to
+    :data:`MIN_REFRESH_S` .. :data:`MAX_REFRESH_S` seconds; ``default`` (clamped too) when
+    ``value`` is missing, not a number, infinite or NaN.
+
+    :param value: the query parameter's text (or a number), or ``None``.
+    :param default: the page's ``--refresh``, seconds.
+    :returns: seconds, 0 or within the bounds; never raises.
+    """
+    try:
+        seconds = float(default if value is None else value)
+    except (TypeError, ValueError):
+        seconds = float(default)
+    if not math.isfinite(seconds):
+        seconds = float(default) if math.isfinite(float(default)) else MAX_REFRESH_S
+    if seconds <= 0:
+        return 0.0
+    return min(max(seconds, MIN_REFRESH_S), MAX_REFRESH_S)
+
+
+def token_warning(token: str | None, generated: bool) -> str | None:
+    """The start-up warning of an actions' token shorter than :data:`MIN_TOKEN_CHARS`, or
+    ``None`` (no token, a generated one, or a long enough one)."""
+    if token is None or generated or len(token) >= MIN_TOKEN_CHARS:
+        return None
+    return (f"anarchon web: warning: the actions' token has {len(token)} characters, fewer than "
+            f"{MIN_TOKEN_CHARS}: it can be guessed; fix: give a long random value (or none: the "
+            "page makes one)")
+
+_TEMPLATES = Path(__file__).with_name("templates")
+
+
+def missing_extra() -> ConfigError:
+    """The error of a page started without the ``web`` extra (naming the fix)."""
+    return ConfigError("the status page needs the web extra: pip install 'celery-anarchon[web]' "
+                       "(starlette, uvicorn, jinja2)")
+
+
+def resolve_token(allow_actions: bool, token: str | None) -> tuple[str | None, bool]:
+    """The actions' token: ``token``, else ``$ANARCHON_WEB_TOKEN``, else (actions allowed) a new
+    random one.
+
+    :returns: ``(token, generated)``; ``(None, False)`` when actions are off.
+    :raises ConfigError: a token that is empty or whitespace only.
+    """
+    if not allow_actions:
+        return None, False
+    given = token if token is not None else os.environ.get(TOKEN_ENV)
+    if given is None:
+        return secrets.token_urlsafe(24), True
+    if not given.strip():
+        raise ConfigError(f"--token (or {TOKEN_ENV}) is empty; fix: give a long random value, "
+                          "or none and the page makes one and prints it")
+    return given, False
+
+
+def token_matches(expected: str | None, given: str | None) -> bool:
+    """True when actions are on and ``given`` is the token (constant time)."""
+    if expected is None or given is None:
+        return False
+    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+class StatusSource:
+    """The app's store, opened once for the page's process, and what the page reads and does.
+
+    Calls are serialized (one lock): the endpoints run in a thread pool, the store's connection
+    is shared.
+
+    :param app: the Celery app (its ``anarchon_*`` settings and ``beat_schedule``).
+    :param runs: the runs per entry the page shows (the strip).
+    :raises ConfigError: a bad ``anarchon_*`` setting or store URL.
+    """
+
+    def __init__(self, app, *, runs: int = 20) -> None:
+        from celery_anarchon.settings import make_instance_id, open_app_store
+        from celery_anarchon.schedule.timing import Settings
+
+        self.app, self.runs = app, runs
+        self.settings = Settings.from_app(app)
+        self.store = open_app_store(app, self.settings, instance_id="web:" + make_instance_id())
+        self._lock = threading.Lock()
+
+    def status(self) -> dict:
+        """The status data (the JSON of ``/api/status``; keys: :func:`overview.overview`)."""
+        from celery_anarchon.operate.overview import overview
+        with self._lock:
+            return overview(self.app, self.store, self.settings, runs=self.runs)
+
+    def act(self, action: str, name: str, fields: dict[str, str], by: str) -> dict:
+        """Pause, resume or run ``name`` now; returns the entry (or the request) as JSON values.
+
+        :param fields: ``reason`` (pause), ``request_id`` (run-now: the page makes one per
+            click; default a new one of the store's clock).
+        :returns: run-now: the request (:class:`~celery_anarchon.stores.entry_store.RunRequest`
+            as JSON values; ``created`` False: made before, no new run).
+        :raises UnknownEntry: no entry of that name.
+        :raises ConfigError: the store cannot hold pauses (NATS, RabbitMQ), or bad input
+            (``RequestRefused``: a request id the store can no longer vouch for).
+        :raises StoreError: the store is unreachable (the outcome is unknown; retry; a run-now's
+            carries its ``request_id``, to repeat).
+        """
+        import dataclasses
+
+        from celery_anarchon.operate.schedules import Schedules
+        with self._lock, Schedules(self.app, store=self.store, by=by) as s:
+            if action == "pause":
+                return s.pause(name, fields.get("reason", ""), by=by).as_json()
+            if action == "resume":
+                return s.resume(name, by=by).as_json()
+            request_id = fields.get("request_id") or s.new_request_id()
+            return dataclasses.asdict(s.run_now(name, request_id, by=by))
+
+    def close(self) -> None:
+        """Close the store."""
+        self.store.close()
+
+
+#: the route convertor of an entry's name in a path: any text, line breaks too (Starlette's
+#: ``path`` is ``.*``, which stops at one: such a name answered 404 instead of the name's rule)
+ANY_TEXT = "anarchon_any_text"
+
+
+def _register_any_text() -> None:
+    """Register :data:`ANY_TEXT` with Starlette (once; its registry is global)."""
+    from starlette.convertors import CONVERTOR_TYPES, PathConvertor, register_url_convertor
+    if ANY_TEXT not in CONVERTOR_TYPES:
+        class AnyText(PathConvertor):
+            regex = r"[\s\S]*"
+        register_url_convertor(ANY_TEXT, AnyText())
+
+
+def create_app(source: StatusSource, *, token: str | None = None, refresh_s: float = 5.0,
+               allowed_hosts: list[str] | None = None):
+    """The Starlette application of the page.
+
+    :param source: where the data comes from and where the actions go.
+    :param token: the actions' token; ``None``: actions are off (no buttons, POST answers 403).
+    :param refresh_s: how often the page reloads its data, seconds (0: never; ``?refresh=N``
+        overrides it per page).
+    :param allowed_hosts: the host names a request may be addressed to (``None``: any; see
+        :data:`LOOPBACK_NAMES`).
+    :raises ConfigError: the web extra is not installed.
+    """
+    try:
+        from starlette.applications import Starlette
+        from starlette.middleware import Middleware
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+        from starlette import responses
+        from starlette.routing import Route
+    except ImportError as exc:
+        raise missing_extra() from exc
+    HTMLResponse, JSONResponse = _escaped_responses(responses)
+
+    actions = token is not None
+
+    def headers(nonce: str | None = None) -> dict[str, str]:
+        script = f"'nonce-{nonce}'" if nonce else "'none'"
+        return {"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                "Content-Security-Policy": (
+                    f"default-src 'none'; script-src {script}; style-src 'unsafe-inline'; "
+                    "connect-src 'self'; img-src 'self' data:; form-action 'self'; "
+                    "base-uri 'none'; frame-ancestors 'none'")}
+
+    def read(request) -> tuple[dict | None, str | None]:
+        try:
+            return source.status(), None
+        except (StoreError, ConfigError) as exc:
+            return None, str(exc)
+
+    def index(request):
+        data, error = read(request)
+        refresh = refresh_interval(request.query_params.get("refresh"), refresh_s)
+        nonce = secrets.token_urlsafe(16)
+        q = request.query_params
+        html = render_page(data, error=error, actions=actions, nonce=nonce, refresh_s=refresh,
+                           query=q.get("q"), page=q.get("page"), per_page=q.get("per_page"),
+                           params={k: q[k] for k in ("q", "per_page", "refresh") if k in q})
+        return HTMLResponse(html, status_code=200 if data is not None else 503,
+                            headers=headers(nonce))
+
+    def api_status(request):
+        data, error = read(request)
+        if data is None:
+            return JSONResponse({"error": error}, status_code=503, headers=headers())
+        return JSONResponse(data, headers=headers())
+
+    async def act(request):
+        name, action = request.path_params["name"], request.url.path.rsplit("/", 1)[1]
+        if not actions:
+            return _error(JSONResponse, 403, "actions are off: start the page with "
+                          "--allow-actions (and a token) to pause, resume or run entries")
+        fields = await _form(request)
+        given = request.headers.get(TOKEN_HEADER) or fields.get(TOKEN_FIELD)
+        if not token_matches(token, given):
+            return _error(JSONResponse, 403, f"wrong or missing token: send it in the "
+                          f"{TOKEN_HEADER} header or a {TOKEN_FIELD!r} form field")
+        who = request.client.host if request.client else "?"
+        by = fields.get("by") or f"web:{who}@{socket.gethostname()}"
+        from starlette.concurrency import run_in_threadpool
+        try:
+            done = await run_in_threadpool(source.act, action, name, fields, by)
+        except UnknownEntry as exc:
+            return _error(JSONResponse, 404, str(exc))
+        except ConfigError as exc:
+            return _error(JSONResponse, 400, str(exc))
+        except StoreError as exc:
+            request_id = getattr(exc, "request_id", None)
+            if request_id is None:
+                return _error(JSONResponse, 503, f"{exc} (the outcome is unknown: retry)")
+            return JSONResponse({"error": f"{exc}; the outcome of run-now request {request_id} is "
+                                          f"unknown: repeat it with request_id={request_id} (one "
+                                          "run, never two).", "request_id": request_id},
+                                status_code=503, headers=headers())
+        return JSONResponse({"action": action, "entry": name, "result": done}, headers=headers())
+
+    def _error(response, status: int, message: str):
+        return response({"error": message}, status_code=status, headers=headers())
+
+    def api_not_found(request):
+        return _error(JSONResponse, 404, f"no such API route: {request.method} "
+                      f"{request.url.path}; the routes are GET /api/status and POST "
+                      "/api/entries/<name>/pause, /resume, /run-now")
+
+    _register_any_text()
+    routes = [Route("/", index), Route("/api/status", api_status)]
+    routes += [Route(f"/api/entries/{{name:{ANY_TEXT}}}/{a}", act, methods=["POST"])
+               for a in ACTIONS]
+    routes += [Route(f"/api/{{rest:{ANY_TEXT}}}", api_not_found,
+                     methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
+    middleware = ([Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+                  if allowed_hosts else [])
+    return Starlette(routes=routes, middleware=middleware)
+
+
+def _escaped_responses(responses) -> tuple[type, type]:
+    """Starlette's HTML and JSON responses, writing text UTF-8 cannot encode escaped
+    (``e\\ud800``): a lone surrogate in a ``beat_schedule`` name or task, or in a stored
+    definition read with ``surrogateescape``, is shown on the page instead of failing the answer
+    with UnicodeEncodeError (a 500)."""
+    import json
+
+    class HTMLResponse(responses.HTMLResponse):
+        def render(self, content) -> bytes:
+            if isinstance(content, str):
+                return content.encode(self.charset, "backslashreplace")
+            return super().render(content)
+
+    class JSONResponse(responses.JSONResponse):
+        def render(self, content) -> bytes:   # Starlette's, but backslashreplace
+            return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                              separators=(",", ":")).encode("utf-8", "backslashreplace")
+
+    return HTMLResponse, JSONResponse
+
+
+def render_page(data: dict | None, *, error: str | None = None, actions: bool = False,
+                nonce: str = "", refresh_s: float = 0.0, query: str | None = None,
+                page: str | int | None = 1, per_page: str | int | None = PER_PAGE,
+                params: dict[str, str] | None = None) -> str:
+    """The page's HTML for the status data ``data`` (:func:`overview.overview`), every value
+    escaped.
+
+    :param error: why there is no data (shown instead).
+    :param actions: render the token field and the pause / resume / run-now buttons.
+    :param nonce: the Content-Security-Policy nonce of the page's script.
+    :param refresh_s: how often the page reloads its data, seconds (0: never).
+    :param query: page, per_page: the entries shown (:func:`entries_page`; ``?q=``, ``?page=``,
+        ``?per_page=``).
+    :param params: the request's query parameters the page's links keep (``q``, ``per_page``,
+        ``refresh``).
+    :raises ConfigError: Jinja2 (the ``web`` extra) is not installed.
+    """
+    data = data or {}
+    params = dict(params or {})
+    shown = entries_page(data.get("entries") or [], query=query, page=page, per_page=per_page)
+    links = {"prev": page_link(params, page=shown["page"] - 1) if shown["page"] > 1 else None,
+             "next": (page_link(params, page=shown["page"] + 1)
+                      if shown["page"] < shown["pages"] else None),
+             "all": page_link(params, q=None, page=None) if shown["query"] else None}
+    return _template().render(
+        data=data, error=error, actions=actions, nonce=nonce, store_ms=_store_ms(data),
+        refresh_ms=int(refresh_interval(refresh_s, 0.0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
+        classes=COLOURS, skips=recent_skips(data), shown=shown, links=links,
+        kept={k: v for k, v in params.items() if k != "q"}, lost_fix=_lost_fix())
+
+
+def _lost_fix() -> str:
+    """What to do about a store's loss (:data:`overview.LOST_FIX`; imported when rendered, as
+    the overview is)."""
+    from celery_anarchon.operate.overview import LOST_FIX
+    return LOST_FIX
+
+
+@functools.lru_cache(maxsize=1)
+def _template():
+    try:
+        import jinja2
+    except ImportError as exc:
+        raise missing_extra() from exc
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.ChainableUndefined)
+    env.filters["when"] = _when
+    return env.get_template("status.html")
+
+
+async def _form(request) -> dict[str, str]:
+    """The fields of an ``application/x-www-form-urlencoded`` body (the first value of each);
+    other bodies give none."""
+    if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        return {}
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return {}
+    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {k: v[0] for k, v in parsed.items()}
+
+
+def _store_ms(data: dict) -> int | None:
+    """The store's clock when the status data was read, UTC ms (``None``: not known): the
+    page's script makes run-now request ids of it."""
+    import datetime
+    try:
+        return round(datetime.datetime.fromisoformat(data["store"]["clock"]).timestamp() * 1000)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _when(value) -> str:
+    """An ISO time as the page shows it: ``2026-03-29 01:00:00Z`` (milliseconds dropped)."""
+    if not isinstance(value, str) or "T" not in value:
+        return "" if value is None else str(value)
+    day, time_ = value.split("T", 1)
+    return f"{day} {time_[:8]}Z" if time_.endswith(("Z", "+00:00")) else f"{day} {time_}"
+
+
+#: the strip's colours: (colour class, what it means, the history events it shows)
+LEGEND = (
+    ("ok", "sent (leased: finished)", ("sent", "finished")),
+    ("busy", "claimed, running (leased: started, taken over)", ("claimed", "started", "taken_over")),
+    ("bad", "failed: send failed or unknown, unconfirmed, store unreachable, given up",
+     ("send_failed", "send_unknown", "unconfirmed", "store_unreachable", "unknown", "given_up")),
+    ("skip", "skipped: late, early, forgotten, overlapping, superseded",
+     ("late", "late_local", "early", "forgotten", "overlapping", "superseded")),
+    ("paused", "paused", ("paused",)),
+)
+#: history event -> the strip's colour class (an event not listed: "other")
+COLOURS = {event: colour for colour, _, events in LEGEND for event in events}
+#: the skips the page lists under "Recent skips", at most
+SKIPS_SHOWN = 20
+
+
+def recent_skips(data: dict, limit: int = SKIPS_SHOWN) -> list[tuple[str, dict]]:
+    """The newest skipped or failed runs of every entry of the status data ``data``, newest slot
+    first: ``(entry name, run)`` pairs, at most ``limit``."""
+    found = [(e["name"], r) for e in data.get("entries", ()) for r in e.get("runs", ())
+             if COLOURS.get(r.get("event")) in ("skip", "bad")]
+    return sorted(found, key=lambda pair: pair[1]["slot"], reverse=True)[:limit]
+
+
+def attention(entry: dict) -> str | None:
+    """Why an entry of the status data needs attention, or ``None``: ``"unknown"`` (the store
+    cannot be read), ``"paused"``, ``"pause kept"`` (a live instance keeps its pause from before
+    the store lost it), ``"problem"`` (it breaks a start-up rule), ``"lease expired"``, or the event of its newest skipped or failed run among those shown (``"late"``,
+    ``"send_failed"``, ...)."""
+    if entry.get("state") == "unknown":
+        return "unknown"
+    if entry.get("paused"):
+        return "paused"
+    if entry.get("state") == "kept":
+        return "pause kept"
+    if entry.get("problem"):
+        return "problem"
+    if (entry.get("lease") or {}).get("expired"):
+        return "lease expired"
+    for run in entry.get("runs") or ():
+        if COLOURS.get(run.get("event")) in ("skip", "bad"):
+            return run.get("event")
+    return None
+
+
+def _number(value, default: int, low: int, high: int) -> int:
+    try:
+        return min(max(int(value), low), high)
+    except (TypeError, ValueError):
+        return default
+
+
+def entries_page(entries: list[dict], *, query: str | None = None, page: str | int | None = 1,
+                 per_page: str | int | None = PER_PAGE) -> dict:
+    """One page of the status page's entries: those whose name contains ``query`` (ignoring
+    case), the ones needing :func:`attention` first (by name), then the others (by name).
+
+    :param query: ``?q=``; empty or ``None``: every entry.
+    :param page: ``?page=``, from 1; held within the pages (not a number: 1).
+    :param per_page: ``?per_page=``, held within 1 .. :data:`MAX_PER_PAGE` (not a number:
+        :data:`PER_PAGE`).
+    :returns: ``{entries: [(entry, attention or None)], query, page, pages, per_page, first,
+        last (1-based positions shown, 0 when none), matching, total, attention (matching entries
+        needing it)}``; never raises.
+    """
+    query = (query or "").strip()
+    needle = query.casefold()
+    found = [(e, attention(e)) for e in entries
+             if not needle or needle in str(e.get("name", "")).casefold()]
+    found.sort(key=lambda pair: (pair[1] is None, str(pair[0].get("name", ""))))
+    size = _number(per_page, PER_PAGE, 1, MAX_PER_PAGE)
+    pages = max(1, -(-len(found) // size))
+    number = _number(page, 1, 1, pages)
+    start = (number - 1) * size
+    shown = found[start:start + size]
+    return {"entries": shown, "query": query, "page": number, "pages": pages, "per_page": size,
+            "first": start + 1 if shown else 0, "last": start + len(shown),
+            "matching": len(found), "total": len(entries),
+            "attention": sum(1 for _, why in found if why is not None)}
+
+
+def page_link(params: dict[str, str], **changes) -> str:
+    """The page's own URL (``?...``) with ``params`` and ``changes`` (a ``None`` value drops
+    its parameter)."""
+    merged = {**params, **{k: v for k, v in changes.items()}}
+    return "?" + urlencode({k: v for k, v in merged.items() if v not in (None, "")})
+
+
+def loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    return host in LOOPBACK_NAMES or host.startswith("127.")
+
+
+def check_address(host: str, port: int) -> None:
+    """Fail now, with the fix, when the page could not listen on ``host``:``port``.
+
+    :raises ConfigError: the port is taken, or the address is not one of this machine.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(f"the status page cannot listen on --host {host} --port {port} "
+                          f"({exc.strerror or exc}); fix: pick a free port with --port, or an "
+                          "address of this machine with --host") from exc
+
+
+def serve(app, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_actions: bool = False,
+          token: str | None = None, runs: int = 20, refresh_s: float = 5.0,
+          echo: Callable[[str], None] = print) -> None:
+    """Serve the page until interrupted (uvicorn, one process).
+
+    :param host: the address to bind (default 127.0.0.1; ``0.0.0.0`` for every interface).
+    :param port: the TCP port.
+    :param allow_actions: render the buttons and accept the POST actions (with the token).
+    :param token: the actions' token (default ``$ANARCHON_WEB_TOKEN``, else a new one, printed
+        once here).
+    :param runs: the runs per entry in the strip.
+    :raises ConfigError: the web extra is missing, a bad setting, an empty token, or an address
+        the page cannot listen on (:func:`check_address`).
+    """
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise missing_extra() from exc
+    token, generated = resolve_token(allow_actions, token)
+    check_address(host, port)
+    source = StatusSource(app, runs=runs)
+    try:
+        site = create_app(source, token=token, refresh_s=refresh_s,
+                          allowed_hosts=[*LOOPBACK_NAMES, "[::1]", host] if loopback(host) else None)
+        shown = f"[{host}]" if ":" in host else host
+        echo(f"anarchon web: http://{shown}:{port}/ (store {source.store.safe_url}, "
+             f"actions {'allowed' if allow_actions else 'off'})")
+        warning = token_warning(token, generated)
+        if warning:
+            echo(warning)
+        if generated:
+            echo(f"anarchon web: the actions' token (shown once; pass --token or {TOKEN_ENV} "
+                 f"to choose one): {token}")
+        if not loopback(host):
+            echo(f"anarchon web: listening on {host}, not only this machine: put it behind your "
+                 "proxy and its authentication")
+        uvicorn.run(site, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        source.close()
+
