@@ -383,8 +383,9 @@ def test_celerys_own_cleanup_entry_is_a_config_entry_for_every_command(sqlite_ur
     """celery.backend_cleanup (results expire, the backend does not expire them itself): next,
     history, check and the testing helpers know it as list, status and pause do."""
     from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate import checks
     app = _leased_app(sqlite_url, namespace)
-    assert "celery.backend_cleanup" in testing.config_entries(app)
+    assert "celery.backend_cleanup" in checks.config_entries(app)
     [slot] = testing.next_slots(app, "celery.backend_cleanup", 1,
                                 after=datetime.datetime(2027, 1, 1, tzinfo=datetime.timezone.utc))
     assert slot.isoformat() == "2027-01-01T04:00:00+00:00"

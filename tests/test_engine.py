@@ -579,15 +579,20 @@ def test_a_store_down_at_start_up_holds_the_runs_until_it_answers(redis_proxy, n
 
 
 def test_every_run_missed_in_a_long_outage_is_recorded_once_the_store_answers(
-        redis_proxy, namespace, harnesses):
+        redis_proxy, namespace, harnesses, request):
     """300 entries every second, the store down for 45 s: 13,500 runs are given up
     (store_unreachable), more than any fixed bound on the notes a beat keeps meanwhile. Once the
     store answers, every entry's history has a record of each of its missed runs (as many as the
     store keeps: history_size), the oldest included; none was dropped for another entry's."""
     url = redis_proxy.url("redis", "/9")
     entries = {f"e{i:03d}": (1, {"jitter": 0, "max_late": 1}) for i in range(300)}
+    # the clock is the real one plus what the test advances: on a slow machine more slots pass
+    # than the 45 advanced. A history longer than the slots of the longest run this test may take
+    # (its pytest timeout, plus the 45 s advanced) keeps every slot of the outage.
+    timeout_s = int(float(request.config.getoption("timeout", None)
+                          or request.config.getini("timeout") or 300))
     h = make(harnesses, url, namespace, entries,
-             store_options={"claim_timeout": 0.5, "history_size": 60})
+             store_options={"claim_timeout": 0.5, "history_size": timeout_s + 45 + 60})
     h.engine.tick()
     redis_proxy.outage()
     first = (int(h.clock() * 1000) // 1000 + 1) * 1000
@@ -1121,14 +1126,17 @@ def test_a_run_now_request_runs_though_newer_slots_were_claimed_on_every_redis_s
 
 def test_a_leased_run_claimed_before_a_pause_is_not_taken_over_while_paused(
         lease_url, namespace, harnesses, caplog):
-    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 0.3}
+    # the queue deadline is long enough that the first tick's own takeover check never passes it
+    # on a slow machine, and max_late outlasts a slow set-up: only the pause may stop the takeover
+    lease = {"duration": 6, "heartbeat": 1, "queue_timeout": 3}
     anchor = int(time.time() - 1) % 3600                       # the start-up slot: 1 s ago
     h = make(harnesses, lease_url, namespace,
-             {"e": (3600, {"jitter": 0, "max_late": 5, "anchor": anchor, "lease": lease})})
+             {"e": (3600, {"jitter": 0, "max_late": 60, "anchor": anchor, "lease": lease})})
     h.engine.tick()
     (_, slot, _), = h.sent                                     # no worker adopts it
     pause = h.store.set_pause("e", Pause("migration", "ops", 0), by="ops").pause
-    wait_until(lambda: h.store.expired_runs(["e"]), 10, "the queue deadline")
+    wait_until(lambda: h.store.expired_runs(["e"]), lease["queue_timeout"] + 10,
+               "the queue deadline")
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         h.engine.takeovers.check(h.engine.plans)
     assert h.sent == [("e", slot, 1)], "not sent again while paused"
