@@ -22,6 +22,7 @@ from celery_anarchon.stores.base import (  # noqa: F401  (re-exported)
 
 #: scheme -> ("module:Class", extra that provides its client library or None)
 STORES: dict[str, tuple[str, str | None]] = {
+    "memory": ("celery_anarchon.stores.memory:MemoryStore", None),
     "sqlite": ("celery_anarchon.stores.sql:SQLiteStore", None),
     "postgresql": ("celery_anarchon.stores.sql:PostgreSQLStore", "postgres"),
     "postgres": ("celery_anarchon.stores.sql:PostgreSQLStore", "postgres"),
