@@ -45,10 +45,11 @@ BENCH_OPTIONS = {
     "redis-idmp": {"max_size": 10_000},
     "rabbitmq": {"slot_ttl": 60},
 }
-#: kind -> (server URL, or None for a SQLite file of the run's own; store options)
+#: kind -> (server URL, or None for a SQLite file of the run's own; store options), for every
+#: store that processes share (the race runs three processes)
 STORES = {kind: (backend.url if backend.url_variable else None,
                  {**backend.options, **BENCH_OPTIONS.get(kind, {})})
-          for kind, backend in BY_KIND.items()}
+          for kind, backend in BY_KIND.items() if backend.shared_by_processes}
 #: RabbitMQ creates one durable queue per run (about 3-4 ms each): fewer runs keep it bearable
 RUNS_CAP = {"rabbitmq": 2000}
 ENTRIES = 10

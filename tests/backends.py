@@ -11,6 +11,7 @@ built without I/O), never listed by hand. Adding a store: its module under
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import uuid
@@ -121,7 +122,60 @@ def _delete_rabbitmq_queues(url: str, open_one: Callable[[], ClaimStore]) -> Non
     forget_rabbitmq_queues(open_one(), queue_names)
 
 
+def memory_server(url: str):
+    """The memory server a ``memory://`` URL names, in this process."""
+    from celery_anarchon.stores.memory.state import server_named
+    return server_named(url.split("://", 1)[1])
+
+
+def _forget_memory(url: str, open_one: Callable[[], ClaimStore]) -> None:
+    """Every namespace of the memory server is gone; the server keeps its epoch (a flush)."""
+    server = memory_server(url)
+    with server.lock:
+        server.spaces.clear()
+
+
+def memory_snapshot(url: str, namespace: str):
+    """A copy of what the memory server holds for ``namespace``."""
+    server = memory_server(url)
+    with server.lock:
+        return copy.deepcopy(server.space(namespace))
+
+
+def memory_restore(url: str, namespace: str, snapshot, epoch: str) -> None:
+    """The namespace back to ``snapshot`` (later writes lost), its memory noted under ``epoch``
+    (another server's: the store notices the change at its next operation)."""
+    server = memory_server(url)
+    with server.lock:
+        space = server.spaces[namespace] = copy.deepcopy(snapshot)
+        if space.note is not None:
+            space.note.epoch = epoch
+
+
+def memory_entries_under(store, server_epoch: str) -> None:
+    """The namespace's entries epoch looks written under ``server_epoch``."""
+    with store.operation("age the epoch") as (_, space, _now):
+        space.entries_server_epoch = server_epoch
+
+
+def memory_age_cleared(store, name: str, by_ms: int) -> None:
+    """The time of ``name``'s record ``by_ms`` into the past."""
+    with store.operation("age a record") as (_, space, _now):
+        space.stored[name] = dataclasses.replace(space.stored[name],
+                                                 updated_ms=space.stored[name].updated_ms - by_ms)
+
+
 # -- how to backdate a store's memory start ---------------------------------------------------------
+
+def _backdate_memory(store, entries: list[str], by_ms: int) -> None:
+    """born -= ``by_ms``, for the entries and the store-wide memory start."""
+    from celery_anarchon.stores.memory.notes import fences
+    with store.operation("backdate the memory start") as (server, space, now):
+        store.note(server, space, now, claiming=False)
+        space.note.born_ms -= by_ms
+        for fence in fences(space, entries, now).values():
+            fence.born_ms -= by_ms
+
 
 def _backdate_redis(store, entries: list[str], by_ms: int) -> None:
     """The memory start of ``entries`` and of the store, ``by_ms`` back."""
@@ -220,6 +274,12 @@ class Backend:
         wrote (every namespace); ``open_one()`` opens a store of the row.
     :param backdate: ``backdate(store, entries, by_ms)``: move the memory start of ``entries``
         ``by_ms`` into the past.
+    :param local_url: ``local_url(folder)``: the URL of a store of the test's own, for a row
+        without a server (``url_variable`` None): a SQLite file in ``folder``, a memory server
+        named after it.
+    :param shared_by_processes: False for a store of one process (memory://): a test of
+        several processes races threads on it instead, and the tests of real Celery processes
+        leave it out.
     """
 
     kind: str
@@ -232,6 +292,8 @@ class Backend:
     #: ``start()`` -> the URL of servers of the tests' own, started on first use when the
     #: variable is unset (it sets the variable), or None when they cannot run here
     start: Callable[[], str | None] | None = None
+    local_url: Callable[[str], str] | None = None
+    shared_by_processes: bool = True
 
     @property
     def url(self) -> str:
@@ -246,7 +308,7 @@ class Backend:
         """A store of this row, never used: building one does no I/O, its class tells what it
         can do. :raises ConfigError: its client library is not installed."""
         url = (os.environ.get(self.url_variable, self.default_url) if self.url_variable
-               else "sqlite:///probe.sqlite3")
+               else self.local_url("probe"))
         return open_store(url, namespace="probe", instance_id="probe", options=dict(self.options))
 
     @property
@@ -271,7 +333,10 @@ class Backend:
 REDIS = "ANARCHON_TEST_REDIS_URL"
 
 BACKENDS: tuple[Backend, ...] = (
-    Backend("sqlite", None, "", "SQLite", {}, _drop_sql_tables, _backdate_sql),
+    Backend("memory", None, "memory://", "memory", {}, _forget_memory, _backdate_memory,
+            local_url=lambda folder: "memory://" + folder, shared_by_processes=False),
+    Backend("sqlite", None, "", "SQLite", {}, _drop_sql_tables, _backdate_sql,
+            local_url=lambda folder: "sqlite:///" + os.path.join(folder, "claims.sqlite3")),
     Backend("postgresql", "ANARCHON_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test",
             "PostgreSQL", {}, _drop_sql_tables, _backdate_sql),
     Backend("redis", REDIS, "redis://127.0.0.1:6379/9", "Redis", {}, _flush_redis, _backdate_redis),
@@ -309,6 +374,8 @@ ALL_STORES = tuple(BY_KIND)
 LEASE_STORES = kinds_whose_store(lambda store: isinstance(store, LeaseStore))
 #: stores that refuse late and early claims on their own clock
 LATENESS_STORES = kinds_whose_store(lambda store: store.checks_lateness)
+#: the stores that processes share (the tests of several real processes run on these)
+PROCESS_STORES = tuple(b.kind for b in BACKENDS if b.shared_by_processes)
 #: store options that select a variant of a backend (kind -> options)
 VARIANT_OPTIONS: dict[str, dict] = {b.kind: dict(b.options) for b in BACKENDS if b.options}
 

@@ -1,7 +1,6 @@
 """Helpers to open every store against its real server, and to wipe one (amnesia tests)."""
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 import uuid
@@ -15,7 +14,8 @@ from celery_anarchon.stores.base import ClaimStore
 
 import backends
 from backends import (  # noqa: F401  (re-exported: the lists the tests parametrize over)
-    ALL_STORES, LATENESS_STORES, LEASE_STORES, VARIANT_OPTIONS, backdate_memory_start,
+    ALL_STORES, LATENESS_STORES, LEASE_STORES, PROCESS_STORES, VARIANT_OPTIONS,
+    backdate_memory_start,
 )
 from conftest import IN_CI, require_server
 
@@ -44,6 +44,8 @@ class StoreMaker:
     def snapshot(self) -> object:
         """Lease stores: a copy of everything this namespace holds in the store, for
         :meth:`lose_writes_since`."""
+        if self.kind == "memory":
+            return backends.memory_snapshot(self.url, self.namespace)
         if self.kind == "redis":
             import redis
             client = redis.Redis.from_url(self.url)
@@ -78,6 +80,9 @@ class StoreMaker:
         (later writes are lost) and the epoch recorded in it is not the server's (an epoch
         change, which the store notices at its next operation)."""
         older = "an-older-server"
+        if self.kind == "memory":
+            backends.memory_restore(self.url, self.namespace, snapshot, older)
+            return
         if self.kind in ("redis", "redis-cluster"):
             import redis
             client = (redis.Redis.from_url(self.url) if self.kind == "redis"
@@ -157,7 +162,7 @@ def store_url(kind: str, tmpdir: str) -> str:
     require_client(kind)
     backend = backends.BY_KIND[kind]
     if backend.url_variable is None:
-        return "sqlite:///" + os.path.join(tmpdir, "claims.sqlite3")
+        return backend.local_url(tmpdir)
     require_server(backend.url, backend.server)
     return backend.url
 

@@ -30,7 +30,7 @@ from celery_anarchon.stores.base import RunEvent
 
 from cluster import Cluster, read_executions
 from conftest import REDIS_URL, require_server
-from stores_support import ALL_STORES, VARIANT_OPTIONS, store_url
+from stores_support import PROCESS_STORES, VARIANT_OPTIONS, store_url
 from backends import backdate_memory_start
 
 ENTRIES = {"every-1s": 1000, "every-2s": 2000, "every-5s": 5000, "every-minute": 60_000}
@@ -49,7 +49,7 @@ def expected_slots(start_s: float, end_s: float) -> dict[str, list[int]]:
 #: how long the worker may take to execute what was sent (a condition ends the wait earlier)
 DRAIN_S = 60.0
 #: the 60-s run on the Redis lease store; 20 s on every other store
-SECONDS = {kind: 64 if kind == "redis" else 22 for kind in ALL_STORES}
+SECONDS = {kind: 64 if kind == "redis" else 22 for kind in PROCESS_STORES}
 
 
 def queued_messages(queue: str) -> list[dict]:
@@ -74,7 +74,8 @@ def instance_of(cluster: Cluster, name: str) -> str:
     return match.group(1)
 
 
-@pytest.mark.parametrize("kind", ALL_STORES)
+#: every store that processes share (three beat processes and a worker)
+@pytest.mark.parametrize("kind", PROCESS_STORES)
 def test_three_beats_send_every_slot_exactly_once(kind, tmp_path, namespace, capsys):
     require_server(REDIS_URL, "Redis (the broker)")
     seconds = SECONDS[kind]

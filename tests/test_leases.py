@@ -28,7 +28,7 @@ from celery_anarchon.stores.entry_store import Pause
 
 from cluster import Cluster, read_executions
 from conftest import REDIS_URL, require_server
-from stores_support import LEASE_STORES, store_url, wait_until
+from stores_support import LEASE_STORES, PROCESS_STORES, store_url, wait_until
 from backends import backdate_memory_start
 
 REDIS_BASE = REDIS_URL.rsplit("/", 1)[0]
@@ -106,7 +106,8 @@ class LeaseCluster:
 CLUSTER = "redis-cluster"
 
 
-@pytest.fixture(params=[k for k in LEASE_STORES if k != CLUSTER])
+#: the workers are processes of their own: a store of one process (memory://) is left out
+@pytest.fixture(params=[k for k in LEASE_STORES if k != CLUSTER and k in PROCESS_STORES])
 def kind(request):
     return request.param
 

@@ -37,7 +37,7 @@ def store_url(kind: str, tmp_path) -> tuple[str, dict]:
     require_client(kind)
     backend = next(b for b in BACKENDS if b.kind == kind)
     if backend.url_variable is None:
-        return f"sqlite:///{tmp_path / 'store.sqlite3'}", {}
+        return backend.local_url(str(tmp_path)), {}
     require_server(backend.url, backend.server)
     return backend.url, dict(backend.options)
 
@@ -313,8 +313,9 @@ def test_entry_names_with_control_characters_or_nothing_visible_are_refused(api)
 # -- run-now: one run per request id, one slot per request -------------------------------------
 
 #: a store memory short enough to wait out (seconds), per store whose memory can be that short
-SHORT_MEMORY = {"sqlite": {"memory": 6}, "postgresql": {"memory": 6}, "redis": {"memory": 6},
-                "redis-cluster": {"memory": 6}, "redis-script": {"window": 6}}
+SHORT_MEMORY = {"memory": {"memory": 6}, "sqlite": {"memory": 6}, "postgresql": {"memory": 6},
+                "redis": {"memory": 6}, "redis-cluster": {"memory": 6},
+                "redis-script": {"window": 6}}
 #: timing settings that fit that memory (run-now's max_late 2 x 0.2 + 5 s < 6 s)
 SHORT_TIMING = dict(anarchon_jitter=0.5, anarchon_max_late=2, anarchon_sync_interval=0.2)
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import queue
 import random
 import re
 import shutil
+import threading
 import time
+import types
 from collections import Counter
 
 import pytest
@@ -20,8 +23,8 @@ from celery_anarchon.stores.base import (
 )
 
 from stores_support import (
-    ALL_STORES, LATENESS_STORES, LEASE_STORES, VARIANT_OPTIONS, StoreMaker, new_tmpdir, store_url,
-    wait_until,
+    ALL_STORES, LATENESS_STORES, LEASE_STORES, PROCESS_STORES, VARIANT_OPTIONS, StoreMaker,
+    new_tmpdir, store_url, wait_until,
 )
 from helpers import prepared
 
@@ -84,6 +87,15 @@ def after_memory_restart(store) -> int:
 
 # -- several processes ---------------------------------------------------------------------------
 
+def racers(kind):
+    """What the racers of a store run in: processes (fork), or threads for a store that lives in
+    one process (memory://), with the same Barrier, Queue and Process (start, join)."""
+    if kind in PROCESS_STORES:
+        return multiprocessing.get_context("fork")
+    return types.SimpleNamespace(Barrier=threading.Barrier, Queue=queue.Queue,
+                                 Process=threading.Thread)
+
+
 #: stores on which an older slot is refused once a newer one is claimed (docs/design.md memory table,
 #: Redis stream-id: "recorded as superseded"); their racers claim in slot order, as beat does
 IN_SLOT_ORDER = ("redis-stream-id",)
@@ -139,16 +151,16 @@ def test_one_winner_per_run_across_processes(stores):
     first = prepared(stores("setup"), "a", "b", "c")
     base = fresh_slot(first) + 500
     runs = [(entry, base + i) for entry in ("a", "b", "c") for i in range(100)]
-    ctx = multiprocessing.get_context("fork")
-    barrier, queue = ctx.Barrier(3), ctx.Queue()
+    ctx = racers(stores.kind)
+    barrier, answers = ctx.Barrier(3), ctx.Queue()
     procs = [ctx.Process(target=_race, args=(stores.url, stores.namespace, f"proc-{n}", runs,
-                                             barrier, queue, batch,
+                                             barrier, answers, batch,
                                              VARIANT_OPTIONS.get(stores.kind, {}),
                                              stores.kind in IN_SLOT_ORDER))
              for n, batch in enumerate((1, 7, 50))]
     for p in procs:
         p.start()
-    reports = [queue.get(timeout=120) for _ in procs]
+    reports = [answers.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(timeout=30)
     errors = [err for _, _, err in reports if err]
@@ -651,13 +663,13 @@ def test_two_processes_finding_the_same_expired_lease_take_it_over_once(lease_st
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=100))])
     run = wait_until(lambda: a.expired_runs(["e"]), 10, "deadline")[0]
-    ctx = multiprocessing.get_context("fork")
-    barrier, queue = ctx.Barrier(3), ctx.Queue()
+    ctx = racers(lease_stores.kind)
+    barrier, replies = ctx.Barrier(3), ctx.Queue()
     procs = [ctx.Process(target=_take_over_race, args=(lease_stores.url, lease_stores.namespace, f"p{i}", slot,
-                                                      run.token, barrier, queue)) for i in range(3)]
+                                                      run.token, barrier, replies)) for i in range(3)]
     for p in procs:
         p.start()
-    answers = sorted(queue.get(timeout=60) for _ in procs)
+    answers = sorted(replies.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=30)
     assert answers == ["refused", "refused", "taken"]

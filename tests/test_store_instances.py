@@ -22,7 +22,7 @@ from test_store_contract import _maker, store_now
 
 def _keeps_instances(backend) -> bool:
     """The store class of ``backend`` is an InstanceStore (building a store does no I/O)."""
-    url = backend.url if backend.url_variable else "sqlite:///probe.sqlite3"
+    url = backend.url if backend.url_variable else backend.local_url("probe")
     try:
         store = open_store(url, namespace="probe", instance_id="probe", options=dict(backend.options))
     except ConfigError:          # its client library is not installed
