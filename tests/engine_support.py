@@ -1,21 +1,30 @@
-"""Fakes for the engine's parts: clocks the test moves, a store that answers what the test says,
-plans built without Celery."""
+"""Support for the tests of the engine's parts: clocks the test moves, the memory store on the
+test's clock (through a thin wrapper that counts calls and injects faults: the store itself is
+the real one, so no fake can drift from the contract), plans built without Celery."""
 from __future__ import annotations
 
 import collections
+import copy as copy_module
+import uuid
 from datetime import timezone
 
 from celery_anarchon.schedule import slots as slot_math
+from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan
-from celery_anarchon.stores.base import LeasedRun, RunState
-from celery_anarchon.stores.base import Memory
-from celery_anarchon.stores.entry_store import (
-    EntriesEpoch, EntrySnapshot, InstanceRecord, Pause, RunRequest, StoredEntry,
+from celery_anarchon.stores.base import (
+    ClaimRequest, ClaimStore, LeasedRun, LeaseTerms, Memory, RunState,
 )
+from celery_anarchon.stores.entry_store import Pause
+from celery_anarchon.stores.memory import MemoryStore
+from celery_anarchon.stores.run_now import SlotWindow
 from celery_anarchon.schedule.timing import EntryTiming, LeaseSettings
+
+import backends
+from helpers import prepared
 
 #: a wall-clock origin on a 10 s slot boundary (epoch seconds)
 T0 = 1_700_000_000.0
+T0_MS = int(T0 * 1000)
 
 
 class FakeClock:
@@ -27,161 +36,264 @@ class FakeClock:
     def __call__(self) -> float:
         return self.now
 
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+    def advance(self, by: float) -> None:
+        self.now += by
+
+
+class StoreClock(FakeClock):
+    """The store's clock, UTC ms (integers), moved only when told."""
+
+    def __call__(self) -> int:
+        return round(self.now)
 
 
 class Clocks:
-    """The two clocks the engine takes: ``wall`` (epoch seconds) and ``mono`` (any origin)."""
+    """The engine's two clocks, ``wall`` (epoch seconds) and ``mono`` (any origin), and the
+    store's (``store``, UTC ms: the server's, which a jump of the instance's wall clock leaves
+    alone)."""
 
     def __init__(self, wall: float = T0, mono: float = 1000.0) -> None:
         self.wall = FakeClock(wall)
         self.mono = FakeClock(mono)
+        self.store = StoreClock(wall * 1000)
 
     def advance(self, seconds: float) -> None:
-        """Time passes: both clocks move."""
+        """Time passes: every clock moves."""
         self.wall.advance(seconds)
         self.mono.advance(seconds)
+        self.store.advance(seconds * 1000)
 
 
-class FakeStore:
-    """The store operations the parts use; ``fail`` (an exception) makes every call raise it."""
+#: the operations of the store contract a :class:`FaultyStore` counts and can make fail
+OPERATIONS = (
+    "prepare", "now_ms", "claim", "record_many", "history", "history_many", "save_definitions",
+    "load_definition", "inspect", "expired_runs", "take_over", "adopt", "renew", "release",
+    "requeue", "record_instance", "instances", "remove_instance", "save_fingerprints",
+    "load_fingerprints", "entries_version", "entries_epoch", "load_entries", "accept_loss",
+    "put_entry", "remove_entry", "set_pause", "request_clock", "find_request", "request_run")
 
-    safe_url = "fake://store"
-    kind = "fake"
 
-    def __init__(self, history_size: int = 100) -> None:
-        self.history_size = history_size
-        self.fail: Exception | None = None
-        self.recorded: list = []
+class FaultyStore(MemoryStore):
+    """The memory store through a thin wrapper around each operation of :data:`OPERATIONS`:
+    it counts and keeps the call (``calls``, :meth:`calls_of`), then raises ``fail`` when set
+    (the store unreachable) or an error given to :meth:`fail_next`, else lets the store do it
+    (:attr:`recorded`) and, after :meth:`lose_reply`, raises as an answer lost on its way back.
+
+    ``memory`` may be set, standing for a store whose memory is limited by count (Redis
+    ``idmp``, ``script``); ``no_clock=True`` stands for a store without a clock (RabbitMQ,
+    NATS): :meth:`now_ms` answers ``None``. The store decides with its own clock all the same.
+    """
+
+    def __init__(self, *args, no_clock: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.calls: collections.Counter = collections.Counter()
-        self.expired: list[LeasedRun] = []
-        self.takeover_answers: list = []      # (outcome, run) or an exception, one per call
-        self.takeover_calls: list[tuple] = []
-        self.takeover_task_ids: list[str] = []
-        self.store_ms = None                  # a callable returning the store's clock, or None
-        self.definitions: dict[tuple[str, str], str] = {}
+        self.fail: Exception | None = None
+        self.no_clock = no_clock
+        self._log: list[tuple[str, tuple, bool]] = []     # (operation, arguments, done)
+        self._faults: dict[str, list[Exception]] = collections.defaultdict(list)
+        self._lost: dict[str, list[Exception]] = collections.defaultdict(list)
+        self._memory: Memory | None = None
 
-    def _call(self, name: str) -> None:
+    @property
+    def memory(self) -> Memory:
+        return self._memory or super().memory
+
+    @memory.setter
+    def memory(self, value: Memory) -> None:
+        self._memory = value
+
+    def fail_next(self, operation: str, *errors: Exception) -> None:
+        """The next calls of ``operation`` raise ``errors``, one each, before the store sees them."""
+        self._faults[operation].extend(errors)
+
+    def lose_reply(self, operation: str, error: Exception | None = None) -> None:
+        """The next call of ``operation`` is done by the store, then raises ``error`` (default
+        a StoreError): its answer never came back."""
+        self._lost[operation].append(error or StoreError(f"{operation}: the reply was lost"))
+
+    def calls_of(self, operation: str) -> list[tuple]:
+        """The positional arguments of each call of ``operation``, in order."""
+        return [args for name, args, _ in self._log if name == operation]
+
+    @property
+    def recorded(self) -> list:
+        """Every history note the store wrote through ``record_many``, in order."""
+        return [note for name, (notes,), done in self._log if name == "record_many" and done
+                for note in notes]
+
+    def held(self):
+        """What the store holds for the namespace (:class:`celery_anarchon.stores.memory.state.Space`)."""
+        return backends.memory_server(self.url).space(self.namespace)
+
+
+def _wrapped(name: str):
+    def operation(self: FaultyStore, *args, **kwargs):
         self.calls[name] += 1
+        index = len(self._log)
+        self._log.append((name, args, False))
         if self.fail is not None:
             raise self.fail
+        if self._faults[name]:
+            raise self._faults[name].pop(0)
+        if name == "now_ms" and self.no_clock:
+            result = None
+        else:
+            result = getattr(super(FaultyStore, self), name)(*args, **kwargs)
+        self._log[index] = (name, args, True)
+        if self._lost[name]:
+            raise self._lost[name].pop(0)
+        return result
+    operation.__name__ = operation.__qualname__ = name
+    operation.__doc__ = f"The store's ``{name}``, counted, with the faults asked for."
+    return operation
 
-    def record_many(self, notes) -> None:
-        self._call("record_many")
-        self.recorded.extend(notes)
+
+for _name in OPERATIONS:
+    setattr(FaultyStore, _name, _wrapped(_name))
+
+
+def memory_store(clocks: Clocks | None = None, *, instance_id: str = "A", namespace: str = "ns",
+                 store_clock=None, **options) -> FaultyStore:
+    """A :class:`FaultyStore` of its own (a memory server named for it) on the store clock of
+    ``clocks`` (or ``store_clock``, a callable returning UTC ms)."""
+    clock = store_clock or (clocks or Clocks()).store
+    return FaultyStore("memory://engine-" + uuid.uuid4().hex[:12], namespace=namespace,
+                       instance_id=instance_id, clock=clock, **options)
+
+
+def another(store: MemoryStore, instance_id: str) -> MemoryStore:
+    """Another instance on ``store``'s server and namespace (a beat, a worker), not wrapped."""
+    return MemoryStore(store.url, namespace=store.namespace, instance_id=instance_id,
+                       clock=store.clock)
+
+
+class ClaimsOnly(ClaimStore):
+    """The memory store seen through the claim contract alone (no instance records, entries or
+    leases), as a store that keeps nothing else would be; ``calls`` are the wrapped store's."""
+
+    kind = "memory"
+
+    def __init__(self, store: FaultyStore) -> None:
+        super().__init__(store.url, namespace=store.namespace, instance_id=store.instance_id,
+                         history_size=store.history_size)
+        self.store = store
+        self.calls = store.calls
+
+    @property
+    def memory(self) -> Memory:
+        return self.store.memory
+
+    def prepare(self, entries):
+        return self.store.prepare(entries)
+
+    def close(self) -> None:
+        self.store.close()
 
     def now_ms(self):
-        self._call("now_ms")
-        return None if self.store_ms is None else self.store_ms()
+        return self.store.now_ms()
 
-    def expired_runs(self, entries):
-        self._call("expired_runs")
-        return [run for run in self.expired if run.entry in entries]
+    def claim(self, requests):
+        return self.store.claim(requests)
 
-    def take_over(self, entry, slot_ms, token, *, queue_timeout_ms, max_attempts, task_id=""):
-        self.takeover_calls.append((entry, slot_ms, token))
-        self.takeover_task_ids.append(task_id)
-        self._call("take_over")
-        answer = self.takeover_answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+    def record(self, entry, slot_ms, event, **fields) -> None:
+        self.store.record(entry, slot_ms, event, **fields)
 
-    def save_definition(self, entry, fingerprint, definition) -> None:
-        self._call("save_definition")
-        self.definitions[(entry, fingerprint)] = definition
-
-    def save_definitions(self, definitions) -> None:
-        for entry, fingerprint, definition in definitions:
-            self.save_definition(entry, fingerprint, definition)
-
-    def load_definition(self, entry, fingerprint):
-        self._call("load_definition")
-        return self.definitions.get((entry, fingerprint))
+    def history(self, entry, limit=None):
+        return self.store.history(entry, limit)
 
 
-class FakeEntryStore(FakeStore):
-    """:class:`FakeStore` with the entry store's operations the sync and heartbeat parts use;
-    the test writes entries, pauses and run-now requests with ``put``, ``pause`` and ``request``
-    (each raises the entries version, as a store's writes do)."""
+def expired_run(store: MemoryStore, clocks: Clocks, entry: str = "e", *,
+                state: RunState = RunState.STARTED, attempt: int = 1,
+                lease: LeaseSettings | None = None) -> LeasedRun:
+    """A leased run of ``entry`` at ``T0`` (the store's clock then) whose runner is presumed dead,
+    as the store's lease check returns it: claimed by instance "B", taken over by it until
+    ``attempt``, adopted by a worker "runner" when ``state`` is STARTED, then every clock moved
+    past its lease or queue deadline. The store is in service for a while first (its memory
+    start backdated)."""
+    lease = lease or LeaseSettings(duration_s=6, heartbeat_s=1, queue_timeout_s=4, max_attempts=3)
+    queue_ms, duration_ms = int(lease.queue_timeout_s * 1000), int(lease.duration_s * 1000)
+    beat = prepared(another(store, "B"), entry)
+    clocks.store.now = T0_MS
+    terms = LeaseTerms(queue_timeout_ms=queue_ms)
+    beat.claim([ClaimRequest(entry, T0_MS, max_late_ms=5_000, task_id="t-1", lease=terms)])
+    for _ in range(attempt - 1):
+        clocks.advance(lease.queue_timeout_s + 0.001)
+        (run,) = beat.expired_runs([entry])
+        beat.take_over(entry, T0_MS, run.token, queue_timeout_ms=queue_ms, max_attempts=attempt)
+    if state is RunState.STARTED:
+        another(store, "runner").adopt(entry, T0_MS, "runner", duration_ms)
+    clocks.advance((duration_ms if state is RunState.STARTED else queue_ms) / 1000 + 0.001)
+    (run,) = beat.expired_runs([entry])
+    assert (run.state, run.attempt) == (state, attempt), run
+    return run
 
-    memory = Memory(duration_s=3600.0, count=None, setting="memory")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.version = 0
-        self.epoch = "e1"                     # the entries epoch (a test changes it: a loss)
-        self.clock_ms = 0                     # the store's clock of the records' updated_ms
-        self.accepted_ms = 0
-        self.entries: dict[str, StoredEntry] = {}
-        self.requests: list[RunRequest] = []
-        self.records: dict[str, InstanceRecord] = {}
-        self.ttls: dict[str, int] = {}
-        self.fingerprints: dict[str, dict[str, str]] = {}
+class Operator:
+    """Writes into an entry store as an operator does (``celery_anarchon.schedules(app)``), a
+    client of its own on the store's server and namespace (its calls are not the instance's),
+    each write 1 ms after the one before on the store's clock (a real store's writes come one
+    after another: the times of their records tell them apart)."""
 
-    def put(self, name: str, definition: str | None, pause: Pause | None = None, by: str = "t") -> None:
-        self.version += 1
-        self.clock_ms += 1
-        self.entries[name] = StoredEntry(name, definition, pause, self.version, self.clock_ms, by)
+    def __init__(self, store: MemoryStore, clock: StoreClock) -> None:
+        self.store, self.clock = another(store, "operator"), clock
 
-    def remove(self, name: str) -> None:
-        self.version += 1
-        del self.entries[name]
+    def _tick(self) -> None:
+        self.clock.advance(1)
+
+    def put(self, name: str, definition: str | None, pause: Pause | None = None,
+            by: str = "t") -> None:
+        """The name's definition (added or updated; ``None``: removed) and then its pause, if
+        given (``definition`` None and a pause: a pause of a config entry)."""
+        held = self.store.load_entries().entries.get(name)
+        defined = held is not None and held.definition is not None
+        self._tick()
+        if definition is not None:
+            self.store.put_entry(name, definition, by=by, create=not defined)
+        elif defined:
+            self.store.remove_entry(name, by=by)
+        if pause is not None:
+            self.pause(name, pause, by=by)
+
+    def remove(self, name: str, by: str = "t") -> None:
+        self._tick()
+        self.store.remove_entry(name, by=by)
 
     def pause(self, name: str, pause: Pause | None, by: str = "t") -> None:
-        old = self.entries.get(name)
-        self.put(name, old.definition if old else None, pause, by)
+        """Pause or resume (``None``) ``name``."""
+        self._tick()
+        self.store.set_pause(name, pause, by=by)
 
     def request(self, entry: str, request_id: str, slot_ms: int) -> None:
-        self.version += 1
-        self.requests.append(RunRequest(entry, request_id, slot_ms, "t", slot_ms))
+        """A run-now request made when the store's clock is ``slot_ms``, so its slot is that
+        (the window lists no scheduled slot)."""
+        self.clock.now = slot_ms
+        window = SlotWindow(slot_ms - SlotWindow.BEFORE_MS, slot_ms + SlotWindow.AFTER_MS)
+        made = self.store.request_run(entry, request_id, window, by="t")
+        assert made.slot_ms == slot_ms, made
 
-    def lose_everything(self, epoch: str = "") -> None:
-        """The store forgets every entry, pause and request (a wipe): ``epoch`` is its new one."""
-        self.version, self.epoch, self.accepted_ms = 0, epoch, 0
-        self.entries.clear()
-        self.requests.clear()
+    def accept_loss(self, by: str = "ops") -> None:
+        self._tick()
+        self.store.accept_loss(by=by)
 
-    def accept_loss(self, *, by: str) -> int:
-        self.version += 1
-        self.clock_ms += 1
-        self.accepted_ms = self.clock_ms
-        return self.clock_ms
+    def lose_everything(self) -> None:
+        """The store forgets every entry, pause and request (a wipe; the server keeps its epoch)."""
+        backends.wipe("memory", self.store.url)
 
-    def entries_version(self) -> int:
-        self._call("entries_version")
-        return self.version
+    def restart(self) -> None:
+        """The server restarts keeping everything: a new server epoch (its next entries write
+        writes a new entries epoch)."""
+        backends.memory_server(self.store.url).epoch = "memory " + uuid.uuid4().hex[:12]
 
-    def entries_epoch(self) -> EntriesEpoch:
-        self._call("entries_version")
-        return EntriesEpoch(self.epoch, self.version)
+    def copy(self):
+        """A copy of what the store holds for the namespace (for :meth:`put_back`)."""
+        return backends.memory_snapshot(self.store.url, self.store.namespace)
 
-    def load_entries(self) -> EntrySnapshot:
-        self._call("load_entries")
-        return EntrySnapshot(self.version, dict(self.entries), tuple(self.requests),
-                             epoch=self.epoch, accepted_ms=self.accepted_ms)
-
-    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
-        self._call("record_instance")
-        self.records[record.instance_id] = record
-        self.ttls[record.instance_id] = ttl_ms
-
-    def instances(self) -> list[InstanceRecord]:
-        self._call("instances")
-        return list(self.records.values())
-
-    def remove_instance(self, instance_id: str) -> None:
-        self._call("remove_instance")
-        self.records.pop(instance_id, None)
-
-    def save_fingerprints(self, digest: str, fingerprints) -> None:
-        self._call("save_fingerprints")
-        self.fingerprints[digest] = dict(fingerprints)
-
-    def load_fingerprints(self, digest: str):
-        self._call("load_fingerprints")
-        return self.fingerprints.get(digest)
+    def put_back(self, copy) -> None:
+        """The older copy in place of the namespace's data, on the same server (its entries
+        epoch the same, its version older)."""
+        server = backends.memory_server(self.store.url)
+        with server.lock:
+            server.spaces[self.store.namespace] = copy_module.deepcopy(copy)
 
 
 def make_plan(name: str = "e", every_s: float = 10, *, jitter_s: float = 0.0,
@@ -191,10 +303,3 @@ def make_plan(name: str = "e", every_s: float = 10, *, jitter_s: float = 0.0,
     slots = slot_math.slots_for(every_s, entry=name, app_timezone=timezone.utc)
     timing = EntryTiming(jitter_s=jitter_s, max_late_s=max_late_s, lease=lease)
     return EntryPlan(name, None, slots, timing, {}, fingerprint, f'{{"definition": "{fingerprint}"}}')
-
-
-def leased_run(entry: str = "e", slot_ms: int = int(T0 * 1000), *, state: RunState = RunState.STARTED,
-               attempt: int = 1, token: int = 11, owner: str = "runner") -> LeasedRun:
-    """A leased run as the store's lease check returns it (expired)."""
-    return LeasedRun(entry, slot_ms, state, attempt, token, owner, lease_expires_ms=slot_ms,
-                     queue_deadline_ms=slot_ms, store_ms=slot_ms + 1)

@@ -26,7 +26,7 @@ from celery_anarchon.stores.entry_store import Pause
 
 import backends
 from backends import backdate_memory_start
-from engine_support import Clocks, FakeEntryStore, make_plan
+from engine_support import Clocks, Operator, make_plan, memory_store
 from stores_support import StoreMaker, store_url
 from test_engine import _definition, harnesses, make  # noqa: F401  (a fixture)
 from test_engine_parts import store_plans
@@ -130,17 +130,18 @@ def test_an_instance_keeps_the_pauses_and_store_entries_its_store_lost(
     assert not h.engine.sync.kept
 
 
-# -- the rules, on a fake entry store (tests/engine_support.py) -----------------------------------
+# -- the rules, on the memory store (tests/engine_support.py) -------------------------------------
 
 SYNC_S = 5.0
 
 
 class Synced:
-    """An entry sync on a fake entry store and fake clocks."""
+    """An entry sync on the memory store (written by ``operator``) and fake clocks."""
 
     def __init__(self, **kwargs) -> None:
         self.clocks = Clocks()
-        self.store = FakeEntryStore()
+        self.store = memory_store(self.clocks)
+        self.operator = Operator(self.store, self.clocks.store)
         self.outage = Outage(self.store, self.clocks.mono, collections.Counter())
         self.requested: set = set()
         self.sync = EntrySync(self.store, store_plans, SYNC_S, "ns", self.clocks.mono,
@@ -158,27 +159,29 @@ def test_a_run_now_run_handled_here_is_never_claimed_again_after_the_store_lost_
     plans = {"cfg": make_plan("cfg", every_s=3600)}
     slot = int(time.time() * 1000) // 3600_000 * 3600_000 + 1       # never an hourly slot
     slot = max(slot, int(time.time() * 1000) - 1000)
-    s.store.request("cfg", "r1", slot)
+    s.operator.request("cfg", "r1", slot)
     s.follow()
     assert [c.run for c in s.sync.requests_due(time.time(), plans)] == [("cfg", slot)]
-    s.store.lose_everything()
+    s.operator.lose_everything()
     s.follow()
-    s.store.request("cfg", "r1", slot)                             # the older copy is back
+    s.operator.request("cfg", "r1", slot)                             # the older copy is back
     s.follow()
     assert s.sync.requests_due(time.time(), plans) == [], "a run claimed here claimed again"
 
 
 def test_a_new_epoch_that_lost_nothing_is_no_error(caplog):
     s = Synced(clock=Clocks().wall)
-    s.store.pause("cfg", Pause("why", "ops", 1))
+    s.operator.pause("cfg", Pause("why", "ops", 1))
     s.follow()
-    s.store.epoch = "e2"                   # a restart that kept everything: a new epoch
-    s.store.put("s", "fs")
+    first = s.store.entries_epoch().epoch
+    s.operator.restart()                   # a restart that kept everything: a new epoch
+    s.operator.put("s", "fs")
+    second = s.store.entries_epoch().epoch
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         s.follow()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
     (line,) = [r.getMessage() for r in caplog.records if "entries epoch changed" in r.getMessage()]
-    assert "nothing more is kept" in line and "e1 to e2" in line, line
+    assert "nothing more is kept" in line and f"{first} to {second}" in line, line
     assert not s.sync.kept and s.sync.pause_detail("cfg") is None
 
 
@@ -187,16 +190,15 @@ def test_what_is_kept_follows_the_newer_record_of_each_name(caplog):
     (store clock): an older copy's records never win over newer ones known here, a record written
     after the loss always wins, and an accepted loss wins over every record older than it."""
     s = Synced(clock=Clocks().wall)
-    s.store.put("old", "f-old")                         # in the copy, unchanged since
-    s.store.put("gone", "f-gone")                       # in the copy, removed since
-    copy = dict(s.store.entries)
-    s.store.put("cfg", None, Pause("deploy", "ops", 1))  # written after the copy
-    s.store.put("s", "f-s")
-    s.store.put("gone", None)                           # removed: a cleared record
+    s.operator.put("old", "f-old")                         # in the copy, unchanged since
+    s.operator.put("gone", "f-gone")                       # in the copy, removed since
+    copy = s.operator.copy()
+    s.operator.put("cfg", None, Pause("deploy", "ops", 1))  # written after the copy
+    s.operator.put("s", "f-s")
+    s.operator.put("gone", None)                           # removed: a cleared record
     s.follow()
     assert set(s.sync.store_plans) == {"old", "s"}
-    s.store.entries = dict(copy)                        # the copy put back: the version goes back
-    s.store.version = 2
+    s.operator.put_back(copy)                           # the copy put back: the version goes back
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         s.follow()
     assert set(s.sync.store_plans) == {"old", "s"}, "gone stays removed, s keeps running"
@@ -208,10 +210,10 @@ def test_what_is_kept_follows_the_newer_record_of_each_name(caplog):
     assert "version went back from 5 to 2" in error and "withheld" not in error, error
     assert "removed before the loss that the store brought back (not run): gone" in error
 
-    s.store.put("s", "f-s2")                            # written again after the loss: followed
+    s.operator.put("s", "f-s2")                            # written again after the loss: followed
     s.follow()
     assert s.sync.store_plans["s"].fingerprint == "f-s2" and "s" not in s.sync.kept.record()["entries"]
-    s.store.accept_loss(by="ops")                       # every older record: the store's
+    s.operator.accept_loss(by="ops")                       # every older record: the store's
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         s.follow()
     assert not s.sync.kept and s.sync.kept.record() is None
@@ -221,19 +223,19 @@ def test_what_is_kept_follows_the_newer_record_of_each_name(caplog):
 
 def test_a_second_loss_keeps_what_the_first_kept_and_an_accept_seen_late_still_counts():
     s = Synced(clock=Clocks().wall)
-    s.store.put("cfg", None, Pause("deploy", "ops", 1))
+    s.operator.put("cfg", None, Pause("deploy", "ops", 1))
     s.follow()
-    s.store.lose_everything()
+    s.operator.lose_everything()
     s.follow()
     assert s.sync.pause_detail("cfg")
-    s.store.epoch = "e3"
-    s.store.put("other", "f-other")
-    s.store.lose_everything()                           # again, before anyone wrote cfg
+    s.operator.restart()
+    s.operator.put("other", "f-other")
+    s.operator.lose_everything()                           # again, before anyone wrote cfg
     s.follow()
     assert s.sync.pause_detail("cfg"), "the pause is still kept"
-    s.store.accept_loss(by="ops")                      # accepted...
-    s.store.lose_everything("e4")                      # ...and lost again before this sync
-    s.store.accept_loss(by="ops")
+    s.operator.accept_loss(by="ops")                      # accepted...
+    s.operator.lose_everything()                          # ...and lost again before this sync
+    s.operator.accept_loss(by="ops")
     s.follow()
     assert not s.sync.kept, "the accept is newer than every record kept"
 

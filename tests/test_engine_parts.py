@@ -1,5 +1,5 @@
-"""The engine's parts, each on its own, with injected clocks (wall and monotonic) and a fake
-store: the heap of due runs, the claim retries, the send queue, the history notes, the outage
+"""The engine's parts, each on its own, with injected clocks (wall and monotonic) and the memory
+store on the test's clock (tests/engine_support.py): the heap of due runs, the claim retries, the send queue, the history notes, the outage
 backoff, takeovers, skew, skip logging, definitions, counters, the sync of the store's entries and
 the instance heartbeat. The whole engine against real
 stores is tests/test_engine.py."""
@@ -30,24 +30,24 @@ from celery_anarchon.beat.engine.skips import SKIP_LOG_EVERY_S, SkipLog
 from celery_anarchon.beat.engine.sync import EntrySync
 from celery_anarchon.beat.engine.takeovers import TAKEOVER_RETRY_S, Takeovers, grace_s
 from celery_anarchon.errors import SendOutcomeUnknown, StoreError
-from celery_anarchon.stores.base import (
-    ClaimResult, LeasedRun, Outcome, RunEvent, RunState, TakeoverOutcome,
-)
+from celery_anarchon.stores.base import ClaimResult, Outcome, RunEvent, RunState
 from celery_anarchon.stores.entry_store import InstanceRecord, Pause
 from celery_anarchon.schedule.timing import LeaseSettings
 
-from engine_support import T0, Clocks, FakeEntryStore, FakeStore, leased_run, make_plan
+from engine_support import (
+    T0, ClaimsOnly, Clocks, Operator, expired_run, make_plan, memory_store,
+)
 
 T0_MS = int(T0 * 1000)
 LEASE = LeaseSettings(duration_s=6, heartbeat_s=1, queue_timeout_s=4, max_attempts=3)
 
 
 class Parts:
-    """The parts wired as the coordinator wires them, on fake clocks and a fake store."""
+    """The parts wired as the coordinator wires them, on fake clocks and the memory store."""
 
     def __init__(self, *, send=None, rng=None) -> None:
         self.clocks = Clocks()
-        self.store = FakeStore()
+        self.store = memory_store(self.clocks)
         self.stats: collections.Counter = collections.Counter()
         self.sent: list[tuple[str, int, int, int | None, str]] = []
         self.outage = Outage(self.store, self.clocks.mono, self.stats)
@@ -476,7 +476,7 @@ def test_notes_are_kept_in_order_while_the_store_is_down(parts):
 def test_notes_are_bounded_per_entry_by_the_history_the_store_keeps(parts):
     """Each entry keeps its newest history_size notes (the store keeps no more); one entry's
     many notes never push out another's few."""
-    store = FakeStore(history_size=3)
+    store = memory_store(parts.clocks, history_size=3)
     notes = NoteBuffer(store, parts.outage, compact_at=6)
     notes.add("quiet", 100, RunEvent.SENT)
     for slot in range(5):
@@ -490,7 +490,7 @@ def test_notes_are_bounded_per_entry_by_the_history_the_store_keeps(parts):
 
 
 def test_runs_given_up_as_unreachable_are_kept_as_slots_bounded_per_entry(parts):
-    store = FakeStore(history_size=3)
+    store = memory_store(parts.clocks, history_size=3)
     notes = NoteBuffer(store, parts.outage)
     for slot in range(10):
         notes.add_unreachable("busy", slot, "A could not reach the store")
@@ -568,21 +568,14 @@ def test_a_store_refusing_the_configuration_waits_the_longest_backoff(parts, cap
 
 # -- takeovers -----------------------------------------------------------------------------------
 
-def taken(run: LeasedRun, token: int = 12) -> tuple:
-    new = LeasedRun(run.entry, run.slot_ms, RunState.QUEUED, run.attempt + 1, token, "",
-                    None, run.store_ms + 4000, run.store_ms)
-    return (TakeoverOutcome.TAKEN, new)
-
-
 def test_takeovers_send_an_expired_run_again_as_the_next_attempt(parts, caplog):
     plan = make_plan(lease=LEASE)
-    run = leased_run()
-    parts.store.expired = [run]
-    parts.store.takeover_answers = [taken(run)]
+    run = expired_run(parts.store, parts.clocks)
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         parts.takeovers.check({"e": plan})
-    assert parts.store.takeover_calls == [("e", T0_MS, 11)]
-    assert [(s[1], s[2], s[3]) for s in parts.sent] == [(T0_MS, 2, 12)]
+    assert parts.store.calls_of("take_over") == [("e", T0_MS, run.token)]
+    new = parts.store.inspect("e", T0_MS)
+    assert [(s[1], s[2], s[3]) for s in parts.sent] == [(T0_MS, 2, new.token)]
     assert parts.stats["takeover_taken"] == 1
     assert any("taken over as attempt 2" in m and "presumed dead" in m for m in messages(caplog))
 
@@ -598,12 +591,10 @@ def test_takeovers_check_every_heartbeat_at_a_random_offset(parts):
 
 def test_takeovers_of_a_started_run_wait_a_grace_after_a_store_error(parts):
     plan = make_plan(lease=LEASE)
-    run = leased_run()
-    parts.store.expired = [run]
-    parts.store.takeover_answers = [taken(run)]
+    expired_run(parts.store, parts.clocks)
     parts.outage.last_error_at = parts.clocks.mono()
     parts.takeovers.check({"e": plan})
-    assert parts.store.takeover_calls == [] and parts.stats["takeover_deferred"] == 1
+    assert parts.store.calls_of("take_over") == [] and parts.stats["takeover_deferred"] == 1
     parts.clocks.mono.advance(grace_s(plan))
     parts.takeovers.check({"e": plan})
     assert len(parts.sent) == 1
@@ -611,9 +602,7 @@ def test_takeovers_of_a_started_run_wait_a_grace_after_a_store_error(parts):
 
 def test_takeovers_of_a_queued_run_do_not_wait_the_grace(parts, caplog):
     plan = make_plan(lease=LEASE)
-    run = leased_run(state=RunState.QUEUED)
-    parts.store.expired = [run]
-    parts.store.takeover_answers = [taken(run)]
+    expired_run(parts.store, parts.clocks, state=RunState.QUEUED)
     parts.outage.last_error_at = parts.clocks.mono()
     with caplog.at_level(logging.ERROR, "celery_anarchon"):
         parts.takeovers.check({"e": plan})
@@ -623,61 +612,62 @@ def test_takeovers_of_a_queued_run_do_not_wait_the_grace(parts, caplog):
 
 def test_a_takeover_whose_answer_was_lost_is_asked_again_and_sent_once(parts):
     plan = make_plan(lease=LEASE)
-    run = leased_run(state=RunState.QUEUED)
-    parts.store.expired = [run]
-    parts.store.takeover_answers = [StoreError("reply lost"), taken(run), taken(run)]
+    run = expired_run(parts.store, parts.clocks, state=RunState.QUEUED)
+    parts.store.fail_next("take_over", StoreError("reply lost"))
     parts.takeovers.check({"e": plan})
     assert parts.sent == [] and parts.takeovers.pending
     assert parts.outage.last_error_at == parts.clocks.mono()
     parts.takeovers.check({"e": plan})           # the pending one is asked by retry() only
-    assert len(parts.store.takeover_calls) == 1
+    assert parts.store.calls["take_over"] == 1
     parts.clocks.mono.advance(TAKEOVER_RETRY_S)
     parts.takeovers.retry({"e": plan})
-    assert parts.store.takeover_calls == [("e", T0_MS, 11)] * 2, "the same expected token"
+    assert parts.store.calls_of("take_over") == [("e", T0_MS, run.token)] * 2, \
+        "the same expected token"
     assert len(parts.sent) == 1 and not parts.takeovers.pending
     parts.takeovers._take_over(plan, run)        # the store answers TAKEN again: the same record
+    assert parts.store.calls_of("take_over")[-1] == ("e", T0_MS, run.token)
     assert len(parts.sent) == 1, "one attempt is never sent twice"
 
 
 def test_a_takeover_unanswered_until_its_queue_deadline_is_given_up(parts, caplog):
     plan = make_plan(lease=LEASE)
-    run = leased_run(state=RunState.QUEUED)
-    parts.store.expired = [run]
-    parts.store.takeover_answers = [StoreError("down")]
+    expired_run(parts.store, parts.clocks, state=RunState.QUEUED)
+    parts.store.fail_next("take_over", StoreError("down"))
     parts.takeovers.check({"e": plan})
     parts.clocks.mono.advance(LEASE.queue_timeout_s + 0.1)
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         parts.takeovers.retry({"e": plan})
     assert not parts.takeovers.pending and parts.stats["takeover_unanswered"] == 1
+    assert parts.store.calls["take_over"] == 1, "not asked again past its queue deadline"
     assert any("got no answer from the store until its queue deadline" in m
                for m in messages(caplog))
 
 
 def test_takeovers_of_removed_entries_are_forgotten(parts):
     plan = make_plan(lease=LEASE)
-    parts.store.expired = [leased_run(state=RunState.QUEUED)]
-    parts.store.takeover_answers = [StoreError("down")]
+    expired_run(parts.store, parts.clocks, state=RunState.QUEUED)
+    parts.store.fail_next("take_over", StoreError("down"))
     parts.takeovers.check({"e": plan})
+    assert parts.takeovers.pending
     parts.takeovers.forget_removed({})
     assert not parts.takeovers.pending
 
 
 def test_a_run_given_up_after_max_attempts_is_logged(parts, caplog):
     plan = make_plan(lease=LEASE)
-    run = leased_run(attempt=3)
-    parts.store.expired = [run]
-    parts.store.takeover_answers = [(TakeoverOutcome.GIVEN_UP, None)]
+    expired_run(parts.store, parts.clocks, attempt=3)
     with caplog.at_level(logging.ERROR, "celery_anarchon"):
         parts.takeovers.check({"e": plan})
+    assert parts.store.inspect("e", T0_MS).state is RunState.GIVEN_UP
     assert parts.sent == [] and parts.stats["takeover_given_up"] == 1
     assert any("after 3 attempts" in m for m in messages(caplog, logging.ERROR))
 
 
 def test_a_stopped_engine_takes_nothing_over(parts):
-    parts.store.expired = [leased_run()]
+    expired_run(parts.store, parts.clocks)
     parts.sends.stop()
     parts.takeovers.check({"e": make_plan(lease=LEASE)})
-    assert parts.store.takeover_calls == []
+    assert parts.store.calls_of("take_over") == []
 
 
 def test_a_lease_check_that_fails_counts_for_the_grace(parts):
@@ -695,8 +685,8 @@ def test_a_lease_check_that_fails_counts_for_the_grace(parts):
     (40.0, logging.ERROR, "more than half of max_late (30 s)"),
 ])
 def test_skew_is_measured_against_the_store_clock(caplog, store_ahead_s, level, says):
-    clocks, store = Clocks(), FakeStore()
-    store.store_ms = lambda: int((clocks.wall() + store_ahead_s) * 1000)
+    clocks = Clocks()
+    store = memory_store(store_clock=lambda: int((clocks.wall() + store_ahead_s) * 1000))
     skew = SkewCheck(store, clocks.wall, clocks.mono)
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         skew.check([make_plan(max_late_s=60)])
@@ -707,7 +697,8 @@ def test_skew_is_measured_against_the_store_clock(caplog, store_ahead_s, level, 
 
 
 def test_skew_is_not_measured_on_a_store_without_a_clock_nor_when_it_fails(caplog):
-    clocks, store = Clocks(), FakeStore()
+    clocks = Clocks()
+    store = memory_store(clocks, no_clock=True)     # as a store without a clock (RabbitMQ, NATS)
     skew = SkewCheck(store, clocks.wall, clocks.mono)
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         skew.check([make_plan()])
@@ -771,8 +762,8 @@ def test_late_local_skips_are_logged_counted_and_noted_up_to_the_history_size(ca
 # -- definitions ----------------------------------------------------------------------------------
 
 def test_a_different_definition_is_named_once(caplog):
-    store = FakeStore()
-    store.definitions[("e", "theirs")] = '{"definition": "theirs"}'
+    store = memory_store()
+    store.save_definition("e", "theirs", '{"definition": "theirs"}')
     definitions = Definitions(store)
     ours = make_plan(fingerprint="ours")
     result = ClaimResult(claim_request("ns", ours, T0_MS), Outcome.OTHER_WON, winner="B",
@@ -833,11 +824,13 @@ def store_plans(snapshot):
 
 
 class Synced:
-    """An entry sync on a fake entry store, fake clocks and the outage part."""
+    """An entry sync on the memory store (written by ``operator``), fake clocks and the outage
+    part."""
 
-    def __init__(self, build=store_plans) -> None:
+    def __init__(self, build=store_plans, **store_options) -> None:
         self.clocks = Clocks()
-        self.store = FakeEntryStore()
+        self.store = memory_store(self.clocks, **store_options)
+        self.operator = Operator(self.store, self.clocks.store)
         self.stats: collections.Counter = collections.Counter()
         self.outage = Outage(self.store, self.clocks.mono, self.stats)
         self.requested: set = set()
@@ -847,7 +840,7 @@ class Synced:
 
 def test_sync_reads_the_version_every_interval_and_loads_only_when_it_moved():
     s = Synced()
-    s.store.put("a", "fa")
+    s.operator.put("a", "fa")
     assert s.sync.due() and s.sync.follow(), "the first sync loads"
     assert set(s.sync.store_plans) == {"a"}
     assert not s.sync.due()
@@ -855,23 +848,24 @@ def test_sync_reads_the_version_every_interval_and_loads_only_when_it_moved():
     assert not s.sync.due()
     s.clocks.mono.advance(0.001)
     assert s.sync.due() and not s.sync.follow(), "the version did not move: nothing loaded"
-    assert (s.store.calls["entries_version"], s.store.calls["load_entries"]) == (2, 1)
-    s.store.put("b", "fb")
+    assert (s.store.calls["entries_epoch"], s.store.calls["load_entries"]) == (2, 1)
+    s.operator.put("b", "fb")
     s.clocks.wall.advance(-3600)                     # the wall clock does not time the sync
     s.clocks.mono.advance(SYNC_S)
     assert s.sync.follow() and set(s.sync.store_plans) == {"a", "b"}
-    assert s.sync.version == s.store.version and s.store.calls["load_entries"] == 2
+    assert s.sync.version == s.operator.store.entries_version()
+    assert s.store.calls["load_entries"] == 2
 
 
 def test_sync_logs_each_version_it_loads_with_what_changed(caplog):
     s = Synced()
-    s.store.put("a", "fa")
-    s.store.put("b", "fb")
+    s.operator.put("a", "fa")
+    s.operator.put("b", "fb")
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         s.sync.follow()
-        s.store.put("a", "fa2")
-        s.store.remove("b")
-        s.store.put("c", "fc")
+        s.operator.put("a", "fa2")
+        s.operator.remove("b")
+        s.operator.put("c", "fc")
         s.clocks.mono.advance(SYNC_S)
         s.sync.follow()
     assert messages(caplog, logging.INFO) == [
@@ -881,8 +875,8 @@ def test_sync_logs_each_version_it_loads_with_what_changed(caplog):
 
 def test_sync_merges_the_config_plans_which_win_a_name_clash(caplog):
     s = Synced()
-    s.store.put("shared", "from-store")
-    s.store.put("mine", "fm")
+    s.operator.put("shared", "from-store")
+    s.operator.put("mine", "fm")
     s.sync.follow()
     config = {"shared": make_plan("shared", fingerprint="from-config")}
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
@@ -895,20 +889,20 @@ def test_sync_merges_the_config_plans_which_win_a_name_clash(caplog):
 
 def test_sync_without_a_callback_follows_pauses_and_requests_only():
     s = Synced(build=None)
-    s.store.put("a", "fa")
+    s.operator.put("a", "fa")
     assert s.sync.follow() and s.sync.store_plans == {}
 
 
 def test_sync_logs_a_pause_once_and_its_resume(caplog):
     s = Synced()
     with caplog.at_level(logging.INFO, "celery_anarchon"):
-        s.store.put("a", "fa", Pause("disk full", "ops", 1))
-        s.store.pause("cfg", Pause("", "alice", 2))      # a config entry: a pause only
+        s.operator.put("a", "fa", Pause("disk full", "ops", 1))
+        s.operator.pause("cfg", Pause("", "alice", 2))      # a config entry: a pause only
         s.sync.follow()
-        s.store.put("b", "fb")                           # another change: the pauses stay
+        s.operator.put("b", "fb")                           # another change: the pauses stay
         s.clocks.mono.advance(SYNC_S)
         s.sync.follow()
-        s.store.pause("a", None, by="bob")
+        s.operator.pause("a", None, by="bob")
         s.clocks.mono.advance(SYNC_S)
         s.sync.follow()
     pauses = [m for m in messages(caplog, logging.INFO) if "synced" not in m]
@@ -919,7 +913,7 @@ def test_sync_logs_a_pause_once_and_its_resume(caplog):
 
 def test_a_failed_sync_backs_off_and_is_retried(caplog):
     s = Synced()
-    s.store.put("a", "fa")
+    s.operator.put("a", "fa")
     s.store.fail = StoreError("down")
     with caplog.at_level(logging.ERROR, "celery_anarchon"):
         assert not s.sync.follow()
@@ -934,10 +928,10 @@ def test_a_failed_sync_backs_off_and_is_retried(caplog):
 
 def test_run_now_requests_are_claimed_once_with_a_max_late_covering_two_syncs():
     s = Synced()
-    s.store.put("a", "fa")
+    s.operator.put("a", "fa")
     slot = T0_MS + 4_321                                 # between two scheduled slots
-    s.store.request("a", "r1", slot)
-    s.store.request("gone", "r2", slot)                  # an entry this instance does not run
+    s.operator.request("a", "r1", slot)
+    s.operator.request("gone", "r2", slot)                  # an entry this instance does not run
     s.sync.follow()
     plans = s.sync.merge({})
     (claim,) = s.sync.requests_due(T0 + 4.5, plans)
@@ -957,9 +951,9 @@ def test_run_now_requests_a_count_limited_memory_cannot_cover_are_refused_and_lo
     instance that loaded it; a request 27 s later is claimed again."""
     s = Synced()
     s.store.memory = Memory(duration_s=300, count=3, setting="duration", count_setting="max_size")
-    s.store.put("a", "fa")
+    s.operator.put("a", "fa")
     for i, slot in enumerate((T0_MS + 1_100, T0_MS + 2_200, T0_MS + 3_300)):
-        s.store.request("a", f"r{i}", slot)
+        s.operator.request("a", f"r{i}", slot)
     s.sync.follow()
     with caplog.at_level(logging.ERROR, "celery_anarchon"):
         claims = s.sync.requests_due(T0 + 3.5, s.sync.merge({}))
@@ -969,22 +963,22 @@ def test_run_now_requests_a_count_limited_memory_cannot_cover_are_refused_and_lo
     assert error.startswith("anarchon: entry a: run-now request r2 by t is not claimed"), error
     assert "2 other run-now request(s) of the entry made in the last 15 s" in error, error
     assert ("a", T0_MS + 3_300) in s.requested
-    s.store.request("a", "r3", T0_MS + 30_500)
+    s.operator.request("a", "r3", T0_MS + 30_500)
     s.clocks.mono.advance(SYNC_S)
     s.sync.follow()
     assert [c.slot_ms for c in s.sync.requests_due(T0 + 31, s.sync.merge({}))] == [T0_MS + 30_500]
 
 
 def test_run_now_requests_past_their_max_late_or_on_a_scheduled_slot_are_let_pass():
-    s = Synced()
-    s.store.put("a", "fa")
-    s.store.request("a", "old", T0_MS + 1)
-    s.store.request("a", "on-the-schedule", T0_MS + 20_000)
+    s = Synced(memory=25)                               # run-now requests younger are loaded
+    s.operator.put("a", "fa")
+    s.operator.request("a", "old", T0_MS + 1)
+    s.operator.request("a", "on-the-schedule", T0_MS + 20_000)
     s.sync.follow()
     assert s.sync.requests_due(T0 + 20, s.sync.merge({})) == []
     assert s.requested == {("a", T0_MS + 1), ("a", T0_MS + 20_000)}
-    s.store.requests = [r for r in s.store.requests if r.request_id != "old"]   # pruned
-    s.store.version += 1
+    s.clocks.store.advance(10_000)                      # "old" is past the store's memory
+    s.operator.put("b", "fb")                           # and a write raises the version
     s.clocks.mono.advance(SYNC_S)
     s.sync.follow()
     assert s.requested == {("a", T0_MS + 20_000)}, "kept only while the store holds it"
@@ -992,7 +986,7 @@ def test_run_now_requests_past_their_max_late_or_on_a_scheduled_slot_are_let_pas
 
 def test_an_engine_on_a_store_that_cannot_hold_entries_follows_nothing():
     from celery_anarchon.beat.engine import Engine
-    store = FakeStore()
+    store = ClaimsOnly(memory_store())
     engine = Engine(store, {"e": make_plan()}, instance_id="A", namespace="ns", send=None,
                     sync_interval_s=SYNC_S, build_store_plans=store_plans)
     assert engine.sync is None and engine.heartbeat is None
@@ -1003,16 +997,21 @@ def test_an_engine_on_a_store_that_cannot_hold_entries_follows_nothing():
 # -- the instance heartbeat ----------------------------------------------------------------------
 
 class Beating:
-    """Two heartbeats (this instance "A" and another "B") on one fake entry store."""
+    """Two heartbeats (this instance "A" and another "B") on one memory store."""
 
     def __init__(self) -> None:
         self.clocks = Clocks()
-        self.store = FakeEntryStore()
+        self.store = memory_store(self.clocks)
         self.stats: collections.Counter = collections.Counter()
         self.outage = Outage(self.store, self.clocks.mono, self.stats)
         self.skew = SkewCheck(self.store, self.clocks.wall, self.clocks.mono)
         self.a = Heartbeat(self.store, "A", self.clocks.wall, 15_000, self.outage, self.skew)
         self.b = Heartbeat(self.store, "B", self.clocks.wall, 15_000, self.outage, self.skew)
+
+    def records(self) -> dict[str, InstanceRecord]:
+        """The instance records the store holds (live ones), by instance id."""
+        return {r.instance_id: r for r in self.store.held().instances.values()
+                if r.expires_ms >= self.clocks.store()}
 
 
 def config(**fingerprints):
@@ -1025,17 +1024,18 @@ def test_heartbeat_records_the_instance_and_saves_its_fingerprints_once():
     h.a.beat(config(e="f1", g="g1"), entries=3)
     h.clocks.advance(5)
     h.a.beat(config(e="f1", g="g1"), entries=3)
-    record = h.store.records["A"]
+    record = h.records()["A"]
     digest = fingerprints_digest({"e": "f1", "g": "g1"})
     assert isinstance(record, InstanceRecord) and record.fingerprints_digest == digest
     assert record.entries == 3 and record.started_ms == T0_MS
-    assert record.last_tick_ms == T0_MS + 6_000 and h.store.ttls["A"] == 15_000
-    assert h.store.fingerprints == {digest: {"e": "f1", "g": "g1"}}
+    assert record.last_tick_ms == T0_MS + 6_000 and record.expires_ms - record.seen_ms == 15_000
+    held = {d: mapping for d, (mapping, _) in h.store.held().fingerprints.items()}
+    assert held == {digest: {"e": "f1", "g": "g1"}}
     assert h.store.calls["save_fingerprints"] == 1 and h.store.calls["record_instance"] == 2
     h.a.beat(config(e="f2", g="g1"), entries=3)
     assert h.store.calls["save_fingerprints"] == 2, "a new digest is saved"
     h.a.leave()
-    assert "A" not in h.store.records
+    assert "A" not in h.records()
 
 
 def test_fingerprints_digest_ignores_order():
@@ -1045,7 +1045,7 @@ def test_fingerprints_digest_ignores_order():
 
 def test_a_disagreement_is_logged_once_and_again_when_it_changes(caplog):
     h = Beating()
-    h.store.definitions[("e", "f2")] = '{"definition": "f2"}'
+    h.store.save_definition("e", "f2", '{"definition": "f2"}')
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         h.b.beat(config(e="f2", other="o"), entries=2)    # B runs another definition of e
         h.a.beat(config(e="f1", g="g1"), entries=2)
@@ -1069,7 +1069,8 @@ def test_a_disagreement_is_logged_once_and_again_when_it_changes(caplog):
 
 def test_a_heartbeat_that_fails_backs_off_and_a_fingerprint_not_yet_saved_waits():
     h = Beating()
-    h.store.records["C"] = InstanceRecord("C", "h", 1, "v", 0, 0, None, 1, "not-saved-yet")
+    h.store.record_instance(InstanceRecord("C", "h", 1, "v", 0, 0, None, 1, "not-saved-yet"),
+                            ttl_ms=60_000)
     h.a.beat(config(e="f1"), entries=1)
     assert h.a.reported == frozenset(), "an unknown digest is compared at the next heartbeat"
     h.store.fail = StoreError("down")

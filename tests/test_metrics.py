@@ -26,7 +26,7 @@ from celery_anarchon.schedule.timing import Settings
 from backends import backdate_memory_start
 from cluster import Cluster, read_executions
 from conftest import REDIS_URL, require_server
-from engine_support import T0, Clocks, FakeStore, make_plan
+from engine_support import T0, Clocks, make_plan, memory_store
 from stores_support import store_url, wait_until
 
 
@@ -167,7 +167,8 @@ class Recorder(Observer):
 
 
 def test_the_send_queue_tells_the_observer_each_send_its_lateness_and_each_failure():
-    clocks, store, recorder = Clocks(), FakeStore(), Recorder()
+    clocks, recorder = Clocks(), Recorder()
+    store = memory_store(clocks)
     stats = collections.Counter()
     outage = Outage(store, clocks.mono, stats, observer=recorder)
     failing = []
@@ -198,11 +199,11 @@ def test_takeovers_and_heartbeats_tell_the_observer():
     from celery_anarchon.beat.engine.instances import Heartbeat
     from celery_anarchon.beat.engine.skew import SkewCheck
     from celery_anarchon.beat.engine.takeovers import Takeovers
-    from celery_anarchon.stores.base import TakeoverOutcome
     from celery_anarchon.schedule.timing import LeaseSettings
-    from engine_support import FakeEntryStore, leased_run
+    from engine_support import expired_run
 
-    clocks, store, recorder = Clocks(), FakeEntryStore(), Recorder()
+    clocks, recorder = Clocks(), Recorder()
+    store = memory_store(clocks)
     stats = collections.Counter()
     outage = Outage(store, clocks.mono, stats)
     sends = SendQueue(lambda *a: None, clocks.wall, clocks.mono, stats, NoteBuffer(store, outage))
@@ -210,9 +211,7 @@ def test_takeovers_and_heartbeats_tell_the_observer():
                           observer=recorder)
     lease = LeaseSettings(duration_s=6, heartbeat_s=1, queue_timeout_s=4, max_attempts=3)
     plan = make_plan(lease=lease)
-    run = leased_run()
-    store.expired = [run]
-    store.takeover_answers = [(TakeoverOutcome.TAKEN, leased_run(attempt=2, token=12))]
+    expired_run(store, clocks, lease=lease)
     takeovers.check({"e": plan})
     assert ("lease", "taken_over") in recorder.calls
     assert [c[1] for c in recorder.calls if c[0] == "store_round_trip"] == ["lease_check"]
