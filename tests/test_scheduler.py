@@ -68,6 +68,29 @@ def test_close_is_safe_twice_and_the_store_reopens_lazily(tmp_path):
     scheduler.close()
 
 
+def test_the_memory_store_runs_only_in_a_test_app(tmp_path, namespace):
+    """memory:// lives in one process: beat refuses it with a broker other processes share,
+    naming the setting, its value and the fix, and takes it with the in-memory broker of a test
+    app, where two beats of the process share memory://<name> and send the run once."""
+    url = f"memory://{namespace}"
+    with pytest.raises(ConfigError) as refused:
+        Scheduler(make_app(tmp_path, broker_url="redis://127.0.0.1:6379/0", anarchon_store_url=url))
+    for words in (f"anarchon_store_url = '{url}'", "this process only", "broker_url is 'memory://'",
+                  "'redis://127.0.0.1:6379/0'", "fix: set anarchon_store_url to a store every beat"):
+        assert words in str(refused.value), (words, str(refused.value))
+    sent = []
+    beats = [Scheduler(make_app(tmp_path, anarchon_store_url=url, beat_schedule={
+        "tick": {"task": "proj.tick", "schedule": 10.0, "options": {"anarchon": {"jitter": 0}}}}))
+        for _ in range(2)]
+    backdate_memory_start(beats[0].store, ["tick"], 120_000)   # not a new store: it claims
+    for beat in beats:
+        beat.engine.send = lambda plan, slot, attempt, token, task_id: sent.append(slot)
+    for beat in beats:
+        beat.tick()
+        beat.close()
+    assert len(sent) == 1, sent
+
+
 def test_no_exception_ever_leaves_tick(tmp_path, caplog):
     scheduler = Scheduler(make_app(tmp_path))
 

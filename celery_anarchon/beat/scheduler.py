@@ -24,13 +24,13 @@ from celery import beat
 
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule import plan as plans_mod
-from celery_anarchon._util import paused_gc
+from celery_anarchon._util import mask_url, paused_gc
 from celery_anarchon.settings import make_instance_id, resolve_store_url
 from celery_anarchon.beat.publisher import BrokerSends, _exit_requested
 from celery_anarchon.beat.engine import MAX_SLEEP_S, Engine
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.beat.metrics import MetricsSettings, process_observer
-from celery_anarchon.stores import open_store
+from celery_anarchon.stores import ClaimStore, open_store, scheme_of
 from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore
 from celery_anarchon.schedule.timing import Settings, check_sync_interval
 
@@ -47,6 +47,28 @@ def _stderr_is_logged() -> bool:
     worker redirect it into the log once logging is set up)."""
     from celery.utils.log import LoggingProxy
     return isinstance(sys.stderr, LoggingProxy)
+
+
+def refuse_a_store_of_one_process(app, store: ClaimStore) -> None:
+    """Beat takes a store that lives in one process (``memory://``, :attr:`one_process`) only in a
+    test app: one whose broker is kombu's in-memory transport (``broker_url = "memory://"``), one
+    process only as well (docs/stores.md "memory://"). Anywhere else the beat of every other
+    process would send every run too, and no worker could adopt a leased run.
+
+    :raises ConfigError: naming the setting, its value, the broker and the fix.
+    """
+    if not getattr(store, "one_process", False):
+        return
+    broker = app.conf.broker_url or app.conf.broker_read_url or ""
+    if broker and scheme_of(broker) == "memory":
+        return
+    raise ConfigError(
+        f"anarchon_store_url = {store.safe_url!r}: the memory store lives in this process only "
+        "(beat in another process would send every run again, and no worker could adopt a leased "
+        "run): beat takes it only in a test app, whose broker_url is 'memory://' (this app's is "
+        f"{mask_url(broker) if broker else 'unset'!r}); fix: set anarchon_store_url to a store "
+        "every beat and worker reaches, e.g. 'redis://host:6379/0' or "
+        "'postgresql://user@host/db', or, in a test, use broker_url = 'memory://'")
 
 
 class BeatCannotStart(ConfigError, click.ClickException):
@@ -105,6 +127,7 @@ class Scheduler(BrokerSends, beat.Scheduler):
         self._instance_id = make_instance_id()
         self.store = open_store(url, namespace=self._settings.namespace,
                                 instance_id=self._instance_id, options=options)
+        refuse_a_store_of_one_process(app, self.store)
         # the store's own URL: a relative SQLite path resolved once, here (a fork reopens it)
         self._store_url, self._store_options = self.store.url, options
         self.engine: Engine | None = None
