@@ -483,9 +483,9 @@ def test_no_clock_is_read(monkeypatch):
 
 
 def test_every_day_expressions_answer_as_croniter_does():
-    """The arithmetic of an expression matching every day (slots._WallMatcher) gives croniter's
-    answer for random minute and hour sets and random instants, seconds included."""
-    from celery_anarchon.schedule import slots as slots_module
+    """The arithmetic of an expression matching every day (slots.wall_clock._WallMatcher) gives
+    croniter's answer for random minute and hour sets and random instants, seconds included."""
+    from celery_anarchon.schedule.slots import wall_clock as slots_module
     rng = random.Random(20261201)
     for _ in range(300):
         minutes = "*" if rng.random() < 0.2 else ",".join(

@@ -17,6 +17,8 @@ import difflib
 import functools
 import zoneinfo
 
+from celery_anarchon.errors import ConfigError
+
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 _ONE_S = datetime.timedelta(seconds=1)
 
@@ -106,3 +108,21 @@ def did_you_mean(name: object) -> str:
         return ""
     close = difflib.get_close_matches(name, sorted(zoneinfo.available_timezones()), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def resolve_zone(tz, where: str) -> datetime.tzinfo:
+    """``tz`` as a tzinfo: a tzinfo as given, an IANA name looked up.
+
+    :param where: what the zone belongs to, for the error (``entry 'x': crontab``).
+    :raises ConfigError: an unknown zone (naming the closest known one), or neither.
+    """
+    if isinstance(tz, datetime.tzinfo):
+        return tz
+    if isinstance(tz, str):
+        try:
+            return zoneinfo.ZoneInfo(tz)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            pass
+    raise ConfigError(f"{where}: unknown time zone {tz!r}{did_you_mean(tz)}; fix: use an IANA "
+                      "name such as 'Europe/Paris' (see zoneinfo.available_timezones()) or a "
+                      "tzinfo")
