@@ -13,6 +13,7 @@ from celery.beat import ScheduleEntry
 from celery.schedules import crontab, schedule, solar
 
 from celery_anarchon import ConfigError, cron
+from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.plan import build_plan
 from celery_anarchon.stores import open_store
@@ -78,7 +79,7 @@ def test_a_definition_builds_the_same_plan_as_its_beat_schedule_entry(case):
     assert a.definition == b.definition and a.fingerprint == b.fingerprint
     assert slots_from(a) == slots_from(b)
     # and back: the config entry as data is the definition we started from
-    assert entry_json.canonical(entry_json.from_entry(from_config)) == entry_json.canonical(definition)
+    assert entry_json.canonical(as_data.from_entry(from_config)) == entry_json.canonical(definition)
 
 
 def test_a_crontab_keeps_its_fields_as_written_and_its_own_zone():
@@ -94,7 +95,7 @@ def test_a_crontab_keeps_its_fields_as_written_and_its_own_zone():
     # 02:30 New York on 2025-03-09 (the skipped hour) runs once, right after the jump: 07:00Z
     march_9 = int(datetime.datetime(2025, 3, 9, 6, tzinfo=datetime.timezone.utc).timestamp() * 1000)
     assert plan.slots.next_after(march_9) == march_9 + 3_600_000
-    same = entry_json.from_entry(entry)
+    same = as_data.from_entry(entry)
     assert same["schedule"] == {"crontab": {"minute": "30", "hour": "2"}, "timezone": "America/New_York"}
 
 
@@ -228,18 +229,18 @@ def test_text_is_data_never_code():
 
 
 def test_python_schedules_as_data():
-    assert entry_json.schedule_json(10.0) == {"every": 10}
-    assert entry_json.schedule_json(0.5) == {"every": 0.5}
-    assert entry_json.schedule_json(datetime.timedelta(minutes=2)) == {"every": 120}
-    assert entry_json.schedule_json(schedule(datetime.timedelta(seconds=30))) == {"every": 30}
-    assert entry_json.schedule_json(crontab(minute=0, hour=[1, 2])) == \
+    assert as_data.schedule_json(10.0) == {"every": 10}
+    assert as_data.schedule_json(0.5) == {"every": 0.5}
+    assert as_data.schedule_json(datetime.timedelta(minutes=2)) == {"every": 120}
+    assert as_data.schedule_json(schedule(datetime.timedelta(seconds=30))) == {"every": 30}
+    assert as_data.schedule_json(crontab(minute=0, hour=[1, 2])) == \
         {"crontab": {"minute": 0, "hour": "1,2"}}
-    assert entry_json.schedule_json(cron("@daily", tz="Asia/Tokyo")) == \
+    assert as_data.schedule_json(cron("@daily", tz="Asia/Tokyo")) == \
         {"cron": "0 0 * * *", "timezone": "Asia/Tokyo"}
-    assert entry_json.schedule_json(solar("sunset", 10, 20)) == {"solar": "sunset", "lat": 10, "lon": 20}
+    assert as_data.schedule_json(solar("sunset", 10, 20)) == {"solar": "sunset", "lat": 10, "lon": 20}
     data = {"every": 7}
-    assert entry_json.schedule_json(data) is data
-    assert entry_json.anarchon_json({"jitter": datetime.timedelta(seconds=1.5), "anchor":
+    assert as_data.schedule_json(data) is data
+    assert as_data.anarchon_json({"jitter": datetime.timedelta(seconds=1.5), "anchor":
                                      datetime.datetime(1970, 1, 1, 0, 15, tzinfo=datetime.timezone.utc),
                                      "lease": {"duration": datetime.timedelta(minutes=1)}}) == \
         {"jitter": 1.5, "anchor": 900, "lease": {"duration": 60}}
@@ -260,15 +261,15 @@ def test_what_cannot_be_data_is_shown_by_its_repr_and_not_storable():
     for sched in (Mine(), schedule(60, relative=True)):
         entry = ScheduleEntry(name="m", task="t", schedule=sched, app=app,
                               last_run_at=datetime.datetime.now(datetime.timezone.utc))
-        data = entry_json.from_entry(entry)
+        data = as_data.from_entry(entry)
         assert set(data["schedule"]) == {"repr"} and data["storable"] is False
-        assert not entry_json.is_storable(data)
+        assert not as_data.is_storable(data)
         with pytest.raises(ConfigError, match="unknown key|cannot be stored"):
             entry_json.parse("m", data, app=app)
     entry = ScheduleEntry(name="m", task="t", schedule=5, args=(object(),), app=app)
-    data = entry_json.from_entry(entry)
-    assert set(data["args"]) == {"repr"} and not entry_json.is_storable(data)
-    assert entry_json.is_storable(entry_json.from_entry(ScheduleEntry(name="m", task="t",
+    data = as_data.from_entry(entry)
+    assert set(data["args"]) == {"repr"} and not as_data.is_storable(data)
+    assert as_data.is_storable(as_data.from_entry(ScheduleEntry(name="m", task="t",
                                                                       schedule=5, app=app)))
 
 
@@ -281,7 +282,7 @@ def test_the_entry_class_is_the_callers():
 
 
 def test_describe_schedule_in_a_few_words():
-    d = entry_json.describe_schedule
+    d = as_data.describe_schedule
     assert d({"every": 60}) == "every 60 s"
     assert d({"crontab": {"minute": "0", "hour": "*/2"}, "timezone": "UTC"}) == "crontab 0 */2 * * * UTC"
     assert d({"cron": "0 3 * * *"}) == "cron 0 3 * * *"

@@ -46,8 +46,8 @@ def test_beat_worker_and_operate_never_import_each_other(capsys):
 
 
 def test_the_schedule_wing_is_layered_and_pure(capsys):
-    """plan < definition, task_options < timing < slots < zones; nothing in it reaches a store, a
-    wing or the settings."""
+    """plan, as_data < definition, task_options < timing < slots < zones; nothing in it reaches a
+    store, a wing or the settings."""
     kept, report = _kept("schedule", capsys)
     assert kept, report
     graph = grimp.build_graph("celery_anarchon")

@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable, Mapping
 
 from celery_anarchon import limits
+from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon._util import iso
@@ -211,7 +212,7 @@ def _celery_entry(app, scheduled: ScheduledEntry, config: Mapping, stored_text: 
         return config_entry(scheduled.name, config[scheduled.name], app=app)
     if scheduled.source == STORE and stored_text is not None:
         return entry_json.parse(scheduled.name, stored_text, app=app)
-    if scheduled.source == CONFIG and entry_json.is_storable(scheduled.definition or {}):
+    if scheduled.source == CONFIG and as_data.is_storable(scheduled.definition or {}):
         return entry_json.parse(scheduled.name, scheduled.definition, app=app)  # Celery's own
     return None
 
@@ -250,7 +251,7 @@ class _Planned:
                  config: Mapping, stored_text: str | None) -> None:
         definition = scheduled.definition or {}
         self.plan, self.problem, self.timezone = None, None, None
-        self.schedule = (entry_json.describe_schedule(definition["schedule"])
+        self.schedule = (as_data.describe_schedule(definition["schedule"])
                          if "schedule" in definition else None)
         self.next_from, self.next = None, []
         try:
@@ -261,7 +262,7 @@ class _Planned:
             if self.plan is not None:
                 self.timezone = _timezone(self.plan, app)
                 if "schedule" in definition:   # a crontab in the app's zone: name the zone
-                    self.schedule = entry_json.describe_schedule(definition["schedule"],
+                    self.schedule = as_data.describe_schedule(definition["schedule"],
                                                                  default_zone=self.timezone)
         except StoreError:
             raise

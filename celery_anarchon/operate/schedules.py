@@ -34,6 +34,7 @@ from celery import beat
 from celery.schedules import crontab
 
 from celery_anarchon import limits
+from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule import timing
 from celery_anarchon.settings import make_instance_id, open_app_store
@@ -275,7 +276,7 @@ class Schedules:
         """Change a store entry: each argument given replaces that part of the definition (the
         others are kept; ``anarchon`` and ``options`` are replaced whole). A ``schedule`` that is
         a crontab or cron without a zone of its own (an object built without ``tz``, or data
-        without ``"timezone"``) keeps the entry's zone (:func:`entry_json.keep_zone`): name the
+        without ``"timezone"``) keeps the entry's zone (:func:`as_data.keep_zone`): name the
         zone to change it, the app's included. The new slots follow the start-up rule on every
         instance within ``anarchon_sync_interval``. Two updates of one entry at once: the last
         one written wins.
@@ -299,9 +300,9 @@ class Schedules:
         merged = {k: current.get(k) for k in ("task", "schedule", "args", "kwargs", "options",
                                               "anarchon") if k in current}
         if "schedule" in changes:
-            as_data = entry_json.schedule_json(changes["schedule"])
-            zoned = entry_json.keep_zone(as_data, current.get("schedule"))
-            if zoned is not as_data:        # anything else is checked as given, with its message
+            given = as_data.schedule_json(changes["schedule"])
+            zoned = as_data.keep_zone(given, current.get("schedule"))
+            if zoned is not given:          # anything else is checked as given, with its message
                 changes["schedule"] = zoned
         merged.update(changes)
         definition = self._definition(name, **{k: merged.get(k) for k in (
@@ -544,11 +545,11 @@ class Schedules:
                 raise ConfigError(f"entry {name!r}: the per-entry settings are given twice "
                                   "(options['anarchon'] and anarchon=); fix: give anarchon= only")
             anarchon = options.pop("anarchon")
-        out = {"task": task, "schedule": entry_json.schedule_json(schedule),
+        out = {"task": task, "schedule": as_data.schedule_json(schedule),
                "args": list(args) if isinstance(args, tuple) else ([] if args is None else args),
                "kwargs": {} if kwargs is None else kwargs, "options": options}
         if anarchon:
-            out["anarchon"] = entry_json.anarchon_json(anarchon) if isinstance(anarchon, dict) \
+            out["anarchon"] = as_data.anarchon_json(anarchon) if isinstance(anarchon, dict) \
                 else anarchon
         return out
 
@@ -611,7 +612,7 @@ def config_data(app, name: str, item: Any) -> dict:
     try:
         entry = config_entry(name, item, app=app)
         check_call(name, entry)            # a task that is no text is no JSON either
-        return entry_json.from_entry(entry)
+        return as_data.from_entry(entry)
     except Exception:  # a broken beat_schedule entry: shown, never stored
         return _broken_item_data(item)
 

@@ -27,16 +27,15 @@ the same definition gives the same text on every host. It is at most
 each change of the store's entries) and nests at most :data:`~celery_anarchon.limits.MAX_DEPTH`
 (100) levels, checked before any parser recurses. :func:`parse` checks a definition and builds
 the entry; the timing rules (docs/design.md "Timing") are then applied by
-:func:`celery_anarchon.schedule.plan.build_plan`, with the same messages as at start-up.
+:func:`celery_anarchon.schedule.plan.build_plan`, with the same messages as at start-up. The other
+way, Python objects as this data: :mod:`celery_anarchon.schedule.as_data`.
 """
 from __future__ import annotations
 
 import datetime
-import decimal
 import difflib
 import json
 import math
-import sys
 import weakref
 import zoneinfo
 from typing import Any
@@ -47,7 +46,8 @@ from celery.exceptions import ImproperlyConfigured
 
 from celery_anarchon import limits
 from celery_anarchon.schedule import slots
-from celery_anarchon.schedule.zones import did_you_mean, zone_name
+from celery_anarchon.schedule.slots.wall_clock import FIELDS
+from celery_anarchon.schedule.zones import did_you_mean
 from celery_anarchon.errors import ConfigError
 
 #: the keys of a definition
@@ -59,6 +59,8 @@ SCHEDULE_KINDS = {"every": ("every",), "crontab": ("crontab", "timezone"),
                   "cron": ("cron", "timezone"), "solar": ("solar", "lat", "lon")}
 #: the fields of ``{"crontab": {...}}``, as ``celery.schedules.crontab`` names them
 CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
+#: the same fields in cron(5) order (minute hour day-of-month month day-of-week)
+CRON_ORDER = tuple(name for name, _, _ in FIELDS)
 _KINDS_TEXT = ('{"every": 60}, {"crontab": {"minute": "0", "hour": "3"}}, '
                '{"cron": "0 3 * * *"} or {"solar": "sunrise", "lat": 48.85, "lon": 2.35}')
 
@@ -96,7 +98,7 @@ def check_keys(name: str, obj: dict) -> None:
     _unknown(name, "", obj, KEYS)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     """A finite int or float (an int is finite at any size: ``math.isfinite(10**400)`` raises
     OverflowError; its range is the caller's bound to check)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -194,7 +196,7 @@ _LONGEST_TIMEDELTA_S = datetime.timedelta.max.total_seconds()
 
 def _every(name: str, sched: dict, app) -> celery_schedules.schedule:
     every = sched["every"]
-    if not _is_number(every) or every <= 0:
+    if not is_number(every) or every <= 0:
         raise _error(name, "schedule.every", every, "not a number of seconds > 0",
                      'give the period in seconds, e.g. {"every": 60}')
     if every > _LONGEST_TIMEDELTA_S:    # (a shorter period's slots: plan.build_plan)
@@ -271,7 +273,7 @@ def _cron(name: str, sched: dict, app) -> slots.cron:
 def _solar(name: str, sched: dict, app) -> celery_schedules.solar:
     event = sched["solar"]
     for key in ("lat", "lon"):
-        if not _is_number(sched.get(key)):
+        if not is_number(sched.get(key)):
             raise _error(name, f"schedule.{key}", sched.get(key), "missing or not a number",
                          'give "lat" (-90..90) and "lon" (-180..180) in degrees, e.g. '
                          '{"solar": "sunrise", "lat": 48.85, "lon": 2.35}')
@@ -313,7 +315,7 @@ def _anarchon(name: str, ours: Any) -> dict:
                      'give the per-entry settings as an object, e.g. {"jitter": 2, "max_late": 60}')
     _unknown(name, "anarchon", ours, ANARCHON_KEYS)
     for key in ("anchor", "jitter", "max_late"):
-        if key in ours and not _is_number(ours[key]):
+        if key in ours and not is_number(ours[key]):
             raise _error(name, f"anarchon.{key}", ours[key], "not a number of seconds",
                          "give seconds as a number (JSON has no timedelta)")
     lease = ours.get("lease")
@@ -376,169 +378,3 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
         options["anarchon"] = ours
     return entry_cls(name=name, task=task, schedule=schedule, args=tuple(args), kwargs=kwargs,
                      options=options, app=app)
-
-
-# -- Python objects -> data ----------------------------------------------------------------------
-
-def _seconds(value: Any) -> Any:
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, decimal.Decimal):   # Celery's schedule keeps a Decimal period as given
-        if not value.is_finite():
-            return str(value)                # 'Infinity', 'NaN': refused by the checks, by name
-        value = int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
-        return int(value)               # (exactly: a larger float stays one, e.g. 1e+308)
-    return value
-
-
-def _field_text(value: Any) -> str | int | bool:
-    if isinstance(value, (str, int)):   # a bool as given: parse refuses it by its field
-        return value
-    return ",".join(str(v) for v in sorted(value))  # a set, list or range of values
-
-
-def _storable_zone(tz: datetime.tzinfo) -> str | None:
-    name = zone_name(tz)
-    try:
-        zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return None
-    return name
-
-
-def _zoned(schedule: Any, out: dict, zone: datetime.tzinfo | None) -> dict:
-    """``out`` with the schedule's own ``timezone``; its repr when the zone has no IANA name."""
-    if zone is None:
-        return out
-    name = _storable_zone(zone)
-    return {"repr": limits.object_repr(schedule)} if name is None else {**out, "timezone": name}
-
-
-def schedule_json(schedule: Any) -> dict:
-    """A schedule object as the ``"schedule"`` data of a definition.
-
-    Accepts a number of seconds, a ``timedelta``, ``celery.schedules.schedule``, ``crontab`` (its
-    fields as written, its own zone if it has one), :class:`celery_anarchon.cron`, ``solar``, or
-    the data form itself (returned as given). What cannot be expressed (``relative=True``, a
-    schedule class of your own, a zone without an IANA name) gives ``{"repr": "..."}``, which
-    :func:`parse` refuses: see :func:`is_storable`.
-    """
-    if isinstance(schedule, dict):
-        return schedule
-    if _is_number(schedule) or isinstance(schedule, datetime.timedelta):
-        return {"every": _seconds(schedule)}
-    hooks = hasattr(schedule, "anarchon_next") or hasattr(schedule, "anarchon_shortest_gap")
-    if isinstance(schedule, slots.cron) and not hooks:
-        # the cron's own zone (None: the app's)
-        return _zoned(schedule, {"cron": schedule.expr}, schedule._zone)
-    if isinstance(schedule, celery_schedules.crontab) and not hooks:
-        fields = {f: _field_text(getattr(schedule, f"_orig_{f}")) for f in CRONTAB_FIELDS}
-        # a zone set on the instance, as django-celery-beat does (None: the app's)
-        return _zoned(schedule, {"crontab": {f: v for f, v in fields.items() if v != "*"}},
-                      vars(schedule).get("tz"))
-    if isinstance(schedule, celery_schedules.solar) and not hooks:
-        return {"solar": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
-    if (isinstance(schedule, celery_schedules.schedule) and not hooks
-            and type(schedule) is celery_schedules.schedule and not schedule.relative):
-        return {"every": _seconds(schedule.run_every)}
-    return {"repr": limits.object_repr(schedule)}
-
-
-#: the schedule kinds that run in a time zone (their ``"timezone"`` key)
-ZONED_KINDS = ("crontab", "cron")
-
-
-def zoned_kind(schedule: Any) -> str | None:
-    """``"crontab"`` or ``"cron"`` for a schedule's data form of that kind, else ``None``."""
-    if isinstance(schedule, dict):
-        return next((kind for kind in ZONED_KINDS if kind in schedule), None)
-    return None
-
-
-def keep_zone(new: Any, current: Any) -> Any:
-    """The ``"schedule"`` data of an update: ``new`` (a crontab or cron without a zone of its
-    own) with the ``timezone`` of ``current`` (the entry's schedule, a crontab or cron in a
-    zone); any other ``new`` as given. The zone is a part of the schedule that changes only when
-    given (docs/schedules.md, "update"): a 09:30 New York entry given new fields stays in New York,
-    it does not move to the app's zone."""
-    if (zoned_kind(new) is None or "timezone" in new or zoned_kind(current) is None
-            or current.get("timezone") is None):
-        return new
-    return {**new, "timezone": current["timezone"]}
-
-
-def anarchon_json(ours: dict | None) -> dict:
-    """``options['anarchon']`` as data: timedeltas as seconds, an aware ``anchor`` datetime as
-    seconds since the Unix epoch; other values as given."""
-    out = {}
-    for key, value in (ours or {}).items():
-        if key == "anchor" and isinstance(value, datetime.datetime) and value.tzinfo is not None:
-            value = value.timestamp()
-        elif key == "lease" and isinstance(value, dict):
-            value = {k: _seconds(v) for k, v in value.items()}
-        out[key] = _seconds(value)
-    return out
-
-
-def _json_value(value: Any) -> Any:
-    if limits.too_deep(value):          # json.dumps would recurse past Python's limit
-        return {"repr": f"(nested more than {limits.MAX_DEPTH} levels deep)"}
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError):
-        return {"repr": limits.object_repr(value)}
-
-
-def from_entry(entry: beat.ScheduleEntry) -> dict:
-    """A ``ScheduleEntry`` (a ``beat_schedule`` entry) as a definition, for ``list`` and
-    ``status``. A part that cannot be expressed as data (a schedule of your own, arguments that
-    are not JSON) is given as ``{"repr": "..."}`` and the definition carries
-    ``"storable": false``: it can be shown, not stored (:func:`is_storable`)."""
-    options = dict(entry.options or {})
-    ours = options.pop("anarchon", None)
-    out = {"task": entry.task, "args": _json_value(list(entry.args or ())),
-           "kwargs": _json_value(dict(entry.kwargs or {})), "options": _json_value(options),
-           "schedule": schedule_json(entry.schedule)}
-    if ours:
-        out["anarchon"] = _json_value(anarchon_json(ours) if isinstance(ours, dict) else ours)
-    if not is_storable(out):
-        out["storable"] = False
-    return out
-
-
-def is_storable(definition: dict) -> bool:
-    """False when :func:`from_entry` had to show a part of ``definition`` by its repr."""
-    if definition.get("storable") is False:
-        return False
-    if "repr" in (definition.get("schedule") or {}):
-        return False
-    return not any(isinstance(definition.get(k), dict) and set(definition[k]) == {"repr"}
-                   for k in ("args", "kwargs", "options", "anarchon"))
-
-
-def describe_schedule(schedule: dict, default_zone: str | None = None) -> str:
-    """A schedule's data in a few words, for tables: ``every 60 s``, ``crontab 0 */2 * * *
-    Europe/Paris``, ``cron 0 3 * * *``, ``solar sunrise 48.85,2.35``.
-
-    :param default_zone: the zone a crontab or cron without a zone of its own is read in (the
-        app's ``timezone``), named after it; ``None``: none named.
-    """
-    if not isinstance(schedule, dict):
-        return str(schedule)
-    given = schedule.get("timezone") or default_zone
-    zone = f" {given}" if given else ""
-    if "every" in schedule:
-        every = schedule["every"]
-        if _is_number(every) and abs(every) <= sys.float_info.max:   # {:g} of 10**400 overflows
-            return f"every {every:g} s"
-        return f"every {limits.shown_value(every)}" + (" s" if _is_number(every) else "")
-    if "crontab" in schedule and isinstance(schedule["crontab"], dict):
-        fields = schedule["crontab"]
-        order = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
-        return "crontab " + " ".join(str(fields.get(f, "*")) for f in order) + zone
-    if "cron" in schedule:
-        return f"cron {schedule['cron']}{zone}"
-    if "solar" in schedule:
-        return f"solar {schedule['solar']} {schedule.get('lat')},{schedule.get('lon')}"
-    return str(schedule.get("repr", schedule))

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import click
 
+from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon._util import iso
@@ -30,8 +31,6 @@ EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_UNKNOWN_ENTRY, EXIT_OWNED_OR_EXISTS = 1, 2, 3
 #: the flags of add/update that are parts of a definition: flag -> definition key
 _PART_FLAGS = {"task": "task", "args_": "args", "kwargs_": "kwargs", "options_": "options",
                "anarchon": "anarchon"}
-#: the five fields of --crontab, in crontab(5) order
-_CRONTAB_ORDER = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
 
 
 @contextlib.contextmanager
@@ -83,7 +82,7 @@ def _schedule_of(flags: dict) -> dict | None:
     if len(fields) != 5:
         raise click.UsageError(f"--crontab {flags['crontab_']!r}: give five fields, "
                                '"minute hour day-of-month month day-of-week" (e.g. "0 3 * * 1-5")')
-    return {"crontab": {k: v for k, v in zip(_CRONTAB_ORDER, fields) if v != "*"}, **zone}
+    return {"crontab": {k: v for k, v in zip(entry_json.CRON_ORDER, fields) if v != "*"}, **zone}
 
 
 def _parts(name: str, flags: dict) -> dict:
@@ -107,7 +106,7 @@ def _print_entry(verb: str, entry: ScheduledEntry, as_json: bool) -> None:
         click.echo(json.dumps(entry.as_json(), sort_keys=True))
         return
     definition = entry.definition or {}
-    what = (f": {entry_json.describe_schedule(definition.get('schedule'))} -> "
+    what = (f": {as_data.describe_schedule(definition.get('schedule'))} -> "
             f"{definition.get('task')}" if definition else "")
     state = entry.pause.describe() if entry.pause else "running"
     click.echo(f"{verb} {entry.name} ({entry.source}{what}; {state}; version {entry.version})")
@@ -147,8 +146,8 @@ def _in_zone(s: Schedules, name: str, zone: str) -> dict:
     :raises UnknownEntry: no entry ``name``.
     """
     schedule = (s.get(name).definition or {}).get("schedule")
-    if entry_json.zoned_kind(schedule) is None:
-        what = entry_json.describe_schedule(schedule) if isinstance(schedule, dict) else "-"
+    if as_data.zoned_kind(schedule) is None:
+        what = as_data.describe_schedule(schedule) if isinstance(schedule, dict) else "-"
         raise ConfigError(f"entry {name!r}: --timezone changes the time zone of a crontab or cron "
                           f"schedule, and this entry's schedule is {what}; fix: give --crontab or "
                           "--cron with --timezone")
@@ -271,7 +270,7 @@ def list_entries(app, as_json: bool) -> None:
     for e in entries:
         d = e.definition or {}
         source = e.source + (" (store copy ignored)" if e.shadowed else "")
-        rows.append((e.name, source, entry_json.describe_schedule(d.get("schedule", "-"), zone),
+        rows.append((e.name, source, as_data.describe_schedule(d.get("schedule", "-"), zone),
                      str(d.get("task", "-")), e.pause.describe() if e.pause else "running"))
     _table(rows)
 

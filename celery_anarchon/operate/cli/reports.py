@@ -17,6 +17,7 @@ import zoneinfo
 import click
 
 from celery_anarchon import limits
+from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.operate import checks as testing
 from celery_anarchon.schedule.zones import zone_name
@@ -485,7 +486,7 @@ def _summary(report: _Report, strict: bool) -> None:
 
 def _words(plan: EntryPlan) -> str:
     try:
-        return entry_json.describe_schedule(entry_json.from_entry(plan.entry)["schedule"])
+        return as_data.describe_schedule(as_data.from_entry(plan.entry)["schedule"])
     except Exception:  # a schedule class of the user's: its canonical text
         return plan.slots.describe()
 
