@@ -30,7 +30,8 @@ from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.settings import make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.schedule.plan import EntryPlan, build_plan, config_entry
-from celery_anarchon.operate.schedules import config_items, normal_name
+from celery_anarchon.operate.config import config_items
+from celery_anarchon.operate.names import normal_name
 from celery_anarchon.schedule.slots import datetime_to_ms, ms_to_datetime
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.schedule.timing import Settings, check_sync_interval, timezone_error
@@ -131,7 +132,7 @@ _problem = problem_of
 
 
 def config_entries(app) -> dict:
-    """The config entries (:func:`celery_anarchon.operate.schedules.config_items`: ``beat_schedule``
+    """The config entries (:func:`celery_anarchon.operate.config.config_items`: ``beat_schedule``
     and Celery's own ``celery.backend_cleanup``) as Celery ``ScheduleEntry`` objects, by name; an
     item Celery cannot build is a :class:`ConfigError` in its place (with the message beat stops
     with); the names in Unicode NFC, as beat runs them."""

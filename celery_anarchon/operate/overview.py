@@ -23,9 +23,9 @@ from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon._util import iso
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.schedule.plan import EntryPlan, build_plan, clash_fix, config_entry
-from celery_anarchon.operate.schedules import (
-    CONFIG, STORE, Schedules, ScheduledEntry, config_data, config_items,
-)
+from celery_anarchon.operate.config import config_data, config_items
+from celery_anarchon.operate.listing import CONFIG, STORE, ScheduledEntry
+from celery_anarchon.operate.schedules import Schedules
 from celery_anarchon.schedule.slots import CronSlots
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
 from celery_anarchon.stores.entry_store import EntryStore, InstanceRecord, InstanceStore

@@ -226,7 +226,7 @@ _SCHEDULE_EXAMPLE = ("{'nightly-report': {'task': 'proj.tasks.report', 'schedule
 @dataclasses.dataclass(frozen=True)
 class UnnamedItem:
     """A ``beat_schedule`` item whose name is not a string (``3``, ``b"x"``): the operator views
-    key it by its repr (:func:`celery_anarchon.operate.schedules.config_items`), and
+    key it by its repr (:func:`celery_anarchon.operate.config.config_items`), and
     :func:`config_entry` refuses it by that name, as beat does at start-up."""
 
     name: Any

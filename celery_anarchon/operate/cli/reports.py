@@ -31,7 +31,8 @@ from celery_anarchon.settings import make_instance_id, open_app_store, resolve_s
 from celery_anarchon.messages import is_installed
 from celery_anarchon.operate.overview import dumps, lost_lines, overview, run_json
 from celery_anarchon.schedule.plan import EntryPlan
-from celery_anarchon.operate.schedules import check_task, normal_name
+from celery_anarchon.operate.config import check_task
+from celery_anarchon.operate.names import normal_name
 from celery_anarchon.schedule.slots import CronSlots
 from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 from celery_anarchon.schedule.timing import Settings, check_sync_interval
