@@ -1,0 +1,223 @@
+"""One entry's row of the status data (:func:`~celery_anarchon.operate.overview.overview`): its
+schedule and zone in words, its next slots, the start-up rule it breaks, its runs, pause and
+lease, and its state.
+
+What an entry's definition gives whatever the time (its plan, or the rule it breaks) is built
+once per definition and store object (:func:`planned`), so a page reading the status every few
+seconds does not check the start-up rules again.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import weakref
+import zoneinfo
+from collections.abc import Mapping
+
+from celery_anarchon._util import iso
+from celery_anarchon.errors import ConfigError, StoreError
+from celery_anarchon.operate.listing import CONFIG, STORE, ScheduledEntry
+from celery_anarchon.operate.overview_instances import maybe_iso
+from celery_anarchon.schedule import as_data
+from celery_anarchon.schedule import definition as entry_json
+from celery_anarchon.schedule.plan import EntryPlan, build_plan, config_entry
+from celery_anarchon.schedule.slots import CronSlots
+from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.schedule.zones import zone_name
+from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
+
+#: per store object: (app, settings, {definition key: _Planned}); see :func:`planned_of`
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: an entry's ``state`` when the store cannot be read (its pause and lease are not known)
+UNKNOWN_STATE = "unknown"
+#: history events of a run that may hold a lease (its record is read with LeaseStore.inspect)
+_LEASE_EVENTS = (RunEvent.CLAIMED, RunEvent.SENT, RunEvent.STARTED, RunEvent.TAKEN_OVER)
+
+
+def run_json(rec: HistoryRecord) -> dict:
+    """One history record as data: ``{slot, event, at, instance, attempt, task_id, detail,
+    earlier}``; ``earlier``: the records of the run's earlier attempts it keeps (a run taken
+    over: the dead attempt's last record, then ``taken_over``), oldest first, each with the same
+    keys but ``earlier``."""
+    out = _record_json(rec)
+    out["earlier"] = [_record_json(e) for e in rec.earlier]
+    return out
+
+
+def _record_json(rec: HistoryRecord) -> dict:
+    return {"slot": iso(rec.slot_ms), "event": rec.event.value,
+            "at": maybe_iso(rec.store_ms or None),
+            "instance": rec.instance, "attempt": rec.attempt, "task_id": rec.task_id,
+            "detail": rec.detail}
+
+
+
+def _celery_entry(app, scheduled: ScheduledEntry, config: Mapping, stored_text: str | None):
+    """The Celery ``ScheduleEntry`` of one listed entry, or ``None`` (a pause of a name neither
+    ``beat_schedule`` nor the store defines).
+
+    :raises ConfigError: Celery cannot build it, or its definition is invalid."""
+    if scheduled.source == CONFIG and scheduled.name in config:
+        return config_entry(scheduled.name, config[scheduled.name], app=app)
+    if scheduled.source == STORE and stored_text is not None:
+        return entry_json.parse(scheduled.name, stored_text, app=app)
+    if scheduled.source == CONFIG and as_data.is_storable(scheduled.definition or {}):
+        return entry_json.parse(scheduled.name, scheduled.definition, app=app)  # Celery's own
+    return None
+
+
+def zone_of(plan: EntryPlan, app) -> datetime.tzinfo:
+    """The zone an entry's slots are read in: its crontab's or cron's, else the app's."""
+    if isinstance(plan.slots, CronSlots):
+        return plan.slots.zone
+    tz = app.timezone
+    return zoneinfo.ZoneInfo(tz) if isinstance(tz, str) else tz
+
+
+def _lease(store: ClaimStore, plan: EntryPlan | None, runs: list[HistoryRecord]) -> dict | None:
+    """The lease record of the entry's newest run that may hold one (leased entries only)."""
+    if plan is None or plan.timing.lease is None or not isinstance(store, LeaseStore):
+        return None
+    for rec in runs:
+        if rec.event in _LEASE_EVENTS:
+            leased = store.inspect(rec.entry, rec.slot_ms)
+            if leased is None:
+                return None
+            return {"slot": iso(leased.slot_ms), "state": leased.state.value,
+                    "attempt": leased.attempt, "holder": leased.owner, "token": leased.token,
+                    "expires": maybe_iso(leased.lease_expires_ms),
+                    "queue_deadline": maybe_iso(leased.queue_deadline_ms),
+                    "expired": leased.expired}
+    return None
+
+
+class _Planned:
+    """What an entry's definition gives, whatever the time: its plan (or the rule it breaks),
+    zone and schedule in words, and its next slots while they stand. Nothing an entry's
+    definition holds makes it raise: any failure is the entry's ``problem`` (one broken entry is
+    a problem row; the others are shown)."""
+
+    __slots__ = ("plan", "problem", "timezone", "schedule", "next_from", "next")
+
+    def __init__(self, app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry,
+                 config: Mapping, stored_text: str | None) -> None:
+        definition = scheduled.definition or {}
+        self.plan, self.problem, self.timezone = None, None, None
+        self.schedule = (as_data.describe_schedule(definition["schedule"])
+                         if "schedule" in definition else None)
+        self.next_from, self.next = None, []
+        try:
+            celery_entry = _celery_entry(app, scheduled, config, stored_text)
+            if celery_entry is not None:
+                self.plan = build_plan(scheduled.name, celery_entry, app=app, settings=settings,
+                                       store=store)
+            if self.plan is not None:
+                self.timezone = zone_name(zone_of(self.plan, app))
+                if "schedule" in definition:   # a crontab in the app's zone: name the zone
+                    self.schedule = as_data.describe_schedule(definition["schedule"],
+                                                                 default_zone=self.timezone)
+        except StoreError:
+            raise
+        except Exception as exc:   # ConfigError, or what a schedule class of the user's raised
+            self.plan, self.problem = None, _problem(scheduled.name, exc)
+
+    def next_slots(self, now_ms: int, count: int) -> list[str]:
+        """The ``count`` slots after ``now_ms`` (ISO), computed again only once the first of
+        those computed before has come or ``now_ms`` went back."""
+        if self.plan is None:
+            return []
+        standing = (self.next_from is not None and len(self.next) == count
+                    and self.next_from <= now_ms and (not self.next or now_ms < self.next[0][0]))
+        if not standing:
+            slot, slots = now_ms, []
+            try:
+                for _ in range(count):
+                    slot = self.plan.slots.next_after(slot)
+                    slots.append((slot, iso(slot)))
+            except Exception as exc:   # a slot past the year 9999, a schedule class's error
+                self.problem = _problem(self.plan.name, exc)
+                self.plan = None
+                return []
+            self.next_from, self.next = now_ms, slots
+        return [text for _, text in self.next]
+
+
+def _problem(name: str, exc: Exception) -> str:
+    """An entry's problem from what building or reading its plan raised: a ConfigError's
+    message, else the exception named with the entry."""
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    return f"entry {name!r}: {type(exc).__name__}: {exc}"
+
+
+def _definition_key(scheduled: ScheduledEntry, stored_text: str | None) -> tuple:
+    """What an entry's :class:`_Planned` depends on besides the app, settings and store."""
+    return (scheduled.name, scheduled.source, stored_text,
+            json.dumps(scheduled.definition, sort_keys=True, default=repr))
+
+
+def plan_cache(app, settings: Settings, store: ClaimStore) -> dict:
+    """The store object's ``{definition key: _Planned}`` for ``app`` and ``settings`` (a new one
+    for another app or other settings)."""
+    app_, settings_, cache = _PLANS.get(store, (None, None, None))
+    if app_ is not app or settings_ != settings:
+        cache = {}
+        _PLANS[store] = (app, settings, cache)
+    return cache
+
+
+def planned_of(cache: dict, used: set, app, settings: Settings, store: ClaimStore,
+             scheduled: ScheduledEntry, config: Mapping, stored_text: str | None) -> _Planned:
+    """The entry's :class:`_Planned` from ``cache``, built (start-up rules checked) once per
+    definition, so a page reading every few seconds does not check them again; its key is
+    added to ``used``."""
+    key = _definition_key(scheduled, stored_text)
+    used.add(key)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _Planned(app, settings, store, scheduled, config, stored_text)
+    return found
+
+
+def kept_of(lost: list[dict] | None, name: str) -> list[dict]:
+    """What live instances keep of entry ``name`` from before the store's loss."""
+    out = []
+    for item in lost or ():
+        if name in item["pauses"]:
+            out.append({"instance": item["instance"], "what": "pause",
+                        "detail": item["pauses"][name]})
+        if name in item["entries"]:
+            out.append({"instance": item["instance"], "what": "entry", "detail": ""})
+        if name in item["withheld"]:
+            out.append({"instance": item["instance"], "what": "withheld", "detail": ""})
+    return out
+
+
+def entry_row(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry,
+              config: Mapping,
+           stored_text: str | None, *, history: list[HistoryRecord], next_count: int, now_ms: int,
+           reachable: bool, requests: list[dict], cache: dict, used: set,
+           kept: list[dict]) -> dict:
+    planned = planned_of(cache, used, app, settings, store, scheduled, config, stored_text)
+    definition = scheduled.definition or {}
+    out = {"name": scheduled.name, "source": scheduled.source, "task": definition.get("task"),
+           "schedule": planned.schedule, "timezone": planned.timezone,
+           "next": planned.next_slots(now_ms, next_count), "problem": planned.problem,
+           "leased": planned.plan is not None and planned.plan.timing.lease is not None,
+           "shadowed": scheduled.shadowed, "paused": None, "last": None, "runs": [],
+           "lease": None, "state": UNKNOWN_STATE,
+           "run_now": (None if requests is None
+                       else [r for r in requests if r["entry"] == scheduled.name]),
+           "kept": kept}
+    if reachable and scheduled.pause is not None:
+        p = scheduled.pause
+        out["paused"] = {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
+    if reachable:
+        out["runs"] = [run_json(r) for r in history]
+        out["last"] = out["runs"][0] if history else None
+        out["lease"] = _lease(store, planned.plan, history)
+        out["state"] = ("paused" if out["paused"] else
+                        "kept" if any(k["what"] == "pause" for k in kept) else
+                        "problem" if out["problem"] else "running")
+    return out
+
