@@ -86,7 +86,8 @@ def refuse_config(app, name: str, what: str) -> None:
 
 
 def config_data(app, name: str, item: Any) -> dict:
-    """A ``beat_schedule`` item as the views show its definition (:mod:`~celery_anarchon.schedule.definition` data); an
+    """A ``beat_schedule`` item as the views show its definition (data of
+    :mod:`~celery_anarchon.schedule.definition`); an
     item that is no entry as its task and the repr of its schedule, ``"storable": false`` (its
     problem comes from :func:`~celery_anarchon.schedule.plan.build_plan`)."""
     try:

@@ -1,5 +1,5 @@
-"""Every entry as an operator reads it (:meth:`Schedules.get <celery_anarchon.operate.schedules.Schedules.get>`,
-:meth:`~celery_anarchon.operate.schedules.Schedules.list`, the views): the config entries, the
+"""Every entry as an operator reads it (``Schedules.get`` and ``Schedules.list`` of
+:mod:`celery_anarchon.operate.schedules`, the views): the config entries, the
 store's entries, and pauses of names neither defines, each a :class:`ScheduledEntry`.
 
 A name ``beat_schedule`` defines is a config entry, whatever the store holds under it (config
@@ -65,9 +65,10 @@ class ScheduledEntry:
 
 
 def scheduled(app, config: Mapping, name: str, stored: StoredEntry | None) -> ScheduledEntry | None:
-    """The entry ``name`` as read: config (``config``: :func:`~celery_anarchon.operate.config.config_items`)
-    first, else the store's entry, else the store's record of a name neither defines (a pause,
-    or what is left of one resumed or removed: ``stored.cleared``).
+    """The entry ``name`` as read: config (``config``:
+    :func:`~celery_anarchon.operate.config.config_items`) first, else the store's entry, else
+    the store's record of a name neither defines (a pause, or what is left of one resumed or
+    removed: ``stored.cleared``).
 
     :returns: ``None`` when neither ``config`` nor the store (``stored``) holds anything of it.
     """

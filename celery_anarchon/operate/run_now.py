@@ -1,8 +1,9 @@
-"""A run-now request in the store: the write behind :meth:`Schedules.run_now
-<celery_anarchon.operate.schedules.Schedules.run_now>` once its entry is known and unpaused.
+"""A run-now request in the store: the write behind ``Schedules.run_now``
+(:mod:`celery_anarchon.operate.schedules`) once its entry is known.
 
 The store chooses the request's slot in the write that records it (its clock's now, moved past
-the entry's scheduled slots and its other requests' slots: :class:`~celery_anarchon.stores.run_now.SlotWindow`);
+the entry's scheduled slots and its other requests' slots:
+:class:`~celery_anarchon.stores.run_now.SlotWindow`);
 a request id is one request, and one run, for ``anarchon_request_retention``
 (docs/schedules.md, "What each operation guarantees").
 """

@@ -21,8 +21,9 @@ clock reads.
 One module per kind: :mod:`~celery_anarchon.schedule.slots.interval`,
 :mod:`~celery_anarchon.schedule.slots.wall_clock` (crontab and cron strings, with the DST rules of
 cron(8)), :mod:`~celery_anarchon.schedule.slots.cron_text` (:class:`cron`),
-:mod:`~celery_anarchon.schedule.slots.solar_slots` and :mod:`~celery_anarchon.schedule.slots.custom`,
-each on :mod:`~celery_anarchon.schedule.slots.base` (:class:`SlotSchedule`, instants in UTC ms).
+:mod:`~celery_anarchon.schedule.slots.solar_slots` and
+:mod:`~celery_anarchon.schedule.slots.custom`, each on
+:mod:`~celery_anarchon.schedule.slots.base` (:class:`SlotSchedule`, instants in UTC ms).
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ from celery.schedules import BaseSchedule, schedstate
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.schedule.slots.base import datetime_to_ms, ms_to_datetime
-from celery_anarchon.schedule.slots.wall_clock import CronSlots, check_steps, shortest_gap_of, wall_matcher
+from celery_anarchon.schedule.slots.wall_clock import (
+    CronSlots, check_steps, shortest_gap_of, wall_matcher,
+)
 from celery_anarchon.schedule.zones import resolve_zone, zone_name
 
 _ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.schedule.slots.base import ONE_MS, UTC_EPOCH, SlotSchedule, ms_to_datetime, whole_ms
+from celery_anarchon.schedule.slots.base import (
+    ONE_MS, UTC_EPOCH, SlotSchedule, ms_to_datetime, whole_ms,
+)
 
 
 class CustomSlots(SlotSchedule):
