@@ -504,7 +504,8 @@ def test_the_page_shows_entries_needing_attention_first_pages_the_rest_and_filte
         tmp_path, namespace):
     import re
     from celery import Celery
-    from celery_anarchon.operate.web import StatusSource, create_app, entries_page, render_page
+    from celery_anarchon.operate.page import entries_page, render_page
+    from celery_anarchon.operate.web import StatusSource, create_app
     run = {"slot": "2026-03-29T01:00:00+00:00", "event": "sent", "at": None, "instance": "A",
            "attempt": 1, "task_id": "t", "detail": ""}
     entries = [{"name": f"job-{i:03d}", "state": "running", "paused": None, "problem": None,

@@ -1,0 +1,206 @@
+"""The status page's HTML (``GET /`` of :mod:`celery_anarchon.operate.web`): the status data of
+:func:`~celery_anarchon.operate.overview.overview` rendered with Jinja2 (``templates/status.html``,
+every value escaped), its entries searched, sorted by what needs attention and paged, and the
+colours of the runs' strip.
+
+Jinja2 comes with the ``web`` extra; it is imported when a page is rendered.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from urllib.parse import urlencode
+
+from celery_anarchon.errors import ConfigError
+
+#: the header, form field and environment variable of the actions' token
+TOKEN_HEADER, TOKEN_FIELD, TOKEN_ENV = "X-Anarchon-Token", "token", "ANARCHON_WEB_TOKEN"
+#: the page's reload interval, seconds: 0 (never) or within these bounds (``?refresh=N``)
+MIN_REFRESH_S, MAX_REFRESH_S = 1.0, 3600.0
+#: entries per page of the status page: the default and the most (``?per_page=N``)
+PER_PAGE, MAX_PER_PAGE = 100, 1000
+_TEMPLATES = Path(__file__).with_name("templates")
+
+
+def refresh_interval(value: str | float | None, default: float) -> float:
+    """The page's reload interval from ``?refresh=N``: 0 (never), else clamped to
+    :data:`MIN_REFRESH_S` .. :data:`MAX_REFRESH_S` seconds; ``default`` (clamped too) when
+    ``value`` is missing, not a number, infinite or NaN.
+
+    :param value: the query parameter's text (or a number), or ``None``.
+    :param default: the page's ``--refresh``, seconds.
+    :returns: seconds, 0 or within the bounds; never raises.
+    """
+    try:
+        seconds = float(default if value is None else value)
+    except (TypeError, ValueError):
+        seconds = float(default)
+    if not math.isfinite(seconds):
+        seconds = float(default) if math.isfinite(float(default)) else MAX_REFRESH_S
+    if seconds <= 0:
+        return 0.0
+    return min(max(seconds, MIN_REFRESH_S), MAX_REFRESH_S)
+
+
+def missing_extra() -> ConfigError:
+    """The error of a page started without the ``web`` extra (naming the fix)."""
+    return ConfigError("the status page needs the web extra: pip install 'celery-anarchon[web]' "
+                       "(starlette, uvicorn, jinja2)")
+
+
+def render_page(data: dict | None, *, error: str | None = None, actions: bool = False,
+                nonce: str = "", refresh_s: float = 0.0, query: str | None = None,
+                page: str | int | None = 1, per_page: str | int | None = PER_PAGE,
+                params: dict[str, str] | None = None) -> str:
+    """The page's HTML for the status data ``data`` (:func:`overview.overview`), every value
+    escaped.
+
+    :param error: why there is no data (shown instead).
+    :param actions: render the token field and the pause / resume / run-now buttons.
+    :param nonce: the Content-Security-Policy nonce of the page's script.
+    :param refresh_s: how often the page reloads its data, seconds (0: never).
+    :param query: page, per_page: the entries shown (:func:`entries_page`; ``?q=``, ``?page=``,
+        ``?per_page=``).
+    :param params: the request's query parameters the page's links keep (``q``, ``per_page``,
+        ``refresh``).
+    :raises ConfigError: Jinja2 (the ``web`` extra) is not installed.
+    """
+    data = data or {}
+    params = dict(params or {})
+    shown = entries_page(data.get("entries") or [], query=query, page=page, per_page=per_page)
+    links = {"prev": page_link(params, page=shown["page"] - 1) if shown["page"] > 1 else None,
+             "next": (page_link(params, page=shown["page"] + 1)
+                      if shown["page"] < shown["pages"] else None),
+             "all": page_link(params, q=None, page=None) if shown["query"] else None}
+    return _template().render(
+        data=data, error=error, actions=actions, nonce=nonce, store_ms=_store_ms(data),
+        refresh_ms=int(refresh_interval(refresh_s, 0.0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
+        classes=COLOURS, skips=recent_skips(data), shown=shown, links=links,
+        kept={k: v for k, v in params.items() if k != "q"}, lost_fix=_lost_fix())
+
+
+def _lost_fix() -> str:
+    """What to do about a store's loss (:data:`overview.LOST_FIX`; imported when rendered, as
+    the overview is)."""
+    from celery_anarchon.operate.overview import LOST_FIX
+    return LOST_FIX
+
+
+@functools.lru_cache(maxsize=1)
+def _template():
+    try:
+        import jinja2
+    except ImportError as exc:
+        raise missing_extra() from exc
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.ChainableUndefined)
+    env.filters["when"] = _when
+    return env.get_template("status.html")
+
+
+def _store_ms(data: dict) -> int | None:
+    """The store's clock when the status data was read, UTC ms (``None``: not known): the
+    page's script makes run-now request ids of it."""
+    import datetime
+    try:
+        return round(datetime.datetime.fromisoformat(data["store"]["clock"]).timestamp() * 1000)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _when(value) -> str:
+    """An ISO time as the page shows it: ``2026-03-29 01:00:00Z`` (milliseconds dropped)."""
+    if not isinstance(value, str) or "T" not in value:
+        return "" if value is None else str(value)
+    day, time_ = value.split("T", 1)
+    return f"{day} {time_[:8]}Z" if time_.endswith(("Z", "+00:00")) else f"{day} {time_}"
+
+
+#: the strip's colours: (colour class, what it means, the history events it shows)
+LEGEND = (
+    ("ok", "sent (leased: finished)", ("sent", "finished")),
+    ("busy", "claimed, running (leased: started, taken over)", ("claimed", "started", "taken_over")),
+    ("bad", "failed: send failed or unknown, unconfirmed, store unreachable, given up",
+     ("send_failed", "send_unknown", "unconfirmed", "store_unreachable", "unknown", "given_up")),
+    ("skip", "skipped: late, early, forgotten, overlapping, superseded",
+     ("late", "late_local", "early", "forgotten", "overlapping", "superseded")),
+    ("paused", "paused", ("paused",)),
+)
+#: history event -> the strip's colour class (an event not listed: "other")
+COLOURS = {event: colour for colour, _, events in LEGEND for event in events}
+#: the skips the page lists under "Recent skips", at most
+SKIPS_SHOWN = 20
+
+
+def recent_skips(data: dict, limit: int = SKIPS_SHOWN) -> list[tuple[str, dict]]:
+    """The newest skipped or failed runs of every entry of the status data ``data``, newest slot
+    first: ``(entry name, run)`` pairs, at most ``limit``."""
+    found = [(e["name"], r) for e in data.get("entries", ()) for r in e.get("runs", ())
+             if COLOURS.get(r.get("event")) in ("skip", "bad")]
+    return sorted(found, key=lambda pair: pair[1]["slot"], reverse=True)[:limit]
+
+
+def attention(entry: dict) -> str | None:
+    """Why an entry of the status data needs attention, or ``None``: ``"unknown"`` (the store
+    cannot be read), ``"paused"``, ``"pause kept"`` (a live instance keeps its pause from before
+    the store lost it), ``"problem"`` (it breaks a start-up rule), ``"lease expired"``, or the event of its newest skipped or failed run among those shown (``"late"``,
+    ``"send_failed"``, ...)."""
+    if entry.get("state") == "unknown":
+        return "unknown"
+    if entry.get("paused"):
+        return "paused"
+    if entry.get("state") == "kept":
+        return "pause kept"
+    if entry.get("problem"):
+        return "problem"
+    if (entry.get("lease") or {}).get("expired"):
+        return "lease expired"
+    for run in entry.get("runs") or ():
+        if COLOURS.get(run.get("event")) in ("skip", "bad"):
+            return run.get("event")
+    return None
+
+
+def _number(value, default: int, low: int, high: int) -> int:
+    try:
+        return min(max(int(value), low), high)
+    except (TypeError, ValueError):
+        return default
+
+
+def entries_page(entries: list[dict], *, query: str | None = None, page: str | int | None = 1,
+                 per_page: str | int | None = PER_PAGE) -> dict:
+    """One page of the status page's entries: those whose name contains ``query`` (ignoring
+    case), the ones needing :func:`attention` first (by name), then the others (by name).
+
+    :param query: ``?q=``; empty or ``None``: every entry.
+    :param page: ``?page=``, from 1; held within the pages (not a number: 1).
+    :param per_page: ``?per_page=``, held within 1 .. :data:`MAX_PER_PAGE` (not a number:
+        :data:`PER_PAGE`).
+    :returns: ``{entries: [(entry, attention or None)], query, page, pages, per_page, first,
+        last (1-based positions shown, 0 when none), matching, total, attention (matching entries
+        needing it)}``; never raises.
+    """
+    query = (query or "").strip()
+    needle = query.casefold()
+    found = [(e, attention(e)) for e in entries
+             if not needle or needle in str(e.get("name", "")).casefold()]
+    found.sort(key=lambda pair: (pair[1] is None, str(pair[0].get("name", ""))))
+    size = _number(per_page, PER_PAGE, 1, MAX_PER_PAGE)
+    pages = max(1, -(-len(found) // size))
+    number = _number(page, 1, 1, pages)
+    start = (number - 1) * size
+    shown = found[start:start + size]
+    return {"entries": shown, "query": query, "page": number, "pages": pages, "per_page": size,
+            "first": start + 1 if shown else 0, "last": start + len(shown),
+            "matching": len(found), "total": len(entries),
+            "attention": sum(1 for _, why in found if why is not None)}
+
+
+def page_link(params: dict[str, str], **changes) -> str:
+    """The page's own URL (``?...``) with ``params`` and ``changes`` (a ``None`` value drops
+    its parameter)."""
+    merged = {**params, **{k: v for k, v in changes.items()}}
+    return "?" + urlencode({k: v for k, v in merged.items() if v not in (None, "")})
+
