@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from urllib.parse import unquote_plus
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.limits import LAST_SLOT_MS, MAX_DURATION_S, duration_bound, shown_value
+from celery_anarchon.limits import FIRST_MS, LAST_SLOT_MS, MAX_DURATION_S, duration_bound, shown_value
 
 #: Lease stores refuse a run whose slot is older than max_late + this, or further than this in
 #: the future, on the store's clock (docs/design.md "Timing": store-side lateness tolerance).
@@ -62,7 +62,7 @@ def iso(ms: int) -> str:
     """UTC ms as ISO 8601 with milliseconds (``2026-01-01T00:00:00.000+00:00``), for logs and
     views. Never raises: an instant outside the years 1 to 9999 (a value an older version
     stored) is shown as ``<ms> ms since the Unix epoch``."""
-    if -62_135_596_800_000 <= ms <= LAST_SLOT_MS:
+    if FIRST_MS <= ms <= LAST_SLOT_MS:
         try:
             return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
         except (OverflowError, ValueError, TypeError):

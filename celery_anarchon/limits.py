@@ -49,6 +49,8 @@ REFUSED_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs")
 MAX_DEFINITION_BYTES = 65_536
 #: the deepest nesting of lists and objects within a definition (the definition itself is 1)
 MAX_DEPTH = 100
+#: the first instant a date holds: 0001-01-01T00:00:00Z, UTC ms since the Unix epoch
+FIRST_MS = -62_135_596_800_000
 #: the last instant a slot can be: 9999-12-31T23:59:59.999Z, UTC ms since the Unix epoch
 LAST_SLOT_MS = 253_402_300_799_999
 #: :data:`LAST_SLOT_MS` in whole seconds

@@ -564,7 +564,7 @@ def test_a_broken_url_a_redis_db_that_is_no_number_and_an_unknown_zone_are_confi
     """Each is a ConfigError naming the value and the fix, never a bare ValueError or a
     traceback; the password stays masked."""
     from celery_anarchon import testing
-    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     with pytest.raises(ConfigError) as info:
         store("redis://user:s3cret@[::1/3")
     assert type(info.value) is ConfigError and "cannot be parsed" in str(info.value)
@@ -580,7 +580,7 @@ def test_a_broken_url_a_redis_db_that_is_no_number_and_an_unknown_zone_are_confi
     assert problem.rule == "a known time zone" and "'Mars/Olympus' (app.conf.timezone)" in problem.message
     import click
     with pytest.raises(click.exceptions.Exit):
-        cli_status.check(app, False)
+        cli_rules.check(app, False)
     out = capsys.readouterr().out
     assert "FAIL  timezone: a known time zone" in out and "fix: use a zone name" in out
 

@@ -383,19 +383,20 @@ def test_celerys_own_cleanup_entry_is_a_config_entry_for_every_command(sqlite_ur
     """celery.backend_cleanup (results expire, the backend does not expire them itself): next,
     history, check and the testing helpers know it as list, status and pause do."""
     from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     from celery_anarchon.operate import checks
     app = _leased_app(sqlite_url, namespace)
     assert "celery.backend_cleanup" in checks.config_entries(app)
     [slot] = testing.next_slots(app, "celery.backend_cleanup", 1,
                                 after=datetime.datetime(2027, 1, 1, tzinfo=datetime.timezone.utc))
     assert slot.isoformat() == "2027-01-01T04:00:00+00:00"
-    code, out, err = run_in_process(cli_status.next_, app, "celery.backend_cleanup", 2, None, False,
+    code, out, err = run_in_process(cli_rules.next_, app, "celery.backend_cleanup", 2, None, False,
                                     capsys=capsys)
     assert code == 0 and "crontab 0 4 * * *" in out, err
     code, out, err = run_in_process(cli_status.history, app, "celery.backend_cleanup", None, None,
                                     False, capsys=capsys)
     assert code == 0 and "no runs" in out, err
-    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys)
+    code, out, _ = run_in_process(cli_rules.check, app, False, capsys=capsys)
     assert "ok    beat_schedule entry 'celery.backend_cleanup' (crontab 0 4 * * *" in out
     dead = overview(_leased_app(DOWN_URL, namespace), open_store(
         DOWN_URL, namespace=namespace, instance_id="x", options={}), runs=0)
@@ -403,7 +404,7 @@ def test_celerys_own_cleanup_entry_is_a_config_entry_for_every_command(sqlite_ur
 
 
 def test_check_warns_of_live_beats_running_another_definition(sqlite_url, namespace, capsys):
-    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     app = _leased_app(sqlite_url, namespace)
     mine = testing.plan_of(app, "every-2s").fingerprint
     store = open_store(sqlite_url, namespace=namespace, instance_id="old:9:aa", options={})
@@ -418,7 +419,7 @@ def test_check_warns_of_live_beats_running_another_definition(sqlite_url, namesp
                                              "same"), ttl_ms=600_000)
     finally:
         store.close()
-    code, out, _ = run_in_process(cli_status.check, app, True, capsys=capsys)
+    code, out, _ = run_in_process(cli_rules.check, app, True, capsys=capsys)
     assert code == 0, out
     assert (f"warn  entry 'every-2s': live beat instance old-host:9 runs another definition "
             f"(fingerprint differs from {mine} here); expected during a rolling deploy") in out
@@ -430,10 +431,10 @@ def test_check_reports_a_start_up_warning_of_an_entry_as_a_warn_line(sqlite_url,
     """A leased entry whose gap is shorter than lease duration + 2 x heartbeat passes its rules,
     but beat warns at start-up that a dead runner's replacement would always be superseded:
     check says so in a warn line of its report, not as a stray log line beside it."""
-    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     app = _leased_app(sqlite_url, namespace)
     app.conf.beat_schedule["leased"]["schedule"] = 30.0
-    code, out, err = run_in_process(cli_status.check, app, True, capsys=capsys)
+    code, out, err = run_in_process(cli_rules.check, app, True, capsys=capsys)
     assert code == 0, out
     assert ("warn  entry 'leased': the shortest gap between slots (30 s) is shorter than lease "
             "duration + 2 x heartbeat (40 s)") in out
@@ -445,7 +446,7 @@ def test_check_strict_fails_on_a_warn_line(namespace, capsys, tmp_path):
     modules. --strict makes every warn line fail the check (exit 1), for a deploy pipeline that
     wants none; without a warning, --strict passes. (A Redis store, not checked here: the SQLite
     store's warning that it coordinates one host only would be one.)"""
-    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     from stores_support import store_url
     app = _leased_app(store_url("redis", str(tmp_path)), namespace)
 
@@ -453,12 +454,12 @@ def test_check_strict_fails_on_a_warn_line(namespace, capsys, tmp_path):
     def t():
         pass
 
-    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys, strict=True)
+    code, out, _ = run_in_process(cli_rules.check, app, False, capsys=capsys, strict=True)
     assert code == 0 and out.rstrip().endswith("passed"), out
     app.conf.beat_schedule["typo"] = {"task": "billing.chrage", "schedule": 60.0}
-    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys)
+    code, out, _ = run_in_process(cli_rules.check, app, False, capsys=capsys)
     assert code == 0 and "warn  entry 'typo'" in out, out
-    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys, strict=True)
+    code, out, _ = run_in_process(cli_rules.check, app, False, capsys=capsys, strict=True)
     assert code == 1, out
     assert "warn  entry 'typo'" in out and out.rstrip().endswith("check: 1 warning (--strict), 6 passed"), out
 
@@ -466,7 +467,7 @@ def test_check_strict_fails_on_a_warn_line(namespace, capsys, tmp_path):
 def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
         sqlite_url, namespace, tmp_path, monkeypatch, capsys):
     from celery_anarchon.operate.cli import entries as cli_commands
-    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     module = f"included_tasks_{namespace.replace('-', '_')}"
     (tmp_path / f"{module}.py").write_text(   # registered on this app only (not shared_task)
         "from celery import current_app\n\n@current_app.task(name='inc.report', shared=False)\n"
@@ -480,7 +481,7 @@ def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
     code, _, err = run_in_process(cli_commands.write, app, "new", flags, capsys=capsys, create=True)
     assert code == 2 and "task 'inc.reprt' is not registered" in err
     assert "did you mean 'inc.report'?" in err
-    code, out, _ = run_in_process(cli_status.check, app, False, capsys=capsys)
+    code, out, _ = run_in_process(cli_rules.check, app, False, capsys=capsys)
     assert "warn  entry 'every-2s': task 'inc.reprot' is not registered" in out
 
     broken = _leased_app(sqlite_url, namespace, include=["no_such_module_of_tasks"])
@@ -488,29 +489,29 @@ def test_tasks_of_the_apps_include_modules_are_known_to_add_update_and_check(
                                   create=True)
     assert code == 2 and "cannot import module 'no_such_module_of_tasks'" in err
     assert "Traceback" not in err
-    code, out, _ = run_in_process(cli_status.check, broken, False, capsys=capsys)
+    code, out, _ = run_in_process(cli_rules.check, broken, False, capsys=capsys)
     assert code == 1 and "FAIL  configuration: the app's modules import" in out
     assert "cannot import module 'no_such_module_of_tasks'" in out
 
 
 def test_next_after_takes_a_duration_from_now_names_its_option_and_notes_a_first_dst_row(
         sqlite_url, namespace, capsys):
-    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     app = _leased_app(sqlite_url, namespace)
     app.conf.beat_schedule["berlin"] = {"task": "t",
                                         "schedule": celery_anarchon.cron("30 2 * * *", tz="Europe/Berlin")}
-    code, out, _ = run_in_process(cli_status.next_, app, "every-2s", 1, "1h", True, capsys=capsys)
+    code, out, _ = run_in_process(cli_rules.next_, app, "every-2s", 1, "1h", True, capsys=capsys)
     [slot] = json.loads(out)["slots"]
     ahead = datetime.datetime.fromisoformat(slot["utc"]).timestamp() - time.time()
     assert code == 0 and 3590 < ahead < 3610
-    code, _, err = run_in_process(cli_status.next_, app, "every-2s", 1, "tomorrow", False,
+    code, _, err = run_in_process(cli_rules.next_, app, "every-2s", 1, "tomorrow", False,
                                   capsys=capsys)
     assert code == 2 and "'--after'" in err and "--since" not in err
-    code, _, err = run_in_process(cli_status.next_, app, "every-2s", 3, "9999-12-31T23:59:59Z",
+    code, _, err = run_in_process(cli_rules.next_, app, "every-2s", 3, "9999-12-31T23:59:59Z",
                                   False, capsys=capsys)
     assert code == 2 and "past the year 9999" in err and "Traceback" not in err
     # after 01:30 CET on the last Sunday of March 2027: the first slot is already in CEST
-    code, out, _ = run_in_process(cli_status.next_, app, "berlin", 1, "2027-03-28T00:30:00Z",
+    code, out, _ = run_in_process(cli_rules.next_, app, "berlin", 1, "2027-03-28T00:30:00Z",
                                   False, capsys=capsys)
     first = out.splitlines()[2]
     assert first.split()[:5] == ["2027-03-28T01:00:00+00:00", "2027-03-28", "03:00:00", "CEST",
@@ -520,9 +521,9 @@ def test_next_after_takes_a_duration_from_now_names_its_option_and_notes_a_first
 
 def test_check_names_a_bad_setting_states_its_rule_and_still_checks_the_rest(
         sqlite_url, namespace, capsys):
-    from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     app = _leased_app(sqlite_url, namespace, anarchon_sync_interval=-5)
-    code, out, _ = run_in_process(cli_status.check, app, True, capsys=capsys)
+    code, out, _ = run_in_process(cli_rules.check, app, True, capsys=capsys)
     assert code == 1
     assert ("FAIL  anarchon_sync_interval: a duration more than 0\n      anarchon_sync_interval: "
             "-5 s must be more than 0 (default 5)") in out
@@ -530,7 +531,7 @@ def test_check_names_a_bad_setting_states_its_rule_and_still_checks_the_rest(
     assert "ok    beat_schedule entry 'every-2s' (every 2 s): every timing rule" in out
     assert "ok    store reachable" in out
     assert "warn  anarchon store: the SQLite store" in out and "this one host only" in out
-    code, out, _ = run_in_process(cli_status.check, _leased_app(sqlite_url, namespace,
+    code, out, _ = run_in_process(cli_rules.check, _leased_app(sqlite_url, namespace,
                                                                 anarchon_sync_interval=0),
                                   True, capsys=capsys)
     assert "anarchon_sync_interval: 0 s must be more than 0" in out
@@ -602,6 +603,7 @@ def test_one_broken_entry_never_takes_down_status_list_history_or_check(sqlite_u
     are."""
     from celery_anarchon.operate.cli import entries as cli_commands
     from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     from helpers import BROKEN_STORE_ENTRIES, write_broken_entries
     app = _leased_app(sqlite_url, namespace)
     app.conf.beat_schedule["text"] = {"task": "t", "schedule": "every 5 minutes"}
@@ -632,6 +634,6 @@ def test_one_broken_entry_never_takes_down_status_list_history_or_check(sqlite_u
     code, text, err = run_in_process(cli_status.history, app, "far", None, None, False,
                                      capsys=capsys)
     assert code == 0 and "far: no runs" in text
-    code, text, err = run_in_process(cli_status.check, app, True, capsys=capsys)
+    code, text, err = run_in_process(cli_rules.check, app, True, capsys=capsys)
     assert code == 1 and "Traceback" not in text + err
     assert "FAIL  far:" in text and "FAIL  text:" in text and "ok    beat_schedule entry 'every-2s'" in text

@@ -367,6 +367,7 @@ def test_a_beat_schedule_of_the_wrong_shape_is_named_by_check_beat_and_every_vie
 
     from celery_anarchon.operate.cli import entries as cli_commands
     from celery_anarchon.operate.cli import reports as cli_status
+    from celery_anarchon.operate.cli import rules as cli_rules
     from celery_anarchon.operate.web import StatusSource, create_app
     from test_cli_operate import run_in_process
     from test_web import asgi
@@ -377,7 +378,7 @@ def test_a_beat_schedule_of_the_wrong_shape_is_named_by_check_beat_and_every_vie
         assert fragment in str(caught.value), str(caught.value)
     app = make_app(f"sqlite:///{tmp_path / 'views.sqlite3'}", namespace)
     app.conf.beat_schedule = beat_schedule
-    code, out, err = run_in_process(cli_status.check, app, True, capsys=capsys)
+    code, out, err = run_in_process(cli_rules.check, app, True, capsys=capsys)
     assert code == 1 and "Traceback" not in out + err
     assert all(fragment in out for fragment in fragments), out
     whole = not isinstance(beat_schedule, dict)

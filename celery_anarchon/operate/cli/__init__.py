@@ -3,8 +3,8 @@
 Registered under Celery's ``celery.commands`` entry point, so ``celery -A proj anarchon status``
 works wherever the package is installed (through :mod:`celery_anarchon.command`). This module is
 imported on every ``celery`` run: keep its imports light (the command bodies live in
-:mod:`celery_anarchon.operate.cli.entries` and :mod:`celery_anarchon.operate.cli.reports`, imported
-when a command runs).
+:mod:`celery_anarchon.operate.cli.entries`, :mod:`celery_anarchon.operate.cli.reports` and
+:mod:`celery_anarchon.operate.cli.rules`, imported when a command runs).
 
 Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another failure; 2 bad
 input (a usage error, an invalid definition, a timing rule, a store that cannot hold entries);
@@ -129,8 +129,8 @@ def check(ctx, no_store, strict):
     (beat_schedule and store), the store reachable and what its setup can lose, the worker side
     installed for leased entries. Exit 0 when everything passes, 1 otherwise (with --strict,
     also when anything is warned of)."""
-    from celery_anarchon.operate.cli import reports as cli_status
-    cli_status.check(ctx.obj.app, not no_store, strict)
+    from celery_anarchon.operate.cli import rules
+    rules.check(ctx.obj.app, not no_store, strict)
 
 
 @anarchon.command(name="next", cls=CeleryCommand)
@@ -145,8 +145,8 @@ def check(ctx, no_store, strict):
 def next_(ctx, entry, count, after, as_json):
     """The next slots of ENTRY in UTC and in its time zone, with the UTC offset (a DST change
     shows as an offset change)."""
-    from celery_anarchon.operate.cli import reports as cli_status
-    cli_status.next_(ctx.obj.app, entry, count, after, as_json)
+    from celery_anarchon.operate.cli import rules
+    rules.next_(ctx.obj.app, entry, count, after, as_json)
 
 
 def _write_command(verb: str, create: bool, help_text: str):

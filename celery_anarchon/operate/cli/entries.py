@@ -275,7 +275,7 @@ def list_entries(app, as_json: bool) -> None:
     _table(rows)
 
 
-# -- the store of a command (cli_status) ----------------------------------------------------------
+# -- the store of a command (reports, rules) ------------------------------------------------------
 
 def _open(app):
     """The app's settings and its store, opened (no I/O yet) as a command line instance."""

@@ -1,0 +1,312 @@
+"""The bodies of ``check`` and ``next``: what beat's start-up rules and its slot math say of
+the app's entries, without running beat (:mod:`celery_anarchon.operate.cli` declares them and
+imports this module only when one runs).
+
+Exit codes (docs/production.md "Command line for operators"): ``check`` 0 when every rule
+passes, 1 otherwise; ``next`` 0, 2 the entry breaks a rule, 3 unknown entry.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+import click
+
+from celery_anarchon._util import iso
+from celery_anarchon.errors import ConfigError, StoreError
+from celery_anarchon.messages import is_installed
+from celery_anarchon.operate import checks as testing
+from celery_anarchon.operate.cli.entries import _exit_codes, _open, _table, import_task_modules
+from celery_anarchon.operate.cli.reports import parse_after
+from celery_anarchon.operate.config import check_task
+from celery_anarchon.operate.overview_entries import zone_of
+from celery_anarchon.schedule import as_data
+from celery_anarchon.schedule import definition as entry_json
+from celery_anarchon.schedule.plan import EntryPlan
+from celery_anarchon.schedule.timing import Settings, check_sync_interval
+from celery_anarchon.schedule.zones import zone_name
+from celery_anarchon.settings import make_instance_id, open_app_store, resolve_store_url
+from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
+
+
+# -- check --------------------------------------------------------------------------------------
+
+class _Report:
+    """The lines of ``check``: ``ok``, ``warn`` and ``FAIL`` (with the rule)."""
+
+    def __init__(self) -> None:
+        self.failed = 0
+        self.passed = 0
+        self.warned = 0
+
+    def ok(self, what: str) -> None:
+        self.passed += 1
+        click.echo(f"ok    {what}")
+
+    def warn(self, what: str) -> None:
+        self.warned += 1
+        click.echo(f"warn  {what}")
+
+    def fail(self, problem: testing.Problem) -> None:
+        self.failed += 1
+        label = problem.entry or getattr(problem, "setting", None) or "configuration"
+        click.echo(f"FAIL  {label}: {problem.rule}\n      {problem.message}")
+
+
+#: the settings that say which store to check: without them, check stops at their problem
+_WHERE = ("anarchon_store_url", "anarchon_store_options", "anarchon_namespace")
+
+
+class _WithoutSettings:
+    """The app as :meth:`Settings.from_app` reads it, without the settings that failed (each
+    then has its default), so that the other checks still run."""
+
+    def __init__(self, app, dropped: set[str]) -> None:
+        self.main = app.main
+        self.conf = {k: v for k, v in app.conf.items() if k not in dropped}
+        self._app = app
+
+    @property
+    def timezone(self):
+        return self._app.timezone
+
+
+def _settings(app, report: _Report) -> Settings | None:
+    """The app's settings; each bad ``anarchon_*`` setting is a FAIL and is checked no further
+    (its default stands in, so the other rules are still checked). ``None``: a problem that
+    names no setting."""
+    dropped: set[str] = set()
+    while True:
+        try:
+            return Settings.from_app(_WithoutSettings(app, dropped) if dropped else app)
+        except ConfigError as exc:
+            problem = testing.problem_of(None, exc)
+            report.fail(problem)
+            if problem.setting is None or problem.setting in dropped or problem.setting in _WHERE:
+                return None   # without the store's own settings no other check is meaningful
+            if problem.setting == "timezone":
+                return None   # no entry's slots can be computed without the app's zone
+            dropped.add(problem.setting)
+
+
+def check(app, use_store: bool, strict: bool = False) -> None:
+    """``check``: every rule of every entry, the store and the worker side; exit 0 or 1 (with
+    ``strict``, a warn line is 1 too)."""
+    report = _Report()
+    settings = _settings(app, report)
+    if settings is None:
+        _summary(report, strict)
+    try:
+        _, _, one_host = resolve_store_url(app, settings)
+        store = open_app_store(app, settings, instance_id="cli:" + make_instance_id())
+    except ConfigError as exc:
+        report.fail(testing.problem_of(None, exc))
+        _summary(report, strict)
+    try:
+        _check_all(app, settings, store, use_store, report)
+        if one_host is None and store.kind == "sqlite":
+            one_host = (f"anarchon store: the SQLite store {store.safe_url} coordinates the beat "
+                        "processes of this one host only; set anarchon_store_url to a Redis or "
+                        "PostgreSQL URL that every host reaches to run beat on several hosts.")
+        if one_host:
+            report.warn(one_host)
+    finally:
+        store.close()
+    _summary(report, strict)
+
+
+def _check_all(app, settings: Settings, store, use_store: bool, report: _Report) -> None:
+    click.echo(f"check: app {app.main!r}, namespace {settings.namespace!r}, store "
+               f"{store.safe_url} ({store.kind})")
+    try:
+        import_task_modules(app)
+        modules_imported = True
+    except ConfigError as exc:
+        report.fail(testing.Problem(None, "the app's modules import", str(exc)))
+        modules_imported = False
+    try:
+        check_sync_interval(settings, store.memory)
+        report.ok(f"anarchon_sync_interval {settings.sync_interval_s:g} s against the store's memory")
+    except ConfigError as exc:
+        report.fail(testing.problem_of(None, exc))
+    warnings: list[str] = []
+    try:
+        config = testing.config_entries(app)
+    except ConfigError as exc:             # beat_schedule is not a dict
+        report.fail(testing.problem_of(None, exc))
+        config = {}
+    plans, problems = testing.check_entries(app, config.items(), settings=settings, store=store,
+                                            warn=warnings.append)
+    _entries(report, "beat_schedule", plans, problems, warnings)
+    if use_store:
+        config_plans = dict(plans)
+        plans.update(_check_store(app, settings, store, report, set(config)))
+        _check_live_definitions(store, config_plans, report)
+    if modules_imported:
+        _check_tasks(app, plans, report)
+    leased = sorted(n for n, p in plans.items() if p.timing.lease is not None)
+    if leased and is_installed(app):
+        report.ok(f"worker side installed (celery_anarchon.install(app)) for {len(leased)} "
+                  f"leased entr{'y' if len(leased) == 1 else 'ies'}: {', '.join(leased)}")
+
+
+def _entries(report: _Report, where: str, plans: dict[str, EntryPlan],
+             problems: list[testing.Problem], warnings: list[str]) -> None:
+    for problem in problems:
+        report.fail(problem)
+    for name, plan in sorted(plans.items()):
+        report.ok(f"{where} entry {name!r} ({_words(plan)}): every timing rule")
+    for warning in warnings:     # what beat would log at start-up about these entries
+        report.warn(warning)
+
+
+def _check_store(app, settings: Settings, store, report: _Report,
+                 config: set[str]) -> dict[str, EntryPlan]:
+    """The store reachable, what its setup can lose, and its own entries' rules (``config``:
+    the names of the config entries, which win over store entries of the same name)."""
+    try:
+        warnings = store.prepare(())
+        now = store.now_ms()
+    except StoreError as exc:
+        report.fail(testing.Problem(None, "the store reachable", str(exc)))
+        return {}
+    except ConfigError as exc:  # the store refuses this configuration (e.g. other settings)
+        report.fail(testing.Problem(None, "the store accepts this configuration", str(exc)))
+        return {}
+    durability = getattr(store, "durability", None)
+    clock = f", clock {iso(now)}" if now is not None else ""
+    report.ok(f"store reachable{clock}"
+              + (f", durability {durability}" if isinstance(durability, str) else ""))
+    for warning in warnings:
+        report.warn(warning)
+    if not isinstance(store, EntryStore):
+        return {}
+    try:
+        stored = store.load_entries().entries
+    except StoreError as exc:
+        report.fail(testing.Problem(None, "the store reachable", str(exc)))
+        return {}
+    items = []
+    for name, e in sorted(stored.items()):
+        if e.definition is None or name in config:
+            continue
+        try:
+            items.append((name, entry_json.parse(name, e.definition, app=app)))
+        except ConfigError as exc:
+            items.append((name, exc))
+    warnings: list[str] = []
+    plans, problems = testing.check_entries(app, items, settings=settings, store=store,
+                                            warn=warnings.append)
+    _entries(report, "store", plans, problems, warnings)
+    return plans
+
+
+def _check_tasks(app, plans: dict[str, EntryPlan], report: _Report) -> None:
+    """A ``warn`` line per entry whose task this app does not register (after importing its
+    modules): a task only the workers know is not an error of the schedule."""
+    for name, plan in sorted(plans.items()):
+        if plan.entry.task.startswith("celery."):
+            continue
+        try:
+            check_task(app, name, plan.entry.task)
+        except ConfigError as exc:
+            report.warn(str(exc))
+
+
+def _check_live_definitions(store, plans: dict[str, EntryPlan], report: _Report) -> None:
+    """A ``warn`` line per config entry whose definition here differs from a live instance's
+    (its fingerprint): expected during a rolling deploy, not a failure."""
+    if not isinstance(store, InstanceStore):
+        return
+    try:
+        live = store.instances()
+        mappings = {r.fingerprints_digest: store.load_fingerprints(r.fingerprints_digest)
+                    for r in live}
+    except (StoreError, ConfigError):   # reachability is reported by _check_store
+        return
+    for name, plan in sorted(plans.items()):
+        others = sorted({f"{r.host}:{r.pid}" for r in live
+                         if (m := mappings[r.fingerprints_digest]) is not None
+                         and name in m and m[name] != plan.fingerprint})
+        if others:
+            report.warn(f"entry {name!r}: live beat instance{'s' if len(others) > 1 else ''} "
+                        f"{', '.join(others)} run{'' if len(others) > 1 else 's'} another "
+                        f"definition (fingerprint differs from {plan.fingerprint} here); expected "
+                        "during a rolling deploy, else deploy one beat_schedule everywhere")
+
+
+def _summary(report: _Report, strict: bool) -> None:
+    if report.failed:
+        click.echo(f"check: {report.failed} problem{'s' if report.failed > 1 else ''}, "
+                   f"{report.passed} passed")
+        raise click.exceptions.Exit(1)
+    if strict and report.warned:
+        click.echo(f"check: {report.warned} warning{'s' if report.warned > 1 else ''} "
+                   f"(--strict), {report.passed} passed")
+        raise click.exceptions.Exit(1)
+    click.echo(f"check: all {report.passed} passed")
+
+
+# -- next ---------------------------------------------------------------------------------------
+
+def _words(plan: EntryPlan) -> str:
+    try:
+        return as_data.describe_schedule(as_data.from_entry(plan.entry)["schedule"])
+    except Exception:  # a schedule class of the user's: its canonical text
+        return plan.slots.describe()
+
+
+def _offset(local: datetime.datetime) -> str:
+    seconds = int(local.utcoffset().total_seconds())
+    sign = "+" if seconds >= 0 else "-"
+    return f"{sign}{abs(seconds) // 3600:02d}:{abs(seconds) % 3600 // 60:02d}"
+
+
+def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
+    """``next ENTRY``: the next ``n`` slots in UTC and in the entry's zone, with its offset."""
+    with _exit_codes():
+        settings, store = _open(app)
+        try:
+            start_ms = int(time.time() * 1000) if after is None else parse_after(
+                after, int(time.time() * 1000))
+            try:
+                start = datetime.datetime.fromtimestamp(start_ms / 1000, datetime.timezone.utc)
+            except (OverflowError, ValueError, OSError):
+                raise click.BadParameter(f"{after!r} is outside the years 1-9999",
+                                         param_hint="'--after'") from None
+            plan = testing.plan_of(app, entry, store=store)
+            try:   # the entry is valid (plan_of): what fails here is a slot past the year 9999
+                slots = testing.next_slots(app, entry, n, after=start, store=store)
+            except (OverflowError, ValueError):
+                raise ConfigError(f"entry {entry!r}: its next {n} slots after {start.isoformat()} "
+                                  "go past the year 9999; fix: give an earlier --after, or a "
+                                  "smaller -n") from None
+        finally:
+            store.close()
+    zone = zone_of(plan, app)
+    rows = []
+    for slot in slots:
+        local = slot.astimezone(zone)
+        rows.append({"utc": slot.isoformat(), "local": local.isoformat(),
+                     "offset": _offset(local), "abbreviation": local.tzname()})
+    if as_json:
+        click.echo(json.dumps({"entry": entry, "schedule": _words(plan),
+                               "timezone": zone_name(zone), "slots": rows}, sort_keys=True))
+        return
+    name = zone_name(zone)
+    click.echo(f"next {len(rows)} slots of {entry} ({_words(plan)}), in UTC and in {name}:")
+    table = [("UTC", name, "OFFSET", "")]
+    previous = _offset(start.astimezone(zone))   # a change before the first slot is noted too
+    for row in rows:
+        local = datetime.datetime.fromisoformat(row["local"])
+        change = (f"UTC offset changes from {previous} to {row['offset']} (DST)"
+                  if previous is not None and previous != row["offset"] else "")
+        table.append((row["utc"], f"{local:%Y-%m-%d %H:%M:%S} {row['abbreviation']}",
+                      f"UTC{row['offset']}", change))
+        previous = row["offset"]
+    _table(table)
+
+
+
+__all__ = ["check", "next_"]
