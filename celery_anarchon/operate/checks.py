@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterable
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.settings import make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, UnknownEntry
-from celery_anarchon.schedule.plan import EntryPlan, build_plan, config_entry
+from celery_anarchon.schedule.plan import CANNOT_BUILD, EntryPlan, build_plan, config_entry
 from celery_anarchon.operate.config import config_items
 from celery_anarchon.operate.names import normal_name
-from celery_anarchon.schedule.slots import datetime_to_ms, ms_to_datetime
+from celery_anarchon.schedule.slots import TEXT_SCHEDULE, datetime_to_ms, ms_to_datetime
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.schedule.timing import Settings, check_sync_interval, timezone_error
 
@@ -57,8 +57,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("step", "a crontab step within its field"),
     ("relative", "slots the same on every host (no relative=True)"),
     ("not supported", "a schedule class every host computes the same slots from"),
-    ("Celery cannot build it", "a beat_schedule item Celery can build"),
-    ("which Celery cannot read as a schedule", "a beat_schedule item Celery can build"),
+    (CANNOT_BUILD, "a beat_schedule item Celery can build"),
+    (TEXT_SCHEDULE, "a beat_schedule item Celery can build"),
     ("after the year 9999", "slots before the end of the year 9999"),
     ("characters, more than", "a name of at most 200 characters"),
     ("format character", "a name of visible characters"),

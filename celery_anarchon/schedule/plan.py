@@ -219,6 +219,10 @@ def build_plans(entries: dict, *, app, settings: timing.Settings, store: Any) ->
     return plans
 
 
+#: the words of the error of a ``beat_schedule`` item Celery cannot build (:func:`cannot_build`),
+#: which name its rule in the problems of ``celery_anarchon.testing`` and ``check``
+CANNOT_BUILD = "Celery cannot build it"
+
 _SCHEDULE_EXAMPLE = ("{'nightly-report': {'task': 'proj.tasks.report', 'schedule': "
                      "crontab(minute=0, hour=3)}}")
 
@@ -329,7 +333,7 @@ def cannot_build(name: str, item: Any, exc: Exception) -> ConfigError:
             "day_of_month=1, month_of_year=1))")
     keys = sorted(item, key=str)
     return ConfigError(
-        f"{where}: Celery cannot build it from {keys}: {type(exc).__name__}: {exc}. Allowed "
+        f"{where}: {CANNOT_BUILD} from {keys}: {type(exc).__name__}: {exc}. Allowed "
         "keys: task, schedule, args, kwargs, options, relative; the schedule is a number of "
         "seconds, a timedelta, a crontab, a solar, celery_anarchon.cron(...) or an object with "
         "anarchon_next() and anarchon_shortest_gap()")

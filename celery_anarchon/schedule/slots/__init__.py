@@ -47,7 +47,12 @@ from celery_anarchon.schedule.zones import resolve_zone
 
 __all__ = ["SlotSchedule", "slots_for", "cron", "CronSlots", "IntervalSlots", "SolarSlots",
            "CustomSlots", "SOLAR_SHORTEST_GAP_MS", "ms_to_datetime", "datetime_to_ms",
-           "text_schedule_error"]
+           "text_schedule_error", "TEXT_SCHEDULE"]
+
+
+#: the words of the error of a schedule given as text (:func:`text_schedule_error`), which name
+#: its rule in the problems of ``celery_anarchon.testing`` and ``check``
+TEXT_SCHEDULE = "which Celery cannot read as a schedule"
 
 
 def text_schedule_error(entry: str, text: str) -> ConfigError:
@@ -55,7 +60,7 @@ def text_schedule_error(entry: str, text: str) -> ConfigError:
     we read: naming the entry, the text and the schedule objects to give instead."""
     shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
     return ConfigError(
-        f"entry {entry!r}: schedule {shown} is text, which Celery cannot read as a schedule; "
+        f"entry {entry!r}: schedule {shown} is text, {TEXT_SCHEDULE}; "
         "fix: give a number of seconds (300), a timedelta (timedelta(minutes=5)), a crontab "
         "(crontab(minute='*/5')) or celery_anarchon.cron('*/5 * * * *')")
 
