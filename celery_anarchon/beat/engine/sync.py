@@ -88,10 +88,11 @@ class EntrySync:
         self._pauses: dict[str, Pause] = {}
         self._clashes: set[str] = set()
 
-    @property
-    def request_max_late_ms(self) -> int:
-        """The least max_late of a run-now claim: 2 x the sync interval + 5 s, ms."""
-        return timing.ms(2 * self.interval_s + timing.RUN_NOW_MARGIN_S)
+    def request_max_late_ms(self, plan: EntryPlan) -> int:
+        """The max_late of a run-now claim of ``plan``'s entry, ms:
+        :func:`~celery_anarchon.schedule.timing.run_now_span_s` (the entry's max_late, at least
+        2 x the sync interval + :data:`~celery_anarchon.schedule.timing.RUN_NOW_MARGIN_S`)."""
+        return timing.ms(timing.run_now_span_s(plan.timing.max_late_s, self.interval_s))
 
     def due(self) -> bool:
         """Whether a sync is due: its interval passed, or a store operation failed since the last
@@ -185,7 +186,7 @@ class EntrySync:
 
     def requests_due(self, now: float, plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
         """The claims of the run-now requests not handled here yet, of entries in ``plans``, each
-        with max_late = max(the plan's, :attr:`request_max_late_ms`); a request already past it
+        with max_late :meth:`request_max_late_ms`; a request already past it
         on the wall clock ``now`` (another instance ran it) and one whose slot is a scheduled
         slot of its entry (that run is the schedule's) are let pass. A request of an entry whose
         runs the store remembers by count for less than that max_late
@@ -200,7 +201,7 @@ class EntrySync:
             if plan is None or run in self.requested:
                 continue
             self.requested.add(run)
-            max_late_ms = max(plan.max_late_ms, self.request_max_late_ms)
+            max_late_ms = self.request_max_late_ms(plan)
             refusal = self._refusal(plan, request)
             if refusal is not None:
                 logger.error("anarchon: entry %s: run-now request %s by %s is not claimed (slot "
@@ -234,7 +235,7 @@ class EntrySync:
         memory = self.store.memory
         if memory.count is None:
             return None
-        span_ms = timing.ms(timing.run_now_span_s(plan.timing.max_late_s, self.interval_s))
+        span_ms = self.request_max_late_ms(plan)
         others = sum(1 for r in self.requests if r.entry == request.entry
                      and request.slot_ms - span_ms < r.slot_ms < request.slot_ms)
         try:
