@@ -104,12 +104,12 @@ def _scheduled(name: str, source: str, definition: dict | None, stored: StoredEn
                           stored.updated_ms, stored.updated_by, shadowed)
 
 
-def known_entry(app, name: str, snapshot: EntrySnapshot, *, namespace: str,
-                store: EntryStore) -> beat.ScheduleEntry:
+def celery_entry_of(app, name: str, snapshot: EntrySnapshot, *, namespace: str,
+                    store: EntryStore) -> beat.ScheduleEntry:
     """Celery's entry of ``name`` (config first, as the engine does), or UnknownEntry.
 
     :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``
-        (:func:`unknown_entry`).
+        (:func:`unknown_entry_error`).
     :raises ConfigError: Celery cannot build the config item, or the stored definition is
         invalid.
     """
@@ -119,10 +119,11 @@ def known_entry(app, name: str, snapshot: EntrySnapshot, *, namespace: str,
     stored = snapshot.entries.get(name)
     if stored is not None and stored.definition is not None:
         return entry_json.parse(name, stored.definition, app=app)
-    raise unknown_entry(app, name, namespace=namespace, store=store)
+    raise unknown_entry_error(app, name, namespace=namespace, store=store)
 
 
-def unknown_entry(app, name: str, *, namespace: str, store: EntryStore) -> UnknownEntry:
+def unknown_entry_error(app, name: str, *, namespace: str,
+                        store: EntryStore) -> UnknownEntry:
     """The error of a name neither ``beat_schedule`` nor the store (of ``namespace``) defines,
     naming the closest known name."""
     names = sorted(config_items(app)) + sorted(_store_names(store))

@@ -10,7 +10,9 @@ from celery import beat
 
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.operate.config import config_items
-from celery_anarchon.operate.listing import ScheduledEntry, known_entry, scheduled, unknown_entry
+from celery_anarchon.operate.listing import (
+    ScheduledEntry, celery_entry_of, scheduled, unknown_entry_error,
+)
 from celery_anarchon.operate.names import by_text, default_by
 from celery_anarchon.schedule.timing import Settings
 from celery_anarchon.settings import make_instance_id, open_app_store
@@ -75,12 +77,13 @@ class NamespaceSession:
 
     def _known(self, name: str, snapshot: EntrySnapshot) -> beat.ScheduleEntry:
         """Celery's entry of ``name``, config first
-        (:func:`~celery_anarchon.operate.listing.known_entry`)."""
-        return known_entry(self.app, name, snapshot, namespace=self.settings.namespace,
+        (:func:`~celery_anarchon.operate.listing.celery_entry_of`)."""
+        return celery_entry_of(self.app, name, snapshot, namespace=self.settings.namespace,
                            store=self.store)
 
     def _unknown(self, name: str) -> UnknownEntry:
-        return unknown_entry(self.app, name, namespace=self.settings.namespace, store=self.store)
+        return unknown_entry_error(self.app, name, namespace=self.settings.namespace,
+                                   store=self.store)
 
     def _as_scheduled(self, stored: StoredEntry) -> ScheduledEntry:
         return scheduled(self.app, config_items(self.app), stored.name, stored)
