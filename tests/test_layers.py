@@ -3,6 +3,7 @@
 a lazy import is still an import."""
 from __future__ import annotations
 
+import ast
 import pathlib
 
 import grimp
@@ -55,6 +56,44 @@ def test_the_schedule_wing_is_layered_and_pure(capsys):
         chain = graph.find_shortest_chain(importer="celery_anarchon.schedule",
                                           imported=f"celery_anarchon.{above}", as_packages=True)
         assert chain is None, f"schedule reaches {above}: {chain}"
+
+
+def test_the_slots_are_one_module_per_kind_on_their_base(capsys):
+    """cron_text < wall_clock | interval | solar_slots | custom < base."""
+    kept, report = _kept("slots", capsys)
+    assert kept, report
+
+
+def test_the_operators_wing_is_layered(capsys):
+    """cli < web < page < overview < checks, overview_entries < overview_instances < schedules <
+    session, run_now < listing < config < names: the schedules API never imports a view of it."""
+    kept, report = _kept("operate", capsys)
+    assert kept, report
+
+
+#: the wings whose modules and classes are held to the size limits below
+SIZED_WINGS = ("schedule", "operate")
+#: the longest module and the longest class, lines: past them a module wants splitting by
+#: responsibility
+MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 250
+
+
+def _sized_modules() -> list[pathlib.Path]:
+    return sorted(p for wing in SIZED_WINGS
+                  for p in (ROOT / "celery_anarchon" / wing).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _sized_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_over_500_lines_and_no_class_over_250(path):
+    """Every module of the schedule and operate wings is at most 500 lines long, and every class
+    in it at most 250 (from its ``class`` line to its last line)."""
+    text = path.read_text(encoding="utf-8")
+    lines = len(text.splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.name}: {lines} lines, more than {MAX_MODULE_LINES}"
+    long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.ClassDef)
+            and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
+    assert not long, f"{path.name}: classes over {MAX_CLASS_LINES} lines: {long}"
 
 
 def test_each_store_backend_stands_on_the_contract_never_on_another(capsys):
