@@ -82,12 +82,17 @@ def entry_name(name: Any) -> str:
         (naming it, escaped, and the fix).
     """
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"entry name {name!r}: not a non-empty string; fix: name the entry")
+        raise unnamed(name)
     return _visible_text(
         name, "entry name", noun="a name", example="'nightly-report'",
         empty_fix="give the entry a name of visible characters",
         limit_why="the limit of every store, as django-celery-beat's",
         long_fix="give a shorter name (details belong in args or kwargs)")
+
+
+def unnamed(name: Any) -> ConfigError:
+    """The error of an entry name that is not a non-empty string (naming it and the fix)."""
+    return ConfigError(f"entry name {name!r}: not a non-empty string; fix: name the entry")
 
 
 def request_id(value: Any, entry: str) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import difflib
 import re
 from collections.abc import Callable, Iterable
 
@@ -31,7 +30,7 @@ from celery_anarchon.settings import make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.schedule.plan import CANNOT_BUILD, EntryPlan, build_plan, config_entry
 from celery_anarchon.operate.config import config_items
-from celery_anarchon.operate.names import normal_name
+from celery_anarchon.operate.names import did_you_mean, normal_name
 from celery_anarchon.schedule.slots import TEXT_SCHEDULE, datetime_to_ms, ms_to_datetime
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.schedule.timing import Settings, check_sync_interval, timezone_error
@@ -240,8 +239,7 @@ def plan_of(app, entry: str, *, store: ClaimStore | None = None) -> EntryPlan:
                 if name in stored and stored[name].definition is not None:
                     parsed = entry_json.parse(name, stored[name].definition, app=app)
                     return build_plan(name, parsed, app=app, settings=settings, store=store_)
-        close = difflib.get_close_matches(entry, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(entry, names)
         raise UnknownEntry(f"no entry {entry!r}{hint}: beat_schedule"
                           f"{' and the store do not define' if store is not None else ' does not define'}"
                           f" it; fix: check the name (celery anarchon list)")

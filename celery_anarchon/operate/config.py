@@ -8,14 +8,13 @@ builds one for beat's banner (no broker connection, no schedule set up).
 """
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from celery import beat
 
 from celery_anarchon import limits
 from celery_anarchon.errors import ConfigError, EntryOwnedByConfig
-from celery_anarchon.operate.names import normal_name
+from celery_anarchon.operate.names import did_you_mean, normal_name
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule.plan import UnnamedItem, beat_schedule_of, check_call, config_entry
 
@@ -76,7 +75,7 @@ def refuse_config(app, name: str, what: str) -> None:
     :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name``, or Celery's beat may add it.
     """
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"entry name {name!r}: not a non-empty string; fix: name the entry")
+        raise limits.unnamed(name)
     if name in config_items(app) or name in CELERY_DEFAULT_ENTRIES:
         fix = ("pick another name for the store entry" if what == "add" else
                f"{what} it in beat_schedule and restart beat")
@@ -121,8 +120,7 @@ def check_task(app, name: str, task: str) -> None:
     own = sorted(t for t in tasks if not t.startswith("celery."))
     if not own or task in tasks:
         return  # no task of its own: the app cannot know which names the workers register
-    close = difflib.get_close_matches(task, own, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(task, own)
     raise ConfigError(f"entry {name!r}: task {task!r} is not registered in app "
                       f"{app.main!r}{hint}; fix: use a registered task name, import the "
                       "module that defines it (imports, include, autodiscover_tasks), or pass "

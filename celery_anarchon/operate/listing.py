@@ -8,7 +8,6 @@ first, as the engine does; the store's copy is *shadowed*).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from collections.abc import Mapping
 
@@ -17,6 +16,7 @@ from celery import beat
 from celery_anarchon import limits
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.operate.config import config_data, config_items
+from celery_anarchon.operate.names import did_you_mean
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.plan import config_entry
 from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, Pause, StoredEntry
@@ -127,8 +127,7 @@ def unknown_entry_error(app, name: str, *, namespace: str,
     """The error of a name neither ``beat_schedule`` nor the store (of ``namespace``) defines,
     naming the closest known name."""
     names = sorted(config_items(app)) + sorted(_store_names(store))
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(name, names)
     return UnknownEntry(f"no entry {name!r}{hint}: neither beat_schedule nor the store "
                         f"(namespace {namespace!r}) defines it; fix: check the "
                         "name (celery anarchon list), or add it")

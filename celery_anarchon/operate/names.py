@@ -6,10 +6,12 @@ normalizes the names of ``beat_schedule``.
 """
 from __future__ import annotations
 
+import difflib
 import getpass
 import os
 import socket
 import unicodedata
+from collections.abc import Iterable
 from typing import Any
 
 from celery_anarchon import limits
@@ -44,6 +46,13 @@ def given_name(name: Any) -> str:
         raise ConfigError(f"entry name {limits.shown_value(name)}: not a non-empty string; fix: "
                           "name the entry (celery anarchon list shows the names)")
     return unicodedata.normalize("NFC", name)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` naming the known name closest to ``name``, else ``""`` (for the
+    error of an unknown entry or task)."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def by_text(by: Any, name: str | None = None) -> str:

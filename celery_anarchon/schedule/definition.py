@@ -344,7 +344,7 @@ def parse(name: str, obj_or_text: dict | str | bytes, *, app,
         key, a value of the wrong type, a bad crontab or cron expression, an unknown time zone.
     """
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"entry name {name!r}: not a non-empty string; fix: name the entry")
+        raise limits.unnamed(name)
     text_in = isinstance(obj_or_text, (str, bytes))
     obj = _load(name, obj_or_text) if text_in else obj_or_text
     if not isinstance(obj, dict):
