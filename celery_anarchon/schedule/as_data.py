@@ -13,7 +13,6 @@ import datetime
 import decimal
 import json
 import sys
-import zoneinfo
 from typing import Any
 
 from celery import beat
@@ -22,7 +21,7 @@ from celery import schedules as celery_schedules
 from celery_anarchon import limits
 from celery_anarchon.schedule import slots
 from celery_anarchon.schedule.definition import CRON_ORDER, CRONTAB_FIELDS, is_number
-from celery_anarchon.schedule.zones import zone_name
+from celery_anarchon.schedule.zones import iana_zone, zone_name
 
 
 def _seconds(value: Any) -> Any:
@@ -45,11 +44,7 @@ def _field_text(value: Any) -> str | int | bool:
 
 def _storable_zone(tz: datetime.tzinfo) -> str | None:
     name = zone_name(tz)
-    try:
-        zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return None
-    return name
+    return None if iana_zone(name) is None else name
 
 
 def _zoned(schedule: Any, out: dict, zone: datetime.tzinfo | None) -> dict:

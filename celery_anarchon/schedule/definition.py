@@ -47,7 +47,7 @@ from celery.exceptions import ImproperlyConfigured
 from celery_anarchon import limits
 from celery_anarchon.schedule import slots
 from celery_anarchon.schedule.slots.wall_clock import FIELDS
-from celery_anarchon.schedule.zones import did_you_mean
+from celery_anarchon.schedule.zones import did_you_mean, iana_zone
 from celery_anarchon.errors import ConfigError
 
 #: the keys of a definition
@@ -180,11 +180,9 @@ def _load(name: str, text: str | bytes) -> Any:
 
 
 def _zone(name: str, key: str, value: Any) -> zoneinfo.ZoneInfo:
-    if isinstance(value, str):
-        try:
-            return zoneinfo.ZoneInfo(value)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            pass
+    zone = iana_zone(value)
+    if zone is not None:
+        return zone
     raise _error(name, key, value, "unknown time zone" + did_you_mean(value),
                  "give an IANA name such as \"Europe/Paris\" or \"UTC\" "
                  "(zoneinfo.available_timezones()), or leave it out for the app's timezone")

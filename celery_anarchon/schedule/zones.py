@@ -110,19 +110,28 @@ def did_you_mean(name: object) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def iana_zone(name: object) -> zoneinfo.ZoneInfo | None:
+    """The zone of the IANA name ``name`` (``"Europe/Paris"``), or ``None``: not text, or no
+    zone of the database has that name."""
+    if not isinstance(name, str):
+        return None
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return None
+
+
 def resolve_zone(tz, where: str) -> datetime.tzinfo:
-    """``tz`` as a tzinfo: a tzinfo as given, an IANA name looked up.
+    """``tz`` as a tzinfo: a tzinfo as given, an IANA name looked up (:func:`iana_zone`).
 
     :param where: what the zone belongs to, for the error (``entry 'x': crontab``).
     :raises ConfigError: an unknown zone (naming the closest known one), or neither.
     """
     if isinstance(tz, datetime.tzinfo):
         return tz
-    if isinstance(tz, str):
-        try:
-            return zoneinfo.ZoneInfo(tz)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            pass
+    zone = iana_zone(tz)
+    if zone is not None:
+        return zone
     raise ConfigError(f"{where}: unknown time zone {tz!r}{did_you_mean(tz)}; fix: use an IANA "
                       "name such as 'Europe/Paris' (see zoneinfo.available_timezones()) or a "
                       "tzinfo")
