@@ -24,7 +24,9 @@ from celery_anarchon.schedule.definition import CRON_ORDER, CRONTAB_FIELDS, is_n
 from celery_anarchon.schedule.zones import iana_zone, zone_name
 
 
-def _seconds(value: Any) -> Any:
+def seconds_json(value: Any) -> Any:
+    """Seconds as JSON: a ``timedelta`` or a ``Decimal`` as a number, a whole float as an int
+    (exactly: below 2**53); other values as given."""
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
     if isinstance(value, decimal.Decimal):   # Celery's schedule keeps a Decimal period as given
@@ -67,7 +69,7 @@ def schedule_json(schedule: Any) -> dict:
     if isinstance(schedule, dict):
         return schedule
     if is_number(schedule) or isinstance(schedule, datetime.timedelta):
-        return {"every": _seconds(schedule)}
+        return {"every": seconds_json(schedule)}
     hooks = hasattr(schedule, "anarchon_next") or hasattr(schedule, "anarchon_shortest_gap")
     if isinstance(schedule, slots.cron) and not hooks:
         # the cron's own zone (None: the app's)
@@ -81,7 +83,7 @@ def schedule_json(schedule: Any) -> dict:
         return {"solar": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
     if (isinstance(schedule, celery_schedules.schedule) and not hooks
             and type(schedule) is celery_schedules.schedule and not schedule.relative):
-        return {"every": _seconds(schedule.run_every)}
+        return {"every": seconds_json(schedule.run_every)}
     return {"repr": limits.object_repr(schedule)}
 
 
@@ -116,8 +118,8 @@ def anarchon_json(ours: dict | None) -> dict:
         if key == "anchor" and isinstance(value, datetime.datetime) and value.tzinfo is not None:
             value = value.timestamp()
         elif key == "lease" and isinstance(value, dict):
-            value = {k: _seconds(v) for k, v in value.items()}
-        out[key] = _seconds(value)
+            value = {k: seconds_json(v) for k, v in value.items()}
+        out[key] = seconds_json(value)
     return out
 
 

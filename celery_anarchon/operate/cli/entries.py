@@ -59,11 +59,6 @@ def _schedules(app) -> Iterator[Schedules]:
         yield s
 
 
-def _number(value: float) -> int | float:
-    """A whole number of seconds as an int (exactly: a larger float, 1e+308, stays one)."""
-    return int(value) if float(value).is_integer() and abs(value) < 2 ** 53 else value
-
-
 def _schedule_of(flags: dict) -> dict | None:
     kinds = [k for k in ("every", "crontab_", "cron") if flags.get(k) is not None]
     if len(kinds) > 1:
@@ -75,7 +70,7 @@ def _schedule_of(flags: dict) -> dict | None:
     if not kinds:
         return None
     if kinds == ["every"]:
-        return {"every": _number(flags["every"])}
+        return {"every": as_data.seconds_json(flags["every"])}
     if kinds == ["cron"]:
         return {"cron": flags["cron"], **zone}
     fields = flags["crontab_"].split()
