@@ -47,13 +47,14 @@ from celery.exceptions import ImproperlyConfigured
 from celery_anarchon import limits
 from celery_anarchon.schedule import slots
 from celery_anarchon.schedule.slots.wall_clock import FIELDS
+from celery_anarchon.schedule.timing import ENTRY_KEYS
 from celery_anarchon.schedule.zones import did_you_mean, iana_zone
 from celery_anarchon.errors import ConfigError
 
 #: the keys of a definition
 KEYS = ("anarchon", "args", "kwargs", "options", "schedule", "task")
-#: the keys of ``"anarchon"`` (``options['anarchon']`` of a beat_schedule entry; timing.ENTRY_KEYS)
-ANARCHON_KEYS = ("anchor", "jitter", "lease", "max_late")
+#: the keys of ``"anarchon"``: those of ``options['anarchon']`` of a beat_schedule entry
+ANARCHON_KEYS = ENTRY_KEYS
 #: schedule kind -> the keys its ``"schedule"`` object may hold (the kind's key first)
 SCHEDULE_KINDS = {"every": ("every",), "crontab": ("crontab", "timezone"),
                   "cron": ("cron", "timezone"), "solar": ("solar", "lat", "lon")}
