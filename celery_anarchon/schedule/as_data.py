@@ -20,7 +20,9 @@ from celery import schedules as celery_schedules
 
 from celery_anarchon import limits
 from celery_anarchon.schedule import slots
-from celery_anarchon.schedule.definition import CRON_ORDER, CRONTAB_FIELDS, is_number
+from celery_anarchon.schedule.definition import (
+    CRON_ORDER, CRONTAB_FIELDS, SCHEDULE_KINDS, is_number,
+)
 from celery_anarchon.schedule.zones import iana_zone, zone_name
 
 
@@ -88,7 +90,7 @@ def schedule_json(schedule: Any) -> dict:
 
 
 #: the schedule kinds that run in a time zone (their ``"timezone"`` key)
-ZONED_KINDS = ("crontab", "cron")
+ZONED_KINDS = tuple(kind for kind, keys in SCHEDULE_KINDS.items() if "timezone" in keys)
 
 
 def zoned_kind(schedule: Any) -> str | None:
