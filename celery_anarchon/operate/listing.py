@@ -113,13 +113,28 @@ def celery_entry_of(app, name: str, snapshot: EntrySnapshot, *, namespace: str,
     :raises ConfigError: Celery cannot build the config item, or the stored definition is
         invalid.
     """
-    config = config_items(app)
+    stored = snapshot.entries.get(name)
+    found = celery_entry_in(app, name, config_items(app),
+                            None if stored is None else stored.definition)
+    if found is None:
+        raise unknown_entry_error(app, name, namespace=namespace, store=store)
+    return found
+
+
+def celery_entry_in(app, name: str, config: Mapping,
+                    stored_text: str | None) -> beat.ScheduleEntry | None:
+    """Celery's entry of ``name``: its config item (``config``:
+    :func:`~celery_anarchon.operate.config.config_items`) first, as the engine does, else the
+    store's definition ``stored_text``; ``None`` when neither defines it (a pause of a name, or
+    nothing).
+
+    :raises ConfigError: Celery cannot build the config item, or the definition is invalid.
+    """
     if name in config:
         return config_entry(name, config[name], app=app)
-    stored = snapshot.entries.get(name)
-    if stored is not None and stored.definition is not None:
-        return entry_json.parse(name, stored.definition, app=app)
-    raise unknown_entry_error(app, name, namespace=namespace, store=store)
+    if stored_text is not None:
+        return entry_json.parse(name, stored_text, app=app)
+    return None
 
 
 def unknown_entry_error(app, name: str, *, namespace: str,

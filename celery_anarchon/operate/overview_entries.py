@@ -16,11 +16,10 @@ from collections.abc import Mapping
 
 from celery_anarchon._util import iso
 from celery_anarchon.errors import ConfigError, StoreError
-from celery_anarchon.operate.listing import CONFIG, STORE, ScheduledEntry
+from celery_anarchon.operate.listing import ScheduledEntry, celery_entry_in
 from celery_anarchon.operate.overview_instances import maybe_iso
 from celery_anarchon.schedule import as_data
-from celery_anarchon.schedule import definition as entry_json
-from celery_anarchon.schedule.plan import EntryPlan, build_plan, config_entry
+from celery_anarchon.schedule.plan import EntryPlan, build_plan
 from celery_anarchon.schedule.slots import CronSlots
 from celery_anarchon.schedule.timing import Settings
 from celery_anarchon.schedule.zones import zone_name
@@ -50,20 +49,6 @@ def _record_json(rec: HistoryRecord) -> dict:
             "instance": rec.instance, "attempt": rec.attempt, "task_id": rec.task_id,
             "detail": rec.detail}
 
-
-
-def _celery_entry(app, scheduled: ScheduledEntry, config: Mapping, stored_text: str | None):
-    """The Celery ``ScheduleEntry`` of one listed entry, or ``None`` (a pause of a name neither
-    ``beat_schedule`` nor the store defines).
-
-    :raises ConfigError: Celery cannot build it, or its definition is invalid."""
-    if scheduled.source == CONFIG and scheduled.name in config:
-        return config_entry(scheduled.name, config[scheduled.name], app=app)
-    if scheduled.source == STORE and stored_text is not None:
-        return entry_json.parse(scheduled.name, stored_text, app=app)
-    if scheduled.source == CONFIG and as_data.is_storable(scheduled.definition or {}):
-        return entry_json.parse(scheduled.name, scheduled.definition, app=app)  # Celery's own
-    return None
 
 
 def zone_of(plan: EntryPlan, app) -> datetime.tzinfo:
@@ -107,7 +92,7 @@ class _Planned:
                          if "schedule" in definition else None)
         self.next_from, self.next = None, []
         try:
-            celery_entry = _celery_entry(app, scheduled, config, stored_text)
+            celery_entry = celery_entry_in(app, scheduled.name, config, stored_text)
             if celery_entry is not None:
                 self.plan = build_plan(scheduled.name, celery_entry, app=app, settings=settings,
                                        store=store)
