@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-#: pytest-xdist workers of `make test` (each with servers of its own: tests/worker_servers.py);
+#: pytest-xdist workers of `make test` (each with servers of its own: tests/support/worker_servers.py);
 #: TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
 

@@ -3,7 +3,7 @@ exactly once, or missed for a recorded reason?
 
     python benchmarks/chaos.py --store redis-aof --minutes 10 --seed 1 --out /tmp/chaos-redis-aof
 
-Five ``celery beat`` processes with our Scheduler (tests/apps/chaos_app.py: 15 entries every
+Five ``celery beat`` processes with our Scheduler (tests/support/apps/chaos_app.py: 15 entries every
 second, 12 every 2 s, 12 every 5 s, 6 every-minute crontabs, 5 leased entries with a 6 s lease
 and 1 s heartbeat whose task works 2-4 s; max_late 15 s), a threads worker for the plain entries
 and a prefork worker for the leased ones, for ``--minutes``, while benchmarks/chaos_faults.py
@@ -58,7 +58,7 @@ for path in (HERE, os.path.join(ROOT, "tests"), APPS, ROOT):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-import chaos_app  # noqa: E402  (tests/apps: the schedule, also loaded by every process)
+import chaos_app  # noqa: E402  (tests/support/apps: the schedule, also loaded by every process)
 from chaos_analysis import analyse  # noqa: E402
 from chaos_faults import FAKETIME_LIB, KINDS, STORE_KINDS, Fault, FaultRunner, plan  # noqa: E402
 from procs import CeleryProcs  # noqa: E402
@@ -167,7 +167,7 @@ class Harness:
             "CHAOS_NAMESPACE": self.namespace, "CHAOS_QUEUE": self.queue,
             "CHAOS_MAX_LATE": str(MAX_LATE_S), "CHAOS_OUT": os.path.join(self.out, "executions.jsonl"),
         })
-        if self.kind == "redis-sentinel":   # see tests/apps/chaos_app.py
+        if self.kind == "redis-sentinel":   # see tests/support/apps/chaos_app.py
             env["CHAOS_LOG_EVERY_SKIP"] = "1"
         return env
 

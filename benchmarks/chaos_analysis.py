@@ -1,7 +1,7 @@
 """What happened to every run of the chaos run's measured window (benchmarks/chaos.py).
 
 Inputs, all in the run's --out folder: ``executions.jsonl`` (one line per task event, written by
-the task bodies of tests/apps/chaos_app.py), ``history.jsonl`` (every distinct record seen in the
+the task bodies of tests/support/apps/chaos_app.py), ``history.jsonl`` (every distinct record seen in the
 store's history, dumped every few seconds and before each store restart, since a Redis without
 persistence forgets its history too), ``instances.jsonl`` (each beat process: its log and how it
 ended) and the logs of every beat and worker.

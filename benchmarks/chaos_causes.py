@@ -74,7 +74,7 @@ AFTER_S = 5.0
 #: a store restart makes the store forget (a new epoch, or no persistence): slots whose claims were
 #: still retried when it went down (max_late 15 s + the 10 s tolerance) up to those the restarted
 #: store refuses (10 s after the first claim reaches it, which the beats' outage backoff delays by
-#: a few seconds: measured up to 12.6 s after the restart, in the 60 s run of tests/test_chaos.py)
+#: a few seconds: measured up to 12.6 s after the restart, in the 60 s run of tests/system/test_chaos.py)
 FORGOTTEN_BEFORE_S, FORGOTTEN_AFTER_S = 25.0, 15.0
 #: a leased run lives up to about 45 s after its slot (10 s queued, 6 s leases, 1 s heartbeats, up
 #: to 3 attempts), so a fault that begins that long after the slot can still hold it up. A run

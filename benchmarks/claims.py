@@ -38,7 +38,7 @@ from celery_anarchon.stores.base import ClaimRequest, Outcome  # noqa: E402
 
 from backends import BY_KIND, backdate_memory_start  # noqa: E402
 
-#: options of the benchmark over each test backend's own (tests/backends.py gives the URL and
+#: options of the benchmark over each test backend's own (tests/support/backends.py gives the URL and
 #: the options that pick the variant)
 BENCH_OPTIONS = {
     "redis-script": {"history_size": 20_000},

@@ -5,7 +5,7 @@ order of the tests shows up here before it reaches CI.
 ::
 
     python benchmarks/flake_hunt.py                      # the whole suite, 3 runs
-    python benchmarks/flake_hunt.py -n 5 --hog -- tests/test_engine.py -k lease
+    python benchmarks/flake_hunt.py -n 5 --hog -- tests/beat/test_engine.py -k lease
     python benchmarks/flake_hunt.py --seeds 1,2,3        # replay given random-order seeds
     python benchmarks/flake_hunt.py -n 3 --hog-runs 1    # the last of the 3 runs under the hog
 

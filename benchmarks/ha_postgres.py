@@ -19,7 +19,7 @@ that break it (lag, crash, promotion). Never the shared server on 5432.
 
 Every node runs as the ``postgres`` user (``runuser``) from ``/usr/lib/postgresql/*/bin``, on a
 free loopback port, in its own temporary folder, with ``trust`` authentication. Each standby
-reaches the primary through its own TCP proxy (tests/tcp_proxy.py, in this process) so a test
+reaches the primary through its own TCP proxy (tests/support/tcp_proxy.py, in this process) so a test
 can hold back the WAL stream (``pause``) and drop what it held (``cut``): on loopback the lag is
 sub-millisecond, so a standby that misses the newest commits has to be made. ``synchronous``
 sets ``synchronous_standby_names`` on the primary (``"FIRST 1 (standby0)"``,

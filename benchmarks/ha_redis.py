@@ -16,7 +16,7 @@ The API, all of it (times in seconds; each wait raises ``RuntimeError`` naming w
   replicas, in order), ``sentinels``, ``url`` (``redis://`` of the current master),
   ``sentinel_url`` and ``master_name`` (for ``sentinel://`` stores).
 * ``lag(node)`` / ``catch_up(node)``: every replica reaches its master through its own TCP proxy
-  (``tests/tcp_proxy.py``); ``lag`` stops that proxy forwarding (the replica misses every write
+  (``tests/support/tcp_proxy.py``); ``lag`` stops that proxy forwarding (the replica misses every write
   from now on, while both ends see a live connection), ``catch_up`` forwards again.
 * ``wait_synced(node)``: the replica has every write the master has (offsets equal).
 * ``kill(node)`` (SIGKILL), ``stop(node)`` (SIGTERM), ``restart(node)`` (same port, same folder:

@@ -4,7 +4,7 @@ One harness: each process runs in a session of its own (so a signal reaches its 
 prefork worker's children, ``worker -B``'s beat), with the environment of the harness plus its
 own, its output in one log file, and stop / kill / pause / resume by name. Standard library only:
 ``make demo`` imports it on a fresh machine (example_project/demo.py), the tests through
-tests/cluster.py, the benchmarks directly. The servers these processes talk to are started by
+tests/support/cluster.py, the benchmarks directly. The servers these processes talk to are started by
 benchmarks/servers.py.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 a temporary folder (three masters, one replica each), created with ``redis-cli --cluster create
 ... --cluster-replicas 1 --cluster-yes`` and ready once every node reports ``cluster_state:ok``.
 
-The tests start one per session (``tests/cluster_rig.py``); the failover test asks a replica to
+The tests start one per session (``tests/support/cluster_rig.py``); the failover test asks a replica to
 take over its master (``CLUSTER FAILOVER``) or kills a master (``SIGKILL``: the cluster promotes
 its replica after ``cluster-node-timeout``, 1 s here).
 

@@ -8,7 +8,7 @@ cluster with ``pg_stat_statements``; SQLite: a file), so that nothing else talks
 
 1. **seed**: ``--entries`` store entries written through the store API (``put_entry``, from
    threads; SQLite from one), each a daily crontab twelve hours away: nothing comes due;
-2. **start-up**: ``--instances`` beats (tests/apps/schedules_app.py, ``anarchon_sync_interval``
+2. **start-up**: ``--instances`` beats (tests/support/apps/schedules_app.py, ``anarchon_sync_interval``
    ``--sync-interval``) started at once; from each process's start, and from its engine's start
    (the ``anarchon: instance`` line), to its first sync log line (every entry loaded and
    checked into a plan), and the CPU each process used until then (Python and Celery's start-up

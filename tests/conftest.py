@@ -14,13 +14,20 @@ from urllib.parse import urlsplit
 
 import pytest
 
-#: the server rigs (benchmarks/servers.py, benchmarks/ha_*.py) are shared by tests and benchmarks
+#: the rigs, servers and apps of the tests (tests/support), and the server rigs they share with the
+#: benchmarks (benchmarks/servers.py, benchmarks/ha_*.py), importable from every folder of tests/
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+#: a test module may use another's helpers across wings (test_store_contract's claim helpers in
+#: the HA tests, test_integration's broker reads in the operator's tests): every folder of tests is
+#: importable whatever the order pytest collects them in
+for _folder in ("schedule", "stores", "beat", "worker", "operate", "system"):
+    sys.path.insert(0, str(Path(__file__).resolve().parent / _folder))
 
-from backends import url_of  # noqa: E402  (tests/backends.py: one row per store)
+from backends import url_of  # noqa: E402  (tests/support/backends.py: one row per store)
 import worker_servers  # noqa: E402
 
-#: under pytest-xdist, each worker's own servers, before any URL is read (tests/worker_servers.py)
+#: under pytest-xdist, each worker's own servers, before any URL is read (tests/support/worker_servers.py)
 worker_servers.isolate()
 
 REDIS_URL = url_of("redis")
@@ -94,7 +101,7 @@ def namespace() -> str:
 
 
 def pytest_unconfigure(config) -> None:
-    """An xdist worker's own servers stop with it (tests/worker_servers.py)."""
+    """An xdist worker's own servers stop with it (tests/support/worker_servers.py)."""
     worker_servers.stop()
 
 

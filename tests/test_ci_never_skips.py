@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: (case, the test to run, how the machine lacks it)
 CASES = {
-    "redis-server": "tests/test_ha_redis.py::test_a_replica_that_is_down_does_not_stop_the_schedule",
-    "redis-8": "tests/test_ha_redis.py::test_restart_from_an_rdb_snapshot_never_rewins[idmp]",
-    "selenium": "tests/test_web.py::test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry",
-    "client-library": "tests/test_store_contract.py::test_winner_is_recognised_on_retry[nats]",
+    "redis-server": "tests/system/test_ha_redis.py::test_a_replica_that_is_down_does_not_stop_the_schedule",
+    "redis-8": "tests/system/test_ha_redis.py::test_restart_from_an_rdb_snapshot_never_rewins[idmp]",
+    "selenium": "tests/operate/test_web.py::test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry",
+    "client-library": "tests/stores/test_store_contract.py::test_winner_is_recognised_on_retry[nats]",
 }
 
 #: a plugin that makes the modules it names fail to import, as when they are not installed

@@ -217,8 +217,8 @@ def _every_read_surface_shows(app, broken: dict[str, str], capsys) -> None:
 
     from celery_anarchon.operate.cli import reports as cli_status
     from celery_anarchon.operate.web import StatusSource, create_app
-    from test_cli_operate import run_in_process
-    from test_web import asgi
+    from operate_support import run_in_process
+    from operate_support import asgi
 
     with celery_anarchon.schedules(app) as s:
         listed = {e.name: e for e in s.list()}
@@ -369,8 +369,8 @@ def test_a_beat_schedule_of_the_wrong_shape_is_named_by_check_beat_and_every_vie
     from celery_anarchon.operate.cli import reports as cli_status
     from celery_anarchon.operate.cli import rules as cli_rules
     from celery_anarchon.operate.web import StatusSource, create_app
-    from test_cli_operate import run_in_process
-    from test_web import asgi
+    from operate_support import run_in_process
+    from operate_support import asgi
 
     with pytest.raises(ConfigError) as caught:
         beat_start(tmp_path, namespace, beat_schedule)
@@ -417,7 +417,7 @@ def test_the_page_actions_answer_for_a_name_with_a_line_break(tmp_path, namespac
 
     from celery_anarchon.schedule.definition import canonical
     from celery_anarchon.operate.web import TOKEN_HEADER, StatusSource, create_app
-    from test_web import asgi
+    from operate_support import asgi
 
     app = make_app(f"sqlite:///{tmp_path / 'store.sqlite3'}", namespace)
     with celery_anarchon.schedules(app) as s:

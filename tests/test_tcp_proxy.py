@@ -1,4 +1,4 @@
-"""The TCP proxy of the tests and the rigs (tests/tcp_proxy.py) against a small server of this
+"""The TCP proxy of the tests and the rigs (tests/support/tcp_proxy.py) against a small server of this
 test: what the rigs rely on (pg_basebackup -X stream runs two connections through one proxy)."""
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_an_instance_keeps_the_pauses_and_store_entries_its_store_lost(
     assert not h.engine.sync.kept
 
 
-# -- the rules, on the memory store (tests/engine_support.py) -------------------------------------
+# -- the rules, on the memory store (tests/support/engine_support.py) -------------------------------------
 
 SYNC_S = 5.0
 

@@ -1,12 +1,12 @@
 """Real ``celery beat`` and ``celery worker`` processes for multi-process tests: the shared
 harness of benchmarks/procs.py (on the path through conftest.py), with the test apps of
-tests/apps on the processes' ``PYTHONPATH``."""
+tests/support/apps on the processes' ``PYTHONPATH``."""
 from __future__ import annotations
 
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
 
 from procs import CeleryProcs, Proc, read_records  # noqa: E402
 

@@ -45,7 +45,7 @@ from stores_support import VARIANT_OPTIONS, store_url
 from test_integration import BROKER_URL, queued_messages
 
 sys.path.insert(0, APPS)
-import schedules_app  # noqa: E402  (tests/apps: the app the processes run)
+import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)
 
 #: the stores of the must-show (Redis: its default strategy)
 KINDS = ("sqlite", "postgresql", "redis")

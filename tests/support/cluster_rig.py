@@ -7,7 +7,7 @@ The shared cluster has no replicas: its tests prove what the store does on a clu
 their slots, scripts, one winner), and a claim there must not wait on a replica's acknowledgement,
 which a loaded machine delays past the store's bounds (a replica counts as live within 3 s) and
 turns a won claim into an unconfirmed one. What replication does (failovers, unconfirmed writes,
-WAITAOF) is proved in tests/test_redis_cluster.py on rigs with replicas of their own."""
+WAITAOF) is proved in tests/stores/test_redis_cluster.py on rigs with replicas of their own."""
 from __future__ import annotations
 
 import atexit

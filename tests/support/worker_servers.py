@@ -14,7 +14,7 @@ RabbitMQ          the vhost ``test_gwN`` of the shared broker (``rabbitmqctl add
                   allowed everything on it
 NATS              a ``nats-server -js`` of the worker's own on a free port, its JetStream files in a
                   temporary folder
-Redis Cluster     already the process's own (tests/cluster_rig.py)
+Redis Cluster     already the process's own (tests/support/cluster_rig.py)
 ================  =================================================================================
 
 Each applies only when its ``ANARCHON_TEST_*`` variable is unset: a developer's variable wins (and

@@ -24,8 +24,8 @@ import pytest
 from chaos_faults import FAKETIME_LIB, STORE_KINDS
 from conftest import IN_CI
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHAOS = os.path.join(ROOT, "benchmarks", "chaos.py")
+from paths import ROOT
+CHAOS = str(ROOT / "benchmarks" / "chaos.py")
 SEED = 20261130
 #: runs executed exactly once, at least, of the runs a store restart does not make the store forget
 #: (a new epoch refuses every slot up to 10 s after the restart: this seed's 3.6 s crash costs 290

@@ -1,5 +1,5 @@
 """The command line, as people and scripts run it: `celery -A cli_app anarchon ...` as a real
-subprocess (tests/apps/cli_app.py) against real stores: its output, its JSON and its exit codes
+subprocess (tests/support/apps/cli_app.py) against real stores: its output, its JSON and its exit codes
 (0 done, 1 store unreachable, 2 bad input, 3 unknown entry, 4 owned by beat_schedule or exists)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, InstanceRecord
 from conftest import POSTGRES_URL, require_server
 from helpers import request_run
 
-APPS = pathlib.Path(__file__).parent / "apps"
+from paths import APPS
 
 
 def cli(store_url: str, namespace: str, *args: str) -> subprocess.CompletedProcess:

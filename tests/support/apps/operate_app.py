@@ -1,4 +1,4 @@
-"""A small Celery project for the operators' command-line tests (tests/test_cli_operate.py),
+"""A small Celery project for the operators' command-line tests (tests/operate/test_cli_operate.py),
 configured by environment variables: ANARCHON_OP_STORE (store URL), ANARCHON_OP_NAMESPACE, and
 ANARCHON_OP_SCHEDULE, which picks its beat_schedule:
 

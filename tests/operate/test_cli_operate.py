@@ -1,5 +1,5 @@
 """The operators' commands as people, CI pipelines and deploy scripts run them: `celery -A
-operate_app anarchon status | history | check | next` as real subprocesses (tests/apps/
+operate_app anarchon status | history | check | next` as real subprocesses (tests/support/apps/
 operate_app.py) against real stores, and celery_anarchon.testing in a user's own tests."""
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ from celery_anarchon.schedule.timing import Settings
 from backends import BACKENDS
 from cluster import Cluster
 from helpers import request_run
+from operate_support import run_in_process
 
-APPS = pathlib.Path(__file__).parent / "apps"
+from paths import APPS
 BERLIN_DST_2027 = "2027-03-26T12:00:00Z"   # two days before the last Sunday of March 2027
 
 
@@ -311,23 +312,6 @@ def test_testing_helpers_check_every_rule_without_a_store_server():
 # -- the commands in this process (fast: no subprocess), for what a new user ran into ----------
 
 DOWN_URL = "postgresql://postgres:secret@127.0.0.1:1/test"   # nothing listens on port 1
-
-
-def run_in_process(command, *args, capsys, **kwargs) -> tuple[int, str, str]:
-    """Run a command's body (``cli_status.status``, ``check``, ...) here: (exit code, stdout,
-    stderr)."""
-    import click
-
-    code = 0
-    try:
-        command(*args, **kwargs)
-    except click.exceptions.Exit as exc:
-        code = exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        code = exc.exit_code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _leased_app(url: str, namespace: str, **conf) -> Celery:

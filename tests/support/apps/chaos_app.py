@@ -1,4 +1,4 @@
-"""The Celery project of the chaos run (benchmarks/chaos.py, tests/test_chaos.py).
+"""The Celery project of the chaos run (benchmarks/chaos.py, tests/system/test_chaos.py).
 
 Fifty entries: 15 every second, 12 every 2 s, 12 every 5 s, 6 every-minute crontabs and 5 leased
 entries (lease 6 s / heartbeat 1 s) whose task works 2 to 4 s. Configured by environment:

@@ -2,7 +2,7 @@
 beat keeps running, nothing is lost and nothing is sent twice.
 
 The table in docs/reliability.md lists these cases with their messages; print it again with
-``python tests/test_bad_input.py`` (run from the repository root, servers up).
+``python tests/system/test_bad_input.py`` (run from the repository root, servers up).
 """
 from __future__ import annotations
 
@@ -22,8 +22,6 @@ from datetime import timedelta
 import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 from celery_anarchon import ConfigError, Scheduler, cron  # noqa: E402
 from celery_anarchon.errors import StoreUnavailable  # noqa: E402

@@ -1,4 +1,4 @@
-"""A real Celery project for the runtime-schedule tests (tests/test_schedules_cluster.py) and the
+"""A real Celery project for the runtime-schedule tests (tests/operate/test_schedules_cluster.py) and the
 propagation benchmark (benchmarks/schedules_sync.py), configured by environment variables.
 
 ANARCHON_SC_BROKER, ANARCHON_SC_STORE, ANARCHON_SC_NAMESPACE, ANARCHON_SC_QUEUE (required);

@@ -323,7 +323,7 @@ def test_a_deleted_stream_refuses_the_runs_it_forgot(stores):
 
 
 def test_a_lost_epoch_marker_restarts_the_memory_for_every_instance(stores):
-    """The epoch marker lives in memory: a server restart loses it (tests/test_ha_nats.py
+    """The epoch marker lives in memory: a server restart loses it (tests/system/test_ha_nats.py
     restarts a server of its own; here the marker's stream is deleted, as a restart of a single
     server does). The next claim of any instance sees it and refuses the slots before the new
     marker + 10 s as forgotten, naming both epochs; later slots are claimed as usual."""

@@ -1,6 +1,6 @@
 """Leases with real processes: two beats, real prefork workers, on every lease store.
 
-Each test starts a small cluster of ``lease_app`` (tests/apps/lease_app.py), whose tasks append
+Each test starts a small cluster of ``lease_app`` (tests/support/apps/lease_app.py), whose tasks append
 one line per event (start, end, lost) to a file, and then breaks something: SIGKILL the child
 running a leased task, SIGSTOP a worker, kill a beat between its claim and its send, purge the
 queue, a task that kills its worker every time. The guarantee it checks is docs/design.md's: at most

@@ -35,7 +35,7 @@ from test_schedules_cluster import BEATS, Run, cluster_env
 servers = pytest.importorskip("servers")
 
 sys.path.insert(0, APPS)
-import schedules_app  # noqa: E402  (tests/apps: the app the processes run)
+import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)
 
 #: anarchon_sync_interval and anarchon_max_late of the beats, seconds
 SYNC_S, MAX_LATE_S = 1.0, 5.0

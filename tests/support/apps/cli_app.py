@@ -1,4 +1,4 @@
-"""A small Celery project for the command-line tests (tests/test_cli.py), configured by
+"""A small Celery project for the command-line tests (tests/operate/test_cli.py), configured by
 environment variables: ANARCHON_CLI_STORE (store URL), ANARCHON_CLI_NAMESPACE."""
 import os
 

@@ -487,8 +487,8 @@ def pause_of(s, entry: str):
 
 
 def celery_cli(url: str, namespace: str, *args: str) -> subprocess.CompletedProcess:
-    """``celery -A cli_app anarchon <args>`` (tests/apps/cli_app.py) against ``url``."""
-    apps = pathlib.Path(__file__).parent / "apps"
+    """``celery -A cli_app anarchon <args>`` (tests/support/apps/cli_app.py) against ``url``."""
+    from paths import APPS as apps
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(apps), os.environ.get("PYTHONPATH", "")]),
            "ANARCHON_CLI_STORE": url, "ANARCHON_CLI_NAMESPACE": namespace}
     return subprocess.run([sys.executable, "-m", "celery", "-A", "cli_app", "anarchon", *args],

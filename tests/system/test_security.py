@@ -19,9 +19,9 @@ from celery_anarchon.stores import mask_url
 from cluster import Cluster
 from conftest import POSTGRES_URL, REDIS_URL, require_server
 from servers import RedisServer
-from test_web import free_port, http, wait_served
+from operate_support import free_port, http, wait_served
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "celery_anarchon"
+from paths import PACKAGE
 
 
 @pytest.mark.parametrize("url, masked", [

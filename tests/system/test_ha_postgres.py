@@ -235,8 +235,8 @@ def test_rig_template_folder_is_deleted_when_the_process_exits():
     import os
     import subprocess
     import sys
-    benchmarks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                              "benchmarks")
+    from paths import BENCHMARKS
+    benchmarks = str(BENCHMARKS)
     script = (f"import runpy, sys; sys.path.insert(0, {benchmarks!r}); "
               f"print(runpy.run_path({ha_postgres.__file__!r})['_template']())")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

@@ -1,6 +1,6 @@
 """The status page (``celery anarchon web``) in a real browser, against a running cluster.
 
-Three real beats and a worker (SQLite store, Redis broker, tests/apps/schedules_app.py) run a
+Three real beats and a worker (SQLite store, Redis broker, tests/support/apps/schedules_app.py) run a
 1-s config entry ``clock`` and a 2-s store entry whose name is HTML; the page is a real
 ``celery anarchon web --allow-actions --token ...`` process, read by headless Debian chromium
 through Selenium. It lists the three instances and both entries with their runs in the strip;
@@ -39,47 +39,21 @@ from celery_anarchon.operate.web import TOKEN_HEADER, check_address, resolve_tok
 from backends import backdate_memory_start
 from cluster import APPS, Cluster, read_executions
 from conftest import IN_CI, REDIS_URL, require_server
+from paths import DOCS
+from operate_support import asgi, free_port, http, wait_served
 from stores_support import store_url, wait_until
 from test_integration import queued_messages
 from test_schedules_cluster import Run, cluster_env
 
 sys.path.insert(0, APPS)
-import schedules_app  # noqa: E402  (tests/apps: the app the processes run)
+import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "status-page.png"
+SCREENSHOT = DOCS / "status-page.png"
 #: a store entry whose name is markup: the page must show it as text
 TRICKY = '<i>nightly</i> & "report"'
 TOKEN = "t0ken-for-the-test-" + "x" * 12
 BEATS = ("beat-a", "beat-b", "beat-c")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(url: str, *, data: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
-    """``(status, body)`` of one request (POST when ``data`` is given)."""
-    request = urllib.request.Request(url, data=data, headers=headers or {},
-                                     method="POST" if data is not None else "GET")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def wait_served(base: str, proc, timeout: float = 60) -> None:
-    """Wait until the page process answers ``/api/status`` (it still runs)."""
-    def up():
-        assert proc.alive(), f"the web process exited:\n{proc.text()}"
-        try:
-            return http(base + "/api/status")[0] in (200, 503)
-        except OSError:
-            return False
-    wait_until(up, timeout, f"the page at {base}", interval=0.2)
 
 
 @pytest.fixture
@@ -447,30 +421,6 @@ def test_a_port_in_use_is_named_with_the_fix():
         with pytest.raises(ConfigError, match=f"--port {port} .*fix: pick a free port"):
             check_address("127.0.0.1", port)
     check_address("127.0.0.1", port)   # free again
-
-
-def asgi(site, method: str, path: str, query: str = "",
-         headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
-    """One request to the Starlette app in this process (with ``headers`` too): (status,
-    headers, body)."""
-    import asyncio
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-             "query_string": query.encode(), "headers": [(b"host", b"127.0.0.1")] + [
-                 (k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8765)}
-    asyncio.run(site(scope, receive, send))
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    headers = {k.decode(): v.decode() for k, v in start["headers"]}
-    return start["status"], headers, body.decode()
 
 
 def test_refresh_is_clamped_unknown_api_routes_answer_json_and_a_short_token_is_warned_of(

@@ -1,8 +1,8 @@
 """The engine's parts, each on its own, with injected clocks (wall and monotonic) and the memory
-store on the test's clock (tests/engine_support.py): the heap of due runs, the claim retries, the send queue, the history notes, the outage
+store on the test's clock (tests/support/engine_support.py): the heap of due runs, the claim retries, the send queue, the history notes, the outage
 backoff, takeovers, skew, skip logging, definitions, counters, the sync of the store's entries and
 the instance heartbeat. The whole engine against real
-stores is tests/test_engine.py."""
+stores is tests/beat/test_engine.py."""
 from __future__ import annotations
 
 import collections

@@ -1,0 +1,78 @@
+"""What the operator's tests share: a free port, one HTTP request, the wait for a page process,
+one request to the page's ASGI app in this process, and a command body run in this process."""
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+
+from stores_support import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url: str, *, data: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
+    """``(status, body)`` of one request (POST when ``data`` is given)."""
+    request = urllib.request.Request(url, data=data, headers=headers or {},
+                                     method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_served(base: str, proc, timeout: float = 60) -> None:
+    """Wait until the page process answers ``/api/status`` (it still runs)."""
+    def up():
+        assert proc.alive(), f"the web process exited:\n{proc.text()}"
+        try:
+            return http(base + "/api/status")[0] in (200, 503)
+        except OSError:
+            return False
+    wait_until(up, timeout, f"the page at {base}", interval=0.2)
+
+
+def asgi(site, method: str, path: str, query: str = "",
+         headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    """One request to the Starlette app in this process (with ``headers`` too): (status,
+    headers, body)."""
+    import asyncio
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+             "query_string": query.encode(), "headers": [(b"host", b"127.0.0.1")] + [
+                 (k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8765)}
+    asyncio.run(site(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    return start["status"], headers, body.decode()
+
+
+def run_in_process(command, *args, capsys, **kwargs) -> tuple[int, str, str]:
+    """Run a command's body (``cli_status.status``, ``check``, ...) here: (exit code, stdout,
+    stderr)."""
+    import click
+
+    code = 0
+    try:
+        command(*args, **kwargs)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    out, err = capsys.readouterr()
+    return code, out, err
