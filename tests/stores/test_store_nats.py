@@ -25,7 +25,7 @@ from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, Memory, Outcome, 
 from celery_anarchon._util import iso as _iso
 from celery_anarchon.stores.base import LeaseStore
 from celery_anarchon.stores.nats import NATSStore
-from celery_anarchon.stores.nats.io import token
+from celery_anarchon.stores.nats.connection import token
 
 import ha_nats  # benchmarks/ha_nats.py: the rigs' nats-server launcher
 from conftest import IN_CI, NATS_URL

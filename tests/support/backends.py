@@ -65,7 +65,7 @@ def _drop_sql_tables(url: str, open_one: Callable[[], ClaimStore]) -> None:
 
 def _delete_nats_streams(url: str, open_one: Callable[[], ClaimStore]) -> None:
     """Delete every stream and bucket of this store kind, in every namespace."""
-    from celery_anarchon.stores.nats.io import API, STREAM_NOT_FOUND, ApiError
+    from celery_anarchon.stores.nats.connection import API, STREAM_NOT_FOUND, ApiError
     import json
     store = open_one()
 
@@ -224,7 +224,7 @@ def _backdate_nats(store, entries: list[str], by_ms: int) -> None:
     """The memory of ``entries`` began ``by_ms`` earlier than the stream's creation (or than a
     previous backdating). Kept as a message in the claims stream, so it is lost with the stream."""
     import json
-    from celery_anarchon.stores.nats.io import reply_json, time_ms
+    from celery_anarchon.stores.nats.connection import reply_json, time_ms
     store._claims.born.clear()
 
     async def step(session, nc):

@@ -8,6 +8,7 @@
 * :mod:`.history`: history and definitions in a key-value bucket;
 * :mod:`.instances`: instance records (heartbeats) and fingerprint mappings;
 * :mod:`.options`: the options and URLs;
-* :mod:`.io`: the client session on its own event loop thread, the JetStream API replies, names.
+* :mod:`.connection`: the client session on its own event loop thread, the JetStream API
+  replies, names.
 """
 from celery_anarchon.stores.nats.store import NATSStore  # noqa: F401

@@ -25,8 +25,10 @@ from collections.abc import Callable, Sequence
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.stores.base import ClaimRequest, ClaimResult, Outcome, RunEvent
 from celery_anarchon.stores.nats.clock import ServerClock
+from celery_anarchon.stores.nats.connection import (
+    API, Stored, logger, reply_json, stored_message, token,
+)
 from celery_anarchon.stores.nats.history import NATSHistory
-from celery_anarchon.stores.nats.io import API, Stored, logger, reply_json, stored_message, token
 from celery_anarchon.stores.nats.memory import Epoch, Window
 from celery_anarchon.stores.nats.streams import Streams
 

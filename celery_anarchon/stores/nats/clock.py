@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from celery_anarchon._util import Skew
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores._common import retrying
-from celery_anarchon.stores.nats.io import Missing, Names, Stored, reply_json
+from celery_anarchon.stores.nats.connection import Missing, Names, Stored, reply_json
 
 #: the skew is measured again with a claim when older than this, seconds
 SKEW_REFRESH_S = 1.0

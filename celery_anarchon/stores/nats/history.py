@@ -8,7 +8,7 @@ writes of an entry, a store purges the entry's keys down to the ``history_size``
 between, a few more are kept); :meth:`NATSHistory.history` reads every record of the entry through
 an ephemeral consumer and returns the newest ``history_size`` by slot. A record's ``store_ms`` is
 when the server stored it. Entry names and fingerprints are escaped by
-:func:`~celery_anarchon.stores.nats.io.token`.
+:func:`~celery_anarchon.stores.nats.connection.token`.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_anarchon.stores.base import HistoryRecord, RunEvent, SKIP_EVENTS
-from celery_anarchon.stores.nats.io import (
+from celery_anarchon.stores.nats.connection import (
     API, NO_MESSAGE_FOUND, STREAM_NOT_FOUND, WRONG_LAST_SEQUENCE, ApiError, reply_json, status_of,
     token,
 )

@@ -20,7 +20,7 @@ a message over the server's ``max_payload``, 1 MB by default: about 30,000 confi
 12 hours, so a mapping lives as long as a live record names it.
 
 Both streams are created on first use with the store's ``replicas`` and file storage. Names are
-escaped by :func:`~celery_anarchon.stores.nats.io.token`.
+escaped by :func:`~celery_anarchon.stores.nats.connection.token`.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery_anarchon.stores.entry_store import InstanceOps, InstanceRecord
-from celery_anarchon.stores.nats.io import (
+from celery_anarchon.stores.nats.connection import (
     API, NO_MESSAGE_FOUND, STREAM_NOT_FOUND, ApiError, Missing, reply_json, token,
 )
 from celery_anarchon.stores.nats.streams import Streams

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores.nats.io import (
+from celery_anarchon.stores.nats.connection import (
     API, WRONG_LAST_SEQUENCE, ApiError, Names, Stored, logger, reply_json, stored_message, time_ms,
 )
 from celery_anarchon.stores.nats.streams import MAX_AGE_WINDOWS, Streams

@@ -14,7 +14,7 @@ its own part of the promise:
 * :mod:`.history`: history and definitions in a key-value bucket;
 * :mod:`.instances`: the instance records (heartbeats) and fingerprint mappings;
 * :mod:`.options`: the options and URLs (``nats://``, ``tls://``, several servers);
-* :mod:`.io`: the event loop thread, pipelined requests, the names.
+* :mod:`.connection`: the event loop thread, pipelined requests, the names.
 """
 from __future__ import annotations
 
@@ -31,9 +31,11 @@ from celery_anarchon.stores.entry_store import InstanceOps, InstanceStore
 from celery_anarchon.stores.nats import options as nats_options
 from celery_anarchon.stores.nats.claims import Claims
 from celery_anarchon.stores.nats.clock import ServerClock
+from celery_anarchon.stores.nats.connection import (
+    API, Missing, Names, Session, discard, logger, uses_tls,
+)
 from celery_anarchon.stores.nats.history import NATSHistory
 from celery_anarchon.stores.nats.instances import NATSInstances
-from celery_anarchon.stores.nats.io import API, Missing, Names, Session, discard, logger, uses_tls
 from celery_anarchon.stores.nats.memory import Epoch, Window
 from celery_anarchon.stores.nats.streams import Streams
 

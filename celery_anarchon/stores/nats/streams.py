@@ -18,7 +18,7 @@ import asyncio
 import time
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.stores.nats.io import (
+from celery_anarchon.stores.nats.connection import (
     API, STREAM_NAME_IN_USE, STREAM_NOT_FOUND, ApiError, Missing, Names, time_ms,
 )
 

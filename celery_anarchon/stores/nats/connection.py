@@ -1,4 +1,4 @@
-"""The plumbing of the NATS store: a private event loop thread, pipelined requests, names.
+"""The connection layer of the NATS store: a private event loop thread, pipelined requests, names.
 
 nats-py is asyncio-only; Celery's beat is not. Each :class:`~celery_anarchon.stores.nats.NATSStore`
 object owns one :class:`Session` per process: an event loop on a daemon thread of its own, started
