@@ -23,7 +23,7 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, LeaseStore, Memory, Outcome, RunEvent
 from celery_anarchon.stores.rabbitmq import RabbitMQStore
-from celery_anarchon.stores.rabbitmq.protocol import QUEUE_NAME_MAX_BYTES, QueueNames, claim_arguments
+from celery_anarchon.stores.rabbitmq.connection import QUEUE_NAME_MAX_BYTES, QueueNames, claim_arguments
 
 import conftest
 import rabbitmq_tools
@@ -313,10 +313,10 @@ def test_rabbitmq_store_that_forgot_refuses_old_runs_even_with_a_cached_start(st
 def test_rabbitmq_memory_start_is_the_first_writers(stores):
     a, b = stores("A"), stores("B")
     a.prepare(["e"])
-    born = a._entries.born(a._current(), "e")
+    born = a._memory.born(a._current(), "e")
     time.sleep(0.01)
     b.prepare(["e"])
-    assert b._entries.born(b._current(), "e") == born
+    assert b._memory.born(b._current(), "e") == born
 
 
 # -- several processes -------------------------------------------------------------------------

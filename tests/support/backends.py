@@ -243,18 +243,18 @@ def _backdate_nats(store, entries: list[str], by_ms: int) -> None:
 
 
 def _backdate_rabbitmq(store, entries: list[str], by_ms: int) -> None:
-    from celery_anarchon.stores.rabbitmq.entries import local_ms
-    from celery_anarchon.stores.rabbitmq.protocol import ONE_MESSAGE
+    from celery_anarchon.stores.rabbitmq.connection import ONE_MESSAGE
+    from celery_anarchon.stores.rabbitmq.memory import local_ms
     with store._using("backdating the memory start") as s:
         for entry in entries:
             queue = store.names.born(entry)
-            with store._entries.entry_lock(s, entry):
+            with store._memory.entry_lock(s, entry):
                 ch = s.channel()
                 ch.queue_declare(queue, durable=True, auto_delete=False, arguments=ONE_MESSAGE)
-                old = store._entries.take_born(ch, queue, keep=False)
+                old = store._memory.take_born(ch, queue, keep=False)
                 ch.close()
                 born = (old if old is not None else local_ms()) - int(by_ms)
-                store._entries.put_born(s, entry, born)
+                store._memory.put_born(s, entry, born)
             s.born[entry] = born
 
 

@@ -14,10 +14,10 @@ import amqp
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores.base import ClaimRequest, Outcome
-from celery_anarchon.stores.rabbitmq.entries import EntryQueues, local_ms
-from celery_anarchon.stores.rabbitmq.protocol import (
+from celery_anarchon.stores.rabbitmq.connection import (
     QueueNames, Session, claim_arguments, inequivalent, settings_arguments,
 )
+from celery_anarchon.stores.rabbitmq.memory import MemoryStarts, local_ms
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +40,17 @@ class ClaimQueues:
     answer it did not hear or did not hand back.
 
     :param names: the namespace's queue names.
-    :param entries: the per-entry queues (memory start) that decide ``FORGOTTEN``.
+    :param memory: the entries' memory starts, which decide ``FORGOTTEN``.
     :param slot_ttl_s: the claim queues' expiry, seconds (the store's memory).
     :param claim_timeout: seconds each awaited frame may take.
     :param warn_once: ``warn_once(message)``: log ``message`` once per store (ERROR).
     """
 
-    def __init__(self, *, names: QueueNames, entries: EntryQueues, namespace: str,
+    def __init__(self, *, names: QueueNames, memory: MemoryStarts, namespace: str,
                  instance_id: str, safe_url: str, slot_ttl_s: float, slot_ttl_ms: int,
                  claim_timeout: float, warn_once: Callable[..., None]) -> None:
         self.names = names
-        self.entries = entries
+        self.memory = memory
         self.namespace = namespace
         self.instance_id = instance_id
         self.safe_url = safe_url
@@ -108,22 +108,10 @@ class ClaimQueues:
             ch.queue_declare(self.names.settings(), durable=True, auto_delete=False,
                              arguments=settings_arguments(self.slot_ttl_ms))
         except amqp.exceptions.PreconditionFailed as exc:
-            return self.settings_error(exc)
+            return settings_refusal(exc, self.slot_ttl_s, self.namespace, self.names.settings(),
+                                    self.safe_url)
         ch.close()
         return None
-
-    def settings_error(self, exc: BaseException) -> str:
-        """The text of a marker declare refused because another slot_ttl is in use, with the fix."""
-        found = inequivalent(exc)
-        theirs = f"{int(found[2]) / 1000:g} s" if found and found[2].isdigit() else "another value"
-        return (f"RabbitMQ store {self.safe_url}: anarchon_store_options['slot_ttl'] is "
-                f"{self.slot_ttl_s:g} s here, but namespace {self.namespace!r} already claims with "
-                f"slot_ttl {theirs} (queue {self.names.settings()!r}; broker: "
-                f"{getattr(exc, 'reply_text', exc)}). Every instance must use the same slot_ttl: "
-                "a claim queue that expires sooner forgets a run before a later claimer's window "
-                "closes. Fix: give every instance the same slot_ttl; to change it, stop every "
-                f"instance, wait the old slot_ttl, delete that queue (rabbitmqctl delete_queue "
-                f"{self.names.settings()}) and start them with the new value.")
 
     # -- a batch ----------------------------------------------------------------------------------
     def decide(self, s: Session, first: dict[Run, ClaimRequest]) -> Answers:
@@ -162,7 +150,7 @@ class ClaimQueues:
         """
         entries = list(dict.fromkeys(entry for entry, _ in runs))
         for entry in entries:
-            self.entries.born(s, entry)
+            self.memory.born(s, entry)
         try:
             self._declare_fast(s, entries, runs)
             refused: Answers = {}
@@ -171,7 +159,7 @@ class ClaimQueues:
             refused = self._declare_slow(s, entries, runs)
         for run in runs:
             if run not in refused:
-                born = self.entries.born(s, run[0])
+                born = self.memory.born(s, run[0])
                 if run[1] < born + LATENESS_TOLERANCE_MS:
                     refused[run] = (Outcome.FORGOTTEN, f"store memory began at {iso(born)} (queue "
                                     f"{self.names.born(run[0])})")
@@ -214,7 +202,7 @@ class ClaimQueues:
                 logger.warning("RabbitMQ store %s: the broker lost the memory start of entry %r "
                                "(queue %s): runs before now + 10 s are refused as forgotten",
                                self.safe_url, entry, self.names.born(entry))
-                self.entries.born(s, entry)
+                self.memory.born(s, entry)
         arguments = claim_arguments(self.slot_ttl_ms)
         for run in runs:
             queue = self.names.claim(*run)
@@ -222,24 +210,10 @@ class ClaimQueues:
                 ch.queue_declare(queue, durable=True, auto_delete=False, arguments=arguments)
             except amqp.exceptions.PreconditionFailed as exc:
                 ch = s.channel()
-                failed[run] = (Outcome.UNKNOWN, self._queue_error(queue, exc))
+                failed[run] = (Outcome.UNKNOWN, queue_refusal(queue, exc, self.slot_ttl_ms))
                 self._warn_once(failed[run][1])
         ch.close()
         return failed
-
-    def _queue_error(self, queue: str, exc: BaseException) -> str:
-        found = inequivalent(exc)
-        if found and found[0] == "x-expires":
-            ours, theirs = f"{self.slot_ttl_ms} ms", f"{found[2]} ms"
-            what = f"another slot_ttl (x-expires {theirs}; this instance uses {ours})"
-        elif found and found[0] == "x-queue-type":
-            what = (f"queue type {found[2]!r} (quorum queues let two claims in; this store "
-                    "declares classic queues only)")
-        else:
-            what = "other arguments"
-        return (f"claim queue {queue!r} was declared elsewhere with {what}; the broker refused "
-                f"this claim ({getattr(exc, 'reply_text', exc)}). Outcome unknown: a possible miss, "
-                "never a second winner. Fix: give every instance the same slot_ttl and queue type.")
 
     def publish(self, s: Session, runs: list[Run], first: dict[Run, ClaimRequest]) -> Answers:
         """Phase 2: one persistent, mandatory publish per run, then every confirm: ack WON, nack
@@ -289,3 +263,35 @@ class ClaimQueues:
             s.retire_confirms()
         return answers
 
+
+def settings_refusal(exc: BaseException, slot_ttl_s: float, namespace: str, marker: str,
+                     safe_url: str) -> str:
+    """The text of a declare of the namespace's ``marker`` queue refused because another slot_ttl
+    is in use (``exc``: the broker's 406), naming both values, with the fix."""
+    found = inequivalent(exc)
+    theirs = f"{int(found[2]) / 1000:g} s" if found and found[2].isdigit() else "another value"
+    return (f"RabbitMQ store {safe_url}: anarchon_store_options['slot_ttl'] is "
+            f"{slot_ttl_s:g} s here, but namespace {namespace!r} already claims with "
+            f"slot_ttl {theirs} (queue {marker!r}; broker: "
+            f"{getattr(exc, 'reply_text', exc)}). Every instance must use the same slot_ttl: "
+            "a claim queue that expires sooner forgets a run before a later claimer's window "
+            "closes. Fix: give every instance the same slot_ttl; to change it, stop every "
+            f"instance, wait the old slot_ttl, delete that queue (rabbitmqctl delete_queue "
+            f"{marker}) and start them with the new value.")
+
+
+def queue_refusal(queue: str, exc: BaseException, slot_ttl_ms: int) -> str:
+    """The detail of a claim whose ``queue`` the broker refused to declare (``exc``: its 406,
+    the queue was declared elsewhere with other arguments): outcome unknown, with the fix."""
+    found = inequivalent(exc)
+    if found and found[0] == "x-expires":
+        ours, theirs = f"{slot_ttl_ms} ms", f"{found[2]} ms"
+        what = f"another slot_ttl (x-expires {theirs}; this instance uses {ours})"
+    elif found and found[0] == "x-queue-type":
+        what = (f"queue type {found[2]!r} (quorum queues let two claims in; this store "
+                "declares classic queues only)")
+    else:
+        what = "other arguments"
+    return (f"claim queue {queue!r} was declared elsewhere with {what}; the broker refused "
+            f"this claim ({getattr(exc, 'reply_text', exc)}). Outcome unknown: a possible miss, "
+            "never a second winner. Fix: give every instance the same slot_ttl and queue type.")

@@ -34,7 +34,7 @@ import amqp
 
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.entry_store import InstanceOps, InstanceRecord
-from celery_anarchon.stores.rabbitmq.protocol import (
+from celery_anarchon.stores.rabbitmq.connection import (
     CLASSIC, ONE_MESSAGE, QueueNames, Session, decode,
 )
 

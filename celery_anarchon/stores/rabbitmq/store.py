@@ -69,13 +69,13 @@ readers never see a half-empty queue; the memory start is read under the same lo
 queue declared with another ``history_size`` is kept as it is (a warning). ``store_ms`` of a
 record is the recording instance's clock.
 
-Queue names escape namespace and entry (:func:`~celery_anarchon.stores.rabbitmq.protocol.escape`) and
-hash pairs too long for AMQP's 255 bytes. The AMQP plumbing (names, arguments, confirms, the
-session) is in :mod:`~celery_anarchon.stores.rabbitmq.protocol`; the per-entry queues (lock, memory
-start, history) in :mod:`~celery_anarchon.stores.rabbitmq.entries`; the claim queues (the probe,
-the slot_ttl marker, the declare and publish phases of a batch) in
-:mod:`~celery_anarchon.stores.rabbitmq.claims`; the instance records (heartbeats) in
-:mod:`~celery_anarchon.stores.rabbitmq.instances`. Queues of entries removed from the schedule stay
+Queue names escape namespace and entry (:func:`~celery_anarchon.stores.rabbitmq.connection.escape`)
+and hash pairs too long for AMQP's 255 bytes. The AMQP plumbing (names, arguments, confirms, the
+session) is in :mod:`~celery_anarchon.stores.rabbitmq.connection`; each entry's memory start and
+the lock queues in :mod:`~celery_anarchon.stores.rabbitmq.memory`; the history queues in
+:mod:`~celery_anarchon.stores.rabbitmq.history`; the claim queues (the probe, the slot_ttl marker,
+the declare and publish phases of a batch) in :mod:`~celery_anarchon.stores.rabbitmq.claims`; the
+instance records (heartbeats) in :mod:`~celery_anarchon.stores.rabbitmq.instances`. Queues of entries removed from the schedule stay
 (one born and one history queue each, a few bytes).
 """
 from __future__ import annotations
@@ -100,9 +100,10 @@ from celery_anarchon.stores.base import (
 )
 from celery_anarchon.stores.entry_store import InstanceOps, InstanceStore
 from celery_anarchon.stores.rabbitmq.claims import DECLARE_CHANNELS, ClaimQueues
-from celery_anarchon.stores.rabbitmq.entries import EntryQueues
+from celery_anarchon.stores.rabbitmq.connection import QueueNames, Session, valid_prefix
+from celery_anarchon.stores.rabbitmq.history import RabbitMQHistory
 from celery_anarchon.stores.rabbitmq.instances import RabbitMQInstances
-from celery_anarchon.stores.rabbitmq.protocol import QueueNames, Session, valid_prefix
+from celery_anarchon.stores.rabbitmq.memory import MemoryStarts
 
 logger = logging.getLogger(__name__)
 
@@ -169,21 +170,24 @@ class RabbitMQStore(InstanceStore):
         self._lock = threading.RLock()
         self._probed = False
         self._warned: set[str] = set()
-        #: two parts, each given what it needs of this store: each entry's lock, memory start
-        #: and history; the claim queues (probe, slot_ttl marker, declare, publish)
-        self._entries = EntryQueues(
+        #: the parts, each given what it needs of this store: each entry's memory start and the
+        #: lock queues; the history queues; the claim queues (probe, slot_ttl marker, declare,
+        #: publish); the instance records
+        self._memory = MemoryStarts(
             names=self.names, namespace=self.namespace, instance_id=self.instance_id,
-            safe_url=self.safe_url, claim_timeout=self.claim_timeout,
-            history_size=self.history_size, using=self._using, drop=self._drop,
-            warn_once=self._warn_once)
+            safe_url=self.safe_url, claim_timeout=self.claim_timeout, drop=self._drop)
+        self._history = RabbitMQHistory(
+            names=self.names, instance_id=self.instance_id, safe_url=self.safe_url,
+            claim_timeout=self.claim_timeout, history_size=self.history_size,
+            using=self._using, memory=self._memory, warn_once=self._warn_once)
         self._claims = ClaimQueues(
-            names=self.names, entries=self._entries, namespace=self.namespace,
+            names=self.names, memory=self._memory, namespace=self.namespace,
             instance_id=self.instance_id, safe_url=self.safe_url, slot_ttl_s=self.slot_ttl_s,
             slot_ttl_ms=self.slot_ttl_ms, claim_timeout=self.claim_timeout,
             warn_once=self._warn_once)
         self._instances = RabbitMQInstances(
             names=self.names, safe_url=self.safe_url, claim_timeout=self.claim_timeout,
-            using=self._using, queue_lock=self._entries.queue_lock)
+            using=self._using, queue_lock=self._memory.queue_lock)
         #: what this process remembers of unanswered and undelivered claims (the part's; the
         #: test backends forget them with the broker's queues)
         self._uncertain, self._undelivered = self._claims.uncertain, self._claims.undelivered
@@ -266,10 +270,10 @@ class RabbitMQStore(InstanceStore):
             if error:
                 raise ConfigError(error)
             for entry in entries:
-                warning = self._entries.ensure_history(s, entry)
+                warning = self._history.ensure_history(s, entry)
                 if warning:
                     warnings.append(warning)
-                self._entries.born(s, entry)
+                self._memory.born(s, entry)
         warnings.append(self.durability_note())
         return warnings
 
@@ -312,7 +316,7 @@ class RabbitMQStore(InstanceStore):
             try:
                 with translated("RabbitMQ", self.safe_url, "recording the batch's history",
                                 self.connection_errors, cause=self._cause):
-                    self._entries.publish_history(s, notes)
+                    self._history.publish_history(s, notes)
             except StoreUnavailable as exc:
                 logger.warning("claims decided, but their history was not recorded: %s", exc)
                 self._drop()
@@ -330,18 +334,18 @@ class RabbitMQStore(InstanceStore):
         return HistoryRecord(request.entry, request.slot_ms, event, task_id=request.task_id,
                              detail=detail[:500])
 
-    # -- history (:class:`~.entries.EntryQueues`) -----------------------------------------------
+    # -- history (:class:`~.history.RabbitMQHistory`) -------------------------------------------
     def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
                attempt: int = 1, detail: str = "") -> None:
         """Append one event of a run to ``entry``'s history (skip events only fill)."""
-        self._entries.record_many([HistoryRecord(entry, slot_ms, RunEvent(event), task_id=task_id,
+        self._history.record_many([HistoryRecord(entry, slot_ms, RunEvent(event), task_id=task_id,
                                                  attempt=attempt, detail=detail)])
 
     def record_many(self, notes: Sequence[HistoryRecord]) -> None:
-        self._entries.record_many(notes)
+        self._history.record_many(notes)
 
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        return self._entries.history(entry, limit)
+        return self._history.history(entry, limit)
 
     # -- instance records (:class:`~.instances.RabbitMQInstances`) ------------------------------
     @property

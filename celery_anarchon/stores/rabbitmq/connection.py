@@ -1,6 +1,6 @@
-"""AMQP pieces of the RabbitMQ store: queue names and arguments, a confirm-mode channel that tracks
-the broker's answer to every publish, the connection session, the history fold, and the broker's
-error texts.
+"""The connection layer of the RabbitMQ store: queue names and arguments, message bodies, a
+confirm-mode channel that tracks the broker's answer to every publish, the connection session,
+and the broker's error texts.
 
 Kept apart from :mod:`celery_anarchon.stores.rabbitmq` (the store's decisions) so each stays
 readable; nothing here decides a claim.
@@ -13,13 +13,10 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable
 from urllib.parse import quote
 
 import amqp
 import kombu
-
-from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
 
 #: AMQP 0-9-1 queue names are short strings: at most 255 bytes
 QUEUE_NAME_MAX_BYTES = 255
@@ -307,36 +304,3 @@ class Session:
         """``fun()`` once more on a new connection if the first one failed (idempotent work only)."""
         return self.conn.ensure(self, fun, max_retries=1, interval_start=0, interval_step=0.1,
                                 interval_max=0.5)()
-
-
-# -- history -------------------------------------------------------------------------------------
-
-def fold_history(entry: str, events: Iterable[dict], limit: int) -> list[HistoryRecord]:
-    """The newest ``limit`` runs of ``entry``, newest first, from its events in the order they
-    were stored: one record per run, a later event replaces an earlier one, and a skip event only
-    fills a run that has no record yet (:meth:`.ClaimStore.record`). Malformed events are
-    ignored."""
-    runs: dict[int, tuple[dict, RunEvent]] = {}
-    for raw in events:
-        try:
-            slot, event = int(raw["s"]), RunEvent(raw["e"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if event in SKIP_EVENTS and slot in runs:
-            continue
-        runs[slot] = (raw, event)
-    records = []
-    for slot in sorted(runs, reverse=True)[:max(0, limit)]:
-        raw, event = runs[slot]
-        records.append(HistoryRecord(
-            entry=entry, slot_ms=slot, event=event, instance=str(raw.get("i", "")),
-            store_ms=_int(raw.get("t")), task_id=str(raw.get("k", "")), attempt=_int(raw.get("a"), 1),
-            detail=str(raw.get("d", ""))))
-    return records
-
-
-def _int(value, default: int = 0) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
