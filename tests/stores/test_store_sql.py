@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.sql import core as sql_core, schema as sql_schema
+from celery_anarchon.stores.sql import schema as sql_schema, store as sql_core
 from celery_anarchon.stores.base import LeaseStore, LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome
 from celery_anarchon.stores.sql import PostgreSQLStore, SQLiteStore
 

@@ -3,7 +3,7 @@ order of the contract (:mod:`celery_anarchon.stores.base`, :mod:`.entry_store`):
 paused, forgotten, late, early, then for leased runs superseded (scheduled slots only: a run-now
 request's run is its own run, never superseded by a newer scheduled slot and never superseding one)
 and overlapping (another run of the entry alive); else won. A part of
-:class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store. Instants are
+:class:`~celery_anarchon.stores.sql.store.SQLStore`, given what it needs of the store. Instants are
 UTC ms on the store's clock.
 """
 from __future__ import annotations

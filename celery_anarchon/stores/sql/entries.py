@@ -1,6 +1,6 @@
 """Store entries, pauses, run-now requests and instance records of the SQL stores (the
 :class:`~celery_anarchon.stores.entry_store.EntryStore` contract): a part of
-:class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store.
+:class:`~celery_anarchon.stores.sql.store.SQLStore`, given what it needs of the store.
 
 Every write is one transaction that locks the name's row of ``anarchon_entries`` first (the row
 every claim of the entry locks, so a pause and a claim of the same entry are serialized: a pause

@@ -1,5 +1,5 @@
 """History and definitions of the SQL stores (``anarchon_history``, ``anarchon_definitions``): a
-part of :class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store.
+part of :class:`~celery_anarchon.stores.sql.store.SQLStore`, given what it needs of the store.
 Instants are UTC ms on the store's clock.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Lease operations of the SQL stores (docs/design.md "Leases"): a part of
-:class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store.
+:class:`~celery_anarchon.stores.sql.store.SQLStore`, given what it needs of the store.
 
 Every operation is one transaction that first locks the entry's row of ``anarchon_entries``
 (which serializes it with claims and other lease changes of the entry), reads the store's clock,

@@ -2,7 +2,7 @@
 namespace's row of ``anarchon_stores`` (the store-wide memory start, the server's epoch, the
 recorded ``memory``) and the entries' rows of ``anarchon_entries`` (each entry's memory start and
 fence), locked in that order by every writing transaction. A part of
-:class:`~celery_anarchon.stores.sql.core.SQLStore`, given what it needs of the store. Instants are
+:class:`~celery_anarchon.stores.sql.store.SQLStore`, given what it needs of the store. Instants are
 UTC ms on the store's clock.
 """
 from __future__ import annotations

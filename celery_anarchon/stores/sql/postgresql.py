@@ -2,7 +2,7 @@
 beat processes of one host share a file).
 
 Both check lateness on their own clock and hold leases (docs/design.md "Timing", "Leases"). The shared
-implementation is :class:`~celery_anarchon.stores.sql.core.SQLStore`; this module holds only what
+implementation is :class:`~celery_anarchon.stores.sql.store.SQLStore`; this module holds only what
 differs: the URL, the engine (connection settings, timeouts, transaction start) and how the driver
 reports a missing table or a deadlock. Construction does no I/O.
 
@@ -28,7 +28,7 @@ from sqlalchemy import exc as sa_exc
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon._util import mask_url, seconds
-from celery_anarchon.stores.sql.core import SQLStore
+from celery_anarchon.stores.sql.store import SQLStore
 
 __all__ = ["PostgreSQLStore", "SQLiteStore", "SQLStore", "absolute_sqlite_url"]
 
