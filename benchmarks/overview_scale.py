@@ -110,7 +110,7 @@ def seed(app: Celery, kind: str, history: int) -> float:
         else:
             part = store._history
             rows = [part.row(r.entry, r.slot_ms, r.event, today, task_id=r.task_id) for r in notes]
-            store._run("seed history", lambda conn: part.write(conn, rows, replace=True, trim=False))
+            store.connection.run("seed history", lambda conn: part.write(conn, rows, replace=True, trim=False))
     finally:
         store.close()
     with Schedules(app) as s:

@@ -239,10 +239,11 @@ class InstanceOps(abc.ABC):
         """The mapping saved under ``digest``, or ``None`` if unknown."""
 
 
-class EntryOps(InstanceOps):
+class EntryOps(abc.ABC):
     """The entry operations of one namespace, as a backend's part implements them (composition:
     the store holds the part; :class:`EntryStore` delegates each operation to it). An entry
-    store keeps instance records too, so this part implements :class:`InstanceOps` as well.
+    store keeps instance records too: in a part of their own (:class:`InstanceOps`), or in this
+    part, which then implements those operations as well (:attr:`EntryStore.instance_ops`).
 
     Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
     do.
@@ -382,7 +383,8 @@ class EntryStore(InstanceStore):
     pause: a pause written before the claim always holds. A paused run is recorded once in the
     history as ``RunEvent.PAUSED`` with :meth:`Pause.describe` as its detail.
 
-    A backend gives its :class:`EntryOps` part as :attr:`entry_ops`; the operations (documented
+    A backend gives its :class:`EntryOps` part as :attr:`entry_ops` (and, as every instance
+    store, its :class:`InstanceOps` part as :attr:`instance_ops`); the operations (documented
     there) are delegated to it.
     """
 
@@ -393,8 +395,10 @@ class EntryStore(InstanceStore):
 
     @property
     def instance_ops(self) -> InstanceOps:
-        """The entry part, which keeps the instance records too."""
-        return self.entry_ops
+        """This store's instance record operations: by default the entry part, for a backend
+        whose entry part keeps the instance records too (it then implements the operations of
+        :class:`InstanceOps` as well); a backend with a part of their own gives it here."""
+        return self.entry_ops  # type: ignore[return-value]
 
     def entries_version(self) -> int:
         """:meth:`EntryOps.entries_version`."""

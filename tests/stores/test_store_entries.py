@@ -446,7 +446,7 @@ def _written_under_another_server(store) -> None:
         import sqlalchemy as sa
         from celery_anarchon.stores.sql import schema
         v = schema.schedule_versions
-        store._run("age the epoch", lambda conn: conn.execute(
+        store.connection.run("age the epoch", lambda conn: conn.execute(
             sa.update(v).where(v.c.namespace == store.namespace)
             .values(server_epoch="an-older-server")))
     elif store.kind == "memory":
@@ -461,7 +461,7 @@ def _age_cleared(store, name: str, by_ms: int) -> None:
         import sqlalchemy as sa
         from celery_anarchon.stores.sql import schema
         t = schema.schedule_entries
-        store._run("age a record", lambda conn: conn.execute(
+        store.connection.run("age a record", lambda conn: conn.execute(
             sa.update(t).where(t.c.namespace == store.namespace, t.c.name == name)
             .values(updated_ms=t.c.updated_ms - by_ms)))
     elif store.kind == "memory":

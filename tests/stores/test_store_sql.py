@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.sql import schema as sql_schema, store as sql_core
+from celery_anarchon.stores.sql import connection as sql_connection, schema as sql_schema
 from celery_anarchon.stores.base import LeaseStore, LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome
 from celery_anarchon.stores.sql import PostgreSQLStore, SQLiteStore
 
@@ -52,7 +52,7 @@ def _rows(store, table, **where) -> int:
     """Rows of ``table`` in the store's namespace (and matching ``where``)."""
     query = sa.select(sa.func.count()).select_from(table).where(table.c.namespace == store.namespace,
                                                                 *(table.c[k] == v for k, v in where.items()))
-    with store._get_engine().connect() as conn:
+    with store.connection.engine().connect() as conn:
         return conn.execute(query).scalar_one()
 
 
@@ -79,7 +79,7 @@ def test_postgresql_postgres_scheme_reaches_the_server():
 
 def test_postgresql_query_parameters_pass_through_unchanged():
     store = _open("postgresql://u:pw@db.internal:5433/claims?sslmode=verify-full&application_name=beat")
-    engine = store._get_engine()          # builds the engine; connects only on first use
+    engine = store.connection.engine()          # builds the engine; connects only on first use
     assert engine.url.query == {"sslmode": "verify-full", "application_name": "beat"}
     assert engine.url.drivername == "postgresql+psycopg" and engine.url.port == 5433
     store.close()
@@ -89,7 +89,7 @@ def test_postgresql_sslmode_disable_works_against_the_server():
     store_url("postgresql", "")
     store = _open(POSTGRES_URL + "?sslmode=disable")
     try:
-        assert store._get_engine().url.query["sslmode"] == "disable"
+        assert store.connection.engine().url.query["sslmode"] == "disable"
         assert store.now_ms() > 0
     finally:
         store.close()
@@ -152,7 +152,7 @@ def test_sqlite_folder_as_file_is_a_config_error(tmpdir_path):
 def test_tables_are_prefixed(stores):
     store = stores("A")
     store.prepare(["e"])
-    with store._get_engine().connect() as conn:
+    with store.connection.engine().connect() as conn:
         names = set(sa.inspect(conn).get_table_names())
     assert {t.name for t in sql_schema.metadata.sorted_tables} <= names
     assert all(t.name.startswith("anarchon_") for t in sql_schema.metadata.sorted_tables)
@@ -288,7 +288,7 @@ def test_batch_race_has_no_deadlock_and_one_winner_per_run(stores, monkeypatch):
     """3 processes claim the same 400 runs of 8 entries in batches, each in its own shuffled
     order: every batch locks several entries at once. With deadlock retries switched off, a single
     deadlock would surface as an error."""
-    monkeypatch.setattr(sql_core, "DEADLOCK_RETRIES", 0)    # inherited by the forked children
+    monkeypatch.setattr(sql_connection, "DEADLOCK_RETRIES", 0)    # inherited by the forked children
     entries = [f"e{i}" for i in range(8)]
     first = prepared(stores("setup"), *entries)
     base = fresh_slot(first) + 500
@@ -448,7 +448,7 @@ def test_retried_claim_whose_reply_was_lost_after_a_takeover_is_lost(namespace):
     try:
         a, b = prepared(via_proxy("A", claim_timeout=2)), prepared(maker("B"))
         slot = fresh_slot(a)
-        sa.event.listen(a._get_engine(), "commit",
+        sa.event.listen(a.connection.engine(), "commit",
                         lambda conn: setattr(proxy, "swallow_replies", True))
         errors = []
         worker = threading.Thread(target=lambda: _catch(errors, a.claim, [req("e", slot, lease=LEASE_FAST)]))
@@ -518,7 +518,7 @@ def test_changed_epoch_restarts_the_memory_for_every_instance(stores):
     a, b = prepared(stores("A")), stores("B")
     slot = fresh_slot(a)
     assert _claim_one(a, "e", slot + 1).outcome is Outcome.WON
-    with a._get_engine().begin() as conn:
+    with a.connection.engine().begin() as conn:
         conn.execute(sa.update(sql_schema.stores).where(sql_schema.stores.c.namespace == a.namespace)
                      .values(epoch="old-server:1"))
     first = _claim_one(b, "e", slot)
@@ -532,7 +532,7 @@ def test_sqlite_commits_are_synchronous_full(namespace, tmpdir_path):
     every connection of the store uses FULL."""
     store = _open("sqlite:///" + os.path.join(tmpdir_path, "claims.sqlite3"))
     store.prepare(["e"])
-    with store._get_engine().connect() as conn:
+    with store.connection.engine().connect() as conn:
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2       # FULL
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     store.close()
@@ -589,7 +589,7 @@ def test_a_database_of_an_earlier_version_takes_run_now_requests_and_keeps_its_o
 
     def drop(conn: sa.Connection) -> None:
         conn.execute(sa.text("DROP TABLE anarchon_request_memory"))
-    a._run("drop the table", drop)
+    a.connection.run("drop the table", drop)
     b = stores("B")                                        # a new process: checks the schema
     assert request_run(b, "e", "old-1") == dataclasses.replace(first, created=False)
     assert request_run(b, "e", "new-1").created

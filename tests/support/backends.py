@@ -211,13 +211,13 @@ def _backdate_sql(store, entries: list[str], by_ms: int) -> None:
 
     def work(conn: sa.Connection) -> None:
         e, st = schema.entries, schema.stores
-        store._note_store(conn, claiming=False)
+        store._memory.note_store(conn, claiming=False)
         conn.execute(sa.update(st).where(st.c.namespace == store.namespace)
                      .values(born_ms=st.c.born_ms - by_ms))
-        for name in store._lock_entries(conn, entries):
+        for name in store._memory.lock_entries(conn, entries):
             conn.execute(sa.update(e).where(e.c.namespace == store.namespace, e.c.entry == name)
                          .values(born_ms=e.c.born_ms - by_ms))
-    store._run("backdate the memory start", work)
+    store.connection.run("backdate the memory start", work)
 
 
 def _backdate_nats(store, entries: list[str], by_ms: int) -> None:

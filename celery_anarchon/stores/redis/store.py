@@ -456,6 +456,11 @@ class RedisStore(RedisHistory, EntryStore):
         """The entry operations (EntryStore), a part in :mod:`.entries`."""
         return self._entries
 
+    @property
+    def instance_ops(self):
+        """The instance record operations (InstanceStore), in the same part."""
+        return self._entries
+
 
 #: outcome value -> Outcome (a dict lookup: ``Outcome(value)`` costs more, 10,000 times a burst)
 _OUTCOMES = {outcome.value: outcome for outcome in Outcome}

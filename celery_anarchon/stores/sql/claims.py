@@ -9,19 +9,22 @@ UTC ms on the store's clock.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
 from celery_anarchon._util import iso
+from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.base import (
     LATENESS_TOLERANCE_MS, ClaimRequest, ClaimResult, Outcome, RunEvent, RunState,
 )
 from celery_anarchon.stores.sql import schema
 from celery_anarchon.stores.sql.history import SQLHistory
-from celery_anarchon.stores.sql.leases import Fence
-from celery_anarchon.stores.sql.memory import StoreNote
+from celery_anarchon.stores.sql.memory import Fence, StoreNote
+
+log = logging.getLogger(__name__)
 
 #: Claimed runs looked up per statement (keeps bind parameters far below every server's limit).
 _LOOKUP_CHUNK = 500
@@ -101,6 +104,37 @@ class SQLClaims:
                                 pauses.get(r.entry)) for r in requests]
         self._write_claims(conn, writes, fences)
         return results
+
+    def unconfirmed(self, results: list[ClaimResult], *, run: Callable[..., Any], kind: str,
+                    safe_url: str, confirm_timeout: float) -> list[ClaimResult]:
+        """The claim committed, but not durably as the store's durability asks: every win is
+        UNCONFIRMED (never sent; docs/design.md "Amnesia": durable claim) and its history says
+        so (best effort, in a transaction of its own: ``run``, the store's). A retry of the same
+        claim is confirmed again (its commit waits again) before it answers WON.
+
+        :param confirm_timeout: seconds the commit waited (named in the detail).
+        """
+        detail = ("committed on the primary, but no synchronous standby confirmed it within "
+                  f"confirm_timeout {confirm_timeout:g} s")
+        answers = [dataclasses.replace(r, outcome=Outcome.UNCONFIRMED, token=None, detail=detail)
+                   if r.outcome is Outcome.WON else r for r in results]
+        rows = {r.request.run: r for r in answers if r.outcome is Outcome.UNCONFIRMED}
+        log.warning("%s store %s: %d won claim(s) not confirmed durable in time: not sent",
+                    kind, safe_url, len(rows))
+
+        def work(conn: sa.Connection) -> None:
+            self._lock_entries(conn, {entry for entry, _ in rows})
+            now = self._now_us(conn) // 1000
+            self._history.write(conn, [
+                self._history.row(r.entry, r.slot_ms, RunEvent.UNCONFIRMED, now,
+                                  task_id=r.request.task_id, attempt=r.attempt, detail=detail)
+                for r in rows.values()], replace=True)
+        if rows:
+            try:
+                run("record unconfirmed claims", work, durable=False)
+            except StoreUnavailable as error:
+                log.warning("%s", error)
+        return answers
 
     def _read_claims(self, conn: sa.Connection, runs: set[tuple[str, int]], now: int) -> dict:
         """Claims still remembered: (entry, slot) -> (winner, fingerprint, token, attempt,

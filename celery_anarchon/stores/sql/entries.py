@@ -1,6 +1,7 @@
-"""Store entries, pauses, run-now requests and instance records of the SQL stores (the
-:class:`~celery_anarchon.stores.entry_store.EntryStore` contract): a part of
-:class:`~celery_anarchon.stores.sql.store.SQLStore`, given what it needs of the store.
+"""Store entries and pauses of the SQL stores (the
+:class:`~celery_anarchon.stores.entry_store.EntryStore` contract, with the run-now requests of
+:mod:`.requests`, a part of this one): a part of :class:`~celery_anarchon.stores.sql.store.SQLStore`,
+given what it needs of the store. The instance records are :mod:`.instances`.
 
 Every write is one transaction that locks the name's row of ``anarchon_entries`` first (the row
 every claim of the entry locks, so a pause and a claim of the same entry are serialized: a pause
@@ -18,30 +19,21 @@ Definitions are JSON text, stored as text: nothing is pickled or evaluated.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from celery_anarchon._util import LATENESS_TOLERANCE_MS
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, EntryOps, EntrySnapshot,
-    InstanceRecord, Pause, RunRequest, StoredEntry, new_epoch_id,
+    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, EntryOps, EntrySnapshot, Pause,
+    RunRequest, StoredEntry, new_epoch_id,
 )
-from celery_anarchon.stores.run_now import (
-    RequestClock, SlotWindow, SlotWindowPassed, no_free_slot, request_id_ms, request_refusal,
-)
+from celery_anarchon.stores.run_now import RequestClock, SlotWindow
 from celery_anarchon.stores.sql import schema
+from celery_anarchon.stores.sql.requests import SQLRequests, request_of
 
 T = TypeVar("T")
-#: fingerprints no heartbeat named for this long are pruned (ms): a day
-FINGERPRINTS_KEEP_MS = 86_400_000
-#: the fields of an instance record written by its heartbeat (the others are read back only)
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
-                       if f.name not in ("seen_ms", "expires_ms"))
 
 
 def _text(value: str | bytes | None) -> str | None:
@@ -74,11 +66,6 @@ def _entry_columns(conn: sa.Connection) -> list:
             for c in table.c]
 
 
-def _request(row: Any, created: bool = False) -> RunRequest:
-    return RunRequest(entry=row.entry, request_id=row.request_id, slot_ms=row.slot_ms,
-                      by=row.requested_by, requested_ms=row.requested_ms, created=created)
-
-
 class SQLEntries(EntryOps):
     """The EntryStore operations of one namespace.
 
@@ -86,7 +73,9 @@ class SQLEntries(EntryOps):
         (their ids are kept for the retention :meth:`request_run` is given).
     :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
     :param run: ``run(what, work, *, write=True, isolation=None)``: ``work(conn)`` in one
-        transaction of the store, driver errors turned into StoreUnavailable.
+        transaction of the store, driver errors turned into StoreUnavailable, after creating
+        missing tables once (:meth:`.connection.SQLConnection.run_with_schema`: an admin tool
+        may write entries before any beat prepared the store).
     :param lock_entries: ``lock_entries(conn, names)``: lock the entries' rows (claim order).
     :param now_us: ``now_us(conn)``: the store's clock, UTC microseconds.
     :param server_epoch: ``server_epoch(conn)``: the server's epoch now (the entries epoch is
@@ -103,21 +92,14 @@ class SQLEntries(EntryOps):
         self.namespace = namespace
         self.memory_ms = memory_ms
         self._insert = insert
-        self._store_run = run
+        self._run = run
         self._lock_entries = lock_entries
         self._now_us = now_us
         self._server_epoch = server_epoch
-        self._note_store = note_store
-        self._schema_checked = False
-
-    def _run(self, what: str, work: Callable[[sa.Connection], T], **options: Any) -> T:
-        """The store's ``run``, after creating missing tables once per process: an admin tool may
-        write entries before any beat prepared the store, and a new database is no amnesia
-        (tables that vanish later are: the store's ``run`` re-creates them with its warning)."""
-        if not self._schema_checked:
-            self._store_run("create the schema", schema.create_schema, needs_schema=False)
-            self._schema_checked = True
-        return self._store_run(what, work, **options)
+        #: the run-now requests, a part given what it needs (their writes raise the version)
+        self.requests = SQLRequests(namespace=namespace, insert=insert, run=run,
+                                    lock_entries=lock_entries, now_us=now_us,
+                                    note_store=note_store, bump=self._bump)
 
     # -- inside other transactions -------------------------------------------------------------
     def pauses(self, conn: sa.Connection, names: Iterable[str]) -> dict[str, Pause]:
@@ -132,16 +114,12 @@ class SQLEntries(EntryOps):
         return {r.name: Pause(r.pause_reason or "", r.pause_by or "", r.pause_at_ms) for r in rows}
 
     def prune(self, conn: sa.Connection, now: int) -> int:
-        """Delete expired instance records, fingerprints unused for FINGERPRINTS_KEEP_MS and
-        cleared records older than CLEARED_KEEP_MS (run-now requests are pruned by
+        """Delete cleared records older than CLEARED_KEEP_MS (run-now requests are pruned by
         :meth:`request_run`, after their retention). :returns: rows deleted."""
-        inst, fp = schema.instances, schema.fingerprints
         t = schema.schedule_entries
         cleared = sa.and_(t.c.definition.is_(None), t.c.pause_at_ms.is_(None),
                           t.c.updated_ms < now - CLEARED_KEEP_MS)
-        return (conn.execute(sa.delete(inst).where(inst.c.expires_ms < now)).rowcount
-                + conn.execute(sa.delete(fp).where(fp.c.used_ms < now - FINGERPRINTS_KEEP_MS)).rowcount
-                + conn.execute(sa.delete(t).where(cleared)).rowcount)
+        return conn.execute(sa.delete(t).where(cleared)).rowcount
 
     def _bump(self, conn: sa.Connection) -> int:
         """Raise the namespace's entries version (the last row the transaction locks), and write
@@ -203,7 +181,7 @@ class SQLEntries(EntryOps):
             entries = {stored.name: stored for stored in map(_stored, conn.execute(
                 sa.select(*_entry_columns(conn)).where(t.c.namespace == self.namespace)
                 .order_by(t.c.name)))}
-            requests = tuple(_request(r) for r in conn.execute(
+            requests = tuple(request_of(r) for r in conn.execute(
                 sa.select(rq).where(rq.c.namespace == self.namespace,
                                     rq.c.requested_ms >= now - self.memory_ms)
                 .order_by(rq.c.requested_ms, rq.c.entry, rq.c.request_id)))
@@ -287,135 +265,17 @@ class SQLEntries(EntryOps):
             return _stored(self._read(conn, name))
         return self._write("pause an entry" if pause else "resume an entry", name, op)
 
-    def _request_clock(self, conn: sa.Connection, *, born: int | None = None,
-                       lock: bool = False) -> RequestClock:
-        """The namespace's memory start (``born``, else noted now by
-        :meth:`.memory.SQLMemory.note_store`: a new or wiped store, a new epoch begin it now), its
-        prune mark (``lock``: its row locked) and the clock."""
-        mem = schema.request_memory
-        if born is None:
-            born = self._note_store(conn, claiming=False).born_ms
-        query = sa.select(mem.c.pruned_ms).where(mem.c.namespace == self.namespace)
-        pruned = conn.execute(query.with_for_update() if lock else query).scalar()
-        return RequestClock(self._now_us(conn) // 1000, born, pruned or 0)
-
+    # -- run-now requests (:class:`~.requests.SQLRequests`) ------------------------------------
     def request_clock(self) -> RequestClock:
-        """:meth:`EntryStore.request_clock`, in one transaction."""
-        return self._run("read the clock for a request id", self._request_clock)
+        """:meth:`.SQLRequests.request_clock`."""
+        return self.requests.request_clock()
 
     def find_request(self, entry: str, request_id: str) -> RunRequest | None:
-        """:meth:`EntryStore.find_request`: one SELECT by the table's key."""
-        rq = schema.run_requests
-
-        def work(conn: sa.Connection) -> RunRequest | None:
-            found = conn.execute(sa.select(rq).where(
-                rq.c.namespace == self.namespace, rq.c.entry == entry,
-                rq.c.request_id == request_id)).first()
-            return None if found is None else _request(found)
-        return self._run("find a run-now request", work, write=False)
+        """:meth:`.SQLRequests.find_request`."""
+        return self.requests.find_request(entry, request_id)
 
     def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
                     retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
-        """:meth:`EntryStore.request_run` in one transaction that notes the store-wide memory
-        start, locks the entry's row (the lock its claims take: two requests of one entry are
-        serialized), then the namespace's row of ``anarchon_request_memory``, and raises the
-        entries version last (the lock order of every write)."""
-        rq, mem = schema.run_requests, schema.request_memory
-        retention_ms = int(retention_ms)
-        id_ms = request_id_ms(request_id)
-        key = (rq.c.namespace == self.namespace, rq.c.entry == entry)
-
-        def work(conn: sa.Connection) -> RunRequest:
-            born = self._note_store(conn, claiming=False).born_ms     # lock order: first
-            self._lock_entries(conn, [entry])
-            found = conn.execute(sa.select(rq).where(*key, rq.c.request_id == request_id)).first()
-            if found is not None:
-                return _request(found)
-            clock = self._request_clock(conn, born=born, lock=True)
-            now = clock.now_ms
-            why = None if id_ms is None else clock.refusal(id_ms, retention_ms)
-            if why is not None:
-                raise request_refusal(entry, request_id, why, id_ms=id_ms, clock=clock,
-                                      retention_ms=retention_ms)
-            if not window.covers(now):
-                raise SlotWindowPassed(f"run-now of {entry!r}: the store's clock {now} is outside "
-                                       f"the window {window.start_ms}..{window.end_ms}")
-            conn.execute(sa.delete(rq).where(
-                rq.c.namespace == self.namespace,
-                rq.c.requested_ms < now - retention_ms - LATENESS_TOLERANCE_MS))
-            if clock.pruned_ms < now - retention_ms:
-                ins = self._insert(mem).values(namespace=self.namespace, pruned_ms=now - retention_ms)
-                conn.execute(ins.on_conflict_do_update(index_elements=("namespace",),
-                                                       set_={"pruned_ms": ins.excluded.pruned_ms}))
-            taken = set(conn.execute(sa.select(rq.c.slot_ms).where(
-                *key, rq.c.slot_ms.between(now, window.end_ms))).scalars())
-            slot = window.choose(now, taken)
-            if slot is None:
-                raise no_free_slot(entry)
-            conn.execute(sa.insert(rq).values(namespace=self.namespace, entry=entry,
-                                              request_id=request_id, slot_ms=slot,
-                                              requested_by=by, requested_ms=now))
-            self._bump(conn)
-            return RunRequest(entry, request_id, slot, by, now, created=True)
-        return self._run("request a run", work)
-
-    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
-        """Write the heartbeat, expiring ``ttl_ms`` later on the store's clock, and refresh the
-        fingerprints it names."""
-        inst, fp = schema.instances, schema.fingerprints
-        fields = json.dumps({k: getattr(record, k) for k in _RECORD_FIELDS}, sort_keys=True)
-
-        def work(conn: sa.Connection) -> None:
-            now = self._now_us(conn) // 1000
-            ins = self._insert(inst).values(namespace=self.namespace, instance_id=record.instance_id,
-                                            fields=fields, seen_ms=now, expires_ms=now + int(ttl_ms))
-            conn.execute(ins.on_conflict_do_update(
-                index_elements=("namespace", "instance_id"),
-                set_={k: ins.excluded[k] for k in ("fields", "seen_ms", "expires_ms")}))
-            conn.execute(sa.update(fp).where(fp.c.namespace == self.namespace,
-                                             fp.c.digest == record.fingerprints_digest)
-                         .values(used_ms=now))
-        self._run("record the instance", work, durable=False)
-
-    def instances(self) -> list[InstanceRecord]:
-        """The records not expired on the store's clock, by instance id."""
-        inst = schema.instances
-
-        def work(conn: sa.Connection) -> list[InstanceRecord]:
-            now = self._now_us(conn) // 1000
-            rows = conn.execute(sa.select(inst).where(inst.c.namespace == self.namespace,
-                                                      inst.c.expires_ms >= now)
-                                .order_by(inst.c.instance_id))
-            out = []
-            for r in rows:
-                fields = {k: v for k, v in json.loads(r.fields).items() if k in _RECORD_FIELDS}
-                out.append(InstanceRecord(**{**fields, "instance_id": r.instance_id},
-                                          seen_ms=r.seen_ms, expires_ms=r.expires_ms))
-            return out
-        return self._run("read the instances", work, write=False)
-
-    def remove_instance(self, instance_id: str) -> None:
-        """Drop the instance's heartbeat."""
-        inst = schema.instances
-        self._run("remove the instance", lambda conn: conn.execute(sa.delete(inst).where(
-            inst.c.namespace == self.namespace, inst.c.instance_id == instance_id)), durable=False)
-
-    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
-        """Keep ``fingerprints`` under ``digest`` (content-addressed: a second save only
-        refreshes its last use)."""
-        fp = schema.fingerprints
-        text = json.dumps(dict(fingerprints), sort_keys=True)
-
-        def work(conn: sa.Connection) -> None:
-            ins = self._insert(fp).values(namespace=self.namespace, digest=digest, mapping=text,
-                                          used_ms=self._now_us(conn) // 1000)
-            conn.execute(ins.on_conflict_do_update(index_elements=("namespace", "digest"),
-                                                   set_={"used_ms": ins.excluded.used_ms}))
-        self._run("save fingerprints", work, durable=False)
-
-    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
-        """The mapping saved under ``digest``, or ``None``."""
-        fp = schema.fingerprints
-        query = sa.select(fp.c.mapping).where(fp.c.namespace == self.namespace, fp.c.digest == digest)
-        text = self._run("load fingerprints", lambda conn: conn.execute(query).scalar(), write=False)
-        return None if text is None else json.loads(text)
+        """:meth:`.SQLRequests.request_run`."""
+        return self.requests.request_run(entry, request_id, window, by=by,
+                                         retention_ms=retention_ms)

@@ -7,7 +7,6 @@ then compares and sets the run's record. Instants are UTC ms on the store's cloc
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,41 +14,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 
 from celery_anarchon._util import iso
-from celery_anarchon.stores.sql import schema
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.base import (
     LATENESS_TOLERANCE_MS, LeasedRun, RunEvent, RunState, TakeoverOutcome,
 )
+from celery_anarchon.stores.sql import schema
+from celery_anarchon.stores.sql.memory import Fence
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclasses.dataclass
-class Fence:
-    """An entry's row of ``anarchon_entries``, locked by the current transaction."""
-
-    born_ms: int                 #: store time the memory of the entry began (docs/design.md "Amnesia")
-    last_token: int              #: last fencing token issued for the entry (0: none)
-    newest_slot: int | None      #: newest slot claimed for a leased run
-    changed: bool = False
-    store_born_ms: int = 0       #: the store-wide memory start (anarchon_stores), when read
-    memory_detail: str = ""      #: why the store-wide memory began then (an epoch change)
-
-    @property
-    def memory_start_ms(self) -> int:
-        """The entry's effective memory start: max(entry's, store-wide) (docs/design.md "Amnesia")."""
-        return max(self.born_ms, self.store_born_ms)
-
-    def issue_token(self, now_us: int) -> int:
-        """The next fencing token: ``max(last + 1, store clock in us)``, so tokens keep growing
-        even after the store lost its data (docs/design.md "Words": fencing token)."""
-        self.last_token = max(self.last_token + 1, now_us)
-        self.changed = True
-        return self.last_token
 
 
 class SQLLeases:
@@ -87,33 +63,6 @@ class SQLLeases:
         self._write_history = write_history
         self._pauses = pauses
 
-    def _read_run(self, conn: sa.Connection, entry: str, slot_ms: int) -> dict | None:
-        r = schema.runs
-        row = conn.execute(sa.select(r).where(r.c.namespace == self.namespace, r.c.entry == entry,
-                                              r.c.slot_ms == slot_ms)).mappings().first()
-        return dict(row) if row is not None else None
-
-    def _update_run(self, conn: sa.Connection, run: dict, **values: Any) -> None:
-        r = schema.runs
-        run.update(values)
-        conn.execute(sa.update(r).where(r.c.namespace == self.namespace, r.c.entry == run["entry"],
-                                        r.c.slot_ms == run["slot_ms"]).values(**values))
-
-    @staticmethod
-    def _leased(run: dict, now: int) -> LeasedRun:
-        return LeasedRun(entry=run["entry"], slot_ms=run["slot_ms"], state=RunState(run["state"]),
-                         attempt=run["attempt"], token=run["token"], owner=run["owner"],
-                         lease_expires_ms=run["lease_expires_ms"],
-                         queue_deadline_ms=run["queue_deadline_ms"], store_ms=now)
-
-    @staticmethod
-    def _expired(run: dict, now: int) -> bool:
-        if run["state"] == "started":
-            return run["lease_expires_ms"] is not None and run["lease_expires_ms"] < now
-        if run["state"] == "queued":
-            return run["queue_deadline_ms"] is not None and run["queue_deadline_ms"] < now
-        return False
-
     def _lease_op(self, what: str, entry: str, slot_ms: int,
                   op: Callable[[sa.Connection, Fence, dict | None, int], T],
                   unconfirmed: Callable[[T], T] | None = None) -> T:
@@ -123,7 +72,8 @@ class SQLLeases:
             note = self._note_store(conn, claiming=False)
             fences = self._lock_entries(conn, [entry], note)
             now_us = self._now_us(conn)
-            result = op(conn, fences[entry], self._read_run(conn, entry, slot_ms), now_us)
+            run = _read_run(conn, self.namespace, entry, slot_ms)
+            result = op(conn, fences[entry], run, now_us)
             self._save_fences(conn, fences)
             return result
         return self._run(what, work, unconfirmed=unconfirmed)
@@ -140,7 +90,7 @@ class SQLLeases:
         pause = self._pauses(conn, [run["entry"]]).get(run["entry"])
         if pause is None:
             return False
-        self._update_run(conn, run, state=RunState.PAUSED.value, keep_until_ms=now + self.memory_ms)
+        _update_run(conn, run, state=RunState.PAUSED.value, keep_until_ms=now + self.memory_ms)
         self._lease_event(conn, run, RunEvent.PAUSED, now, detail=pause.describe())
         return True
 
@@ -148,8 +98,8 @@ class SQLLeases:
         """The record of one leased run (``store_ms`` = now), or None. :raises StoreUnavailable:"""
         def work(conn: sa.Connection) -> LeasedRun | None:
             now = self._now_us(conn) // 1000
-            run = self._read_run(conn, entry, slot_ms)
-            return self._leased(run, now) if run else None
+            run = _read_run(conn, self.namespace, entry, slot_ms)
+            return _leased(run, now) if run else None
         return self._run("inspect a run", work, write=False)
 
     def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
@@ -167,7 +117,7 @@ class SQLLeases:
                 sa.or_(sa.and_(r.c.state == "started", r.c.lease_expires_ms < now),
                        sa.and_(r.c.state == "queued", r.c.queue_deadline_ms < now)),
             ).order_by(r.c.entry, r.c.slot_ms)).mappings()
-            return [self._leased(dict(row), now) for row in rows]
+            return [_leased(dict(row), now) for row in rows]
         return self._run("find expired runs", work, write=False)
 
     def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
@@ -194,12 +144,12 @@ class SQLLeases:
             now = now_us // 1000
             if (run is not None and run["state"] == "queued" and run["owner"] == self.instance_id
                     and run.get("prev_token") == expected_token):
-                return TakeoverOutcome.TAKEN, self._leased(run, now)
+                return TakeoverOutcome.TAKEN, _leased(run, now)
             if (run is None or run["token"] != expected_token or run["state"] not in schema.OPEN_STATES
-                    or not self._expired(run, now)):
-                return TakeoverOutcome.REFUSED, (self._leased(run, now) if run else None)
+                    or not _expired(run, now)):
+                return TakeoverOutcome.REFUSED, (_leased(run, now) if run else None)
             if self._ended_by_pause(conn, run, now):
-                return TakeoverOutcome.PAUSED, self._leased(run, now)
+                return TakeoverOutcome.PAUSED, _leased(run, now)
             begun = fence.memory_start_ms
             if slot_ms < begun + LATENESS_TOLERANCE_MS:
                 # the store may have lost writes to this record (its release, its adoption)
@@ -208,31 +158,31 @@ class SQLLeases:
                     why = ("it was queued before the store lost writes, so its adoption may be "
                            "lost and its first message may still be in the broker")
                 since = fence.memory_detail if begun == fence.store_born_ms else " (amnesia)"
-                self._update_run(conn, run, state="given_up", keep_until_ms=now + self.memory_ms)
+                _update_run(conn, run, state="given_up", keep_until_ms=now + self.memory_ms)
                 self._lease_event(conn, run, RunEvent.GIVEN_UP, now, detail=(
                     f"not taken over: {why} (a possible miss; the store's memory began again at "
                     f"{iso(begun)}{since})"))
-                return TakeoverOutcome.GIVEN_UP, self._leased(run, now)
+                return TakeoverOutcome.GIVEN_UP, _leased(run, now)
             if (not run.get("requested") and fence.newest_slot is not None
                     and fence.newest_slot > slot_ms):
-                self._update_run(conn, run, state="superseded", keep_until_ms=now + self.memory_ms)
+                _update_run(conn, run, state="superseded", keep_until_ms=now + self.memory_ms)
                 self._lease_event(conn, run, RunEvent.SUPERSEDED, now,
                                   detail=f"a newer slot {iso(fence.newest_slot)} was claimed")
-                return TakeoverOutcome.SUPERSEDED, self._leased(run, now)
+                return TakeoverOutcome.SUPERSEDED, _leased(run, now)
             if run["attempt"] >= max_attempts:
-                self._update_run(conn, run, state="given_up", keep_until_ms=now + self.memory_ms)
+                _update_run(conn, run, state="given_up", keep_until_ms=now + self.memory_ms)
                 self._lease_event(conn, run, RunEvent.GIVEN_UP, now,
                                   detail=f"no attempt finished after {run['attempt']} of {max_attempts}")
-                return TakeoverOutcome.GIVEN_UP, self._leased(run, now)
+                return TakeoverOutcome.GIVEN_UP, _leased(run, now)
             why = (f"the lease of attempt {run['attempt']} (token {expected_token}, runner "
                    f"{run['owner']}) expired" if run["state"] == "started" else
                    f"attempt {run['attempt']} (token {expected_token}) was queued past its deadline")
-            self._update_run(conn, run, state="queued", attempt=run["attempt"] + 1,
+            _update_run(conn, run, state="queued", attempt=run["attempt"] + 1,
                              prev_token=expected_token,
                              token=fence.issue_token(now_us), owner=self.instance_id,
                              lease_expires_ms=None, queue_deadline_ms=now + queue_timeout_ms)
             self._lease_event(conn, run, RunEvent.TAKEN_OVER, now, task_id=task_id, detail=why)
-            return TakeoverOutcome.TAKEN, self._leased(run, now)
+            return TakeoverOutcome.TAKEN, _leased(run, now)
 
         def unconfirmed(answer):
             if answer[0] is TakeoverOutcome.REFUSED:
@@ -251,14 +201,14 @@ class SQLLeases:
             now = now_us // 1000
             if run is None:
                 return False, None
-            if not (run["state"] == "queued" or (run["state"] == "started" and self._expired(run, now))):
-                return False, self._leased(run, now)
+            if not (run["state"] == "queued" or (run["state"] == "started" and _expired(run, now))):
+                return False, _leased(run, now)
             if self._ended_by_pause(conn, run, now):
-                return False, self._leased(run, now)
-            self._update_run(conn, run, state="started", token=fence.issue_token(now_us), owner=owner,
+                return False, _leased(run, now)
+            _update_run(conn, run, state="started", token=fence.issue_token(now_us), owner=owner,
                              lease_expires_ms=now + duration_ms, queue_deadline_ms=None)
             self._lease_event(conn, run, RunEvent.STARTED, now, detail=f"adopted by {owner}")
-            return True, self._leased(run, now)
+            return True, _leased(run, now)
         return self._lease_op("adopt a run", entry, slot_ms, op)
 
     def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
@@ -281,11 +231,11 @@ class SQLLeases:
                     fence.last_token, fence.changed = token, True
                 log.warning("%s store %s: the record of run %r %s was missing; re-created by its "
                             "runner %s", self.kind, self.safe_url, entry, iso(slot_ms), owner)
-                return self._leased(run, now)
+                return _leased(run, now)
             if run["token"] != token or run["state"] != "started":
                 return None
-            self._update_run(conn, run, lease_expires_ms=now + duration_ms)
-            return self._leased(run, now)
+            _update_run(conn, run, lease_expires_ms=now + duration_ms)
+            return _leased(run, now)
         return self._lease_op("renew a lease", entry, slot_ms, op)
 
     def release(self, entry: str, slot_ms: int, token: int) -> bool:
@@ -307,7 +257,7 @@ class SQLLeases:
                 detail = "released by its runner after the store forgot the run"
             if run is None or run["token"] != token or run["state"] != "started":
                 return False
-            self._update_run(conn, run, state="finished", keep_until_ms=now + self.memory_ms)
+            _update_run(conn, run, state="finished", keep_until_ms=now + self.memory_ms)
             self._lease_event(conn, run, RunEvent.FINISHED, now, detail=detail)
             return True
         return self._lease_op("release a lease", entry, slot_ms, op)
@@ -320,7 +270,40 @@ class SQLLeases:
             if run is None or run["token"] != token or run["state"] != "started":
                 return False
             now = now_us // 1000
-            self._update_run(conn, run, state="queued", lease_expires_ms=None,
+            _update_run(conn, run, state="queued", lease_expires_ms=None,
                              queue_deadline_ms=now + delay_ms + queue_timeout_ms)
             return True
         return self._lease_op("requeue a run", entry, slot_ms, op)
+
+
+def _read_run(conn: sa.Connection, namespace: str, entry: str, slot_ms: int) -> dict | None:
+    """The run's row of ``anarchon_runs`` as a dict, or None."""
+    r = schema.runs
+    row = conn.execute(sa.select(r).where(r.c.namespace == namespace, r.c.entry == entry,
+                                          r.c.slot_ms == slot_ms)).mappings().first()
+    return dict(row) if row is not None else None
+
+
+def _update_run(conn: sa.Connection, run: dict, **values: Any) -> None:
+    """Write ``values`` into the run's row and into ``run``."""
+    r = schema.runs
+    run.update(values)
+    conn.execute(sa.update(r).where(r.c.namespace == run["namespace"], r.c.entry == run["entry"],
+                                    r.c.slot_ms == run["slot_ms"]).values(**values))
+
+
+def _leased(run: dict, now: int) -> LeasedRun:
+    """The run's row as a :class:`LeasedRun` read at ``now`` (store ms)."""
+    return LeasedRun(entry=run["entry"], slot_ms=run["slot_ms"], state=RunState(run["state"]),
+                     attempt=run["attempt"], token=run["token"], owner=run["owner"],
+                     lease_expires_ms=run["lease_expires_ms"],
+                     queue_deadline_ms=run["queue_deadline_ms"], store_ms=now)
+
+
+def _expired(run: dict, now: int) -> bool:
+    """A started run whose lease ended, or a queued run past its deadline, at ``now``."""
+    if run["state"] == "started":
+        return run["lease_expires_ms"] is not None and run["lease_expires_ms"] < now
+    if run["state"] == "queued":
+        return run["queue_deadline_ms"] is not None and run["queue_deadline_ms"] < now
+    return False

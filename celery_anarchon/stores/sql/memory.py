@@ -16,7 +16,6 @@ import sqlalchemy as sa
 
 from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS
 from celery_anarchon.stores.sql import schema
-from celery_anarchon.stores.sql.leases import Fence
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +24,30 @@ _ENTRY_KEY = ("namespace", "entry")
 #: the recorded memory's "last used" time is refreshed at most this often (ms); the replacement
 #: rule adds it, so a coarse refresh never lets a value be replaced early
 MEMORY_USE_STEP_MS = 1000
+
+
+@dataclasses.dataclass
+class Fence:
+    """An entry's row of ``anarchon_entries``, locked by the current transaction."""
+
+    born_ms: int                 #: store time the memory of the entry began (docs/design.md "Amnesia")
+    last_token: int              #: last fencing token issued for the entry (0: none)
+    newest_slot: int | None      #: newest slot claimed for a leased run
+    changed: bool = False
+    store_born_ms: int = 0       #: the store-wide memory start (anarchon_stores), when read
+    memory_detail: str = ""      #: why the store-wide memory began then (an epoch change)
+
+    @property
+    def memory_start_ms(self) -> int:
+        """The entry's effective memory start: max(entry's, store-wide) (docs/design.md "Amnesia")."""
+        return max(self.born_ms, self.store_born_ms)
+
+    def issue_token(self, now_us: int) -> int:
+        """The next fencing token: ``max(last + 1, store clock in us)``, so tokens keep growing
+        even after the store lost its data (docs/design.md "Words": fencing token)."""
+        self.last_token = max(self.last_token + 1, now_us)
+        self.changed = True
+        return self.last_token
 
 
 @dataclasses.dataclass

@@ -1,15 +1,16 @@
-"""SQL lease stores: :class:`PostgreSQLStore` (every host shares it) and :class:`SQLiteStore` (the
-beat processes of one host share a file).
+"""The PostgreSQL store (every host shares it): :class:`PostgreSQLStore` and its connection,
+:class:`PostgreSQLConnection` (psycopg 3).
 
-Both check lateness on their own clock and hold leases (docs/design.md "Timing", "Leases"). The shared
-implementation is :class:`~celery_anarchon.stores.sql.store.SQLStore`; this module holds only what
-differs: the URL, the engine (connection settings, timeouts, transaction start) and how the driver
-reports a missing table or a deadlock. Construction does no I/O.
+It checks lateness on its own clock and holds leases (docs/design.md "Timing", "Leases"). The
+shared implementation is :class:`~celery_anarchon.stores.sql.store.SQLStore` on
+:class:`~celery_anarchon.stores.sql.connection.SQLConnection`; this module holds only what differs:
+the URL, the engine (connection settings, timeouts, how a commit waits for the standbys), the
+epoch, how the driver reports a missing table or a deadlock, and the server's checks at start-up.
+Construction does no I/O.
 
-URLs::
+URL::
 
     postgresql://user:password@host:5432/db?sslmode=require   (also postgres://, postgresql+psycopg://)
-    sqlite:///relative/path.sqlite3   sqlite:////absolute/path.sqlite3
 """
 from __future__ import annotations
 
@@ -17,33 +18,18 @@ import datetime as dt
 import importlib.util
 import logging
 import math
-import os
-import sqlite3
 import threading
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy import exc as sa_exc
 
-from celery_anarchon.errors import ConfigError, StoreUnavailable
+from celery_anarchon.errors import ConfigError
 from celery_anarchon._util import mask_url, seconds
+from celery_anarchon.stores.sql.connection import SQLConnection, parse_url
 from celery_anarchon.stores.sql.store import SQLStore
 
-__all__ = ["PostgreSQLStore", "SQLiteStore", "SQLStore", "absolute_sqlite_url"]
-
 log = logging.getLogger(__name__)
-
-
-def _parse(url: str, schemes: tuple[str, ...], kind: str) -> sa.URL:
-    try:
-        parsed = sa.make_url(url)
-    except sa_exc.ArgumentError:
-        raise ConfigError(f"anarchon_store_url {mask_url(url)!r} is not a valid {kind} URL") from None
-    if parsed.drivername not in schemes:
-        raise ConfigError(f"anarchon_store_url {mask_url(url)!r}: the {kind} store takes "
-                          f"{' / '.join(s + '://' for s in schemes)} URLs")
-    return parsed
 
 
 def _sqlstate(error: BaseException) -> str | None:
@@ -90,7 +76,6 @@ class PostgreSQLStore(SQLStore):
     """
 
     kind = "postgresql"
-    dialect = "postgresql"
     own_options = frozenset({"durability", "confirm_timeout"})
 
     def __init__(self, url: str, *, durability: str = "auto",
@@ -99,135 +84,23 @@ class PostgreSQLStore(SQLStore):
             choices = "; ".join(f"{k!r}: {v}" for k, v in DURABILITY.items())
             raise ConfigError(f"anarchon_store_options['durability'] = {durability!r}: must be one of "
                               f"{choices}")
-        super().__init__(url, **kwargs)
         #: "auto", "local" or "standby" (see the class docstring)
         self.durability = durability
+        self._confirm_timeout = confirm_timeout
+        super().__init__(url, **kwargs)
+
+    def _connect(self, url: str) -> PostgreSQLConnection:
         #: seconds a commit may wait for the synchronous standbys before it counts as unconfirmed
-        self.confirm_timeout = (min(2.0, self.claim_timeout / 2) if confirm_timeout is None
-                                else seconds("confirm_timeout", confirm_timeout))
+        self.confirm_timeout = (min(2.0, self.claim_timeout / 2) if self._confirm_timeout is None
+                                else seconds("confirm_timeout", self._confirm_timeout))
         if self.confirm_timeout >= self.claim_timeout:
             raise ConfigError(
                 f"anarchon_store_options['confirm_timeout'] = {self.confirm_timeout:g} s must be below "
                 f"claim_timeout = {self.claim_timeout:g} s (a claim's round trip includes the wait "
                 "for the standby); lower confirm_timeout or raise claim_timeout")
-
-    def _engine_url(self, url: str) -> sa.URL:
-        if importlib.util.find_spec("psycopg") is None:
-            raise ConfigError(f"anarchon_store_url {mask_url(url)!r} needs the Python package "
-                              "'psycopg', which is not installed: pip install 'celery-anarchon[postgres]'")
-        return _parse(url, ("postgresql", "postgres", "postgresql+psycopg"), "PostgreSQL").set(
-            drivername="postgresql+psycopg")
-
-    def _create_engine(self) -> sa.Engine:
-        timeout_s = self.claim_timeout
-        defaults: dict[str, Any] = {
-            "connect_timeout": max(2, math.ceil(timeout_s)),
-            "keepalives": 1, "keepalives_idle": max(1, math.ceil(timeout_s)),
-            "keepalives_interval": 1, "keepalives_count": 3,
-            "tcp_user_timeout": max(1000, math.ceil(timeout_s * 1000)),
-        }
-        connect_args = {k: v for k, v in defaults.items() if k not in self.engine_url.query}
-        engine = sa.create_engine(self.engine_url, connect_args=connect_args, pool_pre_ping=True,
-                                  pool_timeout=timeout_s,
-                                  # the entry lock only works if each statement sees the previous
-                                  # holder's commit: never run under a server default of REPEATABLE READ
-                                  isolation_level="READ COMMITTED")
-        statement_ms = max(1, round(timeout_s * 1000))
-        # a process paused inside a transaction must not hold its entries' locks for ever
-        idle_ms = max(10_000, 2 * statement_ms)
-
-        @event.listens_for(engine, "connect")
-        def _session(dbapi_conn, record) -> None:
-            import psycopg
-            notices: list[tuple[str, str]] = []
-            record.info["anarchon_notices"] = notices
-            dbapi_conn.add_notice_handler(
-                lambda diag: notices.append((diag.severity_nonlocalized or "", diag.message_primary or "")))
-            with dbapi_conn.cursor() as cur:
-                cur.execute(f"SET statement_timeout = {statement_ms}")
-                cur.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
-            dbapi_conn.commit()
-            try:
-                with dbapi_conn.cursor() as cur:
-                    cur.execute("SELECT system_identifier::text FROM pg_control_system()")
-                    record.info["anarchon_sysid"] = cur.fetchone()[0]
-            except psycopg.Error:          # EXECUTE revoked: the epoch is the timeline alone
-                record.info["anarchon_sysid"] = None
-            dbapi_conn.rollback()
-        return engine
-
-    # -- epoch and durability ---------------------------------------------------------------
-    def _epoch_sql(self, conn: sa.Connection) -> sa.ColumnElement:
-        return sa.func.substr(sa.func.pg_walfile_name(sa.func.pg_current_wal_lsn()), 1, 8)
-
-    def _epoch_text(self, conn: sa.Connection, value: Any) -> str:
-        sysid = conn.info.get("anarchon_sysid")
-        timeline = int(value, 16)
-        return f"system {sysid} timeline {timeline}" if sysid else f"timeline {timeline}"
-
-    def _start_write(self, conn: sa.Connection, durable: bool) -> None:
-        if not durable or self.durability == "local":
-            mode = "'local'"
-        elif self.durability == "standby":
-            mode = "'on'"
-        else:
-            mode = "CASE WHEN current_setting('synchronous_standby_names') = '' THEN 'local' ELSE 'on' END"
-        waits, names = conn.exec_driver_sql(
-            f"SELECT set_config('synchronous_commit', {mode}, true), "
-            "current_setting('synchronous_standby_names')").one()
-        conn.info["anarchon_waits"] = waits == "on" and bool(names.strip())
-        # "standby" without a synchronous standby cannot be confirmed (prepare() refuses it; the
-        # setting may have been changed since)
-        conn.info["anarchon_unconfirmable"] = durable and self.durability == "standby" and not names.strip()
-
-    def _commit(self, conn: sa.Connection, trans: sa.RootTransaction) -> bool:
-        """Commit; a wait for the synchronous standbys longer than ``confirm_timeout`` is
-        cancelled (a cancel request: the commit stays, PostgreSQL only warns) and reported as
-        not confirmed. A connection whose cancel request went out is not reused: a late cancel
-        must not hit its next statement."""
-        if not conn.info.get("anarchon_waits"):
-            trans.commit()
-            return not conn.info.get("anarchon_unconfirmable")
-        notices = conn.info["anarchon_notices"]
-        dbapi = conn.connection.dbapi_connection
-        fired = threading.Event()
-
-        def cancel() -> None:
-            fired.set()
-            try:
-                dbapi.cancel()
-            except Exception as error:  # the server is gone: the commit fails on its own
-                log.debug("cancel request failed: %s", error)
-        timer = threading.Timer(self.confirm_timeout, cancel)
-        timer.daemon = True
-        del notices[:]
-        timer.start()
-        try:
-            trans.commit()
-        finally:
-            timer.cancel()
-        warned = [text for severity, text in notices if severity == "WARNING"]
-        if fired.is_set():
-            conn.invalidate()
-        if warned or fired.is_set():
-            log.debug("%s store %s: commit not confirmed by a synchronous standby: %s", self.kind,
-                      self.safe_url, "; ".join(warned) or "cancel request sent")
-            return False
-        return True
-
-    def _driver_errors(self) -> tuple[type[BaseException], ...]:
-        import psycopg
-        return (psycopg.Error,)
-
-    def _isolation(self, purpose: str | None) -> str | None:
-        # a snapshot of several statements; one statement needs no transaction around it
-        return {"snapshot": "REPEATABLE READ", "single": "AUTOCOMMIT"}.get(purpose or "")
-
-    def _missing_table(self, error: BaseException) -> bool:
-        return _sqlstate(error) in ("42P01", "42703")         # undefined_table, undefined_column
-
-    def _retryable(self, error: BaseException) -> bool:
-        return _sqlstate(error) in ("40P01", "40001")         # deadlock, serialization failure
+        return PostgreSQLConnection(url, kind=self.kind, safe_url=self.safe_url,
+                                    claim_timeout=self.claim_timeout, durability=self.durability,
+                                    confirm_timeout=self.confirm_timeout)
 
     def _check_server(self, conn: sa.Connection) -> list[str]:
         version = conn.dialect.server_version_info or (0,)
@@ -299,167 +172,137 @@ class PostgreSQLStore(SQLStore):
         return warnings
 
 
-def absolute_sqlite_url(url: str) -> str:
-    """``url`` (``sqlite:///path``) with its path made absolute against the working directory
-    (``sqlite:////abs/path``, query kept); an absolute path's URL, and any URL SQLAlchemy cannot
-    read or without a file (the store refuses those), as given.
+class PostgreSQLConnection(SQLConnection):
+    """The PostgreSQL store's engine and transactions (see :class:`PostgreSQLStore`).
 
-    The one place a relative SQLite path is resolved: a relative path names another file in each
-    directory a process starts in, so it is resolved once, when the store is built, and only the
-    absolute URL is used and printed after that.
-    """
-    try:
-        parsed = sa.make_url(url)
-    except sa_exc.ArgumentError:
-        return url
-    database = parsed.database or ""
-    if (database in ("", ":memory:") or database.startswith("file:") or os.path.isabs(database)
-            or parsed.query.get("mode") == "memory"):
-        return url
-    return parsed.set(database=os.path.abspath(database)).render_as_string(hide_password=False)
-
-
-class SQLiteStore(SQLStore):
-    """One SQLite file shared by the beat processes of one host (WAL, ``BEGIN IMMEDIATE``).
-
-    Store clock: the host clock read inside SQLite. ``claim_timeout`` (seconds) is the
-    ``busy_timeout``: how long a transaction waits for another process's write lock. A relative
-    path is resolved once, against the working directory when the store is built
-    (:func:`absolute_sqlite_url`): :attr:`url` and :attr:`safe_url` are the absolute URL (every
-    banner, log, ``check``, ``status`` and page line names that file), and :meth:`prepare` (and
-    the worker side, when it opens its store) warns that another directory would mean another
-    file (:meth:`relative_warning`). A file that is
-    deleted or replaced while beat runs is noticed before the next operation: the store reconnects
-    and treats it as amnesia (docs/design.md "Amnesia"). Every commit is ``synchronous = FULL`` (in WAL
-    mode, NORMAL may lose the last commits on a power cut).
-
-    Epoch: the file's inode number. A file put in the place of the store's file (a backup
-    restored with ``mv`` or ``cp`` to a new name, a copy from another disk) has another inode, so
-    its first claim restarts the memory (docs/design.md "Amnesia"); a backup copied *over* the file in
-    place keeps the inode and is not noticed (docs/stores.md: delete the file instead).
-
-    :raises ConfigError: not a file URL (``:memory:`` cannot be shared by processes).
+    :param durability: ``"auto"``, ``"local"`` or ``"standby"``: how a writing transaction's
+        commit waits for the synchronous standbys.
+    :param confirm_timeout: seconds a commit may wait for them before it counts as unconfirmed.
+    :raises ConfigError: psycopg is not installed, or the URL is not a PostgreSQL URL.
     """
 
-    kind = "sqlite"
-    dialect = "sqlite"
+    dialect = "postgresql"
 
-    def __init__(self, url: str, **kwargs: Any) -> None:
-        self._file_id: tuple[int, int] | None = None
-        absolute = absolute_sqlite_url(url)
-        #: (the URL as given, the working directory it was resolved against) when it named a
-        #: relative path, else None
-        self.relative: tuple[str, str] | None = (url, os.getcwd()) if absolute != url else None
-        super().__init__(absolute, **kwargs)
-
-    @property
-    def path(self) -> str:
-        """The absolute path of the SQLite file."""
-        return str(self.engine_url.database)
+    def __init__(self, url: str, *, kind: str, safe_url: str, claim_timeout: float,
+                 durability: str, confirm_timeout: float) -> None:
+        super().__init__(url, kind=kind, safe_url=safe_url, claim_timeout=claim_timeout)
+        self.durability = durability
+        self.confirm_timeout = confirm_timeout
 
     def _engine_url(self, url: str) -> sa.URL:
-        parsed = _parse(url, ("sqlite", "sqlite+pysqlite"), "SQLite")
-        database = parsed.database or ""
-        in_memory = database.startswith("file:") or parsed.query.get("mode") == "memory"
-        if database in ("", ":memory:") or in_memory:
-            raise ConfigError(f"anarchon_store_url {mask_url(url)!r}: the SQLite store needs a file "
-                              "that every beat process of the host opens, e.g. "
-                              "'sqlite:////var/lib/celery/anarchon.sqlite3' (an in-memory database is "
-                              "private to one process)")
-        return parsed.set(drivername="sqlite+pysqlite", database=os.path.abspath(database))
+        if importlib.util.find_spec("psycopg") is None:
+            raise ConfigError(f"anarchon_store_url {mask_url(url)!r} needs the Python package "
+                              "'psycopg', which is not installed: pip install 'celery-anarchon[postgres]'")
+        return parse_url(url, ("postgresql", "postgres", "postgresql+psycopg"), "PostgreSQL").set(
+            drivername="postgresql+psycopg")
 
     def _create_engine(self) -> sa.Engine:
-        busy_ms = max(1, round(self.claim_timeout * 1000))
-        engine = sa.create_engine(self.engine_url, connect_args={"timeout": self.claim_timeout},
-                                  pool_timeout=self.claim_timeout)
+        timeout_s = self.claim_timeout
+        defaults: dict[str, Any] = {
+            "connect_timeout": max(2, math.ceil(timeout_s)),
+            "keepalives": 1, "keepalives_idle": max(1, math.ceil(timeout_s)),
+            "keepalives_interval": 1, "keepalives_count": 3,
+            "tcp_user_timeout": max(1000, math.ceil(timeout_s * 1000)),
+        }
+        connect_args = {k: v for k, v in defaults.items() if k not in self.engine_url.query}
+        engine = sa.create_engine(self.engine_url, connect_args=connect_args, pool_pre_ping=True,
+                                  pool_timeout=timeout_s,
+                                  # the entry lock only works if each statement sees the previous
+                                  # holder's commit: never run under a server default of REPEATABLE READ
+                                  isolation_level="READ COMMITTED")
+        statement_ms = max(1, round(timeout_s * 1000))
+        # a process paused inside a transaction must not hold its entries' locks for ever
+        idle_ms = max(10_000, 2 * statement_ms)
 
         @event.listens_for(engine, "connect")
-        def _setup(dbapi_conn, record) -> None:
-            dbapi_conn.isolation_level = None     # SQLAlchemy's "begin" hook below emits BEGIN
-            dbapi_conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            dbapi_conn.execute("PRAGMA journal_mode = WAL")
-            dbapi_conn.execute("PRAGMA synchronous = FULL")   # a claim survives a power cut
-            if self._file_id is None:
-                self._file_id = self._stat()
-
-        @event.listens_for(engine, "begin")
-        def _begin(conn: sa.Connection) -> None:
-            # a transaction that reads before it writes must hold the write lock from the start:
-            # upgrading a read snapshot fails at once with "database is locked"
-            write = conn.get_execution_options().get("anarchon_write", True)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        def _session(dbapi_conn, record) -> None:
+            import psycopg
+            notices: list[tuple[str, str]] = []
+            record.info["anarchon_notices"] = notices
+            dbapi_conn.add_notice_handler(
+                lambda diag: notices.append((diag.severity_nonlocalized or "", diag.message_primary or "")))
+            with dbapi_conn.cursor() as cur:
+                cur.execute(f"SET statement_timeout = {statement_ms}")
+                cur.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
+            dbapi_conn.commit()
+            try:
+                with dbapi_conn.cursor() as cur:
+                    cur.execute("SELECT system_identifier::text FROM pg_control_system()")
+                    record.info["anarchon_sysid"] = cur.fetchone()[0]
+            except psycopg.Error:          # EXECUTE revoked: the epoch is the timeline alone
+                record.info["anarchon_sysid"] = None
+            dbapi_conn.rollback()
         return engine
 
-    def _epoch_sql(self, conn: sa.Connection) -> sa.ColumnElement:
-        return sa.literal(f"file inode {self._file_id[1]}" if self._file_id else "")
+    # -- epoch and durability ---------------------------------------------------------------
+    def epoch_sql(self, conn: sa.Connection) -> sa.ColumnElement:
+        return sa.func.substr(sa.func.pg_walfile_name(sa.func.pg_current_wal_lsn()), 1, 8)
 
-    def _stat(self) -> tuple[int, int] | None:
+    def epoch_text(self, conn: sa.Connection, value: Any) -> str:
+        sysid = conn.info.get("anarchon_sysid")
+        timeline = int(value, 16)
+        return f"system {sysid} timeline {timeline}" if sysid else f"timeline {timeline}"
+
+    def _start_write(self, conn: sa.Connection, durable: bool) -> None:
+        if not durable or self.durability == "local":
+            mode = "'local'"
+        elif self.durability == "standby":
+            mode = "'on'"
+        else:
+            mode = "CASE WHEN current_setting('synchronous_standby_names') = '' THEN 'local' ELSE 'on' END"
+        waits, names = conn.exec_driver_sql(
+            f"SELECT set_config('synchronous_commit', {mode}, true), "
+            "current_setting('synchronous_standby_names')").one()
+        conn.info["anarchon_waits"] = waits == "on" and bool(names.strip())
+        # "standby" without a synchronous standby cannot be confirmed (prepare() refuses it; the
+        # setting may have been changed since)
+        conn.info["anarchon_unconfirmable"] = durable and self.durability == "standby" and not names.strip()
+
+    def _commit(self, conn: sa.Connection, trans: sa.RootTransaction) -> bool:
+        """Commit; a wait for the synchronous standbys longer than ``confirm_timeout`` is
+        cancelled (a cancel request: the commit stays, PostgreSQL only warns) and reported as
+        not confirmed. A connection whose cancel request went out is not reused: a late cancel
+        must not hit its next statement."""
+        if not conn.info.get("anarchon_waits"):
+            trans.commit()
+            return not conn.info.get("anarchon_unconfirmable")
+        notices = conn.info["anarchon_notices"]
+        dbapi = conn.connection.dbapi_connection
+        fired = threading.Event()
+
+        def cancel() -> None:
+            fired.set()
+            try:
+                dbapi.cancel()
+            except Exception as error:  # the server is gone: the commit fails on its own
+                log.debug("cancel request failed: %s", error)
+        timer = threading.Timer(self.confirm_timeout, cancel)
+        timer.daemon = True
+        del notices[:]
+        timer.start()
         try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino)
-
-    def _engine_is_stale(self) -> bool:
-        if self._file_id is None or self._stat() == self._file_id:
+            trans.commit()
+        finally:
+            timer.cancel()
+        warned = [text for severity, text in notices if severity == "WARNING"]
+        if fired.is_set():
+            conn.invalidate()
+        if warned or fired.is_set():
+            log.debug("%s store %s: commit not confirmed by a synchronous standby: %s", self.kind,
+                      self.safe_url, "; ".join(warned) or "cancel request sent")
             return False
-        log.warning("%s store %s: the file was deleted or replaced; reconnecting (the store forgot "
-                    "its claims: docs/timing.md, \"Amnesia\")", self.kind, self.safe_url)
-        self._file_id = None
         return True
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
-        return (sqlite3.Error,)
+        import psycopg
+        return (psycopg.Error,)
+
+    def _isolation(self, purpose: str | None) -> str | None:
+        # a snapshot of several statements; one statement needs no transaction around it
+        return {"snapshot": "REPEATABLE READ", "single": "AUTOCOMMIT"}.get(purpose or "")
 
     def _missing_table(self, error: BaseException) -> bool:
-        text = str(getattr(error, "orig", None) or error)
-        return "no such table" in text or "no such column" in text or "has no column named" in text
+        return _sqlstate(error) in ("42P01", "42703")         # undefined_table, undefined_column
 
-    def prepare(self, entries) -> list[str]:
-        """As :meth:`SQLStore.prepare`, creating the file's folder first.
-
-        :raises ConfigError: the file or its folder cannot be created or opened (naming the path).
-        """
-        fix = ("point anarchon_store_url at a file in a folder this user can write, e.g. "
-               "'sqlite:////var/lib/celery/anarchon.sqlite3' (four slashes for an absolute path)")
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        except OSError as error:
-            raise ConfigError(f"anarchon_store_url {self.safe_url!r}: cannot create the folder of the "
-                              f"SQLite file {self.path!r} ({error.strerror or error}); {fix}") from None
-        if os.path.isdir(self.path):
-            raise ConfigError(f"anarchon_store_url {self.safe_url!r}: {self.path!r} is a folder, not "
-                              f"a SQLite file; {fix}")
-        try:
-            warning = self.relative_warning()
-            return super().prepare(entries) + ([warning] if warning else [])
-        except StoreUnavailable as error:
-            if "unable to open database file" in str(error) or "readonly database" in str(error):
-                raise ConfigError(f"anarchon_store_url {self.safe_url!r}: cannot open the SQLite file "
-                                  f"{self.path!r} ({error}); {fix}") from None
-            raise
-
-    def relative_warning(self) -> str | None:
-        """The warning of a store URL that named a relative path, or None: the one text beat
-        (prepare), ``check``, ``status``, the page and the worker side give (docs/stores.md
-        "SQLite")."""
-        if self.relative is None:
-            return None
-        given, folder = self.relative
-        return (f"{self.kind} store {self.safe_url}: anarchon_store_url {mask_url(given)!r} names "
-                f"a relative path, resolved against this process's working directory ({folder}): "
-                "a beat, worker or command started in another directory opens another file: two "
-                "beats on two files each send every run, and a worker on another file than "
-                "beat's adopts none of its leased runs. Fix: give the absolute path, "
-                f"anarchon_store_url = {self.safe_url!r} (four slashes)")
-
-    def _check_server(self, conn: sa.Connection) -> list[str]:
-        if sqlite3.sqlite_version_info < (3, 24, 0):
-            raise ConfigError(f"{self.kind} store: SQLite {sqlite3.sqlite_version} is too old; "
-                              "3.24 or later is needed (upserts)")
-        mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
-        if str(mode).lower() != "wal":
-            return [f"{self.kind} store {self.safe_url}: the file is in journal mode {mode!r}, not "
-                    "WAL (a network file system?): claims still work, more slowly; keep the file "
-                    "on a local disk"]
-        return []
+    def _retryable(self, error: BaseException) -> bool:
+        return _sqlstate(error) in ("40P01", "40001")         # deadlock, serialization failure
