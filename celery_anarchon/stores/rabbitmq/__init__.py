@@ -5,6 +5,7 @@
 * :mod:`.memory`: each entry's memory start (amnesia) and the lock queues its readers hold;
 * :mod:`.history`: each entry's history queue, folded into one record per run;
 * :mod:`.instances`: instance records (heartbeats) and fingerprint mappings;
+* :mod:`.options`: the options and URLs;
 * :mod:`.connection`: queue names and arguments, message bodies, publisher confirms, the
   session.
 """

@@ -2,7 +2,7 @@
 
 URLs ``amqp://user:password@host:5672/vhost`` and ``amqps://...`` go to kombu (py-amqp)
 unchanged; the ``ssl`` store option (``True`` or a dict of TLS settings) is kombu's ``ssl``
-argument, passed as it is.
+argument, passed as it is (the options: :mod:`.options`).
 
 **A claim.** Each run (entry, slot) has its own durable *classic* queue
 ``<prefix>.claim.<namespace>.<entry>.<slot_ms>`` with ``x-max-length`` 1, ``x-overflow``
@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -91,27 +90,22 @@ import amqp
 import kombu
 import kombu.exceptions
 
-from celery_anarchon import _util
 from celery_anarchon.errors import ConfigError, StoreUnavailable
-from celery_anarchon.stores._common import reject_unknown_options, scheme_of, translated
+from celery_anarchon.stores._common import translated
 from celery_anarchon.stores.base import (
-    DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, ClaimRequest, ClaimResult, HistoryRecord,
-    Memory, Outcome, RunEvent,
+    ClaimRequest, ClaimResult, HistoryRecord, Memory, Outcome, RunEvent,
 )
 from celery_anarchon.stores.entry_store import InstanceOps, InstanceStore
+from celery_anarchon.stores.rabbitmq import options as rabbitmq_options
 from celery_anarchon.stores.rabbitmq.claims import DECLARE_CHANNELS, ClaimQueues
-from celery_anarchon.stores.rabbitmq.connection import QueueNames, Session, valid_prefix
+from celery_anarchon.stores.rabbitmq.connection import QueueNames, Session
 from celery_anarchon.stores.rabbitmq.history import RabbitMQHistory
 from celery_anarchon.stores.rabbitmq.instances import RabbitMQInstances
 from celery_anarchon.stores.rabbitmq.memory import MemoryStarts
+from celery_anarchon.stores.rabbitmq.options import DEFAULT_SLOT_TTL_S
 
 logger = logging.getLogger(__name__)
 
-#: Options of ``anarchon_store_options`` this store understands (besides the common ones).
-OPTIONS = frozenset({"slot_ttl", "queue_type", "queue_prefix", "ssl"})
-#: Default memory of a claimed run, seconds (docs/design.md memory table).
-DEFAULT_SLOT_TTL_S = 300.0
-DEFAULT_QUEUE_PREFIX = "anarchon"
 
 
 class RabbitMQStore(InstanceStore):
@@ -135,37 +129,12 @@ class RabbitMQStore(InstanceStore):
     recognises_winner = False
 
     def __init__(self, url: str, *, namespace: str, instance_id: str, **options) -> None:
-        reject_unknown_options(self.kind, options, OPTIONS)
-        super().__init__(
-            url, namespace=namespace, instance_id=instance_id,
-            history_size=_util.positive_int("history_size",
-                                            options.get("history_size", DEFAULT_HISTORY_SIZE)),
-            claim_timeout=_util.seconds("claim_timeout",
-                                        options.get("claim_timeout", DEFAULT_CLAIM_TIMEOUT_S)))
-        self.slot_ttl_s = _util.seconds("slot_ttl", options.get("slot_ttl", DEFAULT_SLOT_TTL_S))
-        self.slot_ttl_ms = max(1, math.ceil(self.slot_ttl_s * 1000))
-        queue_type = options.get("queue_type", "classic")
-        if queue_type != "classic":
-            raise ConfigError(
-                f"anarchon_store_options['queue_type'] = {queue_type!r}: the RabbitMQ store works "
-                "on classic queues only. A quorum queue checks x-max-length after it took the "
-                "message, so two claims of one run both win (measured: 163 of 200 runs raced by 3 "
-                "processes had two winners), and streams never refuse a message. Remove the "
-                "option or set it to 'classic'.")
-        prefix = options.get("queue_prefix", DEFAULT_QUEUE_PREFIX)
-        if not valid_prefix(prefix):
-            raise ConfigError(f"anarchon_store_options['queue_prefix'] = {prefix!r}: 1 to 64 "
-                              "letters, digits, '_' or '-' (no dots: they separate a name's parts)")
-        ssl = options.get("ssl")
-        if ssl is not None and not isinstance(ssl, (bool, dict)):
-            raise ConfigError(f"anarchon_store_options['ssl'] = {ssl!r}: True, False or a dict of "
-                              "TLS settings (kombu's ssl argument)")
-        scheme = scheme_of(url)
-        if scheme not in ("amqp", "amqps"):
-            raise ConfigError(f"anarchon_store_url {self.safe_url!r}: the RabbitMQ store takes "
-                              "amqp:// or amqps:// URLs")
-        self.ssl = ssl if ssl is not None else (scheme == "amqps")
-        self.names = QueueNames(prefix, namespace)
+        given = rabbitmq_options.parse(url, options)
+        super().__init__(url, namespace=namespace, instance_id=instance_id,
+                         history_size=given.history_size, claim_timeout=given.claim_timeout)
+        self.slot_ttl_s, self.slot_ttl_ms = given.slot_ttl_s, given.slot_ttl_ms
+        self.ssl = given.ssl
+        self.names = QueueNames(given.queue_prefix, namespace)
         self._session: Session | None = None
         self._lock = threading.RLock()
         self._probed = False
