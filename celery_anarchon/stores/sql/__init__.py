@@ -5,6 +5,7 @@
 * :mod:`.postgresql`, :mod:`.sqlite`: what differs per server (:class:`PostgreSQLStore`,
   :class:`SQLiteStore`, each with its connection);
 * :mod:`.connection`: the engine of each process, one transaction per operation, driver errors;
+* :mod:`.options`: the options (``memory``; PostgreSQL's ``durability``, ``confirm_timeout``);
 * :mod:`.schema`: the tables (SQLAlchemy Core) and the server clock in SQL;
 * :mod:`.memory`: the store-wide memory start, the epoch, and the entries' fences;
 * :mod:`.claims`: the claim decisions of a batch (already claimed, paused, forgotten, ...);

@@ -25,8 +25,10 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon._util import mask_url, seconds
+from celery_anarchon._util import mask_url
+from celery_anarchon.stores.sql import options as sql_options
 from celery_anarchon.stores.sql.connection import SQLConnection, parse_url
+from celery_anarchon.stores.sql.options import POSTGRESQL_OPTIONS
 from celery_anarchon.stores.sql.store import SQLStore
 
 log = logging.getLogger(__name__)
@@ -34,14 +36,6 @@ log = logging.getLogger(__name__)
 
 def _sqlstate(error: BaseException) -> str | None:
     return getattr(getattr(error, "orig", None) or error, "sqlstate", None)
-
-
-#: ``durability`` values of the PostgreSQL store -> what they promise (docs/stores.md)
-DURABILITY = {
-    "auto": "claims wait for the synchronous standbys when synchronous_standby_names is set",
-    "local": "claims never wait for a standby (the primary's disk only)",
-    "standby": "claims wait for a synchronous standby; synchronous_standby_names must be set",
-}
 
 
 class PostgreSQLStore(SQLStore):
@@ -76,28 +70,19 @@ class PostgreSQLStore(SQLStore):
     """
 
     kind = "postgresql"
-    own_options = frozenset({"durability", "confirm_timeout"})
+    own_options = POSTGRESQL_OPTIONS
 
     def __init__(self, url: str, *, durability: str = "auto",
                  confirm_timeout: float | dt.timedelta | None = None, **kwargs: Any) -> None:
-        if durability not in DURABILITY:
-            choices = "; ".join(f"{k!r}: {v}" for k, v in DURABILITY.items())
-            raise ConfigError(f"anarchon_store_options['durability'] = {durability!r}: must be one of "
-                              f"{choices}")
         #: "auto", "local" or "standby" (see the class docstring)
-        self.durability = durability
+        self.durability = sql_options.durability(durability)
         self._confirm_timeout = confirm_timeout
         super().__init__(url, **kwargs)
 
     def _connect(self, url: str) -> PostgreSQLConnection:
         #: seconds a commit may wait for the synchronous standbys before it counts as unconfirmed
-        self.confirm_timeout = (min(2.0, self.claim_timeout / 2) if self._confirm_timeout is None
-                                else seconds("confirm_timeout", self._confirm_timeout))
-        if self.confirm_timeout >= self.claim_timeout:
-            raise ConfigError(
-                f"anarchon_store_options['confirm_timeout'] = {self.confirm_timeout:g} s must be below "
-                f"claim_timeout = {self.claim_timeout:g} s (a claim's round trip includes the wait "
-                "for the standby); lower confirm_timeout or raise claim_timeout")
+        self.confirm_timeout = sql_options.confirm_timeout(self._confirm_timeout,
+                                                           self.claim_timeout)
         return PostgreSQLConnection(url, kind=self.kind, safe_url=self.safe_url,
                                     claim_timeout=self.claim_timeout, durability=self.durability,
                                     confirm_timeout=self.confirm_timeout)

@@ -44,7 +44,7 @@ import sqlalchemy as sa
 from celery_anarchon._util import positive_int, seconds
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores._common import reject_unknown_options
-from celery_anarchon.stores.sql import schema
+from celery_anarchon.stores.sql import options as sql_options, schema
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S,
     ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseStore, Memory, RunEvent,
@@ -87,7 +87,7 @@ class SQLStore(LeaseStore, EntryStore):
                  memory: float | dt.timedelta = DEFAULT_MEMORY_S,
                  history_size: int = DEFAULT_HISTORY_SIZE,
                  claim_timeout: float | dt.timedelta = DEFAULT_CLAIM_TIMEOUT_S, **options: Any) -> None:
-        reject_unknown_options(self.kind, options, {"memory", *self.own_options})
+        reject_unknown_options(self.kind, options, {*sql_options.OPTIONS, *self.own_options})
         memory_s = seconds("memory", memory)
         timeout_s = seconds("claim_timeout", claim_timeout)
         super().__init__(url, namespace=namespace, instance_id=instance_id,
