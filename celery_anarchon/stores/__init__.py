@@ -1,14 +1,16 @@
 """Stores: the URL scheme picks the backend.
 
-As kombu resolves its transports, a table maps each scheme to a ``"module:Class"`` name that is
-imported only when used: an extra that is not installed costs nothing until asked for, its absence
-is an error naming the extra, and an unknown scheme suggests the closest known one.
+As kombu resolves its transports, a table maps each scheme to a ``"module:name"`` that is imported
+only when used: an extra that is not installed costs nothing until asked for, its absence is an
+error naming the extra, and an unknown scheme suggests the closest known one. The name is the
+store's class, or the factory that picks it from the options (Redis: one class per ``strategy``).
 """
 from __future__ import annotations
 
 import difflib
 import importlib
 import os
+from collections.abc import Callable
 
 from celery_anarchon._util import mask_url
 from celery_anarchon.errors import ConfigError
@@ -20,21 +22,22 @@ from celery_anarchon.stores.base import (  # noqa: F401  (re-exported)
     Outcome, RunEvent, RunState, Store, TakeoverOutcome, lease_store,
 )
 
-#: scheme -> ("module:Class", extra that provides its client library or None)
+#: scheme -> ("module:name" of the store's class or factory, extra that provides its client
+#: library or None)
 STORES: dict[str, tuple[str, str | None]] = {
     "memory": ("celery_anarchon.stores.memory:MemoryStore", None),
     "sqlite": ("celery_anarchon.stores.sql:SQLiteStore", None),
     "postgresql": ("celery_anarchon.stores.sql:PostgreSQLStore", "postgres"),
     "postgres": ("celery_anarchon.stores.sql:PostgreSQLStore", "postgres"),
     "postgresql+psycopg": ("celery_anarchon.stores.sql:PostgreSQLStore", "postgres"),
-    "redis": ("celery_anarchon.stores.redis:RedisStore", "redis"),
-    "rediss": ("celery_anarchon.stores.redis:RedisStore", "redis"),
-    "unix": ("celery_anarchon.stores.redis:RedisStore", "redis"),
+    "redis": ("celery_anarchon.stores.redis:open_redis_store", "redis"),
+    "rediss": ("celery_anarchon.stores.redis:open_redis_store", "redis"),
+    "unix": ("celery_anarchon.stores.redis:open_redis_store", "redis"),
     "amqp": ("celery_anarchon.stores.rabbitmq:RabbitMQStore", None),
     "amqps": ("celery_anarchon.stores.rabbitmq:RabbitMQStore", None),
     "nats": ("celery_anarchon.stores.nats:NATSStore", "nats"),
     "tls": ("celery_anarchon.stores.nats:NATSStore", "nats"),
-    "sentinel": ("celery_anarchon.stores.redis:RedisStore", "redis"),
+    "sentinel": ("celery_anarchon.stores.redis:open_redis_store", "redis"),
     "redis+cluster": ("celery_anarchon.stores.redis.cluster:RedisClusterStore", "redis"),
     "rediss+cluster": ("celery_anarchon.stores.redis.cluster:RedisClusterStore", "redis"),
 }
@@ -42,8 +45,9 @@ STORES: dict[str, tuple[str, str | None]] = {
 #: client library module -> extra that installs it
 _EXTRA_OF_MODULE = {"redis": "redis", "psycopg": "postgres", "nats": "nats", "ephem": "solar"}
 
-def store_class(url: str) -> type[ClaimStore]:
-    """The store class for ``url``'s scheme, importing its module on first use.
+def store_factory(url: str) -> Callable[..., ClaimStore]:
+    """What builds the store of ``url``'s scheme (its class, or a factory taking the same
+    arguments), importing its module on first use.
 
     :raises ConfigError: unknown scheme (with the closest known one), or the client library of
         the store is not installed (with the extra to install).
@@ -79,8 +83,8 @@ def open_store(url: str, *, namespace: str, instance_id: str, options: dict | No
     :param options: ``anarchon_store_options``; validated by the store that owns them.
     :raises ConfigError: unknown scheme, missing extra, or an option the store does not know.
     """
-    cls = store_class(url)
-    return cls(url, namespace=namespace, instance_id=instance_id, **dict(options or {}))
+    build = store_factory(url)
+    return build(url, namespace=namespace, instance_id=instance_id, **dict(options or {}))
 
 
 def default_sqlite_url(broker_url: str | None) -> str:

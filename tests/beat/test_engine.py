@@ -836,7 +836,7 @@ def test_a_run_not_taken_over_after_the_store_lost_writes_is_logged_as_such(name
     assert adopted
     wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
     # the server's identity changes under the store (a failover): its writes may be lost
-    h.store._redis()[0].hset(h.store.store_key, "epoch", "an-older-server")
+    h.store.connection.client()[0].hset(h.store.store_key, "epoch", "an-older-server")
     h.advance(3.5)                                               # past the takeover grace
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         h.engine.takeovers.check(h.engine.plans)

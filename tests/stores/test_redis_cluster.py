@@ -169,7 +169,7 @@ def test_a_pause_is_confirmed_on_both_masters_slot_first_and_survives_a_failover
     options = {"confirm_timeout": 0.4}
     a = open_store(rig.url, namespace=namespace, instance_id="A", options=options)
     b = open_store(rig.url, namespace=namespace, instance_id="B", options=options)
-    ns_slot = a._redis()[0].keyslot(a.namespace_keys["entries"])
+    ns_slot = a.connection.client()[0].keyslot(a.namespace_keys["entries"])
     m2 = rig.master_of_slot(ns_slot)
     entry = next(e for e in (f"e{i}" for i in range(100))
                  if rig.master_of_slot(a.slots.slot_of_entry(e)).port != m2.port)

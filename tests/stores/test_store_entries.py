@@ -452,7 +452,7 @@ def _written_under_another_server(store) -> None:
     elif store.kind == "memory":
         backends.memory_entries_under(store, "an-older-server")
     else:
-        store._redis()[0].hset(store.namespace_keys["entries:epoch"], "server", "an-older-server")
+        store.connection.client()[0].hset(store.namespace_keys["entries:epoch"], "server", "an-older-server")
 
 
 def _age_cleared(store, name: str, by_ms: int) -> None:
@@ -467,7 +467,7 @@ def _age_cleared(store, name: str, by_ms: int) -> None:
     elif store.kind == "memory":
         backends.memory_age_cleared(store, name, by_ms)
     else:
-        store._redis()[0].zincrby(store.namespace_keys["entries:cleared"], -by_ms, name)
+        store.connection.client()[0].zincrby(store.namespace_keys["entries:cleared"], -by_ms, name)
 
 
 def test_the_entries_epoch_comes_with_the_first_write_and_is_gone_after_a_wipe(stores):

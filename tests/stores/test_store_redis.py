@@ -18,7 +18,8 @@ from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
     LATENESS_TOLERANCE_MS, LeaseStore, LeaseTerms, Outcome, TakeoverOutcome,
 )
-from celery_anarchon.stores.redis import RedisStore, parse_sentinel_url
+from celery_anarchon.stores.redis import STRATEGIES, RedisStore, parse_sentinel_url
+from celery_anarchon.stores.redis import options as redis_options
 
 from conftest import REDIS_URL
 from stores_support import StoreMaker, store_url, wait_until
@@ -212,7 +213,7 @@ def test_a_dropped_connection_is_retried_once(stores, server):
     """A pooled connection the server closed (restart, idle kill) is replaced transparently."""
     s = prepared(stores("A"))
     slot = s.now_ms() + 1
-    server.client_kill_filter(_id=s._redis()[0].client_id())
+    server.client_kill_filter(_id=s.connection.client()[0].client_id())
     assert s.claim([req("e", slot)])[0].outcome is Outcome.WON
 
 
@@ -227,7 +228,7 @@ def test_unreachable_sentinel_raises_store_unavailable():
 def test_rediss_url_and_its_parameters_reach_redis_py_unchanged():
     s = open_store("rediss://:pw@127.0.0.1:6380/3?ssl_cert_reqs=none&health_check_interval=7",
                    namespace="ns", instance_id="A", options={"claim_timeout": 2})
-    pool = s._redis()[0].connection_pool  # builds the client: no I/O
+    pool = s.connection.client()[0].connection_pool  # builds the client: no I/O
     assert pool.connection_class is redis.SSLConnection
     kwargs = pool.connection_kwargs
     assert (kwargs["ssl_cert_reqs"], kwargs["health_check_interval"], kwargs["db"]) == ("none", 7, 3)
@@ -245,7 +246,7 @@ def test_close_is_idempotent_and_reconnects(stores):
 
 def _client_id_in_child(s, queue):
     try:
-        queue.put(s._redis()[0].client_id())
+        queue.put(s.connection.client()[0].client_id())
         s.close()
     except BaseException as exc:
         queue.put(repr(exc))
@@ -254,7 +255,7 @@ def _client_id_in_child(s, queue):
 def test_a_forked_child_never_shares_the_parents_connection(stores):
     """A pool created before a fork is not used by the child (redis-py resets it by pid)."""
     s = stores("A")
-    parent_id = s._redis()[0].client_id()
+    parent_id = s.connection.client()[0].client_id()
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_client_id_in_child, args=(s, queue))
@@ -262,7 +263,7 @@ def test_a_forked_child_never_shares_the_parents_connection(stores):
     child_id = queue.get(timeout=30)
     child.join(timeout=30)
     assert isinstance(child_id, int) and child_id != parent_id
-    assert s._redis()[0].client_id() == parent_id, "the parent keeps its own connection"
+    assert s.connection.client()[0].client_id() == parent_id, "the parent keeps its own connection"
 
 
 # -- options --------------------------------------------------------------------------------------
@@ -274,11 +275,12 @@ def test_unknown_option_is_refused():
 
 @pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
 def test_the_strategy_option_picks_the_strategy(strategy):
-    """Every strategy of docs/design.md is built by RedisStore (the one class of the URL table); only
-    'lease' holds leases and checks lateness on the server's clock (the others:
-    test_store_redis_strategies.py)."""
+    """Every strategy of docs/design.md is built by the factory of the URL table
+    (``open_redis_store``, a class per strategy); only 'lease' holds leases and checks lateness on
+    the server's clock (the others: test_store_redis_strategies.py)."""
     s = store(strategy=strategy)
     assert isinstance(s, RedisStore) and s.strategy == strategy
+    assert type(s) is STRATEGIES[strategy] and set(STRATEGIES) == set(redis_options.STRATEGIES)
     assert isinstance(s, LeaseStore) is s.checks_lateness is (strategy == "lease")
 
 

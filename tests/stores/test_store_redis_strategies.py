@@ -640,8 +640,7 @@ def test_old_requests_and_expired_instances_are_pruned_by_the_next_write(script)
     clock."""
     a = prepared(script("A", window=1))
     assert a._entries.horizon_ms == 1000
-    assert RedisStore(REDIS_URL, namespace="n", instance_id="i",
-                      strategy="stream-id")._entries.horizon_ms == DAY_MS
+    assert build(strategy="stream-id")._entries.horizon_ms == DAY_MS
     first = request_run(a, "e", "r1", by="x")
     a.record_instance(InstanceRecord("old", "h", 1, "1", 0, 0, None, 1, ""), 1)
     wait_until(lambda: a.now_ms() > first.requested_ms + 1000, 5, "the window to pass")

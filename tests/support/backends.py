@@ -179,7 +179,7 @@ def _backdate_memory(store, entries: list[str], by_ms: int) -> None:
 
 def _backdate_redis(store, entries: list[str], by_ms: int) -> None:
     """The memory start of ``entries`` and of the store, ``by_ms`` back."""
-    store._call("memory_start", [k for e in entries for k in store._block(e)], int(by_ms))
+    store.connection.call("memory_start", [k for e in entries for k in store._block(e)], int(by_ms))
 
 
 def _backdate_redis_cluster(store, entries: list[str], by_ms: int) -> None:
@@ -187,11 +187,11 @@ def _backdate_redis_cluster(store, entries: list[str], by_ms: int) -> None:
     slots of ``entries`` with their entries (one call a slot), every other slot's note after;
     and the namespace's own note (its slot: the memory of run-now requests)."""
     store.request_clock()                                      # the namespace's note, noted
-    store._redis()[0].hincrby(store.namespace_keys["store"], "born", -int(by_ms))
+    store.connection.client()[0].hincrby(store.namespace_keys["store"], "born", -int(by_ms))
     groups = store._by_slot(entries)
     for names in groups.values():
-        store._call("memory_start", [k for e in names for k in store._block(e)], int(by_ms))
-    cluster = store._redis()[0]
+        store.connection.call("memory_start", [k for e in names for k in store._block(e)], int(by_ms))
+    cluster = store.connection.client()[0]
     by_node: dict = {}
     for slot, owners in cluster.nodes_manager.slots_cache.items():
         if slot not in groups:

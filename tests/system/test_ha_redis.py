@@ -572,6 +572,6 @@ def test_an_entry_write_is_never_run_twice_when_its_confirmation_script_is_not_l
     answered as added, never "exists already" by its own second run."""
     with RedisHA(replicas=0) as ha:
         s = store(ha.url, "A", namespace)
-        ha.master.command("SCRIPT", "LOAD", s._redis()[1]["entry_put"].script)
+        ha.master.command("SCRIPT", "LOAD", s.connection.client()[1]["entry_put"].script)
         stored = s.put_entry("x", "{}", by="ops", create=True)
         assert stored.definition == "{}" and stored.version == 1

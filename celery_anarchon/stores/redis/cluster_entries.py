@@ -29,12 +29,9 @@ write not confirmed stays on the master: the error says the change may be lost i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
-
-import redis
 
 from celery_anarchon.stores.entry_store import Pause, StoredEntry
+from celery_anarchon.stores.redis.cluster_connection import ClusterConnection
 from celery_anarchon.stores.redis.cluster_keys import SlotKeys
 from celery_anarchon.stores.redis.entries import RedisEntries
 
@@ -65,26 +62,15 @@ SCRIPTS = {"slot_pause": SLOT_PAUSE}
 class ClusterEntries(RedisEntries):
     """The entry operations of one namespace on a Redis Cluster (see the module docstring).
 
-    :param slots: the namespace's per-slot keys.
-    :param node_client: ``node_client(key)`` -> the ``redis.Redis`` of the master serving
-        ``key``'s slot (for the reads that must be one MULTI with ``TIME``).
-    The other parameters are :class:`~.entries.RedisEntries`' (``write`` runs a script on the
-    slot of its first key and confirms it on that slot's master).
+    The parameters are :class:`~.entries.RedisEntries`', the connection a
+    :class:`~.cluster_connection.ClusterConnection` (its ``write`` runs a script on the slot of
+    its first key and confirms it on that slot's master; a MULTI runs on the master of its key's
+    slot; its ``slots`` are the namespace's per-slot keys).
     """
 
-    def __init__(self, keys, connection, unavailable, horizon_ms: int, where: str, *,
-                 write: Callable[[str, str, list, list], Any], slots: SlotKeys,
-                 node_client: Callable[[str], redis.Redis]) -> None:
-        super().__init__(keys, connection, unavailable, horizon_ms, where, write=write)
-        self.slots = slots
-        self._node_client = node_client
-
-    def _read(self, doing: str, fill: Callable[[redis.client.Pipeline], None]) -> list:
-        """One MULTI/EXEC on the master of the namespace's slot (``TIME`` included)."""
-        with self._unavailable(doing):
-            pipe = self._node_client(self.keys["entries"]).pipeline(transaction=True)
-            fill(pipe)
-            return pipe.execute()
+    def __init__(self, keys, connection: ClusterConnection, horizon_ms: int) -> None:
+        super().__init__(keys, connection, horizon_ms)
+        self.slots: SlotKeys = connection.slots
 
     def _slot_pause(self, name: str, version: int | None, pause: dict | None, *,
                     doing: str = "pause") -> None:
@@ -95,7 +81,7 @@ class ClusterEntries(RedisEntries):
         :raises StoreUnavailable: the master did not answer.
         """
         slot = self.slots.slot_of_entry(name)
-        self._write_confirmed(
+        self.connection.write(
             doing, "slot_pause", [self.slots.head(slot)[1], self.slots.pause_versions(slot)],
             [name, "" if version is None else int(version), json.dumps(pause) if pause else ""])
 

@@ -1,13 +1,15 @@
-"""History and definitions of the Redis store: a part of
-:class:`~celery_anarchon.stores.redis.store.RedisStore` (a mixin using its scripts, keys and
-connection). Instants are UTC ms on the server's clock.
+"""History and definitions of the Redis store, every strategy: a part of
+:class:`~celery_anarchon.stores.redis.store.RedisStore`, given its connection and the keys of an
+entry. The records are written and read by the scripts every strategy shares (:mod:`.scripts`);
+instants are UTC ms on the server's clock.
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
+from celery_anarchon.stores.redis.connection import RedisConnection
 
 #: ``history_many`` sends at most this many history reads in one pipeline (one round trip each)
 HISTORY_BATCH = 500
@@ -34,7 +36,21 @@ def history_records(entry: str, reply: dict) -> list[HistoryRecord]:
 
 
 class RedisHistory:
-    """``record``, ``record_many``, ``history``, ``history_many`` and the definitions."""
+    """``record``, ``record_many``, ``history``, ``history_many`` and the definitions.
+
+    :param connection: the store's connection.
+    :param history_size: runs of history kept per entry.
+    :param block: ``block(entry)``: the keys every shared script takes for ``entry``
+        (:data:`.scripts.ENTRY_KEYS` order).
+    :param definitions_key: ``definitions_key(entry)``: the hash of ``entry``'s definitions.
+    """
+
+    def __init__(self, connection: RedisConnection, *, history_size: int,
+                 block: Callable[[str], list[str]], definitions_key: Callable[[str], str]) -> None:
+        self.connection = connection
+        self.history_size = history_size
+        self._block = block
+        self._definitions_key = definitions_key
 
     def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
                attempt: int = 1, detail: str = "") -> None:
@@ -44,7 +60,7 @@ class RedisHistory:
         :raises StoreUnavailable: the server did not answer.
         """
         event = RunEvent(event)
-        self._call("record", self._block(entry), int(slot_ms), event.value, task_id, int(attempt),
+        self.connection.call("record", self._block(entry), int(slot_ms), event.value, task_id, int(attempt),
                    detail, "1" if event in SKIP_EVENTS else "0")
 
     def record_many(self, notes: Sequence[HistoryRecord]) -> None:
@@ -54,14 +70,14 @@ class RedisHistory:
         """
         if not notes:
             return
-        client, scripts = self._redis()
-        with self._unavailable("record"):
+        client, scripts = self.connection.client()
+        with self.connection.unavailable("record"):
             pipe = client.pipeline(transaction=False)
             for n in notes:
                 event = RunEvent(n.event)
                 scripts["record"](
-                    keys=[*self._head_keys, *self._block(n.entry)],
-                    args=[*self._header(), int(n.slot_ms), event.value, n.task_id, int(n.attempt),
+                    keys=[*self.connection.head_keys, *self._block(n.entry)],
+                    args=[*self.connection.header(), int(n.slot_ms), event.value, n.task_id, int(n.attempt),
                           n.detail, "1" if event in SKIP_EVENTS else "0"], client=pipe)
             pipe.execute()
 
@@ -73,7 +89,7 @@ class RedisHistory:
         limit = self.history_size if limit is None else int(limit)
         if limit < 1:
             return []
-        return history_records(entry, self._call("history", self._block(entry), limit))
+        return history_records(entry, self.connection.call("history", self._block(entry), limit))
 
     def history_many(self, entries: Iterable[str],
                      limit: int | None = None) -> dict[str, list[HistoryRecord]]:
@@ -87,15 +103,15 @@ class RedisHistory:
         limit = self.history_size if limit is None else int(limit)
         if limit < 1 or not names:
             return {name: [] for name in names}
-        client, scripts = self._redis()
+        client, scripts = self.connection.client()
         out: dict[str, list[HistoryRecord]] = {}
         for start in range(0, len(names), HISTORY_BATCH):
             chunk = names[start:start + HISTORY_BATCH]
-            with self._unavailable("history"):
+            with self.connection.unavailable("history"):
                 pipe = client.pipeline(transaction=False)
                 for name in chunk:
-                    scripts["history"](keys=[*self._head_keys, *self._block(name)],
-                                       args=[*self._header(), limit], client=pipe)
+                    scripts["history"](keys=[*self.connection.head_keys, *self._block(name)],
+                                       args=[*self.connection.header(), limit], client=pipe)
                 replies = pipe.execute()
             out.update((name, history_records(name, json.loads(reply)))
                        for name, reply in zip(chunk, replies))
@@ -104,23 +120,23 @@ class RedisHistory:
     # -- definitions --------------------------------------------------------------------------
     def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
         """Remember the text of ``fingerprint``. :raises StoreUnavailable:"""
-        with self._unavailable("save definition"):
-            self._redis()[0].hset(self.keys_of(entry)["definitions"], fingerprint, text)
+        with self.connection.unavailable("save definition"):
+            self.connection.client()[0].hset(self._definitions_key(entry), fingerprint, text)
 
     def save_definitions(self, definitions: Iterable[tuple[str, str, str]]) -> None:
         """Every ``(entry, fingerprint, text)`` with one HSET each, pipelined in round trips of
         :data:`DEFINITIONS_PER_TRIP`. :raises StoreUnavailable:"""
-        client = self._redis()[0]
+        client = self.connection.client()[0]
         items = list(definitions)
-        with self._unavailable("save definitions"):
+        with self.connection.unavailable("save definitions"):
             for start in range(0, len(items), DEFINITIONS_PER_TRIP):
                 pipe = client.pipeline(transaction=False)
                 for entry, fingerprint, text in items[start:start + DEFINITIONS_PER_TRIP]:
-                    pipe.hset(self.keys_of(entry)["definitions"], fingerprint, text)
+                    pipe.hset(self._definitions_key(entry), fingerprint, text)
                 pipe.execute()
 
     def load_definition(self, entry: str, fingerprint: str) -> str | None:
         """The text saved for ``fingerprint``, or ``None``. :raises StoreUnavailable:"""
-        with self._unavailable("load definition"):
-            text = self._redis()[0].hget(self.keys_of(entry)["definitions"], fingerprint)
+        with self.connection.unavailable("load definition"):
+            text = self.connection.client()[0].hget(self._definitions_key(entry), fingerprint)
         return text.decode() if isinstance(text, bytes) else text

@@ -1,9 +1,9 @@
 """The Redis store, strategy ``lease`` (docs/design.md store memory table: Redis ``lease``).
 
 The ``strategy`` store option picks how Redis claims: ``lease`` (this module), ``stream-id``,
-``script`` or ``idmp`` (:mod:`celery_anarchon.stores.redis.strategies`). ``RedisStore(...)``
-(:mod:`celery_anarchon.stores.redis.store`) builds the class of the strategy asked for, so the URL
-scheme table needs one class only.
+``script`` or ``idmp`` (:mod:`celery_anarchon.stores.redis.strategies`). The factory of the URL
+scheme table, :func:`celery_anarchon.stores.redis.open_redis_store`, builds the class of the
+strategy asked for (:data:`celery_anarchon.stores.redis.STRATEGIES`).
 
 Every claim decision is taken inside one Lua script per batch, on the server's ``TIME``
 (docs/design.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
@@ -43,7 +43,8 @@ from celery_anarchon.stores.base import (
 )
 from celery_anarchon import _util
 from celery_anarchon.stores.redis.lease_scripts import SCRIPTS
-from celery_anarchon.stores.redis.store import RedisStore, _items, claim_results
+from celery_anarchon.stores.redis.history import _items
+from celery_anarchon.stores.redis.store import RedisStore, claim_results
 
 
 class RedisLeaseStore(RedisStore, LeaseStore):
@@ -86,12 +87,12 @@ class RedisLeaseStore(RedisStore, LeaseStore):
             return []
         blocks: dict[str, int] = {}
         args = claim_args(requests, blocks)
-        reply, unconfirmed = self._claim_call([k for e in blocks for k in self._block(e)], args)
+        reply, unconfirmed = self.connection.claim_call([k for e in blocks for k in self._block(e)], args)
         return self._unconfirmed(claim_results(requests, reply), unconfirmed)
     # -- leases (docs/design.md "Leases"; every decision on the server's clock) ---------------------
     def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
         """The run's record with store_ms = the server's clock now, or None."""
-        reply = self._call("inspect", self._block(entry), int(slot_ms))
+        reply = self.connection.call("inspect", self._block(entry), int(slot_ms))
         return _run(entry, slot_ms, reply)
 
     def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
@@ -100,7 +101,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
         entries = list(dict.fromkeys(entries))
         if not entries:
             return []
-        reply = self._call("expired_runs", [k for e in entries for k in self._block(e)])
+        reply = self.connection.call("expired_runs", [k for e in entries for k in self._block(e)])
         return [_run(entries[int(f["b"]) - 1], int(f["s"]), {"now": reply["now"], "run": f["r"]})
                 for f in _items(reply.get("runs"))]
 
@@ -118,7 +119,7 @@ class RedisLeaseStore(RedisStore, LeaseStore):
         claim, in the same round trip; a takeover not confirmed in time answers REFUSED: attempt
         2 is not sent, the run stays queued under the new token and is taken over again once its
         deadline passes (or TAKEN by this instance's retry once confirmed)."""
-        reply, unconfirmed = self._claim_call(
+        reply, unconfirmed = self.connection.claim_call(
             self._block(entry), [int(slot_ms), int(expected_token), int(queue_timeout_ms),
                                  int(max_attempts), task_id, entry], script="take_over")
         outcome = TakeoverOutcome(reply["outcome"])
@@ -130,26 +131,26 @@ class RedisLeaseStore(RedisStore, LeaseStore):
         """Worker side ("Adopt"): a queued run, or one started with an expired lease, becomes
         started with a new token, ``owner`` and lease expiry = now + ``duration_ms`` (ms); when
         the entry is paused it ends paused instead (not adopted)."""
-        reply = self._call("adopt", self._block(entry), int(slot_ms), owner, int(duration_ms),
+        reply = self.connection.call("adopt", self._block(entry), int(slot_ms), owner, int(duration_ms),
                            entry)
         return reply["adopted"] == "1", _run(entry, slot_ms, reply)
 
     def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
         """Heartbeat ("Heartbeat"): lease expiry = now + ``duration_ms`` (ms) if ``token`` is
         current; None when stale. A record the store forgot is re-created with this token."""
-        reply = self._call("renew", self._block(entry), int(slot_ms), int(token), owner,
+        reply = self.connection.call("renew", self._block(entry), int(slot_ms), int(token), owner,
                            int(duration_ms))
         return _run(entry, slot_ms, reply)
 
     def release(self, entry: str, slot_ms: int, token: int) -> bool:
         """The runner is done ("Finished"): state finished if ``token`` is current."""
-        return self._call("release", self._block(entry), int(slot_ms), int(token))["done"] == "1"
+        return self.connection.call("release", self._block(entry), int(slot_ms), int(token))["done"] == "1"
 
     def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
                 queue_timeout_ms: int) -> bool:
         """A retry hands the run back ("Finished"): queued, deadline = now + ``delay_ms`` +
         ``queue_timeout_ms`` (ms), attempt and token unchanged, if ``token`` is current."""
-        reply = self._call("requeue", self._block(entry), int(slot_ms), int(token), int(delay_ms),
+        reply = self.connection.call("requeue", self._block(entry), int(slot_ms), int(token), int(delay_ms),
                            int(queue_timeout_ms))
         return reply["done"] == "1"
 

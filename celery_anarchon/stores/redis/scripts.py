@@ -1,7 +1,7 @@
 """The prelude every claim-side Lua script of the Redis store shares, and the scripts every
 strategy runs (memory start, history, settings). The lease strategy's own scripts are in
 :mod:`.lease_scripts`, the other strategies' claims in :mod:`.strategy_scripts`, the entry store's
-in :mod:`.entries`.
+in :mod:`.entry_scripts` (and :mod:`.instances`).
 
 Each script is defined once, with a comment per KEYS and ARGV item, and registered once per
 client (redis-py ``Script`` objects: EVALSHA, re-loaded by redis-py after NOSCRIPT).

@@ -1,6 +1,6 @@
 """The Redis strategies ``stream-id``, ``script`` and ``idmp`` (docs/design.md store memory table).
 
-``RedisStore(url, strategy=...)`` (:mod:`celery_anarchon.stores.redis`) builds these classes. They
+:func:`celery_anarchon.stores.redis.open_redis_store` builds these classes. They
 share the ``lease`` strategy's connections, errors, key layout, memory start ("Amnesia"), history
 and definitions (same keys, same scripts), and the entry store (:mod:`.entries`); each has its
 own claim script (:mod:`.strategy_scripts`). They hold no leases
@@ -45,7 +45,8 @@ from celery_anarchon.stores.base import ClaimRequest, ClaimResult, Memory
 from celery_anarchon import _util
 from celery_anarchon.stores.redis.options import STREAM_ID_HORIZON_MS
 from celery_anarchon.stores.redis.scripts import SHARED
-from celery_anarchon.stores.redis.store import RedisStore, _items, claim_results
+from celery_anarchon.stores.redis.history import _items
+from celery_anarchon.stores.redis.store import RedisStore, claim_results
 from celery_anarchon.stores.redis.strategy_scripts import (
     IDMP_CLAIM, IDMP_SETTINGS, SCRIPT_CLAIM, STREAM_ID_CLAIM,
 )
@@ -100,7 +101,7 @@ class _ClaimOnlyRedisStore(RedisStore):
             r = requests[i]
             args += [blocks.setdefault(r.entry, len(blocks) + 1), int(r.slot_ms), r.task_id,
                      r.fingerprint, r.entry, "1" if r.requested else "0"]
-        reply, unconfirmed = self._claim_call(
+        reply, unconfirmed = self.connection.claim_call(
             [k for e in blocks for k in self._claim_block(e)], [*self._claim_params(), *args])
         results = self._unconfirmed(claim_results([requests[i] for i in order], reply), unconfirmed)
         in_order = [None] * len(requests)
@@ -227,7 +228,7 @@ class RedisIdmpStore(_ClaimOnlyRedisStore):
         run, since XCFGSET wipes its memory; otherwise it keeps its values."""
         if not entries:
             return []
-        reply = self._call("idmp_settings", [k for e in entries for k in self._claim_block(e)],
+        reply = self.connection.call("idmp_settings", [k for e in entries for k in self._claim_block(e)],
                            self.duration_s, self.max_size)
         warnings = []
         for s in _items(reply.get("streams")):
