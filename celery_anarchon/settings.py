@@ -9,7 +9,7 @@ import os
 import secrets
 import socket
 
-from celery_anarchon.stores import Store, open_store, scheme_of, url_following_broker
+from celery_anarchon.stores import ClaimStore, open_store, scheme_of, url_following_broker
 from celery_anarchon.schedule.timing import Settings
 
 
@@ -37,7 +37,7 @@ def resolve_store_url(app, settings: Settings) -> tuple[str, dict, str | None]:
     return url, options, warning
 
 
-def open_app_store(app, settings: Settings, *, instance_id: str, namespace: str | None = None) -> Store:
+def open_app_store(app, settings: Settings, *, instance_id: str, namespace: str | None = None) -> ClaimStore:
     """Open ``app``'s store (no I/O: it connects on first use) under ``namespace`` (default: the
     settings' ``anarchon_namespace``)."""
     url, options, _ = resolve_store_url(app, settings)

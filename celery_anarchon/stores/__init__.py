@@ -19,7 +19,7 @@ from celery_anarchon.stores._common import (  # noqa: F401  (re-exported)
 )
 from celery_anarchon.stores.base import (  # noqa: F401  (re-exported)
     ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, LeasedRun, LeaseStore, LeaseTerms, Memory,
-    Outcome, RunEvent, RunState, Store, TakeoverOutcome, lease_store,
+    Outcome, RunEvent, RunState, TakeoverOutcome, lease_store,
 )
 
 #: scheme -> ("module:name" of the store's class or factory, extra that provides its client

@@ -484,7 +484,3 @@ def lease_store(store: ClaimStore) -> LeaseStore:
         raise ConfigError(f"the {store.kind} store cannot hold leases; use {LEASE_STORE_NAMES}"
                           " for leased entries")
     return store
-
-
-#: Old name of :class:`ClaimStore` (``celery_anarchon.stores.Store`` in user code).
-Store = ClaimStore
