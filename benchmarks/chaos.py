@@ -53,8 +53,8 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-APPS = os.path.join(ROOT, "tests", "apps")
-for path in (HERE, os.path.join(ROOT, "tests"), APPS, ROOT):
+APPS = os.path.join(ROOT, "tests", "support", "apps")
+for path in (HERE, os.path.join(ROOT, "tests", "support"), APPS, ROOT):
     if path not in sys.path:
         sys.path.insert(0, path)
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 import uuid
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "support"))
 
 from celery_anarchon.stores import open_store  # noqa: E402
 from celery_anarchon.stores.base import ClaimRequest, Outcome  # noqa: E402

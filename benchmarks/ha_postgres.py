@@ -41,7 +41,7 @@ import time
 
 from servers import Rig, as_postgres, free_port, postgres_bin_dir, wait_for, wait_port
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 from tcp_proxy import TCPProxy  # noqa: E402
 
 _TEMPLATE: str | None = None

@@ -43,7 +43,7 @@ import redis
 
 from servers import RedisServer, Rig, free_port, wait_for, wait_port
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 from tcp_proxy import TCPProxy  # noqa: E402
 
 #: The Redis >= 7.2 binary built by .ci/redis8.sh (it has WAITAOF), or None when not built.

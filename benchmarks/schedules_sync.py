@@ -46,8 +46,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-APPS = os.path.join(HERE, "..", "tests", "apps")
-sys.path[:0] = [os.path.join(HERE, "..", "tests"), APPS]
+APPS = os.path.join(HERE, "..", "tests", "support", "apps")
+sys.path[:0] = [os.path.join(HERE, "..", "tests", "support"), APPS]
 
 import celery_anarchon  # noqa: E402
 from celery_anarchon.schedule import definition as entry_json  # noqa: E402
