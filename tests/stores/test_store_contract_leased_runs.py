@@ -13,7 +13,7 @@ from celery_anarchon.stores.entry_store import Pause
 
 from stores_support import wait_until
 from helpers import prepared
-from test_store_contract import LEASE, fresh_slot, lease_stores, req  # noqa: F401  (fixture)
+from claim_helpers import LEASE, fresh_slot, lease_stores, req  # noqa: F401  (fixture)
 
 SHORT = LeaseTerms(queue_timeout_ms=200)
 SHORT_ALLOW = LeaseTerms(queue_timeout_ms=200, overlap_allowed=True)

@@ -28,7 +28,7 @@ import backends
 from backends import BACKENDS, kinds_whose_store
 from helpers import prepared, request_run
 from stores_support import require_client, wait_until
-from test_store_contract import _maker, fresh_slot, req, store_now
+from claim_helpers import _maker, fresh_slot, req, store_now
 
 DEFINITION = '{"schedule":{"every":60},"task":"proj.tasks.report"}'
 OTHER_DEFINITION = '{"schedule":{"every":30},"task":"proj.tasks.report"}'

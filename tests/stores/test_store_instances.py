@@ -17,7 +17,7 @@ from celery_anarchon.stores.entry_store import InstanceRecord, InstanceStore
 
 from backends import BACKENDS
 from stores_support import wait_until
-from test_store_contract import _maker, store_now
+from claim_helpers import _maker, store_now
 
 
 def _keeps_instances(backend) -> bool:

@@ -32,7 +32,8 @@ from rabbitmq_tools import need_rabbitmqctl, rabbitmqctl
 from backends import forget_rabbitmq_queues
 from stores_support import StoreMaker, store_url, wait_until
 from tcp_proxy import TCPProxy
-from test_store_contract import prepared, req
+from helpers import prepared
+from claim_helpers import req
 
 
 @pytest.fixture

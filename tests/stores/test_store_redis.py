@@ -22,22 +22,12 @@ from celery_anarchon.stores.redis import STRATEGIES, RedisStore, parse_sentinel_
 from celery_anarchon.stores.redis import options as redis_options
 
 from conftest import REDIS_URL
-from stores_support import StoreMaker, store_url, wait_until
+from stores_support import wait_until
+from redis_stores import redis_maker, round_trips
 from helpers import prepared, req
 
 NAMES = ["a:b", "a", "x}", "{x", "{x}", "it's", 'say "hi"', "with space", "with_space", "café",
          "cafe", "%3A", ":", "", "日本", "a}:{b"]
-
-
-def redis_maker(kind: str, namespace: str):
-    """A StoreMaker of a Redis ``kind`` (stores_support); deletes the namespace's keys after."""
-    maker = StoreMaker(kind, store_url(kind, ""), namespace)
-    yield maker
-    maker.close_all()
-    server = redis.Redis.from_url(maker.url)
-    for key in server.scan_iter(match=f"anarchon:{{{namespace}*"):
-        server.delete(key)
-    server.close()
 
 
 @pytest.fixture
@@ -54,25 +44,6 @@ def server():
 
 def store(namespace="ns", **options) -> RedisStore:
     return open_store(REDIS_URL, namespace=namespace, instance_id="A", options=options)
-
-
-def round_trips(s, monkeypatch) -> list[list[str]]:
-    """Every round trip ``s`` makes from now on, as the list of the commands it sends (a
-    pipeline is one round trip)."""
-    s.now_ms()  # connected: the connection's handshake is not counted
-    sent: list[list[str]] = []
-    real = redis.connection.Connection.send_packed_command
-
-    def send(conn, command, check_health=True):
-        chunks = command if isinstance(command, list) else [command]
-        data = b"".join(c if isinstance(c, bytes) else bytes(c) for c in chunks)
-        names = [line.decode() for line in data.split(b"\r\n")
-                 if line.upper() in (b"EVALSHA", b"WAIT", b"WAITAOF", b"EVAL", b"SCRIPT")]
-        sent.append(names)
-        return real(conn, command, check_health)
-
-    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", send)
-    return sent
 
 
 # -- key layout ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from celery_anarchon.stores.redis.strategies import (
 
 from conftest import REDIS_URL, require_server
 from stores_support import StoreMaker, wait_until
-from test_store_redis import redis_maker, round_trips
+from redis_stores import redis_maker, round_trips
 from helpers import prepared, req, request_run
 
 KINDS = ("redis-stream-id", "redis-script", "redis-idmp")

@@ -24,8 +24,8 @@ from celery_anarchon.stores.sql import PostgreSQLStore, SQLiteStore
 
 from conftest import POSTGRES_URL
 from stores_support import StoreMaker, new_tmpdir, store_url, wait_until
-from helpers import request_run
-from test_store_contract import _race, fresh_slot, prepared, req
+from helpers import prepared, request_run
+from claim_helpers import _race, fresh_slot, req
 
 SQL_STORES = ("sqlite", "postgresql")
 

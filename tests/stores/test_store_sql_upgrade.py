@@ -19,7 +19,8 @@ from celery_anarchon.stores.base import LeaseTerms, Outcome, RunEvent
 from celery_anarchon.stores.sql import schema as sql_schema
 
 from stores_support import StoreMaker, new_tmpdir, store_url
-from test_store_contract import fresh_slot, prepared, req
+from helpers import prepared
+from claim_helpers import fresh_slot, req
 
 LEASE = LeaseTerms(queue_timeout_ms=600_000)
 #: the tables the entry store added, in one version, to the lease store's

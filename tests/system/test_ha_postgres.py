@@ -15,7 +15,8 @@ from ha_support import (
     assert_release_lost_is_never_taken_over, need, opened_stores, rig_fixture,
 )
 from stores_support import wait_until
-from test_store_contract import after_memory_restart, fresh_slot, prepared, req
+from helpers import prepared
+from claim_helpers import after_memory_restart, fresh_slot, req
 
 import ha_postgres  # noqa: E402  (benchmarks/: conftest puts it on the path)
 
