@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import re
 import socket
 import sys
 import threading
@@ -42,15 +41,16 @@ from backends import backdate_memory_start
 from cluster import APPS, Cluster, read_executions
 from conftest import REDIS_URL, require_server
 from stores_support import VARIANT_OPTIONS, store_url
-from test_integration import BROKER_URL, queued_messages
+from broker_reads import queued_messages
+from schedules_cluster import BEATS, SYNC_S, Run, cluster_env
 
 sys.path.insert(0, APPS)
 import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)
 
 #: the stores of the must-show (Redis: its default strategy)
 KINDS = ("sqlite", "postgresql", "redis")
-#: anarchon_sync_interval and anarchon_max_late of the beats, seconds
-SYNC_S, MAX_LATE_S = 1.0, 5.0
+#: anarchon_max_late of the beats, seconds (their sync interval: SYNC_S)
+MAX_LATE_S = 5.0
 #: the slack of a wait past what the design allows: ticks, the worker, two busy cores (a wait
 #: ends as soon as its condition holds; no verdict depends on it)
 SLACK_S = 10.0
@@ -60,51 +60,6 @@ FIRST_MS, SECOND_MS = 1000, 1500
 JITTER_S = 0.375
 #: a slot this long before a change was claimed before it (jitter, and a tick's delay)
 CLAIMED_BY_S = 1.0
-BEATS = ("beat-a", "beat-b", "beat-c")
-SYNCED = re.compile(r"anarchon: synced entries version (\d+):")
-
-
-class Run:
-    """One cluster's processes, its executions file and the test's clock of phases."""
-
-    def __init__(self, cluster: Cluster, out: str, beats: tuple[str, ...]) -> None:
-        self.cluster, self.out, self.beats = cluster, out, beats
-        self.costs: dict[str, float] = {}
-        self._began = time.monotonic()
-
-    def phase(self, name: str) -> None:
-        """Close the phase that ran since the last call (its cost, seconds)."""
-        now = time.monotonic()
-        self.costs[name] = now - self._began
-        self._began = now
-
-    def wait(self, predicate, timeout: float, what: str):
-        """Poll ``predicate`` until it returns a true value (every process still running).
-
-        :raises AssertionError: ``timeout`` passed, or a process exited (with the logs).
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            dead = [p.name for p in self.cluster.procs.values() if not p.alive()]
-            if dead or time.monotonic() > deadline:
-                why = f"{dead} exited" if dead else f"timed out after {timeout} s"
-                raise AssertionError(f"{why} waiting for {what}\n{self.cluster.logs()}")
-            time.sleep(0.05)
-
-    def synced(self, version: int, timeout: float = SYNC_S + 10) -> float:
-        """Wait until every beat logged a sync at ``version`` or later; returns when the last one
-        was seen (epoch seconds: after every instance switched)."""
-        def all_synced():
-            return all(any(int(v) >= version for v in SYNCED.findall(self.cluster.text(b)))
-                       for b in self.beats)
-        self.wait(all_synced, timeout, f"every beat to sync entries version {version}")
-        return time.time()
-
-    def runs(self, entry: str = "dyn") -> list[dict]:
-        return [x for x in read_executions(self.out) if x["entry"] == entry]
 
 
 def socket_host() -> str:
@@ -116,13 +71,6 @@ def slots_between(period_ms: int, lo_ms: float, hi_ms: float) -> list[int]:
     """The slots of an interval entry (anchor 0) in ``(lo_ms, hi_ms]``."""
     first = int(lo_ms) // period_ms * period_ms + period_ms
     return list(range(first, int(hi_ms) + 1, period_ms))
-
-
-def cluster_env(kind: str, url: str, namespace: str, out: str, **more: str) -> dict:
-    return {"ANARCHON_SC_BROKER": BROKER_URL, "ANARCHON_SC_STORE": url,
-            "ANARCHON_SC_NAMESPACE": namespace, "ANARCHON_SC_QUEUE": f"sc-{namespace}",
-            "ANARCHON_SC_OUT": out,
-            "ANARCHON_SC_STORE_OPTIONS": json.dumps(VARIANT_OPTIONS.get(kind, {})), **more}
 
 
 @pytest.mark.parametrize("kind", KINDS)

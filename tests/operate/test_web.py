@@ -42,8 +42,8 @@ from conftest import IN_CI, REDIS_URL, require_server
 from paths import DOCS
 from operate_support import asgi, free_port, http, wait_served
 from stores_support import store_url, wait_until
-from test_integration import queued_messages
-from test_schedules_cluster import Run, cluster_env
+from broker_reads import queued_messages
+from schedules_cluster import Run, cluster_env
 
 sys.path.insert(0, APPS)
 import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)

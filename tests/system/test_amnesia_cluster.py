@@ -29,8 +29,8 @@ from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, RunEvent
 from backends import backdate_memory_start
 from cluster import APPS, Cluster, read_executions
 from conftest import REDIS_URL, require_server
-from test_integration import queued_messages
-from test_schedules_cluster import BEATS, Run, cluster_env
+from broker_reads import queued_messages
+from schedules_cluster import BEATS, Run, cluster_env
 
 servers = pytest.importorskip("servers")
 

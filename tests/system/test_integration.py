@@ -22,7 +22,6 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-import redis
 
 from celery_anarchon.schedule.plan import task_id_for
 from celery_anarchon.stores import open_store
@@ -30,11 +29,11 @@ from celery_anarchon.stores.base import RunEvent
 
 from cluster import Cluster, read_executions
 from conftest import REDIS_URL, require_server
+from broker_reads import BROKER_URL, queued_messages
 from stores_support import PROCESS_STORES, VARIANT_OPTIONS, store_url
 from backends import backdate_memory_start
 
 ENTRIES = {"every-1s": 1000, "every-2s": 2000, "every-5s": 5000, "every-minute": 60_000}
-BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/8"
 #: anarchon_max_late of the beats, and the largest jitter of the entries (the crontab's default 2 s):
 #: a late duplicate is sent at most this long after its slot
 MAX_LATE_S, MAX_JITTER_S = 5.0, 2.0
@@ -50,22 +49,6 @@ def expected_slots(start_s: float, end_s: float) -> dict[str, list[int]]:
 DRAIN_S = 60.0
 #: the 60-s run on the Redis lease store; 20 s on every other store
 SECONDS = {kind: 64 if kind == "redis" else 22 for kind in PROCESS_STORES}
-
-
-def queued_messages(queue: str) -> list[dict]:
-    """The headers of the messages still waiting in ``queue`` on the broker (kombu's Redis
-    transport: one list per queue and priority)."""
-    client = redis.Redis.from_url(BROKER_URL)
-    try:
-        found = []
-        for key in client.scan_iter(match=f"{queue}*"):
-            if client.type(key) != b"list":
-                continue
-            for raw in client.lrange(key, 0, -1):
-                found.append(json.loads(raw)["headers"])
-        return found
-    finally:
-        client.close()
 
 
 def instance_of(cluster: Cluster, name: str) -> str:
