@@ -26,10 +26,9 @@ from celery_anarchon.stores.entry_store import Pause
 
 import backends
 from backends import backdate_memory_start
-from engine_support import Clocks, Operator, make_plan, memory_store
+from engine_support import Clocks, Operator, make_plan, memory_store, store_plans
 from stores_support import StoreMaker, store_url
-from test_engine import _definition, harnesses, make  # noqa: F401  (a fixture)
-from test_engine_parts import store_plans
+from engine_harness import _definition, harnesses, make  # noqa: F401  (a fixture)
 
 #: how each store loses its entries: (store kind, "restored" (an older copy: the same entries
 #: epoch, an older version) or "wiped" (nothing left))
@@ -295,7 +294,7 @@ def test_status_names_what_each_instance_keeps_and_accept_loss_records_the_opera
     """``celery -A proj anarchon status`` and ``accept-loss`` as an operator runs them."""
     from celery_anarchon.stores import open_store
     from celery_anarchon.stores.entry_store import InstanceRecord
-    from test_cli_operate import exits, operate
+    from operate_support import exits, operate
     url = store_url("sqlite", str(tmp_path))
     store = open_store(url, namespace=namespace, instance_id="beat-a:7:aa", options={})
     now = int(time.time() * 1000)

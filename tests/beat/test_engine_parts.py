@@ -35,7 +35,7 @@ from celery_anarchon.stores.entry_store import InstanceRecord, Pause
 from celery_anarchon.schedule.timing import LeaseSettings
 
 from engine_support import (
-    T0, ClaimsOnly, Clocks, Operator, expired_run, make_plan, memory_store,
+    T0, ClaimsOnly, Clocks, Operator, expired_run, make_plan, memory_store, store_plans,
 )
 
 T0_MS = int(T0 * 1000)
@@ -813,14 +813,6 @@ def test_every_engine_module_logs_under_its_own_name():
 # -- the sync of the store's entries -------------------------------------------------------------
 
 SYNC_S = 5.0
-
-
-def store_plans(snapshot):
-    """Store entries -> plans as the scheduler's callback does (here the definition is the
-    fingerprint; "bad" stands for a definition that does not parse: left out)."""
-    return {name: make_plan(name, fingerprint=stored.definition)
-            for name, stored in snapshot.entries.items()
-            if stored.definition not in (None, "bad")}
 
 
 class Synced:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import time
 
 import celery._state
@@ -27,24 +24,10 @@ from celery_anarchon.schedule.timing import Settings
 from backends import BACKENDS
 from cluster import Cluster
 from helpers import request_run
-from operate_support import run_in_process
+from operate_support import exits, operate, run_in_process
 
 from paths import APPS
 BERLIN_DST_2027 = "2027-03-26T12:00:00Z"   # two days before the last Sunday of March 2027
-
-
-def operate(url: str, namespace: str, schedule: str, *args: str) -> subprocess.CompletedProcess:
-    """Run ``celery -A operate_app anarchon <args>`` with the beat_schedule ``schedule``."""
-    path = os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "ANARCHON_OP_STORE": url,
-           "ANARCHON_OP_NAMESPACE": namespace, "ANARCHON_OP_SCHEDULE": schedule}
-    return subprocess.run([sys.executable, "-m", "celery", "-A", "operate_app", "anarchon", *args],
-                          env=env, capture_output=True, text=True, timeout=60, cwd=APPS)
-
-
-def exits(done: subprocess.CompletedProcess, code: int) -> str:
-    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
-    return done.stdout
 
 
 @pytest.fixture

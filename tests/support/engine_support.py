@@ -303,3 +303,11 @@ def make_plan(name: str = "e", every_s: float = 10, *, jitter_s: float = 0.0,
     slots = slot_math.slots_for(every_s, entry=name, app_timezone=timezone.utc)
     timing = EntryTiming(jitter_s=jitter_s, max_late_s=max_late_s, lease=lease)
     return EntryPlan(name, None, slots, timing, {}, fingerprint, f'{{"definition": "{fingerprint}"}}')
+
+
+def store_plans(snapshot):
+    """Store entries -> plans as the scheduler's callback does (here the definition is the
+    fingerprint; "bad" stands for a definition that does not parse: left out)."""
+    return {name: make_plan(name, fingerprint=stored.definition)
+            for name, stored in snapshot.entries.items()
+            if stored.definition not in (None, "bad")}

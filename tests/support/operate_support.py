@@ -1,11 +1,16 @@
 """What the operator's tests share: a free port, one HTTP request, the wait for a page process,
-one request to the page's ASGI app in this process, and a command body run in this process."""
+one request to the page's ASGI app in this process, a command body run in this process, and a
+command run as an operator runs it (``celery -A operate_app anarchon ...``, a subprocess)."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
+from paths import APPS
 from stores_support import wait_until
 
 
@@ -76,3 +81,19 @@ def run_in_process(command, *args, capsys, **kwargs) -> tuple[int, str, str]:
         code = exc.exit_code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def operate(url: str, namespace: str, schedule: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``celery -A operate_app anarchon <args>`` with the beat_schedule ``schedule``."""
+    path = os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "ANARCHON_OP_STORE": url,
+           "ANARCHON_OP_NAMESPACE": namespace, "ANARCHON_OP_SCHEDULE": schedule}
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "operate_app", "anarchon", *args],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=APPS)
+
+
+def exits(done: subprocess.CompletedProcess, code: int) -> str:
+    """The stdout of ``done``, a command that exited with ``code`` (else an AssertionError with
+    what it wrote)."""
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    return done.stdout
