@@ -14,15 +14,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-#: the rigs, servers and apps of the tests (tests/support), and the server rigs they share with the
-#: benchmarks (benchmarks/servers.py, benchmarks/ha_*.py), importable from every folder of tests/
+#: the rigs, servers, apps and shared helpers of the tests (tests/support), and the server rigs
+#: they share with the benchmarks (benchmarks/servers.py, benchmarks/ha_*.py), importable from
+#: every folder of tests/; a test module never imports another test module (what two share is in
+#: tests/support), so no folder of tests/ is put on the path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
-#: a test module may use another's helpers across wings (test_store_contract's claim helpers in
-#: the HA tests, test_integration's broker reads in the operator's tests): every folder of tests is
-#: importable whatever the order pytest collects them in
-for _folder in ("schedule", "stores", "beat", "worker", "operate", "system"):
-    sys.path.insert(0, str(Path(__file__).resolve().parent / _folder))
 
 from backends import url_of  # noqa: E402  (tests/support/backends.py: one row per store)
 import worker_servers  # noqa: E402
