@@ -18,6 +18,8 @@ The parts, each in its module, each given what it needs by the coordinator (:cla
 * ``due``: the heap of due runs, seeding at start-up, slots reached too late;
 * ``claims``: claim requests and the claims that wait for the store until max_late;
 * ``pace``: the size of a claim chunk in a burst (what this instance claims and sends in 30 ms);
+* ``chunks``: the claims of the due runs in chunks of that size, and what each answer means
+  (counted, logged, the slot handled, a won run sent, a refusal skipped);
 * ``sends``: the send queue (sends, their retries, a publish that broke off, won after max_late);
 * ``notes``: the history notes, buffered and written once per tick;
 * ``outage``: the store outage backoff and its log;
@@ -28,6 +30,7 @@ The parts, each in its module, each given what it needs by the coordinator (:cla
 * ``counters``: the counters and their periodic log;
 * ``observe``: the observer hook, told each claim outcome, send, lease event, store round trip
   and more (no-ops; :mod:`celery_anarchon.beat.metrics` implements it for Prometheus);
+* ``follow``: when the store is followed (the sync and the heartbeat below);
 * ``sync`` (an entry store only): the store's entries, pauses and run-now requests, followed
   every ``anarchon_sync_interval``;
 * ``instances`` (an entry store only): this instance's heartbeat, and the live instances that

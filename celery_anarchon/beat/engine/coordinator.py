@@ -6,35 +6,29 @@ import random
 import time
 from typing import Callable
 
-from celery_anarchon._util import iso
+from celery_anarchon.beat.engine.chunks import ClaimChunks
 from celery_anarchon.beat.engine.claims import ClaimRetries
 from celery_anarchon.beat.engine.counters import Counters
 from celery_anarchon.beat.engine.definitions import Definitions
 from celery_anarchon.beat.engine.due import DueRuns
-from celery_anarchon.beat.engine.instances import TTL_INTERVALS, Heartbeat
+from celery_anarchon.beat.engine.follow import StoreFollow
 from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.beat.engine.pace import Pace
-from celery_anarchon.beat.engine.sends import Send, SendBatchFn, SendFn, SendQueue
+from celery_anarchon.beat.engine.sends import SendBatchFn, SendFn, SendQueue
 from celery_anarchon.beat.engine.skew import SkewCheck
 from celery_anarchon.beat.engine.skips import SkipLog
-from celery_anarchon.beat.engine.sync import BuildStorePlans, EntrySync
+from celery_anarchon.beat.engine.sync import BuildStorePlans
 from celery_anarchon.beat.engine.takeovers import Takeovers
 from celery_anarchon.errors import ConfigError, StoreError
-from celery_anarchon.schedule.plan import EntryPlan, task_id_for
-from celery_anarchon.stores.base import ClaimRequest, ClaimResult, ClaimStore, Outcome, RunEvent
-from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
+from celery_anarchon.schedule.plan import EntryPlan
+from celery_anarchon.stores.base import ClaimRequest, ClaimStore
 
 logger = logging.getLogger(__name__)
 
 #: the longest single sleep: a long wait is a chain of these, each re-reading the clock
 MAX_SLEEP_S = 60.0
-#: claim answers after which this instance never asks for that scheduled slot, nor an older one,
-#: again: a store that reads its own claim back answers won again (a second send), a paused run
-#: is skipped, and a slot another instance won ran there (a re-seed after an update starts after
-#: it, so the entry's runs never go back in time)
-HANDLED = (Outcome.WON, Outcome.UNCONFIRMED, Outcome.PAUSED, Outcome.OTHER_WON)
 
 
 class Engine:
@@ -97,18 +91,16 @@ class Engine:
                                    self.sends, observer=observer)
         self.skew = SkewCheck(store, clock, monotonic)
         self.definitions = Definitions(store)
-        self.sync: EntrySync | None = None
-        self.heartbeat: Heartbeat | None = None
-        self._beat_interval_s = sync_interval_s or 0.0
-        self._beat_at = 0.0                 #: monotonic: the next heartbeat without a sync
-        if isinstance(store, EntryStore) and sync_interval_s:
-            self.sync = EntrySync(store, build_store_plans, sync_interval_s, namespace, monotonic,
-                                  self.outage, self.due.requested, instance_id=instance_id,
-                                  clock=clock, observer=observer, notes=self.notes)
-        if isinstance(store, InstanceStore) and sync_interval_s:
-            self.heartbeat = Heartbeat(store, instance_id, clock,
-                                       int(TTL_INTERVALS * sync_interval_s * 1000), self.outage,
-                                       self.skew, observer=observer)
+        self.follow = StoreFollow(store, build_store_plans, sync_interval_s, namespace,
+                                  instance_id=instance_id, clock=clock, monotonic=monotonic,
+                                  outage=self.outage, requested=self.due.requested,
+                                  skew=self.skew, notes=self.notes, observer=observer)
+        #: the entry sync and the heartbeat (``None``: not on this store), the follow's parts
+        self.sync, self.heartbeat = self.follow.sync, self.follow.heartbeat
+        self.chunks = ClaimChunks(store, namespace, monotonic, stats, pace=self.pace,
+                                  claims=self.claims, due=self.due, sends=self.sends,
+                                  outage=self.outage, notes=self.notes, skips=self.skips,
+                                  definitions=self.definitions, sync=self.sync, observer=observer)
         self._prepared = False
         self._seeded = False
         self._stopping = False
@@ -151,8 +143,8 @@ class Engine:
             due = []
         due.extend(requested)
         due.extend(self.claims.due(now, self.plans, self._prepared))
-        if due:
-            self._claim(due)                   # 3-4. one batch; the won ones are sent
+        if due:                                # 3-4. in chunks; the won ones are sent
+            self.chunks.claim(due, self.plans, self.config_plans)
         if self._stopping:                     # close() ran during the claim's sends
             return MAX_SLEEP_S
         self.sends.retry(now)                  # 5. failed sends retried until max_late
@@ -166,6 +158,7 @@ class Engine:
         of a tick). A run won but not yet sent stays claimed without a send: the guarantee's
         "winner dying between its claim and its send"; a leased one is taken over."""
         self._stopping = True
+        self.chunks.stop()
         self.sends.stop()
 
     def update_plans(self, plans: dict[str, EntryPlan]) -> None:
@@ -177,8 +170,7 @@ class Engine:
     def close(self) -> None:
         """Drop this instance's heartbeat from an instance store (beat is shutting down); a later
         tick writes it again. Never raises for a store error."""
-        if self.heartbeat is not None:
-            self.heartbeat.leave()
+        self.follow.leave()
 
     def next_fire(self) -> float | None:
         """When the next pending run fires (epoch seconds), for tests and the banner."""
@@ -243,106 +235,16 @@ class Engine:
         self.takeovers.forget_removed(self.plans)
 
     def _follow_store(self, now: float) -> list[ClaimRequest]:
-        """On an entry store, every sync interval: the store's entries (plans changed when their
-        version moved), this instance's heartbeat, and the claims of the run-now requests. On an
-        instance store that keeps no entries, the heartbeat alone."""
-        sync = self.sync
-        if sync is None and self.heartbeat is not None and self._prepared:
-            mono = self.monotonic()
-            if mono >= self._beat_at:
-                self._beat_at = mono + self._beat_interval_s
-                self.heartbeat.beat(self.config_plans, len(self.plans))
+        """Every sync interval (:class:`~.follow.StoreFollow`): on an entry store, the store's
+        entries (plans changed when their version moved), this instance's heartbeat, and the
+        claims of the run-now requests; on an instance store that keeps no entries, the
+        heartbeat alone."""
+        if not self._prepared or not self.follow.due():
             return []
-        if sync is None or not self._prepared or not sync.due():
-            return []
-        if sync.follow():
-            self._set_plans(sync.merge(self.config_plans))
-        self.heartbeat.beat(self.config_plans, len(self.plans), sync.store_plans,
-                            kept=sync.kept.record())
-        return sync.requests_due(now, self.plans)
-
-    def _claim(self, requests: list[ClaimRequest]) -> None:
-        """Claim ``requests``, oldest fire time first, in chunks (:class:`~.pace.Pace`): each
-        chunk is one store call, and its won runs are sent (in one send batch) before the next
-        chunk is claimed, so a claim is never far ahead of its send. Each run is claimed once:
-        the same run can come due in the heap and wait in the claim retries (a store blip, then
-        a re-seed), and a store answers won to every copy of its own claim. The first copy wins
-        (the heap's, built from the current plan). A store error holds this chunk and the rest
-        for the claim retries."""
-        unique: dict[tuple[str, int], ClaimRequest] = {}
-        for request in requests:
-            unique.setdefault(request.run, request)
-        requests = self._refuse_kept_pauses(list(unique.values()))
-        start = 0
-        while start < len(requests) and not self._stopping:
-            chunk = requests[start:start + self.pace.size()]
-            began = self.monotonic()
-            try:
-                started = time.perf_counter()
-                results = self.store.claim(chunk)
-                self.observer.store_round_trip("claim", time.perf_counter() - started)
-            except StoreError as exc:
-                self.claims.hold(requests[start:])
-                self.outage.failed(exc, f"claiming {len(requests) - start} run(s)")
-                return
-            start += len(chunk)
-            self.outage.recovered()
-            won = []
-            for result in results:
-                self.claims.answered(result.request.run)
-                send = self._on_result(result)
-                if send is not None:
-                    won.append(send)
-            self.sends.send_many(won)
-            self.pace.measured(len(chunk), self.monotonic() - began)
-
-    def _refuse_kept_pauses(self, requests: list[ClaimRequest]) -> list[ClaimRequest]:
-        """The requests to claim: a run of an entry whose pause this instance keeps from before
-        the store lost it (docs/design.md "Amnesia") is not claimed; it is answered paused here,
-        logged, counted and recorded in the history (the store's claim would let it win)."""
-        if self.sync is None or not self.sync.kept.pauses:
-            return requests
-        rest = []
-        for request in requests:
-            detail = self.sync.pause_detail(request.entry)
-            if detail is None:
-                rest.append(request)
-                continue
-            self.claims.answered(request.run)
-            self.notes.add(request.entry, request.slot_ms, RunEvent.PAUSED, detail=detail,
-                           task_id=request.task_id)
-            self._on_result(ClaimResult(request, Outcome.PAUSED, detail=detail))
-        return rest
-
-    def _on_result(self, result: ClaimResult) -> Send | None:
-        """Count and log one claim's answer; the send of a won run (sent by the caller)."""
-        plan = self.plans.get(result.entry)
-        if plan is None:
-            return None
-        if plan.name in self.config_plans:     # a store entry differs while an update syncs
-            self.definitions.check(plan, result)
-        outcome = result.outcome
-        self.stats[f"claim_{outcome.value}"] += 1
-        self.observer.claimed(plan.name, outcome.value)
-        if outcome is Outcome.WON and plan.timing.lease is not None:
-            self.observer.lease("started")       # the claim queued the run's lease record
-        if outcome in HANDLED and result.request.run not in self.due.requested:
-            # UNCONFIRMED: won in the store but not durable in time: never sent, and never asked
-            # again (the claim record stays: nobody else wins it either)
-            self.due.claimed(plan.name, result.slot_ms)
-        if outcome is Outcome.WON:
-            task_id = (result.request.task_id if result.attempt == 1 and result.request.task_id
-                       else task_id_for(self.namespace, plan.name, result.slot_ms, result.attempt))
-            return Send(plan, result.slot_ms, result.attempt, result.token, task_id,
-                        deadline_ms=result.slot_ms + result.request.max_late_ms)
-        if outcome is Outcome.OTHER_WON:       # the normal case, not an error
-            logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
-                         result.winner or "another instance")
-        else:
-            self.skips.refused(plan, result)
-        if outcome is Outcome.FORGOTTEN and self.sync is not None:
-            self.sync.resync()    # the store may have lost its pauses too: look before claiming
-        return None
+        plans = self.follow.moved(self.config_plans)
+        if plans is not None:
+            self._set_plans(plans)
+        return self.follow.beat(now, self.config_plans, self.plans)
 
     def _periodic(self) -> None:
         now = self.monotonic()
@@ -368,10 +270,9 @@ class Engine:
                 waits.append(retry_at - mono)
         if self.notes:
             waits.append(1.0)
-        if self.sync is not None and self._prepared:
-            waits.append(max(self.sync.next_try() - mono, 0.05))
-        elif self.heartbeat is not None and self._prepared:
-            waits.append(max(self._beat_at - mono, 0.05))
+        follow_at = self.follow.next_try() if self._prepared else None
+        if follow_at is not None:
+            waits.append(max(follow_at - mono, 0.05))
         if self._any_leased:
             waits.append(max(self.takeovers.next_check - mono, 0.01))
         return min(max(min(waits), 0.001), MAX_SLEEP_S)

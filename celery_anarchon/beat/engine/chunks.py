@@ -1,0 +1,158 @@
+"""Claims in chunks and their answers (docs/design.md "One run, in time", steps 3-4): each chunk
+one store call, its won runs sent before the next chunk is claimed."""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Callable
+
+from celery_anarchon._util import iso
+from celery_anarchon.beat.engine.claims import ClaimRetries
+from celery_anarchon.beat.engine.definitions import Definitions
+from celery_anarchon.beat.engine.due import DueRuns
+from celery_anarchon.beat.engine.notes import NoteBuffer
+from celery_anarchon.beat.engine.observe import Observer
+from celery_anarchon.beat.engine.outage import Outage
+from celery_anarchon.beat.engine.pace import Pace
+from celery_anarchon.beat.engine.sends import Send, SendQueue
+from celery_anarchon.beat.engine.skips import SkipLog
+from celery_anarchon.beat.engine.sync import EntrySync
+from celery_anarchon.errors import StoreError
+from celery_anarchon.schedule.plan import EntryPlan, task_id_for
+from celery_anarchon.stores.base import ClaimRequest, ClaimResult, ClaimStore, Outcome, RunEvent
+
+logger = logging.getLogger(__name__)
+
+#: claim answers after which this instance never asks for that scheduled slot, nor an older one,
+#: again: a store that reads its own claim back answers won again (a second send), a paused run
+#: is skipped, and a slot another instance won ran there (a re-seed after an update starts after
+#: it, so the entry's runs never go back in time)
+HANDLED = (Outcome.WON, Outcome.UNCONFIRMED, Outcome.PAUSED, Outcome.OTHER_WON)
+
+
+class ClaimChunks:
+    """The claims of the due runs, in chunks sized by :class:`~.pace.Pace`, and what each answer
+    means: counted, logged, the slot marked handled, a won run sent (in one send batch per
+    chunk), a refusal logged as a skip.
+
+    :param store: the claim store.
+    :param namespace: ``anarchon_namespace``, part of every task id.
+    :param monotonic: seconds from any origin: how long a chunk took.
+    :param stats: the engine's counters (``claim_<outcome>``).
+    :param sync: the entry sync, whose kept pauses are answered here (``None``: no entry store).
+    """
+
+    def __init__(self, store: ClaimStore, namespace: str, monotonic: Callable[[], float],
+                 stats: collections.Counter, *, pace: Pace, claims: ClaimRetries, due: DueRuns,
+                 sends: SendQueue, outage: Outage, notes: NoteBuffer, skips: SkipLog,
+                 definitions: Definitions, sync: EntrySync | None, observer: Observer) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.monotonic = monotonic
+        self.stats = stats
+        self.pace = pace
+        self.claims = claims
+        self.due = due
+        self.sends = sends
+        self.outage = outage
+        self.notes = notes
+        self.skips = skips
+        self.definitions = definitions
+        self.sync = sync
+        self.observer = observer
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Claim no further chunk (beat is shutting down)."""
+        self._stopping = True
+
+    def claim(self, requests: list[ClaimRequest], plans: dict[str, EntryPlan],
+              config_plans: dict[str, EntryPlan]) -> None:
+        """Claim ``requests``, oldest fire time first, in chunks (:class:`~.pace.Pace`): each
+        chunk is one store call, and its won runs are sent (in one send batch) before the next
+        chunk is claimed, so a claim is never far ahead of its send. Each run is claimed once:
+        the same run can come due in the heap and wait in the claim retries (a store blip, then
+        a re-seed), and a store answers won to every copy of its own claim. The first copy wins
+        (the heap's, built from the current plan). A store error holds this chunk and the rest
+        for the claim retries.
+
+        :param plans: what runs, by entry name; ``config_plans``: those of ``beat_schedule``.
+        """
+        unique: dict[tuple[str, int], ClaimRequest] = {}
+        for request in requests:
+            unique.setdefault(request.run, request)
+        requests = self._refuse_kept_pauses(list(unique.values()), plans, config_plans)
+        start = 0
+        while start < len(requests) and not self._stopping:
+            chunk = requests[start:start + self.pace.size()]
+            began = self.monotonic()
+            try:
+                started = time.perf_counter()
+                results = self.store.claim(chunk)
+                self.observer.store_round_trip("claim", time.perf_counter() - started)
+            except StoreError as exc:
+                self.claims.hold(requests[start:])
+                self.outage.failed(exc, f"claiming {len(requests) - start} run(s)")
+                return
+            start += len(chunk)
+            self.outage.recovered()
+            won = []
+            for result in results:
+                self.claims.answered(result.request.run)
+                send = self._on_result(result, plans, config_plans)
+                if send is not None:
+                    won.append(send)
+            self.sends.send_many(won)
+            self.pace.measured(len(chunk), self.monotonic() - began)
+
+    def _refuse_kept_pauses(self, requests: list[ClaimRequest], plans: dict[str, EntryPlan],
+                            config_plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
+        """The requests to claim: a run of an entry whose pause this instance keeps from before
+        the store lost it (docs/design.md "Amnesia") is not claimed; it is answered paused here,
+        logged, counted and recorded in the history (the store's claim would let it win)."""
+        if self.sync is None or not self.sync.kept.pauses:
+            return requests
+        rest = []
+        for request in requests:
+            detail = self.sync.pause_detail(request.entry)
+            if detail is None:
+                rest.append(request)
+                continue
+            self.claims.answered(request.run)
+            self.notes.add(request.entry, request.slot_ms, RunEvent.PAUSED, detail=detail,
+                           task_id=request.task_id)
+            self._on_result(ClaimResult(request, Outcome.PAUSED, detail=detail), plans,
+                            config_plans)
+        return rest
+
+    def _on_result(self, result: ClaimResult, plans: dict[str, EntryPlan],
+                   config_plans: dict[str, EntryPlan]) -> Send | None:
+        """Count and log one claim's answer; the send of a won run (sent by the caller)."""
+        plan = plans.get(result.entry)
+        if plan is None:
+            return None
+        if plan.name in config_plans:     # a store entry differs while an update syncs
+            self.definitions.check(plan, result)
+        outcome = result.outcome
+        self.stats[f"claim_{outcome.value}"] += 1
+        self.observer.claimed(plan.name, outcome.value)
+        if outcome is Outcome.WON and plan.timing.lease is not None:
+            self.observer.lease("started")       # the claim queued the run's lease record
+        if outcome in HANDLED and result.request.run not in self.due.requested:
+            # UNCONFIRMED: won in the store but not durable in time: never sent, and never asked
+            # again (the claim record stays: nobody else wins it either)
+            self.due.claimed(plan.name, result.slot_ms)
+        if outcome is Outcome.WON:
+            task_id = (result.request.task_id if result.attempt == 1 and result.request.task_id
+                       else task_id_for(self.namespace, plan.name, result.slot_ms, result.attempt))
+            return Send(plan, result.slot_ms, result.attempt, result.token, task_id,
+                        deadline_ms=result.slot_ms + result.request.max_late_ms)
+        if outcome is Outcome.OTHER_WON:       # the normal case, not an error
+            logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
+                         result.winner or "another instance")
+        else:
+            self.skips.refused(plan, result)
+        if outcome is Outcome.FORGOTTEN and self.sync is not None:
+            self.sync.resync()    # the store may have lost its pauses too: look before claiming
+        return None
