@@ -1,6 +1,7 @@
 """Beat's broker side: its connection and producer, the send batch, and the send of one won run
 with its task id and headers (the engine's send callbacks, :data:`~celery_anarchon.beat.engine.sends.SendFn`
-and :data:`~celery_anarchon.beat.engine.sends.SendBatchFn`), as a part of :class:`celery_anarchon.Scheduler`.
+and :data:`~celery_anarchon.beat.engine.sends.SendBatchFn`): :class:`Publisher`, a part of
+:class:`celery_anarchon.Scheduler` (its ``publisher``).
 
 What a failed send means for the run decides between a retry and ``send_unknown``: an error
 raised before a publish began wrote nothing (a plain failure: retried until max_late, then
@@ -45,7 +46,7 @@ BATCH_COMMANDS_PER_MESSAGE = 12
 BROKER_SOCKET_TIMEOUT_S = 10.0
 
 
-#: per thread: whether a publish began since :meth:`BrokerSends._send` cleared it. Set by Celery's
+#: per thread: whether a publish began since :meth:`Publisher.send` cleared it. Set by Celery's
 #: ``before_task_publish`` signal (sent right before any producer publishes a task message) and
 #: by beat's own producer's ``publish``: either is proof enough that a write may have begun
 _PUBLISHING = threading.local()
@@ -75,10 +76,27 @@ def _exit_requested(exc: BaseException) -> bool:
     return False
 
 
-class BrokerSends:
-    """The broker side of :class:`celery_anarchon.Scheduler` (a part of it: Celery's
-    ``beat.Scheduler`` gives ``app`` and ``Producer``; the Scheduler sets ``_settings``,
-    ``_instance_id``, ``_closing``, ``_batch`` and ``_broker_used_at``)."""
+class Publisher:
+    """The broker side of :class:`celery_anarchon.Scheduler`, which makes one per process (of
+    its class attribute ``Publisher``: a subclass may swap it) and hands :meth:`send` and
+    :meth:`send_batch` to the engine. It opens nothing until the first send.
+
+    :param app: the Celery app: its broker connection (``connection_for_write``) and tasks.
+    :param producer_cls: the producer class (Celery's ``Scheduler.Producer``, kombu's
+        ``Producer`` by default).
+    :param namespace: ``anarchon_namespace``, in the headers of every message.
+    :param instance_id: this instance's id, in the headers of every message.
+    """
+
+    def __init__(self, app, producer_cls, *, namespace: str, instance_id: str) -> None:
+        self.app = app
+        self.Producer = producer_cls
+        self.namespace = namespace
+        self.instance_id = instance_id
+        self._stopping = False
+        self._batch: _Batch | None = None
+        #: monotonic: when the broker connection last answered (a publish, a check)
+        self._broker_used_at = 0.0
 
     @cached_property
     def connection(self):
@@ -97,7 +115,7 @@ class BrokerSends:
     @cached_property
     def producer(self):
         """Beat's producer; its ``publish`` notes that a publish began (:data:`_PUBLISHING`): an
-        error raised before that wrote nothing (see :meth:`_send`)."""
+        error raised before that wrote nothing (see :meth:`send`)."""
         producer = self.Producer(self._ensure_connected(), auto_declare=False)
         publish = producer.publish
 
@@ -106,6 +124,17 @@ class BrokerSends:
             return publish(*args, **kwargs)
         producer.publish = noted_publish
         return producer
+
+    def stop(self) -> None:
+        """Beat is shutting down (its SIGTERM handler closed the scheduler in the middle of a
+        tick): a publish that fails from now on is reported :class:`SendOutcomeUnknown`, never
+        retried."""
+        self._stopping = True
+
+    def close(self) -> None:
+        """Release the broker connection and producer (reopened by the next send). Never
+        raises."""
+        self._drop_connection()
 
     def _ensure_connected(self):
         """Connect to the broker without blocking the tick for long (Celery's default retries up
@@ -144,7 +173,7 @@ class BrokerSends:
                 logger.debug("beat: releasing a broken broker connection failed", exc_info=True)
 
     @contextlib.contextmanager
-    def _send_batch(self, size: int):
+    def send_batch(self, size: int):
         """The engine's send batch (:data:`~celery_anarchon.beat.engine.sends.SendBatchFn`): the
         publishes of up to ``size`` runs go through one producer and connection, in kombu's
         publish batch (``Producer.batch``: one pipelined write on a Redis broker, never retried;
@@ -179,7 +208,7 @@ class BrokerSends:
             self._drop_connection()
         self._broker_used_at = time.monotonic()
 
-    def _send(self, plan, slot_ms: int, attempt: int, token: int | None, task_id: str) -> None:
+    def send(self, plan, slot_ms: int, attempt: int, token: int | None, task_id: str) -> None:
         """Publish one won run with its task id and headers (the engine's send callback).
 
         An error raised before kombu's ``Producer.publish`` began (Celery building the message:
@@ -198,10 +227,10 @@ class BrokerSends:
         headers = dict(options.pop("headers", None) or {})
         headers.update({
             "celery_beat_task": True,
-            HEADER_NAMESPACE: self._settings.namespace,
+            HEADER_NAMESPACE: self.namespace,
             HEADER_ENTRY: plan.name,
             HEADER_SLOT: int(slot_ms),
-            HEADER_INSTANCE: self._instance_id,
+            HEADER_INSTANCE: self.instance_id,
             HEADER_ATTEMPT: int(attempt),
         })
         lease = plan.timing.lease
@@ -235,7 +264,7 @@ class BrokerSends:
             else:
                 self.app.send_task(entry.task, args, kwargs, producer=producer, **options)
         except Exception as exc:
-            stopped = self._closing or _exit_requested(exc)
+            stopped = self._stopping or _exit_requested(exc)
             if not stopped and not getattr(_PUBLISHING, "began", True):
                 if _connection_error(exc, producer):   # the connection is suspect: dropped
                     if batch is not None:

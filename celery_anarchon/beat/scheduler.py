@@ -7,39 +7,34 @@ Use it on every host::
 Celery builds a scheduler twice under ``celery beat`` (a ``lazy=True`` instance for the banner,
 which opens nothing, then the real one) and once under ``celery worker -B`` (in the forked Beat
 child). Connections are opened lazily in the process that ticks. Beat's shelve file is not used:
-the store is the only state shared between instances. The broker side (the producer, the send
-batch, the send of a won run) is :class:`celery_anarchon.beat.publisher.BrokerSends`.
+the store is the only state shared between instances. The Scheduler holds the parts and hands
+them to the engine: the broker side (connection, producer, send batches, the send of a won run)
+is :class:`~celery_anarchon.beat.publisher.Publisher`, the plans of the entries
+:class:`~celery_anarchon.beat.entries.EntryPlans`.
 """
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import sys
-import time
 
 import click
 from celery import beat
 
-from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule import plan as plans_mod
 from celery_anarchon._util import mask_url, paused_gc
 from celery_anarchon.settings import make_instance_id, resolve_store_url
-from celery_anarchon.beat.publisher import BrokerSends, _exit_requested
+from celery_anarchon.beat.entries import BeatEntry, EntryPlans
+from celery_anarchon.beat.publisher import Publisher, _exit_requested
 from celery_anarchon.beat.engine import MAX_SLEEP_S, Engine
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.beat.metrics import MetricsSettings, process_observer
 from celery_anarchon.stores import ClaimStore, open_store, scheme_of
-from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore
+from celery_anarchon.stores.entry_store import EntryStore
 from celery_anarchon.schedule.timing import Settings, check_sync_interval
 
 logger = logging.getLogger("celery_anarchon.beat.scheduler")
-
-#: beat_schedule is compared with its last copy at most this often after a change through
-#: ``add`` or ``update_from_dict`` (or of its size), and this often anyway, seconds (a comparison
-#: walks every entry: with 100,000 entries it is not done at every tick)
-SCHEDULE_CHECK_S, SCHEDULE_WALK_S = 1.0, 60.0
 
 
 def _stderr_is_logged() -> bool:
@@ -83,15 +78,7 @@ class BeatCannotStart(ConfigError, click.ClickException):
         click.ClickException.__init__(self, message)
 
 
-class Entry(beat.ScheduleEntry):
-    """Celery's ``ScheduleEntry``, accepting any schedule object: a schedule class of your own
-    needs only ``anarchon_next`` and ``anarchon_shortest_gap`` (beat never asks it ``is_due``)."""
-
-    def default_now(self):
-        return self.schedule.now() if hasattr(self.schedule, "now") else self.app.now()
-
-
-class Scheduler(BrokerSends, beat.Scheduler):
+class Scheduler(beat.Scheduler):
     """A beat scheduler that runs on every host: each run is claimed once in a shared store.
 
     Settings (Celery configuration; seconds): ``anarchon_store_url``, ``anarchon_store_options``,
@@ -106,7 +93,10 @@ class Scheduler(BrokerSends, beat.Scheduler):
 
     #: beat never sleeps longer than this between ticks, seconds (docs/design.md: at most 60 s)
     max_interval = MAX_SLEEP_S
-    Entry = Entry
+    #: the class of the entries (Celery's name)
+    Entry = BeatEntry
+    #: the class of the broker side (a subclass may swap it, as it may ``Entry``)
+    Publisher = Publisher
 
     def __init__(self, app, *args, lazy: bool = False, **kwargs) -> None:
         try:
@@ -131,15 +121,11 @@ class Scheduler(BrokerSends, beat.Scheduler):
         # the store's own URL: a relative SQLite path resolved once, here (a fork reopens it)
         self._store_url, self._store_options = self.store.url, options
         self.engine: Engine | None = None
-        self._plans_snapshot: dict | None = None
-        self._store_plans: dict[str, tuple[str, object]] = {}   # name -> (definition, plan|None)
+        self.entry_plans = EntryPlans(app, self._settings, self.store, self.Entry)
+        self._publisher: Publisher | None = None
         self._closing = False
         self._in_tick = False
         self._ticked = False
-        self._broker_used_at = 0.0
-        self._schedule_checked_at = 0.0
-        self._schedule_dirty = False
-        self._batch: _Batch | None = None
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- Celery's Scheduler interface -------------------------------------------------------------
@@ -154,13 +140,12 @@ class Scheduler(BrokerSends, beat.Scheduler):
             # merge first, then add the defaults: the other order drops celery.backend_cleanup
             self.merge_inplace(plans_mod.beat_schedule_of(self.app.conf.beat_schedule))
             self.install_default_entries(self.data)
-            plans = self._build_plans()
+            plans = self.entry_plans.of_schedule(self.schedule)
             if isinstance(self.store, EntryStore):
                 check_sync_interval(self._settings, self.store.memory)
             if self._store_warning:
                 logger.warning(self._store_warning)
             self.engine = self._make_engine(plans)
-            self._plans_snapshot = copy.copy(self.schedule)
             self.engine.start()
         logger.info("anarchon: instance %s, store %s, namespace %r, %d entries%s",
                     self._instance_id, self.store.safe_url, self._settings.namespace, len(plans),
@@ -187,10 +172,6 @@ class Scheduler(BrokerSends, beat.Scheduler):
             raise ConfigError("\n".join(problems))
         raise failed
 
-    def _build_plans(self) -> dict:
-        return plans_mod.build_plans(dict(self.schedule), app=self.app, settings=self._settings,
-                                     store=self.store)
-
     def _make_engine(self, plans: dict, *, forked: bool = False) -> Engine:
         """The engine of this process; with ``anarchon_metrics_port`` set, its observer is this
         process's Prometheus metrics, whose exporter starts here (once per process).
@@ -210,40 +191,12 @@ class Scheduler(BrokerSends, beat.Scheduler):
         if observer is not None:
             logger.info("anarchon: metrics on http://%s:%d/metrics", self._metrics.addr,
                         self._metrics.port)
+        publisher = self.publisher
         return Engine(self.store, plans, instance_id=self._instance_id,
-                      namespace=self._settings.namespace, send=self._send,
+                      namespace=self._settings.namespace, send=publisher.send,
                       sync_interval_s=self._settings.sync_interval_s,
-                      build_store_plans=self._build_store_plans, observer=observer,
-                      send_batch=self._send_batch)
-
-    def _build_store_plans(self, snapshot: EntrySnapshot) -> dict:
-        """The plans of the store's entries (the engine's callback at each sync that loaded):
-        each definition parsed (:func:`celery_anarchon.schedule.definition.parse`) and checked by the
-        start-up rules (:func:`celery_anarchon.schedule.plan.build_plan`), once per definition text. An
-        invalid one is logged by name and left out; the others run."""
-        built, plans, texts = {}, {}, {}
-        for name, stored in snapshot.entries.items():
-            if stored.definition is None:          # a pause of a config entry, no definition
-                continue
-            known = self._store_plans.get(name)
-            if known is None or known[0] != stored.definition:
-                try:
-                    entry = entry_json.parse(name, stored.definition, app=self.app,
-                                             entry_cls=self.Entry)
-                    plan = plans_mod.build_plan(name, entry, app=self.app,
-                                                settings=self._settings, store=self.store,
-                                                known=texts)
-                except Exception as exc:           # a bad definition never stops the others
-                    logger.error("anarchon: store entry %r is not valid on this instance and is "
-                                 "left out (the others run): %s", name, exc,
-                                 exc_info=not isinstance(exc, ConfigError))
-                    plan = None
-                known = (stored.definition, plan)
-            built[name] = known
-            if known[1] is not None:
-                plans[name] = known[1]
-        self._store_plans = built
-        return plans
+                      build_store_plans=self.entry_plans.of_store, observer=observer,
+                      send_batch=publisher.send_batch)
 
     def tick(self, *args, **kwargs) -> float:
         """One iteration: claim and send what is due. Never raises: a failure is logged and
@@ -282,12 +235,39 @@ class Scheduler(BrokerSends, beat.Scheduler):
             self._closing = True
             if self.engine is not None:
                 self.engine.stop()
+            if self._publisher is not None:
+                self._publisher.stop()
         elif self.engine is not None:
             self.engine.close()
         try:
             self.store.close()
         finally:
-            super().close()
+            try:
+                super().close()
+            finally:
+                if self._publisher is not None:
+                    self._publisher.close()
+
+    @property
+    def publisher(self) -> Publisher:
+        """This process's broker side (of the class :attr:`Publisher`), made on first use."""
+        if self._publisher is None:
+            self._publisher = self.Publisher(self.app, self.Producer,
+                                             namespace=self._settings.namespace,
+                                             instance_id=self._instance_id)
+        return self._publisher
+
+    @property
+    def connection(self):
+        """Beat's broker connection (Celery's name), the publisher's
+        (:attr:`Publisher.connection <celery_anarchon.beat.publisher.Publisher.connection>`)."""
+        return self.publisher.connection
+
+    @property
+    def producer(self):
+        """Beat's producer (Celery's name), the publisher's
+        (:attr:`Publisher.producer <celery_anarchon.beat.publisher.Publisher.producer>`)."""
+        return self.publisher.producer
 
     @property
     def info(self) -> str:
@@ -313,46 +293,31 @@ class Scheduler(BrokerSends, beat.Scheduler):
         self._instance_id = make_instance_id()
         self.store = open_store(self._store_url, namespace=self._settings.namespace,
                                 instance_id=self._instance_id, options=self._store_options)
-        self.__dict__.pop("producer", None)
-        self.__dict__.pop("connection", None)
+        self.entry_plans.store = self.store
+        self._publisher = None      # the parent's connection is the parent's: never released here
         if self.engine is not None:
             self.engine = self._make_engine(self.engine.config_plans, forked=True)
 
     def add(self, **kwargs):
         """Celery's ``add``; the new entry is scheduled at the next tick (checked like every
         entry)."""
-        self._schedule_dirty = True
+        self.entry_plans.dirty = True
         return super().add(**kwargs)
 
     def update_from_dict(self, dict_) -> None:
         """Celery's ``update_from_dict``; the entries are scheduled at the next tick."""
-        self._schedule_dirty = True
+        self.entry_plans.dirty = True
         super().update_from_dict(dict_)
 
     def _follow_schedule_changes(self) -> None:
-        """Entries added or changed at run time (``add``, ``update_from_dict``) are checked and
-        scheduled; a bad one is logged and left out, the others keep running. beat_schedule is
-        compared with its last copy (by identity first: the copy is shallow, an entry changed in
-        place is the same object in both) at most every :data:`SCHEDULE_CHECK_S` after ``add``,
-        ``update_from_dict`` or a change of its size, and every :data:`SCHEDULE_WALK_S` anyway
-        (a change made to the dict directly): the comparison walks every entry, which an idle
-        beat with 100,000 entries cannot do at every tick."""
-        now = time.monotonic()
-        old, new = self._plans_snapshot, self.schedule
-        dirty = self._schedule_dirty or len(old) != len(new)
-        since = now - self._schedule_checked_at
-        if since < SCHEDULE_WALK_S and not (dirty and since >= SCHEDULE_CHECK_S):
-            return
-        self._schedule_checked_at = now
-        self._schedule_dirty = False
-        if len(old) == len(new) and all(old.get(name) is entry for name, entry in new.items()):
-            return
-        self._plans_snapshot = copy.copy(self.schedule)
-        if self.schedules_equal(old, new):  # entries replaced by equal ones
-            return
+        """Entries added or changed at run time (``add``, ``update_from_dict``, the dict changed
+        directly) are checked and scheduled (:meth:`EntryPlans.changed
+        <celery_anarchon.beat.entries.EntryPlans.changed>`: how often); a bad one is logged and
+        left out, the others keep running."""
         try:
-            plans = self._build_plans()
+            plans = self.entry_plans.changed(self.schedule, self.schedules_equal)
         except ConfigError as exc:
             logger.error("anarchon: the changed schedule is not valid, keeping the previous one: %s", exc)
             return
-        self.engine.update_plans(plans)
+        if plans is not None:
+            self.engine.update_plans(plans)

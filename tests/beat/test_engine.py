@@ -273,7 +273,7 @@ def test_a_send_refused_before_anything_was_written_fails_alone_and_delays_no_ot
     backdate_memory_start(scheduler.store, ["a", "b", "c"], 120_000)
     clock, mono = Clock(), Clock(time.monotonic)
     engine = Engine(scheduler.store, scheduler.engine.plans, instance_id="A", namespace=namespace,
-                    send=scheduler._send, send_batch=scheduler._send_batch, clock=clock,
+                    send=scheduler.publisher.send, send_batch=scheduler.publisher.send_batch, clock=clock,
                     monotonic=mono, rng=random.Random(7))
     try:
         engine.tick()                      # start-up: each entry's newest slot, in one batch

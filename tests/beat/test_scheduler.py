@@ -13,6 +13,7 @@ from celery.schedules import crontab
 from kombu.exceptions import OperationalError
 
 from celery_anarchon import ConfigError, Scheduler, scheduled_at
+from celery_anarchon.beat.publisher import Publisher
 from celery_anarchon.errors import SendOutcomeUnknown
 from celery_anarchon.settings import resolve_store_url
 from celery_anarchon.beat.scheduler import _exit_requested
@@ -66,6 +67,41 @@ def test_close_is_safe_twice_and_the_store_reopens_lazily(tmp_path):
     assert [(h.slot_ms, h.event) for h in history] == [(sent[0], RunEvent.SENT)], \
         "the reopened store did not record the send"
     scheduler.close()
+
+
+def test_a_subclass_swaps_the_publisher_whose_connection_and_producer_are_celerys(tmp_path):
+    """``Scheduler.Publisher`` is the class of the broker side, swapped by a subclass as Celery's
+    ``Entry`` is; Celery's ``connection`` and ``producer`` are the publisher's; a forked process
+    gets a publisher of its own, with its own instance id."""
+    published = []
+
+    class Recording(Publisher):
+        def send(self, plan, slot_ms, attempt, token, task_id):
+            published.append((plan.name, self.instance_id))
+            super().send(plan, slot_ms, attempt, token, task_id)
+
+    class Mine(Scheduler):
+        Publisher = Recording
+
+    app = make_app(tmp_path, beat_schedule={
+        "tick": {"task": "proj.tick", "schedule": 10.0, "options": {"anarchon": {"jitter": 0}}}})
+    scheduler = Mine(app)
+    try:
+        assert type(scheduler.publisher) is Recording and Scheduler.Publisher is Publisher
+        assert scheduler.producer is scheduler.publisher.producer
+        assert scheduler.connection is scheduler.publisher.connection
+        backdate_memory_start(scheduler.store, ["tick"], 120_000)   # not a new store: it claims
+        scheduler.tick()                      # the start-up run, sent through the subclass
+        assert published == [("tick", scheduler._instance_id)]
+        with app.connection_for_read() as conn:
+            assert conn.SimpleQueue("celery").get(timeout=2).headers["task"] == "proj.tick"
+        parent = scheduler.publisher
+        scheduler._pid = -1                   # as if this process were forked from another
+        scheduler.tick()
+        assert type(scheduler.publisher) is Recording and scheduler.publisher is not parent
+        assert scheduler.publisher.instance_id == scheduler._instance_id != parent.instance_id
+    finally:
+        scheduler.close()
 
 
 def test_the_memory_store_runs_only_in_a_test_app(tmp_path, namespace):
@@ -159,21 +195,21 @@ def test_a_publish_that_broke_off_is_reported_unknown_never_retried(tmp_path):
                 message.ack()
                 return message.headers["id"]
 
-        scheduler._send(plan, 1_700_000_000_000, 1, None, "first")
+        scheduler.publisher.send(plan, 1_700_000_000_000, 1, None, "first")
         assert received() == "first"
         proxy.outage()                      # the broker goes away while the connection is idle
-        scheduler._broker_used_at = 0.0     # idle: checked (PING) first, nothing is written
+        scheduler.publisher._broker_used_at = 0.0     # idle: checked (PING) first, nothing is written
         with pytest.raises(redis.exceptions.ConnectionError):   # the PING, before any publish
-            scheduler._send(plan, 1_700_000_010_000, 1, None, "second")
+            scheduler.publisher.send(plan, 1_700_000_010_000, 1, None, "second")
         proxy.restore()
-        scheduler._send(plan, 1_700_000_020_000, 1, None, "third")
+        scheduler.publisher.send(plan, 1_700_000_020_000, 1, None, "third")
         assert received() == "third"
         proxy.outage()                      # the broker goes away right after a publish ...
-        scheduler._broker_used_at = time.monotonic()   # ... so the next one is not checked first
+        scheduler.publisher._broker_used_at = time.monotonic()   # ... so the next one is not checked first
         with pytest.raises(SendOutcomeUnknown):
-            scheduler._send(plan, 1_700_000_030_000, 1, None, "fourth")
+            scheduler.publisher.send(plan, 1_700_000_030_000, 1, None, "fourth")
         proxy.restore()
-        scheduler._send(plan, 1_700_000_040_000, 1, None, "fifth")
+        scheduler.publisher.send(plan, 1_700_000_040_000, 1, None, "fifth")
         assert received() == "fifth"
     finally:
         proxy.close()
@@ -207,25 +243,25 @@ def test_a_send_batch_on_a_redis_broker_writes_once_and_a_broken_write_is_unknow
                     message.ack()
                     ids.append(message.headers["id"])
 
-        with scheduler._send_batch(3):
+        with scheduler.publisher.send_batch(3):
             for n in range(3):
-                scheduler._send(plan, 1_700_000_000_000 + n * 10_000, 1, None, f"first-{n}")
+                scheduler.publisher.send(plan, 1_700_000_000_000 + n * 10_000, 1, None, f"first-{n}")
             assert received() == [], "nothing written before the batch ends"
         assert received() == ["first-0", "first-1", "first-2"]
         proxy.outage()                      # the broker goes away right after a write ...
-        scheduler._broker_used_at = time.monotonic()   # ... so the batch does not check it first
+        scheduler.publisher._broker_used_at = time.monotonic()   # ... so the batch does not check it first
         with pytest.raises(SendOutcomeUnknown):
-            with scheduler._send_batch(2):
-                scheduler._send(plan, 1_700_000_100_000, 1, None, "lost-0")
-                scheduler._send(plan, 1_700_000_110_000, 1, None, "lost-1")
-        scheduler._broker_used_at = 0.0     # idle: checked first (connect, PING), nothing written
+            with scheduler.publisher.send_batch(2):
+                scheduler.publisher.send(plan, 1_700_000_100_000, 1, None, "lost-0")
+                scheduler.publisher.send(plan, 1_700_000_110_000, 1, None, "lost-1")
+        scheduler.publisher._broker_used_at = 0.0     # idle: checked first (connect, PING), nothing written
         with pytest.raises((redis.exceptions.ConnectionError, OperationalError)):
-            with scheduler._send_batch(1):
+            with scheduler.publisher.send_batch(1):
                 pass
         proxy.restore()
-        with scheduler._send_batch(2):
-            scheduler._send(plan, 1_700_000_200_000, 1, None, "again-0")
-            scheduler._send(plan, 1_700_000_210_000, 1, None, "again-1")
+        with scheduler.publisher.send_batch(2):
+            scheduler.publisher.send(plan, 1_700_000_200_000, 1, None, "again-0")
+            scheduler.publisher.send(plan, 1_700_000_210_000, 1, None, "again-1")
         assert received() == ["again-0", "again-1"]
     finally:
         proxy.close()
@@ -236,7 +272,7 @@ def test_an_entry_added_at_run_time_is_scheduled(tmp_path):
     scheduler = Scheduler(make_app(tmp_path))
     scheduler.tick()
     scheduler.add(name="added", task="proj.added", schedule=30.0)
-    scheduler._schedule_checked_at -= 2       # the second between two comparisons has passed
+    scheduler.entry_plans.checked_at -= 2       # the second between two comparisons has passed
     scheduler.tick()
     assert "added" in scheduler.engine.plans and "tick" in scheduler.engine.plans
     scheduler.close()
@@ -273,7 +309,7 @@ def test_a_run_is_sent_with_its_headers_task_id_and_untouched_options(tmp_path):
         "options": {"headers": user_headers, "queue": "q1", "anarchon": {"max_late": 20}}}})
     scheduler = Scheduler(app)
     plan = scheduler.engine.plans["bill"]
-    scheduler._send(plan, 1_700_000_000_000, 1, None, "the-task-id")
+    scheduler.publisher.send(plan, 1_700_000_000_000, 1, None, "the-task-id")
     with app.connection_for_read() as conn:
         message = conn.SimpleQueue("q1").get(timeout=2)
     headers = message.headers

@@ -41,20 +41,26 @@ app.conf.update(
 )
 EXIT_BEFORE_SEND = os.environ.get("ANARCHON_LT_EXIT_BEFORE_SEND")
 if EXIT_BEFORE_SEND:
+    from celery_anarchon.beat.publisher import Publisher
     from celery_anarchon.beat.scheduler import Scheduler
 
-    class ExitBeforeSend(Scheduler):
+    class ExitBeforePublish(Publisher):
         """The fault through the engine's send callback: the won claim (attempt 1) of the entry
         ``EXIT_BEFORE_SEND`` makes the process exit before anything is published."""
 
-        def _send(self, plan, slot_ms, attempt, token, task_id):
+        def send(self, plan, slot_ms, attempt, token, task_id):
             if plan.name == EXIT_BEFORE_SEND and attempt == 1:
                 logging.getLogger(__name__).warning(
                     "%s: exiting after the claim of slot %s (ANARCHON_LT_EXIT_BEFORE_SEND is set)",
                     plan.name, slot_ms)
                 logging.shutdown()
                 os._exit(70)
-            super()._send(plan, slot_ms, attempt, token, task_id)
+            super().send(plan, slot_ms, attempt, token, task_id)
+
+    class ExitBeforeSend(Scheduler):
+        """Beat with the publisher above (the Scheduler's ``Publisher``, swapped)."""
+
+        Publisher = ExitBeforePublish
 
     app.conf.beat_scheduler = "lease_app:ExitBeforeSend"
 if os.environ.get("ANARCHON_LT_NO_INSTALL") != "1":    # "1": a worker whose module forgot it
