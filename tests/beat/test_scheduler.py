@@ -188,6 +188,7 @@ def test_a_publish_that_broke_off_is_reported_unknown_never_retried(tmp_path):
             conn.SimpleQueue("celery").clear()
         scheduler = Scheduler(app)
         plan = scheduler.engine.plans["tick"]
+        publisher = scheduler.publisher
 
         def received():
             with app.connection_for_read() as conn:
@@ -195,21 +196,21 @@ def test_a_publish_that_broke_off_is_reported_unknown_never_retried(tmp_path):
                 message.ack()
                 return message.headers["id"]
 
-        scheduler.publisher.send(plan, 1_700_000_000_000, 1, None, "first")
+        publisher.send(plan, 1_700_000_000_000, 1, None, "first")
         assert received() == "first"
         proxy.outage()                      # the broker goes away while the connection is idle
-        scheduler.publisher._broker_used_at = 0.0     # idle: checked (PING) first, nothing is written
+        publisher._broker_used_at = 0.0     # idle: checked (PING) first, nothing is written
         with pytest.raises(redis.exceptions.ConnectionError):   # the PING, before any publish
-            scheduler.publisher.send(plan, 1_700_000_010_000, 1, None, "second")
+            publisher.send(plan, 1_700_000_010_000, 1, None, "second")
         proxy.restore()
-        scheduler.publisher.send(plan, 1_700_000_020_000, 1, None, "third")
+        publisher.send(plan, 1_700_000_020_000, 1, None, "third")
         assert received() == "third"
         proxy.outage()                      # the broker goes away right after a publish ...
-        scheduler.publisher._broker_used_at = time.monotonic()   # ... so the next one is not checked first
+        publisher._broker_used_at = time.monotonic()   # ... so the next one is not checked first
         with pytest.raises(SendOutcomeUnknown):
-            scheduler.publisher.send(plan, 1_700_000_030_000, 1, None, "fourth")
+            publisher.send(plan, 1_700_000_030_000, 1, None, "fourth")
         proxy.restore()
-        scheduler.publisher.send(plan, 1_700_000_040_000, 1, None, "fifth")
+        publisher.send(plan, 1_700_000_040_000, 1, None, "fifth")
         assert received() == "fifth"
     finally:
         proxy.close()
@@ -230,6 +231,7 @@ def test_a_send_batch_on_a_redis_broker_writes_once_and_a_broken_write_is_unknow
             conn.SimpleQueue("celery").clear()
         scheduler = Scheduler(app)
         plan = scheduler.engine.plans["tick"]
+        publisher = scheduler.publisher
 
         def received():
             ids = []
@@ -243,25 +245,25 @@ def test_a_send_batch_on_a_redis_broker_writes_once_and_a_broken_write_is_unknow
                     message.ack()
                     ids.append(message.headers["id"])
 
-        with scheduler.publisher.send_batch(3):
+        with publisher.send_batch(3):
             for n in range(3):
-                scheduler.publisher.send(plan, 1_700_000_000_000 + n * 10_000, 1, None, f"first-{n}")
+                publisher.send(plan, 1_700_000_000_000 + n * 10_000, 1, None, f"first-{n}")
             assert received() == [], "nothing written before the batch ends"
         assert received() == ["first-0", "first-1", "first-2"]
         proxy.outage()                      # the broker goes away right after a write ...
-        scheduler.publisher._broker_used_at = time.monotonic()   # ... so the batch does not check it first
+        publisher._broker_used_at = time.monotonic()   # ... so the batch does not check it first
         with pytest.raises(SendOutcomeUnknown):
-            with scheduler.publisher.send_batch(2):
-                scheduler.publisher.send(plan, 1_700_000_100_000, 1, None, "lost-0")
-                scheduler.publisher.send(plan, 1_700_000_110_000, 1, None, "lost-1")
-        scheduler.publisher._broker_used_at = 0.0     # idle: checked first (connect, PING), nothing written
+            with publisher.send_batch(2):
+                publisher.send(plan, 1_700_000_100_000, 1, None, "lost-0")
+                publisher.send(plan, 1_700_000_110_000, 1, None, "lost-1")
+        publisher._broker_used_at = 0.0     # idle: checked first (connect, PING), nothing written
         with pytest.raises((redis.exceptions.ConnectionError, OperationalError)):
-            with scheduler.publisher.send_batch(1):
+            with publisher.send_batch(1):
                 pass
         proxy.restore()
-        with scheduler.publisher.send_batch(2):
-            scheduler.publisher.send(plan, 1_700_000_200_000, 1, None, "again-0")
-            scheduler.publisher.send(plan, 1_700_000_210_000, 1, None, "again-1")
+        with publisher.send_batch(2):
+            publisher.send(plan, 1_700_000_200_000, 1, None, "again-0")
+            publisher.send(plan, 1_700_000_210_000, 1, None, "again-1")
         assert received() == ["again-0", "again-1"]
     finally:
         proxy.close()

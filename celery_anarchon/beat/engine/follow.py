@@ -33,7 +33,8 @@ class StoreFollow:
     def __init__(self, store: ClaimStore, build_store_plans: BuildStorePlans | None,
                  sync_interval_s: float | None, namespace: str, *, instance_id: str,
                  clock: Callable[[], float], monotonic: Callable[[], float], outage: Outage,
-                 requested: set[tuple[str, int]], skew: SkewCheck, notes: NoteBuffer, observer: Observer) -> None:
+                 requested: set[tuple[str, int]], skew: SkewCheck, notes: NoteBuffer,
+                 observer: Observer) -> None:
         self.monotonic = monotonic
         self.sync: EntrySync | None = None
         self.heartbeat: Heartbeat | None = None
