@@ -64,6 +64,18 @@ def test_the_slots_are_one_module_per_kind_on_their_base(capsys):
     assert kept, report
 
 
+def test_the_beat_wing_is_layered_and_its_engine_free_of_celery(capsys):
+    """scheduler < publisher | entries | metrics < engine: only the Scheduler holds the parts;
+    no module of the engine imports Celery or kombu (its send is a callback)."""
+    kept, report = _kept("beat", capsys)
+    assert kept, report
+    graph = grimp.build_graph("celery_anarchon", include_external_packages=True, cache_dir=None)
+    engine = "celery_anarchon.beat.engine"
+    for module in sorted({engine} | graph.find_children(engine)):
+        celery = graph.find_modules_directly_imported_by(module) & {"celery", "kombu"}
+        assert not celery, f"{module} imports {sorted(celery)}"
+
+
 def test_the_operators_wing_is_layered(capsys):
     """cli < web < page < overview < checks, overview_entries < overview_instances < schedules <
     session, run_now < listing < config < names: the schedules API never imports a view of it."""
@@ -72,7 +84,7 @@ def test_the_operators_wing_is_layered(capsys):
 
 
 #: the wings (and the stores) whose modules and classes are held to the size limits below
-SIZED_WINGS = ("schedule", "operate", "stores")
+SIZED_WINGS = ("schedule", "operate", "stores", "beat")
 #: the longest module and the longest class, lines: past them a module wants splitting by
 #: responsibility
 MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 250
@@ -85,8 +97,8 @@ def _sized_modules() -> list[pathlib.Path]:
 
 @pytest.mark.parametrize("path", _sized_modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_over_500_lines_and_no_class_over_250(path):
-    """Every module of the schedule and operate wings and of the stores is at most 500 lines
-    long, and every class in it at most 250 (from its ``class`` line to its last line)."""
+    """Every module of the schedule, operate and beat wings and of the stores is at most 500
+    lines long, and every class in it at most 250 (from its ``class`` line to its last line)."""
     text = path.read_text(encoding="utf-8")
     lines = len(text.splitlines())
     assert lines <= MAX_MODULE_LINES, f"{path.name}: {lines} lines, more than {MAX_MODULE_LINES}"
