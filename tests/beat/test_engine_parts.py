@@ -34,6 +34,7 @@ from celery_anarchon.stores.base import ClaimResult, Outcome, RunEvent, RunState
 from celery_anarchon.stores.entry_store import InstanceRecord, Pause
 from celery_anarchon.schedule.timing import LeaseSettings
 
+import backends
 from engine_support import (
     T0, ClaimsOnly, Clocks, Operator, expired_run, make_plan, memory_store, store_plans,
 )
@@ -1008,6 +1009,25 @@ class Beating:
 
 def config(**fingerprints):
     return {name: make_plan(name, fingerprint=fp) for name, fp in fingerprints.items()}
+
+
+def test_heartbeat_saves_its_fingerprints_again_once_the_store_lost_them():
+    """A store that lost its data (a restart without its disk, a flush) no longer holds this
+    instance's mapping: the next heartbeat that finds its own record gone saves it again, so the
+    status does not say "its entries are not saved yet" for as long as the beat lives and a
+    disagreement with another instance is seen again."""
+    h = Beating()
+    mine = config(e="f1", g="g1")
+    h.a.beat(mine, entries=2)
+    backends.wipe("memory", h.store.url)
+    h.clocks.advance(5)
+    h.a.beat(mine, entries=2)
+    digest = fingerprints_digest({"e": "f1", "g": "g1"})
+    assert h.store.load_fingerprints(digest) == {"e": "f1", "g": "g1"}
+    assert h.records()["A"].fingerprints_digest == digest
+    h.clocks.advance(5)
+    h.a.beat(mine, entries=2)
+    assert h.store.calls["save_fingerprints"] == 2, "saved again once, not at every heartbeat"
 
 
 def test_heartbeat_records_the_instance_and_saves_its_fingerprints_once():

@@ -1,7 +1,8 @@
 """This instance's heartbeat in an instance store (any store that keeps instance records), and the live instances that run another
 definition of a config (``beat_schedule``) entry: a rolling deploy, or a schedule drawn at random
 per process. Each instance records, every sync interval, the digest of the fingerprints of the
-config entries it runs (the mapping saved once per digest); one that finds a live instance with
+config entries it runs (the mapping saved once per digest, and again when the
+store lost it); one that finds a live instance with
 another fingerprint of an entry it runs logs an error naming the entry, both definitions and the
 hosts, at start-up and whenever that set of disagreements changes.
 
@@ -110,6 +111,12 @@ class Heartbeat:
             self._mine = (config, mapping, fingerprints_digest(mapping))
         _, mine, digest = self._mine
         try:
+            live = self.store.instances()
+            if not any(record.instance_id == self.instance_id for record in live):
+                # this instance's record is gone: the store lost its data (a restart without its
+                # disk, a flush) or the record expired (a stall past its ttl); the mapping it
+                # named may be gone too, so it is saved again (once: the record is back next time)
+                self.saved_digest = None
             if digest != self.saved_digest:
                 self.store.save_fingerprints(digest, mine)
                 self.saved_digest = digest
@@ -117,7 +124,7 @@ class Heartbeat:
             self.store.record_instance(InstanceRecord(
                 self.instance_id, host, pid, VERSION, self.started_ms, int(self.clock() * 1000),
                 self.skew.skew_ms, entries, digest, kept=kept), self.ttl_ms)
-            others = self._others(digest)
+            others = self._others(digest, live)
             found = self._disagreements(mine, others)
             clashes = self._clashes(mine, store_plans or {}, others)
             if found != self.reported:
@@ -137,15 +144,15 @@ class Heartbeat:
         except StoreError as exc:
             logger.debug("anarchon: removing this instance's record failed: %s", exc)
 
-    def _others(self, digest: str) -> list[tuple[str, dict[str, str]]]:
-        """The other live instances whose config differs from this one's (``digest``), as
-        ``(host:pid, their mapping)``; one whose mapping is not saved yet is compared at the next
-        heartbeat."""
+    def _others(self, digest: str, live: list[InstanceRecord]) -> list[tuple[str, dict[str, str]]]:
+        """The other instances of ``live`` (the records read before this one's was written)
+        whose config differs from this one's (``digest``), as ``(host:pid, their mapping)``; one
+        whose mapping is not saved yet is compared at the next heartbeat."""
         others = []
-        live = self.store.instances()
-        self.observer.live_instances(len(live))
+        live = [record for record in live if record.instance_id != self.instance_id]
+        self.observer.live_instances(len(live) + 1)          # this one's record is written
         for other in live:
-            if other.instance_id == self.instance_id or other.fingerprints_digest == digest:
+            if other.fingerprints_digest == digest:
                 continue
             theirs = self._mappings.get(other.fingerprints_digest)
             if theirs is None:
