@@ -47,11 +47,10 @@ from celery import Celery
 from celery.schedules import crontab
 
 from celery_anarchon.operate.cli import reports as cli_status
-from celery_anarchon.settings import open_app_store
 from celery_anarchon.operate.overview import overview
 from celery_anarchon.operate.schedules import Schedules
 from celery_anarchon.stores.base import HistoryRecord, RunEvent
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings, open_app_store
 from celery_anarchon.operate.web import StatusSource, create_app
 
 DAY_MS = 86_400_000
@@ -95,7 +94,7 @@ def make_app(kind: str, url: str, namespace: str, entries: int) -> Celery:
 def seed(app: Celery, kind: str, history: int) -> float:
     """The history records and pauses of the module's docstring; seconds taken."""
     started = time.perf_counter()
-    store = open_app_store(app, Settings.from_app(app), instance_id="bench-seed")
+    store = open_app_store(Settings.from_app(app), instance_id="bench-seed")
     try:
         names = sorted(app.conf.beat_schedule)
         store.prepare(names)
@@ -176,7 +175,7 @@ def bench_store(kind: str, url: str, args, trips: RoundTrips) -> list[tuple]:
         settings = Settings.from_app(app)
 
         def fresh():
-            store = open_app_store(app, settings, instance_id="bench-overview")
+            store = open_app_store(settings, instance_id="bench-overview")
             try:
                 return overview(app, store, settings)
             finally:
@@ -184,7 +183,7 @@ def bench_store(kind: str, url: str, args, trips: RoundTrips) -> list[tuple]:
         t, n, data = timed(trips, fresh, args.repeat)
         assert data["store"]["reachable"] and len(data["entries"]) >= args.entries, data["store"]
         rows.append((kind, "overview(), fresh store", t, n, ""))
-        store = open_app_store(app, settings, instance_id="bench-overview")
+        store = open_app_store(settings, instance_id="bench-overview")
         overview(app, store, settings)
         t, n, _ = timed(trips, lambda: overview(app, store, settings), args.repeat)
         store.close()

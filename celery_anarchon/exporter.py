@@ -1,6 +1,7 @@
 """The HTTP exporter of Prometheus metrics, shared by beat (:mod:`celery_anarchon.beat.metrics`) and
-the worker side (:mod:`celery_anarchon.worker.metrics`): its settings checked, and
-``prometheus_client.start_http_server`` started at most once per process and port.
+the worker side (:mod:`celery_anarchon.worker.metrics`): the checks of its settings (rows of
+:data:`celery_anarchon.settings.OPTIONS`), and ``prometheus_client.start_http_server`` started at
+most once per process and port.
 
 prometheus_client (the ``metrics`` extra) is imported only when an exporter is asked for.
 """
@@ -21,13 +22,11 @@ _lock = threading.Lock()
 _serving: dict[tuple[int, str, int], tuple[Any, Any]] = {}
 
 
-def port_setting(conf: Any, name: str) -> int | None:
-    """The TCP port of Celery setting ``name`` (``None`` when unset: no exporter).
+def check_port(value: Any, name: str) -> int | None:
+    """``value`` of Celery setting ``name`` as the exporter's TCP port (``None``: no exporter).
 
-    :param conf: the Celery app's ``conf`` (any mapping with ``get``).
     :raises ConfigError: not an integer from 1 to 65535, naming the setting, the value and the fix.
     """
-    value = conf.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
@@ -36,13 +35,12 @@ def port_setting(conf: Any, name: str) -> int | None:
     return value
 
 
-def addr_setting(conf: Any, name: str) -> str:
-    """The address of Celery setting ``name`` to bind the exporter to (default ``127.0.0.1``;
-    ``"0.0.0.0"`` lets a Prometheus server on another host scrape it).
+def check_addr(value: Any, name: str) -> str:
+    """``value`` of Celery setting ``name`` as the address to bind the exporter to (``None``:
+    ``127.0.0.1``; ``"0.0.0.0"`` lets a Prometheus server on another host scrape it).
 
     :raises ConfigError: not a non-empty string.
     """
-    value = conf.get(name)
     if value is None:
         return DEFAULT_ADDR
     if not isinstance(value, str) or not value.strip():

@@ -78,11 +78,10 @@ class Demo:
         from proj import app
 
         from celery_anarchon._util import mask_url
-        from celery_anarchon.settings import resolve_store_url
-        from celery_anarchon.schedule.timing import Settings
+        from celery_anarchon.settings import Settings
 
         settings = Settings.from_app(app)
-        url, options, _ = resolve_store_url(app, settings)
+        url, options = settings.store_url, settings.store_options
         print(f"broker: {mask_url(app.conf.broker_url)}\nstore:  {mask_url(url)}\n"
               f"starting a worker and three beat instances ({', '.join(BEATS)}) ...", flush=True)
         try:

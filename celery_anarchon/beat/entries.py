@@ -16,7 +16,7 @@ from celery_anarchon.errors import ConfigError
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule import plan as plans_mod
 from celery_anarchon.schedule.plan import EntryPlan
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.schedule.timing import TimingSettings
 from celery_anarchon.stores.entry_store import EntrySnapshot
 
 logger = logging.getLogger("celery_anarchon.beat.scheduler")
@@ -48,7 +48,7 @@ class EntryPlans:
         ``Entry``).
     """
 
-    def __init__(self, app, settings: Settings, store: Any, entry_cls: type) -> None:
+    def __init__(self, app, settings: TimingSettings, store: Any, entry_cls: type) -> None:
         self.app = app
         self.settings = settings
         self.store = store

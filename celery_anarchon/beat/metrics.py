@@ -3,7 +3,8 @@
 ``CollectorRegistry`` of its own, served over HTTP by the beat process (also the beat inside
 ``celery worker -B``) when ``anarchon_metrics_port`` is set.
 
-Settings (Celery configuration):
+Settings (Celery configuration; rows of :data:`celery_anarchon.settings.OPTIONS`, read into
+:class:`celery_anarchon.settings.Settings`):
 
 * ``anarchon_metrics_port``: the port of ``/metrics`` (int; default ``None``: no exporter);
 * ``anarchon_metrics_addr``: the address it binds (default ``"127.0.0.1"``; ``"0.0.0.0"`` for a
@@ -17,7 +18,6 @@ make at most 501 entry values per counter, whatever the schedule. See docs/produ
 """
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import os
 import threading
@@ -26,11 +26,11 @@ from typing import Any
 
 from celery_anarchon import exporter
 from celery_anarchon.beat.engine.observe import Observer
-from celery_anarchon.errors import ConfigError
+from celery_anarchon.settings import DEFAULT_METRICS_MAX_ENTRIES, OTHER_ENTRY_LABEL, Settings
 
 #: the entry label of every entry past the cap
-OTHER = "(other)"
-DEFAULT_MAX_ENTRIES = 500
+OTHER = OTHER_ENTRY_LABEL
+DEFAULT_MAX_ENTRIES = DEFAULT_METRICS_MAX_ENTRIES
 #: lateness at send, seconds: jitter (0-2 s by default) and a slow store or broker on top
 LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 #: one store call, seconds
@@ -38,37 +38,13 @@ ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
                       2.5, 5.0, 10.0)
 
 
-@dataclasses.dataclass(frozen=True)
-class MetricsSettings:
-    """The metrics settings of a Celery app.
+def require_client(settings: Settings) -> None:
+    """prometheus_client, when ``anarchon_metrics_port`` is set (checked when beat starts).
 
-    :param port: ``anarchon_metrics_port`` (``None``: no exporter).
-    :param addr: ``anarchon_metrics_addr``.
-    :param max_entries: ``anarchon_metrics_max_entries``: entries with a label of their own.
+    :raises ConfigError: a port set without prometheus_client installed.
     """
-
-    port: int | None = None
-    addr: str = exporter.DEFAULT_ADDR
-    max_entries: int = DEFAULT_MAX_ENTRIES
-
-    @classmethod
-    def from_app(cls, app: Any) -> "MetricsSettings":
-        """Read and check the settings of ``app``.
-
-        :raises ConfigError: a bad value, naming the setting, the value and the fix; a port set
-            without prometheus_client installed.
-        """
-        conf = app.conf
-        port = exporter.port_setting(conf, "anarchon_metrics_port")
-        addr = exporter.addr_setting(conf, "anarchon_metrics_addr")
-        max_entries = conf.get("anarchon_metrics_max_entries", DEFAULT_MAX_ENTRIES)
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
-            raise ConfigError(f"anarchon_metrics_max_entries = {max_entries!r}: must be an integer "
-                              f">= 0 (entries with an entry label of their own; the others are "
-                              f"counted under entry={OTHER!r}). Fix: e.g. 500, the default.")
-        if port is not None:
-            exporter.require_prometheus_client("anarchon_metrics_port")
-        return cls(port, addr, max_entries)
+    if settings.metrics_port is not None:
+        exporter.require_prometheus_client("anarchon_metrics_port")
 
 
 class EntryLabels:
@@ -202,7 +178,7 @@ _process_lock = threading.Lock()
 _process_observers: dict[int, PrometheusObserver] = {}
 
 
-def process_observer(settings: MetricsSettings, *, instance_id: str,
+def process_observer(settings: Settings, *, instance_id: str,
                      namespace: str) -> PrometheusObserver | None:
     """The observer of this beat process, its exporter started on first use (once per process:
     a forked process gets its own); ``None`` when ``anarchon_metrics_port`` is unset.
@@ -210,14 +186,14 @@ def process_observer(settings: MetricsSettings, *, instance_id: str,
     :raises ConfigError: the port is in use (naming the setting, the value and the fix), or
         prometheus_client is not installed.
     """
-    if settings.port is None:
+    if settings.metrics_port is None:
         return None
     with _process_lock:
         observer = _process_observers.get(os.getpid())
         if observer is None:
-            observer = PrometheusObserver(settings.max_entries, instance_id=instance_id,
+            observer = PrometheusObserver(settings.metrics_max_entries, instance_id=instance_id,
                                           namespace=namespace)
-            exporter.serve(observer.registry, port=settings.port, addr=settings.addr,
-                           setting="anarchon_metrics_port")
+            exporter.serve(observer.registry, port=settings.metrics_port,
+                           addr=settings.metrics_addr, setting="anarchon_metrics_port")
             _process_observers[os.getpid()] = observer
         return observer

@@ -24,15 +24,15 @@ from celery import beat
 
 from celery_anarchon.schedule import plan as plans_mod
 from celery_anarchon._util import mask_url, paused_gc
-from celery_anarchon.settings import make_instance_id, resolve_store_url
+from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 from celery_anarchon.beat.entries import BeatEntry, EntryPlans
 from celery_anarchon.beat.publisher import Publisher, _exit_requested
 from celery_anarchon.beat.engine import MAX_SLEEP_S, Engine
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.beat.metrics import MetricsSettings, process_observer
+from celery_anarchon.beat.metrics import process_observer, require_client
 from celery_anarchon.stores import ClaimStore, open_store, scheme_of
 from celery_anarchon.stores.entry_store import EntryStore
-from celery_anarchon.schedule.timing import Settings, check_sync_interval
+from celery_anarchon.schedule.timing import check_sync_interval
 
 logger = logging.getLogger("celery_anarchon.beat.scheduler")
 
@@ -111,15 +111,13 @@ class Scheduler(beat.Scheduler):
 
     def _construct(self, app, *args, lazy: bool, **kwargs) -> None:
         self._settings = Settings.from_app(app)
-        self._metrics = MetricsSettings.from_app(app)
-        url, options, self._store_warning = resolve_store_url(app, self._settings)
+        require_client(self._settings)
         self._pid = os.getpid()
         self._instance_id = make_instance_id()
-        self.store = open_store(url, namespace=self._settings.namespace,
-                                instance_id=self._instance_id, options=options)
+        self.store = open_app_store(self._settings, instance_id=self._instance_id)
         refuse_a_store_of_one_process(app, self.store)
         # the store's own URL: a relative SQLite path resolved once, here (a fork reopens it)
-        self._store_url, self._store_options = self.store.url, options
+        self._store_url, self._store_options = self.store.url, self._settings.store_options
         self.engine: Engine | None = None
         self.entry_plans = EntryPlans(app, self._settings, self.store, self.Entry)
         self._publisher: Publisher | None = None
@@ -143,8 +141,8 @@ class Scheduler(beat.Scheduler):
             plans = self.entry_plans.of_schedule(self.schedule)
             if isinstance(self.store, EntryStore):
                 check_sync_interval(self._settings, self.store.memory)
-            if self._store_warning:
-                logger.warning(self._store_warning)
+            if self._settings.store_warning:
+                logger.warning(self._settings.store_warning)
             self.engine = self._make_engine(plans)
             self.engine.start()
         logger.info("anarchon: instance %s, store %s, namespace %r, %d entries%s",
@@ -181,7 +179,7 @@ class Scheduler(beat.Scheduler):
         :raises ConfigError: the metrics port is in use (at start-up).
         """
         try:
-            observer = process_observer(self._metrics, instance_id=self._instance_id,
+            observer = process_observer(self._settings, instance_id=self._instance_id,
                                         namespace=self._settings.namespace)
         except ConfigError as exc:
             if not forked:
@@ -189,8 +187,8 @@ class Scheduler(beat.Scheduler):
             logger.error("anarchon: no metrics in this forked beat process: %s", exc)
             observer = None
         if observer is not None:
-            logger.info("anarchon: metrics on http://%s:%d/metrics", self._metrics.addr,
-                        self._metrics.port)
+            logger.info("anarchon: metrics on http://%s:%d/metrics", self._settings.metrics_addr,
+                        self._settings.metrics_port)
         publisher = self.publisher
         return Engine(self.store, plans, instance_id=self._instance_id,
                       namespace=self._settings.namespace, send=publisher.send,

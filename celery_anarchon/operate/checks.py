@@ -26,14 +26,14 @@ import re
 from collections.abc import Callable, Iterable
 
 from celery_anarchon.schedule import definition as entry_json
-from celery_anarchon.settings import make_instance_id, open_app_store
+from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.schedule.plan import CANNOT_BUILD, EntryPlan, build_plan, config_entry
 from celery_anarchon.operate.config import config_items
 from celery_anarchon.operate.names import did_you_mean, normal_name
 from celery_anarchon.schedule.slots import TEXT_SCHEDULE, datetime_to_ms, ms_to_datetime
 from celery_anarchon.stores.base import ClaimStore
-from celery_anarchon.schedule.timing import Settings, check_sync_interval, timezone_error
+from celery_anarchon.schedule.timing import check_sync_interval, timezone_error
 
 __all__ = ["Problem", "RULES", "check_schedule", "assert_schedule_ok", "next_slots", "plan_of",
            "timezone_error", "problem_of", "setting_of"]
@@ -147,7 +147,7 @@ def config_entries(app) -> dict:
 def _open(app, settings: Settings, store: ClaimStore | None) -> tuple[ClaimStore, bool]:
     if store is not None:
         return store, False
-    return open_app_store(app, settings, instance_id="check:" + make_instance_id()), True
+    return open_app_store(settings, instance_id="check:" + make_instance_id()), True
 
 
 def check_entries(app, entries: Iterable[tuple[str, object]], *, settings: Settings,

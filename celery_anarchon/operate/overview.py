@@ -33,7 +33,7 @@ from celery_anarchon.operate.overview_instances import (
     store_definition,
 )
 from celery_anarchon.operate.schedules import Schedules
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore
 from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 

@@ -21,8 +21,8 @@ from celery_anarchon.operate.overview_instances import maybe_iso
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule.plan import EntryPlan, build_plan
 from celery_anarchon.schedule.slots import CronSlots
-from celery_anarchon.schedule.timing import Settings
 from celery_anarchon.schedule.zones import zone_name
+from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
 
 #: per store object: (app, settings, {definition key: _Planned}); see :func:`planned_of`

@@ -11,7 +11,7 @@ from celery_anarchon.errors import ConfigError
 from celery_anarchon.operate.listing import CONFIG, STORE
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.plan import build_plan, clash_fix
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.entry_store import InstanceRecord
 

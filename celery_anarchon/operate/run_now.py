@@ -14,7 +14,7 @@ from celery import beat
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.schedule import timing
 from celery_anarchon.schedule.plan import EntryPlan, build_plan
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings
 from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, RunRequest
 from celery_anarchon.stores.run_now import SlotWindow, SlotWindowPassed
 

@@ -14,8 +14,7 @@ from celery_anarchon.operate.listing import (
     ScheduledEntry, celery_entry_of, scheduled, unknown_entry_error,
 )
 from celery_anarchon.operate.names import by_text, default_by
-from celery_anarchon.schedule.timing import Settings
-from celery_anarchon.settings import make_instance_id, open_app_store
+from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, StoredEntry, entry_store
 
@@ -37,7 +36,7 @@ class NamespaceSession:
         self.settings = Settings.from_app(app)
         own = store is None
         if store is None:
-            store = open_app_store(app, self.settings, instance_id="api:" + make_instance_id())
+            store = open_app_store(self.settings, instance_id="api:" + make_instance_id())
         try:
             self.store: EntryStore = entry_store(store)
         except ConfigError:

@@ -91,12 +91,11 @@ class StatusSource:
     """
 
     def __init__(self, app, *, runs: int = 20) -> None:
-        from celery_anarchon.settings import make_instance_id, open_app_store
-        from celery_anarchon.schedule.timing import Settings
+        from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 
         self.app, self.runs = app, runs
         self.settings = Settings.from_app(app)
-        self.store = open_app_store(app, self.settings, instance_id="web:" + make_instance_id())
+        self.store = open_app_store(self.settings, instance_id="web:" + make_instance_id())
         self._lock = threading.Lock()
 
     def status(self) -> dict:

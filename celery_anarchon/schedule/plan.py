@@ -98,7 +98,7 @@ def _is_interval(schedule) -> bool:
     return isinstance(schedule, celery_schedules.schedule)
 
 
-def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Any,
+def build_plan(name: str, entry, *, app, settings: timing.TimingSettings, store: Any,
                known: dict | None = None, warn: Callable[[str], None] | None = None) -> EntryPlan:
     """Check one ``ScheduleEntry`` and build its plan.
 
@@ -188,7 +188,8 @@ def build_plan(name: str, entry, *, app, settings: timing.Settings, store: Any,
     return EntryPlan(name, entry, slots, entry_timing, celery_options, fingerprint, definition)
 
 
-def build_plans(entries: dict, *, app, settings: timing.Settings, store: Any) -> dict[str, EntryPlan]:
+def build_plans(entries: dict, *, app, settings: timing.TimingSettings,
+                store: Any) -> dict[str, EntryPlan]:
     """Plans of every entry; every problem of every entry is reported at once. The names are
     normalized to Unicode NFC (the plans are keyed and claimed by that form), and two names
     equal once normalized are refused: every host and the store would take them for one.

@@ -1,6 +1,7 @@
 """Timing settings, their defaults, and the start-up rules (docs/design.md "Timing").
 
-Settings are read from the Celery configuration (``anarchon_*``) and from each entry's
+Settings come from the Celery configuration (``anarchon_*``, read by
+:mod:`celery_anarchon.settings` into a :class:`TimingSettings`) and from each entry's
 ``options={"anarchon": {...}}``. Durations are seconds (int, float or ``timedelta``), as everywhere
 in Celery. Every unsafe combination raises :class:`~celery_anarchon.errors.ConfigError` when beat
 starts, naming the entry, the rule, the values and the fix: failing at start-up beats running a
@@ -57,23 +58,6 @@ ENTRY_KEYS = ("anchor", "jitter", "lease", "max_late")
 #: keys allowed in ``options={"anarchon": {"lease": {...}}}``
 LEASE_KEYS = ("duration", "heartbeat", "max_attempts", "overlap", "queue_timeout")
 OVERLAP_VALUES = ("skip", "allow")
-#: the Celery settings of celery_anarchon (any other anarchon_* key is a typo)
-SETTINGS = ("anarchon_heartbeat", "anarchon_jitter", "anarchon_lease", "anarchon_max_late",
-            "anarchon_namespace", "anarchon_request_retention", "anarchon_store_options",
-            "anarchon_store_url", "anarchon_sync_interval",
-            # checked by celery_anarchon.beat.metrics and celery_anarchon.worker.metrics
-            "anarchon_metrics_port", "anarchon_metrics_addr", "anarchon_metrics_max_entries",
-            "anarchon_worker_metrics_port", "anarchon_worker_metrics_addr")
-
-
-def _not_negative(value, name: str, default: float) -> None:
-    """A negative number for a setting that must be more than 0: the message states that rule
-    (the duration check would say ">= 0", and 0 is refused too)."""
-    number = value.total_seconds() if isinstance(value, datetime.timedelta) else value
-    if isinstance(number, (int, float)) and not isinstance(number, bool) and number < 0:
-        raise ConfigError(f"{name}: {number:g} s must be more than 0 (default {default:g})")
-
-
 def _fmt(s: float) -> str:
     """Seconds for messages: ``2 s``, ``0.25 s``, ``1.5 s``."""
     return f"{s:g} s"
@@ -108,94 +92,35 @@ class LeaseSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """The ``anarchon_*`` settings of a Celery app (defaults applied, types checked).
+class TimingSettings:
+    """The app-wide values the timing rules read, seconds (defaults applied, types checked):
+    :class:`celery_anarchon.settings.Settings` reads them from the Celery configuration (its
+    table ``OPTIONS``) and extends this class with the rest of the ``anarchon_*`` settings.
 
     :param jitter_s: ``anarchon_jitter`` or ``None`` (default: 2 s lowered per entry).
+    :param max_late_s: ``anarchon_max_late``: the default max_late of an entry (default 60).
+    :param lease_s: ``anarchon_lease``: the default lease duration of a leased entry (default 30).
+    :param heartbeat_s: ``anarchon_heartbeat``: the default lease heartbeat (default 5).
     :param sync_interval_s: ``anarchon_sync_interval``: how often an instance reads the store's
         entries version (and heartbeats), seconds (default 5).
     :param request_retention_s: ``anarchon_request_retention``: how long the store keeps the id of
         a run-now request made by this app (the API, the command line, the status page), seconds
         (default 7 days); a request id is one run for that long (docs/schedules.md).
+    :ivar run_now_max_late_s: derived once, at construction: the least max_late of a run-now
+        request's claim, 2 x ``sync_interval_s`` + :data:`RUN_NOW_MARGIN_S`, seconds.
     """
 
-    jitter_s: float | None
-    max_late_s: float
-    lease_s: float
-    heartbeat_s: float
-    namespace: str
-    store_url: str | None
-    store_options: dict
+    jitter_s: float | None = None
+    max_late_s: float = DEFAULT_MAX_LATE_S
+    lease_s: float = DEFAULT_LEASE_S
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
     sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S
     request_retention_s: float = DEFAULT_REQUEST_RETENTION_S
+    run_now_max_late_s: float = dataclasses.field(init=False)
 
-    @property
-    def run_now_max_late_s(self) -> float:
-        """The least max_late of a run-now request's claim, seconds: 2 x sync interval + 5 s."""
-        return 2 * self.sync_interval_s + RUN_NOW_MARGIN_S
-
-    @classmethod
-    def from_app(cls, app, *, check_timezone: bool = True) -> Settings:
-        """Read and check the settings of ``app``.
-
-        :param check_timezone: check the app's ``timezone`` too (every crontab's slots and every
-            view's times depend on it; the worker side, which computes no slot, passes False).
-        :raises ConfigError: a setting of the wrong type or out of range, or (``check_timezone``)
-            an app ``timezone`` that names no known zone (:func:`timezone_error`).
-        """
-        conf = app.conf
-        for key in list(conf.keys()):
-            if isinstance(key, str) and key.lower().startswith("anarchon_") and key not in SETTINGS:
-                close = difflib.get_close_matches(key.lower(), SETTINGS, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"unknown setting {key!r}{hint}. celery_anarchon's settings: "
-                                  f"{', '.join(SETTINGS)}. A typo must not silently disable a rule.")
-        for name, default in (("anarchon_max_late", DEFAULT_MAX_LATE_S),
-                              ("anarchon_sync_interval", DEFAULT_SYNC_INTERVAL_S),
-                              ("anarchon_request_retention", DEFAULT_REQUEST_RETENTION_S),
-                              ("anarchon_lease", DEFAULT_LEASE_S),
-                              ("anarchon_heartbeat", DEFAULT_HEARTBEAT_S)):
-            _not_negative(conf.get(name), name, default)
-        jitter = conf.get("anarchon_jitter")
-        jitter_s = None if jitter is None else seconds(jitter, "anarchon_jitter")
-        max_late_s = seconds(conf.get("anarchon_max_late", DEFAULT_MAX_LATE_S), "anarchon_max_late")
-        lease_s = seconds(conf.get("anarchon_lease", DEFAULT_LEASE_S), "anarchon_lease")
-        heartbeat_s = seconds(conf.get("anarchon_heartbeat", DEFAULT_HEARTBEAT_S), "anarchon_heartbeat")
-        sync_s = seconds(conf.get("anarchon_sync_interval", DEFAULT_SYNC_INTERVAL_S),
-                         "anarchon_sync_interval")
-        if max_late_s <= 0:
-            raise ConfigError(f"anarchon_max_late: {max_late_s:g} s must be more than 0 (default 60)")
-        if sync_s <= 0:
-            raise ConfigError(f"anarchon_sync_interval: {sync_s:g} s must be more than 0 (default 5)")
-        retention_s = seconds(conf.get("anarchon_request_retention", DEFAULT_REQUEST_RETENTION_S),
-                              "anarchon_request_retention")
-        if not 0 < retention_s <= MAX_REQUEST_RETENTION_S:
-            raise ConfigError(f"anarchon_request_retention: {retention_s:g} s must be more than 0 "
-                              f"and at most {MAX_REQUEST_RETENTION_S:g} (ten years); default "
-                              f"{DEFAULT_REQUEST_RETENTION_S:g} (a week)")
-        if lease_s <= 0 or heartbeat_s <= 0:
-            raise ConfigError("anarchon_lease and anarchon_heartbeat must be more than 0 seconds "
-                              f"(got {lease_s:g} s and {heartbeat_s:g} s; defaults 30 and 5)")
-        if heartbeat_s >= lease_s / 2:
-            raise ConfigError(
-                f"anarchon_heartbeat {_fmt(heartbeat_s)} must be less than half of anarchon_lease "
-                f"{_fmt(lease_s)}: a lease must be renewed at least twice before it can run out. "
-                f"Fix: set anarchon_heartbeat below {lease_s / 2:g} (e.g. {lease_s / 6:.3g}) or "
-                "raise anarchon_lease.")
-        namespace = conf.get("anarchon_namespace") or app.main or "default"
-        if not isinstance(namespace, str):
-            raise ConfigError(f"anarchon_namespace: {namespace!r} must be a string")
-        store_url = conf.get("anarchon_store_url")
-        if store_url is not None and not isinstance(store_url, str):
-            raise ConfigError(f"anarchon_store_url: {store_url!r} must be a URL string")
-        options = conf.get("anarchon_store_options") or {}
-        if not isinstance(options, dict):
-            raise ConfigError(f"anarchon_store_options: {options!r} must be a dict")
-        zone_error = timezone_error(app) if check_timezone else None
-        if zone_error is not None:
-            raise zone_error
-        return cls(jitter_s, max_late_s, lease_s, heartbeat_s, namespace, store_url, dict(options),
-                   sync_interval_s=sync_s, request_retention_s=retention_s)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_now_max_late_s",
+                           2 * self.sync_interval_s + RUN_NOW_MARGIN_S)
 
 
 def timezone_error(app) -> ConfigError | None:
@@ -262,7 +187,7 @@ def split_entry_options(name: str, options: dict | None) -> tuple[dict, dict]:
     return dict(ours), options
 
 
-def _lease_settings(name: str, value: Any, settings: Settings) -> LeaseSettings | None:
+def _lease_settings(name: str, value: Any, settings: TimingSettings) -> LeaseSettings | None:
     if value is None or value is False:
         return None
     if value is True:
@@ -293,7 +218,7 @@ def _lease_settings(name: str, value: Any, settings: Settings) -> LeaseSettings 
     return LeaseSettings(duration, heartbeat, overlap, queue_timeout, attempts)
 
 
-def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
+def resolve(name: str, ours: dict, settings: TimingSettings, *, shortest_gap_s: float,
             memory: Memory, is_interval: bool = True,
             warn: Callable[[str], None] | None = None) -> EntryTiming:
     """Apply defaults and every start-up rule to one entry.
@@ -355,10 +280,10 @@ def resolve(name: str, ours: dict, settings: Settings, *, shortest_gap_s: float,
     return EntryTiming(jitter_s, max_late_s, None, lease)
 
 
-def check_sync_interval(settings: Settings, memory: Memory) -> None:
+def check_sync_interval(settings: TimingSettings, memory: Memory) -> None:
     """The sync interval against the store's memory: a run-now request is claimed up to
-    :attr:`Settings.run_now_max_late_s` after its slot, which the store must still remember (the
-    rule "jitter + max_late < store memory" of docs/design.md "Timing", for run-now requests).
+    :attr:`TimingSettings.run_now_max_late_s` after its slot, which the store must still remember
+    (the rule "jitter + max_late < store memory" of docs/design.md "Timing", for run-now requests).
 
     :raises ConfigError: naming both values and the fix.
     """
@@ -429,9 +354,9 @@ def check_run_now(name: str, memory: Memory, *, shortest_gap_s: float, max_late_
         f"Fix: {fix}{lower}, or wait for the entry's next run.")
 
 
-def check_request_retention(settings: Settings, memory: Memory) -> None:
+def check_request_retention(settings: TimingSettings, memory: Memory) -> None:
     """The retention of run-now request ids against the store: a request stays claimable for
-    :attr:`Settings.run_now_max_late_s` after its slot and is read by every instance for the
+    :attr:`TimingSettings.run_now_max_late_s` after its slot and is read by every instance for the
     store's memory, so its id must be kept longer than both (+ the store-side lateness
     tolerance), or a retry while the first request can still run would be a second request
     (docs/schedules.md, "What each operation guarantees").
@@ -455,8 +380,8 @@ def ms(s: float) -> int:
     return int(round(s * 1000))
 
 
-__all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "Settings", "check_request_retention",
-           "check_run_now", "check_sync_interval", "run_now_span_s",
+__all__ = ["ConfigError", "EntryTiming", "LeaseSettings", "TimingSettings",
+           "check_request_retention", "check_run_now", "check_sync_interval", "run_now_span_s",
            "resolve", "seconds", "split_entry_options", "ms", "LATENESS_TOLERANCE_MS"]
 
 

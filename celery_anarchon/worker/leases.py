@@ -360,10 +360,9 @@ def _store(app, namespace: str):
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
-            from celery_anarchon.settings import open_app_store
-            from celery_anarchon.schedule.timing import Settings
+            from celery_anarchon.settings import Settings, open_app_store
             store = lease_store(open_app_store(
-                app, Settings.from_app(app, check_timezone=False), namespace=namespace,
+                Settings.from_app(app, check_timezone=False), namespace=namespace,
                 instance_id=f"worker:{socket.gethostname()}:{os.getpid()}"))
             _stores[key] = store
             _name_store(store)

@@ -90,8 +90,9 @@ def start_exporter(app: Any, pool: str = "") -> Any:
     :returns: the HTTP server, or ``None`` when no port is set.
     :raises ConfigError: a bad setting, the port in use, or prometheus_client not installed.
     """
-    port = exporter.port_setting(app.conf, PORT_SETTING)
-    addr = exporter.addr_setting(app.conf, ADDR_SETTING)
+    from celery_anarchon.settings import OPTIONS
+    port = OPTIONS[PORT_SETTING].read(app.conf)
+    addr = OPTIONS[ADDR_SETTING].read(app.conf)
     if port is None:
         return None
     exporter.require_prometheus_client(PORT_SETTING)

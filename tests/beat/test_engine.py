@@ -28,7 +28,7 @@ from celery_anarchon.schedule.plan import build_plans
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent, RunState
 from celery_anarchon.stores.entry_store import Pause
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings
 
 from conftest import REDIS_URL, require_server
 from stores_support import LEASE_STORES, VARIANT_OPTIONS, store_url, wait_until

@@ -1,5 +1,6 @@
-"""Prometheus metrics: the bounded entry label, the settings and their errors, the engine's
-observer hook, and the metrics of a three-beat run read back over HTTP (real processes)."""
+"""Prometheus metrics: the bounded entry label, the exporter, the engine's observer hook, and the
+metrics of a three-beat run read back over HTTP (real processes). Their settings and errors:
+tests/test_settings.py."""
 from __future__ import annotations
 
 import collections
@@ -10,7 +11,6 @@ import time
 import urllib.request
 
 import pytest
-from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_anarchon import exporter
@@ -19,9 +19,8 @@ from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.beat.engine.sends import Send, SendQueue
 from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.errors import ConfigError, StoreError
-from celery_anarchon.beat.metrics import OTHER, EntryLabels, MetricsSettings, PrometheusObserver
+from celery_anarchon.beat.metrics import OTHER, EntryLabels, PrometheusObserver
 from celery_anarchon.stores import open_store
-from celery_anarchon.schedule.timing import Settings
 
 from backends import backdate_memory_start
 from cluster import Cluster, read_executions
@@ -89,36 +88,7 @@ def test_ten_thousand_entries_make_a_bounded_number_of_series():
     assert not [l for n, l, _ in found if n.startswith("anarchon_lateness") and "entry" in l]
 
 
-# -- the settings --------------------------------------------------------------------------------
-
-def app_with(**conf) -> Celery:
-    app = Celery("metrics_settings", set_as_current=False)
-    app.conf.update(conf)
-    return app
-
-
-@pytest.mark.parametrize("value", ["9808", True, 0, 70000, 1.5])
-def test_a_bad_metrics_port_names_the_setting_and_the_fix(value):
-    with pytest.raises(ConfigError) as err:
-        MetricsSettings.from_app(app_with(anarchon_metrics_port=value))
-    assert f"anarchon_metrics_port = {value!r}" in str(err.value) and "Fix:" in str(err.value)
-
-
-def test_bad_metrics_address_and_cap_are_refused():
-    with pytest.raises(ConfigError, match="anarchon_metrics_addr = ''"):
-        MetricsSettings.from_app(app_with(anarchon_metrics_addr=""))
-    with pytest.raises(ConfigError, match="anarchon_metrics_max_entries = -1"):
-        MetricsSettings.from_app(app_with(anarchon_metrics_max_entries=-1))
-
-
-def test_the_metrics_settings_are_known_settings_with_defaults():
-    app = app_with(anarchon_metrics_port=9808, anarchon_worker_metrics_port=9809,
-                   anarchon_metrics_addr="0.0.0.0", anarchon_metrics_max_entries=10,
-                   anarchon_worker_metrics_addr="127.0.0.1")
-    Settings.from_app(app)       # no "unknown setting" error
-    assert MetricsSettings.from_app(app) == MetricsSettings(9808, "0.0.0.0", 10)
-    assert MetricsSettings.from_app(app_with()) == MetricsSettings(None, "127.0.0.1", 500)
-
+# -- the exporter ---------------------------------------------------------------------------------
 
 def test_a_port_in_use_is_a_config_error_naming_the_setting_value_and_fix():
     with socket.socket() as busy:

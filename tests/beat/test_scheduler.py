@@ -1,4 +1,5 @@
-"""The Celery glue: construction, banner, close, tick never raising, sending, store defaults."""
+"""The Celery glue: construction, banner, close, tick never raising, sending (where the store is:
+tests/test_settings.py)."""
 from __future__ import annotations
 
 import logging
@@ -15,12 +16,9 @@ from kombu.exceptions import OperationalError
 from celery_anarchon import ConfigError, Scheduler, scheduled_at
 from celery_anarchon.beat.publisher import Publisher
 from celery_anarchon.errors import SendOutcomeUnknown
-from celery_anarchon.settings import resolve_store_url
 from celery_anarchon.beat.scheduler import _exit_requested
-from celery_anarchon.stores import url_following_broker
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.stores.base import RunEvent
-from celery_anarchon.schedule.timing import Settings
 
 from conftest import REDIS_URL, require_server
 from stores_support import wait_until
@@ -330,39 +328,6 @@ def test_scheduled_at_gives_the_slot_as_aware_utc():
     assert scheduled_at(request) == datetime(2023, 11, 14, 22, 13, 20, 250000, tzinfo=timezone.utc)
     assert scheduled_at(SimpleNamespace(request=request)) == scheduled_at(request)
     assert scheduled_at(SimpleNamespace(headers={})) is None
-
-
-@pytest.mark.parametrize("broker, store", [
-    ("redis://:pw@r:6379/0", "redis://:pw@r:6379/0"),
-    ("rediss://r:6380/1", "rediss://r:6380/1"),
-    ("sqla+postgresql://u@db/app", "postgresql://u@db/app"),
-    ("pyamqp://guest:pw@rabbit//", "amqp://guest:pw@rabbit//"),
-    ("amqps://u@rabbit:5671/vh", "amqps://u@rabbit:5671/vh"),
-])
-def test_the_store_follows_a_shared_broker(broker, store):
-    assert url_following_broker(broker) == (store, None)
-
-
-def test_a_local_broker_gives_the_embedded_sqlite_store_with_a_warning(tmp_path):
-    url, warning = url_following_broker(f"sqla+sqlite:///{tmp_path}/broker.sqlite3")
-    assert url == f"sqlite:///{tmp_path}/celery-anarchon.sqlite3"
-    assert "one host only" in warning and "anarchon_store_url" in warning
-
-
-@pytest.mark.parametrize("broker", ["sqs://key:secret@", "azureservicebus://x"])
-def test_a_broker_that_cannot_be_a_store_asks_for_a_store_url(broker):
-    with pytest.raises(ConfigError) as info:
-        url_following_broker(broker)
-    assert "anarchon_store_url" in str(info.value) and "secret" not in str(info.value)
-
-
-def test_a_sentinel_broker_gives_its_master_name_to_the_store(tmp_path):
-    app = Celery("proj", set_as_current=False)
-    app.conf.update(broker_url="sentinel://s1:26379;sentinel://s2:26379",
-                    broker_transport_options={"master_name": "mymaster"})
-    url, options, warning = resolve_store_url(app, Settings.from_app(app))
-    assert url.startswith("sentinel://s1:26379") and options["master_name"] == "mymaster"
-    assert warning is None
 
 
 def test_a_leased_entry_needs_the_worker_side_installed(tmp_path):

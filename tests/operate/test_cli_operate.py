@@ -19,7 +19,7 @@ from celery_anarchon.operate.overview import overview
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import ClaimRequest, LeaseTerms, RunEvent
 from celery_anarchon.stores.entry_store import InstanceRecord
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings
 
 from backends import BACKENDS
 from cluster import Cluster

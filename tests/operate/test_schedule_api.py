@@ -23,7 +23,7 @@ from celery_anarchon.schedule.slots import IntervalSlots
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, EntryStore
 from celery_anarchon.stores.run_now import SlotWindow, request_id_ms
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings
 
 from backends import BACKENDS, kinds_whose_store, url_of
 from conftest import require_server

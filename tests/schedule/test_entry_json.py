@@ -17,7 +17,7 @@ from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.plan import build_plan
 from celery_anarchon.stores import open_store
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings
 
 #: 2025-01-01T00:00:00Z
 T0_MS = 1_735_689_600_000

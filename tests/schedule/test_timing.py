@@ -15,8 +15,9 @@ from celery_anarchon.schedule.plan import build_plan, build_plans, task_id_for
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import Memory
 from celery_anarchon.schedule.timing import (
-    Settings, check_request_retention, check_run_now, check_sync_interval, resolve,
+    check_request_retention, check_run_now, check_sync_interval, resolve,
 )
+from celery_anarchon.settings import Settings
 
 
 def make_app(**conf):
@@ -213,21 +214,6 @@ def test_a_leased_entry_needs_a_store_that_holds_leases(url, options):
     assert "Redis (strategy 'lease'), PostgreSQL or SQLite" in message
 
 
-def test_the_sync_interval_defaults_to_five_seconds_and_is_checked_like_the_others():
-    settings = Settings.from_app(make_app())
-    assert settings.sync_interval_s == 5 and settings.run_now_max_late_s == 15
-    assert Settings.from_app(make_app(anarchon_sync_interval=timedelta(seconds=1))).sync_interval_s == 1
-    for value, expected in [(0, "anarchon_sync_interval: 0 s must be more than 0 (default 5)"),
-                            ("5s", "'5s' is not a duration"),
-                            (-1, "anarchon_sync_interval: -1 s must be more than 0 (default 5)")]:
-        with pytest.raises(ConfigError) as info:
-            Settings.from_app(make_app(anarchon_sync_interval=value))
-        assert expected in str(info.value) and "anarchon_sync_interval" in str(info.value)
-    with pytest.raises(ConfigError) as info:
-        Settings.from_app(make_app(anarchon_sync_intervall=5))
-    assert "did you mean 'anarchon_sync_interval'?" in str(info.value)
-
-
 def test_a_run_now_claim_must_stay_within_the_store_memory():
     check_sync_interval(Settings.from_app(make_app()), Memory(3600))
     check_sync_interval(Settings.from_app(make_app()), Memory(None))
@@ -280,22 +266,6 @@ def test_a_run_now_claim_must_stay_within_a_count_limited_memory_of_its_entry():
         "the rest is 14 s: a claim that late could find the first claim forgotten, and win the "
         "run a second time or be refused (a miss). Fix: wait 15 s and ask again, or set "
         "anarchon_store_options['history_size'] to at least 22.")
-
-
-def test_the_request_retention_defaults_to_a_week_and_is_checked_like_the_others():
-    assert Settings.from_app(make_app()).request_retention_s == 7 * 86400
-    assert Settings.from_app(make_app(
-        anarchon_request_retention=timedelta(days=2))).request_retention_s == 2 * 86400
-    for value, expected in [(0, "anarchon_request_retention: 0 s must be more than 0"),
-                            (-1, "anarchon_request_retention: -1 s must be more than 0"),
-                            (1e9, "at most 3.1536e+08 (ten years)"),
-                            (1e12, "more than 3155760000 s (100 years)"),
-                            ("7d", "'7d' is not a duration")]:
-        with pytest.raises(ConfigError) as info:
-            Settings.from_app(make_app(anarchon_request_retention=value))
-        assert expected in str(info.value) and "anarchon_request_retention" in str(info.value)
-    with pytest.raises(ConfigError, match="did you mean 'anarchon_request_retention'"):
-        Settings.from_app(make_app(anarchon_request_retension=5))
 
 
 def test_request_ids_must_be_kept_longer_than_a_request_can_run():

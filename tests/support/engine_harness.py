@@ -18,7 +18,7 @@ from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.beat.engine import Engine
 from celery_anarchon.schedule.plan import build_plan, build_plans
 from celery_anarchon.stores import open_store
-from celery_anarchon.schedule.timing import Settings
+from celery_anarchon.settings import Settings
 
 from backends import backdate_memory_start
 

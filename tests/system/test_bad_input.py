@@ -588,7 +588,7 @@ def test_an_unknown_app_timezone_is_one_error_naming_the_setting_wherever_the_ap
     setting, the value, the fix), not one misleading "Celery cannot build it" per entry."""
     import celery_anarchon
     from celery_anarchon.operate import overview
-    from celery_anarchon.schedule.timing import Settings
+    from celery_anarchon.settings import Settings
     app = Celery("proj", set_as_current=False)
     app.conf.update(broker_url="memory://", anarchon_store_url=SQLITE, timezone="Mars/Olympus",
                     beat_schedule={"a": {"task": "proj.t", "schedule": crontab(minute="0")},

@@ -19,12 +19,11 @@ from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon._util import iso
-from celery_anarchon.settings import make_instance_id, open_app_store
+from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 from celery_anarchon.errors import (
     ConfigError, EntryExists, EntryOwnedByConfig, StoreError, UnknownEntry,
 )
 from celery_anarchon.operate.schedules import Schedules, ScheduledEntry
-from celery_anarchon.schedule.timing import Settings
 
 #: exit codes (documented in docs/schedules.md)
 EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_UNKNOWN_ENTRY, EXIT_OWNED_OR_EXISTS = 1, 2, 3, 4
@@ -275,4 +274,4 @@ def list_entries(app, as_json: bool) -> None:
 def _open(app):
     """The app's settings and its store, opened (no I/O yet) as a command line instance."""
     settings = Settings.from_app(app)
-    return settings, open_app_store(app, settings, instance_id="cli:" + make_instance_id())
+    return settings, open_app_store(settings, instance_id="cli:" + make_instance_id())

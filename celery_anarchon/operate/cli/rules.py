@@ -24,9 +24,9 @@ from celery_anarchon.operate.overview_entries import zone_of
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.plan import EntryPlan
-from celery_anarchon.schedule.timing import Settings, check_sync_interval
+from celery_anarchon.schedule.timing import check_sync_interval
 from celery_anarchon.schedule.zones import zone_name
-from celery_anarchon.settings import make_instance_id, open_app_store, resolve_store_url
+from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 
 
@@ -58,13 +58,27 @@ class _Report:
 _WHERE = ("anarchon_store_url", "anarchon_store_options", "anarchon_namespace")
 
 
+class _ConfWithout(dict):
+    """``app.conf`` without the settings that failed; Celery's own (``broker_url``, ...) are
+    read through as attributes, as :meth:`Settings.from_app` reads them."""
+
+    def __init__(self, conf, dropped: set[str]) -> None:
+        super().__init__((k, v) for k, v in conf.items() if k not in dropped)
+        self._conf = conf
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._conf, name)
+
+
 class _WithoutSettings:
     """The app as :meth:`Settings.from_app` reads it, without the settings that failed (each
     then has its default), so that the other checks still run."""
 
     def __init__(self, app, dropped: set[str]) -> None:
         self.main = app.main
-        self.conf = {k: v for k, v in app.conf.items() if k not in dropped}
+        self.conf = _ConfWithout(app.conf, dropped)
         self._app = app
 
     @property
@@ -98,8 +112,8 @@ def check(app, use_store: bool, strict: bool = False) -> None:
     if settings is None:
         _summary(report, strict)
     try:
-        _, _, one_host = resolve_store_url(app, settings)
-        store = open_app_store(app, settings, instance_id="cli:" + make_instance_id())
+        one_host = settings.store_warning
+        store = open_app_store(settings, instance_id="cli:" + make_instance_id())
     except ConfigError as exc:
         report.fail(testing.problem_of(None, exc))
         _summary(report, strict)
