@@ -7,10 +7,9 @@ Public names: :class:`Scheduler`, :class:`ConfigError`, :func:`scheduled_at`, :f
 :func:`install`, :func:`current_lease`, :class:`LeaseLost`, :func:`schedules` (change the schedule
 at run time: add, update, remove, pause, resume, run now).
 """
+from celery_anarchon._util import VERSION as __version__  # the installed distribution's
 from celery_anarchon.errors import ConfigError, LeaseLost, StoreError, StoreUnavailable
 from celery_anarchon.messages import scheduled_at
-
-__version__ = "0.1.0"
 
 __all__ = ["Scheduler", "ConfigError", "LeaseLost", "StoreError", "StoreUnavailable",
            "scheduled_at", "cron", "install", "current_lease", "schedules", "__version__"]

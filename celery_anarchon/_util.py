@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import importlib.metadata
 import math
 import re
 from datetime import datetime, timedelta, timezone
@@ -19,6 +20,13 @@ from celery_anarchon.limits import FIRST_MS, LAST_SLOT_MS, MAX_DURATION_S, durat
 #: Lease stores refuse a run whose slot is older than max_late + this, or further than this in
 #: the future, on the store's clock (docs/design.md "Timing": store-side lateness tolerance).
 LATENESS_TOLERANCE_MS = 10_000
+
+try:
+    #: the version of celery_anarchon (``celery_anarchon.__version__``, an instance's record): the
+    #: installed distribution's, from setup.cfg
+    VERSION = importlib.metadata.version("celery-anarchon")
+except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+    VERSION = "unknown"
 
 
 @contextlib.contextmanager

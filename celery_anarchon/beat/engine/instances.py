@@ -17,7 +17,6 @@ are the same: the same runs, but a change of the store entry would not reach eve
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import socket
 from collections.abc import Mapping
 from typing import Callable
 
+from celery_anarchon._util import VERSION
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.beat.engine.skew import SkewCheck
@@ -36,11 +36,6 @@ logger = logging.getLogger(__name__)
 
 #: an instance record lives this many sync intervals without a heartbeat
 TTL_INTERVALS = 3
-
-try:
-    VERSION = importlib.metadata.version("celery-anarchon")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree
-    VERSION = "unknown"
 
 #: one disagreement: (entry, the other instance's fingerprint, its host:pid)
 Disagreement = tuple[str, str, str]
