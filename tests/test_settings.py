@@ -16,7 +16,7 @@ import celery_anarchon
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.schedule.timing import TimingSettings
 from celery_anarchon.settings import OPTIONS, SETTINGS, Settings, open_app_store
-from celery_anarchon.stores import url_following_broker
+from celery_anarchon.stores import open_store, url_following_broker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -203,6 +203,18 @@ def test_the_metrics_settings_are_known_settings_with_defaults():
 
 
 # -- where the store is ----------------------------------------------------------------------------
+
+def test_an_app_without_a_broker_url_has_celerys_default_brokers_store():
+    """No broker_url (Celery's default app, or ``celery anarchon`` run without ``-A``) is
+    Celery's default broker, RabbitMQ on localhost: its store is that broker's, a URL the store
+    registry knows, never the bare word ``amqp``."""
+    app = make_app(broker_url=None)
+    default = app.connection_for_write().as_uri(include_password=True)
+    assert url_following_broker(None) == (default, None) == url_following_broker("")
+    settings = Settings.from_app(app)
+    assert settings.store_url == default
+    open_store(settings.store_url, namespace="n", instance_id="i").close()
+
 
 @pytest.mark.parametrize("broker, store", [
     ("redis://:pw@r:6379/0", "redis://:pw@r:6379/0"),

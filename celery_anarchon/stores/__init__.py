@@ -98,14 +98,19 @@ def default_sqlite_url(broker_url: str | None) -> str:
     return "sqlite:///" + os.path.abspath("celery-anarchon.sqlite3")
 
 
+#: the broker of an app that sets no ``broker_url``: Celery's default, kombu's defaults of the
+#: ``amqp`` transport (``Celery().connection_for_write().as_uri(include_password=True)``)
+CELERY_DEFAULT_BROKER = "amqp://guest:guest@localhost:5672//"
+
+
 def url_following_broker(broker_url: str | None) -> tuple[str, str | None]:
     """The store URL to use when ``anarchon_store_url`` is unset (docs/design.md "Where the store is").
 
     :returns: ``(url, warning)``; ``warning`` is set for the embedded SQLite default.
     :raises ConfigError: a broker every host cannot share as a store (e.g. SQS).
     """
-    url = (broker_url or "").split(";")[0].strip()
-    scheme = scheme_of(url) if url else "amqp"
+    url = (broker_url or "").split(";")[0].strip() or CELERY_DEFAULT_BROKER
+    scheme = scheme_of(url)
     if scheme in ("redis", "rediss"):
         return url, None
     if scheme in ("sqla+postgresql", "sqla+postgres", "sqla+postgresql+psycopg"):
