@@ -246,6 +246,11 @@ def test_run_now_prints_its_request_id_the_retry_command_and_says_a_repeat_runs_
     failed = cli(down, namespace, "run-now", "config-entry", "--request-id", "ticket-4712")
     fails(failed, 1, "the outcome is unknown",
           "-A cli_app anarchon run-now config-entry --request-id ticket-4712")
+    assert ".;" not in failed.stderr, failed.stderr
+    # without an id, the store that cannot be reached makes none: nothing was requested
+    unmade = cli(down, namespace, "run-now", "config-entry")
+    fails(unmade, 1, "nothing was requested: run the same command again")
+    assert "outcome is unknown" not in unmade.stderr, unmade.stderr
 
 
 def test_run_now_refuses_a_bad_request_id_and_answers_a_repeat_of_a_paused_entry(

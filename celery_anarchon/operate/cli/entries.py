@@ -206,21 +206,26 @@ def run_now(app, name: str, request_id: str | None, by: str | None, as_json: boo
             command: str = "celery anarchon") -> None:
     """``run-now``: the request's id (given, or a new one of the store's clock) is printed with
     the command that repeats the same request; a repeat says so (no new run); a store error
-    says the outcome is unknown and prints that command.
+    says the outcome is unknown and prints that command (or, before an id was made from the
+    store's clock, that nothing was requested).
 
     :param command: how the operator ran ``anarchon`` (``celery -A proj anarchon``), for the
         printed command.
     """
     with _schedules(app) as s:
         if request_id is None:
-            request_id = s.new_request_id()            # an error here: nothing was requested
+            try:
+                request_id = s.new_request_id()        # made from the store's clock
+            except StoreError as exc:
+                raise StoreError(f"{str(exc).rstrip('.')}; nothing was requested: run the same "
+                                 "command again once the store answers") from exc
         again = (f"{command} run-now {shlex.quote(name)} --request-id "
                  f"{shlex.quote(request_id)}")
         try:
             request = s.run_now(name, request_id, by=by)
         except StoreError as exc:
-            raise StoreError(f"{exc}; the outcome is unknown: repeat the same request (one run, "
-                             f"never two): {again}") from exc
+            raise StoreError(f"{str(exc).rstrip('.')}; the outcome is unknown: repeat the same "
+                             f"request (one run, never two): {again}") from exc
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(request), sort_keys=True))
     elif request.created:
