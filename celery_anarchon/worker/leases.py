@@ -187,7 +187,8 @@ def _safety_net(sender=None, **kwargs) -> None:
     install(app)
     logger.warning("celery_anarchon: the app module of this worker does not call "
                    "celery_anarchon.install(app); installed the worker side of leases for this "
-                   "worker. Add the call to the app module so every process that loads it has it.")
+                   "worker. Only entries with a lease need it (one added at run time too): add "
+                   "the call to the app module so every process that loads it has it.")
 
 
 def _unprotected_leased_message(sender=None, task=None, **kwargs) -> None:
