@@ -4,6 +4,12 @@ the worker side (:mod:`celery_anarchon.worker.metrics`): the checks of its setti
 most once per process and port.
 
 prometheus_client (the ``metrics`` extra) is imported only when an exporter is asked for.
+
+The registries of both sides (:func:`registry`) serve no ``*_created`` series: a counter's
+creation time is noise to an alert, and doubles the series of every labelled counter. They are
+left out of these registries only: prometheus_client's process-wide switch
+(``disable_created_metrics()``, ``PROMETHEUS_DISABLE_CREATED_SERIES``) would change the metrics
+of the application's own code in the same process.
 """
 from __future__ import annotations
 
@@ -20,6 +26,30 @@ EXTRA_HINT = "pip install 'celery-anarchon[metrics]'"
 _lock = threading.Lock()
 #: (pid, addr, port) -> (registry, server) of the exporters this process started
 _serving: dict[tuple[int, str, int], tuple[Any, Any]] = {}
+
+
+def registry() -> Any:
+    """A new ``prometheus_client.CollectorRegistry`` that serves its metrics without their
+    ``*_created`` samples (counters, histograms, summaries; multiprocess collectors included).
+
+    :raises ImportError: prometheus_client is not installed.
+    """
+    import copy
+
+    from prometheus_client import CollectorRegistry
+
+    class NoCreatedRegistry(CollectorRegistry):
+        """A registry whose collected metrics have no ``*_created`` samples."""
+
+        def collect(self):
+            for metric in super().collect():
+                samples = [s for s in metric.samples if not s.name.endswith("_created")]
+                if len(samples) != len(metric.samples):
+                    metric = copy.copy(metric)
+                    metric.samples = samples
+                yield metric
+
+    return NoCreatedRegistry()
 
 
 def check_port(value: Any, name: str) -> int | None:

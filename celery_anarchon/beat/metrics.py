@@ -15,6 +15,23 @@ Bounded labels: the ``entry`` label names only the first ``anarchon_metrics_max_
 in the order of their names (the same on every instance that runs the same entries); every other
 entry is counted under ``entry="(other)"``. The histograms carry no entry label. So 10,000 entries
 make at most 501 entry values per counter, whatever the schedule. See docs/production.md "Metrics".
+
+Every labelled counter is served from 0 for each entry label and each outcome or event this
+instance knows, so that ``increase(...)`` sees the first event; the series of an entry that no
+longer has a label of its own are dropped (memory stays bounded when entries come and go). No
+``*_created`` series are served (:func:`celery_anarchon.exporter.registry`).
+
+The timestamps of an entry (gauges, epoch seconds; entries with a label of their own only: one
+value cannot stand for every entry under ``(other)``):
+
+* ``anarchon_next_slot_timestamp_seconds``: its next slot as the plan computes it;
+* ``anarchon_last_slot_timestamp_seconds``: its newest slot that came (should have run);
+* ``anarchon_last_run_timestamp_seconds``: the slot of its newest run this instance knows was
+  sent: sent here, or won by another instance (every instance claims every slot of the entries
+  it runs, so every instance knows of every run the cluster sent). Absent until this instance
+  saw one since it started. So "entry X has not run for 2 intervals" is
+  ``time() - max by (entry) (anarchon_last_run_timestamp_seconds{entry="X"}) > 2 * interval`` on
+  any instance, and an entry is overdue when its last slot is newer than its last run.
 """
 from __future__ import annotations
 
@@ -25,7 +42,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery_anarchon import exporter
-from celery_anarchon.beat.engine.observe import Observer
+from celery_anarchon.beat.engine.observe import CLAIM_OUTCOMES, LEASE_EVENTS, ROUND_TRIPS, Observer
 from celery_anarchon.settings import DEFAULT_METRICS_MAX_ENTRIES, OTHER_ENTRY_LABEL, Settings
 
 #: the entry label of every entry past the cap
@@ -66,6 +83,11 @@ class EntryLabels:
         """The label value of entry ``name``."""
         return name if name in self._named else OTHER
 
+    @property
+    def named(self) -> frozenset[str]:
+        """The entries that keep their name."""
+        return self._named
+
 
 class PrometheusObserver(Observer):
     """The engine's facts as Prometheus metrics in :attr:`registry` (a registry of its own).
@@ -77,10 +99,10 @@ class PrometheusObserver(Observer):
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, *, instance_id: str = "",
                  namespace: str = "") -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+        from prometheus_client import Counter, Gauge, Histogram, Info
 
         from celery_anarchon.beat.engine.instances import VERSION
-        self.registry = registry = CollectorRegistry()
+        self.registry = registry = exporter.registry()
         self.labels = EntryLabels(max_entries)
         self._lock = threading.Lock()
         self.claims = Counter(
@@ -115,12 +137,30 @@ class PrometheusObserver(Observer):
             ["kind"], registry=registry)
         for kind in ("pause", "entry"):
             self.kept.labels(kind).set(0)
+        self.next_slots = Gauge(
+            "anarchon_next_slot_timestamp_seconds", "The entry's next slot as its plan computes "
+            "it (epoch seconds)", ["entry"], registry=registry)
+        self.last_slots = Gauge(
+            "anarchon_last_slot_timestamp_seconds", "The entry's newest slot that came on this "
+            "instance: the newest that should have run (epoch seconds)", ["entry"],
+            registry=registry)
+        self.last_runs = Gauge(
+            "anarchon_last_run_timestamp_seconds", "The slot of the entry's newest run this "
+            "instance knows was sent: here, or won by another instance (epoch seconds)",
+            ["entry"], registry=registry)
+        self._last_run_ms: dict[str, int] = {}
+        for event in LEASE_EVENTS:
+            self.leases.labels(event)
+        for operation in ROUND_TRIPS:
+            self.round_trip.labels(operation)
         Info("anarchon_instance", "This beat instance", registry=registry).info(
             {"instance_id": instance_id, "namespace": namespace, "version": VERSION})
         self._gauge_cls = Gauge
         self._live = None               # created at the first count: absent on other stores
         #: label values -> the metric's child: a burst of 10,000 runs looks each up once
         self._children: dict[tuple, Any] = {}
+        self._labelled: set[str] = set()
+        self._zero({OTHER})
 
     def _child(self, metric: Any, *values: str) -> Any:
         key = (id(metric), *values)
@@ -129,10 +169,38 @@ class PrometheusObserver(Observer):
             child = self._children[key] = metric.labels(*values)
         return child
 
+    def _zero(self, labels: set[str]) -> None:
+        """Serve the counters of entry labels ``labels`` from 0."""
+        for label in labels:
+            for outcome in CLAIM_OUTCOMES:
+                self._child(self.claims, label, outcome)
+            self._child(self.sends, label)
+            self._child(self.send_failures, label)
+        self._labelled |= labels
+
+    def _drop(self, labels: set[str]) -> None:
+        """Drop every series of entry labels ``labels`` (entries no longer labelled)."""
+        by_metric = {id(metric): metric for metric in
+                     (self.claims, self.sends, self.send_failures, self.next_slots,
+                      self.last_slots, self.last_runs)}
+        for key in [k for k in self._children if k[0] in by_metric and k[1] in labels]:
+            metric = by_metric[key[0]]
+            del self._children[key]
+            try:
+                metric.remove(*key[1:])
+            except KeyError:
+                pass
+        for label in labels:
+            self._last_run_ms.pop(label, None)
+        self._labelled -= labels
+
     def entries(self, names: Iterable[str]) -> None:
         names = list(names)
         self.labels.update(names)
         self.entry_count.set(len(names))
+        labelled = set(self.labels.named) | {OTHER}
+        self._drop(self._labelled - labelled)
+        self._zero(labelled - self._labelled)
 
     def ticked(self, now: float) -> None:
         self.last_tick.set(now)
@@ -171,6 +239,19 @@ class PrometheusObserver(Observer):
     def entries_kept(self, pauses: int, entries: int) -> None:
         self._child(self.kept, "pause").set(pauses)
         self._child(self.kept, "entry").set(entries)
+
+    def next_slot(self, entry: str, slot_ms: int) -> None:
+        if entry in self.labels.named:
+            self._child(self.next_slots, entry).set(slot_ms / 1000)
+
+    def slot_came(self, entry: str, slot_ms: int) -> None:
+        if entry in self.labels.named:
+            self._child(self.last_slots, entry).set(slot_ms / 1000)
+
+    def ran(self, entry: str, slot_ms: int) -> None:
+        if entry in self.labels.named and slot_ms > self._last_run_ms.get(entry, -1):
+            self._last_run_ms[entry] = slot_ms
+            self._child(self.last_runs, entry).set(slot_ms / 1000)
 
 
 _process_lock = threading.Lock()

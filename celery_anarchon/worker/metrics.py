@@ -36,6 +36,9 @@ logger = logging.getLogger("celery_anarchon.worker.metrics")
 
 PORT_SETTING, ADDR_SETTING = "anarchon_worker_metrics_port", "anarchon_worker_metrics_addr"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: every event counted (the module's words), each served from 0 so that the first one is an increase
+EVENTS = ("adopted", "renewed", "renew_failed", "lost", "released", "release_refused",
+          "release_failed", "handed_back", "dropped", "dropped_paused", "dropped_store_unreachable")
 
 _lock = threading.Lock()
 _counter: Any = None            # the counter, once created in this process
@@ -53,8 +56,7 @@ def _enabled_for(app: Any) -> bool:
 def _registry() -> Any:
     global _own_registry
     if _own_registry is None:
-        from prometheus_client import CollectorRegistry
-        _own_registry = CollectorRegistry()
+        _own_registry = exporter.registry()
     return _own_registry
 
 
@@ -97,18 +99,20 @@ def start_exporter(app: Any, pool: str = "") -> Any:
         return None
     exporter.require_prometheus_client(PORT_SETTING)
     if os.environ.get(MULTIPROC_ENV):
-        from prometheus_client import CollectorRegistry, multiprocess
-        registry = CollectorRegistry()
+        from prometheus_client import multiprocess
+        registry = exporter.registry()
         multiprocess.MultiProcessCollector(registry)
     else:
         registry = _registry()
-        _lease_counter()            # exported from the start, at zero
         if "prefork" in pool:
             logger.warning(
                 "celery_anarchon: %s: the prefork pool runs task bodies in child processes, whose "
                 "lease counts this exporter cannot see: set %s to an empty directory before the "
                 "worker starts (prometheus_client's multiprocess mode), or use the threads or "
                 "solo pool.", PORT_SETTING, MULTIPROC_ENV)
+    counter = _lease_counter()      # exported from the start, every event at zero
+    for event in EVENTS:
+        counter.labels(event)
     server = exporter.serve(registry, port=port, addr=addr, setting=PORT_SETTING)
     logger.info("celery_anarchon: worker lease metrics on http://%s:%d/metrics", addr, port)
     return server

@@ -149,6 +149,7 @@ class ClaimChunks:
             return Send(plan, result.slot_ms, result.attempt, result.token, task_id,
                         deadline_ms=result.slot_ms + result.request.max_late_ms)
         if outcome is Outcome.OTHER_WON:       # the normal case, not an error
+            self.observer.ran(plan.name, result.slot_ms)
             logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
                          result.winner or "another instance")
         else:

@@ -83,7 +83,7 @@ class Engine:
         self.skips = SkipLog(store, instance_id, monotonic, stats, self.notes, observer=observer)
         self.claims = ClaimRetries(store, instance_id, stats, self.notes, self.outage,
                                    observer=observer)
-        self.due = DueRuns(namespace, rng, self.skips, self.claims)
+        self.due = DueRuns(namespace, rng, self.skips, self.claims, observer=observer)
         self.sends = SendQueue(send, clock, monotonic, stats, self.notes, observer=observer,
                                batch=send_batch)
         self.pace = Pace(monotonic)

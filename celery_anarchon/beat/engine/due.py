@@ -12,6 +12,7 @@ import random
 
 from celery_anarchon._util import iso
 from celery_anarchon.beat.engine.claims import ClaimRetries, claim_request
+from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.skips import SkipLog
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.schedule.plan import EntryPlan
@@ -30,10 +31,12 @@ class DueRuns:
     :param rng: the jitter source.
     :param skips: logs and notes the slots reached too late.
     :param claims: the claims waiting for the store (a re-seed does not queue one twice).
+    :param observer: told of each entry's next slot and of each slot that came.
     """
 
     def __init__(self, namespace: str, rng: random.Random, skips: SkipLog,
-                 claims: ClaimRetries) -> None:
+                 claims: ClaimRetries, *, observer: Observer = NOOP) -> None:
+        self.observer = observer
         self.namespace = namespace
         self.rng = rng
         self.skips = skips
@@ -109,6 +112,7 @@ class DueRuns:
     def _push(self, plan: EntryPlan, slot_ms: int) -> None:
         jitter_s = self.rng.uniform(0, plan.jitter_ms / 1000) if plan.jitter_ms else 0.0
         self._pending[plan.name] = slot_ms
+        self.observer.next_slot(plan.name, slot_ms)
         heapq.heappush(self._heap, (slot_ms / 1000 + jitter_s, slot_ms, plan.name))
 
     def _drop_stale_heads(self) -> None:
@@ -130,6 +134,7 @@ class DueRuns:
             self._no_next(plan, exc)
             return
         finally:
+            self.observer.slot_came(plan.name, late[-1] if late else slot_ms)
             if late:
                 self.skips.late_local(plan, late, now_ms - late[0])
         self._push(plan, nxt)

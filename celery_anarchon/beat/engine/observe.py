@@ -17,13 +17,25 @@ The words of the ``outcome`` and ``event`` arguments:
   queued), ``taken_over``, ``lost`` (given up after max_attempts, or because the store may have
   lost writes to it), ``superseded`` (abandoned for a newer slot instead of a takeover),
   ``paused`` (ended instead of a takeover: its entry is paused).
+
+The slots, for the timestamps an alert compares (docs/production.md "Metrics"): :meth:`Observer.next_slot`
+(the slot this instance waits for), :meth:`Observer.slot_came` (the newest slot that should have
+run) and :meth:`Observer.ran` (the newest run this instance knows was sent, by it or another).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from celery_anarchon.stores.base import Outcome
+
 #: the claim outcomes decided on this instance, beside the store's answers
 LATE_LOCAL, UNREACHABLE = "late_local", "unreachable"
+#: every claim outcome an instance tells (the store's answers and the two of its own)
+CLAIM_OUTCOMES = (*(outcome.value for outcome in Outcome), LATE_LOCAL, UNREACHABLE)
+#: every lease event of the beat side
+LEASE_EVENTS = ("started", "taken_over", "lost", "superseded", "paused")
+#: the store calls whose round trips are told
+ROUND_TRIPS = ("claim", "lease_check")
 
 
 class Observer:
@@ -66,6 +78,20 @@ class Observer:
     def entries_kept(self, pauses: int, entries: int) -> None:
         """This instance keeps ``pauses`` pauses and ``entries`` store entries from before a loss
         of the store's entries data (0 and 0: it follows the store)."""
+
+
+    def next_slot(self, entry: str, slot_ms: int) -> None:
+        """The next slot of ``entry`` (epoch ms) as its plan computes it: the run this instance
+        waits for, told when it is queued (at start-up, after each slot came, when the entry
+        changed)."""
+
+    def slot_came(self, entry: str, slot_ms: int) -> None:
+        """The slot ``slot_ms`` (epoch ms) of ``entry`` came on this instance (its jitter passed,
+        or it was reached after max_late): the newest slot that should have run."""
+
+    def ran(self, entry: str, slot_ms: int) -> None:
+        """The run of ``entry``'s slot ``slot_ms`` (epoch ms) was sent, as this instance knows:
+        sent here (any attempt), or its claim was won by another instance (which sends it)."""
 
 
 #: the observer of an engine given none

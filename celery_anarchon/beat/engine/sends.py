@@ -162,6 +162,7 @@ class SendQueue:
         self.retrying.pop((job.plan.name, job.slot_ms), None)
         self.stats["sent"] += 1
         self.observer.sent(job.plan.name, job.attempt, self.clock() - job.slot_ms / 1000)
+        self.observer.ran(job.plan.name, job.slot_ms)
         self.notes.add(job.plan.name, job.slot_ms, RunEvent.SENT, task_id=job.task_id,
                        attempt=job.attempt)
 
