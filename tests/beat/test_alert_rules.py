@@ -1,10 +1,14 @@
 """The Prometheus alerting rules shipped in docs/prometheus: ``promtool check rules`` and
 ``promtool test rules`` pass (series that fire each alert and series that do not), and every
-metric they and docs/production.md's example alerts name is a series the exporters really serve
-(beat engines ticked on a store, the worker's exporter, scraped over HTTP). Without promtool the
-promtool test is skipped, and fails under ``CI=true`` (.ci/run installs Debian's ``prometheus``)."""
+metric they, docs/production.md's example alerts and the Grafana dashboard (docs/grafana) name is
+a series the exporters really serve (beat engines ticked on a store, the worker's exporter,
+scraped over HTTP); the committed dashboard is what its script makes. Without promtool (or
+grafana-foundation-sdk) their test is skipped, and fails under ``CI=true`` (.ci/run installs
+Debian's ``prometheus``; the ``test`` extra has the SDK)."""
 from __future__ import annotations
 
+import importlib.util
+import json
 import pathlib
 import re
 import shutil
@@ -28,19 +32,25 @@ DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 RULES = DOCS / "prometheus" / "anarchon-alerts.yml"
 RULES_TEST = DOCS / "prometheus" / "anarchon-alerts.test.yml"
 PRODUCTION = DOCS / "production.md"
+DASHBOARD = DOCS / "grafana" / "anarchon-dashboard.json"
+MAKE_DASHBOARD = DOCS / "grafana" / "make_dashboard.py"
 #: a metric name in an expression (Prometheus' own ``up`` aside, every metric here is ours)
 METRIC = re.compile(r"\banarchon_[a-z_]+\b")
 #: a label matcher on one of the few-valued labels: the value must be one the exporter serves
 MATCHER = re.compile(r'\b(outcome|event|operation|kind)\s*=\s*"([a-z_]+)"')
 
 
+def missing(message: str) -> None:
+    """A tool the test needs is missing: a failure under CI, else a skip."""
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        message = "promtool is missing (Debian's prometheus package; .ci/run installs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("promtool is missing (Debian's prometheus package; .ci/run installs it)")
     return path
 
 
@@ -125,13 +135,33 @@ def served_by_a_worker() -> list:
         server.shutdown()
 
 
-def test_every_metric_the_rules_and_the_docs_name_is_served():
+def dashboard_expressions() -> list[str]:
+    """The query of every panel of the committed dashboard, and of its variables."""
+    board = json.loads(DASHBOARD.read_text())
+    queries = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
+    queries += [v["query"] for v in board["templating"]["list"] if v["type"] == "query"]
+    return queries
+
+
+def test_the_committed_dashboard_is_what_its_script_makes():
+    if importlib.util.find_spec("grafana_foundation_sdk") is None:
+        missing("grafana-foundation-sdk is missing (the test and docs extras)")
+    spec = importlib.util.spec_from_file_location("make_dashboard", MAKE_DASHBOARD)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.render() == DASHBOARD.read_text(), \
+        f"run python {MAKE_DASHBOARD.relative_to(DOCS.parent)} and commit its JSON"
+    assert len(dashboard_expressions()) >= 10
+
+
+def test_every_metric_the_rules_the_docs_and_the_dashboard_name_is_served():
     found = served_by_beats() + served_by_a_worker()
     served = {s.name for s in found}
     assert not [name for name in served if name.endswith("_created")]
     values = {(label, value) for s in found for label, value in s.labels.items()}
     for where, expressions in (("the rules file", rule_expressions()),
-                               ("docs/production.md", docs_expressions())):
+                               ("docs/production.md", docs_expressions()),
+                               ("the dashboard", dashboard_expressions())):
         text = "\n".join(expressions)
         named = set(METRIC.findall(text))
         assert named, where
