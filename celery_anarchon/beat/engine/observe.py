@@ -18,9 +18,10 @@ The words of the ``outcome`` and ``event`` arguments:
   lost writes to it), ``superseded`` (abandoned for a newer slot instead of a takeover),
   ``paused`` (ended instead of a takeover: its entry is paused).
 
-The slots, for the timestamps an alert compares (docs/production.md "Metrics"): :meth:`Observer.next_slot`
-(the slot this instance waits for), :meth:`Observer.slot_came` (the newest slot that should have
-run) and :meth:`Observer.ran` (the newest run this instance knows was sent, by it or another).
+The slots, for the timestamps an alert compares (docs/production.md "Metrics"):
+:meth:`Observer.next_slot` (the slot this instance waits for), :meth:`Observer.slot_came` (the
+newest slot that should have run) and :meth:`Observer.ran` (the newest run this instance knows
+was sent, by it or another).
 """
 from __future__ import annotations
 
