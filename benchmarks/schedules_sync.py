@@ -234,7 +234,7 @@ def seed(url: str, namespace: str, entries: int, hour: int, threads: int) -> flo
 
     def write(k: int) -> None:
         for name, text in texts[k::threads]:
-            stores[k].put_entry(name, text, by="bench", create=True)
+            stores[k].entries.put_entry(name, text, by="bench", create=True)
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(write, range(threads)))
     took = time.monotonic() - began
@@ -298,7 +298,7 @@ def bench_store(kind: str, args: argparse.Namespace, folder: str) -> dict:
                     api.pause(f"e{k:05d}", reason="benchmark")
                 written = time.time()
                 calls.append(written - began)
-                version = api.store.entries_version()
+                version = api.entries.entries_version()
 
                 def synced(name: str):
                     return next((when for when, m in log_lines(procs.procs[name].log, SYNCED)

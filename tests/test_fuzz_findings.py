@@ -324,7 +324,7 @@ def test_a_malformed_redis_pause_record_reads_as_a_pause_saying_so(tmp_path, nam
         _write_raw_redis(url, namespace, "good", b"\xff junk", role="pauses")
         entry = s.get("good")
         assert entry.paused and "pause record is not readable" in entry.pause.reason
-        store, now_ms = s.store, s.store.request_clock().now_ms
+        store, now_ms = s.store, s.store.entries.request_clock().now_ms
         results = store.claim([ClaimRequest(entry=name, slot_ms=now_ms, max_late_ms=60_000)
                                for name in ("good", "config-entry")])
         assert results[0].outcome is Outcome.PAUSED, results   # (the other: forgotten, as a
@@ -422,7 +422,7 @@ def test_the_page_actions_answer_for_a_name_with_a_line_break(tmp_path, namespac
     app = make_app(f"sqlite:///{tmp_path / 'store.sqlite3'}", namespace)
     with celery_anarchon.schedules(app) as s:
         refused(lambda: s.add("a\nb", task="proj.t", schedule=60), "control character '\\n'")
-        s.store.put_entry("a\nb", canonical({"task": "proj.t", "schedule": {"every": 60}}),
+        s.store.entries.put_entry("a\nb", canonical({"task": "proj.t", "schedule": {"every": 60}}),
                           by="an older version", create=True)
     source = StatusSource(app, runs=0)
     token = "t" * 32

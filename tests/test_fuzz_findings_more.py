@@ -99,7 +99,7 @@ def test_a_stored_interval_past_float_range_is_listed_not_an_overflow(sqlite_url
     store = open_store(sqlite_url, namespace="ns", instance_id="hand", options={})
     store.prepare(())
     for name, every in (("huge", 10**400), ("negative", -10**400)):
-        store.put_entry(name, json.dumps({"task": "t", "schedule": {"every": every}}),
+        store.entries.put_entry(name, json.dumps({"task": "t", "schedule": {"every": every}}),
                         by="a hand edit", create=True)
     store.close()
     result = _cli(app, "list")
@@ -163,7 +163,7 @@ def test_an_entry_stored_under_a_name_not_in_nfc_is_found_by_get_next_and_histor
     app = _app(sqlite_url, anarchon_namespace="ns")
     store = open_store(sqlite_url, namespace="ns", instance_id="older", options={})
     store.prepare(())
-    store.put_entry("cafe\u0301", '{"schedule":{"every":60},"task":"t"}', by="an older version",
+    store.entries.put_entry("cafe\u0301", '{"schedule":{"every":60},"task":"t"}', by="an older version",
                     create=True)
     store.close()
     with celery_anarchon.schedules(app) as s:
@@ -229,7 +229,7 @@ def test_a_stored_definition_whose_task_is_no_text_is_shown_by_status_and_list(s
     app = _app(sqlite_url, anarchon_namespace="ns")
     store = open_store(sqlite_url, namespace="ns", instance_id="hand", options={})
     store.prepare(())
-    store.put_entry("odd", json.dumps({"task": 1, "schedule": {"every": 60}}), by="a hand edit",
+    store.entries.put_entry("odd", json.dumps({"task": 1, "schedule": {"every": 60}}), by="a hand edit",
                     create=True)
     store.close()
     for args in (["status"], ["list"], ["status", "--json"], ["list", "--json"]):

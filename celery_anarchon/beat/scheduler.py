@@ -31,7 +31,6 @@ from celery_anarchon.beat.engine import MAX_SLEEP_S, Engine
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.beat.metrics import process_observer, require_client
 from celery_anarchon.stores import ClaimStore, open_store, scheme_of
-from celery_anarchon.stores.entry_store import EntryStore
 from celery_anarchon.schedule.timing import check_sync_interval
 
 logger = logging.getLogger("celery_anarchon.beat.scheduler")
@@ -139,7 +138,7 @@ class Scheduler(beat.Scheduler):
             self.merge_inplace(plans_mod.beat_schedule_of(self.app.conf.beat_schedule))
             self.install_default_entries(self.data)
             plans = self.entry_plans.of_schedule(self.schedule)
-            if isinstance(self.store, EntryStore):
+            if self.store.entries is not None:
                 check_sync_interval(self._settings, self.store.memory)
             if self._settings.store_warning:
                 logger.warning(self._settings.store_warning)

@@ -230,9 +230,8 @@ def plan_of(app, entry: str, *, store: ClaimStore | None = None) -> EntryPlan:
                 raise found
             return build_plan(entry, found, app=app, settings=settings, store=store_)
         names = sorted(config)
-        load = getattr(store_, "load_entries", None)
-        if store is not None and load is not None:
-            stored = load().entries
+        if store is not None and store_.entries is not None:
+            stored = store_.entries.load_entries().entries
             names += sorted(n for n, e in stored.items() if e.definition is not None)
             # a name an older version stored unnormalized (not in NFC): found by its exact form
             for name in dict.fromkeys((entry, given)):

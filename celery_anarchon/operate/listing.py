@@ -19,7 +19,7 @@ from celery_anarchon.operate.config import config_data, config_items
 from celery_anarchon.operate.names import did_you_mean
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.plan import config_entry
-from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, Pause, StoredEntry
+from celery_anarchon.stores.entry_store import Entries, EntrySnapshot, Pause, StoredEntry
 
 #: where an entry is defined (:attr:`ScheduledEntry.source`)
 CONFIG, STORE, UNKNOWN = "config", "store", "unknown"
@@ -105,7 +105,7 @@ def _scheduled(name: str, source: str, definition: dict | None, stored: StoredEn
 
 
 def celery_entry_of(app, name: str, snapshot: EntrySnapshot, *, namespace: str,
-                    store: EntryStore) -> beat.ScheduleEntry:
+                    entries: Entries) -> beat.ScheduleEntry:
     """Celery's entry of ``name`` (config first, as the engine does), or UnknownEntry.
 
     :raises UnknownEntry: neither ``beat_schedule`` nor the store defines ``name``
@@ -117,7 +117,7 @@ def celery_entry_of(app, name: str, snapshot: EntrySnapshot, *, namespace: str,
     found = celery_entry_in(app, name, config_items(app),
                             None if stored is None else stored.definition)
     if found is None:
-        raise unknown_entry_error(app, name, namespace=namespace, store=store)
+        raise unknown_entry_error(app, name, namespace=namespace, entries=entries)
     return found
 
 
@@ -138,19 +138,19 @@ def celery_entry_in(app, name: str, config: Mapping,
 
 
 def unknown_entry_error(app, name: str, *, namespace: str,
-                        store: EntryStore) -> UnknownEntry:
-    """The error of a name neither ``beat_schedule`` nor the store (of ``namespace``) defines,
-    naming the closest known name."""
-    names = sorted(config_items(app)) + sorted(_store_names(store))
+                        entries: Entries) -> UnknownEntry:
+    """The error of a name neither ``beat_schedule`` nor the store (of ``namespace``, its
+    ``entries`` part) defines, naming the closest known name."""
+    names = sorted(config_items(app)) + sorted(_store_names(entries))
     hint = did_you_mean(name, names)
     return UnknownEntry(f"no entry {name!r}{hint}: neither beat_schedule nor the store "
                         f"(namespace {namespace!r}) defines it; fix: check the "
                         "name (celery anarchon list), or add it")
 
 
-def _store_names(store: EntryStore) -> list[str]:
+def _store_names(entries: Entries) -> list[str]:
     try:
-        return [n for n, s in store.load_entries().entries.items() if s.definition]
+        return [n for n, s in entries.load_entries().entries.items() if s.definition]
     except Exception:  # only for a hint in an error message
         return []
 

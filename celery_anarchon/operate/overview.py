@@ -35,7 +35,6 @@ from celery_anarchon.operate.overview_instances import (
 from celery_anarchon.operate.schedules import Schedules
 from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore
-from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 
 #: per store object: the warnings of its prepare() (run once: a page reading the overview every
 #: few seconds does not repeat the start-up checks) and its Schedules
@@ -50,20 +49,20 @@ def _store_part(store: ClaimStore, now_ms: int | None) -> dict:
             "durability": durability if isinstance(durability, str) else None,
             "memory_s": store.memory.duration_s, "memory_count": store.memory.count,
             "checks_lateness": store.checks_lateness, "leases": isinstance(store, LeaseStore),
-            "entries": isinstance(store, EntryStore),
+            "entries": store.entries is not None,
             "reachable": False, "error": None, "warnings": [], "clock": None, "skew_ms": None}
 
 
 def _listed(app, store: ClaimStore) -> tuple[list[ScheduledEntry], dict[str, str], list[dict]]:
     """Every entry (``Schedules.list``), the store entries' definition texts and the run-now
     requests; on a store without entries, the ``beat_schedule`` entries only."""
-    if not isinstance(store, EntryStore):
+    if store.entries is None:
         return _config_listed(app), {}, []
     schedules = _SCHEDULES.get(store)
     if schedules is None or schedules.app is not app:
         schedules = _SCHEDULES[store] = Schedules(app, store=store)   # never closes the store
     listed = schedules.list()
-    snapshot = store.load_entries()
+    snapshot = store.entries.load_entries()
     texts = {n: e.definition for n, e in snapshot.entries.items() if e.definition is not None}
     requests = [{"entry": r.entry, "request_id": r.request_id, "slot": iso(r.slot_ms),
                  "by": r.by, "requested": iso(r.requested_ms)} for r in snapshot.requests]
@@ -141,7 +140,7 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     """
     settings = settings or Settings.from_app(app)
     out = {"namespace": store.namespace, "generated": None, "store": _store_part(store, None),
-           "instance_records": isinstance(store, InstanceStore), "instances": [],
+           "instance_records": store.instances is not None, "instances": [],
            "entries": [], "run_now": [], "partial": [], "disagreements": [], "unsaved": [],
            "lost": []}
     part = out["store"]
@@ -166,9 +165,9 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     listed, texts, requests = _listed_safely(app, store, reachable, part)
     reachable = part["reachable"]
     out["run_now"] = requests
-    if reachable and isinstance(store, InstanceStore):
+    if reachable and store.instances is not None:
         try:
-            records = store.instances()
+            records = store.instances.instances()
             out["instances"] = [instance_json(r, store_now, settings.sync_interval_s)
                                 for r in records]
             out["lost"] = lost_json(records)

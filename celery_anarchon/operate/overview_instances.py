@@ -92,7 +92,7 @@ def _who(r: InstanceRecord) -> str:
 SOURCE_CONFIG, SOURCE_STORE = CONFIG, STORE
 
 
-def fingerprint_views(store, records: list[InstanceRecord], stored: Mapping[str, str],
+def fingerprint_views(store: ClaimStore, records: list[InstanceRecord], stored: Mapping[str, str],
                        store_definition: Callable[[str], tuple[str | None, str]]
                        ) -> tuple[list[dict], list[dict], list[str]]:
     """The config entries only some instances run, the entries whose fingerprints differ
@@ -106,7 +106,8 @@ def fingerprint_views(store, records: list[InstanceRecord], stored: Mapping[str,
     mappings: dict[str, dict[str, str] | None] = {}
     for r in records:
         if r.fingerprints_digest not in mappings:
-            mappings[r.fingerprints_digest] = store.load_fingerprints(r.fingerprints_digest)
+            mappings[r.fingerprints_digest] = store.instances.load_fingerprints(
+                r.fingerprints_digest)
     known = [(r, m) for r in records if (m := mappings[r.fingerprints_digest]) is not None]
     unsaved = [_who(r) for r in records if mappings[r.fingerprints_digest] is None]
     names = sorted({n for _, m in known for n in m})

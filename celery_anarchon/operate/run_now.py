@@ -15,35 +15,36 @@ from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.schedule import timing
 from celery_anarchon.schedule.plan import EntryPlan, build_plan
 from celery_anarchon.settings import Settings
-from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, RunRequest
+from celery_anarchon.stores.base import ClaimStore, entry_store
+from celery_anarchon.stores.entry_store import Entries, EntrySnapshot, RunRequest
 from celery_anarchon.stores.run_now import SlotWindow, SlotWindowPassed
 
 #: how many times a request is computed again when the store's clock left its window
 WINDOW_TRIES = 3
 
 
-def earlier_request(store: EntryStore, name: str, request_id: str,
+def earlier_request(entries: Entries, name: str, request_id: str,
                     given: str) -> RunRequest | None:
     """The request ``request_id`` (checked, in NFC) of entry ``name`` made before, or ``None``:
     the first request, whatever happened to the entry since (``given``: the id as the caller
     gave it, which an older version stored unnormalized).
 
-    :param store: the store, prepared.
+    :param entries: the store's entries part, the store prepared.
     """
-    found = store.find_request(name, request_id)
+    found = entries.find_request(name, request_id)
     if found is None and given != request_id:   # stored unnormalized by an older version
-        found = store.find_request(name, given)
+        found = entries.find_request(name, given)
     return found
 
 
-def request_run(store: EntryStore, settings: Settings, entry: beat.ScheduleEntry,
+def request_run(store: ClaimStore, settings: Settings, entry: beat.ScheduleEntry,
                 snapshot: EntrySnapshot, request_id: str | None, by: str, *, app) -> RunRequest:
     """Write a new run-now request of ``entry`` (Celery's entry of a config or store entry;
     ``request_id``; ``None``: a new id of the store's clock), its slot chosen by the store within
     the window of scheduled slots computed at the store's clock (computed again, up to
     :data:`WINDOW_TRIES` times, when the clock left it before the write).
 
-    :param store: the store, prepared.
+    :param store: the store, prepared (one that holds entries: :func:`~.base.entry_store`).
     :param snapshot: the store's entries: the entry's pause and its other run-now requests.
     :raises ConfigError: the entry is paused, breaks a start-up rule
         (:func:`~celery_anarchon.schedule.plan.build_plan`), or its store remembers too few of its
@@ -53,6 +54,7 @@ def request_run(store: EntryStore, settings: Settings, entry: beat.ScheduleEntry
         known then is in ``exc.request_id`` (repeat the call with it: one run, never two).
     """
     name = entry.name
+    entries = entry_store(store)
     stored = snapshot.entries.get(name)
     if stored is not None and stored.pause is not None:
         raise ConfigError(f"entry {name!r} is {stored.pause.describe()}: every claim of a run "
@@ -63,14 +65,14 @@ def request_run(store: EntryStore, settings: Settings, entry: beat.ScheduleEntry
     retention_ms = timing.ms(settings.request_retention_s)
     try:
         for _ in range(WINDOW_TRIES):
-            clock = store.request_clock()
+            clock = entries.request_clock()
             if request_id is None:
                 request_id = clock.new_id()
             check_run_now(store, settings, plan, snapshot, clock.now_ms)
             window = SlotWindow.around(plan.slots, clock.now_ms)
             try:
-                return store.request_run(name, request_id, window, by=by,
-                                         retention_ms=retention_ms)
+                return entries.request_run(name, request_id, window, by=by,
+                                           retention_ms=retention_ms)
             except SlotWindowPassed:
                 continue                       # nothing written: a new window
         raise StoreError(f"entry {name!r}: run-now: the store's clock left the window of "
@@ -85,7 +87,7 @@ def request_run(store: EntryStore, settings: Settings, entry: beat.ScheduleEntry
         raise
 
 
-def check_run_now(store: EntryStore, settings: Settings, plan: EntryPlan,
+def check_run_now(store: ClaimStore, settings: Settings, plan: EntryPlan,
                   snapshot: EntrySnapshot, now_ms: int | None) -> None:
     """:func:`~celery_anarchon.schedule.timing.check_run_now` for a new request of ``plan``'s entry
     made at ``now_ms`` (the store's clock), counting the entry's requests of ``snapshot``

@@ -140,12 +140,12 @@ class Schedules(NamespaceSession):
         """
         given, name = name, given_name(name)
         refuse_config(self.app, name, "remove")
-        store = self._ready()
+        entries = self._ready()
         by = self._who(by, name)
         if limits.undecodable(name) is not None and name not in self._snapshot().entries:
             raise self._unknown(name)   # text no store encodes: only a name read from the store
-        if not store.remove_entry(name, by=by) and (
-                given == name or not store.remove_entry(given, by=by)):
+        if not entries.remove_entry(name, by=by) and (
+                given == name or not entries.remove_entry(given, by=by)):
             raise self._unknown(name)
 
     def pause(self, name: str, reason: str = "", *, by: str | None = None) -> ScheduledEntry:
@@ -229,7 +229,8 @@ class Schedules(NamespaceSession):
             return found                # the first request, whatever happened since
         snapshot = self._snapshot()
         entry = self._known(name, snapshot)
-        return run_now_request.request_run(self._ready(), self.settings, entry, snapshot,
+        self._ready()
+        return run_now_request.request_run(self.store, self.settings, entry, snapshot,
                                            request_id, by, app=self.app)
 
     def accept_loss(self, *, by: str | None = None) -> int:

@@ -15,8 +15,8 @@ from celery_anarchon.operate.listing import (
 )
 from celery_anarchon.operate.names import by_text, default_by
 from celery_anarchon.settings import Settings, make_instance_id, open_app_store
-from celery_anarchon.stores.base import ClaimStore
-from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, StoredEntry, entry_store
+from celery_anarchon.stores.base import ClaimStore, entry_store
+from celery_anarchon.stores.entry_store import Entries, EntrySnapshot, StoredEntry
 
 
 class NamespaceSession:
@@ -37,8 +37,10 @@ class NamespaceSession:
         own = store is None
         if store is None:
             store = open_app_store(self.settings, instance_id="api:" + make_instance_id())
+        self.store = store
         try:
-            self.store: EntryStore = entry_store(store)
+            #: the store's entries part
+            self.entries: Entries = entry_store(store)
         except ConfigError:
             if own:
                 store.close()
@@ -63,12 +65,13 @@ class NamespaceSession:
         (:func:`~celery_anarchon.operate.names.by_text`), else this object's ``by``."""
         return self.by if by is None or by == "" else by_text(by, name)
 
-    def _ready(self) -> EntryStore:
-        """The store, prepared once (its tables or keys created, as a beat start-up does)."""
+    def _ready(self) -> Entries:
+        """The store's entries part, the store prepared once (its tables or keys created, as a
+        beat start-up does)."""
         if not self._prepared:
             self.store.prepare(())
             self._prepared = True
-        return self.store
+        return self.entries
 
     # -- for the operations ------------------------------------------------------------------
     def _snapshot(self) -> EntrySnapshot:
@@ -78,11 +81,11 @@ class NamespaceSession:
         """Celery's entry of ``name``, config first
         (:func:`~celery_anarchon.operate.listing.celery_entry_of`)."""
         return celery_entry_of(self.app, name, snapshot, namespace=self.settings.namespace,
-                           store=self.store)
+                           entries=self.entries)
 
     def _unknown(self, name: str) -> UnknownEntry:
         return unknown_entry_error(self.app, name, namespace=self.settings.namespace,
-                                   store=self.store)
+                                   entries=self.entries)
 
     def _as_scheduled(self, stored: StoredEntry) -> ScheduledEntry:
         return scheduled(self.app, config_items(self.app), stored.name, stored)

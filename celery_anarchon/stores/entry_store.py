@@ -1,14 +1,15 @@
-"""The instance and entry store contracts: what the instances of one namespace share besides
+"""The instance and entry parts of a store: what the instances of one namespace share besides
 claims.
 
-An :class:`InstanceStore` is a claim store that keeps, per namespace, the **instance records**:
-each live beat's heartbeat (id, host, pid, version, started, last tick, how many entries it runs,
+A store's :class:`Instances` part (``store.instances``) keeps, per namespace, the **instance
+records**: each live beat's heartbeat (id, host, pid, version, started, last tick, how many entries it runs,
 its skew to the store's clock, the digest of the fingerprints of the config entries it runs),
 expiring on the store's clock, and the fingerprint mappings those digests name. Every store of
-the registry is one today (Redis, PostgreSQL, SQLite, NATS JetStream, RabbitMQ); the engine and
-the status command check the type, so a store without them still runs.
+the registry has one (Redis, PostgreSQL, SQLite, NATS JetStream, RabbitMQ, memory); the engine
+and the status command check that it is there, so a store without one still runs.
 
-An :class:`EntryStore` is an instance store that also keeps, per namespace:
+A store's :class:`Entries` part (``store.entries``, ``None`` for a store that cannot hold them)
+keeps, per namespace:
 
 * **store entries**: definitions written at run time (``celery_anarchon.schedules(app).add``),
   as canonical JSON text (data, never code: nothing is pickled or evaluated);
@@ -18,7 +19,7 @@ An :class:`EntryStore` is an instance store that also keeps, per namespace:
   store chooses the slot inside the atomic write that records the request (its clock's now,
   moved past the slots of the entry's other requests and its scheduled slots), and keeps every
   request id for a retention of its own (``anarchon_request_retention``), apart from the
-  requests young enough to be claimed, which are all :meth:`EntryOps.load_entries` reads.
+  requests young enough to be claimed, which are all :meth:`Entries.load_entries` reads.
   Request ids that carry their creation time (UUIDv7) are refused when made before the store's
   memory of requests began: the rules are in :mod:`celery_anarchon.stores.run_now`.
 
@@ -35,15 +36,15 @@ since (Redis ``run_id``, PostgreSQL system identifier and timeline,
 SQLite file inode: a restart, a failover, a replaced file). An epoch that vanished or changed, or
 a version lower than one seen before (an older copy), means the store may have lost writes. A
 resume and a removal leave the name's record **cleared** (no definition, no pause; pruned after
-:data:`CLEARED_KEEP_MS`) instead of deleting it, and :meth:`EntryOps.accept_loss` records when an
+:data:`CLEARED_KEEP_MS`) instead of deleting it, and :meth:`Entries.accept_loss` records when an
 operator accepted a loss: with the records' store-clock times, an instance that keeps what it
 knew from before a loss tells an operator's later word from the loss itself.
 
 Units as in :mod:`celery_anarchon.stores.base`: UTC integer milliseconds; the store's clock for
-``*_ms`` it writes. What a store can do is its type: ``isinstance(store, InstanceStore)``,
-``isinstance(store, EntryStore)``; stores that cannot hold entries raise
-:class:`~celery_anarchon.errors.ConfigError` through :func:`entry_store`, naming
-:data:`ENTRY_STORE_NAMES`.
+``*_ms`` it writes. What a store can do are its parts: ``store.instances``, ``store.entries``
+(``None`` when it has none); stores that cannot hold entries raise
+:class:`~celery_anarchon.errors.ConfigError` through
+:func:`~celery_anarchon.stores.base.entry_store`, naming :data:`ENTRY_STORE_NAMES`.
 """
 from __future__ import annotations
 
@@ -52,8 +53,6 @@ import dataclasses
 import secrets
 from collections.abc import Mapping
 
-from celery_anarchon.errors import ConfigError
-from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.run_now import RequestClock, SlotWindow
 from celery_anarchon.schedule.timing import DEFAULT_REQUEST_RETENTION_S
 
@@ -116,7 +115,7 @@ class StoredEntry:
 @dataclasses.dataclass(frozen=True)
 class EntriesEpoch:
     """The identity of a namespace's entries data and its version, as
-    :meth:`EntryOps.entries_epoch` reads them (one cheap read).
+    :meth:`Entries.entries_epoch` reads them (one cheap read).
 
     :param epoch: the entries epoch (module docstring); ``""`` when the store holds none (nothing
         written yet, or everything lost).
@@ -151,14 +150,14 @@ class RunRequest:
 
 @dataclasses.dataclass(frozen=True)
 class EntrySnapshot:
-    """Everything :meth:`EntryStore.load_entries` read, at one entries version.
+    """Everything :meth:`Entries.load_entries` read, at one entries version.
 
     :param version: the entries version.
     :param entries: every record by name: store entries, pauses, and cleared records
         (:attr:`StoredEntry.cleared`).
     :param requests: the run-now requests younger than the store's memory.
     :param epoch: the entries epoch (:class:`EntriesEpoch`), ``""`` when the store holds none.
-    :param accepted_ms: when an operator last accepted a loss (:meth:`EntryOps.accept_loss`),
+    :param accepted_ms: when an operator last accepted a loss (:meth:`Entries.accept_loss`),
         the store's clock, UTC ms; ``0``: never.
     :param accepted_by: who accepted it (``""``: nobody).
     """
@@ -184,7 +183,7 @@ class InstanceRecord:
     :param skew_ms: its clock minus the store's, ms (``None`` when unknown).
     :param entries: how many entries it runs (config and store).
     :param fingerprints_digest: digest of the fingerprints of the config entries it runs; the
-        mapping itself is read with :meth:`InstanceStore.load_fingerprints`.
+        mapping itself is read with :meth:`Instances.load_fingerprints`.
     :param seen_ms: the store's clock when the heartbeat was written, UTC ms (read back only).
     :param expires_ms: when the record expires on the store's clock, UTC ms (read back only).
     :param kept: what the instance keeps from before its store lost entries data (JSON values:
@@ -208,9 +207,9 @@ class InstanceRecord:
     kept: dict | None = None
 
 
-class InstanceOps(abc.ABC):
-    """The instance record operations of one namespace, as a backend's part implements them
-    (composition: the store holds the part; :class:`InstanceStore` delegates to it).
+class Instances(abc.ABC):
+    """The instance record operations of one namespace: a store's ``instances`` part (module
+    docstring), which a backend builds and its callers use (``store.instances.instances()``).
 
     Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
     do.
@@ -239,11 +238,16 @@ class InstanceOps(abc.ABC):
         """The mapping saved under ``digest``, or ``None`` if unknown."""
 
 
-class EntryOps(abc.ABC):
-    """The entry operations of one namespace, as a backend's part implements them (composition:
-    the store holds the part; :class:`EntryStore` delegates each operation to it). An entry
-    store keeps instance records too: in a part of their own (:class:`InstanceOps`), or in this
-    part, which then implements those operations as well (:attr:`EntryStore.instance_ops`).
+class Entries(abc.ABC):
+    """The entry operations of one namespace: a store's ``entries`` part (module docstring),
+    which a backend builds and its callers use (``store.entries.put_entry(...)``). One object
+    may be both a store's :class:`Entries` and its :class:`Instances` part (the memory store's).
+
+    With this part, the store's claim (:meth:`~celery_anarchon.stores.base.ClaimStore.claim`)
+    of a run whose entry is paused answers ``Outcome.PAUSED`` (after the "already claimed"
+    check, before every other), atomically with the pause: a pause written before the claim
+    always holds. A paused run is recorded once in the history as ``RunEvent.PAUSED`` with
+    :meth:`Pause.describe` as its detail.
 
     Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
     do.
@@ -340,120 +344,7 @@ class EntryOps(abc.ABC):
         """
 
 
-class InstanceStore(ClaimStore):
-    """A claim store that also keeps the instance records of a namespace (module docstring).
-
-    Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
-    do. A backend gives its :class:`InstanceOps` part as :attr:`instance_ops`; the operations
-    (documented there) are delegated to it.
-    """
-
-    @property
-    @abc.abstractmethod
-    def instance_ops(self) -> InstanceOps:
-        """This store's instance record operations."""
-
-    def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
-        """:meth:`InstanceOps.record_instance`."""
-        return self.instance_ops.record_instance(record, ttl_ms)
-
-    def instances(self) -> list[InstanceRecord]:
-        """:meth:`InstanceOps.instances`."""
-        return self.instance_ops.instances()
-
-    def remove_instance(self, instance_id: str) -> None:
-        """:meth:`InstanceOps.remove_instance`."""
-        return self.instance_ops.remove_instance(instance_id)
-
-    def save_fingerprints(self, digest: str, fingerprints: Mapping[str, str]) -> None:
-        """:meth:`InstanceOps.save_fingerprints`."""
-        return self.instance_ops.save_fingerprints(digest, fingerprints)
-
-    def load_fingerprints(self, digest: str) -> dict[str, str] | None:
-        """:meth:`InstanceOps.load_fingerprints`."""
-        return self.instance_ops.load_fingerprints(digest)
-
-
-class EntryStore(InstanceStore):
-    """An instance store that also keeps store entries, pauses and run-now requests.
-
-    Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim store's
-    do. The claim (:meth:`ClaimStore.claim`) of a run whose entry is paused answers
-    ``Outcome.PAUSED`` (after the "already claimed" check, before every other), atomically with the
-    pause: a pause written before the claim always holds. A paused run is recorded once in the
-    history as ``RunEvent.PAUSED`` with :meth:`Pause.describe` as its detail.
-
-    A backend gives its :class:`EntryOps` part as :attr:`entry_ops` (and, as every instance
-    store, its :class:`InstanceOps` part as :attr:`instance_ops`); the operations (documented
-    there) are delegated to it.
-    """
-
-    @property
-    @abc.abstractmethod
-    def entry_ops(self) -> EntryOps:
-        """This store's entry operations."""
-
-    @property
-    def instance_ops(self) -> InstanceOps:
-        """This store's instance record operations: by default the entry part, for a backend
-        whose entry part keeps the instance records too (it then implements the operations of
-        :class:`InstanceOps` as well); a backend with a part of their own gives it here."""
-        return self.entry_ops  # type: ignore[return-value]
-
-    def entries_version(self) -> int:
-        """:meth:`EntryOps.entries_version`."""
-        return self.entry_ops.entries_version()
-
-    def entries_epoch(self) -> EntriesEpoch:
-        """:meth:`EntryOps.entries_epoch`."""
-        return self.entry_ops.entries_epoch()
-
-    def load_entries(self) -> EntrySnapshot:
-        """:meth:`EntryOps.load_entries`."""
-        return self.entry_ops.load_entries()
-
-    def accept_loss(self, *, by: str) -> int:
-        """:meth:`EntryOps.accept_loss`."""
-        return self.entry_ops.accept_loss(by=by)
-
-    def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
-        """:meth:`EntryOps.put_entry`."""
-        return self.entry_ops.put_entry(name, definition, by=by, create=create)
-
-    def remove_entry(self, name: str, *, by: str) -> bool:
-        """:meth:`EntryOps.remove_entry`."""
-        return self.entry_ops.remove_entry(name, by=by)
-
-    def set_pause(self, name: str, pause: Pause | None, *, by: str) -> StoredEntry:
-        """:meth:`EntryOps.set_pause`."""
-        return self.entry_ops.set_pause(name, pause, by=by)
-
-    def request_clock(self) -> RequestClock:
-        """:meth:`EntryOps.request_clock`."""
-        return self.entry_ops.request_clock()
-
-    def find_request(self, entry: str, request_id: str) -> RunRequest | None:
-        """:meth:`EntryOps.find_request`."""
-        return self.entry_ops.find_request(entry, request_id)
-
-    def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
-                    retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
-        """:meth:`EntryOps.request_run`."""
-        return self.entry_ops.request_run(entry, request_id, window, by=by,
-                                          retention_ms=retention_ms)
-
-
 def new_epoch_id() -> str:
     """A new entries epoch id (module docstring): 12 random hex digits."""
     return secrets.token_hex(6)
 
-
-def entry_store(store: ClaimStore) -> EntryStore:
-    """``store`` as an :class:`EntryStore`.
-
-    :raises ConfigError: the store cannot hold entries (naming the stores that can).
-    """
-    if not isinstance(store, EntryStore):
-        raise ConfigError(f"the {store.kind} store cannot hold entries, pauses or run-now requests;"
-                          f" use {ENTRY_STORE_NAMES} as anarchon_store_url for runtime schedules")
-    return store

@@ -1,5 +1,5 @@
 """The rules of run-now requests that every entry store keeps
-(:meth:`~celery_anarchon.stores.entry_store.EntryOps.request_run`), in one place: the SQL stores
+(:meth:`~celery_anarchon.stores.entry_store.Entries.request_run`), in one place: the SQL stores
 run them in Python inside their transaction, the Redis scripts follow them in Lua.
 
 * **The slot.** The store chooses it inside the atomic write that records the request: its
@@ -135,7 +135,7 @@ def request_id_ms(request_id: str) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class RequestClock:
-    """What a store tells before a request id is made (:meth:`EntryOps.request_clock`).
+    """What a store tells before a request id is made (:meth:`Entries.request_clock`).
 
     An id may be made up to the lateness tolerance ahead of the store's clock, so the store
     vouches for the ids made from ``born_ms`` + that tolerance on (one made earlier may have been

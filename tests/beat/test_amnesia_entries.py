@@ -82,10 +82,10 @@ def test_an_instance_keeps_the_pauses_and_store_entries_its_store_lost(
     url = store_url(kind, str(tmp_path))
     loss = Loss(kind, how, url, namespace)
     h = make(harnesses, url, namespace, CFG, sync_s=1)
-    h.store.set_pause("other", Pause("", "ops", 0), by="ops")   # the copy holds entries data
+    h.store.entries.set_pause("other", Pause("", "ops", 0), by="ops")   # the copy holds entries data
     loss.backup(h.store)
-    h.store.set_pause("cfg", Pause("maintenance", "ops", 0), by="ops")
-    h.store.put_entry("s", _definition(jitter=0, max_late=10), by="ops", create=True)
+    h.store.entries.set_pause("cfg", Pause("maintenance", "ops", 0), by="ops")
+    h.store.entries.put_entry("s", _definition(jitter=0, max_late=10), by="ops", create=True)
     h.engine.tick()
     assert "s" in h.engine.plans
     handled = h.engine.due._last_claimed["cfg"]     # the newest slot decided before the loss
@@ -116,14 +116,14 @@ def test_an_instance_keeps_the_pauses_and_store_entries_its_store_lost(
         assert words in line, (words, line)
 
     # an operator resumes the entry: the store holds the name again, it runs
-    h.store.set_pause("cfg", None, by="ops")
+    h.store.entries.set_pause("cfg", None, by="ops")
     h.advance(2)
     h.engine.tick()
     assert [slot for name, slot, _ in h.sent if name == "cfg" and slot > reached], h.sent
     assert "s" in h.engine.plans
     # and accepts the loss: the store entry it lost is no longer run
     with caplog.at_level(logging.INFO, "celery_anarchon"):
-        h.store.accept_loss(by="ops")
+        h.store.entries.accept_loss(by="ops")
         h.sync()
     assert "s" not in h.engine.plans
     assert not h.engine.sync.kept
@@ -172,10 +172,10 @@ def test_a_new_epoch_that_lost_nothing_is_no_error(caplog):
     s = Synced(clock=Clocks().wall)
     s.operator.pause("cfg", Pause("why", "ops", 1))
     s.follow()
-    first = s.store.entries_epoch().epoch
+    first = s.store.entries.entries_epoch().epoch
     s.operator.restart()                   # a restart that kept everything: a new epoch
     s.operator.put("s", "fs")
-    second = s.store.entries_epoch().epoch
+    second = s.store.entries.entries_epoch().epoch
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         s.follow()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
@@ -254,8 +254,8 @@ def test_status_the_page_and_the_metrics_show_what_an_instance_keeps(tmp_path, n
                       anarchon_namespace=namespace, anarchon_store_url=url)
     observer = PrometheusObserver(instance_id="A", namespace=namespace)
     h.engine.sync.kept.observer = observer
-    h.store.set_pause("cfg", Pause("maintenance", "ops", 0), by="ops")
-    h.store.put_entry("s", _definition(jitter=0, max_late=10), by="ops", create=True)
+    h.store.entries.set_pause("cfg", Pause("maintenance", "ops", 0), by="ops")
+    h.store.entries.put_entry("s", _definition(jitter=0, max_late=10), by="ops", create=True)
     h.engine.tick()
     backends.wipe("sqlite", url, namespace)
     h.sync()
@@ -283,7 +283,7 @@ def test_status_the_page_and_the_metrics_show_what_an_instance_keeps(tmp_path, n
     buttons = render_page(data, actions=True)       # a kept pause is lifted by a resume
     assert 'data-action="resume" data-entry="cfg"' in buttons
 
-    h.store.accept_loss(by="ops")
+    h.store.entries.accept_loss(by="ops")
     h.sync()
     assert overview(h.app, h.store)["lost"] == []
     assert metric("anarchon_entries_kept", kind="pause") == 0
@@ -303,7 +303,7 @@ def test_status_names_what_each_instance_keeps_and_accept_loss_records_the_opera
             "counts": {"pauses": 1, "entries": 1, "withheld": 0}, "requests": 0}
     try:
         store.prepare([])
-        store.record_instance(InstanceRecord("beat-a:7:aa", "beat-a", 7, "0.1.0", now - 60_000,
+        store.instances.record_instance(InstanceRecord("beat-a:7:aa", "beat-a", 7, "0.1.0", now - 60_000,
                                              now, 0, 3, "d", kept=kept), ttl_ms=600_000)
         out = exits(operate(url, namespace, "good", "status"), 0)
         for words in ("ERROR: the store lost entries data; these instances keep what they knew:",
@@ -315,7 +315,7 @@ def test_status_names_what_each_instance_keeps_and_accept_loss_records_the_opera
         done = json.loads(exits(operate(url, namespace, "good", "accept-loss", "--by", "ops",
                                         "--json"), 0))
         assert done["by"] == "ops" and done["accepted"]
-        loaded = store.load_entries()
+        loaded = store.entries.load_entries()
         assert loaded.accepted_by == "ops" and loaded.accepted_ms > now - 60_000
     finally:
         store.close()
@@ -327,7 +327,7 @@ def test_a_store_that_forgot_runs_is_synced_before_the_next_claim(tmp_path, name
     so a paused entry is never won once the store's first 10 s have passed."""
     url = store_url("sqlite", str(tmp_path))
     h = make(harnesses, url, namespace, CFG, sync_s=3600)
-    h.store.set_pause("cfg", Pause("maintenance", "ops", 0), by="ops")
+    h.store.entries.set_pause("cfg", Pause("maintenance", "ops", 0), by="ops")
     h.engine.tick()                                   # the first sync: cfg is paused
     backends.wipe("sqlite", url, namespace)
     h.advance(2)

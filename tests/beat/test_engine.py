@@ -761,15 +761,15 @@ def test_a_store_entry_runs_follows_an_update_and_a_removal_and_no_slot_is_claim
     within max_late is the one just sent) must not claim it again, or it is sent twice."""
     h = make(harnesses, sqlite_url, namespace, {"cfg": (3600, {"jitter": 0})}, sync_s=1)
     batches = _recording_claims(h)
-    h.store.put_entry("s", _definition(jitter=0, max_late=10), by="test", create=True)
+    h.store.entries.put_entry("s", _definition(jitter=0, max_late=10), by="test", create=True)
     h.pin(2, after_s=0.5)                        # the tick and its sync see the same instant
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         h.engine.tick()                          # start-up: the sync loads "s", its newest slot
         (slot,) = [s for n, s, _ in h.sent if n == "s"]
-        h.store.put_entry("s", _definition(jitter=0, max_late=9), by="test", create=False)
+        h.store.entries.put_entry("s", _definition(jitter=0, max_late=9), by="test", create=False)
         h.sync()                                 # the wall clock stays: slot is still the newest
         assert h.engine.plans["s"].timing.max_late_s == 9
-        h.store.remove_entry("s", by="test")
+        h.store.entries.remove_entry("s", by="test")
         h.sync()
     assert [s for n, s, _ in h.sent if n == "s"].count(slot) == 1, h.sent
     assert [run for b in batches for run in b].count(("s", slot)) == 1, batches
@@ -791,13 +791,13 @@ def test_an_update_never_runs_a_slot_older_than_one_another_instance_already_ran
     def hourly(ago_s):                           # every hour, the newest slot ago_s seconds ago
         return entry_json.canonical({"task": "proj.t", "schedule": {"every": 3600}, "anarchon": {
             "jitter": 0, "max_late": 300, "anchor": int(now - ago_s) % 3600}})
-    a.store.put_entry("s", hourly(10), by="test", create=True)
+    a.store.entries.put_entry("s", hourly(10), by="test", create=True)
     backdate_memory_start(a.store, ["s"], 120_000)
     a.engine.tick()                              # A wins the old schedule's newest slot
     b.engine.tick()                              # B: claimed by A
     (old,) = [slot for name, slot, _ in a.sent if name == "s"]
     assert not b.sent
-    a.store.put_entry("s", hourly(40), by="test", create=False)   # its newest slot: 30 s older
+    a.store.entries.put_entry("s", hourly(40), by="test", create=False)   # its newest slot: 30 s older
     b.sync()
     a.sync()
     assert [slot for name, slot, _ in a.sent + b.sent if name == "s"] == [old], (a.sent, b.sent)
@@ -807,10 +807,10 @@ def test_a_sync_counts_a_change_of_the_kwargs_alone_as_a_change(sqlite_url, name
                                                                   caplog):
     h = make(harnesses, sqlite_url, namespace, {}, sync_s=1)
     entry = {"task": "proj.t", "schedule": {"every": 3600}, "kwargs": {"x": 1}}
-    h.store.put_entry("s", entry_json.canonical(entry), by="test", create=True)
+    h.store.entries.put_entry("s", entry_json.canonical(entry), by="test", create=True)
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         h.engine.tick()
-        h.store.put_entry("s", entry_json.canonical(dict(entry, kwargs={"x": 3})), by="test",
+        h.store.entries.put_entry("s", entry_json.canonical(dict(entry, kwargs={"x": 3})), by="test",
                           create=False)
         h.sync()
     assert h.engine.plans["s"].entry.kwargs == {"x": 3}
@@ -824,11 +824,11 @@ def test_a_paused_entry_is_skipped_at_info_once_and_its_slot_not_claimed_after_r
     h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})}, sync_s=1)
     batches = _recording_claims(h)
     h.pin(2, after_s=0.5)                        # the re-seed finds the paused slot again
-    h.store.set_pause("e", Pause("maintenance", "ops", 0), by="ops")
+    h.store.entries.set_pause("e", Pause("maintenance", "ops", 0), by="ops")
     with caplog.at_level(logging.INFO, "celery_anarchon"):
         h.engine.tick()                          # the pause is decided inside the claim
         ((_, paused),) = batches[0]
-        h.store.set_pause("e", None, by="ops")
+        h.store.entries.set_pause("e", None, by="ops")
         h.engine.update_plans(_changed_plans(h, {"e": (2, {"jitter": 0, "max_late": 9})}))
         h.sync()                                 # resumed, re-seeded: the paused slot is newest
     assert [run for b in batches for run in b].count(("e", paused)) == 1, batches
@@ -919,9 +919,9 @@ def test_instances_with_other_definitions_of_an_entry_both_log_it_and_leave_at_c
     for message in errors:
         assert a.plans["e"].definition in message and b.plans["e"].definition in message
         assert host_pid() in message
-    assert {i.instance_id for i in a.store.instances()} == {"A", "B"}
+    assert {i.instance_id for i in a.store.instances.instances()} == {"A", "B"}
     a.engine.close()
-    assert {i.instance_id for i in b.store.instances()} == {"B"}
+    assert {i.instance_id for i in b.store.instances.instances()} == {"B"}
 
 
 def test_on_a_store_without_entries_the_heartbeat_alone_is_written_every_sync_interval(
@@ -941,26 +941,26 @@ def test_on_a_store_without_entries_the_heartbeat_alone_is_written_every_sync_in
     errors = [r.getMessage() for r in caplog.records
               if r.getMessage().startswith("anarchon: instances disagree on entry 'e'")]
     assert len(errors) == 2, errors
-    records = {i.instance_id: i for i in b.store.instances()}
+    records = {i.instance_id: i for i in b.store.instances.instances()}
     assert set(records) == {"A", "B"}
     mine = records["A"]
     assert f"{mine.host}:{mine.pid}" == host_pid() and mine.entries == 1
     assert mine.expires_ms - mine.seen_ms == 3_000, "three sync intervals, on the server's clock"
     a.engine.close()
-    assert {i.instance_id for i in b.store.instances()} == {"B"}
+    assert {i.instance_id for i in b.store.instances.instances()} == {"B"}
 
 
 def test_a_store_error_while_syncing_backs_off_and_never_stops_beat(sqlite_url, namespace,
                                                                    harnesses, caplog):
     h = make(harnesses, sqlite_url, namespace, {"cfg": (3600, {"jitter": 0})}, sync_s=1)
-    load, failures = h.store.load_entries, [StoreUnavailable("database is locked")]
+    load, failures = h.store.entries.load_entries, [StoreUnavailable("database is locked")]
 
     def flaky():
         if failures:
             raise failures.pop()
         return load()
-    h.store.load_entries = flaky
-    h.store.put_entry("s", _definition(jitter=0, max_late=10), by="test", create=True)
+    h.store.entries.load_entries = flaky
+    h.store.entries.put_entry("s", _definition(jitter=0, max_late=10), by="test", create=True)
     with caplog.at_level(logging.ERROR, "celery_anarchon"):
         assert 0 < h.engine.tick() <= 60
     assert "s" not in h.engine.plans
@@ -1030,7 +1030,7 @@ def test_a_leased_run_claimed_before_a_pause_is_not_taken_over_while_paused(
              {"e": (3600, {"jitter": 0, "max_late": 60, "anchor": anchor, "lease": lease})})
     h.engine.tick()
     (_, slot, _), = h.sent                                     # no worker adopts it
-    pause = h.store.set_pause("e", Pause("migration", "ops", 0), by="ops").pause
+    pause = h.store.entries.set_pause("e", Pause("migration", "ops", 0), by="ops").pause
     wait_until(lambda: h.store.expired_runs(["e"]), lease["queue_timeout"] + 10,
                "the queue deadline")
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
@@ -1041,7 +1041,7 @@ def test_a_leased_run_claimed_before_a_pause_is_not_taken_over_while_paused(
     record = h.history("e")[slot]
     assert (record.event, record.detail) == (RunEvent.PAUSED, pause.describe()), record
     assert any("not taken over: the entry is paused" in r.getMessage() for r in caplog.records)
-    h.store.set_pause("e", None, by="ops")
+    h.store.entries.set_pause("e", None, by="ops")
     h.advance(2.0)
     h.engine.takeovers.check(h.engine.plans)
     assert h.sent == [("e", slot, 1)], "not caught up after the resume"

@@ -846,7 +846,7 @@ def test_sync_reads_the_version_every_interval_and_loads_only_when_it_moved():
     s.clocks.wall.advance(-3600)                     # the wall clock does not time the sync
     s.clocks.mono.advance(SYNC_S)
     assert s.sync.follow() and set(s.sync.store_plans) == {"a", "b"}
-    assert s.sync.version == s.operator.store.entries_version()
+    assert s.sync.version == s.operator.store.entries.entries_version()
     assert s.store.calls["load_entries"] == 2
 
 
@@ -1023,7 +1023,7 @@ def test_heartbeat_saves_its_fingerprints_again_once_the_store_lost_them():
     h.clocks.advance(5)
     h.a.beat(mine, entries=2)
     digest = fingerprints_digest({"e": "f1", "g": "g1"})
-    assert h.store.load_fingerprints(digest) == {"e": "f1", "g": "g1"}
+    assert h.store.instances.load_fingerprints(digest) == {"e": "f1", "g": "g1"}
     assert h.records()["A"].fingerprints_digest == digest
     h.clocks.advance(5)
     h.a.beat(mine, entries=2)
@@ -1081,7 +1081,7 @@ def test_a_disagreement_is_logged_once_and_again_when_it_changes(caplog):
 
 def test_a_heartbeat_that_fails_backs_off_and_a_fingerprint_not_yet_saved_waits():
     h = Beating()
-    h.store.record_instance(InstanceRecord("C", "h", 1, "v", 0, 0, None, 1, "not-saved-yet"),
+    h.store.instances.record_instance(InstanceRecord("C", "h", 1, "v", 0, 0, None, 1, "not-saved-yet"),
                             ttl_ms=60_000)
     h.a.beat(config(e="f1"), entries=1)
     assert h.a.reported == frozenset(), "an unknown digest is compared at the next heartbeat"

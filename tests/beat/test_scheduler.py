@@ -368,7 +368,7 @@ def test_store_entries_run_and_an_invalid_one_is_left_out_by_name(tmp_path, capl
 
     def put(name, **schedule_and_anarchon):
         definition = {"task": "proj.t", "schedule": {"every": 10}, **schedule_and_anarchon}
-        store.put_entry(name, entry_json.canonical(definition), by="test", create=True)
+        store.entries.put_entry(name, entry_json.canonical(definition), by="test", create=True)
     put("good")
     put("bad", schedule={"every": 1}, anarchon={"jitter": 0.9})   # jitter >= half the gap
     put("tick", schedule={"every": 20})                            # the config's name
@@ -386,10 +386,10 @@ def test_store_entries_run_and_an_invalid_one_is_left_out_by_name(tmp_path, capl
             "anarchon: store entry 'bad' is not valid on this instance and is left out (the others "
             "run): entry 'bad': jitter 0.9 s")
         assert "store entry 'tick' has the name of a beat_schedule entry" in caplog.text
-        assert any(i.instance_id == scheduler._instance_id for i in store.instances())
+        assert any(i.instance_id == scheduler._instance_id for i in store.instances.instances())
     finally:
         scheduler.close()
-    assert not [i for i in store.instances() if i.instance_id == scheduler._instance_id], \
+    assert not [i for i in store.instances.instances() if i.instance_id == scheduler._instance_id], \
         "close() removes this instance's record"
     store.close()
 
@@ -404,7 +404,7 @@ def test_store_entries_an_older_version_accepted_are_left_out_by_name_and_the_ot
     app = make_app(tmp_path, anarchon_sync_interval=0.2)
     scheduler = Scheduler(app)
     write_broken_entries(scheduler.store)
-    scheduler.store.put_entry("good", entry_json.canonical(
+    scheduler.store.entries.put_entry("good", entry_json.canonical(
         {"task": "proj.t", "schedule": {"every": 10}}), by="test", create=True)
     try:
         with caplog.at_level(logging.INFO, "celery_anarchon"):

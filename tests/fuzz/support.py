@@ -76,7 +76,7 @@ def _task(*args, **kwargs):
 def state(store) -> tuple:
     """What a write changes: the entries version, every entry (definition, pause), the
     run-now requests."""
-    snap = store.load_entries()
+    snap = store.entries.load_entries()
     return (snap.version, {n: (e.definition, e.pause) for n, e in snap.entries.items()},
             snap.requests)
 

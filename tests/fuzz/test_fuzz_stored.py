@@ -28,7 +28,8 @@ RAW_BYTES = st.one_of(
 def _store_of(app):
     from celery_anarchon import schedules
     s = schedules(app)
-    return s, s._ready()
+    s._ready()
+    return s, s.store
 
 
 def storable(written: dict) -> bool:
@@ -56,10 +57,10 @@ def test_a_definition_written_into_the_store_is_an_error_row_and_the_others_run(
         for name, text in written.items():
             if name in ("good", "cfg"):
                 continue
-            store.put_entry(name, text, by="another version", create=True)
+            store.entries.put_entry(name, text, by="another version", create=True)
             if pause:
                 from celery_anarchon.stores.entry_store import Pause
-                store.set_pause(name, Pause(reason="hand", by="x", at_ms=0), by="x")
+                store.entries.set_pause(name, Pause(reason="hand", by="x", at_ms=0), by="x")
         names = [n for n in written if n not in ("good", "cfg")]
         for index, role, data in raw if names else ():
             write_raw(kind, app, names[index % len(names)], data, role)

@@ -109,12 +109,12 @@ def test_status_shows_live_instances_what_they_disagree_on_store_entries_and_pau
         store.prepare(())
         store.save_definition("config-entry", "aaaa11112222", '{"schedule":"every 60 s (old)"}')
         store.save_definition("config-entry", "bbbb33334444", '{"schedule":"every 30 s (new)"}')
-        store.save_fingerprints("d-old", {"config-entry": "aaaa11112222", "dropped": "cccc55556666"})
-        store.save_fingerprints("d-new", {"config-entry": "bbbb33334444"})
+        store.instances.save_fingerprints("d-old", {"config-entry": "aaaa11112222", "dropped": "cccc55556666"})
+        store.instances.save_fingerprints("d-new", {"config-entry": "bbbb33334444"})
         for iid, host, digest in (("i-old", "old-host", "d-old"), ("i-new", "new-host", "d-new")):
-            store.record_instance(InstanceRecord(iid, host, 4242, "0.1.0", 1_000, 2_000, 12, 2,
+            store.instances.record_instance(InstanceRecord(iid, host, 4242, "0.1.0", 1_000, 2_000, 12, 2,
                                                  digest), ttl_ms=600_000)
-        store.put_entry("added", json.dumps({"task": "cli_app.report", "schedule": {"every": 90}}),
+        store.entries.put_entry("added", json.dumps({"task": "cli_app.report", "schedule": {"every": 90}}),
                         by="ops", create=True)
         request_run(store, "added", "req-9", by="ops")
     finally:
@@ -144,13 +144,13 @@ def test_status_reports_a_store_entry_that_other_instances_run_from_their_beat_s
         store.prepare(())
         store.save_definition("nightly", "aaaa11112222", '{"schedule":"every 7200 s (config)"}')
         store.save_definition("config-entry", "cccc33334444", '{"schedule":"every 60 s"}')
-        store.save_fingerprints("d-a", {"nightly": "aaaa11112222", "config-entry": "cccc33334444"})
-        store.save_fingerprints("d-b", {})
+        store.instances.save_fingerprints("d-a", {"nightly": "aaaa11112222", "config-entry": "cccc33334444"})
+        store.instances.save_fingerprints("d-b", {})
         for iid, host, digest in (("i-a", "host-a", "d-a"), ("i-b", "host-b", "d-b")):
-            store.record_instance(InstanceRecord(iid, host, 4242, "0.1.0", 1_000, 2_000, 0, 2,
+            store.instances.record_instance(InstanceRecord(iid, host, 4242, "0.1.0", 1_000, 2_000, 0, 2,
                                                  digest), ttl_ms=600_000)
         for name in ("nightly", "config-entry"):
-            store.put_entry(name, json.dumps({"task": "cli_app.report",
+            store.entries.put_entry(name, json.dumps({"task": "cli_app.report",
                                               "schedule": {"every": 3600}}), by="ops", create=True)
     finally:
         store.close()
@@ -206,8 +206,8 @@ def test_status_shows_the_live_instances_of_a_store_that_keeps_no_entries(namesp
     require_server(url, "NATS")
     store = open_store(url, namespace=namespace, instance_id="test", options={})
     try:
-        store.save_fingerprints("d-1", {"config-entry": "aaaa11112222"})
-        store.record_instance(InstanceRecord("i-nats", "nats-host", 4242, "0.1.0", 1_000, 2_000,
+        store.instances.save_fingerprints("d-1", {"config-entry": "aaaa11112222"})
+        store.instances.record_instance(InstanceRecord("i-nats", "nats-host", 4242, "0.1.0", 1_000, 2_000,
                                              -7, 2, "d-1"), ttl_ms=600_000)
     finally:
         store.close()
@@ -270,7 +270,7 @@ def test_run_now_refuses_a_bad_request_id_and_answers_a_repeat_of_a_paused_entry
         assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     store = open_store(url, namespace=namespace, instance_id="t")
     try:
-        assert store.entries_version() == 0, "a refused request id was written"
+        assert store.entries.entries_version() == 0, "a refused request id was written"
     finally:
         store.close()
     first = ok(cli(url, namespace, "run-now", "config-entry", "--request-id", "ticket-4711",

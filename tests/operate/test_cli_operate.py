@@ -140,16 +140,16 @@ def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, names
         store.prepare(["leased-hourly"])
         [sqlite] = [b for b in BACKENDS if b.kind == "sqlite"]
         sqlite.backdate(store, ["leased-hourly"], 3_600_000)   # a brand-new store refuses older slots
-        store.save_fingerprints("d", {"every-2s": "f1"})
-        store.record_instance(InstanceRecord("beat-a:1:aa", "beat-a", 1, "0.1.0", now - 60_000,
+        store.instances.save_fingerprints("d", {"every-2s": "f1"})
+        store.instances.record_instance(InstanceRecord("beat-a:1:aa", "beat-a", 1, "0.1.0", now - 60_000,
                                              now, 3, 4, "d"), ttl_ms=600_000)
-        store.record_instance(InstanceRecord("beat-b:2:bb", "beat-b", 2, "0.1.0", now - 900_000,
+        store.instances.record_instance(InstanceRecord("beat-b:2:bb", "beat-b", 2, "0.1.0", now - 900_000,
                                              now - 600_000, 0, 4, "d"), ttl_ms=600_000)
         [won] = store.claim([ClaimRequest("leased-hourly", slot, 60_000, task_id="t-1",
                                           lease=LeaseTerms(queue_timeout_ms=300_000))])
         store.record("leased-hourly", slot, RunEvent.SENT, task_id="t-1")
         store.adopt("leased-hourly", slot, "worker-1@host:77", 30_000)
-        store.put_entry("added", json.dumps({"task": "operate_app.report",
+        store.entries.put_entry("added", json.dumps({"task": "operate_app.report",
                                              "schedule": {"every": 90}}), by="ops", create=True)
         request_run(store, "added", "req-9", by="ops")
     finally:
@@ -337,7 +337,7 @@ def test_status_warns_when_no_live_instance_sends_the_schedule(sqlite_url, names
     now = int(time.time() * 1000)
     try:
         store.prepare([])
-        store.record_instance(InstanceRecord("beat-a:1:aa", "beat-a", 1, "0.1.0", now - 60_000,
+        store.instances.record_instance(InstanceRecord("beat-a:1:aa", "beat-a", 1, "0.1.0", now - 60_000,
                                              now - 30_000, 0, 2, "d"), ttl_ms=600_000)
     finally:
         store.close()
@@ -378,11 +378,11 @@ def test_check_warns_of_live_beats_running_another_definition(sqlite_url, namesp
     now = int(time.time() * 1000)
     try:
         store.prepare([])
-        store.save_fingerprints("old", {"every-2s": "0ld0ld0ld0ld", "leased": "x"})
-        store.save_fingerprints("same", {"every-2s": mine})
-        store.record_instance(InstanceRecord("old:9:aa", "old-host", 9, "0.1.0", now, now, 0, 2,
+        store.instances.save_fingerprints("old", {"every-2s": "0ld0ld0ld0ld", "leased": "x"})
+        store.instances.save_fingerprints("same", {"every-2s": mine})
+        store.instances.record_instance(InstanceRecord("old:9:aa", "old-host", 9, "0.1.0", now, now, 0, 2,
                                              "old"), ttl_ms=600_000)
-        store.record_instance(InstanceRecord("new:8:bb", "new-host", 8, "0.1.0", now, now, 0, 2,
+        store.instances.record_instance(InstanceRecord("new:8:bb", "new-host", 8, "0.1.0", now, now, 0, 2,
                                              "same"), ttl_ms=600_000)
     finally:
         store.close()

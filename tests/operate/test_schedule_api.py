@@ -21,7 +21,7 @@ from celery_anarchon.schedule.plan import build_plan
 from celery_anarchon.operate.schedules import ScheduledEntry, Schedules, default_by
 from celery_anarchon.schedule.slots import IntervalSlots
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, EntryStore
+from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES
 from celery_anarchon.stores.run_now import SlotWindow, request_id_ms
 from celery_anarchon.settings import Settings
 
@@ -30,7 +30,7 @@ from conftest import require_server
 from stores_support import require_client, wait_until
 
 #: the test rows whose store holds entries (read from the classes: a store is built without I/O)
-ENTRY_STORES = kinds_whose_store(lambda store: isinstance(store, EntryStore))
+ENTRY_STORES = kinds_whose_store(lambda store: store.entries is not None)
 
 
 def store_url(kind: str, tmp_path) -> tuple[str, dict]:
@@ -70,7 +70,7 @@ def test_a_store_entry_from_add_to_remove(kind, tmp_path, namespace):
     app = make_app(url, namespace, options)
     with celery_anarchon.schedules(app, by="ops@test") as s:
         store = s.store
-        before = store.entries_version()
+        before = store.entries.entries_version()
         added = s.add("report", task="proj.report", schedule=crontab(minute="*/5"),
                       args=(1, "x"), kwargs={"full": True}, options={"queue": "reports"},
                       anarchon={"max_late": 30})
@@ -79,18 +79,18 @@ def test_a_store_entry_from_add_to_remove(kind, tmp_path, namespace):
                                     "options": {"queue": "reports"}, "anarchon": {"max_late": 30},
                                     "schedule": {"crontab": {"minute": "*/5"}}}
         assert added.updated_by == "ops@test" and not added.paused
-        assert store.entries_version() > before
-        raw = store.load_entries().entries["report"].definition
+        assert store.entries.entries_version() > before
+        raw = store.entries.load_entries().entries["report"].definition
         assert raw == entry_json.canonical(added.definition)     # canonical JSON text, nothing else
         assert [e.name for e in s.list()] == ["celery.backend_cleanup", "config-entry", "report"]
         assert s.get("config-entry").source == "config"
 
-        v = store.entries_version()
+        v = store.entries.entries_version()
         updated = s.update("report", schedule=cron("0 3 * * *", tz="Europe/Paris"), by="dev@test")
         assert updated.definition["schedule"] == {"cron": "0 3 * * *", "timezone": "Europe/Paris"}
         assert updated.definition["kwargs"] == {"full": True}       # what was not given is kept
         assert updated.updated_by == "dev@test" and updated.version > added.version
-        assert store.entries_version() > v
+        assert store.entries.entries_version() > v
 
         paused = s.pause("report", reason="migration")
         assert paused.paused and paused.pause.reason == "migration" and paused.pause.by == "ops@test"
@@ -104,7 +104,7 @@ def test_a_store_entry_from_add_to_remove(kind, tmp_path, namespace):
         again = s.run_now("report", request_id="r-1")
         assert first.created and not again.created and first.entry == "report"
         assert again == dataclasses.replace(first, created=False) and first.by == "ops@test"
-        assert [r.request_id for r in store.load_entries().requests if r.entry == "report"] == ["r-1"]
+        assert [r.request_id for r in store.entries.load_entries().requests if r.entry == "report"] == ["r-1"]
         other = s.run_now("report")                       # a new id: a second request, its own slot
         assert other.request_id != "r-1" and other.slot_ms != first.slot_ms and other.created
         # a UUIDv7 of the store's clock (in a new store's first 10 s: up to 10 s ahead)
@@ -134,7 +134,7 @@ def test_beat_schedule_entries_are_owned_by_the_config_but_pause_resume_and_run_
     assert not api.resume("config-entry").paused
     request = api.run_now("config-entry", request_id="once")
     assert request.slot_ms % 60_000 != 0                 # never one of its scheduled slots
-    assert api.store.load_entries().requests[-1] == dataclasses.replace(request, created=False)
+    assert api.store.entries.load_entries().requests[-1] == dataclasses.replace(request, created=False)
 
 
 def test_unknown_entries_and_names_taken(api):
@@ -238,7 +238,7 @@ def test_schedules_given_as_python_objects_are_stored_as_data(api):
     anchored = api.add("e", task="proj.report", schedule=3600, options={"anarchon": {
         "anchor": datetime.datetime(1970, 1, 1, 0, 15, tzinfo=datetime.timezone.utc)}})
     assert anchored.definition["anarchon"] == {"anchor": 900} and anchored.definition["options"] == {}
-    stored = json.loads(api.store.load_entries().entries["e"].definition)
+    stored = json.loads(api.store.entries.load_entries().entries["e"].definition)
     assert stored["anarchon"] == {"anchor": 900}
     with pytest.raises(ConfigError, match="cannot be stored as data"):
         api.add("f", task="proj.report", schedule=celery_anarchon_custom())
@@ -278,7 +278,7 @@ def test_a_given_store_is_the_callers_to_close(tmp_path, namespace):
     store = open_store(url, namespace=namespace, instance_id="mine", options={})
     with Schedules(make_app(url, namespace), store=store) as s:
         s.add("x", task="proj.report", schedule=60)
-    assert store.load_entries().entries["x"].definition      # still open, still usable
+    assert store.entries.load_entries().entries["x"].definition      # still open, still usable
     store.close()
 
 
@@ -337,7 +337,7 @@ def test_a_request_id_is_one_run_after_the_stores_memory_passed(kind, tmp_path, 
         if hasattr(s.store, "prune"):
             s.store.prune()                                        # what a beat's claims do
         again = s.run_now("config-entry", request_id="ticket-4711")
-        young = s.store.load_entries().requests
+        young = s.store.entries.load_entries().requests
     assert again == dataclasses.replace(first, created=False), (first, again)
     assert "ticket-4711" not in [r.request_id for r in young], "beats read only young requests"
 
@@ -359,10 +359,10 @@ def test_run_now_is_refused_on_an_entry_whose_count_limited_memory_misses_its_wi
         "slow": {"task": "proj.report", "schedule": 60.0}}
     assert check_schedule(app) == [], "beat starts: only run-now is refused"
     with celery_anarchon.schedules(app) as s:
-        before = s.store.entries_version()
+        before = s.store.entries.entries_version()
         with pytest.raises(ConfigError) as info:
             s.run_now("fast", request_id="r-1")
-        assert s.store.entries_version() == before and not s.store.load_entries().requests
+        assert s.store.entries.entries_version() == before and not s.store.entries.load_entries().requests
         assert s.run_now("slow", request_id="r-1").created
     message = str(info.value)
     for fragment in ("entry 'fast'", "run-now refused", "up to 15 s after its slot", "at most 5 runs per entry",
@@ -386,13 +386,13 @@ def test_a_repeated_request_id_is_answered_with_the_first_request_whatever_happe
                  for name in ("report", "config-entry")}
         s.pause("report", reason="migration")
         s.pause("config-entry", reason="migration")
-        version = s.store.entries_version()
+        version = s.store.entries.entries_version()
         for name, request in first.items():
             again = s.run_now(name, request_id="ticket-4711", by="bob")
             assert again == dataclasses.replace(request, created=False), (again, request)
             with pytest.raises(ConfigError, match="resume it first"):
                 s.run_now(name, request_id="ticket-4712")
-        assert s.store.entries_version() == version, "a repeat and a refusal write nothing"
+        assert s.store.entries.entries_version() == version, "a repeat and a refusal write nothing"
         s.remove("report")
         again = s.run_now("report", request_id="ticket-4711")
         assert again == dataclasses.replace(first["report"], created=False)
@@ -419,10 +419,10 @@ def test_run_now_requests_of_one_entry_share_a_count_limited_memory(tmp_path, na
     with celery_anarchon.schedules(app) as s:
         made = [s.run_now("fast", request_id=f"r-{i}") for i in range(5)]
         assert all(r.created for r in made)
-        before = s.store.entries_version()
+        before = s.store.entries.entries_version()
         with pytest.raises(ConfigError) as info:
             s.run_now("fast", request_id="r-5")
-        assert s.store.entries_version() == before
+        assert s.store.entries.entries_version() == before
         assert s.run_now("fast", request_id="r-0") == dataclasses.replace(made[0], created=False)
     message = str(info.value)
     for fragment in ("entry 'fast': run-now refused", "at most 20 runs per entry",
@@ -462,7 +462,7 @@ def test_concurrent_run_now_requests_never_share_a_slot(kind, tmp_path, namespac
             t.join(120)
         requests = [q for qs in told for q in qs]
         assert len(requests) == RACERS * ROUNDS, "every racer finished"
-        held = {(q.request_id, q.slot_ms) for q in apis[0].store.load_entries().requests}
+        held = {(q.request_id, q.slot_ms) for q in apis[0].store.entries.load_entries().requests}
     finally:
         for api in apis:
             api.close()
@@ -496,13 +496,13 @@ def test_one_name_limit_on_every_store_and_a_name_is_one_entry_in_nfc(kind, tmp_
         [result] = s.store.claim([ClaimRequest(LONGEST_NAME, slot, 120_000, task_id="t-1")])
         assert result.outcome is Outcome.WON, result
         assert [r.slot_ms for r in s.store.history(LONGEST_NAME)] == [slot]
-        before = s.store.entries_version()
+        before = s.store.entries.entries_version()
         for name, words in ((LONGEST_NAME + "x", "201 characters, more than 200"),
                             ("pay\u202eroll", "format character U\\+202E"),
                             ("zero\u200bwidth", "format character U\\+200B")):
             with pytest.raises(ConfigError, match=words):
                 s.add(name, task="proj.report", schedule=60)
-        assert s.store.entries_version() == before, "a refused name was written"
+        assert s.store.entries.entries_version() == before, "a refused name was written"
 
         composed, decomposed = "caf\u00e9", "cafe\u0301"
         assert s.add(decomposed, task="proj.report", schedule=60).name == composed
@@ -537,9 +537,9 @@ def test_one_request_id_limit_on_every_store_and_an_id_is_one_request_in_nfc(
         first = s.run_now(LONGEST_NAME, request_id=LONGEST_REQUEST_ID)
         again = s.run_now(LONGEST_NAME, request_id=LONGEST_REQUEST_ID)
         assert first.created and again == dataclasses.replace(first, created=False)
-        assert [(r.entry, r.request_id) for r in s.store.load_entries().requests] == [
+        assert [(r.entry, r.request_id) for r in s.store.entries.load_entries().requests] == [
             (LONGEST_NAME, LONGEST_REQUEST_ID)]
-        before = s.store.entries_version()
+        before = s.store.entries.entries_version()
         for request_id, words in (
                 (LONGEST_REQUEST_ID + "x", "201 characters, more than 200"),
                 ("i" * 5000, "5,000 characters, more than 200"),
@@ -557,7 +557,7 @@ def test_one_request_id_limit_on_every_store_and_an_id_is_one_request_in_nfc(
             s.run_now(LONGEST_NAME, request_id="i" * 201)
         assert str(info.value).startswith(f"entry {LONGEST_NAME[:40]!r}...: run-now request id "
                                           f"{'i' * 40!r}...: 201 characters"), info.value
-        assert s.store.entries_version() == before, "a refused request id was written"
+        assert s.store.entries.entries_version() == before, "a refused request id was written"
 
         composed = s.run_now("config-entry", request_id="caf\u00e9-1")
         decomposed = s.run_now("config-entry", request_id="cafe\u0301-1")
@@ -568,12 +568,12 @@ def test_one_request_id_limit_on_every_store_and_an_id_is_one_request_in_nfc(
 def test_a_definition_stored_before_these_rules_can_still_be_removed_by_its_exact_name(api):
     """A name written by an older version (decomposed, or longer than the limit) is not run by
     beat and is shown as a problem; ``remove`` finds it by its exact name, so it can go."""
-    store = api._ready()
+    entries = api._ready()
     text = entry_json.canonical({"task": "proj.report", "schedule": {"every": 60}})
     for name in ("cafe\u0301", "n" * 300):
-        store.put_entry(name, text, by="older version", create=True)
+        entries.put_entry(name, text, by="older version", create=True)
         api.remove(name)
-        left = store.load_entries().entries.get(name)
+        left = entries.load_entries().entries.get(name)
         assert left is None or left.cleared, left     # a removal leaves a cleared record
 
 
@@ -606,7 +606,7 @@ def test_an_update_with_a_bad_value_is_refused_and_writes_nothing(api):
     """Each bad value an add refuses, an update refuses too, with the same message; the entry
     and the store's version stay as they were."""
     api.add("report", task="proj.report", schedule=60, options={"queue": "reports"})
-    before, definition = api.store.entries_version(), api.get("report").definition
+    before, definition = api.store.entries.entries_version(), api.get("report").definition
     deep: list = []
     for _ in range(200):
         deep = [deep]
@@ -620,4 +620,4 @@ def test_an_update_with_a_bad_value_is_refused_and_writes_nothing(api):
         with pytest.raises(ConfigError) as info:
             api.update("report", **change)
         assert words in str(info.value) and "fix:" in str(info.value), (change, info.value)
-    assert api.store.entries_version() == before and api.get("report").definition == definition
+    assert api.store.entries.entries_version() == before and api.get("report").definition == definition

@@ -102,14 +102,14 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
         t["add"] = time.time()
         api.add("dyn", task=schedules_app.TASK, schedule=FIRST_MS / 1000, kwargs={"phase": "add"})
         t["added"] = time.time()
-        t["add_synced"] = run.synced(api.store.entries_version())
+        t["add_synced"] = run.synced(api.store.entries.entries_version())
         run.wait(lambda: len(run.runs()) >= 3, SYNC_S + 3 + SLACK_S + 3, "three runs of dyn")
         run.phase("add")
 
         # 2. update: 1 s -> 1.5 s and new kwargs, on every instance
         t["update"] = time.time()
         api.update("dyn", schedule=SECOND_MS / 1000, kwargs={"phase": "update"})
-        t["update_synced"] = run.synced(api.store.entries_version())
+        t["update_synced"] = run.synced(api.store.entries.entries_version())
         run.wait(lambda: len([x for x in run.runs() if x["slot"] > t["update_synced"] * 1000]) >= 3,
                  3 * SECOND_MS / 1000 + SLACK_S + 3, "three runs of the updated dyn")
         run.phase("update")
@@ -148,7 +148,7 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
         # another request: every instance syncs again (and looks at ticket-4711 again) before
         # the removal
         other = api.run_now("dyn", request_id="ticket-4712")
-        run.synced(api.store.entries_version())
+        run.synced(api.store.entries.entries_version())
         run.wait(lambda: any(x["slot"] == other.slot_ms for x in run.runs()),
                  2 * SYNC_S + 5 + SLACK_S, "the second run-now run")
         run.phase("run_now")
@@ -156,7 +156,7 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
         # 6. remove: nothing runs once every instance synced
         t["remove"] = time.time()
         api.remove("dyn")
-        t["remove_synced"] = run.synced(api.store.entries_version())
+        t["remove_synced"] = run.synced(api.store.entries.entries_version())
         # the pacemaker: once the clock entry ran a slot two periods later, a run of dyn due
         # meanwhile would have been sent before it (one queue, FIFO)
         run.wait(lambda: any(x["slot"] > (t["remove_synced"] + 2 * SECOND_MS / 1000 + JITTER_S)
@@ -276,7 +276,7 @@ def test_concurrent_run_now_requests_each_run_exactly_once(kind, tmp_path, names
             cluster.beat(name)
         cluster.wait_log("worker", "ready.", timeout=60)
         apis[0].add("dyn", task=schedules_app.TASK, schedule=FIRST_MS / 1000)
-        run.synced(apis[0].store.entries_version(), timeout=60)
+        run.synced(apis[0].store.entries.entries_version(), timeout=60)
         run.wait(lambda: len(run.runs()) >= 2, SYNC_S + 3 + SLACK_S, "two runs of dyn")
         run.phase("start")
         threads = [threading.Thread(target=racer, args=(i,)) for i in range(RACERS)]

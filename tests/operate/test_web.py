@@ -236,13 +236,13 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
         _click(browser, TRICKY, button)
         WebDriverWait(browser, 10).until(lambda d: "no new run" in _message(d))
         assert f"run-now {TRICKY}: request {made} was already requested at " in _message(browser)
-        (request,) = [r for r in api.store.load_entries().requests if r.entry == TRICKY]
+        (request,) = [r for r in api.store.entries.load_entries().requests if r.entry == TRICKY]
         assert request.request_id == made and request.by.startswith("web:127.0.0.1@"), request
         _click(browser, TRICKY, button)
         WebDriverWait(browser, 10).until(lambda d: "new request" in _message(d))
         (other,) = UUID7.findall(_message(browser))
         assert other != made, "a new click, a new request"
-        requested = {request.slot_ms} | {r.slot_ms for r in api.store.load_entries().requests
+        requested = {request.slot_ms} | {r.slot_ms for r in api.store.entries.load_entries().requests
                                          if r.request_id == other}
         run.wait(lambda: requested <= {x["slot"] for x in run.runs(TRICKY)}, 2 * 1 + 5 + 5,
                  "both run-now runs of the store entry")

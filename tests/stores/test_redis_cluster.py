@@ -142,11 +142,11 @@ def test_a_pause_is_checked_in_the_claim_on_the_entry_slot(tmp_path):
         a.prepare(["e"])
         backdate_memory_start(a, ["e"], 120_000)
         from celery_anarchon.stores.entry_store import Pause
-        a.set_pause("e", Pause(reason="maintenance", by="ops", at_ms=0), by="ops")
+        a.entries.set_pause("e", Pause(reason="maintenance", by="ops", at_ms=0), by="ops")
         slot = b.now_ms()
         got = b.claim([ClaimRequest("e", slot, 60_000, "t", "fp")])[0]
         assert got.outcome is Outcome.PAUSED and got.detail == "paused by ops: maintenance"
-        a.set_pause("e", None, by="ops")
+        a.entries.set_pause("e", None, by="ops")
         assert b.claim([ClaimRequest("e", slot + 1, 60_000, "t", "fp")])[0].outcome is Outcome.WON
         # an older version arriving late is ignored
         a._entries._slot_pause("e", 1, {"r": "stale", "b": "x", "t": "0"})
@@ -195,28 +195,28 @@ def test_a_pause_is_confirmed_on_both_masters_slot_first_and_survives_a_failover
         backdate_memory_start(a, [entry], 120_000)
         base = a.now_ms()
         assert claimed() is Outcome.WON, "confirmed by M1's replica"
-        a.put_entry("x", "{}", by="ops", create=True)   # confirmed by M2's replica
+        a.entries.put_entry("x", "{}", by="ops", create=True)   # confirmed by M2's replica
         stopped(r1, m1)
         try:
             with pytest.raises(StoreError, match="may be lost if the master fails over now"):
-                a.set_pause(entry, pause, by="ops")
-            assert entry not in a.load_entries().entries, "the namespace record comes second"
+                a.entries.set_pause(entry, pause, by="ops")
+            assert entry not in a.entries.load_entries().entries, "the namespace record comes second"
         finally:
             resumed(r1)
-        a.set_pause(entry, None, by="ops")
+        a.entries.set_pause(entry, None, by="ops")
         assert claimed() is Outcome.WON
         stopped(r2, m2)
         try:
             with pytest.raises(StoreError, match="may be lost"):
-                a.set_pause(entry, pause, by="ops")
+                a.entries.set_pause(entry, pause, by="ops")
             assert claimed() is Outcome.PAUSED, "the entry's slot is written (and confirmed) first"
             with pytest.raises(StoreError, match="may be lost"):
-                a.set_pause(entry, None, by="ops")
+                a.entries.set_pause(entry, None, by="ops")
             assert claimed() is Outcome.PAUSED, "a resume lifts the claims' pause last"
         finally:
             resumed(r2)
-        assert a.set_pause(entry, pause, by="ops").pause is not None
-        assert a.load_entries().entries[entry].pause is not None
+        assert a.entries.set_pause(entry, pause, by="ops").pause is not None
+        assert a.entries.load_entries().entries[entry].pause is not None
         rig.kill(m1)
         c = open_store(rig.url, namespace=namespace, instance_id="C", options=options)
         got = c.claim([ClaimRequest(entry, c.now_ms(), 60_000, "t", "fp")])[0]

@@ -102,7 +102,7 @@ def test_a_takeover_of_a_paused_entry_answers_paused_and_ends_the_run(lease_stor
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
     _, run = worker.adopt("e", slot, "w1", 200)
-    pause = a.set_pause("e", Pause("migration", "alice", 0), by="alice").pause
+    pause = a.entries.set_pause("e", Pause("migration", "alice", 0), by="alice").pause
     dead = expired(b, slot)
     outcome, after = b.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
                                  task_id="t-2")
@@ -111,7 +111,7 @@ def test_a_takeover_of_a_paused_entry_answers_paused_and_ends_the_run(lease_stor
     rec = record_of(a, slot)
     assert (rec.event, rec.attempt, rec.detail) == (RunEvent.PAUSED, 1, pause.describe()), rec
     # the run ended: not taken over after the resume, and its runner learns it lost its lease
-    a.set_pause("e", None, by="alice")
+    a.entries.set_pause("e", None, by="alice")
     assert not [r for r in a.expired_runs(["e"]) if r.slot_ms == slot]
     assert b.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
                        task_id="t-2")[0] is TakeoverOutcome.REFUSED
@@ -123,12 +123,12 @@ def test_a_queued_run_of_a_paused_entry_is_never_adopted(lease_stores):
     a, worker = prepared(lease_stores("A")), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    pause = a.set_pause("e", Pause("", "bob", 0), by="bob").pause
+    pause = a.entries.set_pause("e", Pause("", "bob", 0), by="bob").pause
     adopted, run = worker.adopt("e", slot, "w1", 30_000)
     assert not adopted and run.state is RunState.PAUSED, run
     rec = record_of(a, slot)
     assert (rec.event, rec.detail) == (RunEvent.PAUSED, pause.describe()), rec
-    a.set_pause("e", None, by="bob")
+    a.entries.set_pause("e", None, by="bob")
     assert not worker.adopt("e", slot, "w1", 30_000)[0], "not caught up after the resume"
     assert not a.expired_runs(["e"])
 
@@ -138,7 +138,7 @@ def test_a_pause_never_stops_a_started_run(lease_stores):
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
     _, run = worker.adopt("e", slot, "w1", 30_000)
-    a.set_pause("e", Pause("", "bob", 0), by="bob")
+    a.entries.set_pause("e", Pause("", "bob", 0), by="bob")
     assert worker.renew("e", slot, run.token, "w1", 30_000) is not None
     assert worker.release("e", slot, run.token)
     assert a.inspect("e", slot).state is RunState.FINISHED

@@ -1,5 +1,5 @@
-"""The entry store contract (:mod:`celery_anarchon.stores.entry_store`), proved against every store
-of the registry whose class is an EntryStore, on its real server.
+"""The entries part of the store contract (:mod:`celery_anarchon.stores.entry_store`), proved
+against every store of the registry that has one (``store.entries``), on its real server.
 
 Several store objects with their own instance ids stand for several beat instances sharing one
 namespace; each test is named after the promise it proves.
@@ -15,10 +15,9 @@ import pytest
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.errors import ConfigError, EntryExists, RequestRefused, UnknownEntry
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import LeaseStore, LeaseTerms, Outcome, RunEvent
+from celery_anarchon.stores.base import LeaseStore, LeaseTerms, Outcome, RunEvent, entry_store
 from celery_anarchon.stores.entry_store import (
-    CLEARED_KEEP_MS, ENTRY_STORE_NAMES, EntriesEpoch, EntryStore, InstanceRecord, Pause,
-    entry_store,
+    CLEARED_KEEP_MS, ENTRY_STORE_NAMES, Entries, EntriesEpoch, InstanceRecord, Pause,
 )
 from celery_anarchon.stores.run_now import (
     SlotWindow, SlotWindowPassed, new_request_id, request_id_ms,
@@ -36,9 +35,9 @@ OTHER_DEFINITION = '{"schedule":{"every":30},"task":"proj.tasks.report"}'
 
 #: the stores that hold entries, pauses and run-now requests (read from their classes; a store
 #: whose client library is missing is in both lists: its tests skip, or fail under CI)
-ENTRY_STORES = kinds_whose_store(lambda store: isinstance(store, EntryStore))
+ENTRY_STORES = kinds_whose_store(lambda store: store.entries is not None)
 #: the others: entry_store() refuses them
-OTHER_STORES = kinds_whose_store(lambda store: not isinstance(store, EntryStore))
+OTHER_STORES = kinds_whose_store(lambda store: store.entries is None)
 
 
 @pytest.fixture(params=ENTRY_STORES)
@@ -62,80 +61,80 @@ def _history_of(store, entry: str, slot: int):
 
 def test_add_update_remove_with_their_errors(stores):
     a, b = stores("A"), stores("B")
-    added = a.put_entry("report", DEFINITION, by="alice", create=True)
+    added = a.entries.put_entry("report", DEFINITION, by="alice", create=True)
     assert (added.name, added.definition, added.pause, added.updated_by) == (
         "report", DEFINITION, None, "alice")
     with pytest.raises(EntryExists, match="report"):
-        b.put_entry("report", OTHER_DEFINITION, by="bob", create=True)
+        b.entries.put_entry("report", OTHER_DEFINITION, by="bob", create=True)
     with pytest.raises(UnknownEntry, match="nightly"):
-        b.put_entry("nightly", DEFINITION, by="bob", create=False)
+        b.entries.put_entry("nightly", DEFINITION, by="bob", create=False)
 
-    updated = b.put_entry("report", OTHER_DEFINITION, by="bob", create=False)
+    updated = b.entries.put_entry("report", OTHER_DEFINITION, by="bob", create=False)
     assert updated.definition == OTHER_DEFINITION and updated.updated_by == "bob"
     assert updated.version > added.version, "a name's version grows with its changes"
     assert updated.updated_ms >= added.updated_ms
-    assert a.load_entries().entries["report"].definition == OTHER_DEFINITION
+    assert a.entries.load_entries().entries["report"].definition == OTHER_DEFINITION
 
-    assert a.remove_entry("report", by="alice") is True
-    removed = b.load_entries().entries["report"]
+    assert a.entries.remove_entry("report", by="alice") is True
+    removed = b.entries.load_entries().entries["report"]
     assert removed.cleared and removed.updated_by == "alice", "a removal leaves a cleared record"
-    assert b.remove_entry("report", by="bob") is False, "nothing left to remove"
+    assert b.entries.remove_entry("report", by="bob") is False, "nothing left to remove"
     with pytest.raises(UnknownEntry):
-        a.put_entry("report", DEFINITION, by="alice", create=False)
-    again = a.put_entry("report", DEFINITION, by="alice", create=True)
+        a.entries.put_entry("report", DEFINITION, by="alice", create=False)
+    again = a.entries.put_entry("report", DEFINITION, by="alice", create=True)
     assert again.version > updated.version, "a name added again never reuses an old version"
 
 
 def test_entries_version_grows_with_every_write_and_is_stable_otherwise(stores):
     a, b = prepared(stores("A"), "report", "cfg"), stores("B")
-    assert a.entries_version() == b.entries_version() == 0, "0 before any change"
+    assert a.entries.entries_version() == b.entries.entries_version() == 0, "0 before any change"
     seen = [0]
 
     def grew(what):
-        version = b.entries_version()
+        version = b.entries.entries_version()
         assert version > seen[-1], f"{what} did not raise the version ({seen[-1]} -> {version})"
-        assert a.entries_version() == version, "every instance reads the same version"
+        assert a.entries.entries_version() == version, "every instance reads the same version"
         seen.append(version)
 
     def stable(what):
-        assert a.entries_version() == seen[-1], f"{what} changed the version"
+        assert a.entries.entries_version() == seen[-1], f"{what} changed the version"
 
-    a.put_entry("report", DEFINITION, by="alice", create=True)
+    a.entries.put_entry("report", DEFINITION, by="alice", create=True)
     grew("add")
-    b.put_entry("report", OTHER_DEFINITION, by="bob", create=False)
+    b.entries.put_entry("report", OTHER_DEFINITION, by="bob", create=False)
     grew("update")
-    a.set_pause("cfg", Pause("deploy", "alice", 0), by="alice")
+    a.entries.set_pause("cfg", Pause("deploy", "alice", 0), by="alice")
     grew("pause of a config entry")
-    b.set_pause("report", Pause("", "bob", 0), by="bob")
+    b.entries.set_pause("report", Pause("", "bob", 0), by="bob")
     grew("pause of a store entry")
-    a.set_pause("report", None, by="alice")
+    a.entries.set_pause("report", None, by="alice")
     grew("resume")
     request_run(b, "report", "req-1", by="bob")
     grew("run-now request")
-    a.remove_entry("report", by="alice")
+    a.entries.remove_entry("report", by="alice")
     grew("remove")
 
-    a.put_entry("cfg2", DEFINITION, by="a", create=True)
+    a.entries.put_entry("cfg2", DEFINITION, by="a", create=True)
     grew("add")
     with pytest.raises(UnknownEntry):
-        b.put_entry("nope", DEFINITION, by="b", create=False)
+        b.entries.put_entry("nope", DEFINITION, by="b", create=False)
     stable("a refused update")
     with pytest.raises(EntryExists):
-        b.put_entry("cfg2", DEFINITION, by="b", create=True)
+        b.entries.put_entry("cfg2", DEFINITION, by="b", create=True)
     stable("a refused add")
-    assert a.remove_entry("nope", by="a") is False
+    assert a.entries.remove_entry("nope", by="a") is False
     stable("removing a name without a definition")
     request_run(b, "cfg2", "req-2", by="b")
     grew("run-now request")
     request_run(b, "cfg2", "req-2", by="b")
     stable("the same request again")
-    a.load_entries(), b.instances(), a.load_fingerprints("x"), b.history("cfg")
-    a.record_instance(_record("A"), 60_000)
-    a.save_fingerprints("d1", {"cfg": "fp"})
+    a.entries.load_entries(), b.instances.instances(), a.instances.load_fingerprints("x"), b.history("cfg")
+    a.instances.record_instance(_record("A"), 60_000)
+    a.instances.save_fingerprints("d1", {"cfg": "fp"})
     a.claim([req("cfg", fresh_slot(a))])
     a.claim([req("report", fresh_slot(a))])
     stable("reads, heartbeats, fingerprints and claims")
-    assert a.load_entries().version == seen[-1]
+    assert a.entries.load_entries().version == seen[-1]
 
 
 def test_load_entries_is_one_consistent_read(stores):
@@ -144,7 +143,7 @@ def test_load_entries_is_one_consistent_read(stores):
     writes and it holds exactly the first k writes."""
     writer, reader = stores("W"), stores("R")
     slots: dict[str, int] = {}
-    after = {writer.entries_version(): 0}          # version -> writes done
+    after = {writer.entries.entries_version(): 0}          # version -> writes done
     done = threading.Event()
     failures: list[BaseException] = []
 
@@ -152,11 +151,11 @@ def test_load_entries_is_one_consistent_read(stores):
         try:
             for i in range(40):
                 if i % 2 == 0:
-                    writer.put_entry(f"e{i:02}", DEFINITION, by="w", create=True)
+                    writer.entries.put_entry(f"e{i:02}", DEFINITION, by="w", create=True)
                 else:
                     made = request_run(writer, f"e{i - 1:02}", f"r{i:02}", by="w")
                     slots[made.request_id] = made.slot_ms
-                after[writer.entries_version()] = i + 1
+                after[writer.entries.entries_version()] = i + 1
         except BaseException as error:  # reported below, never a hang
             failures.append(error)
         finally:
@@ -166,9 +165,9 @@ def test_load_entries_is_one_consistent_read(stores):
     snapshots = []
     thread.start()
     while not done.is_set() or not snapshots:
-        snapshots.append(reader.load_entries())
+        snapshots.append(reader.entries.load_entries())
     thread.join(timeout=60)
-    snapshots.append(reader.load_entries())
+    snapshots.append(reader.entries.load_entries())
     assert not failures, failures
     assert len(after) == 41, "every write raised the version"
     for snap in snapshots:
@@ -184,7 +183,7 @@ def test_load_entries_is_one_consistent_read(stores):
 
 def test_a_pause_refuses_the_claim_at_once_even_on_an_instance_that_never_synced(stores):
     a = prepared(stores("A"), "report", "leased")
-    paused = a.set_pause("report", Pause("migrating the reports table", "alice", 0), by="alice")
+    paused = a.entries.set_pause("report", Pause("migrating the reports table", "alice", 0), by="alice")
     assert paused.pause.reason == "migrating the reports table" and paused.pause.by == "alice"
     assert paused.definition is None, "a pause of a config entry holds no definition"
     assert abs(paused.pause.at_ms - store_now(a)) < 5_000, "the pause's time is the store's clock"
@@ -198,11 +197,11 @@ def test_a_pause_refuses_the_claim_at_once_even_on_an_instance_that_never_synced
     assert result.winner is None and result.token is None
     assert a.claim([req("report", slot)])[0].outcome is Outcome.PAUSED, "the same on every instance"
     if isinstance(b, LeaseStore):
-        b.set_pause("leased", Pause("", "bob", 0), by="bob")
+        b.entries.set_pause("leased", Pause("", "bob", 0), by="bob")
         lease = LeaseTerms(queue_timeout_ms=60_000)
         assert b.claim([req("leased", slot, lease=lease)])[0].outcome is Outcome.PAUSED
         assert b.inspect("leased", slot) is None, "a paused leased run has no lease record"
-    stored = a.load_entries().entries["report"]
+    stored = a.entries.load_entries().entries["report"]
     assert stored.pause == paused.pause and stored.definition is None
 
 
@@ -211,7 +210,7 @@ def test_a_claim_won_before_the_pause_is_won_again_by_its_retry(stores):
     slot = fresh_slot(a)
     first = a.claim([req("report", slot)])[0]
     assert first.outcome is Outcome.WON
-    b.set_pause("report", Pause("too late for this one", "bob", 0), by="bob")
+    b.entries.set_pause("report", Pause("too late for this one", "bob", 0), by="bob")
     retry = a.claim([req("report", slot)])[0]
     assert retry.outcome is Outcome.WON and retry.token == first.token, "already claimed comes first"
     other = b.claim([req("report", slot)])[0]
@@ -223,32 +222,32 @@ def test_a_claim_won_before_the_pause_is_won_again_by_its_retry(stores):
 
 def test_resume_lets_the_next_slot_win(stores):
     a, b = prepared(stores("A"), "report"), stores("B")
-    a.set_pause("report", Pause("", "alice", 0), by="alice")
+    a.entries.set_pause("report", Pause("", "alice", 0), by="alice")
     slot = fresh_slot(a)
     assert b.claim([req("report", slot)])[0].outcome is Outcome.PAUSED
-    resumed = a.set_pause("report", None, by="alice")
+    resumed = a.entries.set_pause("report", None, by="alice")
     assert resumed.pause is None
-    left = a.load_entries().entries["report"]
+    left = a.entries.load_entries().entries["report"]
     assert left.cleared and left.updated_ms >= resumed.updated_ms > 0, \
         "a resumed config entry leaves a cleared record (instances that saw a loss read it)"
     nxt = b.claim([req("report", slot + 1)])[0]
     assert nxt.outcome is Outcome.WON and nxt.winner == "B"
 
-    a.put_entry("store-entry", DEFINITION, by="alice", create=True)
+    a.entries.put_entry("store-entry", DEFINITION, by="alice", create=True)
     prepared(a, "store-entry")
-    a.set_pause("store-entry", Pause("", "alice", 0), by="alice")
+    a.entries.set_pause("store-entry", Pause("", "alice", 0), by="alice")
     assert b.claim([req("store-entry", slot + 2)])[0].outcome is Outcome.PAUSED
-    back = b.set_pause("store-entry", None, by="bob")
+    back = b.entries.set_pause("store-entry", None, by="bob")
     assert back.pause is None and back.definition == DEFINITION, "resume keeps the definition"
     assert a.claim([req("store-entry", slot + 3)])[0].outcome is Outcome.WON
 
 
 def test_a_paused_run_is_recorded_once_with_who_paused_and_why(stores):
     a, b = prepared(stores("A"), "report"), stores("B")
-    first = a.set_pause("report", Pause("backfill", "alice", 0), by="alice").pause
+    first = a.entries.set_pause("report", Pause("backfill", "alice", 0), by="alice").pause
     slot = fresh_slot(a)
     assert b.claim([req("report", slot)])[0].outcome is Outcome.PAUSED
-    second = a.set_pause("report", Pause("still backfilling", "carol", 0), by="carol").pause
+    second = a.entries.set_pause("report", Pause("still backfilling", "carol", 0), by="carol").pause
     answer = a.claim([req("report", slot)])[0]
     assert answer.outcome is Outcome.PAUSED and answer.detail == second.describe()
     records = _history_of(a, "report", slot)
@@ -259,13 +258,13 @@ def test_a_paused_run_is_recorded_once_with_who_paused_and_why(stores):
 
 def test_a_store_entry_keeps_its_pause_when_updated_and_loses_it_when_removed(stores):
     a, b = stores("A"), stores("B")
-    a.put_entry("report", DEFINITION, by="alice", create=True)
-    pause = a.set_pause("report", Pause("why", "alice", 0), by="alice").pause
-    updated = b.put_entry("report", OTHER_DEFINITION, by="bob", create=False)
+    a.entries.put_entry("report", DEFINITION, by="alice", create=True)
+    pause = a.entries.set_pause("report", Pause("why", "alice", 0), by="alice").pause
+    updated = b.entries.put_entry("report", OTHER_DEFINITION, by="bob", create=False)
     assert updated.pause == pause and updated.definition == OTHER_DEFINITION
-    assert b.remove_entry("report", by="bob") is True
-    assert a.load_entries().entries["report"].cleared, "the pause went with the entry"
-    readded = a.put_entry("report", DEFINITION, by="alice", create=True)
+    assert b.entries.remove_entry("report", by="bob") is True
+    assert a.entries.load_entries().entries["report"].cleared, "the pause went with the entry"
+    readded = a.entries.put_entry("report", DEFINITION, by="alice", create=True)
     assert readded.pause is None
 
 
@@ -278,15 +277,15 @@ def test_the_same_request_id_twice_is_one_request_with_the_first_slot(stores):
         "report", "deploy-42", "alice", True)
     assert abs(first.requested_ms - store_now(a)) < 5_000, "requested on the store's clock"
     assert first.requested_ms <= first.slot_ms, "the slot is the store's clock at the request"
-    version = a.entries_version()
+    version = a.entries.entries_version()
     again = request_run(b, "report", "deploy-42", by="bob")
     assert again == dataclasses.replace(first, created=False), "the first request, whoever asks"
-    assert a.entries_version() == version, "found: nothing written"
+    assert a.entries.entries_version() == version, "found: nothing written"
     other = request_run(b, "report", "deploy-43", by="bob")
     assert other.created and other.slot_ms != first.slot_ms and other.by == "bob"
     same_id_other_entry = request_run(b, "nightly", "deploy-42", by="bob")
     assert same_id_other_entry.created, "request ids are per entry"
-    loaded = sorted((r.entry, r.request_id, r.slot_ms) for r in a.load_entries().requests)
+    loaded = sorted((r.entry, r.request_id, r.slot_ms) for r in a.entries.load_entries().requests)
     assert loaded == sorted((r.entry, r.request_id, r.slot_ms)
                             for r in (first, other, same_id_other_entry))
 
@@ -297,16 +296,16 @@ def test_a_request_is_found_by_its_entry_and_id_with_the_longest_name_and_id(sto
     entry, id or spelling (a space and a percent sign stay themselves in the Redis field)."""
     a, b = stores("A"), stores("B")
     name, request_id = "\U0001d11e" * 200, "\U0001d120" * 200
-    assert a.find_request(name, request_id) is None
+    assert a.entries.find_request(name, request_id) is None
     first = request_run(a, name, request_id, by="alice")
     odd = request_run(a, name, "a b%20c", by="alice")
-    version = a.entries_version()
-    assert b.find_request(name, request_id) == dataclasses.replace(first, created=False)
-    assert b.find_request(name, "a b%20c") == dataclasses.replace(odd, created=False)
+    version = a.entries.entries_version()
+    assert b.entries.find_request(name, request_id) == dataclasses.replace(first, created=False)
+    assert b.entries.find_request(name, "a b%20c") == dataclasses.replace(odd, created=False)
     for entry, other in ((name, "a b c"), (name, "a%20b%20c"), (name, request_id[:-1]),
                          ("report", request_id), (name[:-1], request_id)):
-        assert b.find_request(entry, other) is None, (entry[:3], other[:10])
-    assert a.entries_version() == version, "a read"
+        assert b.entries.find_request(entry, other) is None, (entry[:3], other[:10])
+    assert a.entries.entries_version() == version, "a read"
     assert request_run(b, name, request_id, by="bob") == dataclasses.replace(first, created=False)
 
 
@@ -317,28 +316,28 @@ def test_a_run_now_slot_skips_the_scheduled_slots_and_the_other_requests_slots(s
     now = store_now(a)
     busy = range(now - SlotWindow.BEFORE_MS, now + 300)   # every ms up to 300 ms from now
     window = SlotWindow(now - SlotWindow.BEFORE_MS, now + SlotWindow.AFTER_MS, frozenset(busy))
-    made = [a.request_run("e", f"r{i}", window, by="t") for i in range(3)]
+    made = [a.entries.request_run("e", f"r{i}", window, by="t") for i in range(3)]
     taken: set[int] = set()
     for q in made:
         assert q.slot_ms == window.choose(q.requested_ms, taken), (q, taken)
         assert q.slot_ms not in busy and q.slot_ms not in taken
         taken.add(q.slot_ms)
-    other = a.request_run("other", "r0", window, by="t")
+    other = a.entries.request_run("other", "r0", window, by="t")
     assert other.slot_ms == window.choose(other.requested_ms, set()), "per entry"
 
 
 def test_a_request_with_no_free_slot_or_outside_its_window_writes_nothing(stores):
     a = stores("A")
     request_run(a, "e", "r0")
-    version, now = a.entries_version(), store_now(a)
+    version, now = a.entries.entries_version(), store_now(a)
     start, end = now - SlotWindow.BEFORE_MS, now + SlotWindow.AFTER_MS
     every_ms = SlotWindow(start, end, frozenset(range(start, end + 1)))
     with pytest.raises(ConfigError, match="'e': no millisecond within 1000 ms of now is free"):
-        a.request_run("e", "r1", every_ms, by="t")
+        a.entries.request_run("e", "r1", every_ms, by="t")
     with pytest.raises(SlotWindowPassed, match="outside the window"):
-        a.request_run("e", "r1", SlotWindow(now - 120_000, now - 60_000), by="t")
-    assert a.entries_version() == version
-    assert [r.request_id for r in a.load_entries().requests] == ["r0"]
+        a.entries.request_run("e", "r1", SlotWindow(now - 120_000, now - 60_000), by="t")
+    assert a.entries.entries_version() == version
+    assert [r.request_id for r in a.entries.load_entries().requests] == ["r0"]
 
 
 def test_a_request_id_that_carries_its_time_is_refused_once_the_store_cannot_vouch_for_it(stores):
@@ -348,9 +347,9 @@ def test_a_request_id_that_carries_its_time_is_refused_once_the_store_cannot_vou
     store holds is found whatever its age; an opaque id is never refused; the ids the store's
     clock makes (RequestClock.new_id) are taken, even in the new memory's first 10 s."""
     a = stores("A")
-    clock = a.request_clock()                       # a new store: its memory begins now
+    clock = a.entries.request_clock()                       # a new store: its memory begins now
     assert clock.now_ms - 5_000 < clock.born_ms <= clock.now_ms and clock.pruned_ms == 0
-    version = a.entries_version()
+    version = a.entries.entries_version()
     cases = {"8 days ago": (clock.now_ms - 8 * 86_400_000, "more than anarchon_request_retention"),
              "before the memory began": (clock.born_ms - 1, "before the store's memory of run-now "
                                                             "requests began"),
@@ -366,8 +365,8 @@ def test_a_request_id_that_carries_its_time_is_refused_once_the_store_cannot_vou
         assert iso(made_ms) in str(refused.value), "when it was made"
         fix = "new_request_id()" if what == "ahead of the clock" else "celery anarchon history e"
         assert fix in str(refused.value), refused.value
-    assert a.entries_version() == version, "nothing written"
-    fresh = a.request_clock().new_id()
+    assert a.entries.entries_version() == version, "nothing written"
+    fresh = a.entries.request_clock().new_id()
     first = request_run(a, "e", fresh)
     assert first.created and request_run(a, "e", fresh) == dataclasses.replace(first, created=False)
     assert request_run(a, "e", "ticket-4711").created, "an opaque id"
@@ -378,12 +377,12 @@ def test_a_prune_by_a_shorter_retention_moves_the_start_of_what_the_store_vouche
     made more than 1 s before, so a UUIDv7 made then is refused for every process, whatever its
     own retention; one the store still holds is found."""
     a = prepared(stores("A"))                       # in service for two minutes
-    held = a.request_clock().new_id()
+    held = a.entries.request_clock().new_id()
     first = request_run(a, "e", held)
     made = store_now(a)
     wait_until(lambda: store_now(a) > made + 1_500, 10, "1.5 s on the store's clock")
     request_run(a, "e", "short", retention_ms=1_000)
-    assert a.request_clock().pruned_ms > made
+    assert a.entries.request_clock().pruned_ms > made
     with pytest.raises(RequestRefused, match="the store pruned the request ids made before then"):
         request_run(a, "e", new_request_id(made))
     assert request_run(a, "e", held) == dataclasses.replace(first, created=False)
@@ -394,7 +393,7 @@ def test_a_request_id_made_before_the_store_lost_its_data_is_refused_never_run_a
     again at its next operation, so a UUIDv7 request id made before is refused (it may have run),
     while an opaque id is a new request (one run while the store holds it: the documented bound)."""
     a = stores("A")
-    clock = a.request_clock()
+    clock = a.entries.request_clock()
     made = clock.new_id()
     assert request_run(a, "e", made).created
     # the loss comes after the memory began, on the store's clock (a store answering within the
@@ -404,9 +403,9 @@ def test_a_request_id_made_before_the_store_lost_its_data_is_refused_never_run_a
     b = stores("B")
     with pytest.raises(RequestRefused, match="before the store's memory of run-now requests began"):
         request_run(b, "e", made)
-    assert b.load_entries().requests == ()
+    assert b.entries.load_entries().requests == ()
     assert request_run(b, "e", "ticket-4711").created
-    assert request_run(b, "e", b.request_clock().new_id()).created, "a new id runs"
+    assert request_run(b, "e", b.entries.request_clock().new_id()).created, "a new id runs"
 
 
 def test_request_ids_are_uuid7_with_the_time_they_were_made():
@@ -422,9 +421,9 @@ def test_request_ids_are_uuid7_with_the_time_they_were_made():
 
 # -- the capability check ----------------------------------------------------------------------
 
-def test_entry_store_returns_an_entry_store(stores):
+def test_entry_store_returns_the_stores_entries_part(stores):
     store = stores("A")
-    assert entry_store(store) is store
+    assert entry_store(store) is store.entries and isinstance(store.entries, Entries)
 
 
 @pytest.mark.parametrize("kind", OTHER_STORES)
@@ -472,19 +471,19 @@ def _age_cleared(store, name: str, by_ms: int) -> None:
 
 def test_the_entries_epoch_comes_with_the_first_write_and_is_gone_after_a_wipe(stores):
     a, b = stores("A"), stores("B")
-    assert a.entries_epoch() == EntriesEpoch("", 0), "a new store holds no entries epoch"
-    a.set_pause("cfg", Pause("", "alice", 0), by="alice")
-    first = b.entries_epoch()
-    assert first.epoch and first.version == 1 == b.entries_version()
-    a.put_entry("report", DEFINITION, by="alice", create=True)
-    assert b.entries_epoch() == EntriesEpoch(first.epoch, 2), "one epoch while the data is kept"
-    loaded = b.load_entries()
+    assert a.entries.entries_epoch() == EntriesEpoch("", 0), "a new store holds no entries epoch"
+    a.entries.set_pause("cfg", Pause("", "alice", 0), by="alice")
+    first = b.entries.entries_epoch()
+    assert first.epoch and first.version == 1 == b.entries.entries_version()
+    a.entries.put_entry("report", DEFINITION, by="alice", create=True)
+    assert b.entries.entries_epoch() == EntriesEpoch(first.epoch, 2), "one epoch while the data is kept"
+    loaded = b.entries.load_entries()
     assert (loaded.epoch, loaded.version, loaded.accepted_ms) == (first.epoch, 2, 0)
     stores.wipe()
-    assert a.entries_epoch() == EntriesEpoch("", 0), "the wiped store holds no epoch"
-    assert a.load_entries().epoch == ""
-    a.set_pause("cfg", Pause("", "alice", 0), by="alice")
-    again = b.entries_epoch()
+    assert a.entries.entries_epoch() == EntriesEpoch("", 0), "the wiped store holds no epoch"
+    assert a.entries.load_entries().epoch == ""
+    a.entries.set_pause("cfg", Pause("", "alice", 0), by="alice")
+    again = b.entries.entries_epoch()
     assert again.epoch not in ("", first.epoch) and again.version == 1, (first, again)
 
 
@@ -493,15 +492,15 @@ def test_a_write_under_another_server_epoch_starts_a_new_entries_epoch(stores):
     changed (a restart, a failover, a replaced file: writes may have been lost); a read never
     writes it."""
     a = stores("A")
-    a.set_pause("cfg", Pause("", "alice", 0), by="alice")
-    first = a.entries_epoch()
-    a.put_entry("report", DEFINITION, by="alice", create=True)
-    assert a.entries_epoch().epoch == first.epoch, "the same server: the same epoch"
+    a.entries.set_pause("cfg", Pause("", "alice", 0), by="alice")
+    first = a.entries.entries_epoch()
+    a.entries.put_entry("report", DEFINITION, by="alice", create=True)
+    assert a.entries.entries_epoch().epoch == first.epoch, "the same server: the same epoch"
     _written_under_another_server(a)
-    assert a.entries_epoch() == EntriesEpoch(first.epoch, 2), "reading never writes the epoch"
-    a.load_entries()
-    a.set_pause("cfg", None, by="alice")
-    now = a.entries_epoch()
+    assert a.entries.entries_epoch() == EntriesEpoch(first.epoch, 2), "reading never writes the epoch"
+    a.entries.load_entries()
+    a.entries.set_pause("cfg", None, by="alice")
+    now = a.entries.entries_epoch()
     assert now.epoch not in ("", first.epoch) and now.version == 3, (first, now)
 
 
@@ -513,60 +512,60 @@ def test_a_run_now_request_writes_the_entries_epoch_as_every_entry_write_does(st
     request (a lost write, one new), so it loads neither the loss nor the request."""
     a, b = stores("A"), stores("B")
     request_run(a, "cfg", "r1")
-    first = b.entries_epoch()
+    first = b.entries.entries_epoch()
     assert first.epoch and first.version == 1, "the namespace's first write writes an epoch"
     request_run(a, "cfg", "r2")
-    assert b.entries_epoch() == EntriesEpoch(first.epoch, 2), "the same server: the same epoch"
+    assert b.entries.entries_epoch() == EntriesEpoch(first.epoch, 2), "the same server: the same epoch"
     _written_under_another_server(a)
     assert not request_run(a, "cfg", "r1").created
-    assert b.entries_epoch() == EntriesEpoch(first.epoch, 2), "a request found writes nothing"
+    assert b.entries.entries_epoch() == EntriesEpoch(first.epoch, 2), "a request found writes nothing"
     request_run(a, "cfg", "r3")
-    now = b.entries_epoch()
+    now = b.entries.entries_epoch()
     assert now.epoch not in ("", first.epoch) and now.version == 3, (first, now)
-    assert b.load_entries().epoch == now.epoch
+    assert b.entries.load_entries().epoch == now.epoch
 
 
 def test_a_resume_or_a_removal_leaves_a_record_newer_than_what_it_cleared(stores):
     """So that an instance that keeps a pause or a store entry from before a loss can tell the
     operator's resume or removal written since from the loss itself."""
     a, b = prepared(stores("A"), "cfg"), stores("B")
-    paused = a.set_pause("cfg", Pause("why", "alice", 0), by="alice")
-    resumed = b.set_pause("cfg", None, by="bob")
-    record = a.load_entries().entries["cfg"]
+    paused = a.entries.set_pause("cfg", Pause("why", "alice", 0), by="alice")
+    resumed = b.entries.set_pause("cfg", None, by="bob")
+    record = a.entries.load_entries().entries["cfg"]
     assert record.cleared and record == resumed, (record, resumed)
     assert (record.updated_by, record.version > paused.version) == ("bob", True)
     assert record.updated_ms >= paused.updated_ms
-    assert b.set_pause("never-paused", None, by="bob").cleared
-    assert a.load_entries().entries["never-paused"].cleared, "written even where nothing was"
-    added = a.put_entry("report", DEFINITION, by="alice", create=True)
-    assert b.remove_entry("report", by="bob")
-    gone = a.load_entries().entries["report"]
+    assert b.entries.set_pause("never-paused", None, by="bob").cleared
+    assert a.entries.load_entries().entries["never-paused"].cleared, "written even where nothing was"
+    added = a.entries.put_entry("report", DEFINITION, by="alice", create=True)
+    assert b.entries.remove_entry("report", by="bob")
+    gone = a.entries.load_entries().entries["report"]
     assert gone.cleared and gone.updated_by == "bob" and gone.version > added.version
-    again = a.put_entry("report", DEFINITION, by="alice", create=True)
+    again = a.entries.put_entry("report", DEFINITION, by="alice", create=True)
     assert again.definition == DEFINITION and not again.cleared, "a cleared name can be added"
-    assert a.set_pause("cfg", Pause("", "alice", 0), by="alice").pause is not None
+    assert a.entries.set_pause("cfg", Pause("", "alice", 0), by="alice").pause is not None
     assert a.claim([req("cfg", fresh_slot(a))])[0].outcome is Outcome.PAUSED
 
 
 def test_cleared_records_are_pruned_after_a_week(stores):
     a = stores("A")
-    a.set_pause("old", None, by="alice")
-    a.set_pause("young", None, by="alice")
-    a.set_pause("paused", Pause("", "alice", 0), by="alice")
+    a.entries.set_pause("old", None, by="alice")
+    a.entries.set_pause("young", None, by="alice")
+    a.entries.set_pause("paused", Pause("", "alice", 0), by="alice")
     _age_cleared(a, "old", CLEARED_KEEP_MS + 60_000)
     if isinstance(a, LeaseStore) and a.kind in ("sqlite", "postgresql"):
         a.prune()
     else:
-        a.set_pause("another", None, by="alice")       # Redis: the next write prunes
-    assert sorted(a.load_entries().entries) == sorted(
+        a.entries.set_pause("another", None, by="alice")       # Redis: the next write prunes
+    assert sorted(a.entries.load_entries().entries) == sorted(
         ["young", "paused"] + ([] if a.kind in ("sqlite", "postgresql") else ["another"]))
 
 
 def test_an_accepted_loss_is_recorded_with_who_and_when_and_raises_the_version(stores):
     a, b = stores("A"), stores("B")
-    before = a.entries_version()
-    at = a.accept_loss(by="ops")
-    loaded = b.load_entries()
+    before = a.entries.entries_version()
+    at = a.entries.accept_loss(by="ops")
+    loaded = b.entries.load_entries()
     assert (loaded.accepted_ms, loaded.accepted_by) == (at, "ops")
     assert loaded.version > before and loaded.epoch, "an entries write like any other"
     assert abs(at - store_now(b)) < 5_000, "the store's clock"

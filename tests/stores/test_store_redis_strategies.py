@@ -547,7 +547,7 @@ def test_the_pause_is_decided_inside_the_claim_script_in_one_round_trip(every, m
     script itself, so it holds on an instance that never read the entries; each paused run is
     answered with who paused and why and recorded once, and a leased one gets no lease record."""
     ops = every("ops")
-    ops.set_pause("held", Pause("maintenance", "ops", 0), by="ops")
+    ops.entries.set_pause("held", Pause("maintenance", "ops", 0), by="ops")
     a = prepared(every("A"), "run", "held")
     now = a.now_ms()
     sent = round_trips(a, monkeypatch)
@@ -573,12 +573,12 @@ def test_a_slot_refused_as_paused_is_won_once_after_the_resume(every):
     the paused run was undone in the claim script (the stream holds no entry for it) and the
     slot was marked as never won, since IDMP keeps the id."""
     a, b = prepared(every("A")), every("B")
-    a.set_pause("e", Pause("", "ops", 0), by="ops")
+    a.entries.set_pause("e", Pause("", "ops", 0), by="ops")
     slot = a.now_ms()
     assert outcome(b, slot) is Outcome.PAUSED and outcome(a, slot) is Outcome.PAUSED
     if every.kind == "redis-idmp":
         assert raw(every).xlen(a.keys_of("e")["claims:idmp"]) == 0, "the paused XADD was undone"
-    a.set_pause("e", None, by="ops")
+    a.entries.set_pause("e", None, by="ops")
     won = b.claim([req("e", slot)])[0]
     assert won.outcome is Outcome.WON and won.winner == "B"
     assert outcome(b, slot) is Outcome.WON, "the winner's retry"
@@ -596,33 +596,33 @@ def test_every_write_is_one_script_raising_the_version_and_reads_are_one_round_t
     is one GET; load_entries(), instances() and a heartbeat are one round trip each."""
     a = prepared(every("A"))
     sent = round_trips(a, monkeypatch)
-    a.put_entry("e", DEFINITION, by="x", create=True)
-    a.set_pause("e", Pause("", "x", 0), by="x")
-    a.set_pause("e", None, by="x")
+    a.entries.put_entry("e", DEFINITION, by="x", create=True)
+    a.entries.set_pause("e", Pause("", "x", 0), by="x")
+    a.entries.set_pause("e", None, by="x")
     request_run(a, "e", "r1", by="x")
-    a.remove_entry("e", by="x")
+    a.entries.remove_entry("e", by="x")
     assert [names for names in sent if names] == [["EVALSHA", "EVALSHA"]] * 5
     sent.clear()
-    assert a.entries_version() == 5
+    assert a.entries.entries_version() == 5
     assert sent == [[]], "one round trip, no script"
     sent.clear()
-    a.load_entries(), a.instances()
-    a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
+    a.entries.load_entries(), a.instances.instances()
+    a.instances.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
     assert len(sent) == 3 and sent[2] == ["EVALSHA"]
     lone = every("B", durability="none")
     sent.clear()
-    lone.set_pause("e", None, by="x")
+    lone.entries.set_pause("e", None, by="x")
     assert [names for names in sent if names] == [["EVALSHA"]]
 
 
 def test_namespace_keys_share_one_hash_tag_and_carry_no_ttl(every):
     a = prepared(every("A"))
-    a.put_entry("e", DEFINITION, by="x", create=True)
-    a.set_pause("e", Pause("", "x", 0), by="x")
-    a.set_pause("gone", None, by="x")             # a cleared record (entries:cleared)
+    a.entries.put_entry("e", DEFINITION, by="x", create=True)
+    a.entries.set_pause("e", Pause("", "x", 0), by="x")
+    a.entries.set_pause("gone", None, by="x")             # a cleared record (entries:cleared)
     request_run(a, "e", "r1", by="x")
-    a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
-    a.save_fingerprints("d", {"e": "fp"})
+    a.instances.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, "d"), 60_000)
+    a.instances.save_fingerprints("d", {"e": "fp"})
     keys = a.namespace_keys
     assert keys["store"] == a.store_key
     assert len({key_slot(k.encode()) for k in keys.values()}) == 1
@@ -642,17 +642,17 @@ def test_old_requests_and_expired_instances_are_pruned_by_the_next_write(script)
     assert a._entries.horizon_ms == 1000
     assert build(strategy="stream-id")._entries.horizon_ms == DAY_MS
     first = request_run(a, "e", "r1", by="x")
-    a.record_instance(InstanceRecord("old", "h", 1, "1", 0, 0, None, 1, ""), 1)
+    a.instances.record_instance(InstanceRecord("old", "h", 1, "1", 0, 0, None, 1, ""), 1)
     wait_until(lambda: a.now_ms() > first.requested_ms + 1000, 5, "the window to pass")
-    assert [r.request_id for r in a.load_entries().requests] == [], "too old to be loaded"
+    assert [r.request_id for r in a.entries.load_entries().requests] == [], "too old to be loaded"
     request_run(a, "e", "r2", by="x")
-    a.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, ""), 60_000)
+    a.instances.record_instance(InstanceRecord("A", "h", 1, "1", 0, 0, None, 1, ""), 60_000)
     server, keys = raw(script), a.namespace_keys
     assert server.hkeys(keys["requests"]) == ["e r2"] and server.zcard(keys["requests:age"]) == 1
     assert server.zrange(keys["requests:slots"], 0, -1) == ["e r2"]
     assert sorted(server.hkeys(keys["requests:ids"])) == ["e r1", "e r2"], "kept for the retention"
     assert server.hkeys(keys["instances"]) == ["A"] and server.zcard(keys["instances:expiry"]) == 1
-    assert [r.request_id for r in a.load_entries().requests] == ["r2"]
+    assert [r.request_id for r in a.entries.load_entries().requests] == ["r2"]
     assert request_run(a, "e", "r1", by="y") == dataclasses.replace(first, created=False)
 
 

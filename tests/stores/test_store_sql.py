@@ -360,12 +360,12 @@ def test_entry_operations_on_a_new_database_create_the_tables_without_an_amnesia
     maker = StoreMaker("sqlite", store_url("sqlite", tmpdir_path), namespace)
     a = maker("A")
     with caplog.at_level("WARNING"):
-        assert a.entries_version() == 0
-        a.put_entry("report", '{"task": "t"}', by="admin", create=True)
+        assert a.entries.entries_version() == 0
+        a.entries.put_entry("report", '{"task": "t"}', by="admin", create=True)
     assert not [r for r in caplog.records if "forgot" in r.getMessage()], caplog.text
     maker.wipe()
     with caplog.at_level("WARNING"):
-        assert a.entries_version() == 0
+        assert a.entries.entries_version() == 0
     assert [r for r in caplog.records if "forgot its data" in r.getMessage()]
     maker.close_all()
 

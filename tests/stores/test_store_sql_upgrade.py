@@ -99,7 +99,7 @@ def _adopt(store, slot):
 
 def _write_entry(store):
     """An operator's command of the new version writes a store entry."""
-    store.put_entry("added", '{"task": "t"}', by="admin", create=True)
+    store.entries.put_entry("added", '{"task": "t"}', by="admin", create=True)
 
 
 @pytest.mark.parametrize("entry_tables", [False, True], ids=["columns", "columns-and-entry-tables"])
@@ -130,7 +130,7 @@ def test_a_new_version_on_older_tables_upgrades_them_and_forgets_nothing(maker, 
             assert adopted and run.attempt == 1, run
         else:
             _write_entry(new)
-            assert "added" in new.load_entries().entries
+            assert "added" in new.entries.load_entries().entries
         # later operations of this process and of others: no second line, nothing refused
         assert set(added) <= _columns(maker.url)
         beat = maker("beat")

@@ -186,7 +186,7 @@ def _backdate_redis_cluster(store, entries: list[str], by_ms: int) -> None:
     """The memory start of ``entries`` and of every hash slot (the store's), ``by_ms`` back: the
     slots of ``entries`` with their entries (one call a slot), every other slot's note after;
     and the namespace's own note (its slot: the memory of run-now requests)."""
-    store.request_clock()                                      # the namespace's note, noted
+    store.entries.request_clock()                                      # the namespace's note, noted
     store.connection.client()[0].hincrby(store.namespace_keys["store"], "born", -int(by_ms))
     groups = store._by_slot(entries)
     for names in groups.values():

@@ -64,13 +64,18 @@ class Clocks:
         self.store.advance(seconds * 1000)
 
 
-#: the operations of the store contract a :class:`FaultyStore` counts and can make fail
+#: the operations of the store contract a :class:`FaultyStore` counts and can make fail: the
+#: store's own, and those of its parts (``store.instances``, ``store.entries``)
 OPERATIONS = (
     "prepare", "now_ms", "claim", "record_many", "history", "history_many", "save_definitions",
     "load_definition", "inspect", "expired_runs", "take_over", "adopt", "renew", "release",
-    "requeue", "record_instance", "instances", "remove_instance", "save_fingerprints",
-    "load_fingerprints", "entries_version", "entries_epoch", "load_entries", "accept_loss",
-    "put_entry", "remove_entry", "set_pause", "request_clock", "find_request", "request_run")
+    "requeue")
+PART_OPERATIONS = {
+    "instances": ("record_instance", "instances", "remove_instance", "save_fingerprints",
+                  "load_fingerprints"),
+    "entries": ("entries_version", "entries_epoch", "load_entries", "accept_loss", "put_entry",
+                "remove_entry", "set_pause", "request_clock", "find_request", "request_run"),
+}
 
 
 class FaultyStore(MemoryStore):
@@ -93,6 +98,9 @@ class FaultyStore(MemoryStore):
         self._faults: dict[str, list[Exception]] = collections.defaultdict(list)
         self._lost: dict[str, list[Exception]] = collections.defaultdict(list)
         self._memory: Memory | None = None
+        parts = {id(part): FaultyPart(self, part)
+                 for part in (self.instances, self.entries)}   # the memory store's: one object
+        self.instances, self.entries = parts[id(self.instances)], parts[id(self.entries)]
 
     @property
     def memory(self) -> Memory:
@@ -126,22 +134,37 @@ class FaultyStore(MemoryStore):
         return backends.memory_server(self.url).space(self.namespace)
 
 
-def _wrapped(name: str):
-    def operation(self: FaultyStore, *args, **kwargs):
-        self.calls[name] += 1
-        index = len(self._log)
-        self._log.append((name, args, False))
-        if self.fail is not None:
-            raise self.fail
-        if self._faults[name]:
-            raise self._faults[name].pop(0)
-        if name == "now_ms" and self.no_clock:
+class FaultyPart:
+    """A part of a :class:`FaultyStore` (its ``instances``, ``entries``) through the same
+    wrapper: each operation of :data:`PART_OPERATIONS` counted in the store's ``calls``, with
+    the store's faults; everything else is the part's own."""
+
+    def __init__(self, store: FaultyStore, part) -> None:
+        self.store, self.part = store, part
+
+    def __getattr__(self, name: str):
+        return getattr(self.part, name)
+
+
+def _wrapped(name: str, *, of_part: bool = False):
+    def operation(self, *args, **kwargs):
+        store = self.store if of_part else self
+        store.calls[name] += 1
+        index = len(store._log)
+        store._log.append((name, args, False))
+        if store.fail is not None:
+            raise store.fail
+        if store._faults[name]:
+            raise store._faults[name].pop(0)
+        if name == "now_ms" and store.no_clock:
             result = None
+        elif of_part:
+            result = getattr(self.part, name)(*args, **kwargs)
         else:
             result = getattr(super(FaultyStore, self), name)(*args, **kwargs)
-        self._log[index] = (name, args, True)
-        if self._lost[name]:
-            raise self._lost[name].pop(0)
+        store._log[index] = (name, args, True)
+        if store._lost[name]:
+            raise store._lost[name].pop(0)
         return result
     operation.__name__ = operation.__qualname__ = name
     operation.__doc__ = f"The store's ``{name}``, counted, with the faults asked for."
@@ -150,6 +173,8 @@ def _wrapped(name: str):
 
 for _name in OPERATIONS:
     setattr(FaultyStore, _name, _wrapped(_name))
+for _name in {n for names in PART_OPERATIONS.values() for n in names}:
+    setattr(FaultyPart, _name, _wrapped(_name, of_part=True))
 
 
 def memory_store(clocks: Clocks | None = None, *, instance_id: str = "A", namespace: str = "ns",
@@ -244,36 +269,36 @@ class Operator:
             by: str = "t") -> None:
         """The name's definition (added or updated; ``None``: removed) and then its pause, if
         given (``definition`` None and a pause: a pause of a config entry)."""
-        held = self.store.load_entries().entries.get(name)
+        held = self.store.entries.load_entries().entries.get(name)
         defined = held is not None and held.definition is not None
         self._tick()
         if definition is not None:
-            self.store.put_entry(name, definition, by=by, create=not defined)
+            self.store.entries.put_entry(name, definition, by=by, create=not defined)
         elif defined:
-            self.store.remove_entry(name, by=by)
+            self.store.entries.remove_entry(name, by=by)
         if pause is not None:
             self.pause(name, pause, by=by)
 
     def remove(self, name: str, by: str = "t") -> None:
         self._tick()
-        self.store.remove_entry(name, by=by)
+        self.store.entries.remove_entry(name, by=by)
 
     def pause(self, name: str, pause: Pause | None, by: str = "t") -> None:
         """Pause or resume (``None``) ``name``."""
         self._tick()
-        self.store.set_pause(name, pause, by=by)
+        self.store.entries.set_pause(name, pause, by=by)
 
     def request(self, entry: str, request_id: str, slot_ms: int) -> None:
         """A run-now request made when the store's clock is ``slot_ms``, so its slot is that
         (the window lists no scheduled slot)."""
         self.clock.now = slot_ms
         window = SlotWindow(slot_ms - SlotWindow.BEFORE_MS, slot_ms + SlotWindow.AFTER_MS)
-        made = self.store.request_run(entry, request_id, window, by="t")
+        made = self.store.entries.request_run(entry, request_id, window, by="t")
         assert made.slot_ms == slot_ms, made
 
     def accept_loss(self, by: str = "ops") -> None:
         self._tick()
-        self.store.accept_loss(by=by)
+        self.store.entries.accept_loss(by=by)
 
     def lose_everything(self) -> None:
         """The store forgets every entry, pause and request (a wipe; the server keeps its epoch)."""

@@ -27,13 +27,13 @@ def prepared(store, *entries: str):
 
 
 def request_run(store, entry: str, request_id: str, *, by: str = "test", scheduled=(), **options):
-    """``store.request_run`` with a window around the store's clock (:meth:`SlotWindow.around`
+    """``store.entries.request_run`` with a window around the store's clock (:meth:`SlotWindow.around`
     holds ``scheduled``, the entry's scheduled slots, none by default); ``options``:
     ``retention_ms``."""
     from celery_anarchon.stores.run_now import SlotWindow
     now = store.now_ms()
     window = SlotWindow(now - SlotWindow.BEFORE_MS, now + SlotWindow.AFTER_MS, frozenset(scheduled))
-    return store.request_run(entry, request_id, window, by=by, **options)
+    return store.entries.request_run(entry, request_id, window, by=by, **options)
 
 
 #: store entries an older version accepted and that are invalid now, by name (each definition
@@ -56,4 +56,4 @@ def write_broken_entries(store) -> None:
     store.prepare(())
     for name, definition in BROKEN_STORE_ENTRIES.items():
         text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
-        store.put_entry(name, text, by="an older version", create=True)
+        store.entries.put_entry(name, text, by="an older version", create=True)

@@ -67,7 +67,7 @@ def test_a_redis_restarted_without_its_data_keeps_the_pause_and_the_store_entry(
     api = celery_anarchon.schedules(schedules_app.make_app(env), by="tester@ops")
     api.pause("held", reason="billing freeze")
     api.add("dyn", task=schedules_app.TASK, schedule=1.0, kwargs={"phase": "before"})
-    version = api.store.entries_version()
+    version = api.store.entries.entries_version()
     api.close()
     cluster = Cluster(str(tmp_path), env, app="schedules_app")
     run = Run(cluster, out, BEATS)

@@ -208,11 +208,11 @@ def api_add(name="e", **definition):
                     anarchon_namespace=f"bad-input-{uuid.uuid4().hex[:8]}",
                     beat_schedule={"ok": {"task": "proj.t", "schedule": 60.0}})
     with celery_anarchon.schedules(app) as s:
-        before = s.store.entries_version()
+        before = s.store.entries.entries_version()
         try:
             s.add(name, **{"task": "proj.t", "schedule": 60, **definition}, check_task=False)
         finally:
-            assert s.store.entries_version() == before and not s.store.load_entries().entries, \
+            assert s.store.entries.entries_version() == before and not s.store.entries.load_entries().entries, \
                 "a refused add wrote to the store"
 
 
@@ -308,11 +308,11 @@ def api_run_now(request_id: str, *, url: str = SQLITE_API, options: dict | None 
                     beat_schedule={"ok": {"task": "proj.t", "schedule": schedule,
                                           "options": {"anarchon": {"max_late": 3}}}})
     with celery_anarchon.schedules(app) as s:
-        before = s.store.entries_version()
+        before = s.store.entries.entries_version()
         try:
             s.run_now("ok", request_id=request_id)
         finally:
-            assert s.store.entries_version() == before, "a refused run-now wrote to the store"
+            assert s.store.entries.entries_version() == before, "a refused run-now wrote to the store"
 
 
 #: run-now requests refused (rows 68-...): (id, what is wrong, where it is given, how, the
@@ -415,7 +415,7 @@ def test_a_bad_value_on_the_command_line_exits_2_with_one_error_line(case, tmp_p
         assert fragment in errors[0], f"{fragment!r} missing from: {errors[0][:1000]}"
     written = open_store(url, namespace=namespace, instance_id="t")
     try:
-        snapshot = written.load_entries()
+        snapshot = written.entries.load_entries()
         assert not snapshot.entries and not snapshot.requests, "a refused command wrote to the store"
     finally:
         written.close()

@@ -483,7 +483,7 @@ NOT_CONFIRMED = "may be lost if the master fails over now"
 
 
 def pause_of(s, entry: str):
-    return s.set_pause(entry, Pause(reason="maintenance", by="ops", at_ms=0), by="ops")
+    return s.entries.set_pause(entry, Pause(reason="maintenance", by="ops", at_ms=0), by="ops")
 
 
 def celery_cli(url: str, namespace: str, *args: str) -> subprocess.CompletedProcess:
@@ -518,11 +518,11 @@ def test_an_entry_write_the_replica_did_not_confirm_raises(namespace):
                 assert words in str(caught.value), str(caught.value)
             definition = json.dumps({"task": "t", "schedule": {"every": 60}})
             writes = {
-                "add": lambda: a.put_entry("x", definition, by="ops", create=True),
-                "update": lambda: a.put_entry("x", definition, by="ops", create=False),
+                "add": lambda: a.entries.put_entry("x", definition, by="ops", create=True),
+                "update": lambda: a.entries.put_entry("x", definition, by="ops", create=False),
                 "run-now": lambda: request_run(a, "x", "r1", by="ops"),
-                "resume": lambda: a.set_pause("e3", None, by="ops"),
-                "remove": lambda: a.remove_entry("x", by="ops"),
+                "resume": lambda: a.entries.set_pause("e3", None, by="ops"),
+                "remove": lambda: a.entries.remove_entry("x", by="ops"),
             }
             for what, write in writes.items():
                 with pytest.raises(StoreError, match=NOT_CONFIRMED):
@@ -539,7 +539,7 @@ def test_an_entry_write_the_replica_did_not_confirm_raises(namespace):
         ha.promote(replica)
         # durability "none": R, promoted without replicas, confirms nothing within replica_grace
         b = store(ha.url, "B", namespace, durability="none")
-        stored = b.load_entries().entries.get("e3")
+        stored = b.entries.load_entries().entries.get("e3")
         assert stored is None or stored.pause is None, f"R has the pause: {stored}"
         first = claim(b, b.now_ms(), "e3")
         assert first.outcome is Outcome.FORGOTTEN, first        # R's epoch: the promotion
@@ -573,5 +573,5 @@ def test_an_entry_write_is_never_run_twice_when_its_confirmation_script_is_not_l
     with RedisHA(replicas=0) as ha:
         s = store(ha.url, "A", namespace)
         ha.master.command("SCRIPT", "LOAD", s.connection.client()[1]["entry_put"].script)
-        stored = s.put_entry("x", "{}", by="ops", create=True)
+        stored = s.entries.put_entry("x", "{}", by="ops", create=True)
         assert stored.definition == "{}" and stored.version == 1

@@ -207,7 +207,7 @@ def test_a_run_claimed_before_a_pause_is_neither_taken_over_nor_run_while_paused
     try:
         for name in ("long", "probe"):
             c.cluster.wait_log("b1", f"Sending due task {name}")
-        pauses = {name: c.store.set_pause(name, Pause("migration", "ops", 0), by="ops").pause
+        pauses = {name: c.store.entries.set_pause(name, Pause("migration", "ops", 0), by="ops").pause
                   for name in ("long", "probe")}
         wait_until(lambda: c.store.inspect("probe", c.slot()).state is RunState.PAUSED,
                    FAST["queue_timeout"] + 4 * FAST["heartbeat"] + 10,
@@ -219,7 +219,7 @@ def test_a_run_claimed_before_a_pause_is_neither_taken_over_nor_run_while_paused
             record = {h.slot_ms: h for h in c.store.history(name)}[c.slot()]
             assert (record.event, record.attempt, record.detail) == (
                 RunEvent.PAUSED, 1, pauses[name].describe()), record
-            c.store.set_pause(name, None, by="ops")
+            c.store.entries.set_pause(name, None, by="ops")
         time.sleep(3 * FAST["heartbeat"])        # lease checks after the resume
         assert c.store.inspect("probe", c.slot()).state is RunState.PAUSED
     finally:

@@ -45,10 +45,9 @@ class Engine:
         every backoff, retry, wait and lease-check deadline; tests pass their own.
     :param rng: the jitter source (default: the operating system's, never shared by forks).
     :param sync_interval_s: ``anarchon_sync_interval``, seconds: on an
-        :class:`~celery_anarchon.stores.entry_store.InstanceStore`, how often this instance's
-        heartbeat is written, and on an :class:`~celery_anarchon.stores.entry_store.EntryStore`
-        how often the store's entries, pauses and run-now requests are followed too; ``None``
-        (or another store): the engine runs ``plans`` only.
+        store with an ``instances`` part, how often this instance's heartbeat is written, and on
+        one with an ``entries`` part how often the store's entries, pauses and run-now requests
+        are followed too; ``None`` (or another store): the engine runs ``plans`` only.
     :param build_store_plans: store entries -> plans (the scheduler's; ``None``: store entries
         are not run).
     :param observer: told what happens (claims, sends, leases, the store's round trips and

@@ -13,14 +13,13 @@ from celery_anarchon.beat.engine.skew import SkewCheck
 from celery_anarchon.beat.engine.sync import BuildStorePlans, EntrySync
 from celery_anarchon.schedule.plan import EntryPlan
 from celery_anarchon.stores.base import ClaimRequest, ClaimStore
-from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 
 
 class StoreFollow:
-    """What this instance follows in the store, and when: the entry sync (``sync``, on an
-    :class:`~celery_anarchon.stores.entry_store.EntryStore`) and the heartbeat (``heartbeat``, on
-    an :class:`~celery_anarchon.stores.entry_store.InstanceStore`), each ``None`` on a store
-    without it or without ``sync_interval_s``. The engine asks only once the store is prepared.
+    """What this instance follows in the store, and when: the entry sync (``sync``, on a store
+    with an ``entries`` part) and the heartbeat (``heartbeat``, on one with an ``instances``
+    part), each ``None`` on a store without it or without ``sync_interval_s``. The engine asks
+    only once the store is prepared.
 
     :param sync_interval_s: ``anarchon_sync_interval``, seconds: how often the store is followed
         (``None``: never).
@@ -40,11 +39,11 @@ class StoreFollow:
         self.heartbeat: Heartbeat | None = None
         self._beat_interval_s = sync_interval_s or 0.0
         self._beat_at = 0.0                 #: monotonic: the next heartbeat without a sync
-        if isinstance(store, EntryStore) and sync_interval_s:
+        if store.entries is not None and sync_interval_s:
             self.sync = EntrySync(store, build_store_plans, sync_interval_s, namespace, monotonic,
                                   outage, requested, instance_id=instance_id, clock=clock,
                                   observer=observer, notes=notes)
-        if isinstance(store, InstanceStore) and sync_interval_s:
+        if store.instances is not None and sync_interval_s:
             self.heartbeat = Heartbeat(store, instance_id, clock,
                                        int(TTL_INTERVALS * sync_interval_s * 1000), outage, skew,
                                        observer=observer)

@@ -30,7 +30,8 @@ from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.beat.engine.skew import SkewCheck
 from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan, clash_fix
-from celery_anarchon.stores.entry_store import InstanceRecord, InstanceStore
+from celery_anarchon.stores.base import ClaimStore
+from celery_anarchon.stores.entry_store import InstanceRecord
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def host_pid() -> str:
 class Heartbeat:
     """Writes this instance's record and reports disagreeing instances.
 
-    :param store: the instance store.
+    :param store: a store that keeps instance records (its ``instances`` part).
     :param instance_id: this instance's id.
     :param clock: the wall clock, epoch seconds (start and last tick in the record).
     :param ttl_ms: how long a record lives without a heartbeat (3 sync intervals), ms.
@@ -70,7 +71,7 @@ class Heartbeat:
     :param observer: told how many live instances the store holds, at each heartbeat.
     """
 
-    def __init__(self, store: InstanceStore, instance_id: str, clock: Callable[[], float],
+    def __init__(self, store: ClaimStore, instance_id: str, clock: Callable[[], float],
                  ttl_ms: int, outage: Outage, skew: SkewCheck, *,
                  observer: Observer = NOOP) -> None:
         self.store = store
@@ -106,17 +107,17 @@ class Heartbeat:
             self._mine = (config, mapping, fingerprints_digest(mapping))
         _, mine, digest = self._mine
         try:
-            live = self.store.instances()
+            live = self.store.instances.instances()
             if not any(record.instance_id == self.instance_id for record in live):
                 # this instance's record is gone: the store lost its data (a restart without its
                 # disk, a flush) or the record expired (a stall past its ttl); the mapping it
                 # named may be gone too, so it is saved again (once: the record is back next time)
                 self.saved_digest = None
             if digest != self.saved_digest:
-                self.store.save_fingerprints(digest, mine)
+                self.store.instances.save_fingerprints(digest, mine)
                 self.saved_digest = digest
             host, pid = socket.gethostname(), os.getpid()
-            self.store.record_instance(InstanceRecord(
+            self.store.instances.record_instance(InstanceRecord(
                 self.instance_id, host, pid, VERSION, self.started_ms, int(self.clock() * 1000),
                 self.skew.skew_ms, entries, digest, kept=kept), self.ttl_ms)
             others = self._others(digest, live)
@@ -135,7 +136,7 @@ class Heartbeat:
     def leave(self) -> None:
         """Drop this instance's record (beat is shutting down); a store error is only logged."""
         try:
-            self.store.remove_instance(self.instance_id)
+            self.store.instances.remove_instance(self.instance_id)
         except StoreError as exc:
             logger.debug("anarchon: removing this instance's record failed: %s", exc)
 
@@ -151,7 +152,7 @@ class Heartbeat:
                 continue
             theirs = self._mappings.get(other.fingerprints_digest)
             if theirs is None:
-                theirs = self.store.load_fingerprints(other.fingerprints_digest)
+                theirs = self.store.instances.load_fingerprints(other.fingerprints_digest)
                 if theirs is None:           # not saved yet: compared at the next heartbeat
                     continue
                 self._mappings[other.fingerprints_digest] = theirs

@@ -6,7 +6,7 @@ instance notices it at its sync: the store's entries epoch vanished or changed, 
 version went back (:func:`loss_of`). It then keeps what it last knew: for each name, the record
 it knew stands over the store's unless the store holds a record of that name written at or after
 it (an operator wrote the name again: a pause, a resume, an add, a removal) or an operator
-accepted the loss after it was written (``EntryStore.accept_loss``). Times are the store's clock
+accepted the loss after it was written (``store.entries.accept_loss``). Times are the store's clock
 (``StoredEntry.updated_ms``). So a paused entry stays paused (:meth:`KeptEntries.pause_detail`:
 the engine never claims its runs), a store entry keeps running, and a store entry removed before
 the loss stays removed when an older copy brings it back (withheld). A restart of the beat

@@ -1,4 +1,4 @@
-"""Following the store's entries (an :class:`~celery_anarchon.stores.entry_store.EntryStore`):
+"""Following the store's entries (its :class:`~celery_anarchon.stores.entry_store.Entries` part):
 every ``anarchon_sync_interval`` on the monotonic clock one cheap read of the entries version;
 when it moved (and at the first sync) every store entry, pause and run-now request is loaded,
 the store entries become plans (through the scheduler's callback), and the run-now requests this
@@ -23,8 +23,8 @@ from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.schedule.plan import EntryPlan, task_id_for
 from celery_anarchon.beat.engine.notes import NoteBuffer
-from celery_anarchon.stores.base import ClaimRequest, RunEvent
-from celery_anarchon.stores.entry_store import EntrySnapshot, EntryStore, Pause, RunRequest
+from celery_anarchon.stores.base import ClaimRequest, ClaimStore, RunEvent
+from celery_anarchon.stores.entry_store import EntrySnapshot, Pause, RunRequest
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ KEPT_REQUEST_UNBOUNDED_MS = 86_400_000
 class EntrySync:
     """The store's entries, pauses and run-now requests, as this instance last read them.
 
-    :param store: the entry store.
+    :param store: a store that holds entries (its ``entries`` part).
     :param build_store_plans: store entries -> plans, or ``None`` (store entries are not run;
         pauses and run-now requests are still followed).
     :param interval_s: ``anarchon_sync_interval``, seconds.
@@ -58,7 +58,7 @@ class EntrySync:
     :param notes: the history-note buffer (a run-now request refused here is recorded in it).
     """
 
-    def __init__(self, store: EntryStore, build_store_plans: BuildStorePlans | None,
+    def __init__(self, store: ClaimStore, build_store_plans: BuildStorePlans | None,
                  interval_s: float, namespace: str, monotonic: Callable[[], float],
                  outage: Outage, requested: set[tuple[str, int]], *, instance_id: str = "",
                  clock: Callable[[], float] = time.time, observer: Observer = NOOP,
@@ -121,9 +121,9 @@ class EntrySync:
         :returns: whether a new snapshot was loaded (the plans may have changed).
         """
         try:
-            mark = self.store.entries_epoch()
+            mark = self.store.entries.entries_epoch()
             loaded = (mark.epoch, mark.version)
-            snapshot = self.store.load_entries() if loaded != self.loaded else None
+            snapshot = self.store.entries.load_entries() if loaded != self.loaded else None
         except StoreError as exc:
             self.outage.failed(exc, "syncing the store's entries")
             return False

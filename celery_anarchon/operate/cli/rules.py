@@ -27,7 +27,6 @@ from celery_anarchon.schedule.plan import EntryPlan
 from celery_anarchon.schedule.timing import check_sync_interval
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon.settings import Settings, make_instance_id, open_app_store
-from celery_anarchon.stores.entry_store import EntryStore, InstanceStore
 
 
 # -- check --------------------------------------------------------------------------------------
@@ -194,10 +193,10 @@ def _check_store(app, settings: Settings, store, report: _Report,
               + (f", durability {durability}" if isinstance(durability, str) else ""))
     for warning in warnings:
         report.warn(warning)
-    if not isinstance(store, EntryStore):
+    if store.entries is None:
         return {}
     try:
-        stored = store.load_entries().entries
+        stored = store.entries.load_entries().entries
     except StoreError as exc:
         report.fail(testing.Problem(None, "the store reachable", str(exc)))
         return {}
@@ -231,11 +230,12 @@ def _check_tasks(app, plans: dict[str, EntryPlan], report: _Report) -> None:
 def _check_live_definitions(store, plans: dict[str, EntryPlan], report: _Report) -> None:
     """A ``warn`` line per config entry whose definition here differs from a live instance's
     (its fingerprint): expected during a rolling deploy, not a failure."""
-    if not isinstance(store, InstanceStore):
+    instances = store.instances
+    if instances is None:
         return
     try:
-        live = store.instances()
-        mappings = {r.fingerprints_digest: store.load_fingerprints(r.fingerprints_digest)
+        live = instances.instances()
+        mappings = {r.fingerprints_digest: instances.load_fingerprints(r.fingerprints_digest)
                     for r in live}
     except (StoreError, ConfigError):   # reachability is reported by _check_store
         return

@@ -5,7 +5,7 @@ the order :mod:`celery_anarchon.stores.base` states, each where a reader meets i
 :meth:`ClaimBatch.decide`:
 
 1. already claimed: the store recognises its own winner (docs/design.md "Who won");
-2. paused (:class:`~celery_anarchon.stores.entry_store.EntryStore`);
+2. paused (:class:`~celery_anarchon.stores.entry_store.Entries`);
 3. forgotten: another ``memory`` than the recorded one, a slot before the memory start, or a
    slot older than the memory (docs/design.md "Amnesia", "Timing");
 4. late, then early, on the store's clock (docs/design.md "One run, in time" 3);

@@ -1,5 +1,6 @@
 """Store entries, pauses, run-now requests and instance records of a memory store: the
-:class:`~celery_anarchon.stores.entry_store.EntryOps` part, as
+:class:`~celery_anarchon.stores.entry_store.Entries` and
+:class:`~celery_anarchon.stores.entry_store.Instances` parts (one object), as
 :mod:`celery_anarchon.stores.entry_store` and :mod:`celery_anarchon.stores.run_now` state them
 (the SQL stores: :mod:`celery_anarchon.stores.sql.entries`).
 
@@ -20,8 +21,8 @@ from contextlib import AbstractContextManager
 from celery_anarchon._util import LATENESS_TOLERANCE_MS
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, EntryOps, EntrySnapshot,
-    InstanceRecord, Pause, RunRequest, StoredEntry, new_epoch_id,
+    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, Entries, EntriesEpoch, EntrySnapshot,
+    InstanceRecord, Instances, Pause, RunRequest, StoredEntry, new_epoch_id,
 )
 from celery_anarchon.stores.memory.notes import MemoryStart, fences
 from celery_anarchon.stores.memory.state import Server, Space
@@ -49,9 +50,10 @@ def prune_entries(space: Space, now: int) -> None:
         del space.stored[name]
 
 
-class MemoryEntries(EntryOps):
-    """The EntryStore operations of one store's namespace, each under the server's lock: a part
-    of :class:`~celery_anarchon.stores.memory.store.MemoryStore`, given what it needs of it.
+class MemoryEntries(Entries, Instances):
+    """The entry and instance record operations of one store's namespace, each under the
+    server's lock: a part of :class:`~celery_anarchon.stores.memory.store.MemoryStore`, given
+    what it needs of it.
 
     :param memory_ms: the store's memory, ms: run-now requests older than it are not loaded.
     :param operation: ``operation(what)``: the store's lock held for one operation, as a context
@@ -168,7 +170,7 @@ class MemoryEntries(EntryOps):
 
     def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
                     retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
-        """:meth:`~celery_anarchon.stores.entry_store.EntryOps.request_run`, its five steps in
+        """:meth:`~celery_anarchon.stores.entry_store.Entries.request_run`, its five steps in
         their order under the lock.
 
         :raises RequestRefused: step 2; nothing written.

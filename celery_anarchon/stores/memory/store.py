@@ -33,7 +33,6 @@ from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, ClaimRequest, ClaimResult,
     HistoryRecord, LeaseStore, Memory, RunEvent,
 )
-from celery_anarchon.stores.entry_store import EntryOps, EntryStore
 from celery_anarchon.stores.memory import history
 from celery_anarchon.stores.memory.claims import ClaimBatch
 from celery_anarchon.stores.memory.entries import MemoryEntries, prune_entries
@@ -51,10 +50,10 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class MemoryStore(MemoryLeases, LeaseStore, EntryStore):
+class MemoryStore(MemoryLeases, LeaseStore):
     """A lease store and an entry store held in this process (module docstring): the lease
-    operations are :class:`.leases.MemoryLeases`, the entry operations a part,
-    :class:`.entries.MemoryEntries`.
+    operations are :class:`.leases.MemoryLeases`; its ``entries`` and ``instances`` are one
+    part, :class:`.entries.MemoryEntries`.
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered,
     default 3600; recorded in the store: every instance must use the same value, as on SQL),
@@ -93,8 +92,10 @@ class MemoryStore(MemoryLeases, LeaseStore, EntryStore):
         self.memory_ms = math.ceil(self.memory_s * 1000)
         #: the store's clock, UTC ms
         self.clock = clock or wall_clock_ms
-        self._entries = MemoryEntries(namespace=namespace, memory_ms=self.memory_ms,
-                                      operation=self.operation, note=self.note)
+        #: store entries, pauses, run-now requests and instance records: one part
+        self.entries = self.instances = MemoryEntries(
+            namespace=namespace, memory_ms=self.memory_ms, operation=self.operation,
+            note=self.note)
 
     @property
     def where(self) -> str:
@@ -227,9 +228,3 @@ class MemoryStore(MemoryLeases, LeaseStore, EntryStore):
         """The text saved for ``fingerprint``, or ``None``."""
         with self.operation("load a definition") as (_, space, _now):
             return space.definitions.get((entry, fingerprint))
-
-    # -- entries, pauses, requests, instances (:class:`.entries.MemoryEntries`) -----------------
-    @property
-    def entry_ops(self) -> EntryOps:
-        """The entry operations (EntryStore), a part in :mod:`.entries`."""
-        return self._entries

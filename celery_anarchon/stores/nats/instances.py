@@ -1,5 +1,5 @@
 """Instance records (heartbeats) of the NATS store: the
-:class:`~celery_anarchon.stores.entry_store.InstanceOps` part of
+:class:`~celery_anarchon.stores.entry_store.Instances` part of
 :class:`~celery_anarchon.stores.nats.NATSStore`.
 
 **Records.** The stream ``ANARCHON_INSTANCES_<namespace>`` keeps one message per subject
@@ -32,7 +32,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery_anarchon.stores.entry_store import InstanceOps, InstanceRecord
+from celery_anarchon.stores.entry_store import Instances, InstanceRecord
 from celery_anarchon.stores.nats.connection import (
     API, NO_MESSAGE_FOUND, STREAM_NOT_FOUND, ApiError, Missing, reply_json, token,
 )
@@ -55,7 +55,7 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
 MIN_MAX_AGE_MS = 60_000
 
 
-class NATSInstances(InstanceOps):
+class NATSInstances(Instances):
     """The instance records of one NATS store (module docstring); every method raises
     :class:`~celery_anarchon.errors.StoreUnavailable` as the store's do.
 
@@ -133,7 +133,7 @@ class NATSInstances(InstanceOps):
             [ack] = await session.pipeline(nc, [(subject, payload, None)])
             return int(reply_json(ack, subject)["seq"])
 
-    # -- InstanceOps --------------------------------------------------------------------------
+    # -- Instances --------------------------------------------------------------------------
     def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
         """Replace this instance's record; it expires ``ttl_ms`` after the server stored it, on
         the server's clock. Saves the mapping it names again when due (module docstring)."""

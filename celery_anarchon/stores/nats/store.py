@@ -25,9 +25,8 @@ from collections.abc import Iterable, Sequence
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores._common import failed, translated
 from celery_anarchon.stores.base import (
-    ClaimRequest, ClaimResult, HistoryRecord, Memory, RunEvent,
+    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, Memory, RunEvent,
 )
-from celery_anarchon.stores.entry_store import InstanceOps, InstanceStore
 from celery_anarchon.stores.nats import options as nats_options
 from celery_anarchon.stores.nats.claims import Claims
 from celery_anarchon.stores.nats.clock import ServerClock
@@ -40,7 +39,7 @@ from celery_anarchon.stores.nats.memory import Epoch, Window
 from celery_anarchon.stores.nats.streams import Streams
 
 
-class NATSStore(InstanceStore):
+class NATSStore(ClaimStore):
     """NATS JetStream: the first publish of a run's message id wins (:mod:`.claims`). It keeps
     instance records (:mod:`.instances`) but no entries or pauses: its claim cannot check a pause
     in the same step.
@@ -93,7 +92,8 @@ class NATSStore(InstanceStore):
         self._epoch = Epoch(streams=self._streams, instance_id=instance_id, safe_url=safe)
         self._server_clock = ServerClock(names=names, safe_url=safe, clock=lambda: self._clock(),
                                          claims_stream=self._claims_stream)
-        self._instances = NATSInstances(streams=self._streams, instance_id=instance_id,
+        #: the instance records (the ``instances`` part)
+        self.instances = NATSInstances(streams=self._streams, instance_id=instance_id,
                                         claim_timeout=self.claim_timeout, call=self._call)
         self._claims = Claims(instance_id=instance_id, safe_url=safe, streams=self._streams,
                               window=self._window, epoch=self._epoch,
@@ -257,9 +257,3 @@ class NATSStore(InstanceStore):
 
     def load_definition(self, entry: str, fingerprint: str) -> str | None:
         return self._history.load_definition(entry, fingerprint)
-
-    # -- instance records (:class:`~.instances.NATSInstances`) --------------------------------
-    @property
-    def instance_ops(self) -> InstanceOps:
-        """The instance record operations (InstanceStore), a part in :mod:`.instances`."""
-        return self._instances

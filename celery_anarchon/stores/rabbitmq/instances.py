@@ -1,5 +1,5 @@
 """Instance records (heartbeats) of the RabbitMQ store: the
-:class:`~celery_anarchon.stores.entry_store.InstanceOps` part of
+:class:`~celery_anarchon.stores.entry_store.Instances` part of
 :class:`~celery_anarchon.stores.rabbitmq.RabbitMQStore`.
 
 AMQP 0-9-1 can neither list queues nor keep only the last message of a key (classic queues have
@@ -33,7 +33,7 @@ from typing import Any
 import amqp
 
 from celery_anarchon.errors import StoreUnavailable
-from celery_anarchon.stores.entry_store import InstanceOps, InstanceRecord
+from celery_anarchon.stores.entry_store import Instances, InstanceRecord
 from celery_anarchon.stores.rabbitmq.connection import (
     CLASSIC, ONE_MESSAGE, QueueNames, Session, decode,
 )
@@ -56,7 +56,7 @@ def _local_ms() -> int:
     return int(time.time() * 1000)
 
 
-class RabbitMQInstances(InstanceOps):
+class RabbitMQInstances(Instances):
     """The instance records of one RabbitMQ store (module docstring); every method raises
     :class:`~celery_anarchon.errors.StoreUnavailable` as the store's do.
 
@@ -106,7 +106,7 @@ class RabbitMQInstances(InstanceOps):
         return self._queue_lock(s, self.names.instances_lock(), "the instance records",
                                 "the instance records or a fingerprint mapping")
 
-    # -- InstanceOps --------------------------------------------------------------------------
+    # -- Instances --------------------------------------------------------------------------
     def record_instance(self, record: InstanceRecord, ttl_ms: int) -> None:
         """Publish this instance's heartbeat; the broker drops it ``ttl_ms`` after queueing it.
         Declares the queue of the mapping it names again when due (module docstring)."""

@@ -93,9 +93,8 @@ import kombu.exceptions
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores._common import translated
 from celery_anarchon.stores.base import (
-    ClaimRequest, ClaimResult, HistoryRecord, Memory, Outcome, RunEvent,
+    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, Memory, Outcome, RunEvent,
 )
-from celery_anarchon.stores.entry_store import InstanceOps, InstanceStore
 from celery_anarchon.stores.rabbitmq import options as rabbitmq_options
 from celery_anarchon.stores.rabbitmq.claims import DECLARE_CHANNELS, ClaimQueues
 from celery_anarchon.stores.rabbitmq.connection import QueueNames, Session
@@ -108,7 +107,7 @@ logger = logging.getLogger(__name__)
 
 
 
-class RabbitMQStore(InstanceStore):
+class RabbitMQStore(ClaimStore):
     """RabbitMQ: one classic queue per run decides its claim (see the module docstring). It
     keeps instance records (:mod:`.instances`), but no entries or pauses.
 
@@ -154,7 +153,8 @@ class RabbitMQStore(InstanceStore):
             instance_id=self.instance_id, safe_url=self.safe_url, slot_ttl_s=self.slot_ttl_s,
             slot_ttl_ms=self.slot_ttl_ms, claim_timeout=self.claim_timeout,
             warn_once=self._warn_once)
-        self._instances = RabbitMQInstances(
+        #: the instance records (the ``instances`` part)
+        self.instances = RabbitMQInstances(
             names=self.names, safe_url=self.safe_url, claim_timeout=self.claim_timeout,
             using=self._using, queue_lock=self._memory.queue_lock)
         #: what this process remembers of unanswered and undelivered claims (the part's; the
@@ -315,12 +315,6 @@ class RabbitMQStore(InstanceStore):
 
     def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         return self._history.history(entry, limit)
-
-    # -- instance records (:class:`~.instances.RabbitMQInstances`) ------------------------------
-    @property
-    def instance_ops(self) -> InstanceOps:
-        """The instance record operations (InstanceStore), a part in :mod:`.instances`."""
-        return self._instances
 
 
 __all__ = ["RabbitMQStore", "DEFAULT_SLOT_TTL_S", "DECLARE_CHANNELS"]

@@ -16,7 +16,7 @@ that runs every call on its slot (:mod:`.cluster_connection`):
 * **Pauses** are written into the entry's slot too (:mod:`.cluster_entries`), so the claim, the
   takeover and the adoption of a leased run check them in the same script (every lease script of
   an entry runs on its slot, whose head keys hold that slot's pauses): the store is an
-  :class:`~celery_anarchon.stores.entry_store.EntryStore`.
+  :class:`~celery_anarchon.stores.entry_store.Entries`.
   Every entry-store write is confirmed on its master's replicas as a claim is (a ``once`` call in
   the round, followed by the ``confirm_write`` script on the same slot); one not confirmed raises
   StoreError.

@@ -62,7 +62,7 @@ from celery_anarchon import limits
 from celery_anarchon._util import LATENESS_TOLERANCE_MS
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, EntryOps, EntrySnapshot, Pause,
+    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, Entries, EntrySnapshot, Pause,
     RunRequest, StoredEntry, new_epoch_id,
 )
 from celery_anarchon.stores.run_now import (
@@ -92,9 +92,9 @@ def namespace_keys(key_prefix: str, namespace: str) -> dict[str, str]:
 
 # -- the operations --------------------------------------------------------------------------------
 
-class RedisEntries(EntryOps):
-    """The :class:`~celery_anarchon.stores.entry_store.EntryStore` operations of one Redis
-    namespace (the store's methods of the same names call these).
+class RedisEntries(Entries):
+    """The :class:`~celery_anarchon.stores.entry_store.Entries` operations of one Redis
+    namespace (the store's ``entries`` part).
 
     :param keys: the namespace's keys (:func:`namespace_keys`).
     :param connection: the store's connection (the scripts of
@@ -171,7 +171,7 @@ class RedisEntries(EntryOps):
         return int(self._write_entries("accept the loss", "entries_accept", by)["now"])
 
     def put_entry(self, name: str, definition: str, *, by: str, create: bool) -> StoredEntry:
-        """Add or update a definition (see :meth:`EntryStore.put_entry`)."""
+        """Add or update a definition (see :meth:`Entries.put_entry`)."""
         reply = self._write_entries(f"{'add' if create else 'update'} {name!r}", "entry_put",
                                     name, definition, by, "1" if create else "0")
         if reply["o"] == "exists":
@@ -200,7 +200,7 @@ class RedisEntries(EntryOps):
                                   ("store", "requests:pruned")))
 
     def find_request(self, entry: str, request_id: str) -> RunRequest | None:
-        """:meth:`EntryStore.find_request`: the two HGETs of :data:`REQUEST_RUN`'s first step,
+        """:meth:`Entries.find_request`: the two HGETs of :data:`REQUEST_RUN`'s first step,
         in one MULTI."""
         field = _request_field(entry, request_id)
         kept, young = self._read("find a run-now request", lambda p: (
@@ -210,7 +210,7 @@ class RedisEntries(EntryOps):
 
     def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
                     retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
-        """:meth:`EntryStore.request_run` in one script (:data:`REQUEST_RUN`), confirmed as a
+        """:meth:`Entries.request_run` in one script (:data:`REQUEST_RUN`), confirmed as a
         durable claim is."""
         prefix = _request_field(entry, "")
         id_ms = request_id_ms(request_id)

@@ -172,7 +172,7 @@ return cjson.encode({now = int(NOW), born = int(BORN),
                      pruned = int(tonumber(redis.call('GET', KEYS[2]) or '0'))})
 """
 
-#: Record a run-now request (EntryOps.request_run, its steps in order): found (the retention's
+#: Record a run-now request (Entries.request_run, its steps in order): found (the retention's
 #: ids, or the young requests) -> {o: found, r}; an id that carries its time refused
 #: (RequestClock.refusal) -> {o: why, now, born, pruned}; the store's clock outside the caller's
 #: window -> {o: window, now}; pruned; the slot chosen (SlotWindow.choose) or none -> {o: full};

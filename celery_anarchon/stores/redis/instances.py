@@ -1,5 +1,5 @@
 """Instance records (heartbeats) and fingerprint mappings of the Redis store, every strategy: the
-:class:`~celery_anarchon.stores.entry_store.InstanceOps` part of :class:`~.store.RedisStore`,
+:class:`~celery_anarchon.stores.entry_store.Instances` part of :class:`~.store.RedisStore`,
 with its two scripts.
 
 Keys, under the namespace's hash tag (:mod:`.entries`, the table of the namespace's keys)::
@@ -20,7 +20,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
-from celery_anarchon.stores.entry_store import InstanceOps, InstanceRecord
+from celery_anarchon.stores.entry_store import Instances, InstanceRecord
 from celery_anarchon.stores.redis.connection import RedisConnection
 from celery_anarchon.stores.redis.entry_scripts import PRELUDE
 
@@ -59,7 +59,7 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
                        if f.name not in ("seen_ms", "expires_ms"))
 
 
-class RedisInstances(InstanceOps):
+class RedisInstances(Instances):
     """The instance records of one Redis namespace (module docstring).
 
     :param keys: the namespace's keys (:func:`.entries.namespace_keys`).

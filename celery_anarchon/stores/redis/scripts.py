@@ -330,7 +330,7 @@ end
 
 -- the reply for a run of entry name (block b) when the entry is paused, recorded once in its
 -- history (fill only, as every skip); nil when it runs. Checked after "already claimed", before
--- every other refusal (EntryStore: a pause written before the claim always holds).
+-- every other refusal (the entries part: a pause written before the claim always holds).
 local function pause_refusal(b, slot_s, task_id, name)
   local why = pause_of(name)
   if not why then return nil end

@@ -21,9 +21,8 @@ from celery_anarchon import _util
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, LATENESS_TOLERANCE_MS, ClaimRequest, ClaimResult,
-    HistoryRecord, Outcome, RunEvent,
+    ClaimStore, HistoryRecord, Outcome, RunEvent,
 )
-from celery_anarchon.stores.entry_store import EntryOps, EntryStore, InstanceOps
 from celery_anarchon.stores.redis import server
 from celery_anarchon.stores.redis.connection import RedisConnection
 from celery_anarchon.stores.redis.entries import RedisEntries, namespace_keys
@@ -37,7 +36,7 @@ from celery_anarchon.stores.redis.options import (
 from celery_anarchon.stores.redis.scripts import ENTRY_KEYS
 
 
-class RedisStore(EntryStore):
+class RedisStore(ClaimStore):
     """Redis: claims and history in Lua scripts on the server clock, and (every strategy) store
     entries, pauses, run-now requests (:mod:`.entries`; the pause is checked inside each claim
     script) and instance records (:mod:`.instances`); the ``lease`` strategy
@@ -173,8 +172,8 @@ class RedisStore(EntryStore):
         self._history = self.history_class(
             self.connection, history_size=self.history_size, block=self._block,
             definitions_key=lambda entry: self.keys_of(entry)["definitions"])
-        self._entries = self.entries_class(self.namespace_keys, self.connection, self._memory_ms)
-        self._instances = RedisInstances(self.namespace_keys, self.connection)
+        self.entries = self.entries_class(self.namespace_keys, self.connection, self._memory_ms)
+        self.instances = RedisInstances(self.namespace_keys, self.connection)
 
     def _unconfirmed(self, results: list[ClaimResult], detail: str) -> list[ClaimResult]:
         """WON -> UNCONFIRMED (spec point 1), its history record 'unconfirmed' (best effort)."""
@@ -269,17 +268,6 @@ class RedisStore(EntryStore):
 
     def load_definition(self, entry: str, fingerprint: str) -> str | None:
         return self._history.load_definition(entry, fingerprint)
-
-    # -- entries, pauses, requests (:mod:`.entries`); instance records (:mod:`.instances`) ------
-    @property
-    def entry_ops(self) -> EntryOps:
-        """The entry operations (EntryStore), a part in :mod:`.entries`."""
-        return self._entries
-
-    @property
-    def instance_ops(self) -> InstanceOps:
-        """The instance record operations (InstanceStore), a part in :mod:`.instances`."""
-        return self._instances
 
 
 def judge_settings(reply: dict, ours: str, horizon: int, where: str) -> int:

@@ -1,5 +1,5 @@
 """Store entries and pauses of the SQL stores (the
-:class:`~celery_anarchon.stores.entry_store.EntryStore` contract, with the run-now requests of
+:class:`~celery_anarchon.stores.entry_store.Entries` contract, with the run-now requests of
 :mod:`.requests`, a part of this one): a part of :class:`~celery_anarchon.stores.sql.store.SQLStore`,
 given what it needs of the store. The instance records are :mod:`.instances`.
 
@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from celery_anarchon.errors import EntryExists, UnknownEntry
 from celery_anarchon.stores.entry_store import (
-    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, EntryOps, EntrySnapshot, Pause,
+    CLEARED_KEEP_MS, DEFAULT_REQUEST_RETENTION_S, EntriesEpoch, Entries, EntrySnapshot, Pause,
     RunRequest, StoredEntry, new_epoch_id,
 )
 from celery_anarchon.stores.run_now import RequestClock, SlotWindow
@@ -66,8 +66,8 @@ def _entry_columns(conn: sa.Connection) -> list:
             for c in table.c]
 
 
-class SQLEntries(EntryOps):
-    """The EntryStore operations of one namespace.
+class SQLEntries(Entries):
+    """The entry operations of one namespace (the ``entries`` part).
 
     :param memory_ms: the store's memory, ms: run-now requests older than it are not loaded
         (their ids are kept for the retention :meth:`request_run` is given).

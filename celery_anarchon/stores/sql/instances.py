@@ -1,5 +1,5 @@
 """Instance records (heartbeats) and fingerprint mappings of the SQL stores (the
-:class:`~celery_anarchon.stores.entry_store.InstanceOps` contract): a part of
+:class:`~celery_anarchon.stores.entry_store.Instances` contract): a part of
 :class:`~celery_anarchon.stores.sql.store.SQLStore`, given what it needs of the store.
 
 Tables ``anarchon_instances`` (one row per live instance, expiring on the store's clock) and
@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from celery_anarchon.stores.entry_store import InstanceOps, InstanceRecord
+from celery_anarchon.stores.entry_store import Instances, InstanceRecord
 from celery_anarchon.stores.sql import schema
 
 #: fingerprints no heartbeat named for this long are pruned (ms): a day
@@ -25,8 +25,8 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
                        if f.name not in ("seen_ms", "expires_ms"))
 
 
-class SQLInstances(InstanceOps):
-    """The InstanceStore operations of one namespace.
+class SQLInstances(Instances):
+    """The instance record operations (the ``instances`` part) of one namespace.
 
     :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
     :param run: ``run(what, work, *, write=True, durable=True)``: ``work(conn)`` in one

@@ -1,5 +1,5 @@
-"""Run-now requests of the SQL stores (:meth:`~celery_anarchon.stores.entry_store.EntryOps.request_run`
-and its reads, following the rules of :mod:`celery_anarchon.stores.run_now`): a part of
+"""Run-now requests of the SQL stores
+(:meth:`~celery_anarchon.stores.entry_store.Entries.request_run` and its reads, following the rules of :mod:`celery_anarchon.stores.run_now`): a part of
 :class:`~.entries.SQLEntries`, given what it needs of the store.
 
 Tables ``anarchon_run_requests`` (every request id, kept for the caller's retention) and
@@ -31,7 +31,7 @@ def request_of(row: Any, created: bool = False) -> RunRequest:
 
 class SQLRequests:
     """request_clock, find_request, request_run of one namespace (see
-    :class:`~celery_anarchon.stores.entry_store.EntryOps`).
+    :class:`~celery_anarchon.stores.entry_store.Entries`).
 
     :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
     :param run: ``run(what, work, *, write=True)``: ``work(conn)`` in one transaction of the
@@ -69,11 +69,11 @@ class SQLRequests:
         return RequestClock(self._now_us(conn) // 1000, born, pruned or 0)
 
     def request_clock(self) -> RequestClock:
-        """:meth:`EntryStore.request_clock`, in one transaction."""
+        """:meth:`Entries.request_clock`, in one transaction."""
         return self._run("read the clock for a request id", self._request_clock)
 
     def find_request(self, entry: str, request_id: str) -> RunRequest | None:
-        """:meth:`EntryStore.find_request`: one SELECT by the table's key."""
+        """:meth:`Entries.find_request`: one SELECT by the table's key."""
         rq = schema.run_requests
 
         def work(conn: sa.Connection) -> RunRequest | None:
@@ -85,7 +85,7 @@ class SQLRequests:
 
     def request_run(self, entry: str, request_id: str, window: SlotWindow, *, by: str,
                     retention_ms: int = int(DEFAULT_REQUEST_RETENTION_S * 1000)) -> RunRequest:
-        """:meth:`EntryStore.request_run` in one transaction that notes the store-wide memory
+        """:meth:`Entries.request_run` in one transaction that notes the store-wide memory
         start, locks the entry's row (the lock its claims take: two requests of one entry are
         serialized), then the namespace's row of ``anarchon_request_memory``, and raises the
         entries version last (the lock order of every write)."""

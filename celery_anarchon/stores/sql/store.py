@@ -50,7 +50,6 @@ from celery_anarchon.stores.base import (
     ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseStore, Memory, RunEvent,
     TakeoverOutcome,
 )
-from celery_anarchon.stores.entry_store import EntryOps, EntryStore, InstanceOps
 from celery_anarchon.stores.sql.claims import SQLClaims
 from celery_anarchon.stores.sql.connection import SQLConnection
 from celery_anarchon.stores.sql.entries import SQLEntries
@@ -65,11 +64,11 @@ log = logging.getLogger(__name__)
 PRUNE_INTERVAL_S = 5.0
 
 
-class SQLStore(LeaseStore, EntryStore):
+class SQLStore(LeaseStore):
     """The shared implementation of :class:`~.postgresql.PostgreSQLStore` and
-    :class:`~.sqlite.SQLiteStore`: a lease store and an entry store (store entries, pauses,
-    run-now requests: :class:`~.entries.SQLEntries`; instance records:
-    :class:`~.instances.SQLInstances`).
+    :class:`~.sqlite.SQLiteStore`: a lease store whose parts are ``entries`` (store entries,
+    pauses, run-now requests: :class:`~.entries.SQLEntries`) and ``instances`` (instance
+    records: :class:`~.instances.SQLInstances`).
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered, default
     3600, docs/design.md "Timing"; recorded in the store: every instance must use the same value),
@@ -125,22 +124,22 @@ class SQLStore(LeaseStore, EntryStore):
                                    dialect=dialect, insert=c.insert, run=c.run,
                                    lock_entries=lock, now_us=c.now_us)
         #: entries, pauses, run-now requests; instance records
-        self._entries = SQLEntries(namespace=ns, memory_ms=self.memory_ms, insert=c.insert,
+        self.entries = SQLEntries(namespace=ns, memory_ms=self.memory_ms, insert=c.insert,
                                    run=c.run_with_schema, lock_entries=lock, now_us=c.now_us,
                                    server_epoch=self._memory.server_epoch, note_store=note)
-        self._instances = SQLInstances(namespace=ns, insert=c.insert, run=c.run_with_schema,
+        self.instances = SQLInstances(namespace=ns, insert=c.insert, run=c.run_with_schema,
                                        now_us=c.now_us)
         #: the claim decisions of a batch
         self._claims = SQLClaims(
             namespace=ns, instance_id=me, memory_s=self.memory_s, memory_ms=self.memory_ms,
-            insert=c.insert, note_store=note, lock_entries=lock, pauses=self._entries.pauses,
+            insert=c.insert, note_store=note, lock_entries=lock, pauses=self.entries.pauses,
             save_fences=fences, now_us=c.now_us, history=self._history)
         #: the lease operations
         self._leases = SQLLeases(
             namespace=ns, instance_id=me, memory_ms=self.memory_ms, kind=self.kind,
             safe_url=self.safe_url, run=c.run, lock_entries=lock, note_store=note,
             save_fences=fences, now_us=c.now_us, history_row=self._history.row,
-            write_history=self._history.write, pauses=self._entries.pauses)
+            write_history=self._history.write, pauses=self.entries.pauses)
 
     def _check_server(self, conn: sa.Connection) -> list[str]:
         """Versions and settings at prepare(): warnings, or ConfigError when it cannot serve."""
@@ -256,7 +255,7 @@ class SQLStore(LeaseStore, EntryStore):
             deleted = 0
             for table in (schema.claims, schema.runs):
                 deleted += conn.execute(sa.delete(table).where(table.c.keep_until_ms < now)).rowcount
-            return deleted + self._entries.prune(conn, now) + self._instances.prune(conn, now)
+            return deleted + self.entries.prune(conn, now) + self.instances.prune(conn, now)
         return self.connection.run("prune", work)
 
     # -- leases (docs/design.md "Leases"; :class:`~.leases.SQLLeases`) ----------------------------
@@ -286,14 +285,3 @@ class SQLStore(LeaseStore, EntryStore):
                 queue_timeout_ms: int) -> bool:
         return self._leases.requeue(entry, slot_ms, token, delay_ms=delay_ms,
                                     queue_timeout_ms=queue_timeout_ms)
-
-    # -- entries, pauses, requests (:mod:`.entries`); instance records (:mod:`.instances`) ------
-    @property
-    def entry_ops(self) -> EntryOps:
-        """The entry operations (EntryStore), a part in :mod:`.entries`."""
-        return self._entries
-
-    @property
-    def instance_ops(self) -> InstanceOps:
-        """The instance record operations (InstanceStore), a part in :mod:`.instances`."""
-        return self._instances
