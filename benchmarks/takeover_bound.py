@@ -50,7 +50,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from celery_anarchon._util import LATENESS_TOLERANCE_MS
-from celery_anarchon.stores import LeaseStore, RunEvent, open_store
+from celery_anarchon.stores import RunEvent, open_store
 
 from procs import CeleryProcs, read_records
 from servers import wait_for
@@ -107,7 +107,7 @@ def store_url(kind: str, workdir: str, stack: list) -> str:
 def store_offset_s(store, slot_ms: int):
     """(the run's record, the store's clock minus ours in seconds), read now."""
     before = time.time()
-    run = store.inspect(ENTRY, slot_ms)
+    run = store.leases.inspect(ENTRY, slot_ms)
     after = time.time()
     return run, (run.store_ms / 1000 - (before + after) / 2) if run else 0.0
 
@@ -135,7 +135,7 @@ def measure_store(kind: str, args, lease: dict, workdir: str) -> StoreResult:
     result = StoreResult(kind, bound_s, [])
     procs = None
     try:
-        if not isinstance(store, LeaseStore):
+        if store.leases is None:
             raise SystemExit(f"{kind}: {type(store).__name__} holds no leases")
         store.prepare([ENTRY])
         # a fresh store's memory refuses slots within LATENESS_TOLERANCE_MS of its start (and

@@ -34,7 +34,7 @@ from celery_anarchon.operate.overview_instances import (
 )
 from celery_anarchon.operate.schedules import Schedules
 from celery_anarchon.settings import Settings
-from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore
+from celery_anarchon.stores.base import ClaimStore, HistoryRecord
 
 #: per store object: the warnings of its prepare() (run once: a page reading the overview every
 #: few seconds does not repeat the start-up checks) and its Schedules
@@ -48,7 +48,7 @@ def _store_part(store: ClaimStore, now_ms: int | None) -> dict:
     return {"url": store.safe_url, "kind": store.kind, "namespace": store.namespace,
             "durability": durability if isinstance(durability, str) else None,
             "memory_s": store.memory.duration_s, "memory_count": store.memory.count,
-            "checks_lateness": store.checks_lateness, "leases": isinstance(store, LeaseStore),
+            "checks_lateness": store.checks_lateness, "leases": store.leases is not None,
             "entries": store.entries is not None,
             "reachable": False, "error": None, "warnings": [], "clock": None, "skew_ms": None}
 

@@ -23,13 +23,13 @@ from celery_anarchon.schedule.plan import EntryPlan, build_plan
 from celery_anarchon.schedule.slots import CronSlots
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon.settings import Settings
-from celery_anarchon.stores.base import ClaimStore, HistoryRecord, LeaseStore, RunEvent
+from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent
 
 #: per store object: (app, settings, {definition key: _Planned}); see :func:`planned_of`
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: an entry's ``state`` when the store cannot be read (its pause and lease are not known)
 UNKNOWN_STATE = "unknown"
-#: history events of a run that may hold a lease (its record is read with LeaseStore.inspect)
+#: history events of a run that may hold a lease (its record is read with store.leases.inspect)
 _LEASE_EVENTS = (RunEvent.CLAIMED, RunEvent.SENT, RunEvent.STARTED, RunEvent.TAKEN_OVER)
 
 
@@ -61,11 +61,11 @@ def zone_of(plan: EntryPlan, app) -> datetime.tzinfo:
 
 def _lease(store: ClaimStore, plan: EntryPlan | None, runs: list[HistoryRecord]) -> dict | None:
     """The lease record of the entry's newest run that may hold one (leased entries only)."""
-    if plan is None or plan.timing.lease is None or not isinstance(store, LeaseStore):
+    if plan is None or plan.timing.lease is None or store.leases is None:
         return None
     for rec in runs:
         if rec.event in _LEASE_EVENTS:
-            leased = store.inspect(rec.entry, rec.slot_ms)
+            leased = store.leases.inspect(rec.entry, rec.slot_ms)
             if leased is None:
                 return None
             return {"slot": iso(leased.slot_ms), "state": leased.state.value,

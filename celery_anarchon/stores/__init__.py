@@ -18,7 +18,7 @@ from celery_anarchon.stores._common import (  # noqa: F401  (re-exported)
     COMMON_OPTIONS, reject_unknown_options, scheme_of,
 )
 from celery_anarchon.stores.base import (  # noqa: F401  (re-exported)
-    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, LeasedRun, LeaseStore, LeaseTerms, Memory,
+    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, LeasedRun, Leases, LeaseTerms, Memory,
     Outcome, RunEvent, RunState, TakeoverOutcome, lease_store,
 )
 

@@ -30,6 +30,7 @@ from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory, mask_url  # noq
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.schedule.timing import LEASE_STORE_NAMES, LeaseTerms  # noqa: F401  (re-exported)
 from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, Entries, Instances
+from celery_anarchon.stores.parts import Leases
 from celery_anarchon.stores.records import (  # noqa: F401  (re-exported)
     AFTER_SEND, DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, MAX_EARLIER,
     SEND_NOTES, SKIP_EVENTS, ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, Outcome,
@@ -43,11 +44,11 @@ class ClaimStore(abc.ABC):
     ``celery worker -B`` that is a forked child). Every operation raises
     :class:`~celery_anarchon.errors.StoreUnavailable` when the store cannot be reached or does not
     answer within ``claim_timeout`` seconds, and never anything that would let a caller send blind.
-    A store that also holds leases is a :class:`LeaseStore`.
 
     What a store keeps besides claims are its parts, each an object of a contract of its own,
     built by the backend's constructor: :attr:`instances` and :attr:`entries`
-    (:mod:`celery_anarchon.stores.entry_store`). A part a store cannot hold is ``None``.
+    (:mod:`celery_anarchon.stores.entry_store`), :attr:`leases` (:mod:`celery_anarchon.stores.parts`).
+    A part a store cannot hold is ``None``.
     """
 
     #: short backend name for logs and docs ("redis", "postgresql", "sqlite", ...)
@@ -57,9 +58,6 @@ class ClaimStore(abc.ABC):
     #: True when a claim retried by its winner is recognised as won (docs/design.md "Who won"); a
     #: store that cannot read the winner back answers UNKNOWN instead (a possible miss)
     recognises_winner: ClassVar[bool] = True
-    #: True when the store holds leases (a :class:`LeaseStore`): what a plan, which cannot import
-    #: the stores, asks of the store it is built for
-    holds_leases: ClassVar[bool] = False
 
     #: the instance records (:class:`~.entry_store.Instances`): every backend of the registry
     #: has them; ``None`` for a store without them (it still runs: no heartbeat, no status)
@@ -67,6 +65,9 @@ class ClaimStore(abc.ABC):
     #: store entries, pauses and run-now requests (:class:`~.entry_store.Entries`), or ``None``
     #: when the store cannot hold them (:func:`entry_store` names the stores that can)
     entries: Entries | None = None
+    #: the records of leased runs (:class:`~.parts.Leases`), or ``None`` when the store cannot
+    #: hold leases (:func:`lease_store` names the stores that can)
+    leases: Leases | None = None
 
     def __init__(self, url: str, *, namespace: str, instance_id: str,
                  history_size: int = DEFAULT_HISTORY_SIZE,
@@ -78,6 +79,12 @@ class ClaimStore(abc.ABC):
         self.claim_timeout = float(claim_timeout)
 
     # -- identity -----------------------------------------------------------------------------
+    @property
+    def holds_leases(self) -> bool:
+        """True when the store has a :attr:`leases` part: what a plan, which cannot import the
+        stores, asks of the store it is built for."""
+        return self.leases is not None
+
     @property
     def safe_url(self) -> str:
         """The URL with its password masked, for logs and the banner."""
@@ -179,79 +186,15 @@ class ClaimStore(abc.ABC):
         return None
 
 
-class LeaseStore(ClaimStore):
-    """A claim store that also keeps one record per leased run (state, attempt, fencing token,
-    lease expiry) on its own clock (docs/design.md "Leases"). Lease stores check lateness."""
-
-    checks_lateness: ClassVar[bool] = True
-    holds_leases: ClassVar[bool] = True
-
-    @abc.abstractmethod
-    def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
-        """The record of one leased run, or ``None`` if the store has none."""
-
-    @abc.abstractmethod
-    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
-        """Leased runs of ``entries`` that are started with an expired lease or queued past their
-        deadline, on the store's clock."""
-
-    @abc.abstractmethod
-    def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
-                  queue_timeout_ms: int, max_attempts: int,
-                  task_id: str = "") -> tuple[TakeoverOutcome, LeasedRun | None]:
-        """One compare-and-set on ``expected_token``: if the run is still expired and no newer slot
-        of the entry was claimed, queue it again as the next attempt with a new token and a queue
-        deadline of now + ``queue_timeout_ms``, recorded ``taken_over`` with ``task_id`` (the new
-        attempt's) in the run's history, which keeps the dead attempt's record in ``earlier``.
-
-        Checked in this order after the compare-and-set: the entry paused (``PAUSED``: the run
-        ends, recorded ``paused`` with the pause's description, checked atomically with the
-        pause as a claim checks it); the slot older than the entry's effective memory start +
-        tolerance (``GIVEN_UP``: the store may have lost writes to its record, e.g. its release:
-        a possible miss, never a second run); a newer scheduled slot claimed (``SUPERSEDED``;
-        never for the run of a run-now request, which is its own run); ``max_attempts`` reached
-        (``GIVEN_UP``). Exactly one of several instances finding the same expired run gets
-        ``TAKEN``."""
-
-    @abc.abstractmethod
-    def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
-        """Worker side, before the task body runs: succeeds when the run is queued (any attempt's
-        message) or started with an expired lease; sets it started with a new token, ``owner`` and
-        lease expiry = now + ``duration_ms``. Returns ``(adopted, record)``.
-
-        When the entry is paused (checked atomically with the pause) such a run is not adopted:
-        it ends in state ``paused``, recorded ``paused`` with the pause's description, and the
-        message is dropped. A run that is started under a live lease is not touched by a pause
-        (:meth:`renew` and :meth:`release` work as before)."""
-
-    @abc.abstractmethod
-    def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
-        """Extend the lease held with ``token`` to now + ``duration_ms``. ``None`` when the token is
-        stale (the lease was taken over: the runner lost it). If the store forgot the record
-        (amnesia) it is re-created with this token, so a live runner keeps its run."""
-
-    @abc.abstractmethod
-    def release(self, entry: str, slot_ms: int, token: int) -> bool:
-        """The runner is done: state finished, if ``token`` is still current. If the store forgot
-        the record (amnesia, an epoch change; as for :meth:`renew`) it is re-created finished with
-        this token: the body ran, so the run is neither answered taken over nor given up later."""
-
-    @abc.abstractmethod
-    def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
-                queue_timeout_ms: int) -> bool:
-        """A retry hands the run back: state queued, deadline = now + ``delay_ms`` +
-        ``queue_timeout_ms`` (the retry's countdown), attempt unchanged, if ``token`` is current."""
-
-
-def lease_store(store: ClaimStore) -> LeaseStore:
-    """``store`` as a :class:`LeaseStore` for the lease operations.
+def lease_store(store: ClaimStore) -> Leases:
+    """``store``'s :class:`~.parts.Leases` part (``store.leases``), for the lease operations.
 
     :raises ConfigError: the store cannot hold leases (naming the stores that can).
     """
-    if not isinstance(store, LeaseStore):
+    if store.leases is None:
         raise ConfigError(f"the {store.kind} store cannot hold leases; use {LEASE_STORE_NAMES}"
                           " for leased entries")
-    return store
+    return store.leases
 
 
 def entry_store(store: ClaimStore) -> Entries:

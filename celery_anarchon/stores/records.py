@@ -246,7 +246,7 @@ class LeasedRun:
 
 
 class TakeoverOutcome(str, enum.Enum):
-    """The answer to :meth:`LeaseStore.take_over`."""
+    """The answer to :meth:`~celery_anarchon.stores.parts.Leases.take_over`."""
 
     TAKEN = "taken"            #: this instance re-sends the run as ``run.attempt``
     #: max_attempts reached, or the store may have lost writes to the run's record (an epoch

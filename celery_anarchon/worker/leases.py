@@ -304,7 +304,7 @@ def _adopt(task, request, headers) -> Lease:
     adopted = run = None
     for _ in range(3):       # a retried adopt whose first answer was lost finds itself the owner
         try:
-            adopted, run = store.adopt(entry, slot, owner, int(duration * 1000))
+            adopted, run = store.leases.adopt(entry, slot, owner, int(duration * 1000))
             break
         except StoreError as exc:
             error = exc
@@ -343,7 +343,7 @@ def _hand_back(app, headers, lease: Lease, delay_s: float) -> None:
     if heartbeat is not None:
         heartbeat.stop()
     try:
-        if store.requeue(lease.entry, lease.slot_ms, lease.token, delay_ms=int(delay_s * 1000),
+        if store.leases.requeue(lease.entry, lease.slot_ms, lease.token, delay_ms=int(delay_s * 1000),
                          queue_timeout_ms=int(queue_timeout * 1000)):
             _count(app, "handed_back")
             return
@@ -356,15 +356,17 @@ def _hand_back(app, headers, lease: Lease, delay_s: float) -> None:
 
 
 def _store(app, namespace: str):
-    """This process's store for ``namespace`` (opened on first use, never shared across a fork)."""
+    """This process's store for ``namespace`` (opened on first use, never shared across a fork);
+    one that holds leases (:func:`~celery_anarchon.stores.base.lease_store`, else ConfigError)."""
     key = (os.getpid(), namespace)
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
             from celery_anarchon.settings import Settings, open_app_store
-            store = lease_store(open_app_store(
+            store = open_app_store(
                 Settings.from_app(app, check_timezone=False), namespace=namespace,
-                instance_id=f"worker:{socket.gethostname()}:{os.getpid()}"))
+                instance_id=f"worker:{socket.gethostname()}:{os.getpid()}")
+            lease_store(store)
             _stores[key] = store
             _name_store(store)
         return store
@@ -414,7 +416,7 @@ class _Heartbeat:
         while not self._stop.wait(wait):
             wait = lease.heartbeat_s
             try:
-                run = store.renew(lease.entry, lease.slot_ms, lease.token, lease.owner,
+                run = store.leases.renew(lease.entry, lease.slot_ms, lease.token, lease.owner,
                                   int(lease.duration_s * 1000))
             except StoreError as exc:
                 _count(self.app, "renew_failed")
@@ -452,7 +454,7 @@ class _Heartbeat:
         failures = 0
         while True:
             try:
-                released = store.release(lease.entry, lease.slot_ms, lease.token)
+                released = store.leases.release(lease.entry, lease.slot_ms, lease.token)
                 break
             except StoreError as exc:
                 failures += 1

@@ -377,15 +377,15 @@ def test_a_lease_that_ran_out_during_a_store_outage_is_not_taken_over_at_once(sq
     h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5, "lease": lease})})
     h.engine.tick()
     (_, slot, _), = h.sent
-    adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
+    adopted, _ = h.store.leases.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
     assert adopted
-    wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
+    wait_until(lambda: h.store.leases.expired_runs(["e"]), 5, "the lease to run out")
     h.engine.outage.last_error_at = h.mono()                   # the store just failed for us
     h.engine.takeovers.check(h.engine.plans)
-    assert h.store.inspect("e", slot).attempt == 1 and h.engine.stats["takeover_deferred"] == 1
+    assert h.store.leases.inspect("e", slot).attempt == 1 and h.engine.stats["takeover_deferred"] == 1
     h.advance(3.5)                                               # past the grace: 2 x 1 s + 1 s
     h.engine.takeovers.check(h.engine.plans)
-    assert h.store.inspect("e", slot).attempt == 2, "a runner silent past the grace is taken over"
+    assert h.store.leases.inspect("e", slot).attempt == 2, "a runner silent past the grace is taken over"
 
 
 @pytest.fixture
@@ -614,9 +614,9 @@ def test_a_wall_clock_stepped_back_still_takes_over_a_dead_runner_on_time(sqlite
     h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 5, "lease": lease})})
     h.engine.tick()
     (_, slot, _), = h.sent
-    adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
+    adopted, _ = h.store.leases.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
     assert adopted
-    wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
+    wait_until(lambda: h.store.leases.expired_runs(["e"]), 5, "the lease to run out")
     h.clock.offset = -3600
     # within two heartbeats of the engine's monotonic clock (a check every heartbeat at a random
     # offset), plus 1 s: the test moves that clock, so the bound holds however slow the machine
@@ -626,7 +626,7 @@ def test_a_wall_clock_stepped_back_still_takes_over_a_dead_runner_on_time(sqlite
         assert moved < 2 * lease["heartbeat"] + 1, "no takeover after the wall clock went back"
         h.mono.offset += 0.05
         moved += 0.05
-    assert h.store.inspect("e", slot).attempt == 2
+    assert h.store.leases.inspect("e", slot).attempt == 2
 
 
 def test_a_run_answered_unconfirmed_is_never_sent_nor_claimed_again(sqlite_url, namespace,
@@ -681,10 +681,10 @@ def test_a_takeover_whose_reply_was_lost_is_retried_and_sent_once(redis_proxy, n
     try:
         h.engine.tick()
         (_, slot, _), = h.sent
-        adopted, _ = direct.adopt("e", slot, "runner", 50)      # a lease of 50 ms, never renewed
+        adopted, _ = direct.leases.adopt("e", slot, "runner", 50)   # a lease of 50 ms, never renewed
         assert adopted
-        wait_until(lambda: direct.expired_runs(["e"]), 5, "the lease to run out")
-        take_over, calls = h.store.take_over, []
+        wait_until(lambda: direct.leases.expired_runs(["e"]), 5, "the lease to run out")
+        take_over, calls = h.store.leases.take_over, []
 
         def reply_lost(*args, **kwargs):        # the first takeover's reply never comes back
             calls.append(args)
@@ -693,11 +693,11 @@ def test_a_takeover_whose_reply_was_lost_is_retried_and_sent_once(redis_proxy, n
                 return take_over(*args, **kwargs)
             finally:
                 redis_proxy.swallow_replies = False
-        h.store.take_over = reply_lost
+        h.store.leases.take_over = reply_lost
         h.engine.takeovers.check(h.engine.plans)  # the takeover commits; its reply is lost
         assert len(calls) == 1
         assert h.sent == [("e", slot, 1)]
-        assert direct.inspect("e", slot).attempt == 2, "the takeover reached the store"
+        assert direct.leases.inspect("e", slot).attempt == 2, "the takeover reached the store"
         redis_proxy.restore()
         # asked again after the grace for a started run (2 heartbeats + 1 s) of the engine's
         # monotonic clock, which the test moves: well before attempt 2's queue deadline (4 s
@@ -709,13 +709,13 @@ def test_a_takeover_whose_reply_was_lost_is_retried_and_sent_once(redis_proxy, n
             h.mono.offset += 0.05
             moved += 0.05
         assert h.sent == [("e", slot, 1), ("e", slot, 2)], "an attempt was burned"
-        adopted, _ = direct.adopt("e", slot, "runner-2", 60_000)  # a worker takes attempt 2
+        adopted, _ = direct.leases.adopt("e", slot, "runner-2", 60_000)  # a worker takes attempt 2
         assert adopted
         for _ in range(30):                       # three heartbeats of lease checks
             h.mono.offset += 0.1
             h.engine.tick()
         assert h.sent == [("e", slot, 1), ("e", slot, 2)], "attempt 2 was sent twice"
-        assert direct.inspect("e", slot).attempt == 2
+        assert direct.leases.inspect("e", slot).attempt == 2
     finally:
         direct.close()
 
@@ -732,15 +732,15 @@ def test_a_run_not_taken_over_after_the_store_lost_writes_is_logged_as_such(name
              {"e": (3600, {"jitter": 0, "max_late": 5, "anchor": anchor, "lease": lease})})
     h.engine.tick()
     (_, slot, _), = h.sent
-    adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
+    adopted, _ = h.store.leases.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
     assert adopted
-    wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
+    wait_until(lambda: h.store.leases.expired_runs(["e"]), 5, "the lease to run out")
     # the server's identity changes under the store (a failover): its writes may be lost
     h.store.connection.client()[0].hset(h.store.store_key, "epoch", "an-older-server")
     h.advance(3.5)                                               # past the takeover grace
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         h.engine.takeovers.check(h.engine.plans)
-    assert h.store.inspect("e", slot).state is RunState.GIVEN_UP and h.sent == [("e", slot, 1)]
+    assert h.store.leases.inspect("e", slot).state is RunState.GIVEN_UP and h.sent == [("e", slot, 1)]
     messages = [r.getMessage() for r in caplog.records if "recorded lost" in r.getMessage()
                 or "not taken over" in r.getMessage()]
     assert len(messages) == 1, messages
@@ -993,7 +993,7 @@ def test_a_run_now_request_of_a_leased_entry_runs_though_newer_slots_were_claime
     h.sync(3.0)
     assert ("e", slot, 1) in h.sent, (h.sent, h.history("e").get(slot))
     assert h.engine.stats["claim_superseded"] == 0
-    assert h.store.inspect("e", slot).state is RunState.QUEUED
+    assert h.store.leases.inspect("e", slot).state is RunState.QUEUED
 
 
 @pytest.mark.parametrize("kind", ["redis-stream-id", "redis-script", "redis-idmp"])
@@ -1031,13 +1031,13 @@ def test_a_leased_run_claimed_before_a_pause_is_not_taken_over_while_paused(
     h.engine.tick()
     (_, slot, _), = h.sent                                     # no worker adopts it
     pause = h.store.entries.set_pause("e", Pause("migration", "ops", 0), by="ops").pause
-    wait_until(lambda: h.store.expired_runs(["e"]), lease["queue_timeout"] + 10,
+    wait_until(lambda: h.store.leases.expired_runs(["e"]), lease["queue_timeout"] + 10,
                "the queue deadline")
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         h.engine.takeovers.check(h.engine.plans)
     assert h.sent == [("e", slot, 1)], "not sent again while paused"
     assert h.engine.stats["takeover_paused"] == 1
-    assert h.store.inspect("e", slot).state is RunState.PAUSED
+    assert h.store.leases.inspect("e", slot).state is RunState.PAUSED
     record = h.history("e")[slot]
     assert (record.event, record.detail) == (RunEvent.PAUSED, pause.describe()), record
     assert any("not taken over: the entry is paused" in r.getMessage() for r in caplog.records)
@@ -1058,9 +1058,9 @@ def test_a_taken_over_run_records_the_new_attempts_task_id_and_the_dead_attempt(
     h.engine.tick()
     h.engine.tick()                                             # its send note
     (_, slot), = [(1, s) for s in h.history("e")]
-    adopted, _ = h.store.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
+    adopted, _ = h.store.leases.adopt("e", slot, "runner", 50)        # a lease of 50 ms, never renewed
     assert adopted
-    wait_until(lambda: h.store.expired_runs(["e"]), 5, "the lease to run out")
+    wait_until(lambda: h.store.leases.expired_runs(["e"]), 5, "the lease to run out")
     h.advance(3.5)
     h.engine.takeovers.check(h.engine.plans)
     h.engine.tick()

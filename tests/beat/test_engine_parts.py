@@ -575,7 +575,7 @@ def test_takeovers_send_an_expired_run_again_as_the_next_attempt(parts, caplog):
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         parts.takeovers.check({"e": plan})
     assert parts.store.calls_of("take_over") == [("e", T0_MS, run.token)]
-    new = parts.store.inspect("e", T0_MS)
+    new = parts.store.leases.inspect("e", T0_MS)
     assert [(s[1], s[2], s[3]) for s in parts.sent] == [(T0_MS, 2, new.token)]
     assert parts.stats["takeover_taken"] == 1
     assert any("taken over as attempt 2" in m and "presumed dead" in m for m in messages(caplog))
@@ -659,7 +659,7 @@ def test_a_run_given_up_after_max_attempts_is_logged(parts, caplog):
     expired_run(parts.store, parts.clocks, attempt=3)
     with caplog.at_level(logging.ERROR, "celery_anarchon"):
         parts.takeovers.check({"e": plan})
-    assert parts.store.inspect("e", T0_MS).state is RunState.GIVEN_UP
+    assert parts.store.leases.inspect("e", T0_MS).state is RunState.GIVEN_UP
     assert parts.sent == [] and parts.stats["takeover_given_up"] == 1
     assert any("after 3 attempts" in m for m in messages(caplog, logging.ERROR))
 

@@ -148,7 +148,7 @@ def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, names
         [won] = store.claim([ClaimRequest("leased-hourly", slot, 60_000, task_id="t-1",
                                           lease=LeaseTerms(queue_timeout_ms=300_000))])
         store.record("leased-hourly", slot, RunEvent.SENT, task_id="t-1")
-        store.adopt("leased-hourly", slot, "worker-1@host:77", 30_000)
+        store.leases.adopt("leased-hourly", slot, "worker-1@host:77", 30_000)
         store.entries.put_entry("added", json.dumps({"task": "operate_app.report",
                                              "schedule": {"every": 90}}), by="ops", create=True)
         request_run(store, "added", "req-9", by="ops")

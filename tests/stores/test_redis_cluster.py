@@ -149,7 +149,7 @@ def test_a_pause_is_checked_in_the_claim_on_the_entry_slot(tmp_path):
         a.entries.set_pause("e", None, by="ops")
         assert b.claim([ClaimRequest("e", slot + 1, 60_000, "t", "fp")])[0].outcome is Outcome.WON
         # an older version arriving late is ignored
-        a._entries._slot_pause("e", 1, {"r": "stale", "b": "x", "t": "0"})
+        a.entries._slot_pause("e", 1, {"r": "stale", "b": "x", "t": "0"})
         assert b.claim([ClaimRequest("e", slot + 2, 60_000, "t", "fp")])[0].outcome is Outcome.WON
     finally:
         a.close()

@@ -317,8 +317,8 @@ def test_a_late_sent_note_never_hides_what_the_worker_or_a_takeover_recorded(lea
     a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
     slot = fresh_slot(a)
     task = a.claim([req("e", slot, lease=LEASE)])[0].request.task_id
-    _, run = worker.adopt("e", slot, "w1", 30_000)
-    assert worker.release("e", slot, run.token)
+    _, run = worker.leases.adopt("e", slot, "w1", 30_000)
+    assert worker.leases.release("e", slot, run.token)
     a.record("e", slot, RunEvent.SENT, task_id=task)
     assert a.history("e")[0].event is RunEvent.FINISHED
 
@@ -326,9 +326,9 @@ def test_a_late_sent_note_never_hides_what_the_worker_or_a_takeover_recorded(lea
     a.claim([req("e", other, lease=LeaseTerms(queue_timeout_ms=200, overlap_allowed=True))])
     a.record("e", other, RunEvent.SENT, task_id="t-1")
     assert {h.slot_ms: h for h in a.history("e")}[other].event is RunEvent.SENT, "replaces claimed"
-    queued = wait_until(lambda: [r for r in b.expired_runs(["e"]) if r.slot_ms == other], 10,
+    queued = wait_until(lambda: [r for r in b.leases.expired_runs(["e"]) if r.slot_ms == other], 10,
                         "the queue deadline")[0]
-    assert b.take_over("e", other, queued.token, queue_timeout_ms=60_000,
+    assert b.leases.take_over("e", other, queued.token, queue_timeout_ms=60_000,
                        max_attempts=3)[0] is TakeoverOutcome.TAKEN
     a.record("e", other, RunEvent.SENT, task_id="t-1", attempt=1)
     record = {h.slot_ms: h for h in a.history("e")}[other]
@@ -380,7 +380,7 @@ def test_leased_claim_creates_a_queued_record_with_a_token(lease_stores):
     assert won.outcome is Outcome.WON and won.token and won.attempt == 1
     again = a.claim([req("e", slot, lease=LEASE)])[0]
     assert again.outcome is Outcome.WON and again.token == won.token
-    run = a.inspect("e", slot)
+    run = a.leases.inspect("e", slot)
     assert run.state is RunState.QUEUED and run.attempt == 1 and run.token == won.token
     assert run.queue_deadline_ms - run.store_ms == pytest.approx(60_000, abs=2000)
     assert not run.expired
@@ -390,17 +390,17 @@ def test_lease_adopt_renew_release(lease_stores):
     a, worker = prepared(lease_stores("A")), lease_stores("worker")
     slot = fresh_slot(a)
     token0 = a.claim([req("e", slot, lease=LEASE)])[0].token
-    adopted, run = worker.adopt("e", slot, "w1", 30_000)
+    adopted, run = worker.leases.adopt("e", slot, "w1", 30_000)
     assert adopted and run.state is RunState.STARTED and run.owner == "w1" and run.token > token0
-    again, same = worker.adopt("e", slot, "w2", 30_000)
+    again, same = worker.leases.adopt("e", slot, "w2", 30_000)
     assert not again and same.owner == "w1", "a live lease is never adopted twice"
-    renewed = worker.renew("e", slot, run.token, "w1", 30_000)
+    renewed = worker.leases.renew("e", slot, run.token, "w1", 30_000)
     assert renewed and renewed.lease_expires_ms >= run.lease_expires_ms
-    assert worker.renew("e", slot, run.token - 1, "w1", 30_000) is None
-    assert not worker.release("e", slot, run.token - 1)
-    assert worker.release("e", slot, run.token)
-    assert a.inspect("e", slot).state is RunState.FINISHED
-    assert not worker.adopt("e", slot, "w3", 30_000)[0], "a finished run is never adopted"
+    assert worker.leases.renew("e", slot, run.token - 1, "w1", 30_000) is None
+    assert not worker.leases.release("e", slot, run.token - 1)
+    assert worker.leases.release("e", slot, run.token)
+    assert a.leases.inspect("e", slot).state is RunState.FINISHED
+    assert not worker.leases.adopt("e", slot, "w3", 30_000)[0], "a finished run is never adopted"
     assert a.history("e")[0].event is RunEvent.FINISHED
 
 
@@ -408,22 +408,22 @@ def test_expired_lease_is_taken_over_exactly_once(lease_stores):
     a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 300)
-    wait_until(lambda: any(r.slot_ms == slot for r in a.expired_runs(["e"])), 10, "lease expiry")
-    expired = [r for r in a.expired_runs(["e"]) if r.slot_ms == slot][0]
+    _, run = worker.leases.adopt("e", slot, "w1", 300)
+    wait_until(lambda: any(r.slot_ms == slot for r in a.leases.expired_runs(["e"])), 10, "lease expiry")
+    expired = [r for r in a.leases.expired_runs(["e"]) if r.slot_ms == slot][0]
     assert expired.state is RunState.STARTED and expired.token == run.token
-    outcomes = [s.take_over("e", slot, expired.token, queue_timeout_ms=60_000, max_attempts=3)
+    outcomes = [s.leases.take_over("e", slot, expired.token, queue_timeout_ms=60_000, max_attempts=3)
                 for s in (a, b)]
     taken = [o for o in outcomes if o[0] is TakeoverOutcome.TAKEN]
     assert len(taken) == 1
     new = taken[0][1]
     assert new.state is RunState.QUEUED and new.attempt == 2 and new.token > run.token
     # the paused old runner learns it lost the lease, and cannot extend the new one
-    assert worker.renew("e", slot, run.token, "w1", 30_000) is None
-    assert not worker.release("e", slot, run.token)
-    assert a.inspect("e", slot).token == new.token
+    assert worker.leases.renew("e", slot, run.token, "w1", 30_000) is None
+    assert not worker.leases.release("e", slot, run.token)
+    assert a.leases.inspect("e", slot).token == new.token
     # the new attempt's message adopts it
-    adopted, run2 = worker.adopt("e", slot, "w2", 30_000)
+    adopted, run2 = worker.leases.adopt("e", slot, "w2", 30_000)
     assert adopted and run2.attempt == 2 and run2.token > new.token
 
 
@@ -431,13 +431,13 @@ def test_queued_run_past_its_deadline_is_taken_over(lease_stores):
     a, b = prepared(lease_stores("A")), lease_stores("B")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
-    wait_until(lambda: a.expired_runs(["e"]), 10, "queue deadline")
-    run = a.expired_runs(["e"])[0]
+    wait_until(lambda: a.leases.expired_runs(["e"]), 10, "queue deadline")
+    run = a.leases.expired_runs(["e"])[0]
     assert run.state is RunState.QUEUED
-    outcome, new = a.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    outcome, new = a.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.TAKEN and new.attempt == 2
     # another instance with the old token is refused (A's own retry is TAKEN again: spec point 8)
-    assert b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)[0] is TakeoverOutcome.REFUSED
+    assert b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)[0] is TakeoverOutcome.REFUSED
 
 
 def test_run_is_lost_after_max_attempts(lease_stores):
@@ -446,12 +446,12 @@ def test_run_is_lost_after_max_attempts(lease_stores):
     a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=100))])
     outcome = None
     for _ in range(5):
-        run = wait_until(lambda: a.expired_runs(["e"]), 10, "queue deadline")[0]
-        outcome, new = a.take_over("e", slot, run.token, queue_timeout_ms=100, max_attempts=2)
+        run = wait_until(lambda: a.leases.expired_runs(["e"]), 10, "queue deadline")[0]
+        outcome, new = a.leases.take_over("e", slot, run.token, queue_timeout_ms=100, max_attempts=2)
         if outcome is not TakeoverOutcome.TAKEN:
             break
     assert outcome is TakeoverOutcome.GIVEN_UP
-    assert a.inspect("e", slot).state is RunState.GIVEN_UP
+    assert a.leases.inspect("e", slot).state is RunState.GIVEN_UP
     assert a.history("e")[0].event is RunEvent.GIVEN_UP
 
 
@@ -464,18 +464,18 @@ def test_overlap_skip_and_allow(lease_stores):
     assert {h.slot_ms: h.event for h in a.history("e")}[slot + 1000] is RunEvent.OVERLAPPING
     allowed = a.claim([req("e", slot + 2000, lease=LeaseTerms(60_000, overlap_allowed=True))])[0]
     assert allowed.outcome is Outcome.WON
-    assert a.inspect("e", slot).state is RunState.QUEUED, "a live earlier run is not superseded"
+    assert a.leases.inspect("e", slot).state is RunState.QUEUED, "a live earlier run is not superseded"
 
 
 def test_newer_slot_supersedes_a_dead_run(lease_stores):
     a, worker = prepared(lease_stores("A")), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 200)
-    wait_until(lambda: a.expired_runs(["e"]), 10, "lease expiry")
+    _, run = worker.leases.adopt("e", slot, "w1", 200)
+    wait_until(lambda: a.leases.expired_runs(["e"]), 10, "lease expiry")
     assert a.claim([req("e", slot + 1000, lease=LEASE)])[0].outcome is Outcome.WON
-    assert a.inspect("e", slot).state is RunState.SUPERSEDED
-    assert worker.renew("e", slot, run.token, "w1", 30_000) is None
+    assert a.leases.inspect("e", slot).state is RunState.SUPERSEDED
+    assert worker.leases.renew("e", slot, run.token, "w1", 30_000) is None
 
 
 def test_take_over_is_superseded_by_a_newer_claimed_slot(lease_stores):
@@ -483,23 +483,23 @@ def test_take_over_is_superseded_by_a_newer_claimed_slot(lease_stores):
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
     a.claim([req("e", slot + 1000, lease=LeaseTerms(60_000, overlap_allowed=True))])
-    run = wait_until(lambda: [r for r in a.expired_runs(["e"]) if r.slot_ms == slot], 10, "deadline")[0]
-    outcome, _ = a.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    run = wait_until(lambda: [r for r in a.leases.expired_runs(["e"]) if r.slot_ms == slot], 10, "deadline")[0]
+    outcome, _ = a.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.SUPERSEDED
-    assert a.inspect("e", slot).state is RunState.SUPERSEDED
+    assert a.leases.inspect("e", slot).state is RunState.SUPERSEDED
 
 
 def test_requeue_keeps_the_attempt_and_moves_the_deadline(lease_stores):
     a, worker = prepared(lease_stores("A")), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 1000)
-    assert worker.requeue("e", slot, run.token, delay_ms=120_000, queue_timeout_ms=1000)
-    queued = a.inspect("e", slot)
+    _, run = worker.leases.adopt("e", slot, "w1", 1000)
+    assert worker.leases.requeue("e", slot, run.token, delay_ms=120_000, queue_timeout_ms=1000)
+    queued = a.leases.inspect("e", slot)
     assert queued.state is RunState.QUEUED and queued.attempt == 1
     assert queued.queue_deadline_ms - queued.store_ms == pytest.approx(121_000, abs=2000)
-    assert not a.expired_runs(["e"])
-    adopted, again = worker.adopt("e", slot, "w1", 30_000)
+    assert not a.leases.expired_runs(["e"])
+    adopted, again = worker.leases.adopt("e", slot, "w1", 30_000)
     assert adopted and again.attempt == 1
 
 
@@ -507,7 +507,7 @@ def test_fencing_tokens_grow_even_after_the_store_forgot(lease_stores):
     a, worker = prepared(lease_stores("A")), lease_stores("worker")
     slot = fresh_slot(a)
     first = a.claim([req("e", slot, lease=LEASE)])[0].token
-    _, run = worker.adopt("e", slot, "w1", 30_000)
+    _, run = worker.leases.adopt("e", slot, "w1", 30_000)
     lease_stores.wipe()
     a2 = lease_stores("A2")
     a2.prepare(["e"])
@@ -519,11 +519,11 @@ def test_live_runner_recreates_a_forgotten_record(lease_stores):
     a, worker = prepared(lease_stores("A")), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 30_000)
+    _, run = worker.leases.adopt("e", slot, "w1", 30_000)
     lease_stores.wipe()
-    renewed = worker.renew("e", slot, run.token, "w1", 30_000)
+    renewed = worker.leases.renew("e", slot, run.token, "w1", 30_000)
     assert renewed and renewed.token == run.token and renewed.state is RunState.STARTED
-    assert a.inspect("e", slot).owner == "w1"
+    assert a.leases.inspect("e", slot).owner == "w1"
 
 
 @pytest.mark.parametrize("loss", ["amnesia", "epoch"])
@@ -537,19 +537,19 @@ def test_a_release_the_store_forgot_records_the_run_finished(lease_stores, loss)
     older = lease_stores.snapshot() if loss == "epoch" else None
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 300)
+    _, run = worker.leases.adopt("e", slot, "w1", 300)
     if loss == "epoch":
         lease_stores.lose_writes_since(older)
     else:
         lease_stores.wipe()
-    assert worker.release("e", slot, run.token), "the runner's release is not refused"
-    record = b.inspect("e", slot)
+    assert worker.leases.release("e", slot, run.token), "the runner's release is not refused"
+    record = b.leases.inspect("e", slot)
     assert record.state is RunState.FINISHED and record.token == run.token, record
-    assert worker.renew("e", slot, run.token, "w1", 300) is None, "a late heartbeat: not restarted"
-    assert b.inspect("e", slot).state is RunState.FINISHED
+    assert worker.leases.renew("e", slot, run.token, "w1", 300) is None, "a late heartbeat: not restarted"
+    assert b.leases.inspect("e", slot).state is RunState.FINISHED
     begun = store_now(b)
     wait_until(lambda: store_now(b) > begun + 400, 5, "the runner's lease to run out")
-    assert not [r for r in b.expired_runs(["e"]) if r.slot_ms == slot]
+    assert not [r for r in b.leases.expired_runs(["e"]) if r.slot_ms == slot]
     events = [h.event for h in b.history("e") if h.slot_ms == slot]
     assert RunEvent.FINISHED in events and RunEvent.GIVEN_UP not in events, events
 
@@ -559,7 +559,7 @@ def _take_over_race(url, namespace, instance_id, slot, token, barrier, queue):
     store = open_store(url, namespace=namespace, instance_id=instance_id)
     try:
         barrier.wait(timeout=30)
-        outcome, _ = store.take_over("e", slot, token, queue_timeout_ms=60_000, max_attempts=5)
+        outcome, _ = store.leases.take_over("e", slot, token, queue_timeout_ms=60_000, max_attempts=5)
         queue.put(outcome.value)
     except BaseException as exc:
         queue.put(repr(exc))
@@ -571,7 +571,7 @@ def test_two_processes_finding_the_same_expired_lease_take_it_over_once(lease_st
     a = prepared(lease_stores("A"))
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=100))])
-    run = wait_until(lambda: a.expired_runs(["e"]), 10, "deadline")[0]
+    run = wait_until(lambda: a.leases.expired_runs(["e"]), 10, "deadline")[0]
     ctx = racers(lease_stores.kind)
     barrier, replies = ctx.Barrier(3), ctx.Queue()
     procs = [ctx.Process(target=_take_over_race, args=(lease_stores.url, lease_stores.namespace, f"p{i}", slot,
@@ -631,8 +631,8 @@ def test_a_retried_claim_answers_won_only_for_its_own_attempt(lease_stores):
     slot = fresh_slot(a)
     terms = LeaseTerms(queue_timeout_ms=200)
     a.claim([req("e", slot, lease=terms)])  # its reply is "lost": A never reads it
-    run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
-    outcome, taken = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    run = wait_until(lambda: a.leases.expired_runs(["e"]), 10, "the queue deadline")[0]
+    outcome, taken = b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.TAKEN and taken.attempt == 2
     again = a.claim([req("e", slot, lease=terms)])[0]
     assert again.outcome is Outcome.OTHER_WON, again
@@ -647,15 +647,15 @@ def test_a_renewal_never_recreates_a_pruned_finished_run(lease_stores):
     a, worker = prepared(lease_stores("A", memory=1)), lease_stores("worker", memory=1)
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 30_000)
-    assert worker.release("e", slot, run.token)
+    _, run = worker.leases.adopt("e", slot, "w1", 30_000)
+    assert worker.leases.release("e", slot, run.token)
     released = store_now(a)
     wait_until(lambda: store_now(a) > released + 1500, 10, "the memory to pass")
     assert a.claim([req("e", fresh_slot(a), lease=LeaseTerms(60_000, overlap_allowed=True))])[0] \
         .outcome is Outcome.WON  # prunes what is past the memory
-    assert a.inspect("e", slot) is None, "the finished record was pruned"
-    assert worker.renew("e", slot, run.token, "w1", 30_000) is None
-    assert a.inspect("e", slot) is None, "the renewal did not re-create it"
+    assert a.leases.inspect("e", slot) is None, "the finished record was pruned"
+    assert worker.leases.renew("e", slot, run.token, "w1", 30_000) is None
+    assert a.leases.inspect("e", slot) is None, "the renewal did not re-create it"
 
 
 def test_a_takeover_whose_reply_was_lost_is_recognised(lease_stores):
@@ -665,33 +665,33 @@ def test_a_takeover_whose_reply_was_lost_is_recognised(lease_stores):
     a, b, c = prepared(lease_stores("A")), lease_stores("B"), lease_stores("C")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
-    run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
-    first = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    run = wait_until(lambda: a.leases.expired_runs(["e"]), 10, "the queue deadline")[0]
+    first = b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert first[0] is TakeoverOutcome.TAKEN
-    again = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    again = b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert again[0] is TakeoverOutcome.TAKEN, again
     assert (again[1].token, again[1].attempt) == (first[1].token, 2)
-    assert c.take_over("e", slot, run.token, queue_timeout_ms=60_000,
+    assert c.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000,
                        max_attempts=3)[0] is TakeoverOutcome.REFUSED
 
 
 # -- lease records the store may have lost writes to (an epoch change, amnesia) -----------------
 
 def _expired_run(store, slot):
-    return wait_until(lambda: [r for r in store.expired_runs(["e"]) if r.slot_ms == slot], 10,
+    return wait_until(lambda: [r for r in store.leases.expired_runs(["e"]) if r.slot_ms == slot], 10,
                       "the run to show expired")[0]
 
 
 def _refused_takeover(store, other, slot, run):
     """take_over of ``run`` by ``store`` is refused for good: the record becomes lost, its history
     says why (once), expired_runs no longer returns it and a second takeover is refused."""
-    outcome, record = store.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+    outcome, record = store.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.GIVEN_UP, (outcome, record)
     assert record.state is RunState.GIVEN_UP and record.attempt == run.attempt
-    assert not [r for r in store.expired_runs(["e"]) if r.slot_ms == slot]
-    assert other.take_over("e", slot, run.token, queue_timeout_ms=60_000,
+    assert not [r for r in store.leases.expired_runs(["e"]) if r.slot_ms == slot]
+    assert other.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000,
                            max_attempts=3)[0] is TakeoverOutcome.REFUSED
-    assert other.inspect("e", slot).state is RunState.GIVEN_UP
+    assert other.leases.inspect("e", slot).state is RunState.GIVEN_UP
     [note] = [h for h in store.history("e") if h.slot_ms == slot]
     assert note.event is RunEvent.GIVEN_UP and "not taken over" in note.detail, note
     return note
@@ -705,9 +705,9 @@ def test_a_run_whose_release_the_store_lost_is_never_taken_over(lease_stores):
     a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 300)
+    _, run = worker.leases.adopt("e", slot, "w1", 300)
     older = lease_stores.snapshot()
-    assert worker.release("e", slot, run.token)
+    assert worker.leases.release("e", slot, run.token)
     lease_stores.lose_writes_since(older)
     expired = _expired_run(b, slot)
     assert expired.state is RunState.STARTED and expired.token == run.token, "the release was lost"
@@ -739,15 +739,15 @@ def test_a_runner_recreates_its_record_after_an_epoch_change_but_is_never_taken_
     done, dies = fresh_slot(a), fresh_slot(a) + 1000
     a.claim([req("e", done, lease=LeaseTerms(60_000, overlap_allowed=True)),
              req("e", dies, lease=LeaseTerms(60_000, overlap_allowed=True))])
-    _, finishing = worker.adopt("e", done, "w1", 30_000)
-    _, dying = worker.adopt("e", dies, "w2", 30_000)
+    _, finishing = worker.leases.adopt("e", done, "w1", 30_000)
+    _, dying = worker.leases.adopt("e", dies, "w2", 30_000)
     lease_stores.lose_writes_since(older)
-    assert a.inspect("e", done) is None and a.inspect("e", dies) is None
-    renewed = worker.renew("e", done, finishing.token, "w1", 30_000)
+    assert a.leases.inspect("e", done) is None and a.leases.inspect("e", dies) is None
+    renewed = worker.leases.renew("e", done, finishing.token, "w1", 30_000)
     assert renewed and renewed.state is RunState.STARTED and renewed.token == finishing.token
-    assert worker.renew("e", done, finishing.token, "w1", 30_000), "it keeps renewing"
-    assert worker.release("e", done, finishing.token)
-    assert worker.renew("e", dies, dying.token, "w2", 300)
+    assert worker.leases.renew("e", done, finishing.token, "w1", 30_000), "it keeps renewing"
+    assert worker.leases.release("e", done, finishing.token)
+    assert worker.leases.renew("e", dies, dying.token, "w2", 300)
     note = _refused_takeover(b, a, dies, _expired_run(b, dies))
     assert "epoch" in note.detail, note
-    assert a.inspect("e", done).state is RunState.FINISHED
+    assert a.leases.inspect("e", done).state is RunState.FINISHED

@@ -26,7 +26,7 @@ def requested(entry, slot_ms, *, lease=LEASE):
 
 
 def expired(store, slot, what="the lease to run out"):
-    return wait_until(lambda: [r for r in store.expired_runs(["e"]) if r.slot_ms == slot], 10,
+    return wait_until(lambda: [r for r in store.leases.expired_runs(["e"]) if r.slot_ms == slot], 10,
                       what)[0]
 
 
@@ -44,16 +44,16 @@ def test_a_run_now_claim_is_never_superseded_by_a_newer_scheduled_slot(lease_sto
     slot = fresh_slot(a)
     request_slot = slot - 1500
     assert a.claim([req("e", slot, lease=LEASE)])[0].outcome is Outcome.WON
-    _, run = worker.adopt("e", slot, "w1", 30_000)
-    assert worker.release("e", slot, run.token)
+    _, run = worker.leases.adopt("e", slot, "w1", 30_000)
+    assert worker.leases.release("e", slot, run.token)
     won = a.claim([requested("e", request_slot)])[0]
     assert won.outcome is Outcome.WON, won
-    assert a.inspect("e", request_slot).state is RunState.QUEUED
+    assert a.leases.inspect("e", request_slot).state is RunState.QUEUED
     # its takeover is not superseded by the newer scheduled slot either
     b = lease_stores("B")
     assert b.claim([requested("e", request_slot - 10, lease=SHORT_ALLOW)])[0].outcome is Outcome.WON
     dead = expired(b, request_slot - 10, "the request's queue deadline")
-    outcome, new = b.take_over("e", request_slot - 10, dead.token, queue_timeout_ms=60_000,
+    outcome, new = b.leases.take_over("e", request_slot - 10, dead.token, queue_timeout_ms=60_000,
                                max_attempts=3, task_id="t-2")
     assert outcome is TakeoverOutcome.TAKEN and new.attempt == 2, outcome
 
@@ -64,11 +64,11 @@ def test_a_run_now_claim_never_supersedes_the_scheduled_runs(lease_stores):
     a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
     slot = fresh_slot(a) - 3000
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 200)
+    _, run = worker.leases.adopt("e", slot, "w1", 200)
     dead = expired(a, slot)
     assert a.claim([requested("e", slot + 2000, lease=ALLOW)])[0].outcome is Outcome.WON
-    assert a.inspect("e", slot).state is RunState.STARTED, "the dead scheduled run is not superseded"
-    outcome, new = b.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
+    assert a.leases.inspect("e", slot).state is RunState.STARTED, "the dead scheduled run is not superseded"
+    outcome, new = b.leases.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
                                task_id="t-2")
     assert outcome is TakeoverOutcome.TAKEN, outcome
     # an older scheduled slot claimed after the request (its jitter, its sync) runs too
@@ -101,10 +101,10 @@ def test_a_takeover_of_a_paused_entry_answers_paused_and_ends_the_run(lease_stor
     a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 200)
+    _, run = worker.leases.adopt("e", slot, "w1", 200)
     pause = a.entries.set_pause("e", Pause("migration", "alice", 0), by="alice").pause
     dead = expired(b, slot)
-    outcome, after = b.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
+    outcome, after = b.leases.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
                                  task_id="t-2")
     assert outcome is TakeoverOutcome.PAUSED, outcome
     assert after.state is RunState.PAUSED and after.attempt == 1
@@ -112,10 +112,10 @@ def test_a_takeover_of_a_paused_entry_answers_paused_and_ends_the_run(lease_stor
     assert (rec.event, rec.attempt, rec.detail) == (RunEvent.PAUSED, 1, pause.describe()), rec
     # the run ended: not taken over after the resume, and its runner learns it lost its lease
     a.entries.set_pause("e", None, by="alice")
-    assert not [r for r in a.expired_runs(["e"]) if r.slot_ms == slot]
-    assert b.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
+    assert not [r for r in a.leases.expired_runs(["e"]) if r.slot_ms == slot]
+    assert b.leases.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
                        task_id="t-2")[0] is TakeoverOutcome.REFUSED
-    assert worker.renew("e", slot, run.token, "w1", 30_000) is None
+    assert worker.leases.renew("e", slot, run.token, "w1", 30_000) is None
     assert record_of(a, slot).event is RunEvent.PAUSED, "recorded once"
 
 
@@ -124,24 +124,24 @@ def test_a_queued_run_of_a_paused_entry_is_never_adopted(lease_stores):
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
     pause = a.entries.set_pause("e", Pause("", "bob", 0), by="bob").pause
-    adopted, run = worker.adopt("e", slot, "w1", 30_000)
+    adopted, run = worker.leases.adopt("e", slot, "w1", 30_000)
     assert not adopted and run.state is RunState.PAUSED, run
     rec = record_of(a, slot)
     assert (rec.event, rec.detail) == (RunEvent.PAUSED, pause.describe()), rec
     a.entries.set_pause("e", None, by="bob")
-    assert not worker.adopt("e", slot, "w1", 30_000)[0], "not caught up after the resume"
-    assert not a.expired_runs(["e"])
+    assert not worker.leases.adopt("e", slot, "w1", 30_000)[0], "not caught up after the resume"
+    assert not a.leases.expired_runs(["e"])
 
 
 def test_a_pause_never_stops_a_started_run(lease_stores):
     a, worker = prepared(lease_stores("A")), lease_stores("worker")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LEASE)])
-    _, run = worker.adopt("e", slot, "w1", 30_000)
+    _, run = worker.leases.adopt("e", slot, "w1", 30_000)
     a.entries.set_pause("e", Pause("", "bob", 0), by="bob")
-    assert worker.renew("e", slot, run.token, "w1", 30_000) is not None
-    assert worker.release("e", slot, run.token)
-    assert a.inspect("e", slot).state is RunState.FINISHED
+    assert worker.leases.renew("e", slot, run.token, "w1", 30_000) is not None
+    assert worker.leases.release("e", slot, run.token)
+    assert a.leases.inspect("e", slot).state is RunState.FINISHED
     assert record_of(a, slot).event is RunEvent.FINISHED
 
 
@@ -152,9 +152,9 @@ def test_a_taken_over_run_keeps_its_dead_attempt_and_the_takeover_in_history(lea
     slot = fresh_slot(a)
     first = a.claim([req("e", slot, lease=LEASE)])[0].request.task_id
     a.record("e", slot, RunEvent.SENT, task_id=first)
-    _, run = worker.adopt("e", slot, "w1", 200)
+    _, run = worker.leases.adopt("e", slot, "w1", 200)
     dead = expired(b, slot)
-    assert b.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
+    assert b.leases.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
                        task_id="t-2")[0] is TakeoverOutcome.TAKEN
     rec = record_of(a, slot)
     assert (rec.event, rec.attempt, rec.task_id, rec.instance) == (
@@ -162,9 +162,9 @@ def test_a_taken_over_run_keeps_its_dead_attempt_and_the_takeover_in_history(lea
     assert [(e.event, e.attempt, e.task_id) for e in rec.earlier] == [
         (RunEvent.STARTED, 1, first)], rec.earlier
     # the new attempt's worker adopts it before beat's note of its send: the order rules hold
-    _, second = worker.adopt("e", slot, "w2", 30_000)
+    _, second = worker.leases.adopt("e", slot, "w2", 30_000)
     b.record("e", slot, RunEvent.SENT, task_id="t-2", attempt=2)
-    assert worker.release("e", slot, second.token)
+    assert worker.leases.release("e", slot, second.token)
     rec = record_of(a, slot)
     assert (rec.event, rec.attempt, rec.task_id) == (RunEvent.FINISHED, 2, "t-2"), rec
     assert [(e.event, e.attempt, e.task_id) for e in rec.earlier] == [
@@ -180,7 +180,7 @@ def test_the_send_note_of_a_taken_over_attempt_keeps_the_takeover(lease_stores):
     a.claim([req("e", slot, lease=SHORT)])
     a.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id="t-1")])
     dead = expired(b, slot, "the queue deadline")
-    b.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3, task_id="t-2")
+    b.leases.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3, task_id="t-2")
     b.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id="t-2", attempt=2)])
     rec = record_of(a, slot)
     assert (rec.event, rec.attempt, rec.task_id) == (RunEvent.SENT, 2, "t-2"), rec
@@ -194,7 +194,7 @@ def test_the_attempts_of_a_run_leave_the_history_bound_per_entry_as_it_was(lease
     a.claim([req("e", base, lease=LeaseTerms(queue_timeout_ms=100, overlap_allowed=True))])
     for _ in range(2):
         dead = expired(a, base, "the queue deadline")
-        a.take_over("e", base, dead.token, queue_timeout_ms=100, max_attempts=5,
+        a.leases.take_over("e", base, dead.token, queue_timeout_ms=100, max_attempts=5,
                     task_id=f"t-{dead.attempt + 1}")
     for i in range(1, 4):
         a.claim([req("e", base + i, lease=ALLOW)])

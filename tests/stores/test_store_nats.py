@@ -23,7 +23,6 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import LATENESS_TOLERANCE_MS, Memory, Outcome, RunEvent
 from celery_anarchon._util import iso as _iso
-from celery_anarchon.stores.base import LeaseStore
 from celery_anarchon.stores.nats import NATSStore
 from celery_anarchon.stores.nats.connection import token
 
@@ -88,7 +87,7 @@ def test_options_are_validated():
     store = make(duplicate_window=600, history_size=7, claim_timeout=2)
     assert isinstance(store, NATSStore) and store.kind == "nats"
     assert store.memory == Memory(600.0, None, setting="duplicate_window")
-    assert not store.checks_lateness and not isinstance(store, LeaseStore) and store.recognises_winner
+    assert not store.checks_lateness and store.leases is None and store.recognises_winner
     assert store.describe() == "nats duplicate_window=600s"
     assert store._session is None, "construction does no I/O"
 

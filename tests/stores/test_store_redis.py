@@ -16,7 +16,7 @@ from redis.crc import key_slot
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
-    LATENESS_TOLERANCE_MS, LeaseStore, LeaseTerms, Outcome, TakeoverOutcome,
+    LATENESS_TOLERANCE_MS, LeaseTerms, Outcome, TakeoverOutcome,
 )
 from celery_anarchon.stores.redis import STRATEGIES, RedisStore, parse_sentinel_url
 from celery_anarchon.stores.redis import options as redis_options
@@ -135,7 +135,7 @@ def test_fencing_tokens_are_exact_microsecond_integers(stores, server):
     token = s.claim([req("e", slot, lease=LeaseTerms(60_000))])[0].token
     assert token > 10 ** 15
     assert server.hget(s.keys_of("e")["fence"], "token") == str(token)
-    assert s.inspect("e", slot).token == token
+    assert s.leases.inspect("e", slot).token == token
     again = s.claim([req("e", slot + 1, lease=LeaseTerms(60_000, overlap_allowed=True))])[0].token
     assert again > token
 
@@ -252,7 +252,7 @@ def test_the_strategy_option_picks_the_strategy(strategy):
     s = store(strategy=strategy)
     assert isinstance(s, RedisStore) and s.strategy == strategy
     assert type(s) is STRATEGIES[strategy] and set(STRATEGIES) == set(redis_options.STRATEGIES)
-    assert isinstance(s, LeaseStore) is s.checks_lateness is (strategy == "lease")
+    assert (s.leases is not None) is s.checks_lateness is (strategy == "lease")
 
 
 @pytest.mark.parametrize("option, value", [("memory", 0), ("memory", "1h"), ("memory", True),
@@ -311,9 +311,9 @@ def test_retried_claim_after_a_takeover_of_its_lost_reply_is_lost(stores):
         with pytest.raises(StoreUnavailable):
             a.claim([req("e", slot, lease=terms)])
         proxy.restore()
-        run = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline")[0]
+        run = wait_until(lambda: b.leases.expired_runs(["e"]), 10, "the queue deadline")[0]
         assert run.owner == "A", "A's claim committed"
-        outcome, taken = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        outcome, taken = b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
         assert outcome is TakeoverOutcome.TAKEN
         again = a.claim([req("e", slot, lease=terms)])[0]
         assert again.outcome is Outcome.OTHER_WON and again.winner == "B", again
@@ -329,14 +329,14 @@ def test_takeover_whose_reply_was_lost_answers_taken_on_retry(stores):
         prepared(a)
         slot = a.now_ms()
         a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])
-        run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
+        run = wait_until(lambda: a.leases.expired_runs(["e"]), 10, "the queue deadline")[0]
         b.prepare(["e"])  # connected, its setup read, before the replies stop
         proxy.swallow_replies = True
         with pytest.raises(StoreUnavailable):
-            b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+            b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
         proxy.restore()
-        assert a.inspect("e", slot).attempt == 2, "B's takeover committed"
-        outcome, again = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        assert a.leases.inspect("e", slot).attempt == 2, "B's takeover committed"
+        outcome, again = b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
         assert outcome is TakeoverOutcome.TAKEN and again.attempt == 2 and again.owner == "B"
     finally:
         proxy.close()

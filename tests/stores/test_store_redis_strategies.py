@@ -21,7 +21,7 @@ from redis.crc import key_slot
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
-    LATENESS_TOLERANCE_MS, HistoryRecord, LeaseStore, LeaseTerms, Outcome, RunEvent, lease_store,
+    LATENESS_TOLERANCE_MS, HistoryRecord, LeaseTerms, Outcome, RunEvent, lease_store,
 )
 from celery_anarchon.stores.entry_store import InstanceRecord, Pause
 from celery_anarchon.stores.redis import RedisStore
@@ -82,7 +82,7 @@ def history_event(store, slot, entry="e"):
 
 def test_memory_flags_and_description(stores):
     s = stores("A")
-    assert not isinstance(s, LeaseStore) and not s.checks_lateness and s.recognises_winner
+    assert s.leases is None and not s.checks_lateness and s.recognises_winner
     expected = {"redis-stream-id": (None, None, "strategy", None),
                 "redis-script": (300.0, 100, "window", "history_size"),
                 "redis-idmp": (300.0, 1000, "duration", "max_size")}[stores.kind]
@@ -551,7 +551,7 @@ def test_the_pause_is_decided_inside_the_claim_script_in_one_round_trip(every, m
     a = prepared(every("A"), "run", "held")
     now = a.now_ms()
     sent = round_trips(a, monkeypatch)
-    lease = LeaseTerms(queue_timeout_ms=60_000) if isinstance(a, LeaseStore) else None
+    lease = LeaseTerms(queue_timeout_ms=60_000) if a.leases is not None else None
     results = a.claim([req("run", now + i) for i in range(3)]
                       + [req("held", now + i, lease=lease) for i in range(3)])
     assert sent == [["EVALSHA"]]
@@ -564,7 +564,7 @@ def test_the_pause_is_decided_inside_the_claim_script_in_one_round_trip(every, m
         assert [(h.event, h.instance) for h in a.history("held") if h.slot_ms == now + i] == [
             (RunEvent.PAUSED, "A")], "recorded once"
         if lease:
-            assert a.inspect("held", now + i) is None
+            assert a.leases.inspect("held", now + i) is None
 
 
 def test_a_slot_refused_as_paused_is_won_once_after_the_resume(every):
@@ -639,8 +639,8 @@ def test_old_requests_and_expired_instances_are_pruned_by_the_next_write(script)
     default); an expired instance record is dropped by the next heartbeat, all on the server's
     clock."""
     a = prepared(script("A", window=1))
-    assert a._entries.horizon_ms == 1000
-    assert build(strategy="stream-id")._entries.horizon_ms == DAY_MS
+    assert a.entries.horizon_ms == 1000
+    assert build(strategy="stream-id").entries.horizon_ms == DAY_MS
     first = request_run(a, "e", "r1", by="x")
     a.instances.record_instance(InstanceRecord("old", "h", 1, "1", 0, 0, None, 1, ""), 1)
     wait_until(lambda: a.now_ms() > first.requested_ms + 1000, 5, "the window to pass")

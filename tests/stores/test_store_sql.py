@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.sql import connection as sql_connection, schema as sql_schema
-from celery_anarchon.stores.base import LeaseStore, LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome
+from celery_anarchon.stores.base import LeaseTerms, Outcome, RunEvent, RunState, TakeoverOutcome
 from celery_anarchon.stores.sql import PostgreSQLStore, SQLiteStore
 
 from conftest import POSTGRES_URL
@@ -65,7 +65,7 @@ def test_postgresql_every_scheme_means_psycopg_3(scheme):
     store = _open(f"{scheme}://{rest}")
     assert isinstance(store, PostgreSQLStore) and store.kind == "postgresql"
     assert store.engine_url.drivername == "postgresql+psycopg"
-    assert store.checks_lateness and isinstance(store, LeaseStore)
+    assert store.checks_lateness and store.leases is not None
 
 
 def test_postgresql_postgres_scheme_reaches_the_server():
@@ -193,7 +193,7 @@ def test_postgresql_unreachable_is_store_unavailable_quickly_with_a_masked_url()
     url = "postgresql://anarchon:s3cret-pw@127.0.0.1:1/test"
     store = _open(url, claim_timeout=1)
     for operation in (lambda: store.claim([req("e", 1)]), store.now_ms, lambda: store.prepare(["e"]),
-                      lambda: store.history("e"), lambda: store.adopt("e", 1, "w", 1000)):
+                      lambda: store.history("e"), lambda: store.leases.adopt("e", 1, "w", 1000)):
         started = time.monotonic()
         with pytest.raises(StoreUnavailable) as info:
             operation()
@@ -251,12 +251,12 @@ def test_prune_keeps_what_memory_promises(stores):
     # between the claims cannot age it past the 2-s memory
     done = a.now_ms()
     assert a.claim([req("e", done, lease=LeaseTerms(60_000, overlap_allowed=True))])[0].outcome is Outcome.WON
-    adopted, run = a.adopt("e", done, "w1", 60_000)
-    assert adopted and a.release("e", done, run.token)
+    adopted, run = a.leases.adopt("e", done, "w1", 60_000)
+    assert adopted and a.leases.release("e", done, run.token)
     long_queue = LeaseTerms(3_600_000, overlap_allowed=True)
     in_flight = max(a.now_ms(), done + 1)
     assert a.claim([req("e", in_flight, lease=long_queue)])[0].outcome is Outcome.WON
-    finished = a.inspect("e", done)
+    finished = a.leases.inspect("e", done)
     assert finished.state is RunState.FINISHED
 
     # every claim above was made before `finished` was read: one memory later, all but the
@@ -268,8 +268,8 @@ def test_prune_keeps_what_memory_promises(stores):
     assert _rows(a, sql_schema.claims, entry="e", slot_ms=future) == 1
     assert b.claim([req("e", future)])[0].outcome is Outcome.OTHER_WON, "kept until slot + memory"
     assert b.claim([req("e", past)])[0].outcome is Outcome.FORGOTTEN
-    assert a.inspect("e", done) is None, "a finished run is pruned after the memory"
-    assert a.inspect("e", in_flight).state is RunState.QUEUED, "a run in flight is never pruned"
+    assert a.leases.inspect("e", done) is None, "a finished run is pruned after the memory"
+    assert a.leases.inspect("e", in_flight).state is RunState.QUEUED, "a run in flight is never pruned"
     assert {h.slot_ms for h in a.history("e")} >= {past, future, done, in_flight}, "history is kept by count"
 
 
@@ -348,8 +348,8 @@ def test_reads_recreate_missing_tables(stores):
     a.claim([req("e", slot, lease=LeaseTerms(60_000))])
     stores.wipe()
     assert a.history("e") == []
-    assert a.inspect("e", slot) is None
-    assert a.expired_runs(["e"]) == []
+    assert a.leases.inspect("e", slot) is None
+    assert a.leases.expired_runs(["e"]) == []
     assert a.load_definition("e", "fp") is None
 
 
@@ -453,14 +453,14 @@ def test_retried_claim_whose_reply_was_lost_after_a_takeover_is_lost(namespace):
         errors = []
         worker = threading.Thread(target=lambda: _catch(errors, a.claim, [req("e", slot, lease=LEASE_FAST)]))
         worker.start()
-        wait_until(lambda: b.inspect("e", slot), 10, "A's claim to be committed")
+        wait_until(lambda: b.leases.inspect("e", slot), 10, "A's claim to be committed")
         proxy.outage()
         worker.join(10)
         assert errors and isinstance(errors[0], StoreUnavailable), errors
         a.close()
         proxy.restore()
-        expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline to pass")
-        outcome, run = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+        expired = wait_until(lambda: b.leases.expired_runs(["e"]), 10, "the queue deadline to pass")
+        outcome, run = b.leases.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
         assert outcome is TakeoverOutcome.TAKEN and run.attempt == 2
         a2 = via_proxy("A", claim_timeout=2)
         retried = _claim_one(a2, "e", slot, lease=LEASE_FAST)
@@ -487,13 +487,13 @@ def test_takeover_whose_reply_was_lost_is_recognised_when_retried(stores):
     a, b, c = prepared(stores("A")), stores("B"), stores("C")
     slot = fresh_slot(a)
     assert _claim_one(a, "e", slot, lease=LEASE_FAST).outcome is Outcome.WON
-    expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline to pass")
-    first = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
-    again = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+    expired = wait_until(lambda: b.leases.expired_runs(["e"]), 10, "the queue deadline to pass")
+    first = b.leases.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+    again = b.leases.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
     assert first[0] is TakeoverOutcome.TAKEN
     assert again[0] is TakeoverOutcome.TAKEN, again
     assert (again[1].attempt, again[1].token, again[1].owner) == (2, first[1].token, "B")
-    assert c.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000,
+    assert c.leases.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000,
                        max_attempts=3)[0] is TakeoverOutcome.REFUSED
 
 

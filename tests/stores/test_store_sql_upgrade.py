@@ -94,7 +94,7 @@ def _claim(store, entry):
 
 def _adopt(store, slot):
     """A worker of the new version adopts the run the older version queued."""
-    return store.adopt("billing", slot, "worker-1", 60_000)
+    return store.leases.adopt("billing", slot, "worker-1", 60_000)
 
 
 def _write_entry(store):

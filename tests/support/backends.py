@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import ClaimStore, LeaseStore
+from celery_anarchon.stores.base import ClaimStore
 
 
 # -- how to wipe a server (the amnesia case) --------------------------------------------------------
@@ -323,7 +323,7 @@ class Backend:
 
     @property
     def holds_leases(self) -> bool:
-        return isinstance(self._probe(), LeaseStore)
+        return self._probe().leases is not None
 
     @property
     def checks_lateness(self) -> bool:
@@ -371,7 +371,7 @@ def kinds_whose_store(test: Callable[[ClaimStore], bool]) -> tuple[str, ...]:
 #: every store: the contract suite runs on each
 ALL_STORES = tuple(BY_KIND)
 #: the lease stores of docs/design.md (they check lateness on their own clock and hold leases)
-LEASE_STORES = kinds_whose_store(lambda store: isinstance(store, LeaseStore))
+LEASE_STORES = kinds_whose_store(lambda store: store.leases is not None)
 #: stores that refuse late and early claims on their own clock
 LATENESS_STORES = kinds_whose_store(lambda store: store.checks_lateness)
 #: the stores that processes share (the tests of several real processes run on these)

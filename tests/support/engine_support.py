@@ -65,12 +65,12 @@ class Clocks:
 
 
 #: the operations of the store contract a :class:`FaultyStore` counts and can make fail: the
-#: store's own, and those of its parts (``store.instances``, ``store.entries``)
+#: store's own, and those of its parts (``store.leases``, ``store.instances``, ``store.entries``)
 OPERATIONS = (
     "prepare", "now_ms", "claim", "record_many", "history", "history_many", "save_definitions",
-    "load_definition", "inspect", "expired_runs", "take_over", "adopt", "renew", "release",
-    "requeue")
+    "load_definition")
 PART_OPERATIONS = {
+    "leases": ("inspect", "expired_runs", "take_over", "adopt", "renew", "release", "requeue"),
     "instances": ("record_instance", "instances", "remove_instance", "save_fingerprints",
                   "load_fingerprints"),
     "entries": ("entries_version", "entries_epoch", "load_entries", "accept_loss", "put_entry",
@@ -98,9 +98,10 @@ class FaultyStore(MemoryStore):
         self._faults: dict[str, list[Exception]] = collections.defaultdict(list)
         self._lost: dict[str, list[Exception]] = collections.defaultdict(list)
         self._memory: Memory | None = None
-        parts = {id(part): FaultyPart(self, part)
-                 for part in (self.instances, self.entries)}   # the memory store's: one object
-        self.instances, self.entries = parts[id(self.instances)], parts[id(self.entries)]
+        parts = {id(part): FaultyPart(self, part)       # entries and instances: one object
+                 for part in (self.leases, self.instances, self.entries)}
+        self.leases, self.instances, self.entries = (
+            parts[id(self.leases)], parts[id(self.instances)], parts[id(self.entries)])
 
     @property
     def memory(self) -> Memory:
@@ -135,8 +136,8 @@ class FaultyStore(MemoryStore):
 
 
 class FaultyPart:
-    """A part of a :class:`FaultyStore` (its ``instances``, ``entries``) through the same
-    wrapper: each operation of :data:`PART_OPERATIONS` counted in the store's ``calls``, with
+    """A part of a :class:`FaultyStore` (``leases``, ``instances``, ``entries``) through the
+    same wrapper: each operation of :data:`PART_OPERATIONS` counted in the store's ``calls``, with
     the store's faults; everything else is the part's own."""
 
     def __init__(self, store: FaultyStore, part) -> None:
@@ -243,12 +244,12 @@ def expired_run(store: MemoryStore, clocks: Clocks, entry: str = "e", *,
     beat.claim([ClaimRequest(entry, T0_MS, max_late_ms=5_000, task_id="t-1", lease=terms)])
     for _ in range(attempt - 1):
         clocks.advance(lease.queue_timeout_s + 0.001)
-        (run,) = beat.expired_runs([entry])
-        beat.take_over(entry, T0_MS, run.token, queue_timeout_ms=queue_ms, max_attempts=attempt)
+        (run,) = beat.leases.expired_runs([entry])
+        beat.leases.take_over(entry, T0_MS, run.token, queue_timeout_ms=queue_ms, max_attempts=attempt)
     if state is RunState.STARTED:
-        another(store, "runner").adopt(entry, T0_MS, "runner", duration_ms)
+        another(store, "runner").leases.adopt(entry, T0_MS, "runner", duration_ms)
     clocks.advance((duration_ms if state is RunState.STARTED else queue_ms) / 1000 + 0.001)
-    (run,) = beat.expired_runs([entry])
+    (run,) = beat.leases.expired_runs([entry])
     assert (run.state, run.attempt) == (state, attempt), run
     return run
 

@@ -82,13 +82,13 @@ def assert_release_lost_is_never_taken_over(store, entry: str, slot_ms: int, run
     """
     from celery_anarchon.stores.base import RunEvent, RunState, TakeoverOutcome
     from stores_support import wait_until
-    expired = wait_until(lambda: store.expired_runs([entry]), 10, "the stale lease to run out")[0]
+    expired = wait_until(lambda: store.leases.expired_runs([entry]), 10, "the stale lease to run out")[0]
     assert expired.state is RunState.STARTED and expired.token == run.token, "release lost"
-    outcome, record = store.take_over(entry, slot_ms, run.token, queue_timeout_ms=60_000,
+    outcome, record = store.leases.take_over(entry, slot_ms, run.token, queue_timeout_ms=60_000,
                                       max_attempts=3)
     assert outcome is TakeoverOutcome.GIVEN_UP, (outcome, record)
-    assert store.inspect(entry, slot_ms).state is RunState.GIVEN_UP
-    assert not store.expired_runs([entry])
+    assert store.leases.inspect(entry, slot_ms).state is RunState.GIVEN_UP
+    assert not store.leases.expired_runs([entry])
     note = store.history(entry)[0]
     assert note.event is RunEvent.GIVEN_UP and "not taken over" in note.detail, note
     return note

@@ -160,12 +160,12 @@ def test_unconfirmed_takeover_is_retried_and_recognised(sync_rig, opened, namesp
     prepared(a)
     slot = fresh_slot(a)
     assert a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=200))])[0].outcome is Outcome.WON
-    expired = wait_until(lambda: b.expired_runs(["e"]), 10, "the queue deadline to pass")
+    expired = wait_until(lambda: b.leases.expired_runs(["e"]), 10, "the queue deadline to pass")
     ha.pause_replication()
     with pytest.raises(StoreUnavailable, match="synchronous standby"):
-        b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+        b.leases.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
     ha.resume_replication()
-    outcome, run = b.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
+    outcome, run = b.leases.take_over("e", slot, expired[0].token, queue_timeout_ms=60_000, max_attempts=3)
     assert outcome is TakeoverOutcome.TAKEN and (run.attempt, run.owner) == (2, "B"), (outcome, run)
 
 
@@ -183,11 +183,11 @@ def test_a_release_lost_in_a_promotion_is_never_taken_over(async_rig, opened, na
     slot = fresh_slot(a)
     won = a.claim([req("e", slot, lease=LeaseTerms(queue_timeout_ms=60_000))])[0]
     assert won.outcome is Outcome.WON
-    adopted, run = worker.adopt("e", slot, "w1", 500)
+    adopted, run = worker.leases.adopt("e", slot, "w1", 500)
     assert adopted
     ha.wait_replayed()
     ha.pause_replication()
-    assert worker.release("e", slot, run.token)
+    assert worker.leases.release("e", slot, run.token)
     a.close()
     worker.close()
     ha.kill_primary()

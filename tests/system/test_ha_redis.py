@@ -439,12 +439,12 @@ def test_a_takeover_is_confirmed_like_a_claim(namespace):
         request = ClaimRequest(entry="e", slot_ms=slot, max_late_ms=60_000, task_id="t",
                                fingerprint="fp", lease=LeaseTerms(queue_timeout_ms=200))
         assert a.claim([request])[0].outcome is Outcome.WON
-        run = wait_until(lambda: a.expired_runs(["e"]), 10, "the queue deadline")[0]
+        run = wait_until(lambda: a.leases.expired_runs(["e"]), 10, "the queue deadline")[0]
         ha.lag(ha.replicas[0])
-        outcome, record = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        outcome, record = b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
         assert outcome is TakeoverOutcome.REFUSED and record.attempt == 2 and record.owner == "B"
         ha.catch_up(ha.replicas[0])
-        outcome, again = b.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
+        outcome, again = b.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000, max_attempts=3)
         assert outcome is TakeoverOutcome.TAKEN and again.token == record.token
 
 
@@ -464,11 +464,11 @@ def test_a_release_lost_in_a_failover_is_never_taken_over(namespace):
         request = ClaimRequest(entry="e", slot_ms=slot, max_late_ms=60_000, task_id="t",
                                fingerprint="fp", lease=LeaseTerms(queue_timeout_ms=60_000))
         assert a.claim([request])[0].outcome is Outcome.WON
-        adopted, run = worker.adopt("e", slot, "w1", 500)
+        adopted, run = worker.leases.adopt("e", slot, "w1", 500)
         assert adopted
         ha.wait_synced(replica)
         ha.lag(replica)
-        assert worker.release("e", slot, run.token)
+        assert worker.leases.release("e", slot, run.token)
         ha.kill(ha.master)
         ha.promote(replica)
         b = store(ha.url, "B", namespace, confirm_timeout=CONFIRM)

@@ -157,7 +157,7 @@ def test_a_killed_runner_is_replaced_once(kind, acks_late, make_cluster, capsys)
     result = c.client.AsyncResult(second["task_id"])
     assert result.get(timeout=10) == "done" and result.state == "SUCCESS"
     assert first["task_id"] != second["task_id"]
-    assert c.store.inspect("long", c.slot()).state is RunState.FINISHED
+    assert c.store.leases.inspect("long", c.slot()).state is RunState.FINISHED
     # the history keeps the dead attempt, the takeover and the new attempt's task id
     record = {h.slot_ms: h for h in c.store.history("long")}[c.slot()]
     assert (record.event, record.attempt, record.task_id) == (
@@ -209,19 +209,19 @@ def test_a_run_claimed_before_a_pause_is_neither_taken_over_nor_run_while_paused
             c.cluster.wait_log("b1", f"Sending due task {name}")
         pauses = {name: c.store.entries.set_pause(name, Pause("migration", "ops", 0), by="ops").pause
                   for name in ("long", "probe")}
-        wait_until(lambda: c.store.inspect("probe", c.slot()).state is RunState.PAUSED,
+        wait_until(lambda: c.store.leases.inspect("probe", c.slot()).state is RunState.PAUSED,
                    FAST["queue_timeout"] + 4 * FAST["heartbeat"] + 10,
                    f"the probe's takeover to answer paused\n{c.cluster.logs()}", interval=0.2)
         c.worker()
         c.cluster.wait_log("w1", "the entry is paused", timeout=20)
-        assert c.store.inspect("long", c.slot()).state is RunState.PAUSED
+        assert c.store.leases.inspect("long", c.slot()).state is RunState.PAUSED
         for name in ("long", "probe"):
             record = {h.slot_ms: h for h in c.store.history(name)}[c.slot()]
             assert (record.event, record.attempt, record.detail) == (
                 RunEvent.PAUSED, 1, pauses[name].describe()), record
             c.store.entries.set_pause(name, None, by="ops")
         time.sleep(3 * FAST["heartbeat"])        # lease checks after the resume
-        assert c.store.inspect("probe", c.slot()).state is RunState.PAUSED
+        assert c.store.leases.inspect("probe", c.slot()).state is RunState.PAUSED
     finally:
         with c.client.connection_for_write() as conn:
             conn.default_channel.queue_delete(probe_queue)
@@ -260,12 +260,12 @@ def test_a_runner_paused_past_its_lease_learns_it_lost(kind, acks_late, make_clu
     finally:
         os.killpg(group, signal.SIGCONT)
     c.wait_event("lost", timeout=10, attempt=1)
-    run = c.store.inspect("long", c.slot())
+    run = c.store.leases.inspect("long", c.slot())
     assert run.token == second["token"] and run.attempt == 2
     # the old runner's last word to the store: its release by the old token, refused
     wait_until(lambda: "attempt 1 finished, but its lease had been taken over" in c.logs("w1", "w2"),
                15, "the old runner's refused release")
-    after = c.store.inspect("long", c.slot())
+    after = c.store.leases.inspect("long", c.slot())
     assert after.token == second["token"] and after.owner == run.owner, "the old runner took nothing back"
 
 
@@ -276,11 +276,11 @@ def test_a_healthy_runner_pausing_less_than_its_lease_keeps_it(kind, make_cluste
     first = c.wait_event("start", attempt=1)
     group = os.getpgid(first["pid"])
     os.killpg(group, signal.SIGSTOP)
-    paused = c.store.inspect("long", c.slot()).lease_expires_ms
+    paused = c.store.leases.inspect("long", c.slot()).lease_expires_ms
     time.sleep(3)                  # 3 s: well under duration - heartbeat (11 s), whatever the load
     os.killpg(group, signal.SIGCONT)
     # the heartbeat renews after the pause (the lease outlasts the body: this proves it renews)
-    wait_until(lambda: c.store.inspect("long", c.slot()).lease_expires_ms >= paused + 2_000, 30,
+    wait_until(lambda: c.store.leases.inspect("long", c.slot()).lease_expires_ms >= paused + 2_000, 30,
                "a renewal after the pause")
     c.wait_event("end", attempt=1)
     assert [e["attempt"] for e in c.events("start")] == [1]
@@ -306,7 +306,7 @@ def test_a_beat_killed_between_claim_and_send_is_replaced(kind, make_cluster):
 def test_a_message_lost_from_the_broker_is_replaced(kind, make_cluster):
     c = make_cluster(kind, {"long": long_entry(1)})
     c.beat("b1")
-    wait_until(lambda: c.store.inspect("long", c.slot()), 20, "the claim")
+    wait_until(lambda: c.store.leases.inspect("long", c.slot()), 20, "the claim")
     c.cluster.wait_log("b1", "Sending due task long")
     with c.client.connection_for_write() as conn:
         wait_until(lambda: conn.default_channel.queue_purge(c.queue), 10, "the message to purge")
@@ -327,7 +327,7 @@ def test_a_retry_longer_than_the_lease_keeps_its_run(kind, make_cluster):
     assert [(e["retries"], e["attempt"]) for e in starts] == [(0, 1), (1, 1)]
     assert "taken over" not in c.logs("b1")
     # the body wrote "end" and returned; the worker releases the run right after
-    run = wait_until(lambda: (r := c.store.inspect("long", c.slot())) and r.state is RunState.FINISHED
+    run = wait_until(lambda: (r := c.store.leases.inspect("long", c.slot())) and r.state is RunState.FINISHED
                      and r, 10, f"the run to be released\n{c.cluster.logs()}", interval=0.1)
     assert run.attempt == 1
 
@@ -344,21 +344,21 @@ def test_a_task_that_fails_for_good_releases_its_run(kind, acks_late, make_clust
     c.worker()
     c.beat("b1")
     first = c.wait_event("start", attempt=1)
-    run = wait_until(lambda: (r := c.store.inspect("long", c.slot())) and r.state is RunState.FINISHED
+    run = wait_until(lambda: (r := c.store.leases.inspect("long", c.slot())) and r.state is RunState.FINISHED
                      and r, 15, f"the failed run to be released\n{c.cluster.logs()}", interval=0.1)
     assert run.attempt == 1
     result = c.client.AsyncResult(first["task_id"])
     with pytest.raises(ValueError):
         result.get(timeout=10)
     try:
-        wait_until(lambda: (r := c.store.inspect("probe", c.slot())) and r.state is RunState.GIVEN_UP,
+        wait_until(lambda: (r := c.store.leases.inspect("probe", c.slot())) and r.state is RunState.GIVEN_UP,
                    30, f"the probe run to be recorded lost\n{c.cluster.logs()}", interval=0.2)
     finally:
         with c.client.connection_for_write() as conn:
             conn.default_channel.queue_delete(probe_queue)
     assert time.time() > first["time"] + REPLACED_WITHIN_S, "the probe proves nothing this early"
     # a released run is never taken over
-    run = c.store.inspect("long", c.slot())
+    run = c.store.leases.inspect("long", c.slot())
     assert run.state is RunState.FINISHED and run.attempt == 1, run
     assert [e["attempt"] for e in c.events("start")] == [1]
     assert not re.search(r"long: slot \S+ attempt \d+ taken over", c.logs("b1"))
@@ -370,7 +370,7 @@ def test_a_task_that_kills_its_worker_is_tried_max_attempts_then_lost(kind, make
     c.worker(concurrency=1)
     c.beat("b1")
     c.beat("b2")
-    wait_until(lambda: (r := c.store.inspect("long", c.slot())) and r.state is RunState.GIVEN_UP, 60,
+    wait_until(lambda: (r := c.store.leases.inspect("long", c.slot())) and r.state is RunState.GIVEN_UP, 60,
                f"the run to be recorded lost\n{c.cluster.logs()}", interval=0.2)
     assert [e["attempt"] for e in c.events("start")] == [1, 2, 3]
     assert c.store.history("long")[0].event is RunEvent.GIVEN_UP
@@ -459,7 +459,7 @@ def test_a_release_blocked_longer_than_the_lease_still_lands(namespace, caplog):
         won = beat_store.claim([ClaimRequest("e", slot, 60_000, lease=LeaseTerms(10_000))])[0]
         assert won.token is not None
         worker_store = leases._store(app, namespace)
-        adopted, run = worker_store.adopt("e", slot, "w1", 1_000)
+        adopted, run = worker_store.leases.adopt("e", slot, "w1", 1_000)
         assert adopted
         lease = leases.Lease("e", slot, run.attempt, run.token, "w1", 1.0, 0.3,
                              run.lease_expires_ms or 0)
@@ -477,7 +477,7 @@ def test_a_release_blocked_longer_than_the_lease_still_lands(namespace, caplog):
             releasing.join(timeout=20)
         assert not releasing.is_alive()
         assert leases.counters["released"] == before.get("released", 0) + 1
-        assert beat_store.inspect("e", slot).state is RunState.FINISHED
+        assert beat_store.leases.inspect("e", slot).state is RunState.FINISHED
         assert not lease.lost and "lost its lease" not in caplog.text
         assert "released after" in caplog.text
     finally:

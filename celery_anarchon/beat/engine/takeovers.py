@@ -22,7 +22,7 @@ from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.beat.engine.sends import Send, SendQueue
 from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan, task_id_for
-from celery_anarchon.stores.base import LeasedRun, LeaseStore, RunState, TakeoverOutcome
+from celery_anarchon.stores.base import ClaimStore, LeasedRun, RunState, TakeoverOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def grace_s(plan: EntryPlan) -> float:
 class Takeovers:
     """Lease checks, takeovers and the takeovers waiting for their answer.
 
-    :param store: the lease store.
+    :param store: a store that holds leases (its ``leases`` part).
     :param namespace: ``anarchon_namespace``, part of every task id.
     :param monotonic: the clock of elapsed time.
     :param rng: the source of each check's random offset.
@@ -69,7 +69,7 @@ class Takeovers:
     :param observer: told of the lease checks' round trips and of each takeover's outcome.
     """
 
-    def __init__(self, store: LeaseStore, namespace: str, monotonic: Callable[[], float],
+    def __init__(self, store: ClaimStore, namespace: str, monotonic: Callable[[], float],
                  rng: random.Random, stats: collections.Counter, outage: Outage,
                  sends: SendQueue, *, observer: Observer = NOOP) -> None:
         self.store = store
@@ -107,7 +107,7 @@ class Takeovers:
         self.next_check = (math.floor(now / period) + 1) * period + self.rng.uniform(0, period)
         try:
             started = time.perf_counter()
-            expired = self.store.expired_runs([p.name for p in leased])
+            expired = self.store.leases.expired_runs([p.name for p in leased])
             self.observer.store_round_trip("lease_check", time.perf_counter() - started)
         except StoreError as exc:
             self.outage.last_error_at = now
@@ -166,7 +166,7 @@ class Takeovers:
         # own takeover answers the record it made): that attempt's task id goes in the history
         task_id = task_id_for(self.namespace, plan.name, run.slot_ms, run.attempt + 1)
         try:
-            outcome, new = self.store.take_over(
+            outcome, new = self.store.leases.take_over(
                 run.entry, run.slot_ms, run.token, queue_timeout_ms=int(lease.queue_timeout_s * 1000),
                 max_attempts=lease.max_attempts, task_id=task_id)
         except StoreError as exc:

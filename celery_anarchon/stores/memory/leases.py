@@ -1,5 +1,5 @@
 """The lease operations of a memory store (docs/design.md "Leases"), in readable Python: what
-:class:`~celery_anarchon.stores.base.LeaseStore` states, as the SQL stores
+:class:`~celery_anarchon.stores.parts.Leases` states, as the SQL stores
 (:mod:`celery_anarchon.stores.sql.leases`) and the Redis Lua
 (:mod:`celery_anarchon.stores.redis.lease_scripts`) do it.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from celery_anarchon._util import iso
@@ -21,7 +22,8 @@ from celery_anarchon.stores.base import (
 )
 from celery_anarchon.stores.memory import history
 from celery_anarchon.stores.memory.notes import MemoryStart, fences, memory_start, since
-from celery_anarchon.stores.memory.state import OPEN_STATES, Fence, Run, Space
+from celery_anarchon.stores.memory.state import OPEN_STATES, Fence, Run, Server, Space
+from celery_anarchon.stores.parts import Leases
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,10 +46,26 @@ def record_of(space: Space, entry: str, slot_ms: int, now: int) -> Run | None:
     return run
 
 
-class MemoryLeases:
-    """inspect, expired_runs, take_over, adopt, renew, release, requeue: the lease operations of
-    :class:`~celery_anarchon.stores.memory.store.MemoryStore` (a part of its class, on its
-    ``operation``, ``note``, ``instance_id``, ``memory_ms`` and ``history_size``)."""
+class MemoryLeases(Leases):
+    """inspect, expired_runs, take_over, adopt, renew, release, requeue: the ``leases`` part of
+    :class:`~celery_anarchon.stores.memory.store.MemoryStore`, given what it needs of it.
+
+    :param operation: ``operation(what)``: the store's lock held for one operation, as a context
+        of ``(server, space, now)``.
+    :param note: ``note(server, space, now, claiming=False)``: the namespace's memory start.
+    :param where: ``memory store <url>``, for messages.
+    :param memory_ms: the store's memory, ms: an ended run is kept that long.
+    """
+
+    def __init__(self, *, instance_id: str, history_size: int, memory_ms: int, where: str,
+                 operation: Callable[[str], AbstractContextManager[tuple[Server, Space, int]]],
+                 note: Callable[..., MemoryStart]) -> None:
+        self.instance_id = instance_id
+        self.history_size = history_size
+        self.memory_ms = memory_ms
+        self.where = where
+        self.operation = operation
+        self.note = note
 
     def _op(self, what: str, entry: str, slot_ms: int,
             op: Callable[[Space, Fence, MemoryStart, Run | None, int], T]) -> T:
@@ -102,7 +120,7 @@ class MemoryLeases:
     def take_over(self, entry: str, slot_ms: int, expected_token: int, *, queue_timeout_ms: int,
                   max_attempts: int, task_id: str = "") -> tuple[TakeoverOutcome, LeasedRun | None]:
         """One compare-and-set on ``expected_token``, then, in the contract's order
-        (:meth:`~celery_anarchon.stores.base.LeaseStore.take_over`): paused, given up (the
+        (:meth:`~celery_anarchon.stores.parts.Leases.take_over`): paused, given up (the
         store may have lost writes to the record), superseded, given up (max_attempts), taken."""
         me = self.instance_id
 

@@ -31,7 +31,7 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores._common import reject_unknown_options, scheme_of
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, ClaimRequest, ClaimResult,
-    HistoryRecord, LeaseStore, Memory, RunEvent,
+    ClaimStore, HistoryRecord, Memory, RunEvent,
 )
 from celery_anarchon.stores.memory import history
 from celery_anarchon.stores.memory.claims import ClaimBatch
@@ -50,10 +50,10 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class MemoryStore(MemoryLeases, LeaseStore):
-    """A lease store and an entry store held in this process (module docstring): the lease
-    operations are :class:`.leases.MemoryLeases`; its ``entries`` and ``instances`` are one
-    part, :class:`.entries.MemoryEntries`.
+class MemoryStore(ClaimStore):
+    """A store held in this process (module docstring) with every part: its ``leases`` are
+    :class:`.leases.MemoryLeases`; its ``entries`` and ``instances`` are one part,
+    :class:`.entries.MemoryEntries`.
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered,
     default 3600; recorded in the store: every instance must use the same value, as on SQL),
@@ -96,6 +96,10 @@ class MemoryStore(MemoryLeases, LeaseStore):
         self.entries = self.instances = MemoryEntries(
             namespace=namespace, memory_ms=self.memory_ms, operation=self.operation,
             note=self.note)
+        #: the records of leased runs
+        self.leases = MemoryLeases(
+            instance_id=instance_id, history_size=self.history_size, memory_ms=self.memory_ms,
+            where=self.where, operation=self.operation, note=self.note)
 
     @property
     def where(self) -> str:

@@ -31,7 +31,7 @@ After a failover redis-py's slot map is stale: the connection reloads it (:mod:`
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores.base import (
@@ -44,7 +44,7 @@ from celery_anarchon.stores.redis.cluster_keys import SlotKeys, parse_cluster_ur
 from celery_anarchon.stores.redis.history import (
     HISTORY_BATCH, RedisHistory, _items, history_records,
 )
-from celery_anarchon.stores.redis.lease import RedisLeaseStore, _run, claim_args
+from celery_anarchon.stores.redis.lease import RedisLeases, RedisLeaseStore, _run, claim_args
 from celery_anarchon.stores.redis.store import claim_results
 
 
@@ -84,6 +84,31 @@ class ClusterHistory(RedisHistory):
         return out
 
 
+def by_slot(entries: Iterable[str], slot_of: Callable[[str], int]) -> dict[int, list[str]]:
+    """``entries`` (each once, in order) grouped by their hash slot (``slot_of``)."""
+    groups: dict[int, list[str]] = defaultdict(list)
+    for entry in dict.fromkeys(entries):
+        groups[slot_of(entry)].append(entry)
+    return groups
+
+
+class ClusterLeases(RedisLeases):
+    """The leases part on a Redis Cluster: every operation on one run is one script in its
+    entry's slot; the scan for expired runs is one script per slot, pipelined per master."""
+
+    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
+        """Expired leased runs: one scan script per slot, pipelined per master."""
+        c = self.connection
+        groups = by_slot(entries, c.slots.slot_of_entry)
+        calls = [c.slot_call("expired_runs", slot, [k for e in names for k in self._block(e)], [])
+                 for slot, names in groups.items()]
+        found = []
+        for names, (reply, _) in zip(groups.values(), c.rounds(calls) if calls else []):
+            found += [_run(names[int(f["b"]) - 1], int(f["s"]), {"now": reply["now"], "run": f["r"]})
+                      for f in _items(reply.get("runs"))]
+        return found
+
+
 class RedisClusterStore(RedisLeaseStore):
     """Redis Cluster, strategy ``lease`` (see the module docstring); the options are
     :class:`~celery_anarchon.stores.redis.store.RedisStore`'s but ``strategy`` (only ``lease``),
@@ -97,6 +122,7 @@ class RedisClusterStore(RedisLeaseStore):
     title = "Redis Cluster store"
     history_class = ClusterHistory
     entries_class = ClusterEntries
+    leases_class = ClusterLeases
 
     def __init__(self, url: str, *, namespace: str, instance_id: str, **options) -> None:
         strategy = options.get("strategy", "lease")
@@ -128,10 +154,7 @@ class RedisClusterStore(RedisLeaseStore):
 
     # -- the calls of the lease store, by slot -------------------------------------------------
     def _by_slot(self, entries: Iterable[str]) -> dict[int, list[str]]:
-        groups: dict[int, list[str]] = defaultdict(list)
-        for entry in dict.fromkeys(entries):
-            groups[self.slots.slot_of_entry(entry)].append(entry)
-        return groups
+        return by_slot(entries, self.slots.slot_of_entry)
 
     def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
         """Claim the batch: one claim script per hash slot, pipelined per master with its
@@ -155,17 +178,6 @@ class RedisClusterStore(RedisLeaseStore):
             for i, result in zip(indexes, got):
                 results[i] = result
         return results
-
-    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
-        """Expired leased runs: one scan script per slot, pipelined per master."""
-        c, groups = self.connection, self._by_slot(entries)
-        calls = [c.slot_call("expired_runs", slot, [k for e in names for k in self._block(e)], [])
-                 for slot, names in groups.items()]
-        found = []
-        for names, (reply, _) in zip(groups.values(), c.rounds(calls) if calls else []):
-            found += [_run(names[int(f["b"]) - 1], int(f["s"]), {"now": reply["now"], "run": f["r"]})
-                      for f in _items(reply.get("runs"))]
-        return found
 
     def now_ms(self) -> int:
         """The ``TIME`` of the master serving the namespace's slot, UTC ms."""

@@ -8,7 +8,7 @@ strategy asked for (:data:`celery_anarchon.stores.redis.STRATEGIES`).
 Every claim decision is taken inside one Lua script per batch, on the server's ``TIME``
 (docs/design.md "Clocks"); leases are compare-and-sets in one script per operation. The scripts live
 in :mod:`celery_anarchon.stores.redis.lease_scripts` (on the prelude of :mod:`.scripts`); the
-semantics are those of every lease store (:class:`~celery_anarchon.stores.base.LeaseStore`).
+semantics are those of every leases part (:class:`~celery_anarchon.stores.parts.Leases`).
 
 Key layout: every key of one entry shares one hash tag; the namespace has one store-wide hash::
 
@@ -35,61 +35,32 @@ it) with the ``master_name`` option uses ``redis.sentinel.Sentinel(...).master_f
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import ClassVar
 
 from celery_anarchon.stores.base import (
-    DEFAULT_MEMORY_S, ClaimRequest, ClaimResult, LeasedRun, LeaseStore, Memory, RunState,
-    TakeoverOutcome,
+    DEFAULT_MEMORY_S, ClaimRequest, ClaimResult, LeasedRun, Memory, RunState, TakeoverOutcome,
 )
+from celery_anarchon.stores.parts import Leases
 from celery_anarchon import _util
 from celery_anarchon.stores.redis.lease_scripts import SCRIPTS
 from celery_anarchon.stores.redis.history import _items
+from celery_anarchon.stores.redis.connection import RedisConnection
 from celery_anarchon.stores.redis.store import RedisStore, claim_results
 
 
-class RedisLeaseStore(RedisStore, LeaseStore):
-    """Redis, strategy ``lease``: claims, history and leases in Lua scripts on the server clock
-    (the options are :class:`~celery_anarchon.stores.redis.store.RedisStore`'s)."""
+class RedisLeases(Leases):
+    """The ``leases`` part of a Redis store of strategy ``lease``: every decision in a Lua script
+    (:mod:`.lease_scripts`) on the server's clock (docs/design.md "Leases").
 
-    strategy = "lease"
+    :param connection: the store's connection (its scripts, round trips and confirmation).
+    :param block: ``block(entry)``: the keys every shared script takes for ``entry``.
+    """
 
-    def _configure(self, options: dict) -> None:
-        """Read the strategy's own options (validated; ConfigError naming option and value)."""
-        self.memory_s = _util.seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
-        #: ms sent in every script's header (the lease strategy's memory)
-        self._memory_ms = max(1, round(self.memory_s * 1000))
+    def __init__(self, connection: RedisConnection, block: Callable[[str], list[str]]) -> None:
+        self.connection = connection
+        self._block = block
 
-    def memory_settings(self) -> tuple[str, int]:
-        """(text, horizon ms): the settings that decide this store's memory, as recorded
-        store-wide (spec point 5), and how long a claim made under them stays claimable (another
-        instance may replace them once unused for longer than its own horizon + 20 s)."""
-        return f"strategy=lease memory={self.memory_s:g}s", self._memory_ms
-
-    @property
-    def memory(self) -> Memory:
-        return Memory(duration_s=self.memory_s)
-
-    def describe(self) -> str:
-        return f"redis strategy={self.strategy} memory={self.memory_s:g}s"
-
-    def _script_texts(self) -> dict[str, str]:
-        """The Lua scripts this strategy runs, by name."""
-        return SCRIPTS
-
-    # -- claims -------------------------------------------------------------------------------
-    def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
-        """Claim the batch in one EVALSHA (docs/design.md "One run, in time" step 3): already claimed,
-        paused, forgotten, late, early, superseded, overlapping, then won, all on the server's clock; the
-        batch's confirmation (``durability``) rides in the same round trip. A won claim not
-        confirmed in time answers UNCONFIRMED; a retried claim answers WON only for attempt 1
-        (a run taken over since is LOST, winner the current attempt's sender)."""
-        if not requests:
-            return []
-        blocks: dict[str, int] = {}
-        args = claim_args(requests, blocks)
-        reply, unconfirmed = self.connection.claim_call([k for e in blocks for k in self._block(e)], args)
-        return self._unconfirmed(claim_results(requests, reply), unconfirmed)
-    # -- leases (docs/design.md "Leases"; every decision on the server's clock) ---------------------
     def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
         """The run's record with store_ms = the server's clock now, or None."""
         reply = self.connection.call("inspect", self._block(entry), int(slot_ms))
@@ -155,6 +126,62 @@ class RedisLeaseStore(RedisStore, LeaseStore):
         return reply["done"] == "1"
 
 
+class RedisLeaseStore(RedisStore):
+    """Redis, strategy ``lease``: claims, history and leases (its ``leases`` part,
+    :class:`RedisLeases`) in Lua scripts on the server clock (the options are
+    :class:`~celery_anarchon.stores.redis.store.RedisStore`'s)."""
+
+    strategy = "lease"
+    checks_lateness = True
+
+    def _configure(self, options: dict) -> None:
+        """Read the strategy's own options (validated; ConfigError naming option and value)."""
+        self.memory_s = _util.seconds("memory", options.get("memory", DEFAULT_MEMORY_S))
+        #: ms sent in every script's header (the lease strategy's memory)
+        self._memory_ms = max(1, round(self.memory_s * 1000))
+
+    def memory_settings(self) -> tuple[str, int]:
+        """(text, horizon ms): the settings that decide this store's memory, as recorded
+        store-wide (spec point 5), and how long a claim made under them stays claimable (another
+        instance may replace them once unused for longer than its own horizon + 20 s)."""
+        return f"strategy=lease memory={self.memory_s:g}s", self._memory_ms
+
+    @property
+    def memory(self) -> Memory:
+        return Memory(duration_s=self.memory_s)
+
+    def describe(self) -> str:
+        return f"redis strategy={self.strategy} memory={self.memory_s:g}s"
+
+    def _script_texts(self) -> dict[str, str]:
+        """The Lua scripts this strategy runs, by name."""
+        return SCRIPTS
+
+    # -- claims -------------------------------------------------------------------------------
+    def claim(self, requests: Sequence[ClaimRequest]) -> list[ClaimResult]:
+        """Claim the batch in one EVALSHA (docs/design.md "One run, in time" step 3): already claimed,
+        paused, forgotten, late, early, superseded, overlapping, then won, all on the server's clock; the
+        batch's confirmation (``durability``) rides in the same round trip. A won claim not
+        confirmed in time answers UNCONFIRMED; a retried claim answers WON only for attempt 1
+        (a run taken over since is LOST, winner the current attempt's sender)."""
+        if not requests:
+            return []
+        blocks: dict[str, int] = {}
+        args = claim_args(requests, blocks)
+        reply, unconfirmed = self.connection.claim_call([k for e in blocks for k in self._block(e)], args)
+        return self._unconfirmed(claim_results(requests, reply), unconfirmed)
+
+    # -- the parts ----------------------------------------------------------------------------
+    #: the leases part's class (the Cluster store's scans by hash slot)
+    leases_class: ClassVar[type[RedisLeases]] = RedisLeases
+
+    def _parts(self) -> None:
+        """The parts of every strategy, and the leases."""
+        super()._parts()
+        #: the records of leased runs
+        self.leases = self.leases_class(self.connection, self._block)
+
+
 def claim_args(requests: Sequence[ClaimRequest], blocks: dict[str, int]) -> list:
     """The ARGV items of the claim script for ``requests`` (:data:`.lease_scripts.CLAIM_ITEMS`
     each, in the order the script reads them); ``blocks`` maps each entry to its block number
@@ -180,3 +207,4 @@ def _run(entry: str, slot_ms: int, reply: dict) -> LeasedRun | None:
                      lease_expires_ms=int(r["x"]) if r.get("x") else None,
                      queue_deadline_ms=int(r["q"]) if r.get("q") else None,
                      store_ms=int(reply["now"]))
+

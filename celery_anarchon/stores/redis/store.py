@@ -40,7 +40,7 @@ class RedisStore(ClaimStore):
     """Redis: claims and history in Lua scripts on the server clock, and (every strategy) store
     entries, pauses, run-now requests (:mod:`.entries`; the pause is checked inside each claim
     script) and instance records (:mod:`.instances`); the ``lease`` strategy
-    (:class:`~celery_anarchon.stores.redis.lease.RedisLeaseStore`) holds leases too.
+    (:class:`~celery_anarchon.stores.redis.lease.RedisLeaseStore`) has a ``leases`` part too.
 
     Each strategy is a subclass; ``open_store`` builds the one the ``strategy`` option names
     (:func:`celery_anarchon.stores.redis.open_redis_store`).

@@ -18,6 +18,7 @@ from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.base import (
     LATENESS_TOLERANCE_MS, LeasedRun, RunEvent, RunState, TakeoverOutcome,
 )
+from celery_anarchon.stores.parts import Leases
 from celery_anarchon.stores.sql import schema
 from celery_anarchon.stores.sql.memory import Fence
 
@@ -28,8 +29,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SQLLeases:
-    """inspect, expired_runs, take_over, adopt, renew, release, requeue (see base.LeaseStore).
+class SQLLeases(Leases):
+    """inspect, expired_runs, take_over, adopt, renew, release, requeue: the ``leases`` part of
+    the SQL stores (:class:`~celery_anarchon.stores.parts.Leases`).
 
     :param run: ``run(what, work, *, write=True, unconfirmed=None)``: ``work(conn)`` in one
         transaction of the store, driver errors turned into StoreUnavailable.

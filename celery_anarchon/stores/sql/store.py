@@ -47,8 +47,7 @@ from celery_anarchon.stores._common import reject_unknown_options
 from celery_anarchon.stores.sql import options as sql_options, schema
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S,
-    ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, LeaseStore, Memory, RunEvent,
-    TakeoverOutcome,
+    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, Memory, RunEvent,
 )
 from celery_anarchon.stores.sql.claims import SQLClaims
 from celery_anarchon.stores.sql.connection import SQLConnection
@@ -64,11 +63,11 @@ log = logging.getLogger(__name__)
 PRUNE_INTERVAL_S = 5.0
 
 
-class SQLStore(LeaseStore):
+class SQLStore(ClaimStore):
     """The shared implementation of :class:`~.postgresql.PostgreSQLStore` and
-    :class:`~.sqlite.SQLiteStore`: a lease store whose parts are ``entries`` (store entries,
-    pauses, run-now requests: :class:`~.entries.SQLEntries`) and ``instances`` (instance
-    records: :class:`~.instances.SQLInstances`).
+    :class:`~.sqlite.SQLiteStore`, with every part: ``leases`` (:class:`~.leases.SQLLeases`),
+    ``entries`` (store entries, pauses, run-now requests: :class:`~.entries.SQLEntries`) and
+    ``instances`` (instance records: :class:`~.instances.SQLInstances`).
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered, default
     3600, docs/design.md "Timing"; recorded in the store: every instance must use the same value),
@@ -134,8 +133,8 @@ class SQLStore(LeaseStore):
             namespace=ns, instance_id=me, memory_s=self.memory_s, memory_ms=self.memory_ms,
             insert=c.insert, note_store=note, lock_entries=lock, pauses=self.entries.pauses,
             save_fences=fences, now_us=c.now_us, history=self._history)
-        #: the lease operations
-        self._leases = SQLLeases(
+        #: the records of leased runs
+        self.leases = SQLLeases(
             namespace=ns, instance_id=me, memory_ms=self.memory_ms, kind=self.kind,
             safe_url=self.safe_url, run=c.run, lock_entries=lock, note_store=note,
             save_fences=fences, now_us=c.now_us, history_row=self._history.row,
@@ -257,31 +256,3 @@ class SQLStore(LeaseStore):
                 deleted += conn.execute(sa.delete(table).where(table.c.keep_until_ms < now)).rowcount
             return deleted + self.entries.prune(conn, now) + self.instances.prune(conn, now)
         return self.connection.run("prune", work)
-
-    # -- leases (docs/design.md "Leases"; :class:`~.leases.SQLLeases`) ----------------------------
-    def inspect(self, entry: str, slot_ms: int) -> LeasedRun | None:
-        return self._leases.inspect(entry, slot_ms)
-
-    def expired_runs(self, entries: Iterable[str]) -> list[LeasedRun]:
-        return self._leases.expired_runs(entries)
-
-    def take_over(self, entry: str, slot_ms: int, expected_token: int, *,
-                  queue_timeout_ms: int, max_attempts: int,
-                  task_id: str = "") -> tuple[TakeoverOutcome, LeasedRun | None]:
-        return self._leases.take_over(entry, slot_ms, expected_token,
-                                      queue_timeout_ms=queue_timeout_ms, max_attempts=max_attempts,
-                                      task_id=task_id)
-
-    def adopt(self, entry: str, slot_ms: int, owner: str, duration_ms: int) -> tuple[bool, LeasedRun | None]:
-        return self._leases.adopt(entry, slot_ms, owner, duration_ms)
-
-    def renew(self, entry: str, slot_ms: int, token: int, owner: str, duration_ms: int) -> LeasedRun | None:
-        return self._leases.renew(entry, slot_ms, token, owner, duration_ms)
-
-    def release(self, entry: str, slot_ms: int, token: int) -> bool:
-        return self._leases.release(entry, slot_ms, token)
-
-    def requeue(self, entry: str, slot_ms: int, token: int, *, delay_ms: int,
-                queue_timeout_ms: int) -> bool:
-        return self._leases.requeue(entry, slot_ms, token, delay_ms=delay_ms,
-                                    queue_timeout_ms=queue_timeout_ms)
