@@ -450,7 +450,7 @@ class Harness:
         """Keep every distinct history record seen (a restart without persistence wipes them)."""
         try:
             for entry in chaos_app.SCHEDULE:
-                for rec in self.store.history(entry, limit=HISTORY_SIZE):
+                for rec in self.store.history.read(entry, limit=HISTORY_SIZE):
                     key = (rec.entry, rec.slot_ms, rec.event.value, rec.instance, rec.attempt)
                     if key not in self.history:
                         self.history[key] = {"entry": rec.entry, "slot_ms": rec.slot_ms,

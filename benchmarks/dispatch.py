@@ -465,7 +465,7 @@ class Run:
         reasons = collections.Counter()
         for entry in sorted({e for e, _ in missing}):
             name = f"e{entry:05d}"
-            by_slot = {h.slot_ms: h for h in store.history(name, limit=500)}
+            by_slot = {h.slot_ms: h for h in store.history.read(name, limit=500)}
             for e, s in missing:
                 if e != entry:
                     continue
@@ -852,7 +852,7 @@ PROFILE_FUNCTIONS = [
     ("Task.apply_async", "      of which building and buffering messages (apply_async)"),
     ("PublishBatch.flush", "      of which kombu's batch write (pipelined LPUSH)"),
     ("NoteBuffer.flush", "    writing history notes"),
-    ("RedisStore.record_many", "      of which one pipelined EVALSHA per note"),
+    ("RedisHistory.record_many", "      of which one pipelined EVALSHA per note"),
     ("SocketBuffer._read_from_socket", "waiting for a Redis reply (any)"),
 ]
 

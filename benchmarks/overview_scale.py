@@ -105,9 +105,9 @@ def seed(app: Celery, kind: str, history: int) -> float:
                  for i, n in enumerate(names) for d in range(1, history + 1)]
         if kind == "redis":
             for start in range(0, len(notes), 5000):
-                store.record_many(notes[start:start + 5000])
+                store.history.record_many(notes[start:start + 5000])
         else:
-            part = store._history
+            part = store.history
             rows = [part.row(r.entry, r.slot_ms, r.event, today, task_id=r.task_id) for r in notes]
             store.connection.run("seed history", lambda conn: part.write(conn, rows, replace=True, trim=False))
     finally:

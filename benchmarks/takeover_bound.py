@@ -115,7 +115,7 @@ def store_offset_s(store, slot_ms: int):
 def taken_over_ms(store, slot_ms: int) -> int | None:
     """The store's time of the ``taken_over`` record of ``slot_ms`` (the run's latest record, or
     one of its earlier ones once attempt 2 recorded more)."""
-    for record in store.history(ENTRY):
+    for record in store.history.read(ENTRY):
         if record.slot_ms == slot_ms:
             for r in (record, *record.earlier):
                 if r.event is RunEvent.TAKEN_OVER:

@@ -124,7 +124,7 @@ class Demo:
         for name, item in app.conf.beat_schedule.items():
             entry = ScheduleEntry(name=name, app=app, **item)
             slots = slots_for(entry.schedule, entry=name, app_timezone=app.timezone)
-            history = {h.slot_ms: h for h in store.history(name, limit=1000)}
+            history = {h.slot_ms: h for h in store.history.read(name, limit=1000)}
             want, s = [], slots.next_after(int(start * 1000) - 1)
             while s <= end * 1000:
                 want.append(s)

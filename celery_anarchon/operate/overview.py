@@ -2,9 +2,9 @@
 what the status page shows.
 
 :func:`overview` reads the store once per part (clock, instances, entries and pauses, every
-entry's history in a few round trips with ``history_many``, leases) and returns JSON-able
-values only (str, int, float, bool, None, lists, dicts): no click, no Celery objects, no password
-(the store's URL is :attr:`~ClaimStore.safe_url`). A store that cannot be reached gives
+entry's history in a few round trips with ``store.history.read_many``, leases) and returns
+JSON-able values only (str, int, float, bool, None, lists, dicts): no click, no Celery objects,
+no password (the store's URL is :attr:`~ClaimStore.safe_url`). A store that cannot be reached gives
 ``store.reachable = False`` and the parts it could not read empty, never an exception: a status
 view must show an outage, not fail on it; what only the store knows (pauses, leases, instances,
 run-now requests) is then ``None`` and each entry's ``state`` is ``"unknown"``, never
@@ -179,10 +179,11 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     config = config_items(app)
     histories: dict[str, list[HistoryRecord]] = {}
     if reachable and runs:
-        try:   # every entry's runs in a few round trips (ClaimStore.history_many)
+        try:   # every entry's runs in a few round trips (History.read_many)
             # a name no store can encode (a lone surrogate) has no runs: beat refuses it
-            histories = store.history_many([e.name for e in listed
-                                            if limits.undecodable(e.name) is None], limit=runs)
+            histories = store.history.read_many([e.name for e in listed
+                                                 if limits.undecodable(e.name) is None],
+                                                limit=runs)
         except StoreError as exc:
             part["reachable"], part["error"], reachable = False, str(exc), False
     cache, used = plan_cache(app, settings, store), set()

@@ -130,7 +130,7 @@ def fingerprint_views(store: ClaimStore, records: list[InstanceRecord], stored: 
             disagreements.append({"entry": name, "definitions": [
                 {"fingerprint": fp, "source": source, "instances": hosts,
                  "definition": (store_text[(source, fp)] if source == SOURCE_STORE
-                                else store.load_definition(name, fp))}
+                                else store.history.load_definition(name, fp))}
                 for (source, fp), hosts in sorted(groups.items(), key=lambda g: (g[0][0],
                                                                                 g[0][1] or ""))],
                 "fix": clash_fix(name) if store_text else None})

@@ -30,7 +30,7 @@ from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory, mask_url  # noq
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.schedule.timing import LEASE_STORE_NAMES, LeaseTerms  # noqa: F401  (re-exported)
 from celery_anarchon.stores.entry_store import ENTRY_STORE_NAMES, Entries, Instances
-from celery_anarchon.stores.parts import Leases
+from celery_anarchon.stores.parts import History, Leases
 from celery_anarchon.stores.records import (  # noqa: F401  (re-exported)
     AFTER_SEND, DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, MAX_EARLIER,
     SEND_NOTES, SKIP_EVENTS, ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, Outcome,
@@ -46,9 +46,10 @@ class ClaimStore(abc.ABC):
     answer within ``claim_timeout`` seconds, and never anything that would let a caller send blind.
 
     What a store keeps besides claims are its parts, each an object of a contract of its own,
-    built by the backend's constructor: :attr:`instances` and :attr:`entries`
-    (:mod:`celery_anarchon.stores.entry_store`), :attr:`leases` (:mod:`celery_anarchon.stores.parts`).
-    A part a store cannot hold is ``None``.
+    built by the backend's constructor: :attr:`history` and :attr:`leases`
+    (:mod:`celery_anarchon.stores.parts`), :attr:`instances` and :attr:`entries`
+    (:mod:`celery_anarchon.stores.entry_store`). A part a store cannot hold is ``None``; every
+    store has a history.
     """
 
     #: short backend name for logs and docs ("redis", "postgresql", "sqlite", ...)
@@ -59,6 +60,9 @@ class ClaimStore(abc.ABC):
     #: store that cannot read the winner back answers UNKNOWN instead (a possible miss)
     recognises_winner: ClassVar[bool] = True
 
+    #: the history of runs and the texts of definitions (:class:`~.parts.History`): every
+    #: backend has it
+    history: History
     #: the instance records (:class:`~.entry_store.Instances`): every backend of the registry
     #: has them; ``None`` for a store without them (it still runs: no heartbeat, no status)
     instances: Instances | None = None
@@ -130,60 +134,6 @@ class ClaimStore(abc.ABC):
 
         :raises StoreUnavailable: the outcome is unknown; retry with the same requests.
         """
-
-    # -- history ------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
-               attempt: int = 1, detail: str = "") -> None:
-        """Write an event of a run into its history, as this instance.
-
-        Events in :data:`SKIP_EVENTS` only fill a run with no record yet; other events replace
-        the record, but a note of :data:`SEND_NOTES` never replaces a later attempt's record nor
-        one of :data:`AFTER_SEND` of its own attempt. Keeps the newest ``history_size`` runs of
-        the entry.
-        """
-
-    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
-        """Write several :meth:`record` events, in one round trip where the backend allows it."""
-        for note in notes:
-            self.record(note.entry, note.slot_ms, note.event, task_id=note.task_id,
-                        attempt=note.attempt, detail=note.detail)
-
-    @abc.abstractmethod
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        """The entry's newest runs, newest first (at most ``limit`` or ``history_size``)."""
-
-    def history_many(self, entries: Iterable[str],
-                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
-        """The newest runs of each of ``entries``, as :meth:`history` gives them, read in as few
-        round trips as the backend allows (this default: one :meth:`history` per entry).
-
-        :param entries: entry names (a name given twice is read once).
-        :param limit: runs per entry, at most (default and cap ``history_size``); below 1: none.
-        :returns: ``{entry: runs newest first}``, with a key for every name (``[]``: no runs).
-        :raises StoreUnavailable: the store cannot be reached (nothing is returned).
-        """
-        names = list(dict.fromkeys(entries))
-        if limit is not None and int(limit) < 1:
-            return {name: [] for name in names}
-        return {name: self.history(name, limit) for name in names}
-
-    # -- definitions (fingerprints) -------------------------------------------------------------
-    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
-        """Remember what a fingerprint stands for, so another instance can name it. Optional."""
-
-    def save_definitions(self, definitions: Iterable[tuple[str, str, str]]) -> None:
-        """:meth:`save_definition` for each ``(entry, fingerprint, text)``; a store that can
-        writes them in a few round trips (the start-up of 100,000 entries saves every one).
-
-        :raises StoreError: the store cannot be reached (some may be saved).
-        """
-        for entry, fingerprint, text in definitions:
-            self.save_definition(entry, fingerprint, text)
-
-    def load_definition(self, entry: str, fingerprint: str) -> str | None:
-        """The text saved for ``fingerprint``, or ``None`` if unknown. Optional."""
-        return None
 
 
 def lease_store(store: ClaimStore) -> Leases:

@@ -1,7 +1,7 @@
-"""The parts of a store that not every store has, or that every store has but keeps apart from
-its claims: each an abstract contract of its own, which a backend implements in a module of its
-own and gives to its store (``store.leases``); callers use the part
-(``store.leases.renew(...)``). The entries and instance records parts are in
+"""The history and leases parts of a store: each an abstract contract of its own, which a
+backend implements in a module of its own and gives to its store (``store.history``,
+``store.leases``); callers use the part (``store.history.read(...)``,
+``store.leases.renew(...)``). The entries and instance records parts are in
 :mod:`celery_anarchon.stores.entry_store`; the store's own contract in
 :mod:`celery_anarchon.stores.base`.
 
@@ -10,9 +10,73 @@ Units as in :mod:`celery_anarchon.stores.base`: UTC integer milliseconds, the st
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from celery_anarchon.stores.records import LeasedRun, TakeoverOutcome
+from celery_anarchon.stores.records import HistoryRecord, LeasedRun, RunEvent, TakeoverOutcome
+
+
+class History(abc.ABC):
+    """A store's ``history`` part, which every store has: one record per run, the newest
+    ``history_size`` runs of each entry, and the texts of the definitions that instances'
+    fingerprints stand for.
+
+    Every operation raises :class:`~celery_anarchon.errors.StoreUnavailable` as the claim
+    store's do.
+    """
+
+    @abc.abstractmethod
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """Write an event of a run into its history, as this instance.
+
+        Events in :data:`~.records.SKIP_EVENTS` only fill a run with no record yet; other
+        events replace the record, but a note of :data:`~.records.SEND_NOTES` never replaces a
+        later attempt's record nor one of :data:`~.records.AFTER_SEND` of its own attempt.
+        Keeps the newest ``history_size`` runs of the entry.
+        """
+
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
+        """Write several :meth:`record` events, in one round trip where the backend allows it."""
+        for note in notes:
+            self.record(note.entry, note.slot_ms, note.event, task_id=note.task_id,
+                        attempt=note.attempt, detail=note.detail)
+
+    @abc.abstractmethod
+    def read(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        """The entry's newest runs, newest first (at most ``limit`` or ``history_size``)."""
+
+    def read_many(self, entries: Iterable[str],
+                  limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """The newest runs of each of ``entries``, as :meth:`read` gives them, read in as few
+        round trips as the backend allows (this default: one :meth:`read` per entry).
+
+        :param entries: entry names (a name given twice is read once).
+        :param limit: runs per entry, at most (default and cap ``history_size``); below 1: none.
+        :returns: ``{entry: runs newest first}``, with a key for every name (``[]``: no runs).
+        :raises StoreUnavailable: the store cannot be reached (nothing is returned).
+        """
+        names = list(dict.fromkeys(entries))
+        if limit is not None and int(limit) < 1:
+            return {name: [] for name in names}
+        return {name: self.read(name, limit) for name in names}
+
+    # -- definitions (fingerprints) -------------------------------------------------------------
+    @abc.abstractmethod
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        """Remember what a fingerprint stands for, so another instance can name it."""
+
+    def save_definitions(self, definitions: Iterable[tuple[str, str, str]]) -> None:
+        """:meth:`save_definition` for each ``(entry, fingerprint, text)``; a store that can
+        writes them in a few round trips (the start-up of 100,000 entries saves every one).
+
+        :raises StoreError: the store cannot be reached (some may be saved).
+        """
+        for entry, fingerprint, text in definitions:
+            self.save_definition(entry, fingerprint, text)
+
+    @abc.abstractmethod
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        """The text saved for ``fingerprint``, or ``None`` if unknown."""
 
 
 class Leases(abc.ABC):

@@ -191,7 +191,8 @@ class ClaimResult:
 @dataclasses.dataclass(frozen=True)
 class HistoryRecord:
     """One run in an entry's history (the newest ``history_size`` runs are kept), as
-    :meth:`ClaimStore.history` reads it, or an event to write with :meth:`ClaimStore.record_many`
+    :meth:`~.parts.History.read` reads it, or an event to write with
+    :meth:`~.parts.History.record_many`
     (which writes it as this instance, on the store's clock: ``instance`` and ``store_ms`` are
     not read there).
 

@@ -277,7 +277,7 @@ def test_a_send_refused_before_anything_was_written_fails_alone_and_delays_no_ot
                     monotonic=mono, rng=random.Random(7))
     try:
         engine.tick()                      # start-up: each entry's newest slot, in one batch
-        history = {name: scheduler.store.history(name) for name in "abc"}
+        history = {name: scheduler.store.history.read(name) for name in "abc"}
         slot = history["a"][0].slot_ms
         with app.connection_for_read() as conn:
             delivered = []
@@ -299,7 +299,7 @@ def test_a_send_refused_before_anything_was_written_fails_alone_and_delays_no_ot
         clock.offset += 121                 # max_late passed: the send failed for good
         mono.offset += 121
         engine.tick()
-        [failed] = [h for h in scheduler.store.history("b") if h.slot_ms == slot]
+        [failed] = [h for h in scheduler.store.history.read("b") if h.slot_ms == slot]
         assert failed.event is RunEvent.SEND_FAILED and "nowhere" in failed.detail
     finally:
         scheduler.close()

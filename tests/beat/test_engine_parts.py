@@ -764,7 +764,7 @@ def test_late_local_skips_are_logged_counted_and_noted_up_to_the_history_size(ca
 
 def test_a_different_definition_is_named_once(caplog):
     store = memory_store()
-    store.save_definition("e", "theirs", '{"definition": "theirs"}')
+    store.history.save_definition("e", "theirs", '{"definition": "theirs"}')
     definitions = Definitions(store)
     ours = make_plan(fingerprint="ours")
     result = ClaimResult(claim_request("ns", ours, T0_MS), Outcome.OTHER_WON, winner="B",
@@ -1057,7 +1057,7 @@ def test_fingerprints_digest_ignores_order():
 
 def test_a_disagreement_is_logged_once_and_again_when_it_changes(caplog):
     h = Beating()
-    h.store.save_definition("e", "f2", '{"definition": "f2"}')
+    h.store.history.save_definition("e", "f2", '{"definition": "f2"}')
     with caplog.at_level(logging.WARNING, "celery_anarchon"):
         h.b.beat(config(e="f2", other="o"), entries=2)    # B runs another definition of e
         h.a.beat(config(e="f1", g="g1"), entries=2)

@@ -61,7 +61,7 @@ def test_close_is_safe_twice_and_the_store_reopens_lazily(tmp_path):
     scheduler.close()
     scheduler.tick()                      # the start-up run: claimed and recorded in the store
     assert len(sent) == 1, "no run was claimed and sent after close()"
-    history = scheduler.store.history("tick")
+    history = scheduler.store.history.read("tick")
     assert [(h.slot_ms, h.event) for h in history] == [(sent[0], RunEvent.SENT)], \
         "the reopened store did not record the send"
     scheduler.close()

@@ -107,8 +107,8 @@ def test_status_shows_live_instances_what_they_disagree_on_store_entries_and_pau
     store = open_store(url, namespace=namespace, instance_id="test", options={})
     try:
         store.prepare(())
-        store.save_definition("config-entry", "aaaa11112222", '{"schedule":"every 60 s (old)"}')
-        store.save_definition("config-entry", "bbbb33334444", '{"schedule":"every 30 s (new)"}')
+        store.history.save_definition("config-entry", "aaaa11112222", '{"schedule":"every 60 s (old)"}')
+        store.history.save_definition("config-entry", "bbbb33334444", '{"schedule":"every 30 s (new)"}')
         store.instances.save_fingerprints("d-old", {"config-entry": "aaaa11112222", "dropped": "cccc55556666"})
         store.instances.save_fingerprints("d-new", {"config-entry": "bbbb33334444"})
         for iid, host, digest in (("i-old", "old-host", "d-old"), ("i-new", "new-host", "d-new")):
@@ -142,8 +142,8 @@ def test_status_reports_a_store_entry_that_other_instances_run_from_their_beat_s
     store = open_store(url, namespace=namespace, instance_id="test", options={})
     try:
         store.prepare(())
-        store.save_definition("nightly", "aaaa11112222", '{"schedule":"every 7200 s (config)"}')
-        store.save_definition("config-entry", "cccc33334444", '{"schedule":"every 60 s"}')
+        store.history.save_definition("nightly", "aaaa11112222", '{"schedule":"every 7200 s (config)"}')
+        store.history.save_definition("config-entry", "cccc33334444", '{"schedule":"every 60 s"}')
         store.instances.save_fingerprints("d-a", {"nightly": "aaaa11112222", "config-entry": "cccc33334444"})
         store.instances.save_fingerprints("d-b", {})
         for iid, host, digest in (("i-a", "host-a", "d-a"), ("i-b", "host-b", "d-b")):

@@ -69,7 +69,7 @@ def test_history_since_and_limit(sqlite_url, namespace):
     try:
         store.prepare(["every-2s"])
         for h, event in hours_ago.items():
-            store.record("every-2s", now - int(h * 3_600_000), event, task_id=f"task-{h}",
+            store.history.record("every-2s", now - int(h * 3_600_000), event, task_id=f"task-{h}",
                          detail=f"reason {h}")
     finally:
         store.close()
@@ -147,7 +147,7 @@ def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, names
                                              now - 600_000, 0, 4, "d"), ttl_ms=600_000)
         [won] = store.claim([ClaimRequest("leased-hourly", slot, 60_000, task_id="t-1",
                                           lease=LeaseTerms(queue_timeout_ms=300_000))])
-        store.record("leased-hourly", slot, RunEvent.SENT, task_id="t-1")
+        store.history.record("leased-hourly", slot, RunEvent.SENT, task_id="t-1")
         store.leases.adopt("leased-hourly", slot, "worker-1@host:77", 30_000)
         store.entries.put_entry("added", json.dumps({"task": "operate_app.report",
                                              "schedule": {"every": 90}}), by="ops", create=True)

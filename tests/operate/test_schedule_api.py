@@ -495,7 +495,7 @@ def test_one_name_limit_on_every_store_and_a_name_is_one_entry_in_nfc(kind, tmp_
         slot = s.store.now_ms() or int(datetime.datetime.now().timestamp() * 1000)
         [result] = s.store.claim([ClaimRequest(LONGEST_NAME, slot, 120_000, task_id="t-1")])
         assert result.outcome is Outcome.WON, result
-        assert [r.slot_ms for r in s.store.history(LONGEST_NAME)] == [slot]
+        assert [r.slot_ms for r in s.store.history.read(LONGEST_NAME)] == [slot]
         before = s.store.entries.entries_version()
         for name, words in ((LONGEST_NAME + "x", "201 characters, more than 200"),
                             ("pay\u202eroll", "format character U\\+202E"),

@@ -120,7 +120,7 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
         t["paused"] = time.time()
 
         def paused_slots():
-            found = [h for h in store.history("dyn", limit=100)
+            found = [h for h in store.history.read("dyn", limit=100)
                      if h.event is RunEvent.PAUSED and h.slot_ms > t["paused"] * 1000]
             return found if len(found) >= 3 else None
         paused = run.wait(paused_slots, 3 * SECOND_MS / 1000 + SLACK_S + 3,
@@ -172,7 +172,7 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
         api.close()
     left = queued_messages(env["ANARCHON_SC_QUEUE"])
     run.phase("stop")
-    history = {h.slot_ms: h for h in store.history("dyn", limit=500)}
+    history = {h.slot_ms: h for h in store.history.read("dyn", limit=500)}
     store.close()
 
     everything = read_executions(out) + [{"entry": h.get("anarchon_entry"),

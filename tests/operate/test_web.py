@@ -203,7 +203,7 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
         assert pause.by.startswith("web:127.0.0.1@"), pause
 
         def paused_slots():
-            found = [h for h in store.history("clock", limit=50)
+            found = [h for h in store.history.read("clock", limit=50)
                      if h.event is RunEvent.PAUSED and h.slot_ms > pause.at_ms]
             return found if len(found) >= 3 else None
         paused = run.wait(paused_slots, 30, "three paused slots of clock in the history")

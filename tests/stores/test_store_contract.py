@@ -19,6 +19,8 @@ from celery_anarchon.stores.base import (
     LATENESS_TOLERANCE_MS, HistoryRecord, LeaseTerms, Outcome, RunEvent, RunState,
     TakeoverOutcome,
 )
+from celery_anarchon.stores.entry_store import Entries, Instances
+from celery_anarchon.stores.parts import History, Leases
 
 from stores_support import (
     ALL_STORES, LATENESS_STORES, PROCESS_STORES, VARIANT_OPTIONS, StoreMaker, wait_until,
@@ -56,6 +58,17 @@ def racers(kind):
 #: stores on which an older slot is refused once a newer one is claimed (docs/design.md memory table,
 #: Redis stream-id: "recorded as superseded"); their racers claim in slot order, as beat does
 IN_SLOT_ORDER = ("redis-stream-id",)
+
+
+def test_a_stores_capabilities_are_its_parts(stores):
+    """Every store has a history and instance records; leases and entries are a part or None,
+    and a store with leases checks lateness on its own clock."""
+    store = stores("A")
+    assert isinstance(store.history, History) and isinstance(store.instances, Instances)
+    assert store.leases is None or isinstance(store.leases, Leases)
+    assert store.entries is None or isinstance(store.entries, Entries)
+    assert store.holds_leases is (store.leases is not None)
+    assert store.checks_lateness or store.leases is None
 
 
 def test_one_winner_per_run_across_processes(stores):
@@ -120,7 +133,7 @@ def test_a_run_now_claim_is_its_own_run_whatever_the_scheduled_slots(stores):
     assert scheduled.outcome is Outcome.WON, "a run-now run supersedes no scheduled slot"
     other = b.claim([request])[0]
     same_run = a.claim([dataclasses.replace(req("e", now + 500), requested=True)])[0]
-    assert RunEvent.SUPERSEDED not in {h.event for h in a.history("e")}, a.history("e")
+    assert RunEvent.SUPERSEDED not in {h.event for h in a.history.read("e")}, a.history.read("e")
     if not a.recognises_winner:
         assert other.outcome in (Outcome.UNKNOWN, Outcome.OTHER_WON)
         assert same_run.outcome in (Outcome.UNKNOWN, Outcome.OTHER_WON)
@@ -164,9 +177,9 @@ def test_entry_names_never_collide(stores, names):
     slot = fresh_slot(a)
     results = a.claim([req(names[0], slot), req(names[1], slot)])
     assert [r.outcome for r in results] == [Outcome.WON, Outcome.WON]
-    a.record(names[0], slot, RunEvent.SENT, task_id="t0")
-    assert [h.entry for h in a.history(names[0])] == [names[0]]
-    assert a.history(names[1])[0].event is RunEvent.CLAIMED
+    a.history.record(names[0], slot, RunEvent.SENT, task_id="t0")
+    assert [h.entry for h in a.history.read(names[0])] == [names[0]]
+    assert a.history.read(names[1])[0].event is RunEvent.CLAIMED
 
 
 # -- the store's clock ------------------------------------------------------------------------------
@@ -190,7 +203,7 @@ def test_late_claim_refused_on_store_clock(lateness_stores):
     early = a.claim([req("e", now + LATENESS_TOLERANCE_MS + 2000)])[0]
     assert early.outcome is Outcome.EARLY
     assert a.claim([req("e", now + LATENESS_TOLERANCE_MS - 2000)])[0].outcome is Outcome.WON
-    events = {h.slot_ms: h.event for h in a.history("e")}
+    events = {h.slot_ms: h.event for h in a.history.read("e")}
     assert events[now - max_late - LATENESS_TOLERANCE_MS - 1000] is RunEvent.LATE
     assert events[now + LATENESS_TOLERANCE_MS + 2000] is RunEvent.EARLY
 
@@ -206,7 +219,7 @@ def test_already_claimed_is_checked_before_late(lateness_stores):
     assert b.claim([req("control", slot, max_late_ms=0)])[0].outcome is Outcome.LATE
     assert b.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.OTHER_WON
     assert a.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.WON
-    assert a.history("e")[0].event is RunEvent.CLAIMED
+    assert a.history.read("e")[0].event is RunEvent.CLAIMED
 
 
 def test_skip_is_recorded_once_not_per_instance(lateness_stores):
@@ -214,7 +227,7 @@ def test_skip_is_recorded_once_not_per_instance(lateness_stores):
     slot = store_now(a) - LATENESS_TOLERANCE_MS - 2500
     assert a.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.LATE
     assert b.claim([req("e", slot, max_late_ms=0)])[0].outcome is Outcome.LATE
-    records = [h for h in a.history("e") if h.slot_ms == slot]
+    records = [h for h in a.history.read("e") if h.slot_ms == slot]
     assert len(records) == 1 and records[0].instance == "A"
 
 
@@ -267,16 +280,16 @@ def test_history_keeps_newest_runs_with_their_facts(stores):
     for i in range(8):
         slot = base + i * 10
         assert a.claim([req("e", slot)])[0].outcome is Outcome.WON
-        a.record("e", slot, RunEvent.SENT, task_id=f"id-{i}")
-    records = a.history("e")
+        a.history.record("e", slot, RunEvent.SENT, task_id=f"id-{i}")
+    records = a.history.read("e")
     assert [r.slot_ms for r in records] == [base + i * 10 for i in range(7, 2, -1)]
     newest = records[0]
     assert newest.event is RunEvent.SENT and newest.instance == "A" and newest.task_id == "id-7"
     assert abs(newest.store_ms - store_now(a)) < 5000
-    assert len(a.history("e", limit=2)) == 2
+    assert len(a.history.read("e", limit=2)) == 2
 
 
-def test_history_many_reads_every_entry_as_history_does(stores, monkeypatch):
+def test_read_many_reads_every_entry_as_read_does(stores, monkeypatch):
     """The batch read gives each entry what its own read gives, across batches (two names a
     round trip here), for names given twice, with no runs, and with a limit."""
     for module in ("redis.history", "redis.cluster", "sql.history"):
@@ -287,26 +300,26 @@ def test_history_many_reads_every_entry_as_history_does(stores, monkeypatch):
         for i in range(count):
             slot = base + i * 10
             assert a.claim([req(entry, slot)])[0].outcome is Outcome.WON
-            a.record(entry, slot, RunEvent.SENT, task_id=f"{entry}-{i}")
-    got = a.history_many(["e", "f", "g", "e"], limit=3)
+            a.history.record(entry, slot, RunEvent.SENT, task_id=f"{entry}-{i}")
+    got = a.history.read_many(["e", "f", "g", "e"], limit=3)
     assert list(got) == ["e", "f", "g"]
-    assert got == {"e": a.history("e", limit=3), "f": a.history("f"), "g": []}
+    assert got == {"e": a.history.read("e", limit=3), "f": a.history.read("f"), "g": []}
     assert [r.task_id for r in got["e"]] == ["e-6", "e-5", "e-4"]
-    assert a.history_many(["f", "e"]) == {"f": a.history("f"), "e": a.history("e")}
-    assert len(a.history_many(["e"])["e"]) == 5
-    assert a.history_many(["e", "f"], limit=0) == {"e": [], "f": []}
-    assert a.history_many([]) == {}
+    assert a.history.read_many(["f", "e"]) == {"f": a.history.read("f"), "e": a.history.read("e")}
+    assert len(a.history.read_many(["e"])["e"]) == 5
+    assert a.history.read_many(["e", "f"], limit=0) == {"e": [], "f": []}
+    assert a.history.read_many([]) == {}
 
 
 def test_skip_events_never_overwrite_a_claim(stores):
     a, b = prepared(stores("A")), stores("B")
     slot = fresh_slot(a)
     a.claim([req("e", slot)])
-    a.record("e", slot, RunEvent.SENT, task_id="x")
-    b.record("e", slot, RunEvent.LATE_LOCAL)
-    assert a.history("e")[0].event is RunEvent.SENT
-    b.record("e", slot + 1, RunEvent.LATE_LOCAL, detail="paused")
-    rec = a.history("e")[0]
+    a.history.record("e", slot, RunEvent.SENT, task_id="x")
+    b.history.record("e", slot, RunEvent.LATE_LOCAL)
+    assert a.history.read("e")[0].event is RunEvent.SENT
+    b.history.record("e", slot + 1, RunEvent.LATE_LOCAL, detail="paused")
+    rec = a.history.read("e")[0]
     assert (rec.slot_ms, rec.event, rec.instance, rec.detail) == (slot + 1, RunEvent.LATE_LOCAL, "B", "paused")
 
 
@@ -319,40 +332,40 @@ def test_a_late_sent_note_never_hides_what_the_worker_or_a_takeover_recorded(lea
     task = a.claim([req("e", slot, lease=LEASE)])[0].request.task_id
     _, run = worker.leases.adopt("e", slot, "w1", 30_000)
     assert worker.leases.release("e", slot, run.token)
-    a.record("e", slot, RunEvent.SENT, task_id=task)
-    assert a.history("e")[0].event is RunEvent.FINISHED
+    a.history.record("e", slot, RunEvent.SENT, task_id=task)
+    assert a.history.read("e")[0].event is RunEvent.FINISHED
 
     other = slot + 1000
     a.claim([req("e", other, lease=LeaseTerms(queue_timeout_ms=200, overlap_allowed=True))])
-    a.record("e", other, RunEvent.SENT, task_id="t-1")
-    assert {h.slot_ms: h for h in a.history("e")}[other].event is RunEvent.SENT, "replaces claimed"
+    a.history.record("e", other, RunEvent.SENT, task_id="t-1")
+    assert {h.slot_ms: h for h in a.history.read("e")}[other].event is RunEvent.SENT, "replaces claimed"
     queued = wait_until(lambda: [r for r in b.leases.expired_runs(["e"]) if r.slot_ms == other], 10,
                         "the queue deadline")[0]
     assert b.leases.take_over("e", other, queued.token, queue_timeout_ms=60_000,
                        max_attempts=3)[0] is TakeoverOutcome.TAKEN
-    a.record("e", other, RunEvent.SENT, task_id="t-1", attempt=1)
-    record = {h.slot_ms: h for h in a.history("e")}[other]
+    a.history.record("e", other, RunEvent.SENT, task_id="t-1", attempt=1)
+    record = {h.slot_ms: h for h in a.history.read("e")}[other]
     assert (record.event, record.attempt) == (RunEvent.TAKEN_OVER, 2), record
-    b.record("e", other, RunEvent.SENT, task_id="t-2", attempt=2)
-    record = {h.slot_ms: h for h in a.history("e")}[other]
+    b.history.record("e", other, RunEvent.SENT, task_id="t-2", attempt=2)
+    record = {h.slot_ms: h for h in a.history.read("e")}[other]
     assert (record.event, record.attempt) == (RunEvent.SENT, 2), "its own attempt's send"
     # a tick's notes in one call, as beat writes them: the same rule for each
     third = other + 1000
     a.claim([req("e", third, lease=LeaseTerms(60_000, overlap_allowed=True))])
-    a.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id=task),
+    a.history.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id=task),
                    HistoryRecord("e", third, RunEvent.SENT, task_id="t-3"),
                    HistoryRecord("e", third + 1, RunEvent.LATE_LOCAL)])
-    events = {h.slot_ms: h.event for h in a.history("e")}
+    events = {h.slot_ms: h.event for h in a.history.read("e")}
     assert (events[slot], events[third], events[third + 1]) == (
         RunEvent.FINISHED, RunEvent.SENT, RunEvent.LATE_LOCAL)
 
 
 def test_definitions_are_kept_by_fingerprint(lease_stores):
     a, b = prepared(lease_stores("A")), lease_stores("B")
-    a.save_definition("e", "fp1", "task=t schedule=every 1 s")
-    a.save_definition("e", "fp1", "task=t schedule=every 1 s")
-    assert b.load_definition("e", "fp1") == "task=t schedule=every 1 s"
-    assert b.load_definition("e", "nope") is None
+    a.history.save_definition("e", "fp1", "task=t schedule=every 1 s")
+    a.history.save_definition("e", "fp1", "task=t schedule=every 1 s")
+    assert b.history.load_definition("e", "fp1") == "task=t schedule=every 1 s"
+    assert b.history.load_definition("e", "nope") is None
 
 
 # -- amnesia -------------------------------------------------------------------------------------------
@@ -366,7 +379,7 @@ def test_store_that_forgot_refuses_old_runs(stores):
     stores.wipe()
     again = b.claim([req("e", slot)])[0]
     assert again.outcome is Outcome.FORGOTTEN, again
-    assert any(h.event is RunEvent.FORGOTTEN for h in b.history("e"))
+    assert any(h.event is RunEvent.FORGOTTEN for h in b.history.read("e"))
     # runs after the memory began again are claimable, early ones included
     assert b.claim([req("e", after_memory_restart(b))])[0].outcome is Outcome.WON
 
@@ -401,7 +414,7 @@ def test_lease_adopt_renew_release(lease_stores):
     assert worker.leases.release("e", slot, run.token)
     assert a.leases.inspect("e", slot).state is RunState.FINISHED
     assert not worker.leases.adopt("e", slot, "w3", 30_000)[0], "a finished run is never adopted"
-    assert a.history("e")[0].event is RunEvent.FINISHED
+    assert a.history.read("e")[0].event is RunEvent.FINISHED
 
 
 def test_expired_lease_is_taken_over_exactly_once(lease_stores):
@@ -452,7 +465,7 @@ def test_run_is_lost_after_max_attempts(lease_stores):
             break
     assert outcome is TakeoverOutcome.GIVEN_UP
     assert a.leases.inspect("e", slot).state is RunState.GIVEN_UP
-    assert a.history("e")[0].event is RunEvent.GIVEN_UP
+    assert a.history.read("e")[0].event is RunEvent.GIVEN_UP
 
 
 def test_overlap_skip_and_allow(lease_stores):
@@ -461,7 +474,7 @@ def test_overlap_skip_and_allow(lease_stores):
     assert a.claim([req("e", slot, lease=LEASE)])[0].outcome is Outcome.WON
     skipped = a.claim([req("e", slot + 1000, lease=LEASE)])[0]
     assert skipped.outcome is Outcome.OVERLAPPING
-    assert {h.slot_ms: h.event for h in a.history("e")}[slot + 1000] is RunEvent.OVERLAPPING
+    assert {h.slot_ms: h.event for h in a.history.read("e")}[slot + 1000] is RunEvent.OVERLAPPING
     allowed = a.claim([req("e", slot + 2000, lease=LeaseTerms(60_000, overlap_allowed=True))])[0]
     assert allowed.outcome is Outcome.WON
     assert a.leases.inspect("e", slot).state is RunState.QUEUED, "a live earlier run is not superseded"
@@ -550,7 +563,7 @@ def test_a_release_the_store_forgot_records_the_run_finished(lease_stores, loss)
     begun = store_now(b)
     wait_until(lambda: store_now(b) > begun + 400, 5, "the runner's lease to run out")
     assert not [r for r in b.leases.expired_runs(["e"]) if r.slot_ms == slot]
-    events = [h.event for h in b.history("e") if h.slot_ms == slot]
+    events = [h.event for h in b.history.read("e") if h.slot_ms == slot]
     assert RunEvent.FINISHED in events and RunEvent.GIVEN_UP not in events, events
 
 
@@ -692,7 +705,7 @@ def _refused_takeover(store, other, slot, run):
     assert other.leases.take_over("e", slot, run.token, queue_timeout_ms=60_000,
                            max_attempts=3)[0] is TakeoverOutcome.REFUSED
     assert other.leases.inspect("e", slot).state is RunState.GIVEN_UP
-    [note] = [h for h in store.history("e") if h.slot_ms == slot]
+    [note] = [h for h in store.history.read("e") if h.slot_ms == slot]
     assert note.event is RunEvent.GIVEN_UP and "not taken over" in note.detail, note
     return note
 

@@ -31,7 +31,7 @@ def expired(store, slot, what="the lease to run out"):
 
 
 def record_of(store, slot) -> HistoryRecord:
-    return {h.slot_ms: h for h in store.history("e")}[slot]
+    return {h.slot_ms: h for h in store.history.read("e")}[slot]
 
 
 # -- run-now requests ---------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_a_taken_over_run_keeps_its_dead_attempt_and_the_takeover_in_history(lea
     a, b, worker = prepared(lease_stores("A")), lease_stores("B"), lease_stores("worker")
     slot = fresh_slot(a)
     first = a.claim([req("e", slot, lease=LEASE)])[0].request.task_id
-    a.record("e", slot, RunEvent.SENT, task_id=first)
+    a.history.record("e", slot, RunEvent.SENT, task_id=first)
     _, run = worker.leases.adopt("e", slot, "w1", 200)
     dead = expired(b, slot)
     assert b.leases.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3,
@@ -163,13 +163,13 @@ def test_a_taken_over_run_keeps_its_dead_attempt_and_the_takeover_in_history(lea
         (RunEvent.STARTED, 1, first)], rec.earlier
     # the new attempt's worker adopts it before beat's note of its send: the order rules hold
     _, second = worker.leases.adopt("e", slot, "w2", 30_000)
-    b.record("e", slot, RunEvent.SENT, task_id="t-2", attempt=2)
+    b.history.record("e", slot, RunEvent.SENT, task_id="t-2", attempt=2)
     assert worker.leases.release("e", slot, second.token)
     rec = record_of(a, slot)
     assert (rec.event, rec.attempt, rec.task_id) == (RunEvent.FINISHED, 2, "t-2"), rec
     assert [(e.event, e.attempt, e.task_id) for e in rec.earlier] == [
         (RunEvent.STARTED, 1, first), (RunEvent.TAKEN_OVER, 2, "t-2")], rec.earlier
-    assert a.history_many(["e"])["e"][0] == rec
+    assert a.history.read_many(["e"])["e"][0] == rec
 
 
 def test_the_send_note_of_a_taken_over_attempt_keeps_the_takeover(lease_stores):
@@ -178,10 +178,10 @@ def test_the_send_note_of_a_taken_over_attempt_keeps_the_takeover(lease_stores):
     a, b = prepared(lease_stores("A")), lease_stores("B")
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=SHORT)])
-    a.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id="t-1")])
+    a.history.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id="t-1")])
     dead = expired(b, slot, "the queue deadline")
     b.leases.take_over("e", slot, dead.token, queue_timeout_ms=60_000, max_attempts=3, task_id="t-2")
-    b.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id="t-2", attempt=2)])
+    b.history.record_many([HistoryRecord("e", slot, RunEvent.SENT, task_id="t-2", attempt=2)])
     rec = record_of(a, slot)
     assert (rec.event, rec.attempt, rec.task_id) == (RunEvent.SENT, 2, "t-2"), rec
     assert [(e.event, e.attempt, e.task_id) for e in rec.earlier] == [
@@ -198,5 +198,5 @@ def test_the_attempts_of_a_run_leave_the_history_bound_per_entry_as_it_was(lease
                     task_id=f"t-{dead.attempt + 1}")
     for i in range(1, 4):
         a.claim([req("e", base + i, lease=ALLOW)])
-    runs = a.history("e")
+    runs = a.history.read("e")
     assert [r.slot_ms for r in runs] == [base + 3, base + 2, base + 1]

@@ -54,7 +54,7 @@ def _record(instance_id: str, digest: str = "d1", **changes) -> InstanceRecord:
 
 
 def _history_of(store, entry: str, slot: int):
-    return [h for h in store.history(entry) if h.slot_ms == slot]
+    return [h for h in store.history.read(entry) if h.slot_ms == slot]
 
 
 # -- entries -----------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_entries_version_grows_with_every_write_and_is_stable_otherwise(stores):
     grew("run-now request")
     request_run(b, "cfg2", "req-2", by="b")
     stable("the same request again")
-    a.entries.load_entries(), b.instances.instances(), a.instances.load_fingerprints("x"), b.history("cfg")
+    a.entries.load_entries(), b.instances.instances(), a.instances.load_fingerprints("x"), b.history.read("cfg")
     a.instances.record_instance(_record("A"), 60_000)
     a.instances.save_fingerprints("d1", {"cfg": "fp"})
     a.claim([req("cfg", fresh_slot(a))])

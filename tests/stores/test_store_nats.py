@@ -41,7 +41,7 @@ def stores(namespace):
     yield maker
     cleaner = maker("cleaner")
     maker.close_all()
-    _server(lambda js: _delete(js, cleaner.stream, cleaner._history.kv_stream, cleaner.epoch_stream))
+    _server(lambda js: _delete(js, cleaner.stream, cleaner.history.kv_stream, cleaner.epoch_stream))
 
 
 def _delete(js, *names):
@@ -149,7 +149,7 @@ def test_entry_names_with_subject_syntax_never_collide(stores):
     results = store.claim([req(name, slot) for name in NAMES])
     assert [r.outcome for r in results] == [Outcome.WON] * len(NAMES)
     for name in NAMES:
-        assert [h.entry for h in store.history(name)] == [name]
+        assert [h.entry for h in store.history.read(name)] == [name]
     other = stores("B")
     assert all(r.outcome is Outcome.OTHER_WON and r.winner == "A"
                for r in other.claim([req(name, slot) for name in NAMES]))
@@ -276,7 +276,7 @@ def test_an_instance_too_far_off_is_refused_and_blocks_nobody(stores, offset_s, 
     # already claimed comes first: the skewed instance learns who won
     lost = skewed.claim([req("e", slot)])[0]
     assert lost.outcome is Outcome.OTHER_WON and lost.winner == "OK"
-    assert ok.history("e")[0].event is RunEvent.CLAIMED
+    assert ok.history.read("e")[0].event is RunEvent.CLAIMED
     near = stores("NEAR")
     near._clock = lambda: time.time() + 50
     assert near.claim([req("e", slot + 1)])[0].outcome is Outcome.WON
@@ -314,7 +314,7 @@ def test_a_deleted_stream_refuses_the_runs_it_forgot(stores):
     # the winner's own retry (its cache still knew the old stream) is refused too, not won again
     assert a.claim([req("e", slot)])[0].outcome is Outcome.FORGOTTEN
     # the history bucket kept the claim: a skip never overwrites it
-    assert b.history("e")[0].event is RunEvent.CLAIMED
+    assert b.history.read("e")[0].event is RunEvent.CLAIMED
     later = b._streams.created_ms + 10_001
     wait_until(lambda: b.now_ms() > b._streams.created_ms + 20, 5, "the server clock to move")
     assert b.claim([req("e", later)])[0].outcome is Outcome.WON

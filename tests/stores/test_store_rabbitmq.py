@@ -159,7 +159,7 @@ def test_rabbitmq_claim_queue_declared_with_another_slot_ttl_is_unknown(stores, 
     assert [r.outcome for r in results] == [Outcome.UNKNOWN, Outcome.WON]
     detail = results[0].detail
     assert "x-expires 2000 ms" in detail and "300000 ms" in detail and "slot_ttl" in detail
-    assert {h.slot_ms: h.event for h in a.history("e")}[slot] is RunEvent.UNKNOWN
+    assert {h.slot_ms: h.event for h in a.history.read("e")}[slot] is RunEvent.UNKNOWN
     ch.queue_delete(queue)
 
 
@@ -285,7 +285,7 @@ def test_rabbitmq_claim_retried_after_a_failure(stores, fault):
         retry = a.claim([req("e", slot)])[0]
         if fault == "answer_lost":
             assert retry.outcome is Outcome.UNKNOWN, retry
-            assert {h.slot_ms: h.event for h in a.history("e")}[slot] is RunEvent.UNKNOWN
+            assert {h.slot_ms: h.event for h in a.history.read("e")}[slot] is RunEvent.UNKNOWN
             assert stores("B").claim([req("e", slot)])[0].outcome is Outcome.OTHER_WON
         else:
             assert retry.outcome is Outcome.WON, retry
@@ -306,7 +306,7 @@ def test_rabbitmq_store_that_forgot_refuses_old_runs_even_with_a_cached_start(st
     again = a.claim([req("e", slot), req("e", slot - 1)])
     assert [r.outcome for r in again] == [Outcome.FORGOTTEN] * 2
     assert "store memory began at" in again[0].detail
-    assert {h.slot_ms: h.event for h in a.history("e")}[slot] is RunEvent.FORGOTTEN
+    assert {h.slot_ms: h.event for h in a.history.read("e")}[slot] is RunEvent.FORGOTTEN
     later = now_ms() + LATENESS_TOLERANCE_MS + 10
     assert a.claim([req("e", later)])[0].outcome is Outcome.WON
 
@@ -402,7 +402,7 @@ def test_rabbitmq_concurrent_history_readers_see_everything(stores):
     def read(store):
         try:
             for _ in range(5):
-                counts.append(len(store.history("e")))
+                counts.append(len(store.history.read("e")))
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
     threads = [threading.Thread(target=read, args=(r,)) for r in readers]

@@ -75,7 +75,7 @@ def outcome(store, slot, entry="e"):
 
 
 def history_event(store, slot, entry="e"):
-    return {h.slot_ms: h.event for h in store.history(entry)}.get(slot)
+    return {h.slot_ms: h.event for h in store.history.read(entry)}.get(slot)
 
 
 # -- every strategy -------------------------------------------------------------------------------
@@ -120,8 +120,8 @@ def test_batch_claim_is_one_round_trip(stores, monkeypatch):
 
 def test_definitions_are_shared_with_the_lease_layout(stores):
     a, b = stores("A"), stores("B")
-    a.save_definition("e", "fp1", "task=t")
-    assert b.load_definition("e", "fp1") == "task=t" and b.load_definition("e", "x") is None
+    a.history.save_definition("e", "fp1", "task=t")
+    assert b.history.load_definition("e", "fp1") == "task=t" and b.history.load_definition("e", "x") is None
 
 
 @pytest.mark.parametrize("strategy", ["stream-id", "script", "idmp"])
@@ -561,7 +561,7 @@ def test_the_pause_is_decided_inside_the_claim_script_in_one_round_trip(every, m
     again = a.claim([req("held", now + i, lease=lease) for i in range(3)])
     assert [r.outcome for r in again] == [Outcome.PAUSED] * 3
     for i in range(3):
-        assert [(h.event, h.instance) for h in a.history("held") if h.slot_ms == now + i] == [
+        assert [(h.event, h.instance) for h in a.history.read("held") if h.slot_ms == now + i] == [
             (RunEvent.PAUSED, "A")], "recorded once"
         if lease:
             assert a.leases.inspect("held", now + i) is None
@@ -663,11 +663,11 @@ def test_record_many_writes_what_record_writes_in_one_pipeline(every, monkeypatc
     now = a.now_ms()
     assert outcome(a, now) is Outcome.WON
     sent = round_trips(a, monkeypatch)
-    a.record_many([HistoryRecord("e", now, RunEvent.SENT, task_id="t", detail="sent"),
+    a.history.record_many([HistoryRecord("e", now, RunEvent.SENT, task_id="t", detail="sent"),
                    HistoryRecord("f", now, RunEvent.LATE_LOCAL, detail="late here"),
                    HistoryRecord("e", now + 1, RunEvent.UNREACHABLE)])
     assert sent[-1] == ["EVALSHA"] * 3, "one pipeline (redis-py checks its scripts before)"
-    a.record("e", now, RunEvent.LATE_LOCAL, detail="never over a sent run")
-    assert [(h.event, h.detail) for h in a.history("e")] == [
+    a.history.record("e", now, RunEvent.LATE_LOCAL, detail="never over a sent run")
+    assert [(h.event, h.detail) for h in a.history.read("e")] == [
         (RunEvent.UNREACHABLE, ""), (RunEvent.SENT, "sent")]
-    assert [(h.event, h.detail) for h in a.history("f")] == [(RunEvent.LATE_LOCAL, "late here")]
+    assert [(h.event, h.detail) for h in a.history.read("f")] == [(RunEvent.LATE_LOCAL, "late here")]

@@ -193,7 +193,7 @@ def test_postgresql_unreachable_is_store_unavailable_quickly_with_a_masked_url()
     url = "postgresql://anarchon:s3cret-pw@127.0.0.1:1/test"
     store = _open(url, claim_timeout=1)
     for operation in (lambda: store.claim([req("e", 1)]), store.now_ms, lambda: store.prepare(["e"]),
-                      lambda: store.history("e"), lambda: store.leases.adopt("e", 1, "w", 1000)):
+                      lambda: store.history.read("e"), lambda: store.leases.adopt("e", 1, "w", 1000)):
         started = time.monotonic()
         with pytest.raises(StoreUnavailable) as info:
             operation()
@@ -270,7 +270,7 @@ def test_prune_keeps_what_memory_promises(stores):
     assert b.claim([req("e", past)])[0].outcome is Outcome.FORGOTTEN
     assert a.leases.inspect("e", done) is None, "a finished run is pruned after the memory"
     assert a.leases.inspect("e", in_flight).state is RunState.QUEUED, "a run in flight is never pruned"
-    assert {h.slot_ms for h in a.history("e")} >= {past, future, done, in_flight}, "history is kept by count"
+    assert {h.slot_ms for h in a.history.read("e")} >= {past, future, done, in_flight}, "history is kept by count"
 
 
 def test_prune_runs_at_most_every_few_seconds(stores, monkeypatch):
@@ -347,10 +347,10 @@ def test_reads_recreate_missing_tables(stores):
     slot = fresh_slot(a)
     a.claim([req("e", slot, lease=LeaseTerms(60_000))])
     stores.wipe()
-    assert a.history("e") == []
+    assert a.history.read("e") == []
     assert a.leases.inspect("e", slot) is None
     assert a.leases.expired_runs(["e"]) == []
-    assert a.load_definition("e", "fp") is None
+    assert a.history.load_definition("e", "fp") is None
 
 
 def test_entry_operations_on_a_new_database_create_the_tables_without_an_amnesia_warning(
@@ -381,7 +381,7 @@ def test_deleted_sqlite_file_is_noticed_as_amnesia(namespace, tmpdir_path):
         again = b.claim([req("e", slot)])[0]
         assert again.outcome is Outcome.FORGOTTEN, again
         assert os.path.exists(a.path)
-        assert a.history("e")[0].event is RunEvent.FORGOTTEN
+        assert a.history.read("e")[0].event is RunEvent.FORGOTTEN
     finally:
         maker.close_all()
 

@@ -147,7 +147,7 @@ def test_a_new_version_on_older_tables_upgrades_them_and_forgets_nothing(maker, 
     assert all(table in upgrades[0] for table in ENTRY_TABLES) is entry_tables, upgrades[0]
     assert all(table in upgrades[0] for table in NEW_TABLES), upgrades[0]
     for entry in ("billing", "report"):
-        assert RunEvent.FORGOTTEN not in {r.event for r in beat.history(entry)}, beat.history(entry)
+        assert RunEvent.FORGOTTEN not in {r.event for r in beat.history.read(entry)}, beat.history.read(entry)
 
 
 def test_a_table_lost_from_the_current_schema_is_still_amnesia(maker, caplog):

@@ -108,7 +108,7 @@ class Harness:
             time.sleep(min(delay, max(0.0, end - time.monotonic())))
 
     def history(self, entry):
-        return {h.slot_ms: h for h in self.store.history(entry)}
+        return {h.slot_ms: h for h in self.store.history.read(entry)}
 
     def close(self):
         self.store.close()

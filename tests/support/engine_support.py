@@ -12,7 +12,7 @@ from celery_anarchon.schedule import slots as slot_math
 from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan
 from celery_anarchon.stores.base import (
-    ClaimRequest, ClaimStore, LeasedRun, LeaseTerms, Memory, RunState,
+    ClaimRequest, ClaimStore, HistoryRecord, LeasedRun, LeaseTerms, Memory, RunState,
 )
 from celery_anarchon.stores.entry_store import Pause
 from celery_anarchon.stores.memory import MemoryStore
@@ -65,11 +65,11 @@ class Clocks:
 
 
 #: the operations of the store contract a :class:`FaultyStore` counts and can make fail: the
-#: store's own, and those of its parts (``store.leases``, ``store.instances``, ``store.entries``)
-OPERATIONS = (
-    "prepare", "now_ms", "claim", "record_many", "history", "history_many", "save_definitions",
-    "load_definition")
+#: store's own, and those of its parts (``store.history``, ``store.leases``, ``store.instances``,
+#: ``store.entries``)
+OPERATIONS = ("prepare", "now_ms", "claim")
 PART_OPERATIONS = {
+    "history": ("record_many", "read", "read_many", "save_definitions", "load_definition"),
     "leases": ("inspect", "expired_runs", "take_over", "adopt", "renew", "release", "requeue"),
     "instances": ("record_instance", "instances", "remove_instance", "save_fingerprints",
                   "load_fingerprints"),
@@ -99,9 +99,10 @@ class FaultyStore(MemoryStore):
         self._lost: dict[str, list[Exception]] = collections.defaultdict(list)
         self._memory: Memory | None = None
         parts = {id(part): FaultyPart(self, part)       # entries and instances: one object
-                 for part in (self.leases, self.instances, self.entries)}
-        self.leases, self.instances, self.entries = (
-            parts[id(self.leases)], parts[id(self.instances)], parts[id(self.entries)])
+                 for part in (self.history, self.leases, self.instances, self.entries)}
+        self.history, self.leases, self.instances, self.entries = (
+            parts[id(self.history)], parts[id(self.leases)], parts[id(self.instances)],
+            parts[id(self.entries)])
 
     @property
     def memory(self) -> Memory:
@@ -136,15 +137,23 @@ class FaultyStore(MemoryStore):
 
 
 class FaultyPart:
-    """A part of a :class:`FaultyStore` (``leases``, ``instances``, ``entries``) through the
-    same wrapper: each operation of :data:`PART_OPERATIONS` counted in the store's ``calls``, with
-    the store's faults; everything else is the part's own."""
+    """A part of a :class:`FaultyStore` (``history``, ``leases``, ``instances``, ``entries``)
+    through the same wrapper: each operation of :data:`PART_OPERATIONS` counted in the store's
+    ``calls``, with the store's faults; everything else is the part's own. A history's
+    ``record`` and ``save_definition`` go through the wrapped ``record_many`` and
+    ``save_definitions``, as the memory store's do."""
 
     def __init__(self, store: FaultyStore, part) -> None:
         self.store, self.part = store, part
 
     def __getattr__(self, name: str):
         return getattr(self.part, name)
+
+    def record(self, entry, slot_ms, event, **fields) -> None:
+        self.record_many([HistoryRecord(entry, slot_ms, event, **fields)])
+
+    def save_definition(self, entry, fingerprint, text) -> None:
+        self.save_definitions([(entry, fingerprint, text)])
 
 
 def _wrapped(name: str, *, of_part: bool = False):
@@ -204,6 +213,7 @@ class ClaimsOnly(ClaimStore):
                          history_size=store.history_size)
         self.store = store
         self.calls = store.calls
+        self.history = store.history
 
     @property
     def memory(self) -> Memory:
@@ -220,12 +230,6 @@ class ClaimsOnly(ClaimStore):
 
     def claim(self, requests):
         return self.store.claim(requests)
-
-    def record(self, entry, slot_ms, event, **fields) -> None:
-        self.store.record(entry, slot_ms, event, **fields)
-
-    def history(self, entry, limit=None):
-        return self.store.history(entry, limit)
 
 
 def expired_run(store: MemoryStore, clocks: Clocks, entry: str = "e", *,

@@ -89,6 +89,6 @@ def assert_release_lost_is_never_taken_over(store, entry: str, slot_ms: int, run
     assert outcome is TakeoverOutcome.GIVEN_UP, (outcome, record)
     assert store.leases.inspect(entry, slot_ms).state is RunState.GIVEN_UP
     assert not store.leases.expired_runs([entry])
-    note = store.history(entry)[0]
+    note = store.history.read(entry)[0]
     assert note.event is RunEvent.GIVEN_UP and "not taken over" in note.detail, note
     return note

@@ -100,7 +100,7 @@ def test_a_redis_restarted_without_its_data_keeps_the_pause_and_the_store_entry(
                  "the worker to empty the queue")
     finally:
         cluster.stop_all()
-    held_history = {h.slot_ms: h for h in store.history("held", limit=100)}
+    held_history = {h.slot_ms: h for h in store.history.read("held", limit=100)}
     store.close()
     store_server.stop()
     logs = {name: cluster.text(name) for name in BEATS}

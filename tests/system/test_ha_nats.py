@@ -135,7 +135,7 @@ def test_claim_streams_have_three_replicas_by_default_on_a_cluster(cluster, open
     store = opened(cluster.servers[1].url, namespace, "A")
     warnings = store.prepare(["e"])
     assert store.replicas == 3
-    for stream in (store.stream, store._history.kv_stream, store.epoch_stream):
+    for stream in (store.stream, store.history.kv_stream, store.epoch_stream):
         assert _replicas(cluster, stream) == 3, stream
     assert not any("replica" in w for w in warnings), warnings
     backdate_memory_start(store, ["e"], 120_000)

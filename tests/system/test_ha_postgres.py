@@ -108,7 +108,7 @@ def test_claim_waits_for_the_synchronous_standby_and_a_cancelled_wait_is_unconfi
     waited = time.monotonic() - started
     assert result.outcome is Outcome.UNCONFIRMED, result
     assert result.token is None and waited >= 1.0, (result, waited)
-    assert a.history("e")[0].event is RunEvent.UNCONFIRMED
+    assert a.history.read("e")[0].event is RunEvent.UNCONFIRMED
     assert a.claim([req("e", slot)])[0].outcome is Outcome.UNCONFIRMED, "a retry is not a send"
 
     ha.resume_replication()

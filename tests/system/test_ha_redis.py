@@ -107,7 +107,7 @@ def test_failover_to_lagging_replica_never_rewins(durability, strategy, namespac
         else:
             assert won.outcome is Outcome.UNCONFIRMED, won
             assert "1 replica" in won.detail
-            assert a.history("e")[0].event is RunEvent.UNCONFIRMED
+            assert a.history.read("e")[0].event is RunEvent.UNCONFIRMED
         ha.kill(ha.master)
         ha.promote(replica)
         b = store(ha.url, "B", namespace, durability=durability, confirm_timeout=CONFIRM,
@@ -137,7 +137,7 @@ def test_restart_from_an_rdb_snapshot_never_rewins(strategy, namespace):
         again = claim(b, slot)
         assert again.outcome is Outcome.FORGOTTEN, again
         assert "epoch" in again.detail
-        assert b.history("e")[0].event is RunEvent.FORGOTTEN
+        assert b.history.read("e")[0].event is RunEvent.FORGOTTEN
 
 
 # -- durable claims ------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_an_old_master_that_lost_its_replicas_never_confirms_alone(namespace):
         won = claim(a, base + 1)  # a's connection is still on the old master
         assert won.outcome is Outcome.UNCONFIRMED, won
         assert "0 of 1 replica" in won.detail, won.detail
-        assert a.history("e")[0].event is RunEvent.UNCONFIRMED
+        assert a.history.read("e")[0].event is RunEvent.UNCONFIRMED
 
 
 def test_a_split_that_leaves_each_side_one_replica_confirms_on_neither(namespace):
@@ -349,7 +349,7 @@ def test_a_claim_whose_aof_fsync_is_not_confirmed_is_unconfirmed(durability, str
             result = claim(a, slot)
             assert result.outcome is Outcome.UNCONFIRMED, result
             assert "the AOF fsync was not confirmed" in result.detail, result
-            assert a.history("e")[0].event is RunEvent.UNCONFIRMED
+            assert a.history.read("e")[0].event is RunEvent.UNCONFIRMED
             if strategy == "lease":
                 assert claim(a, slot).outcome is Outcome.UNCONFIRMED, "a retry is not a send"
                 with pytest.raises(StoreError, match="the AOF fsync was not confirmed"):
@@ -393,7 +393,7 @@ def test_an_evicting_policy_set_after_start_up_refuses_every_claim(strategy, nam
         assert refused.outcome is Outcome.FORGOTTEN, refused
         for words in ("maxmemory-policy", "allkeys-lru", "noeviction", "volatile-", "allow_eviction"):
             assert words in refused.detail, refused.detail
-        assert a.history("e")[0].event is RunEvent.FORGOTTEN
+        assert a.history.read("e")[0].event is RunEvent.FORGOTTEN
         b = store(ha.url, "B", namespace, strategy=strategy, allow_eviction=True)
         assert claim(b, b.now_ms() + 2).outcome is Outcome.WON
 

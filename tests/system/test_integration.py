@@ -118,7 +118,7 @@ def test_three_beats_send_every_slot_exactly_once(kind, tmp_path, namespace, cap
     counts = collections.Counter((x["entry"], x["slot"]) for x in runs)
     duplicates = {run: n for run, n in counts.items() if n > 1}
     missed = sorted(run for run in want if run not in counts)
-    history = {e: {h.slot_ms: h for h in store.history(e, limit=500)} for e in ENTRIES}
+    history = {e: {h.slot_ms: h for h in store.history.read(e, limit=500)} for e in ENTRIES}
     store.close()
     in_flight = [(e, s) for e, s in missed if (h := history[e].get(s)) is not None
                  and h.event is RunEvent.CLAIMED and h.instance == killed]
@@ -180,7 +180,7 @@ def test_two_beats_in_two_directories_with_a_relative_sqlite_path_each_name_thei
             store = open_store(f"sqlite:///{folder / 'rel.sqlite3'}", namespace=namespace,
                                instance_id="test")
             try:
-                return {(r.slot_ms, r.instance) for r in store.history(entry)
+                return {(r.slot_ms, r.instance) for r in store.history.read(entry)
                         if r.event is RunEvent.SENT}
             finally:
                 store.close()

@@ -159,7 +159,7 @@ def test_a_killed_runner_is_replaced_once(kind, acks_late, make_cluster, capsys)
     assert first["task_id"] != second["task_id"]
     assert c.store.leases.inspect("long", c.slot()).state is RunState.FINISHED
     # the history keeps the dead attempt, the takeover and the new attempt's task id
-    record = {h.slot_ms: h for h in c.store.history("long")}[c.slot()]
+    record = {h.slot_ms: h for h in c.store.history.read("long")}[c.slot()]
     assert (record.event, record.attempt, record.task_id) == (
         RunEvent.FINISHED, 2, second["task_id"]), record
     assert [(e.event, e.attempt, e.task_id) for e in record.earlier] == [
@@ -216,7 +216,7 @@ def test_a_run_claimed_before_a_pause_is_neither_taken_over_nor_run_while_paused
         c.cluster.wait_log("w1", "the entry is paused", timeout=20)
         assert c.store.leases.inspect("long", c.slot()).state is RunState.PAUSED
         for name in ("long", "probe"):
-            record = {h.slot_ms: h for h in c.store.history(name)}[c.slot()]
+            record = {h.slot_ms: h for h in c.store.history.read(name)}[c.slot()]
             assert (record.event, record.attempt, record.detail) == (
                 RunEvent.PAUSED, 1, pauses[name].describe()), record
             c.store.entries.set_pause(name, None, by="ops")
@@ -293,7 +293,7 @@ def test_a_beat_killed_between_claim_and_send_is_replaced(kind, make_cluster):
     c.worker()
     c.beat("b1", env={"ANARCHON_LT_EXIT_BEFORE_SEND": "long"}, wait=False)
     wait_until(lambda: c.cluster.procs["b1"].popen.poll() is not None, 30, "b1 to exit after its claim")
-    history = {h.slot_ms: h for h in c.store.history("long")}
+    history = {h.slot_ms: h for h in c.store.history.read("long")}
     assert history[c.slot()].event is RunEvent.CLAIMED, "the claim without a send"
     c.beat("b2")
     second = c.wait_event("start", timeout=30)
@@ -373,7 +373,7 @@ def test_a_task_that_kills_its_worker_is_tried_max_attempts_then_lost(kind, make
     wait_until(lambda: (r := c.store.leases.inspect("long", c.slot())) and r.state is RunState.GIVEN_UP, 60,
                f"the run to be recorded lost\n{c.cluster.logs()}", interval=0.2)
     assert [e["attempt"] for e in c.events("start")] == [1, 2, 3]
-    assert c.store.history("long")[0].event is RunEvent.GIVEN_UP
+    assert c.store.history.read("long")[0].event is RunEvent.GIVEN_UP
     assert "recorded lost after 3 attempts" in c.logs("b1", "b2")
 
 
@@ -399,7 +399,7 @@ def test_overlap_skip_and_allow(kind, overlap, make_cluster):
         later = wait_until(lambda: [e["slot"] for e in c.events("start") if e["slot"] > base], 20,
                            "a run after the long one")
         nxt = min(later)
-        history = {h.slot_ms: h.event for h in c.store.history("long")}
+        history = {h.slot_ms: h.event for h in c.store.history.read("long")}
         started = collections.Counter(e["slot"] for e in c.events("start"))
         assert nxt in allowed, "sent once the previous run finished, not before"
         skipped = list(range(base + 3000, nxt, 3000))

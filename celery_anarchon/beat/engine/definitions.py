@@ -22,7 +22,7 @@ class Definitions:
     def save(self, plan: EntryPlan, quiet: bool = True) -> None:
         """Save ``plan``'s definition; a store error is raised only when not ``quiet``."""
         try:
-            self.store.save_definition(plan.name, plan.fingerprint, plan.definition)
+            self.store.history.save_definition(plan.name, plan.fingerprint, plan.definition)
         except StoreError:
             if not quiet:
                 raise
@@ -31,7 +31,7 @@ class Definitions:
         """Save every plan's definition in a few round trips (start-up).
 
         :raises StoreError: the store cannot be reached."""
-        self.store.save_definitions((p.name, p.fingerprint, p.definition) for p in plans)
+        self.store.history.save_definitions((p.name, p.fingerprint, p.definition) for p in plans)
 
     def check(self, plan: EntryPlan, result: ClaimResult) -> None:
         """Warn (once per other definition) when the winner of ``result`` claimed with another
@@ -41,7 +41,7 @@ class Definitions:
             return
         self._warned.add((plan.name, theirs))
         try:
-            other = self.store.load_definition(plan.name, theirs)
+            other = self.store.history.load_definition(plan.name, theirs)
         except StoreError:
             other = None
         logger.warning(

@@ -184,7 +184,8 @@ class Heartbeat:
 
     def _definition(self, name: str, fingerprint: str) -> str:
         if (name, fingerprint) not in self._definitions:
-            self._definitions[(name, fingerprint)] = self.store.load_definition(name, fingerprint)
+            self._definitions[(name, fingerprint)] = self.store.history.load_definition(
+                name, fingerprint)
         return self._definitions[(name, fingerprint)] or "unknown"
 
     def _report(self, found: frozenset[Disagreement], config: dict[str, EntryPlan]) -> None:

@@ -29,7 +29,8 @@ class NoteBuffer:
     kept as their slots alone (8 bytes each): memory stays within about 16 bytes x ``per_entry``
     per entry however long the outage (10,000 entries: 16 MB at most), besides the other notes.
 
-    :param store: where the notes go (:meth:`~celery_anarchon.stores.base.ClaimStore.record_many`).
+    :param store: where the notes go (its history part:
+        :meth:`~celery_anarchon.stores.parts.History.record_many`).
     :param outage: the store's outage backoff.
     :param per_entry: notes kept per entry (default: the store's ``history_size``).
     :param write_at_once: notes written in one call, at most.
@@ -112,7 +113,7 @@ class NoteBuffer:
             if not self._unreachable[entry]:
                 del self._unreachable[entry]
         try:
-            self.store.record_many([*notes, *self._unreachable_notes(unreachable)])
+            self.store.history.record_many([*notes, *self._unreachable_notes(unreachable)])
         except StoreError as exc:
             self._notes[:0] = notes
             for entry, slots in unreachable.items():

@@ -237,7 +237,7 @@ class Takeovers:
     def _history_detail(self, run: LeasedRun) -> str:
         """``": <detail>"`` of the run's history record (one read, best effort), or ""."""
         try:
-            records = self.store.history(run.entry, 50)
+            records = self.store.history.read(run.entry, 50)
         except StoreError:
             return ""
         detail = next((r.detail for r in records if r.slot_ms == run.slot_ms), "")

@@ -216,7 +216,7 @@ def history(app, entry: str, since: str | None, limit: int | None, as_json: bool
         try:
             since_ms = None if since is None else parse_since(since, int(time.time() * 1000))
             # a name no store can encode (a lone surrogate) has no runs: beat refuses it
-            records = store.history(entry) if limits.undecodable(entry) is None else []
+            records = store.history.read(entry) if limits.undecodable(entry) is None else []
             if not records:   # given: a name stored unnormalized is known by its exact form
                 _known_or_fail(app, store, given)
         finally:

@@ -1,15 +1,20 @@
 """The history of a memory store: one record per run, the newest ``history_size`` runs of each
-entry (:meth:`celery_anarchon.stores.base.ClaimStore.record`), written by the rules every store
-keeps (the SQL stores: :mod:`celery_anarchon.stores.sql.history`; Redis: its Lua).
+entry (:meth:`celery_anarchon.stores.parts.History.record`), written by the rules every store
+keeps (the SQL stores: :mod:`celery_anarchon.stores.sql.history`; Redis: its Lua), and the texts
+of definitions: the store's ``history`` part, :class:`MemoryHistory`.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 
 from celery_anarchon.stores.base import (
     AFTER_SEND, MAX_EARLIER, SEND_NOTES, SKIP_EVENTS, HistoryRecord, RunEvent, keeps_earlier,
 )
-from celery_anarchon.stores.memory.state import Space
+from celery_anarchon.stores.memory.state import Server, Space
+from celery_anarchon.stores.parts import History
 
 #: how a record is written (:func:`write`)
 FILL, REPLACE, SEND = "fill", "replace", "send"
@@ -68,3 +73,69 @@ def newest(space: Space, entry: str, limit: int) -> list[HistoryRecord]:
     """The entry's records, newest slot first, at most ``limit``."""
     runs = space.history.get(entry, {})
     return [runs[slot] for slot in sorted(runs, reverse=True)[:limit]]
+
+
+class MemoryHistory(History):
+    """The ``history`` part of :class:`~celery_anarchon.stores.memory.store.MemoryStore`, each
+    operation under the server's lock.
+
+    :param operation: ``operation(what)``: the store's lock held for one operation, as a context
+        of ``(server, space, now)``.
+    """
+
+    def __init__(self, *, instance_id: str, history_size: int,
+                 operation: Callable[[str], AbstractContextManager[tuple[Server, Space, int]]]
+                 ) -> None:
+        self.instance_id = instance_id
+        self.history_size = history_size
+        self.operation = operation
+
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """:meth:`record_many` of one note."""
+        self.record_many([HistoryRecord(entry, slot_ms, event, task_id=task_id, attempt=attempt,
+                                        detail=detail)])
+
+    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
+        """Each note as this instance at the store's time, by the rules of :func:`write`;
+        consecutive notes written the same way are one group, chained (earlier records kept)
+        when one of them is of a later attempt, as in SQL."""
+        if not notes:
+            return
+        with self.operation("record") as (_, space, now):
+            for how, group in itertools.groupby(notes, key=lambda n: how_written(n.event)):
+                group = list(group)
+                chained = any(n.attempt > 1 for n in group)
+                for n in group:
+                    write(space, HistoryRecord(n.entry, n.slot_ms, n.event, self.instance_id, now,
+                                               n.task_id, n.attempt, n.detail),
+                          how=how, chained=chained)
+            trim(space, {n.entry for n in notes}, self.history_size)
+
+    def read(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+        """The entry's newest runs, newest slot first (at most ``limit`` or ``history_size``)."""
+        with self.operation("read history") as (_, space, _now):
+            return newest(space, entry, limit or self.history_size)
+
+    def read_many(self, entries: Iterable[str],
+                  limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """:meth:`read` of each of ``entries`` in one operation."""
+        names = list(dict.fromkeys(entries))
+        limit = self.history_size if limit is None else int(limit)
+        with self.operation("read history") as (_, space, _now):
+            return {name: newest(space, name, limit) if limit >= 1 else [] for name in names}
+
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        """Remember the text of ``fingerprint`` (replacing an older text of it)."""
+        self.save_definitions([(entry, fingerprint, text)])
+
+    def save_definitions(self, definitions: Iterable[tuple[str, str, str]]) -> None:
+        """:meth:`save_definition` of each ``(entry, fingerprint, text)``, in one operation."""
+        with self.operation("save definitions") as (_, space, _now):
+            for entry, fingerprint, text in definitions:
+                space.definitions[(entry, fingerprint)] = text
+
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        """The text saved for ``fingerprint``, or ``None``."""
+        with self.operation("load a definition") as (_, space, _now):
+            return space.definitions.get((entry, fingerprint))

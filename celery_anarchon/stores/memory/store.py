@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,9 +30,9 @@ from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.stores._common import reject_unknown_options, scheme_of
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, ClaimRequest, ClaimResult,
-    ClaimStore, HistoryRecord, Memory, RunEvent,
+    ClaimStore, Memory,
 )
-from celery_anarchon.stores.memory import history
+from celery_anarchon.stores.memory.history import MemoryHistory
 from celery_anarchon.stores.memory.claims import ClaimBatch
 from celery_anarchon.stores.memory.entries import MemoryEntries, prune_entries
 from celery_anarchon.stores.memory.leases import MemoryLeases
@@ -51,9 +50,9 @@ def wall_clock_ms() -> int:
 
 
 class MemoryStore(ClaimStore):
-    """A store held in this process (module docstring) with every part: its ``leases`` are
-    :class:`.leases.MemoryLeases`; its ``entries`` and ``instances`` are one part,
-    :class:`.entries.MemoryEntries`.
+    """A store held in this process (module docstring) with every part: its ``history`` is
+    :class:`.history.MemoryHistory`, its ``leases`` :class:`.leases.MemoryLeases`; its
+    ``entries`` and ``instances`` are one part, :class:`.entries.MemoryEntries`.
 
     Options (``anarchon_store_options``): ``memory`` (seconds a claimed run is remembered,
     default 3600; recorded in the store: every instance must use the same value, as on SQL),
@@ -92,6 +91,9 @@ class MemoryStore(ClaimStore):
         self.memory_ms = math.ceil(self.memory_s * 1000)
         #: the store's clock, UTC ms
         self.clock = clock or wall_clock_ms
+        #: the history of runs and the texts of definitions
+        self.history = MemoryHistory(instance_id=instance_id, history_size=self.history_size,
+                                     operation=self.operation)
         #: store entries, pauses, run-now requests and instance records: one part
         self.entries = self.instances = MemoryEntries(
             namespace=namespace, memory_ms=self.memory_ms, operation=self.operation,
@@ -180,55 +182,3 @@ class MemoryStore(ClaimStore):
                          if r.keep_until_ms is not None and r.keep_until_ms < now]:
                 del runs[slot]
         prune_entries(space, now)
-
-    # -- history and definitions ------------------------------------------------------------------
-    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
-               attempt: int = 1, detail: str = "") -> None:
-        """:meth:`record_many` of one note."""
-        self.record_many([HistoryRecord(entry, slot_ms, event, task_id=task_id, attempt=attempt,
-                                        detail=detail)])
-
-    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
-        """Each note as this instance at the store's time, by the rules of
-        :func:`.history.write`; consecutive notes written the same way are one group, chained
-        (earlier records kept) when one of them is of a later attempt, as in SQL."""
-        if not notes:
-            return
-        with self.operation("record") as (_, space, now):
-            for how, group in itertools.groupby(notes, key=lambda n: history.how_written(n.event)):
-                group = list(group)
-                chained = any(n.attempt > 1 for n in group)
-                for n in group:
-                    history.write(space, HistoryRecord(n.entry, n.slot_ms, n.event, self.instance_id,
-                                                       now, n.task_id, n.attempt, n.detail),
-                                  how=how, chained=chained)
-            history.trim(space, {n.entry for n in notes}, self.history_size)
-
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        """The entry's newest runs, newest slot first (at most ``limit`` or ``history_size``)."""
-        with self.operation("read history") as (_, space, _now):
-            return history.newest(space, entry, limit or self.history_size)
-
-    def history_many(self, entries: Iterable[str],
-                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
-        """:meth:`history` of each of ``entries`` in one operation."""
-        names = list(dict.fromkeys(entries))
-        limit = self.history_size if limit is None else int(limit)
-        with self.operation("read history") as (_, space, _now):
-            return {name: history.newest(space, name, limit) if limit >= 1 else []
-                    for name in names}
-
-    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
-        """Remember the text of ``fingerprint`` (replacing an older text of it)."""
-        self.save_definitions([(entry, fingerprint, text)])
-
-    def save_definitions(self, definitions: Iterable[tuple[str, str, str]]) -> None:
-        """:meth:`save_definition` of each ``(entry, fingerprint, text)``, in one operation."""
-        with self.operation("save definitions") as (_, space, _now):
-            for entry, fingerprint, text in definitions:
-                space.definitions[(entry, fingerprint)] = text
-
-    def load_definition(self, entry: str, fingerprint: str) -> str | None:
-        """The text saved for ``fingerprint``, or ``None``."""
-        with self.operation("load a definition") as (_, space, _now):
-            return space.definitions.get((entry, fingerprint))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_anarchon.stores.base import HistoryRecord, RunEvent, SKIP_EVENTS
+from celery_anarchon.stores.parts import History
 from celery_anarchon.stores.nats.connection import (
     API, NO_MESSAGE_FOUND, STREAM_NOT_FOUND, WRONG_LAST_SEQUENCE, ApiError, reply_json, status_of,
     token,
@@ -27,7 +28,7 @@ from celery_anarchon.stores.nats.streams import Streams
 _NS = 1_000_000_000
 
 
-class NATSHistory:
+class NATSHistory(History):
     """The history and definitions of :class:`~celery_anarchon.stores.nats.NATSStore`: a part
     given what it needs of the store; every method raises StoreUnavailable as the store's do.
 
@@ -120,7 +121,7 @@ class NATSHistory:
                        [(n.entry, n.slot_ms, RunEvent(n.event), n.task_id, n.attempt, n.detail,
                          RunEvent(n.event) in SKIP_EVENTS) for n in notes])
 
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+    def read(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         """The entry's newest runs, newest first; ``store_ms`` is when the server stored the record."""
         limit = self.history_size if limit is None else int(limit)
         if limit < 1:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.stores._common import failed, translated
 from celery_anarchon.stores.base import (
-    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, Memory, RunEvent,
+    ClaimRequest, ClaimResult, ClaimStore, Memory,
 )
 from celery_anarchon.stores.nats import options as nats_options
 from celery_anarchon.stores.nats.claims import Claims
@@ -84,11 +84,11 @@ class NATSStore(ClaimStore):
         self._streams = Streams(names=names, safe_url=safe, replicas_option=given.replicas,
                                 window_ms=round(given.duplicate_window_s * 1000),
                                 claim_timeout=self.claim_timeout)
-        self._history = NATSHistory(streams=self._streams, history_size=self.history_size,
+        self.history = NATSHistory(streams=self._streams, history_size=self.history_size,
                                     instance_id=instance_id, claim_timeout=self.claim_timeout,
                                     call=self._call)
         self._window = Window(names=names, safe_url=safe, duplicate_window_s=self.duplicate_window_s,
-                              server_time=self._history.server_time, clock=lambda: self._clock())
+                              server_time=self.history.server_time, clock=lambda: self._clock())
         self._epoch = Epoch(streams=self._streams, instance_id=instance_id, safe_url=safe)
         self._server_clock = ServerClock(names=names, safe_url=safe, clock=lambda: self._clock(),
                                          claims_stream=self._claims_stream)
@@ -97,7 +97,7 @@ class NATSStore(ClaimStore):
                                         claim_timeout=self.claim_timeout, call=self._call)
         self._claims = Claims(instance_id=instance_id, safe_url=safe, streams=self._streams,
                               window=self._window, epoch=self._epoch,
-                              server_clock=self._server_clock, history=self._history,
+                              server_clock=self._server_clock, history=self.history,
                               warn=self._warn)
 
     # -- identity -----------------------------------------------------------------------------
@@ -191,7 +191,7 @@ class NATSStore(ClaimStore):
 
         async def step(session, nc):
             streams.ready.discard(self.stream)
-            streams.ready.discard(self._history.kv_stream)
+            streams.ready.discard(self.history.kv_stream)
             try:
                 info, warnings = await self._claims_stream(session, nc)
             except Missing:
@@ -203,8 +203,8 @@ class NATSStore(ClaimStore):
             warnings += more
             epoch = await streams.ensure(session, nc, self.epoch_stream, streams.epoch_config())
             warnings += (await streams.replicated(session, nc, epoch))[1]
-            await self._history.ensure_bucket(session, nc)
-            kv = await session.api(nc, f"{API}.STREAM.INFO.{self._history.kv_stream}")
+            await self.history.ensure_bucket(session, nc)
+            kv = await session.api(nc, f"{API}.STREAM.INFO.{self.history.kv_stream}")
             warnings += (await streams.replicated(session, nc, kv))[1]
             warnings += streams.topology_warnings(nc, info)
             await self._server_clock.probe(session, nc)
@@ -240,20 +240,3 @@ class NATSStore(ClaimStore):
             self._streams.ready.discard(self.stream)
             self._warn((await self._claims_stream(session, nc))[1])
             return await self._claims.claim(session, nc, requests)
-
-    # -- history and definitions (:class:`~.history.NATSHistory`) ----------------------------
-    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
-               attempt: int = 1, detail: str = "") -> None:
-        self._history.record(entry, slot_ms, event, task_id=task_id, attempt=attempt, detail=detail)
-
-    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
-        self._history.record_many(notes)
-
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        return self._history.history(entry, limit)
-
-    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
-        self._history.save_definition(entry, fingerprint, text)
-
-    def load_definition(self, entry: str, fingerprint: str) -> str | None:
-        return self._history.load_definition(entry, fingerprint)

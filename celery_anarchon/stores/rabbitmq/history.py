@@ -13,6 +13,7 @@ import amqp
 
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
+from celery_anarchon.stores.parts import History
 from celery_anarchon.stores.rabbitmq.connection import (
     QueueNames, Session, decode, history_arguments,
 )
@@ -22,8 +23,9 @@ from celery_anarchon.stores.rabbitmq.memory import MemoryStarts, local_ms
 HISTORY_EVENTS_PER_RUN = 4
 
 
-class RabbitMQHistory:
-    """The history queue of each entry, read under the entry's lock (:mod:`.memory`).
+class RabbitMQHistory(History):
+    """The ``history`` part of the RabbitMQ store: the history queue of each entry, read under
+    the entry's lock (:mod:`.memory`). It keeps no definitions (:meth:`save_definition`).
 
     :param using: ``using(doing)``: the store's session as a context manager (locked, errors
         translated, the session dropped on error).
@@ -42,6 +44,12 @@ class RabbitMQHistory:
         self._using = using
         self._memory = memory
         self._warn_once = warn_once
+
+    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
+               attempt: int = 1, detail: str = "") -> None:
+        """Append one event of a run to ``entry``'s history (skip events only fill)."""
+        self.record_many([HistoryRecord(entry, slot_ms, RunEvent(event), task_id=task_id,
+                                        attempt=attempt, detail=detail)])
 
     def record_many(self, notes: Sequence[HistoryRecord]) -> None:
         """Append the events in one pipeline and wait for their confirms.
@@ -98,7 +106,7 @@ class RabbitMQHistory:
         s.histories.add(entry)
         return warning
 
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+    def read(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         """The entry's newest runs, newest first (at most ``limit`` or ``history_size``): every
         event is read unacked under the entry's lock and given back in place."""
         limit = self.history_size if limit is None else int(limit)
@@ -107,6 +115,16 @@ class RabbitMQHistory:
         with self._using("reading history") as s:
             events = s.ensure(lambda: self.read_history(s, entry))
         return fold_history(entry, events, limit)
+
+    # -- definitions --------------------------------------------------------------------------
+    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
+        """Keeps nothing: a queue holds messages, not a lookup by key, so the texts behind
+        fingerprints are not kept on RabbitMQ (:meth:`load_definition` knows none; status names
+        a differing definition by its fingerprint only)."""
+
+    def load_definition(self, entry: str, fingerprint: str) -> str | None:
+        """``None``: no definition is kept (:meth:`save_definition`)."""
+        return None
 
     def read_history(self, s: Session, entry: str) -> list[dict]:
         queue = self.names.history(entry)
@@ -132,8 +150,8 @@ class RabbitMQHistory:
 def fold_history(entry: str, events: Iterable[dict], limit: int) -> list[HistoryRecord]:
     """The newest ``limit`` runs of ``entry``, newest first, from its events in the order they
     were stored: one record per run, a later event replaces an earlier one, and a skip event only
-    fills a run that has no record yet (:meth:`.ClaimStore.record`). Malformed events are
-    ignored."""
+    fills a run that has no record yet (:meth:`~celery_anarchon.stores.parts.History.record`).
+    Malformed events are ignored."""
     runs: dict[int, tuple[dict, RunEvent]] = {}
     for raw in events:
         try:

@@ -61,9 +61,9 @@ queue per entry and one passive declare per entry per batch (no extra round trip
 on the creating instance's clock, so the skew limit above applies to it too.
 
 **History**: one durable queue per entry, ``x-max-length`` = 4 x ``history_size`` events,
-oldest dropped first; writers append events (no read); :meth:`RabbitMQStore.history` folds them
-(one record per run, a later event replaces an earlier one, skip events only fill). Reading takes
-every message unacked and gives them back in place, under an exclusive queue
+oldest dropped first; writers append events (no read); :meth:`.history.RabbitMQHistory.read`
+folds them (one record per run, a later event replaces an earlier one, skip events only fill).
+Reading takes every message unacked and gives them back in place, under an exclusive queue
 ``<prefix>.lock.<namespace>.<entry>`` (held by one connection at a time, freed if it dies), so two
 readers never see a half-empty queue; the memory start is read under the same lock. A history
 queue declared with another ``history_size`` is kept as it is (a warning). ``store_ms`` of a
@@ -144,7 +144,7 @@ class RabbitMQStore(ClaimStore):
         self._memory = MemoryStarts(
             names=self.names, namespace=self.namespace, instance_id=self.instance_id,
             safe_url=self.safe_url, claim_timeout=self.claim_timeout, drop=self._drop)
-        self._history = RabbitMQHistory(
+        self.history = RabbitMQHistory(
             names=self.names, instance_id=self.instance_id, safe_url=self.safe_url,
             claim_timeout=self.claim_timeout, history_size=self.history_size,
             using=self._using, memory=self._memory, warn_once=self._warn_once)
@@ -239,7 +239,7 @@ class RabbitMQStore(ClaimStore):
             if error:
                 raise ConfigError(error)
             for entry in entries:
-                warning = self._history.ensure_history(s, entry)
+                warning = self.history.ensure_history(s, entry)
                 if warning:
                     warnings.append(warning)
                 self._memory.born(s, entry)
@@ -285,7 +285,7 @@ class RabbitMQStore(ClaimStore):
             try:
                 with translated("RabbitMQ", self.safe_url, "recording the batch's history",
                                 self.connection_errors, cause=self._cause):
-                    self._history.publish_history(s, notes)
+                    self.history.publish_history(s, notes)
             except StoreUnavailable as exc:
                 logger.warning("claims decided, but their history was not recorded: %s", exc)
                 self._drop()
@@ -302,19 +302,6 @@ class RabbitMQStore(ClaimStore):
         event = RunEvent.CLAIMED if outcome is Outcome.WON else RunEvent.for_skip(outcome)
         return HistoryRecord(request.entry, request.slot_ms, event, task_id=request.task_id,
                              detail=detail[:500])
-
-    # -- history (:class:`~.history.RabbitMQHistory`) -------------------------------------------
-    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
-               attempt: int = 1, detail: str = "") -> None:
-        """Append one event of a run to ``entry``'s history (skip events only fill)."""
-        self._history.record_many([HistoryRecord(entry, slot_ms, RunEvent(event), task_id=task_id,
-                                                 attempt=attempt, detail=detail)])
-
-    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
-        self._history.record_many(notes)
-
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        return self._history.history(entry, limit)
 
 
 __all__ = ["RabbitMQStore", "DEFAULT_SLOT_TTL_S", "DECLARE_CHANNELS"]

@@ -63,9 +63,9 @@ class ClusterHistory(RedisHistory):
         if calls:
             c.rounds(calls)
 
-    def history_many(self, entries: Iterable[str],
-                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
-        """:meth:`history` of each of ``entries``, pipelined per master (:data:`HISTORY_BATCH`
+    def read_many(self, entries: Iterable[str],
+                  limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """:meth:`read` of each of ``entries``, pipelined per master (:data:`HISTORY_BATCH`
         reads a round).
 
         :raises StoreUnavailable: a master did not answer (nothing is returned).

@@ -9,9 +9,10 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 
 from celery_anarchon.stores.base import SKIP_EVENTS, HistoryRecord, RunEvent
+from celery_anarchon.stores.parts import History
 from celery_anarchon.stores.redis.connection import RedisConnection
 
-#: ``history_many`` sends at most this many history reads in one pipeline (one round trip each)
+#: ``read_many`` sends at most this many history reads in one pipeline (one round trip each)
 HISTORY_BATCH = 500
 #: definitions saved per pipelined round trip (:meth:`RedisHistory.save_definitions`)
 DEFINITIONS_PER_TRIP = 1000
@@ -35,8 +36,9 @@ def history_records(entry: str, reply: dict) -> list[HistoryRecord]:
     return [_record(entry, int(h["s"]), h["r"]) for h in _items(reply.get("records"))]
 
 
-class RedisHistory:
-    """``record``, ``record_many``, ``history``, ``history_many`` and the definitions.
+class RedisHistory(History):
+    """The ``history`` part of a Redis store: ``record``, ``record_many``, ``read``,
+    ``read_many`` and the definitions.
 
     :param connection: the store's connection.
     :param history_size: runs of history kept per entry.
@@ -81,7 +83,7 @@ class RedisHistory:
                           n.detail, "1" if event in SKIP_EVENTS else "0"], client=pipe)
             pipe.execute()
 
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+    def read(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         """The entry's newest runs, newest first (one script: index and records read together).
 
         :raises StoreUnavailable: the server did not answer.
@@ -91,9 +93,9 @@ class RedisHistory:
             return []
         return history_records(entry, self.connection.call("history", self._block(entry), limit))
 
-    def history_many(self, entries: Iterable[str],
-                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
-        """:meth:`history` of each of ``entries``: the same script per entry, pipelined
+    def read_many(self, entries: Iterable[str],
+                  limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """:meth:`read` of each of ``entries``: the same script per entry, pipelined
         (:data:`HISTORY_BATCH` a round trip).
 
         :returns: ``{entry: runs newest first}`` for every name given.

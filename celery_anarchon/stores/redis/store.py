@@ -169,7 +169,7 @@ class RedisStore(ClaimStore):
 
     def _parts(self) -> None:
         """History, the entry store and the instance records, each given the connection."""
-        self._history = self.history_class(
+        self.history = self.history_class(
             self.connection, history_size=self.history_size, block=self._block,
             definitions_key=lambda entry: self.keys_of(entry)["definitions"])
         self.entries = self.entries_class(self.namespace_keys, self.connection, self._memory_ms)
@@ -183,9 +183,9 @@ class RedisStore(ClaimStore):
                if r.outcome is Outcome.WON else r for r in results]
         notes = [r for r in out if r.outcome is Outcome.UNCONFIRMED]
         with contextlib.suppress(StoreUnavailable):
-            self.record_many([HistoryRecord(r.entry, r.slot_ms, RunEvent.UNCONFIRMED,
-                                          task_id=r.request.task_id, attempt=r.attempt,
-                                          detail=detail) for r in notes])
+            self.history.record_many([HistoryRecord(r.entry, r.slot_ms, RunEvent.UNCONFIRMED,
+                                                  task_id=r.request.task_id, attempt=r.attempt,
+                                                  detail=detail) for r in notes])
         return out
 
     def close(self) -> None:
@@ -244,31 +244,6 @@ class RedisStore(ClaimStore):
         with self.connection.unavailable("TIME"):
             seconds, micros = self.connection.client()[0].time()
         return int(seconds) * 1000 + int(micros) // 1000
-
-    # -- history and definitions (:class:`~.history.RedisHistory`) -----------------------------
-    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
-               attempt: int = 1, detail: str = "") -> None:
-        self._history.record(entry, slot_ms, event, task_id=task_id, attempt=attempt, detail=detail)
-
-    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
-        self._history.record_many(notes)
-
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        return self._history.history(entry, limit)
-
-    def history_many(self, entries: Iterable[str],
-                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
-        return self._history.history_many(entries, limit)
-
-    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
-        self._history.save_definition(entry, fingerprint, text)
-
-    def save_definitions(self, definitions: Iterable[tuple[str, str, str]]) -> None:
-        self._history.save_definitions(definitions)
-
-    def load_definition(self, entry: str, fingerprint: str) -> str | None:
-        return self._history.load_definition(entry, fingerprint)
-
 
 def judge_settings(reply: dict, ours: str, horizon: int, where: str) -> int:
     """The replicas online now, as the claim scripts count them, from the settings script's

@@ -14,10 +14,11 @@ import sqlalchemy as sa
 from celery_anarchon.stores.base import (
     AFTER_SEND, MAX_EARLIER, SEND_NOTES, SKIP_EVENTS, HistoryRecord, RunEvent, keeps_earlier,
 )
+from celery_anarchon.stores.parts import History
 from celery_anarchon.stores.sql import schema
 
 _RUN_KEY = ("namespace", "entry", "slot_ms")
-#: ``history_many`` names at most this many entries in one query
+#: ``read_many`` names at most this many entries in one query
 HISTORY_BATCH = 1000
 #: runs read per statement by a write that keeps earlier attempts' records
 _LOOKUP_CHUNK = 500
@@ -37,8 +38,9 @@ def _records(r: Any) -> HistoryRecord:
                          attempt=r.attempt, detail=r.detail, earlier=earlier)
 
 
-class SQLHistory:
-    """One record per run, the newest ``history_size`` runs of each entry, and definitions.
+class SQLHistory(History):
+    """The ``history`` part of the SQL stores: one record per run, the newest ``history_size``
+    runs of each entry, and definitions.
 
     :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
     :param run: ``run(what, work, *, write=True)``: ``work(conn)`` in one transaction of the store.
@@ -180,7 +182,7 @@ class SQLHistory:
             self.trim(conn, {n.entry for n in notes})
         self._run("record", work)
 
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
+    def read(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
         """The entry's newest runs, newest slot first (at most ``limit`` or ``history_size``).
 
         :raises StoreUnavailable: the store cannot be reached.
@@ -192,9 +194,9 @@ class SQLHistory:
         known = {e.value for e in RunEvent}
         return [_records(r) for r in rows if r.event in known]
 
-    def history_many(self, entries: Iterable[str],
-                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
-        """:meth:`history` of each of ``entries`` in one transaction: one query per
+    def read_many(self, entries: Iterable[str],
+                  limit: int | None = None) -> dict[str, list[HistoryRecord]]:
+        """:meth:`read` of each of ``entries`` in one transaction: one query per
         :data:`HISTORY_BATCH` names, each entry's newest rows picked by a window function.
 
         :returns: ``{entry: runs newest slot first}`` for every name given.

@@ -47,7 +47,7 @@ from celery_anarchon.stores._common import reject_unknown_options
 from celery_anarchon.stores.sql import options as sql_options, schema
 from celery_anarchon.stores.base import (
     DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S,
-    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, Memory, RunEvent,
+    ClaimRequest, ClaimResult, ClaimStore, Memory,
 )
 from celery_anarchon.stores.sql.claims import SQLClaims
 from celery_anarchon.stores.sql.connection import SQLConnection
@@ -65,7 +65,8 @@ PRUNE_INTERVAL_S = 5.0
 
 class SQLStore(ClaimStore):
     """The shared implementation of :class:`~.postgresql.PostgreSQLStore` and
-    :class:`~.sqlite.SQLiteStore`, with every part: ``leases`` (:class:`~.leases.SQLLeases`),
+    :class:`~.sqlite.SQLiteStore`, with every part: ``history`` (:class:`~.history.SQLHistory`),
+    ``leases`` (:class:`~.leases.SQLLeases`),
     ``entries`` (store entries, pauses, run-now requests: :class:`~.entries.SQLEntries`) and
     ``instances`` (instance records: :class:`~.instances.SQLInstances`).
 
@@ -118,8 +119,8 @@ class SQLStore(ClaimStore):
                                  insert=c.insert, epoch_sql=c.epoch_sql, epoch_text=c.epoch_text)
         note, lock, fences = (self._memory.note_store, self._memory.lock_entries,
                               self._memory.save_fences)
-        #: history and definitions
-        self._history = SQLHistory(namespace=ns, instance_id=me, history_size=self.history_size,
+        #: the history of runs and the texts of definitions
+        self.history = SQLHistory(namespace=ns, instance_id=me, history_size=self.history_size,
                                    dialect=dialect, insert=c.insert, run=c.run,
                                    lock_entries=lock, now_us=c.now_us)
         #: entries, pauses, run-now requests; instance records
@@ -132,13 +133,13 @@ class SQLStore(ClaimStore):
         self._claims = SQLClaims(
             namespace=ns, instance_id=me, memory_s=self.memory_s, memory_ms=self.memory_ms,
             insert=c.insert, note_store=note, lock_entries=lock, pauses=self.entries.pauses,
-            save_fences=fences, now_us=c.now_us, history=self._history)
+            save_fences=fences, now_us=c.now_us, history=self.history)
         #: the records of leased runs
         self.leases = SQLLeases(
             namespace=ns, instance_id=me, memory_ms=self.memory_ms, kind=self.kind,
             safe_url=self.safe_url, run=c.run, lock_entries=lock, note_store=note,
-            save_fences=fences, now_us=c.now_us, history_row=self._history.row,
-            write_history=self._history.write, pauses=self.entries.pauses)
+            save_fences=fences, now_us=c.now_us, history_row=self.history.row,
+            write_history=self.history.write, pauses=self.entries.pauses)
 
     def _check_server(self, conn: sa.Connection) -> list[str]:
         """Versions and settings at prepare(): warnings, or ConfigError when it cannot serve."""
@@ -206,28 +207,6 @@ class SQLStore(ClaimStore):
             unconfirmed=unconfirmed)
         self._maybe_prune()
         return results
-
-    # -- history and definitions (:class:`~.history.SQLHistory`) ----------------------------
-    def record(self, entry: str, slot_ms: int, event: RunEvent, *, task_id: str = "",
-               attempt: int = 1, detail: str = "") -> None:
-        self._history.record(entry, slot_ms, event, task_id=task_id, attempt=attempt, detail=detail)
-
-    def record_many(self, notes: Sequence[HistoryRecord]) -> None:
-        """Every note in one transaction (:meth:`.SQLHistory.record_many`)."""
-        self._history.record_many(notes)
-
-    def history(self, entry: str, limit: int | None = None) -> list[HistoryRecord]:
-        return self._history.history(entry, limit)
-
-    def history_many(self, entries: Iterable[str],
-                     limit: int | None = None) -> dict[str, list[HistoryRecord]]:
-        return self._history.history_many(entries, limit)
-
-    def save_definition(self, entry: str, fingerprint: str, text: str) -> None:
-        self._history.save_definition(entry, fingerprint, text)
-
-    def load_definition(self, entry: str, fingerprint: str) -> str | None:
-        return self._history.load_definition(entry, fingerprint)
 
     # -- pruning --------------------------------------------------------------------------
     def _maybe_prune(self) -> None:
