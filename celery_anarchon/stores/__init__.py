@@ -4,12 +4,18 @@ As kombu resolves its transports, a table maps each scheme to a ``"module:name"`
 only when used: an extra that is not installed costs nothing until asked for, its absence is an
 error naming the extra, and an unknown scheme suggests the closest known one. The name is the
 store's class, or the factory that picks it from the options (Redis: one class per ``strategy``).
+
+A store another package provides is named by ``anarchon_store_url`` itself, as
+``"package.module:Class"`` (as kombu takes a transport class by name, ``symbol_by_name``): the
+class (or factory) is imported and built as the registry's are, with the value as its URL and
+its settings in ``anarchon_store_options``.
 """
 from __future__ import annotations
 
 import difflib
 import importlib
 import os
+import re
 from collections.abc import Callable
 
 from celery_anarchon._util import mask_url
@@ -45,13 +51,44 @@ STORES: dict[str, tuple[str, str | None]] = {
 #: client library module -> extra that installs it
 _EXTRA_OF_MODULE = {"redis": "redis", "psycopg": "postgres", "nats": "nats", "ephem": "solar"}
 
+#: ``anarchon_store_url`` naming a store of another package: ``package.module:Class`` (no ``://``)
+_NAMED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
+def named_store(url: str) -> Callable[..., ClaimStore]:
+    """The class (or factory) ``url`` names as ``"package.module:Class"`` (a dotted name after the
+    colon reaches an attribute of an attribute), imported now.
+
+    :raises ConfigError: the module cannot be imported, or it has no such name, or what it names
+        cannot be called.
+    """
+    module_name, _, name = url.partition(":")
+    try:
+        found = importlib.import_module(module_name)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"anarchon_store_url {url!r} names a store that cannot be imported "
+            f"({type(exc).__name__}: {exc}); fix: install the package that provides it, or check "
+            "the module and class names (\"package.module:Class\")") from exc
+    if not callable(found):
+        raise ConfigError(f"anarchon_store_url {url!r} names {found!r}, which is not a store class "
+                          "or a factory of one")
+    return found
+
+
 def store_factory(url: str) -> Callable[..., ClaimStore]:
     """What builds the store of ``url``'s scheme (its class, or a factory taking the same
-    arguments), importing its module on first use.
+    arguments), importing its module on first use; a ``url`` of the form
+    ``"package.module:Class"`` names it itself (:func:`named_store`).
 
-    :raises ConfigError: unknown scheme (with the closest known one), or the client library of
-        the store is not installed (with the extra to install).
+    :raises ConfigError: unknown scheme (with the closest known one), the client library of
+        the store is not installed (with the extra to install), or a named store that cannot be
+        imported.
     """
+    if _NAMED.fullmatch(url):
+        return named_store(url)
     scheme = scheme_of(url)
     if scheme not in STORES:
         close = difflib.get_close_matches(scheme, STORES, n=1)
@@ -77,14 +114,21 @@ def store_factory(url: str) -> Callable[..., ClaimStore]:
 def open_store(url: str, *, namespace: str, instance_id: str, options: dict | None = None) -> ClaimStore:
     """Build the store for ``url`` (no I/O: it connects on first use).
 
-    :param url: ``anarchon_store_url``; its scheme picks the backend.
+    :param url: ``anarchon_store_url``; its scheme picks the backend, or it names the store's
+        class (``"package.module:Class"``).
     :param namespace: ``anarchon_namespace``; two apps sharing a store never collide.
     :param instance_id: this beat instance's id (host, pid, random suffix).
     :param options: ``anarchon_store_options``; validated by the store that owns them.
-    :raises ConfigError: unknown scheme, missing extra, or an option the store does not know.
+    :raises ConfigError: unknown scheme, missing extra, an option the store does not know, or a
+        named store that cannot be imported or is not a :class:`ClaimStore`.
     """
     build = store_factory(url)
-    return build(url, namespace=namespace, instance_id=instance_id, **dict(options or {}))
+    store = build(url, namespace=namespace, instance_id=instance_id, **dict(options or {}))
+    if not isinstance(store, ClaimStore):
+        raise ConfigError(f"anarchon_store_url {mask_url(url)!r} built {type(store).__name__}, "
+                          "which is not a store (a subclass of "
+                          "celery_anarchon.stores.base.ClaimStore)")
+    return store
 
 
 def default_sqlite_url(broker_url: str | None) -> str:

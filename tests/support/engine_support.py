@@ -202,6 +202,23 @@ def another(store: MemoryStore, instance_id: str) -> MemoryStore:
                        clock=store.clock)
 
 
+class ThirdPartyStore(MemoryStore):
+    """A store another package provides, named by ``anarchon_store_url`` as
+    ``"engine_support:ThirdPartyStore"``: the memory store of the server named by the option
+    ``server``, built from that value as its URL."""
+
+    kind = "third-party"
+
+    def __init__(self, url: str, *, server: str = "third-party", **kwargs) -> None:
+        super().__init__("memory://" + server, **kwargs)
+        self.url = url
+
+
+def not_a_store(url: str, **options) -> dict:
+    """A factory named by ``anarchon_store_url`` that builds something other than a store."""
+    return {"url": url, **options}
+
+
 class ClaimsOnly(ClaimStore):
     """The memory store seen through the claim contract alone (no instance records, entries or
     leases), as a store that keeps nothing else would be; ``calls`` are the wrapped store's."""
