@@ -77,8 +77,9 @@ def test_the_beat_wing_is_layered_and_its_engine_free_of_celery(capsys):
 
 
 def test_the_operators_wing_is_layered(capsys):
-    """cli < web < page < overview < checks, overview_entries < overview_instances < schedules <
-    session, run_now < listing < config < names: the schedules API never imports a view of it."""
+    """cli < web < page < overview < checks, overview_entries < overdue < overview_instances <
+    schedules < session, run_now < listing < config < names: the schedules API never imports a
+    view of it."""
     kept, report = _kept("operate", capsys)
     assert kept, report
 

@@ -69,8 +69,13 @@ def _listed(app, store: ClaimStore) -> tuple[list[ScheduledEntry], dict[str, str
     return listed, texts, requests
 
 
+#: the runs of each entry read at least, for the overdue rule (an entry whose newest due slot is
+#: older than these is read again in full)
+DUE_RUNS = 20
+
+
 def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: int = 20,
-             next_count: int = 3, now_ms: int | None = None) -> dict:
+             next_count: int = 3, now_ms: int | None = None, due: bool = True) -> dict:
     """The status of ``app``'s namespace in ``store``, as JSON-able data.
 
     :param app: the Celery app (``beat_schedule``, ``timezone``, the ``anarchon_*`` settings).
@@ -78,8 +83,10 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     :param settings: the app's settings (default ``Settings.from_app(app)``).
     :param runs: how many of each entry's newest runs to read (``runs`` below), 0 for none.
     :param next_count: how many next slots per entry.
-    :param now_ms: "now" for the next slots, UTC ms (default: the store's clock, else this
-        host's).
+    :param now_ms: "now" for the next slots and the overdue rule, UTC ms (default: the store's
+        clock, else this host's).
+    :param due: tell each entry's newest due slot and whether it is overdue (``due``; reads at
+        least :data:`DUE_RUNS` runs of each entry); ``False``: ``due`` is ``None``.
     :raises ConfigError: a bad ``anarchon_*`` setting (every other problem is in the data).
 
     The keys (times are ISO 8601 UTC strings, ``...+00:00``, or ``None``):
@@ -114,8 +121,15 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
       (leased entries: the newest run's lease ``{slot, state, attempt, holder, token, expires,
       queue_deadline, expired}`` or ``None``), ``run_now`` (its pending requests, as below),
       ``kept`` (what live instances keep of it from before the store lost entries data, as in
-      ``lost``: ``{instance, what: "pause" | "entry" | "withheld", detail}``), ``state``
-      (``"running"``, ``"paused"``, ``"kept"`` (the store holds no pause, but a live instance
+      ``lost``: ``{instance, what: "pause" | "entry" | "withheld", detail}``), ``due`` (its
+      newest due slot, whose deadline slot + jitter + max_late has passed, and what the store
+      says of it: ``{slot, deadline, state: "recorded" | "overdue" | "unknown", event (the
+      slot's record's), late_s (seconds past the deadline), why (why "unknown": the store cannot
+      vouch)}``, :mod:`~celery_anarchon.operate.overdue`; ``None`` for an entry paused, kept,
+      broken or unknown, or with no slot due yet), ``unsent`` (``True``: no live, ticking beat
+      instance, so nothing is sending it; ``None`` when the store keeps no instance records or
+      cannot be read), ``state`` (``"running"``, ``"overdue"`` (running, and its newest due slot
+      has no record: ``due``), ``"paused"``, ``"kept"`` (the store holds no pause, but a live instance
       keeps one from before the store's loss: it claims no run of it), ``"problem"``, or
       ``"unknown"`` when the store cannot be read: ``paused``, ``lease`` and ``run_now`` are then
       ``None``, not known).
@@ -178,15 +192,19 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
             part["reachable"], part["error"], reachable = False, str(exc), False
     config = config_items(app)
     histories: dict[str, list[HistoryRecord]] = {}
-    if reachable and runs:
+    # at least DUE_RUNS runs of each: what the overdue rule needs of most entries in one read
+    read_limit = max(runs, DUE_RUNS) if due else runs
+    if reachable and read_limit:
         try:   # every entry's runs in a few round trips (History.read_many)
             # a name no store can encode (a lone surrogate) has no runs: beat refuses it
             histories = store.history.read_many([e.name for e in listed
                                                  if limits.undecodable(e.name) is None],
-                                                limit=runs)
+                                                limit=read_limit)
         except StoreError as exc:
             part["reachable"], part["error"], reachable = False, str(exc), False
     cache, used = plan_cache(app, settings, store), set()
+    unsent = (not any(i["ticking"] for i in out["instances"])
+              if reachable and store.instances is not None else None)
     for scheduled in listed:
         history = histories.get(scheduled.name, [])
         try:
@@ -194,13 +212,15 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
                 app, settings, store, scheduled, config, texts.get(scheduled.name),
                 history=history, next_count=next_count, now_ms=now_ms, reachable=reachable,
                 requests=requests, cache=cache, used=used,
-                kept=kept_of(out["lost"], scheduled.name)))
+                kept=kept_of(out["lost"], scheduled.name), runs=runs,
+                read_limit=read_limit if due and limits.undecodable(scheduled.name) is None else 0,
+                unsent=unsent))
         except StoreError as exc:
             part["reachable"], part["error"], reachable = False, str(exc), False
             out["entries"].append(entry_row(
                 app, settings, store, scheduled, config, texts.get(scheduled.name),
                 history=history, next_count=next_count, now_ms=now_ms, reachable=False,
-                requests=requests, cache=cache, used=used, kept=[]))
+                requests=requests, cache=cache, used=used, kept=[], runs=runs))
     for key in set(cache) - used:   # definitions no longer listed
         del cache[key]
     if not reachable:   # what only the store knows is unknown, not empty
@@ -208,7 +228,7 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
         out["run_now"] = out["lost"] = None
         for entry in out["entries"]:
             entry.update(state=UNKNOWN_STATE, paused=None, lease=None, run_now=None, runs=[],
-                         last=None, kept=None)
+                         last=None, kept=None, due=None, unsent=None)
     return out
 
 

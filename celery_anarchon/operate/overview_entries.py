@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from celery_anarchon._util import iso
 from celery_anarchon.errors import ConfigError, StoreError
+from celery_anarchon.operate import overdue
 from celery_anarchon.operate.listing import ScheduledEntry, celery_entry_in
 from celery_anarchon.operate.overview_instances import maybe_iso
 from celery_anarchon.schedule import as_data
@@ -182,7 +183,20 @@ def entry_row(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEn
               config: Mapping,
            stored_text: str | None, *, history: list[HistoryRecord], next_count: int, now_ms: int,
            reachable: bool, requests: list[dict], cache: dict, used: set,
-           kept: list[dict]) -> dict:
+           kept: list[dict], runs: int | None = None, read_limit: int = 0,
+           unsent: bool | None = None) -> dict:
+    """One entry's row of :func:`~celery_anarchon.operate.overview.overview` (its docstring
+    names the keys).
+
+    :param history: the entry's runs as read, newest first (``read_limit`` at most); the row
+        shows the first ``runs`` of them (default: all).
+    :param read_limit: how many runs were read at most: when every one is newer than the
+        entry's newest due slot, its history is read again in full (``History.read``) to
+        find that slot's record (:mod:`~celery_anarchon.operate.overdue`). 0: no runs read, no
+        ``due``.
+    :param unsent: no live beat instance sends anything (``None``: not known).
+    :raises StoreError: the store failed while a lease or the full history was read.
+    """
     planned = planned_of(cache, used, app, settings, store, scheduled, config, stored_text)
     definition = scheduled.definition or {}
     out = {"name": scheduled.name, "source": scheduled.source, "task": definition.get("task"),
@@ -193,16 +207,37 @@ def entry_row(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEn
            "lease": None, "state": UNKNOWN_STATE,
            "run_now": (None if requests is None
                        else [r for r in requests if r["entry"] == scheduled.name]),
-           "kept": kept}
+           "kept": kept, "due": None, "unsent": unsent if reachable else None}
     if reachable and scheduled.pause is not None:
         p = scheduled.pause
         out["paused"] = {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
     if reachable:
-        out["runs"] = [run_json(r) for r in history]
-        out["last"] = out["runs"][0] if history else None
-        out["lease"] = _lease(store, planned.plan, history)
+        shown = history if runs is None else history[:runs]
+        out["runs"] = [run_json(r) for r in shown]
+        out["last"] = out["runs"][0] if shown else None
+        out["lease"] = _lease(store, planned.plan, shown)
         out["state"] = ("paused" if out["paused"] else
                         "kept" if any(k["what"] == "pause" for k in kept) else
                         "problem" if out["problem"] else "running")
+        if out["state"] == "running" and planned.plan is not None and read_limit:
+            out["due"] = _due(store, planned.plan, scheduled, history, now_ms, read_limit)
+            if out["due"] is not None and out["due"]["state"] == overdue.OVERDUE:
+                out["state"] = overdue.OVERDUE
     return out
+
+
+def _due(store: ClaimStore, plan: EntryPlan, scheduled: ScheduledEntry,
+         history: list[HistoryRecord], now_ms: int, read_limit: int) -> dict | None:
+    """The entry's newest due slot as :func:`overdue.judge` tells it; the entry's history read
+    again in full when the runs read do not reach that slot."""
+    memory = store.memory
+    slot = overdue.due_slot(plan, now_ms, floor_ms=None if memory.duration_s is None
+                            else now_ms - int(memory.duration_s * 1000))
+    complete = True
+    kept = getattr(store, "history_size", None) or 10 ** 9   # runs the store keeps per entry
+    if slot is not None and overdue.needs_more(history, min(read_limit, kept), slot):
+        history = store.history.read(scheduled.name)
+        complete = not overdue.needs_more(history, kept, slot)
+    changed = scheduled.updated_ms if scheduled.source == "store" else None
+    return overdue.judge(plan, history, now_ms, memory, complete=complete, changed_ms=changed)
 

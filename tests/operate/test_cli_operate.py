@@ -124,7 +124,8 @@ INSTANCE_KEYS = {"instance_id", "host", "pid", "version", "started", "last_tick"
                  "last_tick_age_s", "skew_ms", "entries", "fingerprints_digest", "seen", "expires",
                  "ticking", "stale", "kept"}
 ENTRY_KEYS = {"name", "source", "task", "schedule", "timezone", "next", "problem", "leased",
-              "shadowed", "paused", "last", "runs", "lease", "run_now", "state", "kept"}
+              "shadowed", "paused", "last", "runs", "lease", "run_now", "state", "kept", "due",
+              "unsent"}
 
 
 def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, namespace, monkeypatch):
