@@ -144,8 +144,9 @@ def recent_skips(data: dict, limit: int = SKIPS_SHOWN) -> list[tuple[str, dict]]
 def attention(entry: dict) -> str | None:
     """Why an entry of the status data needs attention, or ``None``: ``"unknown"`` (the store
     cannot be read), ``"paused"``, ``"pause kept"`` (a live instance keeps its pause from before
-    the store lost it), ``"problem"`` (it breaks a start-up rule), ``"lease expired"``, or the event of its newest skipped or failed run among those shown (``"late"``,
-    ``"send_failed"``, ...)."""
+    the store lost it), ``"problem"`` (it breaks a start-up rule), ``"overdue"`` (its newest due
+    slot has no record), ``"lease expired"``, or the event of its newest skipped or failed run
+    among those shown (``"late"``, ``"send_failed"``, ...)."""
     if entry.get("state") == "unknown":
         return "unknown"
     if entry.get("paused"):
@@ -154,6 +155,8 @@ def attention(entry: dict) -> str | None:
         return "pause kept"
     if entry.get("problem"):
         return "problem"
+    if entry.get("state") == "overdue":
+        return "overdue"
     if (entry.get("lease") or {}).get("expired"):
         return "lease expired"
     for run in entry.get("runs") or ():
@@ -172,7 +175,8 @@ def _number(value, default: int, low: int, high: int) -> int:
 def entries_page(entries: list[dict], *, query: str | None = None, page: str | int | None = 1,
                  per_page: str | int | None = PER_PAGE) -> dict:
     """One page of the status page's entries: those whose name contains ``query`` (ignoring
-    case), the ones needing :func:`attention` first (by name), then the others (by name).
+    case), the ones needing :func:`attention` first (the overdue ones, then the others, each by
+    name), then the others (by name).
 
     :param query: ``?q=``; empty or ``None``: every entry.
     :param page: ``?page=``, from 1; held within the pages (not a number: 1).
@@ -186,7 +190,8 @@ def entries_page(entries: list[dict], *, query: str | None = None, page: str | i
     needle = query.casefold()
     found = [(e, attention(e)) for e in entries
              if not needle or needle in str(e.get("name", "")).casefold()]
-    found.sort(key=lambda pair: (pair[1] is None, str(pair[0].get("name", ""))))
+    found.sort(key=lambda pair: (pair[1] is None, pair[1] != "overdue",
+                                 str(pair[0].get("name", ""))))
     size = _number(per_page, PER_PAGE, 1, MAX_PER_PAGE)
     pages = max(1, -(-len(found) // size))
     number = _number(page, 1, 1, pages)

@@ -8,8 +8,9 @@ imported on every ``celery`` run: keep its imports light (the command bodies liv
 
 Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another failure; 2 bad
 input (a usage error, an invalid definition, a timing rule, a store that cannot hold entries);
-3 unknown entry; 4 the entry is owned by ``beat_schedule``, or exists already. ``check`` exits 1
-when any rule fails (docs/production.md "Command line for operators").
+3 unknown entry; 4 the entry is owned by ``beat_schedule``, or exists already; 5 an entry is
+overdue (``check --overdue``). ``check`` exits 1 when any rule fails (docs/production.md
+"Command line for operators").
 """
 from __future__ import annotations
 
@@ -123,13 +124,23 @@ def history(ctx, entry, since, limit, as_json):
               help="Check the rules only, without connecting to the store (as in CI).")
 @click.option("--strict", is_flag=True,
               help="A warning fails the check too (an unregistered task, what the store can lose).")
+@click.option("--overdue", is_flag=True,
+              help="Check only that no entry is overdue (its newest slot past jitter + max_late "
+                   "has no record): exit 5 when one is, 1 when the store cannot be read; for a "
+                   "health check or a Kubernetes probe.")
 @click.pass_context
-def check(ctx, no_store, strict):
+def check(ctx, no_store, strict, overdue):
     """Check the whole configuration without starting beat: every timing rule of every entry
     (beat_schedule and store), the store reachable and what its setup can lose, the worker side
     installed for leased entries. Exit 0 when everything passes, 1 otherwise (with --strict,
-    also when anything is warned of)."""
+    also when anything is warned of). With --overdue, only whether an entry is overdue: exit 0
+    when none is, 5 when one is (each named), 1 when the store cannot be read."""
     from celery_anarchon.operate.cli import rules
+    if overdue:
+        if no_store:
+            raise click.UsageError("--overdue reads the store: it cannot go with --no-store")
+        rules.overdue(ctx.obj.app)
+        return
     rules.check(ctx.obj.app, not no_store, strict)
 
 

@@ -27,6 +27,8 @@ from celery_anarchon.operate.schedules import Schedules, ScheduledEntry
 
 #: exit codes (documented in docs/schedules.md)
 EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_UNKNOWN_ENTRY, EXIT_OWNED_OR_EXISTS = 1, 2, 3, 4
+#: ``check --overdue``: an entry is overdue (docs/production.md "Command line for operators")
+EXIT_OVERDUE = 5
 #: the flags of add/update that are parts of a definition: flag -> definition key
 _PART_FLAGS = {"task": "task", "args_": "args", "kwargs_": "kwargs", "options_": "options",
                "anarchon": "anarchon"}

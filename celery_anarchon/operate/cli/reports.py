@@ -21,6 +21,7 @@ from celery_anarchon.limits import FIRST_MS, LAST_SLOT_MS
 from celery_anarchon.operate import checks as testing
 from celery_anarchon.operate.cli.entries import EXIT_FAILURE, _exit_codes, _open, _table
 from celery_anarchon.operate.names import normal_name
+from celery_anarchon.operate.overdue import OVERDUE, overdue_line
 from celery_anarchon.operate.overview import dumps, lost_lines, overview, run_json
 
 #: ``--since`` durations: ``90s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w``
@@ -118,7 +119,14 @@ def _state(e: dict) -> str:
     if e["state"] == "kept":
         return "paused (kept by " + ", ".join(k["instance"] for k in e["kept"]
                                               if k["what"] == "pause") + ")"
-    return "problem" if e["problem"] else "running"
+    if e["problem"]:
+        return "problem"
+    state = OVERDUE if e["state"] == OVERDUE else "running"
+    return f"{state}; {NOTHING_SENDS}" if e.get("unsent") else state
+
+
+#: an entry's state when no live beat instance sends anything (``unsent``)
+NOTHING_SENDS = "nothing sends it (no live beat)"
 
 
 def _print_entries(data: dict) -> None:
@@ -142,6 +150,11 @@ def _print_entries(data: dict) -> None:
         click.echo(f"\nrun-now requests: {len(data['run_now'])}")
         for r in data["run_now"]:
             click.echo(f"  {r['entry']}: request {r['request_id']}, slot {r['slot']}, by {r['by']}")
+    late = [e for e in entries if e["state"] == OVERDUE]
+    if late:
+        click.echo(f"\noverdue entries: {len(late)}")
+        for e in late:
+            click.echo(f"  {overdue_line(e['name'], e['due'])}")
     problems = [e for e in entries if e["problem"]]
     if problems:
         click.echo(f"\nentries that break a rule (beat refuses them): {len(problems)}")

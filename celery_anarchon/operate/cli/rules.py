@@ -3,7 +3,8 @@ the app's entries, without running beat (:mod:`celery_anarchon.operate.cli` decl
 imports this module only when one runs).
 
 Exit codes (docs/production.md "Command line for operators"): ``check`` 0 when every rule
-passes, 1 otherwise; ``next`` 0, 2 the entry breaks a rule, 3 unknown entry.
+passes, 1 otherwise; ``check --overdue`` 0 when no entry is overdue, 5 when one is, 1 when the
+store cannot be read; ``next`` 0, 2 the entry breaks a rule, 3 unknown entry.
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from celery_anarchon._util import iso
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.messages import is_installed
 from celery_anarchon.operate import checks as testing
-from celery_anarchon.operate.cli.entries import _exit_codes, _open, _table, import_task_modules
+from celery_anarchon.operate.cli.entries import (
+    EXIT_FAILURE, EXIT_OVERDUE, _exit_codes, _open, _table, import_task_modules,
+)
 from celery_anarchon.operate.cli.reports import parse_after
 from celery_anarchon.operate.config import check_task
+from celery_anarchon.operate.overdue import OVERDUE, UNKNOWN, overdue_line
 from celery_anarchon.operate.overview_entries import zone_of
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
@@ -262,6 +266,42 @@ def _summary(report: _Report, strict: bool) -> None:
     click.echo(f"check: all {report.passed} passed")
 
 
+# -- check --overdue ------------------------------------------------------------------------------
+
+def overdue(app) -> None:
+    """``check --overdue``: one line per overdue entry (its newest due slot, how long past its
+    deadline), a ``warn`` line per entry the store cannot vouch for, and exit
+    :data:`~celery_anarchon.operate.cli.entries.EXIT_OVERDUE` when any entry is overdue, 1 when
+    the store cannot be read, else 0 (a health check or a Kubernetes probe)."""
+    from celery_anarchon.operate.overview import overview
+    with _exit_codes():
+        settings, store = _open(app)
+        try:
+            data = overview(app, store, settings, runs=0, next_count=0)
+        finally:
+            store.close()
+    if not data["store"]["reachable"]:
+        click.echo(f"FAIL  store unreachable: {data['store']['error']}")
+        raise click.exceptions.Exit(EXIT_FAILURE)
+    entries = data["entries"]
+    late = [e for e in entries if e["state"] == OVERDUE]
+    for e in late:
+        click.echo(f"OVERDUE  {overdue_line(e['name'], e['due'])}")
+    for e in entries:
+        if e["due"] is not None and e["due"]["state"] == UNKNOWN:
+            slot = f"newest due slot {e['due']['slot']}: " if e["due"]["slot"] else ""
+            click.echo(f"warn  {e['name']}: cannot tell whether it is overdue: {slot}"
+                       f"{e['due']['why']}")
+    if entries and all(e["unsent"] for e in entries):
+        click.echo("warn  no live beat instance: nothing is sending any entry")
+    total = f"({len(entries)} entr{'y' if len(entries) == 1 else 'ies'})"
+    if late:
+        click.echo(f"check --overdue: {len(late)} entr{'y' if len(late) == 1 else 'ies'} overdue "
+                   f"{total}")
+        raise click.exceptions.Exit(EXIT_OVERDUE)
+    click.echo(f"check --overdue: no entry overdue {total}")
+
+
 # -- next ---------------------------------------------------------------------------------------
 
 def _words(plan: EntryPlan) -> str:
@@ -323,4 +363,4 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
 
 
 
-__all__ = ["check", "next_"]
+__all__ = ["check", "overdue", "next_"]
