@@ -173,7 +173,7 @@ def test_the_full_history_is_read_when_the_runs_read_do_not_reach_the_due_slot()
 def test_status_the_page_and_check_overdue_name_the_overdue_entry(capsys, monkeypatch):
     from celery_anarchon.operate.cli import reports as cli_status
     from celery_anarchon.operate.cli import rules as cli_rules
-    from celery_anarchon.operate.page import entries_page
+    from celery_anarchon.operate.page import entries_page, render_page
     clocks = Clocks()
     store = memory_store(clocks)
     app = _app(beat_schedule={**SCHEDULE, "a-paused": {"task": "t", "schedule": 10.0}})
@@ -201,6 +201,10 @@ def test_status_the_page_and_check_overdue_name_the_overdue_entry(capsys, monkey
     row = next(line for line in text.splitlines() if line.startswith("e10 "))
     assert "overdue; nothing sends it (no live beat)" in row
     data = overview(app, store, Settings.from_app(app))
+    page = render_page(data)
+    assert '<span class="state st-bad">overdue</span>' in page
+    assert "has no record, 1.0 s past its deadline" in page
+    assert "nothing sends it: no live beat instance" in page
     shown = entries_page(data["entries"])
     # overdue first among those needing attention, before a paused entry that sorts first by name
     assert [(e["name"], why) for e, why in shown["entries"][:2]] == [("e10", "overdue"),

@@ -4,7 +4,9 @@ ANARCHON_OP_SCHEDULE, which picks its beat_schedule:
 
 * ``good``: an interval entry, a crontab in Europe/Berlin and a leased entry (install done);
 * ``broken``: an unsafe jitter for its interval, and a crontab step larger than its field;
-* ``uninstalled``: a leased entry in an app that did not call celery_anarchon.install(app).
+* ``uninstalled``: a leased entry in an app that did not call celery_anarchon.install(app);
+* ``overdue``: an entry every second, jitter 0.2 s, max_late 2 s: overdue soon after its beats
+  stop.
 """
 import os
 
@@ -37,6 +39,8 @@ SCHEDULES = {
         "bad-crontab": {"task": "operate_app.report", "schedule": crontab(minute="*/120")},
         "fine": {"task": "operate_app.report", "schedule": 60.0},
     },
+    "overdue": {"every-1s": {"task": "operate_app.report", "schedule": 1.0,
+                             "options": {"anarchon": {"jitter": 0.2, "max_late": 2}}}},
     "uninstalled": {"leased": {"task": "operate_app.report", "schedule": 60.0,
                                "options": {"anarchon": {"lease": True}}}},
 }
