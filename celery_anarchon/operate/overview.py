@@ -81,7 +81,8 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
     :param app: the Celery app (``beat_schedule``, ``timezone``, the ``anarchon_*`` settings).
     :param store: its store (:func:`celery_anarchon.settings.open_app_store`); not closed here.
     :param settings: the app's settings (default ``Settings.from_app(app)``).
-    :param runs: how many of each entry's newest runs to read (``runs`` below), 0 for none.
+    :param runs: how many of each entry's newest runs to show (``runs`` below), 0 for none;
+        with ``due``, at least :data:`DUE_RUNS` are read.
     :param next_count: how many next slots per entry.
     :param now_ms: "now" for the next slots and the overdue rule, UTC ms (default: the store's
         clock, else this host's).
