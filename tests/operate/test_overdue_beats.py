@@ -41,6 +41,8 @@ def test_a_stopped_beat_leaves_its_entry_overdue_and_a_started_one_clears_it(
     exits(check(), 0)                        # nothing ran yet: nothing to vouch for
     # the margin: what a command takes to start here, and two sync intervals
     margin_s = time.monotonic() - started + 2 * SYNC_S
+    refused = operate(url, namespace, "overdue", "check", "--overdue", "--no-store")
+    assert refused.returncode == 2 and "cannot go with --no-store" in refused.stderr
 
     def row() -> dict:
         data = overview(app, store, settings, runs=3)
