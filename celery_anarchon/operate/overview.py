@@ -130,8 +130,8 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
       broken or unknown, or with no slot due yet), ``unsent`` (``True``: no live, ticking beat
       instance, so nothing is sending it; ``None`` when the store keeps no instance records or
       cannot be read), ``state`` (``"running"``, ``"overdue"`` (running, and its newest due slot
-      has no record: ``due``), ``"paused"``, ``"kept"`` (the store holds no pause, but a live instance
-      keeps one from before the store's loss: it claims no run of it), ``"problem"``, or
+      has no record: ``due``), ``"paused"``, ``"kept"`` (the store holds no pause, but a live
+      instance keeps one from before the store's loss: it claims no run of it), ``"problem"``, or
       ``"unknown"`` when the store cannot be read: ``paused``, ``lease`` and ``run_now`` are then
       ``None``, not known).
     * ``lost``: what live instances keep from before the store lost entries data (docs/design.md

@@ -168,7 +168,7 @@ def test_the_full_history_is_read_when_the_runs_read_do_not_reach_the_due_slot()
     assert _row(app, store, due=False)["due"] is None
 
 
-# -- what status, the page and check --overdue say ---------------------------------------------------
+# -- what status, the page and check --overdue say ------------------------------------------
 
 def test_status_the_page_and_check_overdue_name_the_overdue_entry(capsys, monkeypatch):
     from celery_anarchon.operate.cli import reports as cli_status
