@@ -21,7 +21,7 @@ from celery_anarchon.operate.listing import ScheduledEntry, celery_entry_in
 from celery_anarchon.operate.overview_instances import maybe_iso
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule.plan import EntryPlan, build_plan
-from celery_anarchon.schedule.slots import CronSlots
+from celery_anarchon.schedule.slots import CronSlots, SlotsEnded, inner_of
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent
@@ -54,8 +54,9 @@ def _record_json(rec: HistoryRecord) -> dict:
 
 def zone_of(plan: EntryPlan, app) -> datetime.tzinfo:
     """The zone an entry's slots are read in: its crontab's or cron's, else the app's."""
-    if isinstance(plan.slots, CronSlots):
-        return plan.slots.zone
+    own = inner_of(plan.slots)
+    if isinstance(own, CronSlots):
+        return own.zone
     tz = app.timezone
     return zoneinfo.ZoneInfo(tz) if isinstance(tz, str) else tz
 

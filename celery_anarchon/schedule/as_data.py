@@ -114,11 +114,14 @@ def keep_zone(new: Any, current: Any) -> Any:
 
 def anarchon_json(ours: dict | None) -> dict:
     """``options['anarchon']`` as data: timedeltas as seconds, an aware ``anchor`` datetime as
-    seconds since the Unix epoch; other values as given."""
+    seconds since the Unix epoch, ``start_at`` / ``end_at`` datetimes as ISO 8601 text; other
+    values as given."""
     out = {}
     for key, value in (ours or {}).items():
         if key == "anchor" and isinstance(value, datetime.datetime) and value.tzinfo is not None:
             value = value.timestamp()
+        elif key in ("start_at", "end_at") and isinstance(value, datetime.datetime):
+            value = value.isoformat()   # naive: refused by the plan, shown as written
         elif key == "lease" and isinstance(value, dict):
             value = {k: seconds_json(v) for k, v in value.items()}
         out[key] = seconds_json(value)

@@ -7,6 +7,7 @@ nothing is pickled or evaluated. The form::
      "args": [], "kwargs": {},                          # JSON values
      "options": {"queue": "reports"},                   # apply_async options, without "anarchon"
      "anarchon": {"jitter": 2, "max_late": 60},         # options['anarchon'] of beat_schedule
+     # "anarchon" may bound the slots: "start_at" / "end_at", ISO 8601 text with a UTC offset
      "schedule": {"every": 60}}                         # one of the four kinds below
 
 ``schedule`` is one of:
@@ -317,6 +318,10 @@ def _anarchon(name: str, ours: Any) -> dict:
         if key in ours and not is_number(ours[key]):
             raise _error(name, f"anarchon.{key}", ours[key], "not a number of seconds",
                          "give seconds as a number (JSON has no timedelta)")
+    for key in ("start_at", "end_at"):  # the instant itself: plan.build_plan (slots.window)
+        if key in ours and ours[key] is not None and not isinstance(ours[key], str):
+            raise _error(name, f"anarchon.{key}", ours[key], "not an instant",
+                         'give ISO 8601 text with a UTC offset, e.g. "2026-03-01T09:00:00+01:00"')
     lease = ours.get("lease")
     if lease is not None and not isinstance(lease, (bool, dict)):
         raise _error(name, "anarchon.lease", lease, "not true, false or an object",

@@ -62,7 +62,8 @@ class EntryPlan:
     """One entry, ready to run.
 
     :param entry: Celery's ``ScheduleEntry`` (task, args, kwargs as the user wrote them).
-    :param slots: the entry's slot schedule (UTC ms).
+    :param slots: the entry's slot schedule (UTC ms), within its ``start_at`` / ``end_at``
+        (:class:`~celery_anarchon.schedule.slots.WindowedSlots`) if it has them.
     :param timing: jitter, max_late, anchor and lease after defaults and rules (seconds).
     :param celery_options: the entry's ``options`` without our ``anarchon`` key.
     :param fingerprint: short hash of :attr:`definition`, recorded with every claim.
@@ -94,6 +95,10 @@ class EntryPlan:
                           overlap_allowed=lease.overlap == "allow")
 
 
+#: keys of ``options['anarchon']`` that are part of the schedule, not of its timing
+_NOT_TIMING = ("anchor", "start_at", "end_at")
+
+
 def _is_interval(schedule) -> bool:
     return isinstance(schedule, celery_schedules.schedule)
 
@@ -115,7 +120,8 @@ def build_plan(name: str, entry, *, app, settings: timing.TimingSettings, store:
         ``beat_schedule``, the schedules API those it is given).
     :raises ConfigError: naming the entry, the value and the fix: its name (too long, a control
         or format character, not in NFC: a store entry an older version wrote), its schedule
-        (a slot past the year 9999 too), its timing, its ``apply_async`` options
+        (a slot past the year 9999 too), its window (``start_at`` / ``end_at``: naive, not an
+        instant, or end not after start), its timing, its ``apply_async`` options
         (:func:`celery_anarchon.schedule.task_options.check`).
     """
     if limits.entry_name(name) != name:
@@ -151,7 +157,9 @@ def build_plan(name: str, entry, *, app, settings: timing.TimingSettings, store:
     slots = slot_math.slots_for(schedule, entry=name, app_timezone=app.timezone, anchor_s=anchor_s)
     if isinstance(slots, slot_math.IntervalSlots):   # its next slot before the year 9999
         slots.next_after(int(time.time() * 1000))
-    entry_timing = timing.resolve(name, {k: v for k, v in ours.items() if k != "anchor"}, settings,
+    slots = slot_math.windowed(name, slots, ours)    # start_at / end_at
+    entry_timing = timing.resolve(name, {k: v for k, v in ours.items() if k not in _NOT_TIMING},
+                                  settings,
                                   shortest_gap_s=slots.shortest_gap_ms / 1000,
                                   memory=store.memory, is_interval=_is_interval(schedule),
                                   warn=warn)

@@ -54,7 +54,7 @@ DEFAULT_REQUEST_RETENTION_S = 7 * 86400.0
 MAX_REQUEST_RETENTION_S = 3650 * 86400.0
 
 #: keys allowed in ``options={"anarchon": {...}}``
-ENTRY_KEYS = ("anchor", "jitter", "lease", "max_late")
+ENTRY_KEYS = ("anchor", "end_at", "jitter", "lease", "max_late", "start_at")
 #: keys allowed in ``options={"anarchon": {"lease": {...}}}``
 LEASE_KEYS = ("duration", "heartbeat", "max_attempts", "overlap", "queue_timeout")
 OVERLAP_VALUES = ("skip", "allow")

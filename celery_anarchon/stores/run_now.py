@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.errors import ConfigError, RequestRefused, StoreError
-from celery_anarchon.schedule.slots import SlotSchedule
+from celery_anarchon.schedule.slots import SlotSchedule, SlotsEnded
 
 
 #: how far past the store's clock a run-now slot may move to avoid the entry's scheduled slots
@@ -66,13 +66,16 @@ class SlotWindow:
         """
         start, end = now_ms - cls.BEFORE_MS, now_ms + cls.AFTER_MS
         scheduled: list[int] = []
-        slot = slots.next_after(start - 1)
-        while slot <= end:
-            scheduled.append(slot)
-            if len(scheduled) == cls.MAX_SLOTS:
-                end = slot
-                break
-            slot = slots.next_after(slot)
+        try:
+            slot = slots.next_after(start - 1)
+            while slot <= end:
+                scheduled.append(slot)
+                if len(scheduled) == cls.MAX_SLOTS:
+                    end = slot
+                    break
+                slot = slots.next_after(slot)
+        except SlotsEnded:             # past the entry's end_at: no scheduled slot is left
+            pass
         return cls(start, end, frozenset(scheduled))
 
     def covers(self, now_ms: int) -> bool:

@@ -11,6 +11,7 @@ from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.beat.engine.observe import NOOP, UNREACHABLE, Observer
 from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.schedule.plan import EntryPlan, task_id_for
+from celery_anarchon.schedule.slots import outside
 from celery_anarchon.stores.base import ClaimRequest, ClaimStore, RunEvent
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ class ClaimRetries:
         """Claims that waited for the store: those still within max_late (wall clock ``now``)
         are returned to be retried when the store may answer again (prepared, backoff over);
         the others are given up, logged and noted in history. Entries gone from ``plans`` are
-        dropped."""
+        dropped, and so are slots outside the entry's window (an update moved its ``start_at`` /
+        ``end_at`` while the claim waited)."""
         if not self.waiting:
             return []
         now_ms = int(now * 1000)
@@ -73,6 +75,10 @@ class ClaimRetries:
         for run, request in list(self.waiting.items()):
             if request.entry not in plans:
                 del self.waiting[run]
+            elif not request.requested and outside(plans[request.entry].slots, request.slot_ms):
+                del self.waiting[run]          # the entry's start_at / end_at changed since
+                logger.info("%s: slot %s is outside the entry's start_at / end_at now: not "
+                            "claimed", request.entry, iso(request.slot_ms))
             elif now_ms - request.slot_ms > request.max_late_ms:
                 del self.waiting[run]
                 given_up.append(request)

@@ -3,7 +3,9 @@ run from the engine's random source), seeded at start-up with the newest slot st
 max_late. Slots reached too late are skipped (never sent in a burst), and a slot this instance
 already claimed is never due again (a clock set back, a re-seed). An entry whose next slot
 cannot be computed (past the year 9999, a schedule class's error) is logged and has no further
-run here; the others go on."""
+run here; the others go on. An entry's slots lie within its ``start_at`` / ``end_at``
+(:class:`~celery_anarchon.schedule.slots.WindowedSlots`): before the start its first run waits
+for it, past the end it has none (logged once, at INFO)."""
 from __future__ import annotations
 
 import heapq
@@ -16,9 +18,18 @@ from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.skips import SkipLog
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.schedule.plan import EntryPlan
+from celery_anarchon.schedule.slots import SlotsEnded
 from celery_anarchon.stores.base import ClaimRequest
 
 logger = logging.getLogger(__name__)
+
+
+def _next(plan: EntryPlan, after_ms: int) -> int | None:
+    """The entry's first slot after ``after_ms``, or ``None`` past its ``end_at``."""
+    try:
+        return plan.slots.next_after(after_ms)
+    except SlotsEnded:
+        return None
 
 #: at most this many slots skipped in one go are walked one by one (the rest are counted)
 MAX_SKIP_WALK = 10_000
@@ -46,6 +57,7 @@ class DueRuns:
         self._last_claimed: dict[str, int] = {}       # entry -> newest slot this instance handled
         #: run-now runs (entry, slot_ms) this instance handled: never claimed as scheduled runs
         self.requested: set[tuple[str, int]] = set()
+        self._ended_logged: dict[str, EntryPlan] = {}  # entry -> the plan whose end was logged
 
     def seed(self, plan: EntryPlan, now: float) -> None:
         """Queue the entry's first run: the newest slot still within max_late (so a deploy that
@@ -58,19 +70,22 @@ class DueRuns:
         new definition and the slot after it is queued (one run is claimed once per batch)."""
         try:
             now_ms = int(now * 1000)
-            first = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
+            first = _next(plan, now_ms - plan.max_late_ms - 1)
             latest = None
-            while first <= now_ms:
-                latest, first = first, plan.slots.next_after(first)
+            while first is not None and first <= now_ms:
+                latest, first = first, _next(plan, first)
             slot = latest if latest is not None else first
             handled = self._last_claimed.get(plan.name, -1)
-            if slot <= handled:
-                slot = plan.slots.next_after(handled)
-            if (plan.name, slot) in self.claims:
+            if slot is not None and slot <= handled:
+                slot = _next(plan, handled)
+            if slot is not None and (plan.name, slot) in self.claims:
                 self.claims.hold([claim_request(self.namespace, plan, slot)])
-                slot = plan.slots.next_after(slot)
+                slot = _next(plan, slot)
         except ConfigError as exc:
             self._no_next(plan, exc)
+            return
+        if slot is None:
+            self._ended(plan)
             return
         self._push(plan, slot)
 
@@ -124,12 +139,12 @@ class DueRuns:
         the clock jumped forward) are skipped, logged and recorded, never sent in a burst."""
         late: list[int] = []
         try:
-            nxt = plan.slots.next_after(slot_ms)
-            while now_ms - nxt > plan.max_late_ms and len(late) < MAX_SKIP_WALK:
+            nxt = _next(plan, slot_ms)
+            while nxt is not None and now_ms - nxt > plan.max_late_ms and len(late) < MAX_SKIP_WALK:
                 late.append(nxt)
-                nxt = plan.slots.next_after(nxt)
-            if now_ms - nxt > plan.max_late_ms:
-                nxt = plan.slots.next_after(now_ms - plan.max_late_ms - 1)
+                nxt = _next(plan, nxt)
+            if nxt is not None and now_ms - nxt > plan.max_late_ms:
+                nxt = _next(plan, now_ms - plan.max_late_ms - 1)
         except ConfigError as exc:
             self._no_next(plan, exc)
             return
@@ -137,7 +152,19 @@ class DueRuns:
             self.observer.slot_came(plan.name, late[-1] if late else slot_ms)
             if late:
                 self.skips.late_local(plan, late, now_ms - late[0])
+        if nxt is None:
+            self._ended(plan)
+            return
         self._push(plan, nxt)
+
+    def _ended(self, plan: EntryPlan) -> None:
+        """The entry has no slot left before its ``end_at``: no further run (logged once per
+        plan at INFO; an update that moves ``end_at`` later re-seeds it)."""
+        self._pending.pop(plan.name, None)
+        if self._ended_logged.get(plan.name) is not plan:
+            self._ended_logged[plan.name] = plan
+            logger.info("anarchon: entry %s has no more slots: it ended at %s (its end_at)",
+                        plan.name, iso(plan.slots.window.end_ms))
 
     def _no_next(self, plan: EntryPlan, exc: ConfigError) -> None:
         """The entry's next slot cannot be computed: logged, and no further run here (a slot

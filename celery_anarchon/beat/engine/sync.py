@@ -22,6 +22,7 @@ from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.schedule.plan import EntryPlan, task_id_for
+from celery_anarchon.schedule.slots import SlotsEnded
 from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.stores.base import ClaimRequest, ClaimStore, RunEvent
 from celery_anarchon.stores.entry_store import EntrySnapshot, Pause, RunRequest
@@ -214,7 +215,7 @@ class EntrySync:
             elif now_ms - request.slot_ms > max_late_ms:
                 logger.debug("%s: run-now request %s is past its max_late here", request.entry,
                              request.request_id)
-            elif plan.slots.next_after(request.slot_ms - 1) == request.slot_ms:
+            elif _scheduled(plan, request.slot_ms):
                 logger.debug("%s: run-now request %s is a scheduled slot: the schedule runs it",
                              request.entry, request.request_id)
             else:
@@ -280,3 +281,12 @@ def _what_runs(plan: EntryPlan) -> tuple:
     entry = plan.entry
     return (plan.fingerprint, repr(getattr(entry, "args", None)),
             repr(getattr(entry, "kwargs", None)), repr(sorted((plan.celery_options or {}).items())))
+
+
+def _scheduled(plan: EntryPlan, slot_ms: int) -> bool:
+    """Whether ``slot_ms`` is a scheduled slot of ``plan``'s entry (a run-now request there is
+    the schedule's run); past the entry's ``end_at`` none is."""
+    try:
+        return plan.slots.next_after(slot_ms - 1) == slot_ms
+    except SlotsEnded:
+        return False

@@ -43,11 +43,15 @@ from celery_anarchon.schedule.slots.custom import CustomSlots
 from celery_anarchon.schedule.slots.interval import IntervalSlots, interval_slots
 from celery_anarchon.schedule.slots.solar_slots import SOLAR_SHORTEST_GAP_MS, SolarSlots
 from celery_anarchon.schedule.slots.wall_clock import CronSlots, crontab_slots
+from celery_anarchon.schedule.slots.window import (
+    SlotsEnded, WindowedSlots, inner_of, outside, windowed,
+)
 from celery_anarchon.schedule.zones import resolve_zone
 
 __all__ = ["SlotSchedule", "slots_for", "cron", "CronSlots", "IntervalSlots", "SolarSlots",
            "CustomSlots", "SOLAR_SHORTEST_GAP_MS", "ms_to_datetime", "datetime_to_ms",
-           "text_schedule_error", "TEXT_SCHEDULE"]
+           "text_schedule_error", "TEXT_SCHEDULE", "SlotsEnded", "WindowedSlots", "inner_of",
+           "outside", "windowed"]
 
 
 #: the words of the error of a schedule given as text (:func:`text_schedule_error`), which name
