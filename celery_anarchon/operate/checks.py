@@ -31,7 +31,9 @@ from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.schedule.plan import CANNOT_BUILD, EntryPlan, build_plan, config_entry
 from celery_anarchon.operate.config import config_items
 from celery_anarchon.operate.names import did_you_mean, normal_name
-from celery_anarchon.schedule.slots import TEXT_SCHEDULE, datetime_to_ms, ms_to_datetime
+from celery_anarchon.schedule.slots import (
+    TEXT_SCHEDULE, SlotsEnded, datetime_to_ms, ms_to_datetime,
+)
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.schedule.timing import check_sync_interval, timezone_error
 
@@ -250,7 +252,8 @@ def plan_of(app, entry: str, *, store: ClaimStore | None = None) -> EntryPlan:
 def next_slots(app, entry: str, n: int = 10, *, after: datetime.datetime | None = None,
                store: ClaimStore | None = None) -> list[datetime.datetime]:
     """The next ``n`` slots of ``entry`` strictly after ``after`` (default now), as aware UTC
-    datetimes, exactly as every beat instance computes them (time zone and DST included).
+    datetimes, exactly as every beat instance computes them (time zone and DST included, none
+    before its ``start_at``; fewer, or none, when its ``end_at`` comes first).
 
     :param store: also look the entry up among the store's entries (the store is read).
     :raises ConfigError: as :func:`plan_of`.
@@ -259,6 +262,9 @@ def next_slots(app, entry: str, n: int = 10, *, after: datetime.datetime | None 
     slot = datetime_to_ms(after or datetime.datetime.now(datetime.timezone.utc))
     out = []
     for _ in range(n):
-        slot = plan.slots.next_after(slot)
+        try:
+            slot = plan.slots.next_after(slot)
+        except SlotsEnded:
+            break
         out.append(ms_to_datetime(slot))
     return out

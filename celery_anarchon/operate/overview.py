@@ -129,11 +129,14 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
       vouch)}``, :mod:`~celery_anarchon.operate.overdue`; ``None`` for an entry paused, kept,
       broken or unknown, or with no slot due yet), ``unsent`` (``True``: no live, ticking beat
       instance, so nothing is sending it; ``None`` when the store keeps no instance records or
-      cannot be read), ``state`` (``"running"``, ``"overdue"`` (running, and its newest due slot
-      has no record: ``due``), ``"paused"``, ``"kept"`` (the store holds no pause, but a live
-      instance keeps one from before the store's loss: it claims no run of it), ``"problem"``, or
+      cannot be read), ``state`` (``"running"``, ``"overdue"`` (running or ended, and its newest
+      due slot has no record: ``due``), ``"waiting"`` (its ``start_at`` is to come),
+      ``"ended"`` (no slot of it comes any more: its ``end_at``), ``"paused"``, ``"kept"`` (the
+      store holds no pause, but a live instance keeps one from before the store's loss: it
+      claims no run of it), ``"problem"``, or
       ``"unknown"`` when the store cannot be read: ``paused``, ``lease`` and ``run_now`` are then
-      ``None``, not known).
+      ``None``, not known), ``start_at`` and ``end_at`` (its window, ISO 8601 UTC, ``None``:
+      unbounded).
     * ``lost``: what live instances keep from before the store lost entries data (docs/design.md
       "Amnesia"), one item per such instance: ``{instance (host:pid), instance_id, since, why,
       pauses {name: detail}, entries [names kept running], withheld [names not run], counts,

@@ -21,7 +21,8 @@ from celery_anarchon.operate.listing import ScheduledEntry, celery_entry_in
 from celery_anarchon.operate.overview_instances import maybe_iso
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule.plan import EntryPlan, build_plan
-from celery_anarchon.schedule.slots import CronSlots, SlotsEnded, inner_of
+from celery_anarchon.schedule.slots import CronSlots, SlotsEnded, WindowedSlots, inner_of
+from celery_anarchon.schedule.slots.window import window_json
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent
@@ -121,6 +122,8 @@ class _Planned:
                 for _ in range(count):
                     slot = self.plan.slots.next_after(slot)
                     slots.append((slot, iso(slot)))
+            except SlotsEnded:         # the entry's end_at: the slots before it
+                pass
             except Exception as exc:   # a slot past the year 9999, a schedule class's error
                 self.problem = _problem(self.plan.name, exc)
                 self.plan = None
@@ -212,6 +215,8 @@ def entry_row(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEn
     if reachable and scheduled.pause is not None:
         p = scheduled.pause
         out["paused"] = {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
+    out.update(window_json(planned.plan.slots) if planned.plan is not None
+               else {"start_at": None, "end_at": None})
     if reachable:
         shown = history if runs is None else history[:runs]
         out["runs"] = [run_json(r) for r in shown]
@@ -219,8 +224,8 @@ def entry_row(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEn
         out["lease"] = _lease(store, planned.plan, shown)
         out["state"] = ("paused" if out["paused"] else
                         "kept" if any(k["what"] == "pause" for k in kept) else
-                        "problem" if out["problem"] else "running")
-        if out["state"] == "running" and planned.plan is not None and read_limit:
+                        "problem" if out["problem"] else _window_state(planned.plan, now_ms))
+        if out["state"] in ("running", "ended") and planned.plan is not None and read_limit:
             out["due"] = _due(store, planned.plan, scheduled, history, now_ms, read_limit)
             if out["due"] is not None and out["due"]["state"] == overdue.OVERDUE:
                 out["state"] = overdue.OVERDUE
@@ -241,4 +246,16 @@ def _due(store: ClaimStore, plan: EntryPlan, scheduled: ScheduledEntry,
         complete = not overdue.needs_more(history, kept, slot)
     changed = scheduled.updated_ms if scheduled.source == "store" else None
     return overdue.judge(plan, history, now_ms, memory, complete=complete, changed_ms=changed)
+
+
+def _window_state(plan: EntryPlan | None, now_ms: int) -> str:
+    """``"ended"`` (no slot after ``now_ms``: its end_at came), ``"waiting"`` (its start_at is
+    to come), else ``"running"``."""
+    slots = None if plan is None else plan.slots
+    if not isinstance(slots, WindowedSlots):
+        return "running"
+    if slots.ended(now_ms):
+        return "ended"
+    start = slots.window.start_ms
+    return "waiting" if start is not None and now_ms < start else "running"
 

@@ -71,8 +71,8 @@ class Schedules(NamespaceSession):
     # -- writing -------------------------------------------------------------------------------
     def add(self, name: str, *, task: str, schedule: Any, args: list | tuple = (),
             kwargs: dict | None = None, options: dict | None = None,
-            anarchon: dict | None = None, by: str | None = None,
-            check_task: bool = True) -> ScheduledEntry:
+            anarchon: dict | None = None, start_at: Any = None, end_at: Any = None,
+            by: str | None = None, check_task: bool = True) -> ScheduledEntry:
         """Add a store entry; every live instance runs it within ``anarchon_sync_interval``.
 
         :param task: the task's registered name.
@@ -85,7 +85,10 @@ class Schedules(NamespaceSession):
         :param options: ``apply_async`` options (JSON values): queue, priority, expires, ...
             An ``"anarchon"`` key in them is taken as ``anarchon``.
         :param anarchon: the per-entry settings of ``beat_schedule``'s ``options['anarchon']``:
-            ``jitter``, ``max_late``, ``anchor`` (seconds), ``lease``.
+            ``jitter``, ``max_late``, ``anchor`` (seconds), ``lease``, ``start_at``, ``end_at``.
+        :param start_at: no slot before this instant (an aware ``datetime`` or ISO 8601 text
+            with a UTC offset; a naive one is refused); ``anarchon['start_at']``.
+        :param end_at: no slot after this instant, as ``start_at``; it must come after it.
         :param check_task: refuse a task name this app does not register (skipped when the app
             registers no task of its own: then it cannot be known here).
         :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name``.
@@ -96,20 +99,23 @@ class Schedules(NamespaceSession):
         name = check_name(name)
         refuse_config(self.app, name, "add")
         definition = _definition(name, task=task, schedule=schedule, args=args,
-                                 kwargs=kwargs, options=options, anarchon=anarchon)
+                                 kwargs=kwargs, options=options, anarchon=anarchon,
+                                 window=_window(start_at=start_at, end_at=end_at))
         return self._write(name, definition, check_task, by, create=True)
 
     def update(self, name: str, *, task: str = _UNSET, schedule: Any = _UNSET,
                args: list | tuple = _UNSET, kwargs: dict = _UNSET, options: dict = _UNSET,
-               anarchon: dict = _UNSET, by: str | None = None,
-               check_task: bool = True) -> ScheduledEntry:
+               anarchon: dict = _UNSET, start_at: Any = _UNSET, end_at: Any = _UNSET,
+               by: str | None = None, check_task: bool = True) -> ScheduledEntry:
         """Change a store entry: each argument given replaces that part of the definition (the
         others are kept; ``anarchon`` and ``options`` are replaced whole). A ``schedule`` that is
         a crontab or cron without a zone of its own (an object built without ``tz``, or data
         without ``"timezone"``) keeps the entry's zone (:func:`as_data.keep_zone`): name the
         zone to change it, the app's included. The new slots follow the start-up rule on every
         instance within ``anarchon_sync_interval``. Two updates of one entry at once: the last
-        one written wins.
+        one written wins. ``start_at`` and ``end_at`` replace those of ``anarchon`` (the entry's,
+        or the one given) and keep its other settings; ``None`` removes the bound. Like every
+        update, a new window holds on each instance from its next sync on (docs/schedules.md).
 
         :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name`` (change it there).
         :raises UnknownEntry: the store holds no entry ``name``.
@@ -120,13 +126,14 @@ class Schedules(NamespaceSession):
         changes = {k: v for k, v in dict(task=task, schedule=schedule, args=args, kwargs=kwargs,
                                           options=options, anarchon=anarchon).items()
                    if v is not _UNSET}
-        if not changes:
+        window = _window(start_at=start_at, end_at=end_at)
+        if not changes and not window:
             raise ConfigError(f"entry {name!r}: nothing to change; fix: give task, schedule, args, "
-                              "kwargs, options or anarchon")
+                              "kwargs, options, anarchon, start_at or end_at")
         stored = self._snapshot().entries.get(name)
         if stored is None or stored.definition is None:
             raise self._unknown(name)
-        definition = _updated(name, stored.definition, changes)
+        definition = _updated(name, stored.definition, changes, window)
         return self._write(name, definition, check_task, by, create=False)
 
     def remove(self, name: str, *, by: str | None = None) -> None:
@@ -277,10 +284,18 @@ class Schedules(NamespaceSession):
         return self._as_scheduled(stored)
 
 
-def _definition(name: str, *, task, schedule, args, kwargs, options, anarchon) -> dict:
+def _window(**given: Any) -> dict:
+    """The ``start_at`` / ``end_at`` given to :meth:`Schedules.add` or :meth:`Schedules.update`
+    (``None`` kept in update: it removes the bound)."""
+    return {k: v for k, v in given.items() if v is not _UNSET}
+
+
+def _definition(name: str, *, task, schedule, args, kwargs, options, anarchon,
+                window: dict | None = None) -> dict:
     """The definition of the parts :meth:`Schedules.add` and :meth:`Schedules.update` take, as
     data (checked by the caller): the schedule and ``anarchon`` as data, ``options['anarchon']``
-    taken as ``anarchon``.
+    taken as ``anarchon``, ``window`` (``start_at`` / ``end_at``: a value, or ``None`` to remove
+    it) set in it.
 
     :raises ConfigError: a schedule given as text, or the per-entry settings given twice.
     """
@@ -292,6 +307,13 @@ def _definition(name: str, *, task, schedule, args, kwargs, options, anarchon) -
             raise ConfigError(f"entry {name!r}: the per-entry settings are given twice "
                               "(options['anarchon'] and anarchon=); fix: give anarchon= only")
         anarchon = options.pop("anarchon")
+    if window and (anarchon is None or isinstance(anarchon, dict)):
+        anarchon = dict(anarchon or {})
+        for key, value in window.items():
+            if value is None:
+                anarchon.pop(key, None)
+            else:
+                anarchon[key] = value
     out = {"task": task, "schedule": as_data.schedule_json(schedule),
            "args": list(args) if isinstance(args, tuple) else ([] if args is None else args),
            "kwargs": {} if kwargs is None else kwargs, "options": options}
@@ -301,7 +323,7 @@ def _definition(name: str, *, task, schedule, args, kwargs, options, anarchon) -
     return out
 
 
-def _updated(name: str, stored_text: str, changes: dict) -> dict:
+def _updated(name: str, stored_text: str, changes: dict, window: dict | None = None) -> dict:
     """The definition of a store entry (``stored_text``) with the parts ``changes`` gives, as
     :meth:`Schedules.update` writes it: a crontab or cron schedule without a zone of its own keeps
     the entry's (:func:`~celery_anarchon.schedule.as_data.keep_zone`).
@@ -318,7 +340,7 @@ def _updated(name: str, stored_text: str, changes: dict) -> dict:
         if zoned is not given:          # anything else is checked as given, with its message
             changes = {**changes, "schedule": zoned}
     merged.update(changes)
-    return _definition(name, **{k: merged.get(k) for k in (
+    return _definition(name, window=window, **{k: merged.get(k) for k in (
         "task", "schedule", "args", "kwargs", "options", "anarchon")})
 
 

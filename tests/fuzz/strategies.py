@@ -201,11 +201,28 @@ LEASE = st.one_of(st.booleans(), st.none(), NUMBERS, TEXT, st.fixed_dictionaries
     "duration": NUMBERS, "heartbeat": NUMBERS, "max_attempts": st.one_of(INTS, NUMBERS),
     "overlap": st.one_of(st.booleans(), TEXT, NUMBERS), "queue_timeout": NUMBERS,
     "durration": NUMBERS}))
+#: ``start_at`` / ``end_at``: instants with and without an offset, aware and naive datetimes,
+#: the edges of the years slots may lie in, and every kind of value
+INSTANT_TEXTS = st.one_of(
+    st.sampled_from(["2026-03-29T00:00:00Z", "2026-03-29T00:00:00+01:00", "2026-03-29T00:00:00",
+                     "2026-03-29", "1969-12-31T23:59:59Z", "1970-01-01T00:00:00Z",
+                     "9999-12-31T23:59:59+00:00", "9999-12-31T23:59:59-14:00",
+                     "0001-01-01T00:00:00+14:00", "2026-02-30T00:00:00Z", "now", "T", ""]),
+    st.datetimes(timezones=st.sampled_from([datetime.timezone.utc,
+                                            datetime.timezone(datetime.timedelta(hours=-14))])
+                 ).map(datetime.datetime.isoformat),
+    TEXT,
+)
+INSTANTS = st.one_of(
+    INSTANT_TEXTS, st.datetimes(), st.datetimes(timezones=st.just(datetime.timezone.utc)),
+    NUMBERS, VALUES, st.none(),
+)
 ANARCHON = st.one_of(
     st.fixed_dictionaries({}, optional={
         "jitter": st.one_of(st.floats(0, 5), NUMBERS, TEXT), "max_late": st.one_of(
             st.floats(1, 600), NUMBERS, TEXT), "anchor": st.one_of(st.floats(0, 1e5), NUMBERS, TEXT),
-        "lease": LEASE, "jiter": NUMBERS, "misfire": VALUES}),
+        "lease": LEASE, "jiter": NUMBERS, "misfire": VALUES, "start_at": INSTANTS,
+        "end_at": INSTANTS, "end": INSTANTS}),
     VALUES, st.none(),
 )
 #: ``apply_async`` options
@@ -283,6 +300,7 @@ def cli_write_args(draw, verb: str, name) -> list[str]:
                          ("--cron", CRON_TEXT), ("--timezone", ZONES.map(str)),
                          ("--args", JSON_TEXTS), ("--kwargs", JSON_TEXTS), ("--options", JSON_TEXTS),
                          ("--anarchon", JSON_TEXTS), ("--json-definition", JSON_TEXTS),
+                         ("--start-at", INSTANT_TEXTS), ("--end-at", INSTANT_TEXTS),
                          ("--by", TEXT)):
         chance = 0.9 if flag in ("--task", "--every") else 0.15
         if draw(st.floats(0, 1)) < chance:

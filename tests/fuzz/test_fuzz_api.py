@@ -23,7 +23,7 @@ VALID = st.one_of(
                                                   "anarchon": S.ANARCHON})),
     st.tuples(st.just("update"), SOME, st.fixed_dictionaries({}, optional={
         "schedule": st.integers(1, 10**5), "kwargs": st.dictionaries(S.PLAIN, S.PLAIN, max_size=2),
-        "options": S.APPLY_OPTIONS})),
+        "options": S.APPLY_OPTIONS, "start_at": S.INSTANTS, "end_at": S.INSTANTS})),
     st.tuples(st.sampled_from(["pause", "resume", "run_now", "remove"]), SOME, st.just({})),
 )
 OPS = st.one_of(
@@ -31,11 +31,12 @@ OPS = st.one_of(
     st.tuples(st.just("add"), NAME, st.fixed_dictionaries(
         {"task": S.TASKS, "schedule": S.SCHEDULES},
         optional={"args": S.ARGS, "kwargs": S.KWARGS, "options": S.APPLY_OPTIONS,
-                  "anarchon": S.ANARCHON, "by": S.BYS, "check_task": st.booleans()})),
+                  "anarchon": S.ANARCHON, "start_at": S.INSTANTS, "end_at": S.INSTANTS,
+                  "by": S.BYS, "check_task": st.booleans()})),
     st.tuples(st.just("update"), NAME, st.fixed_dictionaries({}, optional={
         "task": S.TASKS, "schedule": S.SCHEDULES, "args": S.ARGS, "kwargs": S.KWARGS,
-        "options": S.APPLY_OPTIONS, "anarchon": S.ANARCHON, "by": S.BYS,
-        "check_task": st.booleans()})),
+        "options": S.APPLY_OPTIONS, "anarchon": S.ANARCHON, "start_at": S.INSTANTS,
+        "end_at": S.INSTANTS, "by": S.BYS, "check_task": st.booleans()})),
     st.tuples(st.just("pause"), NAME, st.fixed_dictionaries({}, optional={
         "reason": S.REASONS, "by": S.BYS})),
     st.tuples(st.just("resume"), NAME, st.fixed_dictionaries({}, optional={"by": S.BYS})),

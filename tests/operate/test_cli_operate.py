@@ -125,7 +125,7 @@ INSTANCE_KEYS = {"instance_id", "host", "pid", "version", "started", "last_tick"
                  "ticking", "stale", "kept"}
 ENTRY_KEYS = {"name", "source", "task", "schedule", "timezone", "next", "problem", "leased",
               "shadowed", "paused", "last", "runs", "lease", "run_now", "state", "kept", "due",
-              "unsent"}
+              "unsent", "start_at", "end_at"}
 
 
 def test_status_json_keys_instances_pauses_leases_and_requests(sqlite_url, namespace, monkeypatch):

@@ -61,7 +61,13 @@ def _definition_options(command):
         click.option("--options", "options_", type=JSONValue(dict),
                      help='apply_async options, a JSON object (e.g. {"queue": "reports"}).'),
         click.option("--anarchon", type=JSONValue(dict),
-                     help='Per-entry settings, a JSON object (jitter, max_late, anchor, lease).'),
+                     help='Per-entry settings, a JSON object (jitter, max_late, anchor, lease, '
+                     'start_at, end_at).'),
+        click.option("--start-at", "start_at", metavar="INSTANT",
+                     help="No slot before this instant: ISO 8601 with a UTC offset (e.g. "
+                     "2026-03-01T09:00+01:00); update: 'none' removes it."),
+        click.option("--end-at", "end_at", metavar="INSTANT",
+                     help="No slot after this instant, as --start-at; it must come after it."),
         click.option("--json-definition", "definition", type=JSONValue(dict),
                      help="The whole definition as JSON (docs/schedules.md), instead of the flags."),
         click.option("--no-check-task", is_flag=True,

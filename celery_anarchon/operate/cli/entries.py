@@ -31,7 +31,9 @@ EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_UNKNOWN_ENTRY, EXIT_OWNED_OR_EXISTS = 1, 2, 3
 EXIT_OVERDUE = 5
 #: the flags of add/update that are parts of a definition: flag -> definition key
 _PART_FLAGS = {"task": "task", "args_": "args", "kwargs_": "kwargs", "options_": "options",
-               "anarchon": "anarchon"}
+               "anarchon": "anarchon", "start_at": "start_at", "end_at": "end_at"}
+#: what ``update --start-at`` / ``--end-at`` take to remove the bound
+_NO_BOUND = ("none", "")
 
 
 @contextlib.contextmanager
@@ -91,6 +93,9 @@ def _parts(name: str, flags: dict) -> dict:
         entry_json.check_keys(name, flags["definition"])
         return dict(flags["definition"])
     parts = {key: flags[flag] for flag, key in _PART_FLAGS.items() if flags.get(flag) is not None}
+    for key in ("start_at", "end_at"):
+        if isinstance(parts.get(key), str) and parts[key].strip().lower() in _NO_BOUND:
+            parts[key] = None
     schedule = _schedule_of(flags)
     if schedule is not None:
         parts["schedule"] = schedule

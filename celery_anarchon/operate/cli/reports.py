@@ -121,7 +121,14 @@ def _state(e: dict) -> str:
                                               if k["what"] == "pause") + ")"
     if e["problem"]:
         return "problem"
-    state = OVERDUE if e["state"] == OVERDUE else "running"
+    if e["state"] == "ended":
+        return f"ended at {e['end_at']}"
+    if e["state"] == "waiting":
+        state = f"starts at {e['start_at']}"
+    elif e["state"] == OVERDUE:
+        state = OVERDUE
+    else:
+        state = "running" + (f" (ends at {e['end_at']})" if e.get("end_at") else "")
     return f"{state}; {NOTHING_SENDS}" if e.get("unsent") else state
 
 

@@ -28,6 +28,7 @@ from celery_anarchon.operate.overview_entries import zone_of
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.plan import EntryPlan
+from celery_anarchon.schedule.slots.window import window_json
 from celery_anarchon.schedule.timing import check_sync_interval
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon.settings import Settings, make_instance_id, open_app_store
@@ -344,11 +345,18 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
         local = slot.astimezone(zone)
         rows.append({"utc": slot.isoformat(), "local": local.isoformat(),
                      "offset": _offset(local), "abbreviation": local.tzname()})
+    window = window_json(plan.slots)
     if as_json:
         click.echo(json.dumps({"entry": entry, "schedule": _words(plan),
-                               "timezone": zone_name(zone), "slots": rows}, sort_keys=True))
+                               "timezone": zone_name(zone), "slots": rows, **window},
+                              sort_keys=True))
         return
     name = zone_name(zone)
+    if window["start_at"] and start < datetime.datetime.fromisoformat(window["start_at"]):
+        click.echo(f"{entry} starts at {window['start_at']} (its start_at)")
+    if not rows:
+        click.echo(f"{entry} has no more slots: it ended at {window['end_at']} (its end_at)")
+        return
     click.echo(f"next {len(rows)} slots of {entry} ({_words(plan)}), in UTC and in {name}:")
     table = [("UTC", name, "OFFSET", "")]
     previous = _offset(start.astimezone(zone))   # a change before the first slot is noted too
@@ -360,7 +368,8 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
                       f"UTC{row['offset']}", change))
         previous = row["offset"]
     _table(table)
-
+    if len(rows) < n and window["end_at"]:
+        click.echo(f"no slot after these: {entry} ends at {window['end_at']} (its end_at)")
 
 
 __all__ = ["check", "overdue", "next_"]
