@@ -26,6 +26,7 @@ config entries), :mod:`~celery_anarchon.operate.listing` (entries as read) and
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery_anarchon import limits
@@ -37,9 +38,11 @@ from celery_anarchon.operate.names import check_name, default_by, given_name
 from celery_anarchon.operate.session import NamespaceSession
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
-from celery_anarchon.schedule.plan import build_plan
+from celery_anarchon._util import iso
+from celery_anarchon.schedule.plan import EntryPlan, build_plan
 from celery_anarchon.schedule.slots import text_schedule_error
-from celery_anarchon.schedule.timing import check_request_retention
+from celery_anarchon.schedule.slots.window import first_cut
+from celery_anarchon.schedule.timing import TimingSettings, check_request_retention
 from celery_anarchon.stores.base import ClaimStore
 from celery_anarchon.stores.entry_store import Pause, RunRequest
 
@@ -134,7 +137,8 @@ class Schedules(NamespaceSession):
         if stored is None or stored.definition is None:
             raise self._unknown(name)
         definition = _updated(name, stored.definition, changes, window)
-        return self._write(name, definition, check_task, by, create=False)
+        return self._write(name, definition, check_task, by, create=False,
+                           before=None if stored.pause is not None else stored.definition)
 
     def remove(self, name: str, *, by: str | None = None) -> None:
         """Remove a store entry (and its pause): no instance claims its runs after its next sync;
@@ -272,16 +276,48 @@ class Schedules(NamespaceSession):
         return listed(self.app, self._snapshot())
 
     def _write(self, name: str, definition: dict, check: bool, by: Any, *,
-               create: bool) -> ScheduledEntry:
+               create: bool, before: str | None = None) -> ScheduledEntry:
         """Write a store entry's definition once it parses, builds a plan (every timing rule,
-        with the start-up message) and names a registered task (``check``)."""
+        with the start-up message) and names a registered task (``check``); an update of an
+        entry that is not paused (``before``: its stored text) must not take out of its window
+        a slot that instances which have not synced yet may still claim (:func:`_check_cut`)."""
         text = entry_json.canonical(definition, name=name)
         entry = entry_json.parse(name, text, app=self.app)
-        build_plan(name, entry, app=self.app, settings=self.settings, store=self.store)
+        plan = build_plan(name, entry, app=self.app, settings=self.settings, store=self.store)
+        if before is not None:
+            _check_cut(self.app, self.settings, self.store, plan, before)
         if check:
             check_task(self.app, name, entry.task)
         stored = self._ready().put_entry(name, text, by=self._who(by, name), create=create)
         return self._as_scheduled(stored)
+
+
+def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan, before: str) -> None:
+    """Refuse an update whose ``start_at`` / ``end_at`` takes out a slot of the stored definition
+    ``before`` that an instance still on it may claim: one due from now until every instance
+    synced (2 x ``anarchon_sync_interval`` + 5 s, as a run-now request), or one it may still
+    claim late (its jitter + max_late before now). A pause holds at once on every instance, so
+    a paused entry's update is not checked: pause, update, resume.
+
+    :raises ConfigError: naming the entry, the slot, the span and the fix.
+    """
+    try:
+        old = build_plan(plan.name, entry_json.parse(plan.name, before, app=app), app=app,
+                         settings=settings, store=store)
+    except ConfigError:                 # a stored definition that no longer builds runs nowhere
+        return
+    now_ms = int(time.time() * 1000)
+    span_s = settings.run_now_max_late_s
+    cut = first_cut(old.slots, plan.slots, now_ms - old.jitter_ms - old.max_late_ms,
+                    now_ms + int(span_s * 1000))
+    if cut is not None:
+        raise ConfigError(
+            f"entry {plan.name!r}: the new start_at / end_at leaves out its slot {iso(cut)}, which "
+            f"instances that have not synced yet may still claim (each follows an update within "
+            f"2 x anarchon_sync_interval + 5 s = {span_s:g} s, and claims a slot up to its "
+            "jitter + max_late late); fix: give a bound that leaves out no slot before "
+            f"{span_s:g} s from now, or pause the entry first (a pause holds at once on every "
+            "instance), update it, then resume it")
 
 
 def _window(**given: Any) -> dict:

@@ -100,3 +100,35 @@ def test_the_api_takes_start_at_and_end_at_and_keeps_the_other_settings(sqlite_u
         assert s.get("w").definition == moved.definition           # nothing written
         slots = testing.next_slots(app, "w", 2, store=s.store)
         assert slots == [start, start + datetime.timedelta(minutes=1)]
+
+
+def test_an_update_that_cuts_slots_instances_may_still_claim_is_refused_unless_paused(
+        sqlite_url, namespace):
+    """An instance follows an update within 2 x the sync interval + 5 s: an end_at (or start_at)
+    that leaves out a slot it may claim until then is refused; a paused entry (the pause holds at
+    once on every instance) takes it."""
+    app = Celery("window_cut", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=sqlite_url,
+                    anarchon_namespace=namespace, timezone="UTC", anarchon_sync_interval=1)
+    soon = datetime.datetime.now(UTC) + datetime.timedelta(seconds=3)
+    with celery_anarchon.schedules(app, by="ops") as s:
+        s.add("fast", task="proj.t", schedule=1, check_task=False)
+        with pytest.raises(ConfigError) as caught:
+            s.update("fast", end_at=soon, check_task=False)
+        message = str(caught.value)
+        assert message.startswith("entry 'fast': the new start_at / end_at leaves out its slot ")
+        assert message.endswith(
+            "which instances that have not synced yet may still claim (each follows an update "
+            "within 2 x anarchon_sync_interval + 5 s = 7 s, and claims a slot up to its jitter + "
+            "max_late late); fix: give a bound that leaves out no slot before 7 s from now, or "
+            "pause the entry first (a pause holds at once on every instance), update it, then "
+            "resume it")
+        with pytest.raises(ConfigError, match="leaves out its slot"):
+            s.update("fast", start_at=soon + datetime.timedelta(minutes=1), check_task=False)
+        assert "anarchon" not in s.get("fast").definition             # nothing written
+        later = soon + datetime.timedelta(minutes=5)
+        assert s.update("fast", end_at=later, check_task=False).definition["anarchon"] == {
+            "end_at": later.isoformat()}
+        s.pause("fast", reason="ending it now")
+        assert s.update("fast", end_at=soon, check_task=False).definition["anarchon"] == {
+            "end_at": soon.isoformat()}

@@ -164,6 +164,27 @@ def outside(slots: SlotSchedule, slot_ms: int) -> bool:
     return (start is not None and slot_ms < start) or (end is not None and slot_ms > end)
 
 
+#: the most slots :func:`first_cut` walks (a denser schedule is checked over its first ones)
+MAX_CUT_WALK = 100_000
+
+
+def first_cut(old: SlotSchedule, new: SlotSchedule, lo_ms: int, hi_ms: int) -> int | None:
+    """The first slot of ``old`` in ``lo_ms .. hi_ms`` that lies outside the window of ``new``
+    (a window an update narrowed), or ``None``: the slots an instance still on ``old`` could
+    claim there and one on ``new`` would not."""
+    try:
+        slot = old.next_after(lo_ms - 1)
+        for _ in range(MAX_CUT_WALK):
+            if slot > hi_ms:
+                return None
+            if outside(new, slot):
+                return slot
+            slot = old.next_after(slot)
+    except ConfigError:                # SlotsEnded included: no slot of old is left
+        return None
+    return None
+
+
 def inner_of(slots: SlotSchedule) -> SlotSchedule:
     """The schedule's own slots, without a window."""
     return slots.inner if isinstance(slots, WindowedSlots) else slots
