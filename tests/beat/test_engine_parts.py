@@ -139,6 +139,51 @@ def test_an_entry_whose_next_slot_is_past_the_year_9999_stops_alone(parts, caplo
     assert parts.due.next_fire() == T0 + 20
 
 
+def _windowed(plan, start_s=None, end_s=None):
+    """``plan`` with its slots within start_at / end_at (seconds after T0)."""
+    import dataclasses
+
+    from celery_anarchon.schedule.slots.window import Window, WindowedSlots
+    window = Window(None if start_s is None else T0_MS + int(start_s * 1000),
+                    None if end_s is None else T0_MS + int(end_s * 1000))
+    return dataclasses.replace(plan, slots=WindowedSlots(plan.name, plan.slots, window))
+
+
+def test_due_waits_for_start_at_and_has_no_run_after_end_at(parts, caplog):
+    plan = _windowed(make_plan(every_s=10, max_late_s=5), start_s=15, end_s=30)
+    parts.due.seed(plan, T0 - 100)
+    assert parts.due.next_fire() == T0 + 20, "the first slot at or after start_at"
+    assert parts.due.pop(T0 + 19.9, {"e": plan}) == []
+    with caplog.at_level(logging.INFO, "celery_anarchon"):
+        assert [r.slot_ms for r in parts.due.pop(T0 + 20, {"e": plan})] == [T0_MS + 20_000]
+        assert [r.slot_ms for r in parts.due.pop(T0 + 30, {"e": plan})] == [T0_MS + 30_000]
+        assert parts.due.next_fire() is None
+        assert parts.due.pop(T0 + 1000, {"e": plan}) == []
+        parts.due.seed(plan, T0 + 1000)          # a re-seed of the same plan: said once
+    said = [m for m in messages(caplog, logging.INFO) if "no more slots" in m]
+    assert said == ["anarchon: entry e has no more slots: it ended at "
+                    f"{iso(T0_MS + 30_000)} (its end_at)"]
+    assert not messages(caplog, logging.ERROR)
+
+
+def test_due_seeds_the_last_slot_before_end_at_while_it_is_within_max_late(parts):
+    plan = _windowed(make_plan(every_s=10, max_late_s=5), end_s=30)
+    parts.due.seed(plan, T0 + 33)                # T0+30, on end_at, is 3 s old
+    assert [r.slot_ms for r in parts.due.pop(T0 + 33, {"e": plan})] == [T0_MS + 30_000]
+    assert parts.due.next_fire() is None
+    parts.due.seed(plan, T0 + 36)                # past max_late: nothing
+    assert parts.due.next_fire() is None
+
+
+def test_claims_waiting_whose_slot_an_update_left_out_of_the_window_are_dropped(parts):
+    plan = make_plan(max_late_s=5)
+    parts.claims.hold([claim_request("ns", plan, T0_MS), claim_request("ns", plan, T0_MS + 1000)])
+    ended = _windowed(plan, end_s=0.5)           # the update: end_at between the two slots
+    assert [r.run for r in parts.claims.due(T0 + 1.5, {"e": ended}, prepared=True)] == [
+        ("e", T0_MS)]
+    assert parts.events() == []
+
+
 def test_due_never_repeats_a_claimed_slot_after_the_clock_went_back(parts):
     plan = make_plan(every_s=10, max_late_s=5)
     parts.due.seed(plan, T0)
