@@ -24,7 +24,8 @@ longer has a label of its own are dropped (memory stays bounded when entries com
 The timestamps of an entry (gauges, epoch seconds; entries with a label of their own only: one
 value cannot stand for every entry under ``(other)``):
 
-* ``anarchon_next_slot_timestamp_seconds``: its next slot as the plan computes it;
+* ``anarchon_next_slot_timestamp_seconds``: its next slot as the plan computes it (absent once
+  the entry's ``end_at`` left it none);
 * ``anarchon_last_slot_timestamp_seconds``: its newest slot that came (should have run);
 * ``anarchon_last_run_timestamp_seconds``: the slot of its newest run this instance knows was
   sent: sent here, or won by another instance (every instance claims every slot of the entries
@@ -243,6 +244,14 @@ class PrometheusObserver(Observer):
     def next_slot(self, entry: str, slot_ms: int) -> None:
         if entry in self.labels.named:
             self._child(self.next_slots, entry).set(slot_ms / 1000)
+
+    def no_next_slot(self, entry: str) -> None:
+        child = self._children.pop((id(self.next_slots), entry), None)
+        if child is not None:
+            try:
+                self.next_slots.remove(entry)
+            except KeyError:
+                pass
 
     def slot_came(self, entry: str, slot_ms: int) -> None:
         if entry in self.labels.named:

@@ -77,6 +77,34 @@ def test_the_timestamps_are_served_for_the_labelled_entries_only_and_the_last_ru
                 and dict(key[1]).get("entry") in ("b", OTHER)]
 
 
+def test_an_entry_past_its_end_at_has_no_next_slot_series():
+    import collections
+    import dataclasses
+    import random
+
+    from celery_anarchon.beat.engine.claims import ClaimRetries
+    from celery_anarchon.beat.engine.due import DueRuns
+    from celery_anarchon.beat.engine.notes import NoteBuffer
+    from celery_anarchon.beat.engine.outage import Outage
+    from celery_anarchon.schedule.slots.window import Window, WindowedSlots
+    clocks = Clocks()
+    store, stats = memory_store(clocks), collections.Counter()
+    outage = Outage(store, clocks.mono, stats)
+    observer = PrometheusObserver(max_entries=2)
+    observer.entries(["e"])
+    due = DueRuns("ns", random.Random(1), None,
+                  ClaimRetries(store, "A", stats, NoteBuffer(store, outage), outage),
+                  observer=observer)
+    plan = make_plan(every_s=10, max_late_s=5)
+    end_ms = int(T0 * 1000) + 10_000
+    plan = dataclasses.replace(plan, slots=WindowedSlots("e", plan.slots, Window(None, end_ms)))
+    due.seed(plan, T0 + 6)                        # the slot at T0 is past max_late
+    assert value(served(observer), "anarchon_next_slot_timestamp_seconds", entry="e") == T0 + 10
+    assert [r.slot_ms for r in due.pop(T0 + 10, {"e": plan})] == [end_ms]
+    assert value(served(observer), "anarchon_next_slot_timestamp_seconds", entry="e") is None
+    assert value(served(observer), "anarchon_last_slot_timestamp_seconds", entry="e") == T0 + 10
+
+
 def test_the_engines_tell_each_instance_the_slots_and_the_runs_the_cluster_sent():
     """A wins every run, B loses each to A: both know the last run. A's sends then fail until
     max_late: its last slot moves past its last run (overdue), while B, which only saw the claim

@@ -161,6 +161,7 @@ class DueRuns:
         """The entry has no slot left before its ``end_at``: no further run (logged once per
         plan at INFO; an update that moves ``end_at`` later re-seeds it)."""
         self._pending.pop(plan.name, None)
+        self.observer.no_next_slot(plan.name)
         if self._ended_logged.get(plan.name) is not plan:
             self._ended_logged[plan.name] = plan
             logger.info("anarchon: entry %s has no more slots: it ended at %s (its end_at)",

@@ -86,6 +86,9 @@ class Observer:
         waits for, told when it is queued (at start-up, after each slot came, when the entry
         changed)."""
 
+    def no_next_slot(self, entry: str) -> None:
+        """``entry`` has no next slot: its ``end_at`` came (it had one before)."""
+
     def slot_came(self, entry: str, slot_ms: int) -> None:
         """The slot ``slot_ms`` (epoch ms) of ``entry`` came on this instance (its jitter passed,
         or it was reached after max_late): the newest slot that should have run."""

@@ -50,7 +50,7 @@ def instant_ms(entry: str, key: str, value: Any) -> int:
         text, text that is no ISO 8601 instant, no UTC offset (naive), outside 1970..9999.
     """
     where = f"entry {entry!r}: options['anarchon'][{key!r}] = {shown_value(value)}"
-    example = f"e.g. '2026-03-01T09:00:00+01:00' or datetime(2026, 3, 1, 8, tzinfo=timezone.utc)"
+    example = "e.g. '2026-03-01T09:00:00+01:00' or datetime(2026, 3, 1, 8, tzinfo=timezone.utc)"
     if isinstance(value, str):
         try:
             value = datetime.datetime.fromisoformat(value)
