@@ -392,6 +392,22 @@ def _status_data() -> dict:
     }
 
 
+def test_the_page_says_when_an_entry_starts_and_when_it_ended():
+    from celery_anarchon.operate.web import render_page
+    data = _status_data()
+    [base] = data["entries"]
+    base = {**base, "paused": None, "problem": None, "lease": None, "leased": False}
+    t = "2026-03-29T01:00:00.000+00:00"
+    data["entries"] = [
+        {**base, "name": "soon", "state": "waiting", "start_at": t, "end_at": None},
+        {**base, "name": "done", "state": "ended", "start_at": None, "end_at": t, "next": []},
+        {**base, "name": "ending", "state": "running", "start_at": None, "end_at": t}]
+    page = render_page(data, actions=False)
+    for shown in ('<span class="state st-unknown">waiting</span>', "starts at 2026-03-29",
+                  '<span class="state st-unknown">ended</span>', "ends at 2026-03-29"):
+        assert shown in page, shown
+
+
 def test_every_value_on_the_page_is_escaped_and_every_part_shown():
     from celery_anarchon.operate.web import render_page
     page = render_page(_status_data(), actions=True, nonce="n0nce")
