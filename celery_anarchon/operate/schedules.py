@@ -117,12 +117,13 @@ class Schedules(NamespaceSession):
         zone to change it, the app's included. The new slots follow the start-up rule on every
         instance within ``anarchon_sync_interval``. Two updates of one entry at once: the last
         one written wins. ``start_at`` and ``end_at`` replace those of ``anarchon`` (the entry's,
-        or the one given) and keep its other settings; ``None`` removes the bound. Like every
-        update, a new window holds on each instance from its next sync on (docs/schedules.md).
+        or the one given) and keep its other settings; ``None`` removes the bound.
 
         :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name`` (change it there).
         :raises UnknownEntry: the store holds no entry ``name``.
-        :raises ConfigError: nothing to change, or as :meth:`add`.
+        :raises ConfigError: nothing to change, a window that leaves out a slot instances not
+            synced yet may still claim, unless the entry is paused (:func:`_check_cut`), or as
+            :meth:`add`.
         """
         name = given_name(name)
         refuse_config(self.app, name, "update")
@@ -292,7 +293,8 @@ class Schedules(NamespaceSession):
         return self._as_scheduled(stored)
 
 
-def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan, before: str) -> None:
+def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan,
+               before: str) -> None:
     """Refuse an update whose ``start_at`` / ``end_at`` takes out a slot of the stored definition
     ``before`` that an instance still on it may claim: one due from now until every instance
     synced (2 x ``anarchon_sync_interval`` + 5 s, as a run-now request), or one it may still
