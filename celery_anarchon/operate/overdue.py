@@ -22,10 +22,12 @@ reach the slot).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from celery_anarchon._util import Memory, iso
 from celery_anarchon.schedule.plan import EntryPlan
+from celery_anarchon.schedule.slots import SlotsEnded
 from celery_anarchon.stores.base import HistoryRecord
 
 #: ``due.state``: the slot has a record; it has none and the store vouches for it; cannot tell
@@ -38,13 +40,19 @@ def due_slot(plan: EntryPlan, now_ms: int, *, floor_ms: int | None = None) -> in
     """The newest slot of ``plan`` whose deadline (slot + jitter + max_late) is at or before
     ``now_ms`` (UTC ms), looked for back to ``floor_ms`` (default :data:`MAX_LOOKBACK_MS` before
     now); ``None`` when there is none there, or the schedule cannot say (a slot past the year
-    9999, a schedule class's error).
+    9999, a schedule class's error). An entry's start_at / end_at bound it: an entry that ended
+    has its last slot before end_at as its newest due slot.
 
     A window that doubles from the shortest gap finds a slot, then a bisection the newest one: a
     few ``next_after`` calls for an interval, at most about 40 for a sparse cron."""
     cutoff = now_ms - plan.jitter_ms - plan.max_late_ms
     floor = now_ms - MAX_LOOKBACK_MS if floor_ms is None else floor_ms
-    next_after = plan.slots.next_after
+
+    def next_after(after_ms: int) -> float:
+        try:
+            return plan.slots.next_after(after_ms)
+        except SlotsEnded:              # past end_at: no slot, as one beyond the cutoff
+            return math.inf
     try:
         step = max(int(plan.slots.shortest_gap_ms), 1_000)
         while True:

@@ -51,6 +51,22 @@ def test_the_newest_due_slot_is_the_newest_whose_deadline_passed():
     assert overdue.due_slot(plan, T0_MS + 6_000, floor_ms=T0_MS + 1) is None
 
 
+def test_the_newest_due_slot_lies_within_start_at_and_end_at():
+    import dataclasses
+
+    from celery_anarchon.schedule.slots.window import Window, WindowedSlots
+    plan = make_plan("e", 10, jitter_s=1, max_late_s=5)
+    ended = dataclasses.replace(plan, slots=WindowedSlots("e", plan.slots, Window(
+        T0_MS - 30_000, T0_MS + 5_000)))
+    # the last slot before end_at is the newest due slot, however long after the end
+    assert overdue.due_slot(ended, T0_MS + 6_000) == T0_MS
+    assert overdue.due_slot(ended, T0_MS + 3_600_000) == T0_MS
+    assert overdue.due_slot(ended, T0_MS - 25_000) is None      # T0-30 s: not due yet
+    waiting = dataclasses.replace(plan, slots=WindowedSlots("e", plan.slots, Window(
+        T0_MS + 60_000, None)))
+    assert overdue.due_slot(waiting, T0_MS + 60_000) is None     # before start_at: none due
+
+
 def test_the_newest_due_slot_of_a_sparse_cron_is_found_by_bisection():
     """Every minute 09:00-16:59 on weekdays: from Monday 08:00 the newest due slot is Friday
     16:59, more than two days back; the search agrees with a walk over every slot."""
