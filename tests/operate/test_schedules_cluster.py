@@ -91,11 +91,7 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
     run = Run(cluster, out, BEATS)
     t: dict[str, float] = {}
     try:
-        cluster.worker("worker")
-        for name in BEATS:
-            cluster.beat(name)
-        cluster.wait_log("worker", "ready.", timeout=60)
-        run.synced(0, timeout=60)
+        run.start()
         run.phase("start")
 
         # 1. add: runs within the sync interval plus one period, then every slot

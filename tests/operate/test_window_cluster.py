@@ -54,11 +54,7 @@ def test_slots_up_to_end_at_are_sent_once_and_none_after(tmp_path, namespace):
     cluster = Cluster(str(tmp_path), env, app="schedules_app")
     run = Run(cluster, out, BEATS)
     try:
-        cluster.worker("worker")
-        for name in BEATS:
-            cluster.beat(name)
-        cluster.wait_log("worker", "ready.", timeout=60)
-        run.synced(0, timeout=60)
+        run.start()
 
         # on a whole second, so that a slot lies on end_at itself (the bound is included)
         end_ms = (math.ceil(time.time()) + END_AHEAD_S + 2) * 1000

@@ -28,6 +28,15 @@ class Run:
         self.costs: dict[str, float] = {}
         self._began = time.monotonic()
 
+    def start(self, timeout: float = 60) -> None:
+        """Start the worker and the beats; return once the worker is ready and every beat
+        followed the store's entries."""
+        self.cluster.worker("worker")
+        for name in self.beats:
+            self.cluster.beat(name)
+        self.cluster.wait_log("worker", "ready.", timeout=timeout)
+        self.synced(0, timeout=timeout)
+
     def phase(self, name: str) -> None:
         """Close the phase that ran since the last call (its cost, seconds)."""
         now = time.monotonic()
