@@ -9,11 +9,13 @@ fails every send of the entry, and one they pass on unread (``priority="high"`` 
 ``time_limit="x"``) fails on the broker or in the worker: each is refused once, naming the
 entry, the option, the value and the fix. ``None`` is accepted for every option (Celery reads it as "not given"). Unknown
 keys pass through to ``apply_async`` as they do in Celery, which has no list of them (kombu
-takes any further keyword as a message property).
+takes any further keyword as a message property), except one that reads as ``anarchon``
+misspelt: the entry's own settings in it would be ignored.
 """
 from __future__ import annotations
 
 import datetime
+import difflib
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -22,6 +24,8 @@ from typing import Any
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.limits import MAX_DURATION_S, duration_bound, shown_value
 
+#: the key of celery_anarchon's own settings of an entry among its options
+ANARCHON = "anarchon"
 #: the priority range: AMQP 0-9-1's priority is one octet (Redis maps it onto its 0-9 steps)
 PRIORITY_RANGE = (0, 255)
 #: kombu's delivery modes by name and number (``kombu.entity.DELIVERY_MODES``)
@@ -166,6 +170,20 @@ CHECKS: dict[str, tuple[Callable[[Any], str | None], str]] = {
 }
 
 
+def _not_a_misspelt_anarchon(entry: str, key: Any) -> None:
+    """Refuse an unknown option key that reads as ``"anarchon"`` misspelt (``"anarcon"``,
+    ``"Anarchon"``): Celery would pass it on unread, and the entry's own settings in it
+    (``max_late``, ``lease``, ``end_at``, ...) would be ignored without a word (docs/reliability.md:
+    a typo must not silently disable a rule)."""
+    if not isinstance(key, str) or key == ANARCHON:
+        return
+    if key.lower() == ANARCHON or difflib.get_close_matches(key.lower(), [ANARCHON], n=1,
+                                                            cutoff=0.8):
+        raise ConfigError(f"entry {entry!r}: options[{key!r}] is no option Celery knows (did you "
+                          f"mean {ANARCHON!r}?): the settings in it would be ignored; fix: rename "
+                          f"it to {ANARCHON!r}")
+
+
 def check(entry: str, options: Mapping) -> None:
     """Refuse an ``apply_async`` option of ``entry`` that Celery or kombu would refuse at every
     send (:data:`CHECKS`); other keys pass.
@@ -176,7 +194,10 @@ def check(entry: str, options: Mapping) -> None:
     """
     for key, value in options.items():
         known = CHECKS.get(key)
-        if known is None or value is None:
+        if known is None:
+            _not_a_misspelt_anarchon(entry, key)
+            continue
+        if value is None:
             continue
         test, fix = known
         problem = test(value)

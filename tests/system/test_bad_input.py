@@ -435,6 +435,24 @@ def message_of(call) -> str:
     raise AssertionError("no error")
 
 
+#: rows 92 and 93 of docs/reliability.md: the key of the entry's own settings misspelt among its
+#: options (Celery passes an unknown option on unread: the settings in it would be ignored)
+MISSPELT_ANARCHON = [
+    ("api", lambda: api_add(options={"anarcon": {"end_at": "2026-01-01T00:00:00+00:00"}}),
+     "entry 'e': options['anarcon'] is no option Celery knows (did you mean 'anarchon'?): the "
+     "settings in it would be ignored; fix: rename it to 'anarchon'"),
+    ("beat", lambda: beat_with({"e": {"schedule": 60, "options": {"Anarchon": {"max_late": 5}}}}),
+     "entry 'e': options['Anarchon'] is no option Celery knows (did you mean 'anarchon'?): the "
+     "settings in it would be ignored; fix: rename it to 'anarchon'"),
+]
+
+
+@pytest.mark.parametrize("where, call, message", MISSPELT_ANARCHON,
+                         ids=[c[0] for c in MISSPELT_ANARCHON])
+def test_a_misspelt_anarchon_key_is_refused_not_ignored(where, call, message):
+    assert message in message_of(call)
+
+
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
 def test_bad_configuration_is_refused_by_name(case):
     case_id, _, call, fragments = case
