@@ -95,14 +95,18 @@ def judge(plan: EntryPlan, history: Sequence[HistoryRecord], now_ms: int, memory
     :param complete: the runs are every run the store keeps of the entry back to the slot (a
         read of the ``history_size`` runs the store keeps, all newer, is not).
     :param changed_ms: a store entry's last change, store clock ms (``None``: a config entry).
-    :returns: ``None`` when no slot is due in the lookback, else ``{slot, deadline (ISO, or None
+    :returns: ``None`` when no slot is due in the lookback, or none can be within the
+        store's memory (the entry's start_at lies within it, or its end_at before it), else ``{slot, deadline (ISO, or None
         when no slot is known), state (RECORDED, OVERDUE, UNKNOWN), event (the slot's record's, or
         None), late_s (seconds past the deadline), why (the reason of UNKNOWN, else None)}``.
     """
     floor = None if memory.duration_s is None else now_ms - int(memory.duration_s * 1000)
     slot = due_slot(plan, now_ms, floor_ms=floor)
     if slot is None:
-        if floor is None:
+        window = getattr(plan.slots, "window", None)       # start_at / end_at
+        if floor is None or (window is not None and (
+                (window.start_ms is not None and window.start_ms >= floor)  # none due yet
+                or (window.end_ms is not None and window.end_ms < floor))):  # ended before it
             return None
         return {"slot": None, "deadline": None, "state": UNKNOWN, "event": None, "late_s": None,
                 "why": f"no slot of it within the store's memory ({memory.duration_s:g} s)"}

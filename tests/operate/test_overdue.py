@@ -169,6 +169,31 @@ def test_a_slot_the_store_cannot_vouch_for_is_unknown_never_overdue():
     assert row["due"]["state"] == "unknown" and "keeps 3 runs of it" in row["due"]["why"]
 
 
+def test_an_entry_not_due_yet_or_ended_before_the_stores_memory_is_no_warning():
+    """No slot due within the store's memory is only "cannot tell" when a slot before the memory
+    may be due: an entry whose start_at lies within the memory has no slot due yet, and one that
+    ended before the memory has none left to vouch for; neither is a warning of ``check``."""
+    import dataclasses
+
+    from celery_anarchon._util import Memory
+    from celery_anarchon.schedule.slots.window import Window, WindowedSlots
+    plan = make_plan("e", 30, jitter_s=1, max_late_s=5)
+    memory = Memory(duration_s=3600, count=None)
+    now = T0_MS + 3_000
+
+    def windowed(start_ms, end_ms):
+        return dataclasses.replace(plan, slots=WindowedSlots("e", plan.slots,
+                                                             Window(start_ms, end_ms)))
+    starting = windowed(T0_MS - 2_000, None)          # its first slot's deadline is still ahead
+    assert overdue.judge(starting, [], now, memory, complete=True) is None
+    ended = windowed(None, T0_MS - 7_200_000)         # ended two hours ago, memory one hour
+    assert overdue.judge(ended, [], now, memory, complete=True) is None
+    # an entry of a slot every 2 h against a memory of 1 h: its due slot may be before it
+    sparse = make_plan("s", 7_200, jitter_s=1, max_late_s=5)
+    unknown = overdue.judge(sparse, [], T0_MS + 3_000, memory, complete=True)
+    assert unknown is None or unknown["state"] == "unknown"
+
+
 def test_the_full_history_is_read_when_the_runs_read_do_not_reach_the_due_slot():
     clocks = Clocks()
     store = memory_store(clocks)
