@@ -205,8 +205,9 @@ def test_status_of_a_running_beat_and_of_one_whose_ticks_stopped(tmp_path, sqlit
     monkeypatch.syspath_prepend(str(APPS))
     import operate_app
     app = operate_app.app
+    # the module may be imported already, its app changed by another test: all it needs is set
     app.conf.update(anarchon_store_url=sqlite_url, anarchon_namespace=namespace,
-                    anarchon_sync_interval=3.0)      # the module may be imported already
+                    anarchon_sync_interval=3.0, beat_schedule=operate_app.SCHEDULES["good"])
     cluster = Cluster(str(tmp_path), env, app="operate_app")
     store = open_store(sqlite_url, namespace=namespace, instance_id="test", options={})
     settings = Settings.from_app(app)
