@@ -87,6 +87,12 @@ class EntryPlan:
         return timing.ms(self.timing.max_late_s)
 
     @property
+    def claim_late_ms(self) -> int:
+        """How late after its slot a run of this entry may still be claimed, ms: its max_late
+        (docs/design.md "One run, in time", step 2)."""
+        return self.max_late_ms
+
+    @property
     def lease_terms(self) -> timing.LeaseTerms | None:
         lease = self.timing.lease
         if lease is None:

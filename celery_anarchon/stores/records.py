@@ -72,6 +72,9 @@ class RunEvent(str, enum.Enum):
     UNCONFIRMED = "unconfirmed"    #: won, not confirmed durable in time: not sent (replaces claimed)
     UNREACHABLE = "store_unreachable"  #: skipped: the store could not be reached until max_late
     PAUSED = "paused"              #: skipped: the entry was paused (detail: by whom, why)
+    #: no instance claimed the slot in time (all beats down, the store unreachable): recorded
+    #: once, by the first instance that can tell, never sent unless a catch-up or a backfill does
+    MISSED = "missed"
     STARTED = "started"            #: leased: a worker adopted the run
     FINISHED = "finished"          #: leased: released by its runner
     TAKEN_OVER = "taken_over"      #: leased: re-sent as a new attempt (runner presumed dead)
@@ -87,7 +90,7 @@ class RunEvent(str, enum.Enum):
 #: Events that only fill an empty history slot: they never overwrite what a winner recorded.
 SKIP_EVENTS = frozenset({RunEvent.LATE, RunEvent.LATE_LOCAL, RunEvent.EARLY, RunEvent.FORGOTTEN,
                          RunEvent.OVERLAPPING, RunEvent.UNKNOWN, RunEvent.UNREACHABLE,
-                         RunEvent.PAUSED})
+                         RunEvent.PAUSED, RunEvent.MISSED})
 #: A beat's notes of its publish, written at the end of its tick: a worker (or a takeover) may
 #: have recorded the run's next step before them. Such a note never replaces a record of a later
 #: attempt, nor one of :data:`AFTER_SEND` of its own attempt.
