@@ -12,22 +12,18 @@ began is known from Celery's ``before_task_publish`` signal and from beat's own 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import threading
 import time
 
-from celery import beat, signals
+from celery import signals
 from kombu.exceptions import EncodeError, OperationalError
 from kombu.serialization import SerializerNotInstalled
 from kombu.utils.objects import cached_property
 
 from celery_anarchon._util import iso
 from celery_anarchon.errors import SendOutcomeUnknown
-from celery_anarchon.messages import (
-    HEADER_ATTEMPT, HEADER_ENTRY, HEADER_INSTANCE, HEADER_LEASE, HEADER_NAMESPACE, HEADER_SLOT,
-    HEADER_TOKEN,
-)
+from celery_anarchon.schedule.message import task_message
 
 logger = logging.getLogger("celery_anarchon.beat.scheduler")
 
@@ -223,25 +219,9 @@ class Publisher:
             max_late, then records ``send_failed``.
         """
         entry = plan.entry
-        options = copy.deepcopy(plan.celery_options)
-        headers = dict(options.pop("headers", None) or {})
-        headers.update({
-            "celery_beat_task": True,
-            HEADER_NAMESPACE: self.namespace,
-            HEADER_ENTRY: plan.name,
-            HEADER_SLOT: int(slot_ms),
-            HEADER_INSTANCE: self.instance_id,
-            HEADER_ATTEMPT: int(attempt),
-        })
-        lease = plan.timing.lease
-        if lease is not None:
-            headers[HEADER_TOKEN] = int(token)
-            headers[HEADER_LEASE] = {"duration": lease.duration_s, "heartbeat": lease.heartbeat_s,
-                                     "queue_timeout": lease.queue_timeout_s}
-        options.update(headers=headers, task_id=task_id, retry=False)
-        options.pop("retry_policy", None)
-        args = beat._evaluate_entry_args(entry.args)
-        kwargs = beat._evaluate_entry_kwargs(entry.kwargs)
+        message = task_message(plan, namespace=self.namespace, instance_id=self.instance_id,
+                               slot_ms=slot_ms, attempt=attempt, token=token, task_id=task_id)
+        args, kwargs, options = message.args, message.kwargs, message.options
         batch = self._batch
         if batch is not None:
             if batch.broken:              # nothing was tried for this run: retried

@@ -8,6 +8,7 @@
         s.pause("nightly-billing", reason="migration")      # a beat_schedule entry too
         s.run_now("report", request_id="ticket-4711")        # one extra run, once per id
         s.resume("nightly-billing")
+        s.backfill("report", "2026-03-01T00:00:00Z", "2026-03-01T06:00:00Z")  # each slot once
         s.accept_loss()      # after the store lost data: every instance follows it as it is
 
 Store entries live in the app's store (``anarchon_store_url``), per namespace, as JSON
@@ -22,7 +23,8 @@ normalizes the names of ``beat_schedule``. What each operation guarantees: docs/
 The parts: :mod:`~celery_anarchon.operate.session` (the namespace's store and who makes the
 changes), :mod:`~celery_anarchon.operate.names`, :mod:`~celery_anarchon.operate.config` (the
 config entries), :mod:`~celery_anarchon.operate.listing` (entries as read) and
-:mod:`~celery_anarchon.operate.run_now` (a run-now request's write).
+:mod:`~celery_anarchon.operate.run_now` (a run-now request's write) and
+:mod:`~celery_anarchon.operate.backfill` (backfill: ``backfill``, ``plan_backfill``).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from typing import Any
 from celery_anarchon import limits
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.operate import run_now as run_now_request
+from celery_anarchon.operate.backfill import Backfills
 from celery_anarchon.operate.config import check_task, refuse_config
 from celery_anarchon.operate.listing import ScheduledEntry, listed, stored_data
 from celery_anarchon.operate.names import check_name, default_by, given_name
@@ -51,7 +54,7 @@ __all__ = ["Schedules", "ScheduledEntry", "schedules", "default_by"]
 _UNSET: Any = object()
 
 
-class Schedules(NamespaceSession):
+class Schedules(NamespaceSession, Backfills):
     """Store entries, pauses and run-now requests of one Celery app's namespace.
 
     Build it with :func:`celery_anarchon.schedules`; close it (or use ``with``). Methods raise

@@ -59,6 +59,10 @@ class ClaimStore(abc.ABC):
     #: True when a claim retried by its winner is recognised as won (docs/design.md "Who won"); a
     #: store that cannot read the winner back answers UNKNOWN instead (a possible miss)
     recognises_winner: ClassVar[bool] = True
+    #: True when a slot older than one already claimed of the entry can still be claimed (within
+    #: the memory): what a backfill needs. False for a store whose claims only move forward
+    #: (Redis ``stream-id`` refuses an older slot as superseded)
+    claims_past_slots: ClassVar[bool] = True
 
     #: the history of runs and the texts of definitions (:class:`~.parts.History`): every
     #: backend has it

@@ -4,7 +4,8 @@ Registered under Celery's ``celery.commands`` entry point, so ``celery -A proj a
 works wherever the package is installed (through :mod:`celery_anarchon.command`). This module is
 imported on every ``celery`` run: keep its imports light (the command bodies live in
 :mod:`celery_anarchon.operate.cli.entries`, :mod:`celery_anarchon.operate.cli.reports` and
-:mod:`celery_anarchon.operate.cli.rules`, imported when a command runs).
+:mod:`celery_anarchon.operate.cli.rules` and :mod:`celery_anarchon.operate.cli.backfill`, imported
+when a command runs).
 
 Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another failure; 2 bad
 input (a usage error, an invalid definition, a timing rule, a store that cannot hold entries);
@@ -239,6 +240,36 @@ def run_now(ctx, name, request_id, by, as_json):
     """Run entry NAME once more, now (claimed like any run; the schedule does not move)."""
     from celery_anarchon.operate.cli import entries as cli_commands
     cli_commands.run_now(ctx.obj.app, name, request_id, by, as_json, command=_typed(ctx))
+
+
+@anarchon.command(cls=CeleryCommand)
+@click.argument("name")
+@click.option("--from", "start", required=True, metavar="ISO|DURATION",
+              help="The first slot's earliest instant: 2026-03-29T00:00:00Z (no offset: UTC), "
+                   "or 6h, 30m, 2d ago.")
+@click.option("--to", "end", metavar="ISO|DURATION",
+              help="The last slot's latest instant, as --from, not in the future "
+                   "(default: now).")
+@click.option("--request-id", help="Names this backfill in the history and its claims "
+                                   "(default: a new one, printed).")
+@click.option("--rate", default=10.0, show_default=True, type=click.FloatRange(min=0,
+              min_open=True), help="Sends per second, at most.")
+@click.option("--max-slots", default=10_000, show_default=True, type=click.IntRange(1),
+              help="Refuse a range of more slots than this.")
+@click.option("--by", help="Who asks (default user@host:pid).")
+@click.option("--yes", is_flag=True, help="Run without asking for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def backfill(ctx, name, start, end, request_id, rate, max_slots, by, yes, as_json):
+    """Run every slot of entry NAME from --from to --to once. Each slot is claimed in the store
+    like a run and sent only when this claim wins it: a slot already sent (by a beat, by an
+    earlier or concurrent backfill) is not sent again, so the same command again resumes an
+    interrupted backfill and sends nothing twice. A range older than the store's memory, a
+    leased or paused entry, and a store whose claims only move forward are refused."""
+    from celery_anarchon.operate.cli import backfill as cli_backfill
+    cli_backfill.backfill(ctx.obj.app, name, start=start, end=end, request_id=request_id,
+                          rate=rate, max_slots=max_slots, by=by, yes=yes, as_json=as_json,
+                          command=_typed(ctx))
 
 
 def _typed(ctx) -> str:

@@ -125,6 +125,8 @@ class RedisStreamIdStore(_ClaimOnlyRedisStore):
     claimed run, of either kind, is never won again."""
 
     strategy = "stream-id"
+    #: an older slot after a newer one is refused (superseded): no backfill
+    claims_past_slots = False
     EXTRA_KEYS = {"STREAM": "claims:stream", "REQUESTED": "claims:requested",
                   "REQUESTED_FLOOR": "claims:requested:floor"}
     CLAIM_SCRIPT = STREAM_ID_CLAIM
