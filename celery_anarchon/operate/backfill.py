@@ -193,7 +193,7 @@ def check_store(name: str, store: ClaimStore, start_ms: int, now_ms: int,
     """
     if not store.claims_past_slots:
         raise ConfigError(
-            f"backfill of entry {name!r}: the {store.describe()} store claims slots in order "
+            f"backfill of entry {name!r}: the store ({store.describe()}) claims slots in order "
             "only (an older slot is refused once a newer one was claimed), so it cannot backfill; "
             "fix: use the Redis strategy 'lease' (the default), PostgreSQL or SQLite as "
             "anarchon_store_url")

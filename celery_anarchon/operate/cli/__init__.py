@@ -4,7 +4,7 @@ Registered under Celery's ``celery.commands`` entry point, so ``celery -A proj a
 works wherever the package is installed (through :mod:`celery_anarchon.command`). This module is
 imported on every ``celery`` run: keep its imports light (the command bodies live in
 :mod:`celery_anarchon.operate.cli.entries`, :mod:`celery_anarchon.operate.cli.reports` and
-:mod:`celery_anarchon.operate.cli.rules` and :mod:`celery_anarchon.operate.cli.backfill`, imported
+:mod:`celery_anarchon.operate.cli.rules` and :mod:`celery_anarchon.operate.cli.backfills`, imported
 when a command runs).
 
 Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another failure; 2 bad
@@ -266,7 +266,7 @@ def backfill(ctx, name, start, end, request_id, rate, max_slots, by, yes, as_jso
     earlier or concurrent backfill) is not sent again, so the same command again resumes an
     interrupted backfill and sends nothing twice. A range older than the store's memory, a
     leased or paused entry, and a store whose claims only move forward are refused."""
-    from celery_anarchon.operate.cli import backfill as cli_backfill
+    from celery_anarchon.operate.cli import backfills as cli_backfill
     cli_backfill.backfill(ctx.obj.app, name, start=start, end=end, request_id=request_id,
                           rate=rate, max_slots=max_slots, by=by, yes=yes, as_json=as_json,
                           command=_typed(ctx))
