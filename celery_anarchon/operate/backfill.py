@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery_anarchon._util import iso
-from celery_anarchon.errors import ConfigError, StoreError
+from celery_anarchon.errors import ConfigError, StoreError, StoreUnavailable
 from celery_anarchon.operate.names import check_name
 from celery_anarchon.schedule.message import task_message
 from celery_anarchon.schedule.plan import EntryPlan, build_plan, task_id_for
@@ -48,6 +48,8 @@ DEFAULT_RATE = 10.0
 MAX_SLOTS = 10_000
 #: the most slots claimed in one round trip (fewer at a low rate: one second's sends)
 CLAIM_CHUNK = 100
+#: how many times a chunk's claim is tried when the store does not answer
+CLAIM_TRIES = 3
 #: the margin, ms, of a backfill's claims: the claim's max_late is now - slot + this (a store
 #: that checks lateness accepts the old slot), and a slot within this of the end of the store's
 #: memory is not claimed (the memory must outlast the claim, as it must a beat's)
@@ -78,8 +80,9 @@ class BackfillReport:
     :param total: the slots of the range.
     :param sent: the slots it claimed and sent.
     :param already_run: the slots claimed before by a beat or another backfill (not sent again).
-    :param not_resent: the slots an earlier backfill claimed whose history shows no send: it
-        was interrupted between its claim and its send (or its send failed); not sent again.
+    :param not_resent: the slots another backfill claimed whose history showed no send when
+        this one ended: that one was interrupted between its claim and its send (or its send
+        failed), or it is still running (two at once) and sends them; not sent by this one.
     :param refused: the slots the store refused, by reason (``"late: ..."``, ``"paused: ..."``).
     :param failed: the slots this backfill won whose publish failed (recorded in the history;
         not sent again).
@@ -96,7 +99,7 @@ class BackfillReport:
     not_resent: list[int] = dataclasses.field(default_factory=list)
     refused: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     failed: list[int] = dataclasses.field(default_factory=list)
-    #: how many slots an earlier backfill had claimed (this one resumes it)
+    #: how many slots another backfill had claimed (this one resumes it, or runs beside it)
     resumed: int = 0
     #: slots claimed by an earlier backfill, told apart by the history at the end
     pending: list[int] = dataclasses.field(default_factory=list, repr=False)
@@ -119,7 +122,8 @@ class BackfillReport:
         if self.not_resent:
             lines.append(f"  not re-sent {len(self.not_resent)} ({_first(self.not_resent)}): "
                          "claimed by an earlier backfill, history shows no send: not re-sent "
-                         "(it may have been interrupted between its claim and its send)")
+                         "(it was interrupted between its claim and its send, or it is still "
+                         "running and sends it)")
         if self.failed:
             lines.append(f"  send failed {len(self.failed)} ({_first(self.failed)}): the "
                          "publish failed; recorded in the history, not sent again")
@@ -296,7 +300,7 @@ class Backfill:
                 plan.name, slot, max_late_ms=now_ms - slot + MARGIN_MS,
                 task_id=task_id_for(self.settings.namespace, plan.name, slot, 1),
                 fingerprint=plan.fingerprint))
-        results = claims.claim(requests) if requests else []
+        results = _claim(claims, requests) if requests else []
         notes: list[HistoryRecord] = []
         detail = f"backfill {self.request_id} by {self.by}"
         try:
@@ -367,6 +371,23 @@ class Backfill:
              else report.not_resent).append(slot)
         report.already_run.sort()
         report.pending = []
+
+
+def _claim(claims: ClaimStore, requests: list[ClaimRequest]) -> list:
+    """``claims.claim(requests)``, retried :data:`CLAIM_TRIES` times a second apart when the
+    store does not answer: the store recognises its own winner, so a claim won before a timeout
+    answers won again (docs/design.md "Who won") and its slot is still sent.
+
+    :raises StoreUnavailable: the last try's error.
+    """
+    for tries_left in range(CLAIM_TRIES - 1, -1, -1):
+        try:
+            return claims.claim(requests)
+        except StoreUnavailable:
+            if not tries_left:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
 class _Pace:

@@ -158,8 +158,8 @@ def test_a_resumed_backfill_sends_the_rest_and_never_what_the_interrupted_one_cl
     assert told == list(range(1, 13))
     assert report.summary().splitlines()[1:] == [
         f"  not re-sent 2 ({iso(slots[3])}, {iso(slots[4])}): claimed by an earlier backfill, "
-        "history shows no send: not re-sent (it may have been interrupted between its claim "
-        "and its send)"]
+        "history shows no send: not re-sent (it was interrupted between its claim and its send, "
+        "or it is still running and sends it)"]
     assert sent_slots(namespace) == slots[:3] + slots[5:]
     store.close()
 
@@ -282,7 +282,8 @@ def test_the_command_confirms_shows_progress_and_resumes(tmp_path, namespace, ca
     assert code == 0 and out.splitlines()[-2:] == [
         f"backfill cli-1 of entry 'tick', {frm} to {to}: 5 slots; sent 0, already run 5, "
         "refused 0, not re-sent 0",
-        "resumed: 5 slots were claimed by an earlier backfill (not sent again)"]
+        "resumed: 5 slots were claimed by an earlier backfill, or by one running now (not sent "
+        "again by this one)"]
     code, out, err = run_in_process(cli_backfill.backfill, app, "tick", start="1h", end=None,
                                     request_id=None, rate=10.0, max_slots=10_000, by=None,
                                     yes=True, as_json=False, capsys=capsys)

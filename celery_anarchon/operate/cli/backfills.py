@@ -95,5 +95,5 @@ def _run(job, rate: float, say, *, bar: bool) -> BackfillReport:
 def _end(report: BackfillReport, echo) -> None:
     echo(report.summary())
     if report.resumed:
-        echo(f"resumed: {report.resumed} slots were claimed by an earlier backfill (not sent "
-             "again)")
+        echo(f"resumed: {report.resumed} slots were claimed by an earlier backfill, or by one "
+             "running now (not sent again by this one)")
