@@ -21,7 +21,6 @@ entry, a paused entry, more slots than ``max_slots``.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 import re
 import secrets
@@ -32,10 +31,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery_anarchon._util import iso
+from celery_anarchon.limits import shown_value
 from celery_anarchon.errors import ConfigError, StoreError, StoreUnavailable
 from celery_anarchon.operate.names import check_name
 from celery_anarchon.schedule.message import task_message
 from celery_anarchon.schedule.plan import EntryPlan, build_plan, task_id_for
+from celery_anarchon.schedule.slots import window
 from celery_anarchon.schedule.slots.window import SlotsEnded
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import (
@@ -155,24 +156,13 @@ def instant_ms(name: str, which: str, value: Any) -> int:
     """``start`` or ``end`` of a backfill of entry ``name``, UTC ms.
 
     :param value: an aware ``datetime``, ISO 8601 text with a UTC offset, or UTC ms (int).
-    :raises ConfigError: naming the entry, the bound, the value and the fix.
+    :raises ConfigError: naming the entry, the bound, the value and the fix
+        (:func:`~celery_anarchon.schedule.slots.window.instant_ms`).
     """
-    where = f"backfill of entry {name!r}: {which} {value!r}"
-    example = "e.g. '2026-03-01T09:00:00+00:00' or datetime(2026, 3, 1, 9, tzinfo=timezone.utc)"
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str):
-        try:
-            value = datetime.datetime.fromisoformat(value)
-        except ValueError:
-            raise ConfigError(f"{where}: not an ISO 8601 date and time; fix: give an instant "
-                              f"with its UTC offset, {example}") from None
-    if not isinstance(value, datetime.datetime):
-        raise ConfigError(f"{where}: not a date and time; fix: give an aware datetime or ISO "
-                          f"8601 text with a UTC offset, {example}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ConfigError(f"{where}: no UTC offset; fix: give the offset, {example}")
-    return int(value.timestamp() * 1000)
+    return window.instant_ms(name, which, value,
+                             where=f"backfill of entry {name!r}: {which} {shown_value(value)}")
 
 
 def check_request_id(name: str, request_id: Any) -> str:

@@ -220,9 +220,9 @@ def test_every_refusal_names_the_entry_the_value_and_the_fix(tmp_path, namespace
                  ". _ @ + -; fix: give an id such as 'ticket-4711', or none (a new one is made and "
                  "printed)")
         _refused(lambda: s.backfill("tick", "2026-03-01T09:00:00", end),
-                 "backfill of entry 'tick': start '2026-03-01T09:00:00': no UTC offset; fix: "
-                 "give the offset, e.g. '2026-03-01T09:00:00+00:00' or datetime(2026, 3, 1, 9, "
-                 "tzinfo=timezone.utc)")
+                 "backfill of entry 'tick': start '2026-03-01T09:00:00': no UTC offset (a naive "
+                 "time would be read in each host's own zone); fix: give the offset, e.g. "
+                 "'2026-03-01T09:00:00+01:00' or datetime(2026, 3, 1, 8, tzinfo=timezone.utc)")
         s.pause("tick", reason="migration", by="ops@test")
         _refused(lambda: s.backfill("tick", start, end),
                  "backfill of entry 'tick': the entry is paused by ops@test: migration: every "

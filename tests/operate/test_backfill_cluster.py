@@ -16,13 +16,11 @@ import pytest
 
 from celery_anarchon._util import iso
 
-from backends import backdate_memory_start
 from broker_reads import queued_messages
 from cluster import APPS, Cluster
 from conftest import REDIS_URL, require_server
-from schedules_cluster import SYNC_S, Run, cluster_env
-from stores_support import VARIANT_OPTIONS, store_url, wait_until
-from celery_anarchon.stores import open_store
+from schedules_cluster import SYNC_S, Run, cluster_env, store_in_service
+from stores_support import store_url, wait_until
 
 sys.path.insert(0, APPS)
 import schedules_app  # noqa: E402,F401  (tests/support/apps: the app the processes run)
@@ -47,10 +45,7 @@ def test_two_backfills_at_once_over_the_live_schedule_send_each_slot_once(kind, 
     out = str(tmp_path / "executions.jsonl")
     env = cluster_env(kind, url, namespace, out, ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S),
                       ANARCHON_SC_MAX_LATE=str(MAX_LATE_S), ANARCHON_SC_ENTRIES='{"tick": 1}')
-    store = open_store(url, namespace=namespace, instance_id="test",
-                       options=dict(VARIANT_OPTIONS.get(kind, {})))
-    store.prepare(["tick"])
-    backdate_memory_start(store, ["tick"], 600_000)     # a new store refuses its first slots
+    store = store_in_service(kind, url, namespace, ["tick"], 600_000)
     cluster = Cluster(str(tmp_path), env, app="schedules_app")
     run = Run(cluster, out, BEATS)
     try:

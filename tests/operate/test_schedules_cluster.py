@@ -34,15 +34,13 @@ import time
 import pytest
 
 import celery_anarchon
-from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent
 
-from backends import backdate_memory_start
 from cluster import APPS, Cluster, read_executions
 from conftest import REDIS_URL, require_server
-from stores_support import VARIANT_OPTIONS, store_url
+from stores_support import store_url
 from broker_reads import queued_messages
-from schedules_cluster import BEATS, SYNC_S, Run, cluster_env
+from schedules_cluster import BEATS, SYNC_S, Run, cluster_env, store_in_service
 
 sys.path.insert(0, APPS)
 import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)
@@ -82,10 +80,7 @@ def test_three_beats_follow_store_entries(kind, tmp_path, namespace, capsys):
     env = cluster_env(kind, url, namespace, out, ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S),
                       ANARCHON_SC_MAX_LATE=str(MAX_LATE_S), ANARCHON_SC_CLOCK="1")
     # a store that has been in service for a while (a new one refuses its first 10 s of slots)
-    store = open_store(url, namespace=namespace, instance_id="test",
-                       options=dict(VARIANT_OPTIONS.get(kind, {})))
-    store.prepare(["clock", "dyn"])
-    backdate_memory_start(store, ["clock", "dyn"], 120_000)
+    store = store_in_service(kind, url, namespace, ["clock", "dyn"])
     api = celery_anarchon.schedules(schedules_app.make_app(env), by="tester@ops")
     cluster = Cluster(str(tmp_path), env, app="schedules_app")
     run = Run(cluster, out, BEATS)
@@ -250,10 +245,7 @@ def test_concurrent_run_now_requests_each_run_exactly_once(kind, tmp_path, names
     out = str(tmp_path / "executions.jsonl")
     env = cluster_env(kind, url, namespace, out, ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S),
                       ANARCHON_SC_MAX_LATE=str(MAX_LATE_S))
-    store = open_store(url, namespace=namespace, instance_id="test",
-                       options=dict(VARIANT_OPTIONS.get(kind, {})))
-    store.prepare(["dyn"])
-    backdate_memory_start(store, ["dyn"], 120_000)
+    store = store_in_service(kind, url, namespace, ["dyn"])
     apis = [celery_anarchon.schedules(schedules_app.make_app(env), by=f"racer-{i}")
             for i in range(RACERS)]
     cluster = Cluster(str(tmp_path), env, app="schedules_app")

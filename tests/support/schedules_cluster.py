@@ -8,6 +8,9 @@ import json
 import re
 import time
 
+from celery_anarchon.stores import open_store
+
+from backends import backdate_memory_start
 from broker_reads import BROKER_URL
 from cluster import Cluster, read_executions
 from stores_support import VARIANT_OPTIONS
@@ -81,3 +84,15 @@ def cluster_env(kind: str, url: str, namespace: str, out: str, **more: str) -> d
             "ANARCHON_SC_NAMESPACE": namespace, "ANARCHON_SC_QUEUE": f"sc-{namespace}",
             "ANARCHON_SC_OUT": out,
             "ANARCHON_SC_STORE_OPTIONS": json.dumps(VARIANT_OPTIONS.get(kind, {})), **more}
+
+
+def store_in_service(kind: str, url: str, namespace: str, entries: list[str],
+                     by_ms: int = 120_000):
+    """The store of ``kind`` at ``url`` (its variant's options) for the test process, as one in
+    service for a while: the memory of ``entries`` began ``by_ms`` ago (a new store refuses the
+    slots of its first 10 s). The caller closes it."""
+    store = open_store(url, namespace=namespace, instance_id="test",
+                       options=dict(VARIANT_OPTIONS.get(kind, {})))
+    store.prepare(entries)
+    backdate_memory_start(store, entries, by_ms)
+    return store

@@ -42,14 +42,17 @@ class SlotsEnded(ConfigError):
                          "end_at)")
 
 
-def instant_ms(entry: str, key: str, value: Any) -> int:
+def instant_ms(entry: str, key: str, value: Any, *, where: str | None = None) -> int:
     """``start_at`` or ``end_at`` of entry ``entry`` as UTC ms.
 
     :param value: an aware ``datetime`` or ISO 8601 text with a UTC offset.
+    :param where: what the value is, first in a message (default: the entry's
+        ``options['anarchon'][key]`` and the value).
     :raises ConfigError: naming the entry, the key, the value and the fix: not a datetime or
         text, text that is no ISO 8601 instant, no UTC offset (naive), outside 1970..9999.
     """
-    where = f"entry {entry!r}: options['anarchon'][{key!r}] = {shown_value(value)}"
+    if where is None:
+        where = f"entry {entry!r}: options['anarchon'][{key!r}] = {shown_value(value)}"
     example = "e.g. '2026-03-01T09:00:00+01:00' or datetime(2026, 3, 1, 8, tzinfo=timezone.utc)"
     if isinstance(value, str):
         try:
