@@ -124,7 +124,8 @@ class BackfillReport:
             lines.append(f"  not re-sent {len(self.not_resent)} ({_first(self.not_resent)}): "
                          "claimed by an earlier backfill, history shows no send: not re-sent "
                          "(it was interrupted between its claim and its send, or it is still "
-                         "running and sends it)")
+                         "running and sends it, or the history, which keeps an entry's newest "
+                         "runs, no longer holds the run)")
         if self.failed:
             lines.append(f"  send failed {len(self.failed)} ({_first(self.failed)}): the "
                          "publish failed; recorded in the history, not sent again")

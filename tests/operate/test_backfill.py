@@ -15,7 +15,7 @@ import celery_anarchon
 from celery_anarchon._util import iso
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.messages import INSTALLED_ATTR
-from celery_anarchon.operate.backfill import MARGIN_MS, BackfillReport
+from celery_anarchon.operate.backfill import BackfillReport, BackfillStopped
 from celery_anarchon.operate.cli import backfills as cli_backfill
 from celery_anarchon.schedule.plan import task_id_for
 from celery_anarchon.stores import open_store
@@ -39,7 +39,8 @@ def make_app(url: str, namespace: str, options: dict | None = None, **conf) -> C
     """An app on the store ``url`` and the test broker, with the entry ``tick`` (every second)
     and the leased entry ``leased``, its messages in a queue of the namespace's own."""
     app = Celery("proj", set_as_current=False)
-    app.conf.update(broker_url=BROKER_URL, anarchon_store_url=url, anarchon_namespace=namespace,
+    conf.setdefault("broker_url", BROKER_URL)
+    app.conf.update(anarchon_store_url=url, anarchon_namespace=namespace,
                     anarchon_store_options=options or {}, timezone="UTC",
                     task_default_queue=f"bf-{namespace}",
                     beat_schedule={"tick": {"task": "proj.tick", "schedule": EVERY_S},
@@ -159,8 +160,55 @@ def test_a_resumed_backfill_sends_the_rest_and_never_what_the_interrupted_one_cl
     assert report.summary().splitlines()[1:] == [
         f"  not re-sent 2 ({iso(slots[3])}, {iso(slots[4])}): claimed by an earlier backfill, "
         "history shows no send: not re-sent (it was interrupted between its claim and its send, "
-        "or it is still running and sends it)"]
+        "or it is still running and sends it, or the history, which keeps an entry's newest "
+        "runs, no longer holds the run)"]
     assert sent_slots(namespace) == slots[:3] + slots[5:]
+    store.close()
+
+
+def test_a_store_entry_is_backfilled_with_its_own_arguments_and_options(tmp_path, namespace):
+    app, store = opened("sqlite", tmp_path, namespace)
+    store.prepare(["dyn"])
+    backdate_memory_start(store, ["dyn"], 600_000)
+    start, end = past_range(2)
+    with celery_anarchon.schedules(app) as s:
+        s.add("dyn", task="proj.tick", schedule=1.0, kwargs={"full": True},
+              options={"priority": 3}, check_task=False)
+        report = s.backfill("dyn", start, end, rate=1000)
+    assert report.sent == [start, start + 1000, end]
+    messages = [h for h in queued_messages(f"bf-{namespace}") if h.get("anarchon_entry") == "dyn"]
+    assert sorted(h["anarchon_slot"] for h in messages) == report.sent
+    assert {h["kwargsrepr"] for h in messages} == {"{'full': True}"}
+    store.close()
+
+
+def test_a_publish_that_fails_stops_the_backfill_and_its_claimed_slots_are_never_resent(
+        tmp_path, namespace):
+    """A broker nobody listens on: the first publish fails; that slot is recorded send_unknown,
+    the others the chunk claimed send_failed, and the backfill stops saying so. Run again with
+    the broker back, it sends none of them (each may or may not have reached the broker)."""
+    app, store = opened("sqlite", tmp_path, namespace)
+    start, end = past_range(2)
+    slots = [start, start + 1000, end]
+    down = make_app(store.url, namespace, broker_url="redis://127.0.0.1:1/0",
+                    broker_connection_timeout=1, broker_connection_retry=False)
+    with celery_anarchon.schedules(down, by="ops@test") as s:
+        with pytest.raises(BackfillStopped) as caught:
+            s.backfill("tick", start, end, request_id="down", rate=1000)
+    message = str(caught.value)
+    assert message.startswith(f"backfill down of entry 'tick' stopped: the publish of slot "
+                              f"{iso(start)} failed (")
+    assert message.endswith("); 2 more slots it claimed are not sent; fix the broker and run it "
+                            "again (what was claimed is not sent twice)")
+    assert caught.value.report.failed == [start] and caught.value.report.sent == []
+    runs = {r.slot_ms: r for r in store.history.read("tick")}
+    assert [runs[x].event for x in slots] == [RunEvent.SEND_UNKNOWN, RunEvent.SEND_FAILED,
+                                              RunEvent.SEND_FAILED]
+    assert runs[end].detail == "backfill down by ops@test: stopped before its send"
+    with celery_anarchon.schedules(app) as s:
+        report = s.backfill("tick", start, end, request_id="down", rate=1000)
+    assert report.sent == [] and report.not_resent == slots
+    assert sent_slots(namespace) == []
     store.close()
 
 
