@@ -5,6 +5,7 @@ never the slots the interrupted one claimed, and every refusal says why, word fo
 from __future__ import annotations
 
 import collections
+import json
 import re
 import time
 
@@ -332,6 +333,13 @@ def test_the_command_confirms_shows_progress_and_resumes(tmp_path, namespace, ca
         "refused 0, not re-sent 0",
         "resumed: 5 slots were claimed by an earlier backfill, or by one running now (not sent "
         "again by this one)"]
+    code, out, err = run_in_process(cli_backfill.backfill, app, "tick", start=frm, end=to,
+                                    request_id="cli-2", rate=1000.0, max_slots=10_000,
+                                    by="ops@test", yes=True, as_json=True, capsys=capsys)
+    answer = json.loads(out)
+    assert code == 0 and answer["already_run"] == [iso(x) for x in range(start, end + 1, 1000)]
+    assert answer["request_id"] == "cli-2" and answer["sent"] == [] and answer["slots"] == 5
+    assert err.splitlines()[0].startswith("backfill cli-2 of entry 'tick': 5 slots from ")
     code, out, err = run_in_process(cli_backfill.backfill, app, "tick", start="1h", end=None,
                                     request_id=None, rate=10.0, max_slots=10_000, by=None,
                                     yes=True, as_json=False, capsys=capsys)
