@@ -35,7 +35,7 @@ from celery_anarchon import limits
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.operate import run_now as run_now_request
 from celery_anarchon.operate.backfill import Backfills
-from celery_anarchon.operate.config import check_task, refuse_config
+from celery_anarchon.operate.config import check_task as _check_task, refuse_config
 from celery_anarchon.operate.listing import ScheduledEntry, listed, stored_data
 from celery_anarchon.operate.names import check_name, default_by, given_name
 from celery_anarchon.operate.session import NamespaceSession
@@ -106,7 +106,7 @@ class Schedules(NamespaceSession, Backfills):
         refuse_config(self.app, name, "add")
         definition = _definition(name, task=task, schedule=schedule, args=args,
                                  kwargs=kwargs, options=options, anarchon=anarchon,
-                                 window=_window(start_at=start_at, end_at=end_at))
+                                 window=_given(start_at=start_at, end_at=end_at))
         return self._write(name, definition, check_task, by, create=True)
 
     def update(self, name: str, *, task: str = _UNSET, schedule: Any = _UNSET,
@@ -285,15 +285,30 @@ class Schedules(NamespaceSession, Backfills):
         with the start-up message) and names a registered task (``check``); an update of an
         entry that is not paused (``before``: its stored text) must not take out of its window
         a slot that instances which have not synced yet may still claim (:func:`_check_cut`)."""
-        text = entry_json.canonical(definition, name=name)
-        entry = entry_json.parse(name, text, app=self.app)
-        plan = build_plan(name, entry, app=self.app, settings=self.settings, store=self.store)
+        text, plan = checked_definition(self, name, definition, check_task=check)
         if before is not None:
             _check_cut(self.app, self.settings, self.store, plan, before)
-        if check:
-            check_task(self.app, name, entry.task)
         stored = self._ready().put_entry(name, text, by=self._who(by, name), create=create)
         return self._as_scheduled(stored)
+
+
+def checked_definition(session: NamespaceSession, name: str, definition: dict, *,
+                       check_task: bool = True) -> tuple[str, EntryPlan]:
+    """The canonical text of ``definition`` as :meth:`Schedules.add` and :meth:`Schedules.update`
+    write it, and its plan, once it parses, builds a plan (every timing rule, with the start-up
+    message) and names a registered task (``check_task``). Nothing is written (an import's dry
+    run, :mod:`celery_anarchon.operate.import_redbeat`, shows what would be refused).
+
+    :param session: the app's schedules (its app, settings and store).
+    :raises ConfigError: the start-up message of the rule the definition breaks, naming the entry.
+    """
+    text = entry_json.canonical(definition, name=name)
+    entry = entry_json.parse(name, text, app=session.app)
+    plan = build_plan(name, entry, app=session.app, settings=session.settings,
+                      store=session.store)
+    if check_task:
+        _check_task(session.app, name, entry.task)
+    return text, plan
 
 
 def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan,
@@ -329,6 +344,12 @@ def _window(**given: Any) -> dict:
     """The ``start_at`` / ``end_at`` given to :meth:`Schedules.add` or :meth:`Schedules.update`
     (``None`` kept in update: it removes the bound)."""
     return {k: v for k, v in given.items() if v is not _UNSET}
+
+
+def _given(**bounds: Any) -> dict:
+    """The ``start_at`` / ``end_at`` given to :meth:`Schedules.add` (``None``: not given, so a
+    bound inside ``anarchon`` stays)."""
+    return {k: v for k, v in bounds.items() if v is not None}
 
 
 def _definition(name: str, *, task, schedule, args, kwargs, options, anarchon,

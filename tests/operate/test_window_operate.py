@@ -102,6 +102,20 @@ def test_the_api_takes_start_at_and_end_at_and_keeps_the_other_settings(sqlite_u
         assert slots == [start, start + datetime.timedelta(minutes=1)]
 
 
+def test_add_keeps_a_window_given_in_anarchon(sqlite_url, namespace):
+    """start_at / end_at given inside anarchon= (as a definition holds them) are kept by add,
+    as the arguments start_at= / end_at= are."""
+    app = Celery("window_in_anarchon", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=sqlite_url,
+                    anarchon_namespace=namespace, timezone="UTC")
+    ours = {"anchor": 30, "start_at": "2030-01-01T00:00:00+00:00",
+            "end_at": "2030-02-01T00:00:00+00:00"}
+    with celery_anarchon.schedules(app, by="ops") as s:
+        added = s.add("w", task="proj.t", schedule=60, anarchon=ours, check_task=False)
+        assert added.definition["anarchon"] == ours
+        assert s.get("w").definition["anarchon"] == ours
+
+
 def test_an_update_that_cuts_slots_instances_may_still_claim_is_refused_unless_paused(
         sqlite_url, namespace):
     """An instance follows an update within 2 x the sync interval + 5 s: an end_at (or start_at)
