@@ -4,13 +4,14 @@ Registered under Celery's ``celery.commands`` entry point, so ``celery -A proj a
 works wherever the package is installed (through :mod:`celery_anarchon.command`). This module is
 imported on every ``celery`` run: keep its imports light (the command bodies live in
 :mod:`celery_anarchon.operate.cli.entries`, :mod:`celery_anarchon.operate.cli.reports` and
-:mod:`celery_anarchon.operate.cli.rules` and :mod:`celery_anarchon.operate.cli.backfills`, imported
-when a command runs).
+:mod:`celery_anarchon.operate.cli.rules`, :mod:`celery_anarchon.operate.cli.backfills` and
+:mod:`celery_anarchon.operate.cli.imports`, imported when a command runs).
 
 Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another failure; 2 bad
 input (a usage error, an invalid definition, a timing rule, a store that cannot hold entries);
 3 unknown entry; 4 the entry is owned by ``beat_schedule``, or exists already; 5 an entry is
-overdue (``check --overdue``); 130 a backfill interrupted. A backfill that stopped midway exits
+overdue (``check --overdue``); 6 ``import redbeat`` refused some entries (the others were
+written: docs/from-redbeat.md); 130 a backfill interrupted. A backfill that stopped midway exits
 1. ``check`` exits 1 when any rule fails (docs/production.md
 "Command line for operators").
 """
@@ -318,3 +319,39 @@ def web(ctx, host, port, allow_actions, token, runs, refresh):
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         raise click.exceptions.Exit(2) from exc
+
+
+@anarchon.group(name="import")
+def import_():
+    """Bring the entries of another scheduler into the store (docs/from-redbeat.md)."""
+
+
+@import_.command(name="redbeat", cls=CeleryCommand)
+@click.option("--redis", metavar="URL",
+              help="RedBeat's Redis (default: redbeat_redis_url, else broker_url, as RedBeat "
+                   "reads it).")
+@click.option("--key-prefix", "prefix", metavar="PREFIX",
+              help="RedBeat's key prefix (default: redbeat_key_prefix, else 'redbeat:').")
+@click.option("--dry-run", is_flag=True, help="Show the table of what would be written; write "
+                                              "nothing.")
+@click.option("--paused", is_flag=True,
+              help="Pause every entry it adds or updates (for a switch while our beats already "
+                   "run: resume them once RedBeat is stopped).")
+@click.option("--no-check-task", is_flag=True,
+              help="Do not refuse a task name this app does not register.")
+@click.option("--by", help="Who makes the change (default user@host:pid).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON (for scripts).")
+@click.pass_context
+def import_redbeat(ctx, redis, prefix, dry_run, paused, no_check_task, by, as_json):
+    """Read RedBeat's entries (the hashes its sorted set '<prefix>:schedule' lists) into store
+    entries: print the table of what it writes (name, task, schedule, paused, action: add,
+    update, unchanged, refused or skipped), then write it. An entry disabled in RedBeat becomes
+    a paused store entry; one our rules refuse is named with the fix, and the others are still
+    written; a name beat_schedule defines is skipped; running it twice writes nothing the
+    second time. Exit 0 when every entry was imported, unchanged or skipped; 6 when some were
+    refused (the others were written); 1 when RedBeat's Redis or the store cannot be reached;
+    2 on bad input."""
+    from celery_anarchon.operate.cli import imports as cli_imports
+    cli_imports.import_redbeat_command(ctx.obj.app, redis=redis, prefix=prefix, dry_run=dry_run,
+                                       paused=paused, check_task=not no_check_task, by=by,
+                                       as_json=as_json)
