@@ -12,7 +12,8 @@ sorted set ``<prefix>:schedule`` (scored by the next due time). The prefix is
 RedBeat's schedule (its encoder's ``__type__``)     store entry
 ==================================================  =============================================
 ``interval`` (``every``, ``relative=False``)        ``{"every": s}``: epoch-aligned (RedBeat counts
-                                                    from the last run; ``anchor`` keeps a phase)
+                                                    from the last run); ``keep_phase``: with the
+                                                    ``anchor`` of RedBeat's last run
 ``interval`` with ``relative=True``                 refused: no fixed period (our rule)
 ``crontab`` (its five fields as written)            ``{"crontab": ..., "timezone": zone}``: the
                                                     zone RedBeat ran it in (the app's ``timezone``;
@@ -35,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import zoneinfo
 from typing import Any
 
 from celery_anarchon._util import mask_url
@@ -51,6 +53,8 @@ _FREQ_NAMES = {0: "YEARLY", 1: "MONTHLY", **{k: v[0] for k, v in _FIXED_FREQS.it
 _RRULE_PARTS = ("bysetpos", "bymonth", "bymonthday", "byyearday", "byeaster", "byweekno",
                 "byweekday", "byhour", "byminute", "bysecond")
 _CRONTAB_FIELDS = ("minute", "hour", "day_of_week", "day_of_month", "month_of_year")
+#: the parts of RedBeat's ``{"__type__": "datetime"}``
+_DATETIME_PARTS = ("year", "month", "day", "hour", "minute", "second", "microsecond")
 
 
 class Refused(ConfigError):
@@ -71,6 +75,7 @@ class RedBeatEntry:
     :param refused: why it cannot be imported, with the fix (``None``: it can).
     :param schedule: RedBeat's schedule in words, for the table.
     :param note: how the schedule was mapped, when the table should say (an rrule's window).
+    :param anchored: an interval given the anchor of RedBeat's last run (``keep_phase``).
     """
 
     key: str
@@ -81,6 +86,7 @@ class RedBeatEntry:
     refused: str | None
     schedule: str
     note: str = ""
+    anchored: bool = False
 
 
 def redis_url(app) -> str:
@@ -100,10 +106,14 @@ def key_prefix(app) -> str:
     return app.conf.get(PREFIX_SETTING) or DEFAULT_PREFIX
 
 
-def read(app, url: str, prefix: str) -> list[RedBeatEntry]:
+def read(app, url: str, prefix: str, *, keep_phase: bool = False) -> list[RedBeatEntry]:
     """Every entry of RedBeat's sorted set ``<prefix>:schedule``, mapped, by name.
 
     :param app: the Celery app (its ``timezone``: the zone RedBeat ran a crontab in).
+    :param keep_phase: give each interval the ``anchor`` of RedBeat's last run (its ``meta``'s
+        ``last_run_at``, whole seconds; RedBeat's next run comes one period after it), or of its
+        score in the sorted set for an entry that never ran (RedBeat runs it at once), so that
+        its runs keep their phase.
     :raises ConfigError: redis-py is not installed, or the URL is not a Redis URL.
     :raises StoreUnavailable: the Redis at ``url`` cannot be reached (the URL shown masked).
     """
@@ -120,17 +130,20 @@ def read(app, url: str, prefix: str) -> list[RedBeatEntry]:
                           "URL)") from None
     try:
         with client:
-            keys = client.zrange(prefix + ":schedule", 0, -1)
+            scored = client.zrange(prefix + ":schedule", 0, -1, withscores=True)
+            keys = [key for key, _ in scored]
             with client.pipeline(transaction=False) as pipe:
                 for key in keys:
-                    pipe.hget(key, "definition")
+                    pipe.hmget(key, "definition", "meta")
                 texts = pipe.execute()
     except redis.RedisError as exc:
         raise StoreUnavailable(f"RedBeat's Redis {mask_url(url)} cannot be read "
                                f"({type(exc).__name__}: {exc}); fix: check the URL (--redis) "
                                "and that the server runs") from exc
     zone = _app_zone(app)
-    found = [entry(key, text, prefix, zone) for key, text in zip(keys, texts) if text]
+    found = [entry(key, text, prefix, zone,
+                   phase_s=_phase_s(meta, due) if keep_phase else None)
+             for (key, due), (text, meta) in zip(scored, texts) if text]
     return sorted(found, key=lambda e: e.name)
 
 
@@ -141,10 +154,13 @@ def _app_zone(app) -> str:
         return str(app.conf.timezone or "UTC")
 
 
-def entry(key: str, text: str, prefix: str, zone: str) -> RedBeatEntry:
+def entry(key: str, text: str, prefix: str, zone: str, *,
+          phase_s: int | None = None) -> RedBeatEntry:
     """One RedBeat definition (its JSON ``text`` under ``key``) mapped onto ours.
 
     :param zone: the zone RedBeat ran a crontab without one of its own in (the app's).
+    :param phase_s: an instant of the entry's phase (its last run), Unix seconds: an interval
+        gets the ``anchor`` that keeps it (``None``: epoch-aligned).
     """
     fallback = key[len(prefix):] if key.startswith(prefix) else key
     try:
@@ -159,25 +175,50 @@ def entry(key: str, text: str, prefix: str, zone: str) -> RedBeatEntry:
     enabled = raw.get("enabled", True) is not False
     shown = _describe(raw.get("schedule"))
     try:
-        definition = _definition(name, raw, zone)
+        definition = _definition(name, raw, zone, phase_s)
     except Refused as exc:
         return RedBeatEntry(key, name, task, enabled, None, str(exc), shown)
     ours = definition.get("anarchon", {})
     note = (f"{shown} from {ours['start_at']}" + (f" to {ours['end_at']}" if "end_at" in ours
                                                   else "")) if "start_at" in ours else ""
-    return RedBeatEntry(key, name, task, enabled, definition, None, shown, note)
+    anchored = "anchor" in ours and "start_at" not in ours
+    return RedBeatEntry(key, name, task, enabled, definition, None, shown, note, anchored)
 
 
 def _refusal(name: str, reason: str, fix: str) -> str:
     return f"entry {name!r}: {reason}; fix: {fix}"
 
 
-def _definition(name: str, raw: dict, zone: str) -> dict:
+def _phase_s(meta: str | None, due: float) -> int | None:
+    """The instant of an entry's phase, Unix seconds: its ``last_run_at`` (RedBeat runs it a
+    period after that; its score is not always that instant: RedBeat computes it as
+    ``last_run_at`` + the time left from now), else its score (an entry that never ran: RedBeat
+    runs it at once, then counts from then), else ``None``."""
+    try:
+        last = json.loads(meta).get("last_run_at") if meta else None
+    except (ValueError, AttributeError):
+        last = None
+    if isinstance(last, dict) and last.get("__type__") == "datetime":
+        zone = last.get("timezone", "UTC")
+        try:
+            tz = (datetime.timezone(datetime.timedelta(seconds=zone))
+                  if isinstance(zone, (int, float)) else zoneinfo.ZoneInfo(zone))
+            return int(datetime.datetime(**{k: last[k] for k in _DATETIME_PARTS},
+                                         tzinfo=tz).timestamp())
+        except (KeyError, TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
+            pass
+    return int(due) if due > 0 else None
+
+
+def _definition(name: str, raw: dict, zone: str, phase_s: int | None) -> dict:
     out: dict[str, Any] = {"task": raw.get("task")}
     for key, empty in (("args", []), ("kwargs", {}), ("options", {})):
         value = raw.get(key)
         out[key] = empty if value is None else _plain(name, key, value)
     schedule, anarchon = _schedule(name, raw.get("schedule"), zone)
+    every = schedule.get("every")
+    if phase_s is not None and not anarchon and isinstance(every, (int, float)) and every > 0:
+        anarchon = {"anchor": seconds_json(phase_s % every)}
     out["schedule"] = schedule
     if anarchon:
         out["anarchon"] = anarchon

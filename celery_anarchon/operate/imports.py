@@ -83,7 +83,8 @@ def _row(s: Schedules, found: RedBeatEntry, current: dict[str, ScheduledEntry], 
         if here is not None and here.source == CONFIG:
             return ImportRow(name, found.task, shown, None, SKIPPED,
                              "defined in beat_schedule: runs from there")
-        text, _ = checked_definition(s, name, found.definition, check_task=check_task)
+        definition = _phase(found, here)
+        text, _ = checked_definition(s, name, definition, check_task=check_task)
     except ConfigError as exc:
         return ImportRow(found.name, found.task, shown, None, REFUSED, error=str(exc))
     reason = DISABLED_REASON if not found.enabled else PAUSED_REASON if paused else None
@@ -92,11 +93,27 @@ def _row(s: Schedules, found: RedBeatEntry, current: dict[str, ScheduledEntry], 
     stored = here is not None and here.source == STORE
     same = stored and entry_json.canonical(here.definition, name=name) == text
     action = UNCHANGED if same and pause is None else UPDATE if stored else ADD
-    notes = [f"paused here: {here.pause.describe()}" if held else reason or "", found.note,
-             "epoch-aligned" if "every" in found.definition["schedule"]
-             and "anchor" not in found.definition.get("anarchon", {}) else ""]
+    anchor = definition.get("anarchon", {}).get("anchor")
+    phase = ("epoch-aligned" if anchor is None else f"phase kept: anchor {anchor} s"
+             if found.anchored else "") if "every" in definition["schedule"] else ""
+    notes = [f"paused here: {here.pause.describe()}" if held else reason or "", found.note, phase]
     return ImportRow(name, found.task, shown, held or reason is not None, action,
-                     "; ".join(n for n in notes if n), found.definition, not same, pause)
+                     "; ".join(n for n in notes if n), definition, not same, pause)
+
+
+def _phase(found: RedBeatEntry, here: ScheduledEntry | None) -> dict:
+    """``found``'s definition; with the anchor a store entry of the same interval holds already
+    when ``found``'s anchor is RedBeat's last run (``--keep-phase``): RedBeat counts each period
+    from when its last run really came, so that instant drifts by its lateness, and a second
+    import must not move the phase the first one kept."""
+    definition = found.definition
+    if not found.anchored or here is None or here.source != STORE or not here.definition:
+        return definition
+    theirs = here.definition.get("anarchon")
+    if (here.definition.get("schedule") != definition["schedule"] or not isinstance(theirs, dict)
+            or "anchor" not in theirs):
+        return definition
+    return {**definition, "anarchon": {**definition["anarchon"], "anchor": theirs["anchor"]}}
 
 
 def apply(s: Schedules, rows: Iterable[ImportRow], *, check_task: bool = True) -> list[ImportRow]:

@@ -225,7 +225,8 @@ def test_the_table_word_for_word(store_url, namespace, prefix):
         "epoch-aligned: an interval's slots here are the multiples of its period since "
         "1970-01-01 UTC, the same on every host; RedBeat counted each period from the entry's "
         "last run, so the first run here may come up to one period sooner or later than "
-        "RedBeat's next one (options anarchon.anchor keeps a phase: docs/from-redbeat.md)\n"
+        "RedBeat's next one (--keep-phase keeps RedBeat's phase with an anchor: "
+        "docs/from-redbeat.md)\n"
         "dry run, nothing written: 4 to add, 1 skipped, 1 refused\n")
     assert done.stderr == (
         "refused rounded: entry 'rounded': its interval of 3600.0 s has relative=True (rounded "
@@ -243,6 +244,26 @@ def test_paused_imports_every_entry_paused(store_url, namespace, prefix):
                                     "beat runs (docs/from-redbeat.md)"),
                        "off": "came disabled from RedBeat (enabled=False)"}
     assert "every entry is unchanged" in exits(run(store_url, namespace, prefix), 0)
+
+
+def test_keep_phase_anchors_an_interval_at_redbeats_last_run(store_url, namespace, prefix):
+    last = datetime.datetime.now(UTC).replace(microsecond=0) - datetime.timedelta(minutes=10)
+    hourly = dict(name="hourly", task="redbeat_app.report", schedule=schedule(3600))
+    save(prefix, {**hourly, "last_run_at": last})          # RedBeat runs it next at last + 1 h
+    anchor = int(last.timestamp()) % 3600
+    out = exits(run(store_url, namespace, prefix, "--keep-phase"), 0)
+    assert out.splitlines()[2].split()[-6:] == ["add", "phase", "kept:", "anchor", f"{anchor}",
+                                                "s"] and "epoch-aligned" not in out
+    assert store_entries(store_url, namespace)["hourly"][0]["anarchon"] == {"anchor": anchor}
+    app = our_app(store_url, namespace)
+    with celery_anarchon.schedules(app) as s:
+        assert testing.next_slots(app, "hourly", 1, store=s.store) == [
+            last + datetime.timedelta(hours=1)]
+    # RedBeat's next run came 3 s late: its phase moved by that; the phase kept stays
+    with redbeat_app(prefix) as rb:
+        RedBeatSchedulerEntry.from_key(prefix + "hourly", app=rb).reschedule(
+            last + datetime.timedelta(hours=1, seconds=3))
+    assert "every entry is unchanged" in exits(run(store_url, namespace, prefix, "--keep-phase"), 0)
 
 
 def test_redbeat_stores_no_solar_schedule(prefix):

@@ -337,12 +337,16 @@ def import_():
 @click.option("--paused", is_flag=True,
               help="Pause every entry it adds or updates (for a switch while our beats already "
                    "run: resume them once RedBeat is stopped).")
+@click.option("--keep-phase", is_flag=True,
+              help="Give each interval the anchor of RedBeat's last run, so that its runs "
+                   "keep their phase (default: epoch-aligned, the multiples of the period since "
+                   "1970).")
 @click.option("--no-check-task", is_flag=True,
               help="Do not refuse a task name this app does not register.")
 @click.option("--by", help="Who makes the change (default user@host:pid).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON (for scripts).")
 @click.pass_context
-def import_redbeat(ctx, redis, prefix, dry_run, paused, no_check_task, by, as_json):
+def import_redbeat(ctx, redis, prefix, dry_run, paused, keep_phase, no_check_task, by, as_json):
     """Read RedBeat's entries (the hashes its sorted set '<prefix>:schedule' lists) into store
     entries: print the table of what it writes (name, task, schedule, paused, action: add,
     update, unchanged, refused or skipped), then write it. An entry disabled in RedBeat becomes
@@ -353,5 +357,6 @@ def import_redbeat(ctx, redis, prefix, dry_run, paused, no_check_task, by, as_js
     2 on bad input."""
     from celery_anarchon.operate.cli import imports as cli_imports
     cli_imports.import_redbeat_command(ctx.obj.app, redis=redis, prefix=prefix, dry_run=dry_run,
-                                       paused=paused, check_task=not no_check_task, by=by,
+                                       paused=paused, keep_phase=keep_phase,
+                                       check_task=not no_check_task, by=by,
                                        as_json=as_json)

@@ -21,19 +21,19 @@ EXIT_REFUSED = 6
 PHASE_NOTE = ("epoch-aligned: an interval's slots here are the multiples of its period since "
               "1970-01-01 UTC, the same on every host; RedBeat counted each period from the "
               "entry's last run, so the first run here may come up to one period sooner or "
-              "later than RedBeat's next one (options anarchon.anchor keeps a phase: "
+              "later than RedBeat's next one (--keep-phase keeps RedBeat's phase with an anchor: "
               "docs/from-redbeat.md)")
 _PAST = {imports.ADD: "added", imports.UPDATE: "updated"}
 
 
 def import_redbeat_command(app, *, redis: str | None, prefix: str | None, dry_run: bool,
-                           paused: bool, check_task: bool, by: str | None,
+                           paused: bool, keep_phase: bool, check_task: bool, by: str | None,
                            as_json: bool) -> None:
     """``import redbeat``: read RedBeat's entries, show the table, write (unless ``dry_run``)."""
     with _exit_codes():
         url = redis or import_redbeat.redis_url(app)
         prefix = prefix or import_redbeat.key_prefix(app)
-        found = import_redbeat.read(app, url, prefix)
+        found = import_redbeat.read(app, url, prefix, keep_phase=keep_phase)
         if check_task:
             import_task_modules(app)
     with _exit_codes(), Schedules(app, by=by) as s:
