@@ -1,4 +1,5 @@
-"""RedBeat's entries as store entries: ``celery -A proj anarchon import redbeat`` (docs/from-redbeat.md).
+"""RedBeat's entries as store entries: ``celery -A proj anarchon import redbeat``
+(docs/from-redbeat.md).
 
 RedBeat (celery-redbeat) keeps each entry in a Redis hash ``<prefix><name>`` whose field
 ``definition`` is JSON written by its ``RedBeatJSONEncoder``: ``name``, ``task``, ``schedule``,
@@ -246,10 +247,10 @@ def _schedule(name: str, sched: Any, zone: str) -> tuple[dict, dict]:
     if kind == "interval":
         if sched.get("relative"):
             raise Refused(_refusal(
-                name, f"its interval of {sched.get('every')} s has relative=True (rounded to the "
-                "wall clock), which has no fixed period across DST",
+                name, f"its interval of {_seconds(sched.get('every'))} s has relative=True "
+                "(rounded to the wall clock), which has no fixed period across DST",
                 "save it in RedBeat with relative=False (our slots are then the multiples of the "
-                "period since 1970, see anchor), or add it here with a crontab"))
+                "period since 1970; --keep-phase keeps its phase), or add it here with a crontab"))
         return {"every": seconds_json(sched.get("every"))}, {}
     if kind == "crontab":
         fields = {f: sched[f] for f in _CRONTAB_FIELDS if f in sched and sched[f] != "*"}
@@ -295,15 +296,18 @@ def _iso(seconds: int) -> str:
     return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat()
 
 
+def _seconds(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
 def _describe(sched: Any) -> str:
     """RedBeat's schedule in words, for a refused entry's row."""
     if not isinstance(sched, dict):
         return "-"
     kind = sched.get("__type__")
     if kind == "interval":
-        every = sched.get("every")
-        shown = f"{every:g}" if isinstance(every, (int, float)) else str(every)
-        return f"every {shown} s" + (" (relative)" if sched.get("relative") else "")
+        relative = " (relative)" if sched.get("relative") else ""
+        return f"every {_seconds(sched.get('every'))} s{relative}"
     if kind == "crontab":
         return "crontab " + " ".join(str(sched.get(f, "*")) for f in (
             "minute", "hour", "day_of_month", "month_of_year", "day_of_week"))

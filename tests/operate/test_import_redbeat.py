@@ -78,8 +78,8 @@ def run(store_url: str, namespace: str, prefix: str, *args: str) -> subprocess.C
     ``redbeat_redis_url``."""
     path = os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "ANARCHON_RB_REDIS": REDIS_URL,
-           "ANARCHON_RB_PREFIX": prefix, "ANARCHON_RB_STORE": store_url,
-           "ANARCHON_RB_NAMESPACE": namespace}
+           "ANARCHON_RB_PREFIX": prefix, "ANARCHON_CLI_STORE": store_url,
+           "ANARCHON_CLI_NAMESPACE": namespace}
     return subprocess.run([sys.executable, "-m", "celery", "-A", "redbeat_app", "anarchon",
                            "import", "redbeat", *args],
                           env=env, capture_output=True, text=True, timeout=60, cwd=APPS)
@@ -107,23 +107,23 @@ def store_entries(store_url: str, namespace: str) -> dict:
 
 #: one entry of every kind RedBeat stores, and the refusals
 EVERY_KIND = [
-    dict(name="every-5m", task="redbeat_app.report", schedule=schedule(datetime.timedelta(minutes=5)),
+    dict(name="every-5m", task="cli_app.report", schedule=schedule(datetime.timedelta(minutes=5)),
          args=[1], kwargs={"full": True}, options={"queue": "reports"}),
-    dict(name="nightly", task="redbeat_app.cleanup",
+    dict(name="nightly", task="cli_app.report",
          schedule=crontab(minute=30, hour=3, day_of_week="mon-fri")),
-    dict(name="off", task="redbeat_app.report", schedule=schedule(600), enabled=False),
-    dict(name="daily-rrule", task="redbeat_app.report",
+    dict(name="off", task="cli_app.report", schedule=schedule(600), enabled=False),
+    dict(name="daily-rrule", task="cli_app.report",
          schedule=rrule("DAILY", dtstart=START, count=10)),
-    dict(name="hourly-until", task="redbeat_app.report",
+    dict(name="hourly-until", task="cli_app.report",
          schedule=rrule("HOURLY", dtstart=START, interval=6,
                         until=START + datetime.timedelta(days=1, hours=3))),
-    dict(name="monthly-rrule", task="redbeat_app.report",
+    dict(name="monthly-rrule", task="cli_app.report",
          schedule=rrule("MONTHLY", dtstart=START, bymonthday=[1])),
-    dict(name="rounded", task="redbeat_app.report", schedule=schedule(3600, relative=True)),
-    dict(name="too-wide-step", task="redbeat_app.report", schedule=crontab(minute="*/120")),
-    dict(name="dated", task="redbeat_app.report", schedule=schedule(60),
+    dict(name="rounded", task="cli_app.report", schedule=schedule(3600, relative=True)),
+    dict(name="too-wide-step", task="cli_app.report", schedule=crontab(minute="*/120")),
+    dict(name="dated", task="cli_app.report", schedule=schedule(60),
          kwargs={"since": START}),
-    dict(name="in-code", task="redbeat_app.report", schedule=schedule(60)),
+    dict(name="config-entry", task="cli_app.report", schedule=schedule(60)),
 ]
 
 
@@ -147,7 +147,7 @@ def test_every_schedule_type_redbeat_stores_is_imported_or_refused_by_name(
     assert "fix: add it here with a crontab or cron that says the same" in refused[
         "refused monthly-rrule"]
     assert refused["refused rounded"].startswith(
-        "entry 'rounded': its interval of 3600.0 s has relative=True")
+        "entry 'rounded': its interval of 3600 s has relative=True")
     assert "fix: save it in RedBeat with relative=False" in refused["refused rounded"]
     # our start-up rule, with its message: Celery's crontab takes */120, we refuse it
     assert refused["refused too-wide-step"].startswith(
@@ -158,14 +158,14 @@ def test_every_schedule_type_redbeat_stores_is_imported_or_refused_by_name(
 
     stored = store_entries(store_url, namespace)
     assert set(stored) == {"every-5m", "nightly", "off", "daily-rrule", "hourly-until"}
-    assert stored["every-5m"] == ({"task": "redbeat_app.report", "schedule": {"every": 300},
+    assert stored["every-5m"] == ({"task": "cli_app.report", "schedule": {"every": 300},
                                    "args": [1], "kwargs": {"full": True},
                                    "options": {"queue": "reports"}}, None)
     # RedBeat ran a crontab in the app's timezone: the store entry names it
     assert stored["nightly"][0]["schedule"] == {
         "crontab": {"minute": 30, "hour": 3, "day_of_week": "mon-fri"},   # as RedBeat keeps them
         "timezone": "Europe/Paris"}
-    assert stored["off"] == ({"task": "redbeat_app.report", "schedule": {"every": 600},
+    assert stored["off"] == ({"task": "cli_app.report", "schedule": {"every": 600},
                               "args": [], "kwargs": {}, "options": {}},
                              "came disabled from RedBeat (enabled=False)")
     daily = stored["daily-rrule"][0]
@@ -215,13 +215,13 @@ def test_the_table_word_for_word(store_url, namespace, prefix):
     assert exits(done, 6) == (
         f"RedBeat {REDIS_URL} (prefix {prefix!r}): 6 entries -> store {store_url} (namespace "
         f"{namespace!r})\n"
-        "NAME         TASK                 SCHEDULE                               PAUSED  ACTION   NOTE\n"
-        "daily-rrule  redbeat_app.report   every 86400 s                          no      add      rrule DAILY from 2026-01-05T08:30:00+00:00 to 2026-01-14T08:30:00+00:00\n"
-        "every-5m     redbeat_app.report   every 300 s                            no      add      epoch-aligned\n"
-        "in-code      redbeat_app.report   every 60 s                             -       skipped  defined in beat_schedule: runs from there\n"
-        "nightly      redbeat_app.cleanup  crontab 30 3 * * mon-fri Europe/Paris  no      add\n"
-        "off          redbeat_app.report   every 600 s                            yes     add      came disabled from RedBeat (enabled=False); epoch-aligned\n"
-        "rounded      redbeat_app.report   every 3600 s (relative)                -       refused\n"
+        "NAME          TASK            SCHEDULE                               PAUSED  ACTION   NOTE\n"
+        "config-entry  cli_app.report  every 60 s                             -       skipped  defined in beat_schedule: runs from there\n"
+        "daily-rrule   cli_app.report  every 86400 s                          no      add      rrule DAILY from 2026-01-05T08:30:00+00:00 to 2026-01-14T08:30:00+00:00\n"
+        "every-5m      cli_app.report  every 300 s                            no      add      epoch-aligned\n"
+        "nightly       cli_app.report  crontab 30 3 * * mon-fri Europe/Paris  no      add\n"
+        "off           cli_app.report  every 600 s                            yes     add      came disabled from RedBeat (enabled=False); epoch-aligned\n"
+        "rounded       cli_app.report  every 3600 s (relative)                -       refused\n"
         "epoch-aligned: an interval's slots here are the multiples of its period since "
         "1970-01-01 UTC, the same on every host; RedBeat counted each period from the entry's "
         "last run, so the first run here may come up to one period sooner or later than "
@@ -229,10 +229,10 @@ def test_the_table_word_for_word(store_url, namespace, prefix):
         "docs/from-redbeat.md)\n"
         "dry run, nothing written: 4 to add, 1 skipped, 1 refused\n")
     assert done.stderr == (
-        "refused rounded: entry 'rounded': its interval of 3600.0 s has relative=True (rounded "
+        "refused rounded: entry 'rounded': its interval of 3600 s has relative=True (rounded "
         "to the wall clock), which has no fixed period across DST; fix: save it in RedBeat with "
-        "relative=False (our slots are then the multiples of the period since 1970, see "
-        "anchor), or add it here with a crontab\n")
+        "relative=False (our slots are then the multiples of the period since 1970; "
+        "--keep-phase keeps its phase), or add it here with a crontab\n")
 
 
 def test_paused_imports_every_entry_paused(store_url, namespace, prefix):
@@ -248,7 +248,7 @@ def test_paused_imports_every_entry_paused(store_url, namespace, prefix):
 
 def test_keep_phase_anchors_an_interval_at_redbeats_last_run(store_url, namespace, prefix):
     last = datetime.datetime.now(UTC).replace(microsecond=0) - datetime.timedelta(minutes=10)
-    hourly = dict(name="hourly", task="redbeat_app.report", schedule=schedule(3600))
+    hourly = dict(name="hourly", task="cli_app.report", schedule=schedule(3600))
     save(prefix, {**hourly, "last_run_at": last})          # RedBeat runs it next at last + 1 h
     anchor = int(last.timestamp()) % 3600
     out = exits(run(store_url, namespace, prefix, "--keep-phase"), 0)
