@@ -286,6 +286,10 @@ def test_the_redis_and_prefix_default_to_redbeats_own_settings(store_url, namesp
     out = exits(run(store_url, namespace, "other:", "--redis", REDIS_URL, "--key-prefix",
                     prefix, "--dry-run"), 0)
     assert "1 to add" in out
+    none = exits(run(store_url, namespace, "other:", "--dry-run"), 0)
+    assert none.splitlines()[1:] == ["no entry in RedBeat's sorted set 'other::schedule'; check "
+                                     "--redis and --key-prefix",
+                                     "dry run, nothing written: no RedBeat entry found"]
     down = run(store_url, namespace, prefix, "--redis", "redis://:secret@127.0.0.1:1/0")
     assert down.returncode == 1 and "redis://:***@127.0.0.1:1/0 cannot be read" in down.stderr
     assert "secret" not in down.stderr + down.stdout

@@ -42,6 +42,9 @@ def import_redbeat_command(app, *, redis: str | None, prefix: str | None, dry_ru
             _show(rows, f"RedBeat {mask_url(url)} (prefix {prefix!r}): "
                         f"{len(rows)} entries -> store {s.store.safe_url} (namespace "
                         f"{s.settings.namespace!r})")
+            if not rows:
+                click.echo(f"no entry in RedBeat's sorted set {prefix + ':schedule'!r}; check "
+                           "--redis and --key-prefix")
         if not dry_run:
             rows = imports.apply(s, rows, check_task=check_task)
     if as_json:
