@@ -114,6 +114,10 @@ class PrometheusObserver(Observer):
         self.send_failures = Counter(
             "anarchon_send_failures", "Won runs not sent: the send failed until max_late, the "
             "claim answered too late, or the publish broke off", ["entry"], registry=registry)
+        self.missed_runs = Counter(
+            "anarchon_missed_runs", "Slots no instance claimed in time (every beat down, the "
+            "store unreachable), recorded missed in the history by this instance: summed over "
+            "the instances, each missed slot counts once", ["entry"], registry=registry)
         self.lateness = Histogram(
             "anarchon_lateness_seconds", "Seconds from the slot to the send of a first attempt",
             buckets=LATENESS_BUCKETS, registry=registry)
@@ -177,13 +181,14 @@ class PrometheusObserver(Observer):
                 self._child(self.claims, label, outcome)
             self._child(self.sends, label)
             self._child(self.send_failures, label)
+            self._child(self.missed_runs, label)
         self._labelled |= labels
 
     def _drop(self, labels: set[str]) -> None:
         """Drop every series of entry labels ``labels`` (entries no longer labelled)."""
         by_metric = {id(metric): metric for metric in
-                     (self.claims, self.sends, self.send_failures, self.next_slots,
-                      self.last_slots, self.last_runs)}
+                     (self.claims, self.sends, self.send_failures, self.missed_runs,
+                      self.next_slots, self.last_slots, self.last_runs)}
         for key in [k for k in self._children if k[0] in by_metric and k[1] in labels]:
             metric = by_metric[key[0]]
             del self._children[key]
@@ -216,6 +221,10 @@ class PrometheusObserver(Observer):
 
     def send_failed(self, entry: str, unknown: bool = False) -> None:
         self._child(self.send_failures, self.labels(entry)).inc()
+
+    def missed(self, entry: str, count: int) -> None:
+        if count:
+            self._child(self.missed_runs, self.labels(entry)).inc(count)
 
     def store_round_trip(self, operation: str, seconds: float) -> None:
         self._child(self.round_trip, operation).observe(seconds)

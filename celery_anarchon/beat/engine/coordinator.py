@@ -12,6 +12,7 @@ from celery_anarchon.beat.engine.counters import Counters
 from celery_anarchon.beat.engine.definitions import Definitions
 from celery_anarchon.beat.engine.due import DueRuns
 from celery_anarchon.beat.engine.follow import StoreFollow
+from celery_anarchon.beat.engine.gaps import GapCheck
 from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.outage import Outage
@@ -96,6 +97,8 @@ class Engine:
                                   skew=self.skew, notes=self.notes, observer=observer)
         #: the entry sync and the heartbeat (``None``: not on this store), the follow's parts
         self.sync, self.heartbeat = self.follow.sync, self.follow.heartbeat
+        self.gaps = GapCheck(store, instance_id, clock, monotonic, self.outage, follow=self.follow,
+                             observer=observer)     #: missed slots recorded, once settled
         self.chunks = ClaimChunks(store, namespace, monotonic, stats, pace=self.pace,
                                   claims=self.claims, due=self.due, sends=self.sends,
                                   outage=self.outage, notes=self.notes, skips=self.skips,
@@ -253,6 +256,8 @@ class Engine:
         if now >= self.skew.next_check:
             self.skew.check(self.plans.values())
         self.counters.report_if_due(now)
+        if self._prepared:                     # 7. slots no instance claimed: recorded missed
+            self.gaps.check_if_due(self.plans, self.config_plans)
 
     def _delay(self, now: float) -> float:
         """Seconds until the next thing to do: the next slot (wall clock ``now``) or the next
@@ -269,9 +274,10 @@ class Engine:
                 waits.append(retry_at - mono)
         if self.notes:
             waits.append(1.0)
-        follow_at = self.follow.next_try() if self._prepared else None
-        if follow_at is not None:
-            waits.append(max(follow_at - mono, 0.05))
+        for at in ((self.follow.next_try(), self.gaps.next_try(self.plans)) if self._prepared
+                   else ()):
+            if at is not None:
+                waits.append(max(at - mono, 0.05))
         if self._any_leased:
             waits.append(max(self.takeovers.next_check - mono, 0.01))
         return min(max(min(waits), 0.001), MAX_SLEEP_S)

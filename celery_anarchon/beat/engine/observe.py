@@ -97,6 +97,11 @@ class Observer:
         """The run of ``entry``'s slot ``slot_ms`` (epoch ms) was sent, as this instance knows:
         sent here (any attempt), or its claim was won by another instance (which sends it)."""
 
+    def missed(self, entry: str, count: int) -> None:
+        """``count`` slots of ``entry`` that no instance claimed in time were recorded
+        ``missed`` by this instance (:mod:`.gaps`; once across instances: each counts the
+        records it wrote)."""
+
 
 #: the observer of an engine given none
 NOOP = Observer()

@@ -43,6 +43,8 @@ class Outage:
         #: the last time an operation on the store failed (including the lease checks and
         #: takeovers, which do not start a backoff)
         self.last_error_at = -math.inf
+        #: how many outages ended (the missed-slot check runs again after each)
+        self.recoveries = 0
 
     def may_try(self) -> bool:
         """Whether the backoff has run out (the store may be asked again)."""
@@ -87,6 +89,7 @@ class Outage:
         """The store answered: log the end of an outage, reset the backoff."""
         self.observer.store_reachable(True)
         if not self.ok:
+            self.recoveries += 1
             now = self.monotonic()
             logger.warning("anarchon store %s reachable again after %.0f s", self.store.safe_url,
                            now - (now if self.down_since is None else self.down_since))

@@ -149,6 +149,11 @@ class EntrySync:
         self.loaded = (snapshot.epoch, snapshot.version)
         return True
 
+    def paused(self, name: str) -> bool:
+        """Whether entry ``name`` is paused, as this instance last synced the store (or as it
+        keeps the pause from before the store lost it)."""
+        return name in self._pauses or self.pause_detail(name) is not None
+
     def pause_detail(self, name: str) -> str | None:
         """The history detail of a run of ``name`` this instance refuses because it keeps the
         entry's pause from before the store lost it, or ``None`` (:meth:`.KeptEntries.pause_detail`)."""
