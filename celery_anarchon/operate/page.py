@@ -126,6 +126,8 @@ LEGEND = (
     ("skip", "skipped: late, early, forgotten, overlapping, superseded",
      ("late", "late_local", "early", "forgotten", "overlapping", "superseded")),
     ("paused", "paused", ("paused",)),
+    ("missed", "missed: no instance claimed it in time (no beat ran, or none reached the store)",
+     ("missed",)),
 )
 #: history event -> the strip's colour class (an event not listed: "other")
 COLOURS = {event: colour for colour, _, events in LEGEND for event in events}
@@ -137,7 +139,7 @@ def recent_skips(data: dict, limit: int = SKIPS_SHOWN) -> list[tuple[str, dict]]
     """The newest skipped or failed runs of every entry of the status data ``data``, newest slot
     first: ``(entry name, run)`` pairs, at most ``limit``."""
     found = [(e["name"], r) for e in data.get("entries", ()) for r in e.get("runs", ())
-             if COLOURS.get(r.get("event")) in ("skip", "bad")]
+             if COLOURS.get(r.get("event")) in ("skip", "bad", "missed")]
     return sorted(found, key=lambda pair: pair[1]["slot"], reverse=True)[:limit]
 
 
@@ -160,7 +162,7 @@ def attention(entry: dict) -> str | None:
     if (entry.get("lease") or {}).get("expired"):
         return "lease expired"
     for run in entry.get("runs") or ():
-        if COLOURS.get(run.get("event")) in ("skip", "bad"):
+        if COLOURS.get(run.get("event")) in ("skip", "bad", "missed"):
             return run.get("event")
     return None
 

@@ -48,6 +48,9 @@ SERIES = [
     ("Send failures by entry", "short", [
         (f"sum by (entry) (increase(anarchon_send_failures_total{{{JOB}}}[5m])) > 0",
          "{{entry}}")]),
+    ("Missed runs by entry (slots no instance claimed in time)", "short", [
+        (f"sum by (entry) (increase(anarchon_missed_runs_total{{{JOB}}}[5m])) > 0",
+         "{{entry}}")]),
     ("Seconds since each entry's last run", "s", [
         (f"time() - max by (entry) (anarchon_last_run_timestamp_seconds{{{JOB}}})",
          "{{entry}}")]),

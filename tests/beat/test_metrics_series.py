@@ -39,6 +39,7 @@ def test_every_labelled_counter_starts_at_zero_for_each_entry_and_outcome():
             assert value(found, "anarchon_claims_total", entry=entry, outcome=outcome) == 0
         assert value(found, "anarchon_sends_total", entry=entry) == 0
         assert value(found, "anarchon_send_failures_total", entry=entry) == 0
+        assert value(found, "anarchon_missed_runs_total", entry=entry) == 0
     assert not [key for key in found if key[0] == "anarchon_claims_total"
                 and dict(key[1])["entry"] == "c"]
     for event in LEASE_EVENTS:
@@ -47,6 +48,12 @@ def test_every_labelled_counter_starts_at_zero_for_each_entry_and_outcome():
     assert not [key for key in found if key[0].endswith("_created")]
     observer.claimed("c", "late_local")
     assert value(served(observer), "anarchon_claims_total", entry=OTHER, outcome="late_local") == 1
+    observer.missed("a", 21)
+    observer.missed("c", 3)
+    observer.missed("a", 0)
+    found = served(observer)
+    assert value(found, "anarchon_missed_runs_total", entry="a") == 21
+    assert value(found, "anarchon_missed_runs_total", entry=OTHER) == 3
 
 
 def test_an_entry_that_loses_its_label_loses_its_series_and_the_new_one_starts_at_zero():

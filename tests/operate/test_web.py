@@ -408,6 +408,23 @@ def test_the_page_says_when_an_entry_starts_and_when_it_ended():
         assert shown in page, shown
 
 
+def test_a_missed_run_is_its_own_colour_in_the_strip_and_listed_among_the_skips():
+    from celery_anarchon.operate.page import attention, recent_skips
+    from celery_anarchon.operate.web import render_page
+    data = _status_data()
+    [base] = data["entries"]
+    t = "2026-03-29T01:00:00.000+00:00"
+    missed = {"slot": t, "event": "missed", "at": t, "instance": "a", "attempt": 1,
+              "task_id": "", "detail": "no instance claimed it in time"}
+    entry = {**base, "name": "gap", "paused": None, "problem": None, "lease": None,
+             "leased": False, "runs": [missed], "last": missed}
+    data["entries"] = [entry]
+    page = render_page(data, actions=False)
+    assert 'class="run missed"' in page and "missed: no instance claimed it in time" in page
+    assert recent_skips(data) == [("gap", missed)]
+    assert attention(entry) == "missed"
+
+
 def test_every_value_on_the_page_is_escaped_and_every_part_shown():
     from celery_anarchon.operate.web import render_page
     page = render_page(_status_data(), actions=True, nonce="n0nce")
