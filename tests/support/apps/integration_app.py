@@ -1,7 +1,9 @@
 """A real Celery project for the multi-process tests, configured by environment variables.
 
 ANARCHON_IT_BROKER, ANARCHON_IT_STORE, ANARCHON_IT_NAMESPACE, ANARCHON_IT_QUEUE, ANARCHON_IT_OUT
-(a JSON-lines file the worker appends one line to per executed task).
+(a JSON-lines file the worker appends one line to per executed task); optional:
+ANARCHON_IT_ENTRIES (JSON: name -> interval, seconds), ANARCHON_IT_MAX_LATE, ANARCHON_IT_JITTER,
+ANARCHON_IT_SYNC (anarchon_sync_interval), and per beat ANARCHON_METRICS_PORT.
 """
 import json
 import os
@@ -34,6 +36,12 @@ if os.environ.get("ANARCHON_IT_ENTRIES"):      # name -> interval in seconds
                               for name, every in json.loads(os.environ["ANARCHON_IT_ENTRIES"]).items()}
 if os.environ.get("ANARCHON_IT_MAX_LATE"):
     app.conf.anarchon_max_late = float(os.environ["ANARCHON_IT_MAX_LATE"])
+if os.environ.get("ANARCHON_IT_JITTER"):
+    app.conf.anarchon_jitter = float(os.environ["ANARCHON_IT_JITTER"])
+if os.environ.get("ANARCHON_IT_SYNC"):
+    app.conf.anarchon_sync_interval = float(os.environ["ANARCHON_IT_SYNC"])
+if os.environ.get("ANARCHON_METRICS_PORT"):
+    app.conf.anarchon_metrics_port = int(os.environ["ANARCHON_METRICS_PORT"])
 
 
 @app.task(bind=True)
