@@ -1,12 +1,14 @@
 """Every beat stopped for a minute, then started (multi-process: two real ``celery beat``
 processes, a worker, a SQLite store, the test Redis as broker): while they are down
 ``check --overdue`` exits 5; once they are back and settled, every slot of the stopped minute is
-recorded ``missed`` exactly once, no slot is sent twice, and ``anarchon_missed_runs_total``
+recorded ``missed`` exactly once (``history`` and ``status --json`` show it), no slot is sent
+twice, and ``anarchon_missed_runs_total``
 summed over the beats (read over HTTP) counts each missed slot once
 (celery_anarchon/beat/engine/gaps.py; docs/production.md "Missed slots")."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_anarchon._util import LATENESS_TOLERANCE_MS
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.beat.engine.gaps import MARGIN_MS
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent
@@ -121,6 +123,11 @@ def test_a_minute_with_every_beat_stopped_is_recorded_missed_once_and_counted_on
             assert now - GAP_S - 1 <= next_slot <= now + GAP_S + 1, name
         text = anarchon(env, "history", ENTRY)
         assert text.returncode == 0 and text.stdout.count("missed") >= len(missed), text.stdout
+        status = anarchon(env, "status", "--json", "--runs", "100")
+        assert status.returncode == 0, status.stderr
+        [row] = [e for e in json.loads(status.stdout)["entries"] if e["name"] == ENTRY]
+        assert sorted(r["slot"] for r in row["runs"] if r["event"] == "missed") == [
+            iso(slot) for slot in missed]
     finally:
         cluster.stop_all()
         store.close()

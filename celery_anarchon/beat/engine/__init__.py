@@ -26,6 +26,8 @@ The parts, each in its module, each given what it needs by the coordinator (:cla
 * ``takeovers``: lease checks, takeovers and the takeovers asked again;
 * ``skew``: this instance's clock measured against the store's;
 * ``skips``: skipped slots in the log, rate-limited;
+* ``gaps``: the slots no instance claimed in time, found in the store's history once this
+  instance settled (at start-up, after a store outage) and recorded ``missed`` once;
 * ``definitions``: entry definitions saved, and a different definition named in the log;
 * ``counters``: the counters and their periodic log;
 * ``observe``: the observer hook, told each claim outcome, send, lease event, store round trip
