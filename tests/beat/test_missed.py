@@ -220,3 +220,21 @@ def test_found_counts_only_the_records_of_its_own_instance():
               for n in notes[5:-1]]
     assert gap.mine(mine + theirs, "A") == 5 + 1 + (29 - MAX_RECORDED - 1)
     assert gap.mine(mine + theirs, "B") == MAX_RECORDED - 5
+
+
+def test_instances_started_together_never_leave_the_gap_to_each_other(url, namespace, harnesses):
+    """Two instances that started together long ago check after an outage of the store: each
+    has settled by now, but neither before the other started, so both check (a rule on
+    "settled by now" alone would have each leave the gap to the other)."""
+    _ran_until(url, namespace, _gap_before(40))
+    a = make(harnesses, url, namespace, ENTRY, instance="A", sync_s=1)
+    b = make(harnesses, url, namespace, ENTRY, instance="B", sync_s=1)
+    seen_a, seen_b = Missed(), Missed()
+    for h in (a, b):
+        h.engine.gaps.started_ms -= 100_000
+        h.engine.heartbeat.started_ms -= 100_000
+        h.engine.tick()                          # both heartbeats written
+    _settle(a, seen_a)
+    _settle(b, seen_b)
+    missed = _missed(a)
+    assert missed and seen_a.counts.get("e", 0) + seen_b.counts.get("e", 0) == len(missed)
