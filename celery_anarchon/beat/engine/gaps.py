@@ -245,11 +245,12 @@ class GapCheck:
             logger.info("%s: %d missed slot(s) from %s to %s were recorded by another instance",
                         gap.entry, len(gap.slots), iso(gap.slots[0]), iso(gap.slots[-1]))
             return
+        by = "" if mine == len(gap.slots) else f" ({mine} of them by this instance)"
         logger.warning(
             "%s: %d slot(s) from %s to %s were missed (no instance claimed them in time); "
-            "recorded in the history. Fix: keep a beat running this entry (every host runs one); "
-            "missed slots are not sent unless the entry's catch_up policy sends them.",
-            gap.entry, mine, iso(gap.slots[0]), iso(gap.slots[-1]))
+            "recorded in the history%s. Fix: keep a beat running this entry (every host runs "
+            "one); missed slots are not sent unless the entry's catch_up policy sends them.",
+            gap.entry, len(gap.slots), iso(gap.slots[0]), iso(gap.slots[-1]), by)
 
     def _unsettled(self, plans: Mapping[str, EntryPlan], config_plans: Mapping[str, EntryPlan],
                    now_ms: int) -> list[str]:
