@@ -138,6 +138,26 @@ def test_past_the_bound_one_record_counts_the_rest(url, namespace, harnesses, ca
     assert all(slot > up_to for slot in set(_missed(b)) - set(missed))
 
 
+def test_a_schedule_made_denser_at_a_restart_is_not_missed_back_through_the_old_one(
+        url, namespace, harnesses):
+    # the entry ran every 20 s for ten minutes, the last run 30 s before this restart, which
+    # brings it every 2 s: the old runs' history is no record of the new slots between them
+    last = _gap_before(30)
+    last -= last % (10 * PERIOD_MS)
+    store = open_store(url, namespace=namespace, instance_id="earlier", options={})
+    try:
+        store.prepare(["e"])
+        store.history.record_many([HistoryRecord("e", last - i * 10 * PERIOD_MS, RunEvent.SENT)
+                                   for i in range(30)])
+    finally:
+        store.close()
+    a = make(harnesses, url, namespace, ENTRY, instance="A")
+    a.engine.tick()
+    _settle(a)
+    missed = _missed(a)
+    assert missed and min(missed) > last        # only the gap since the last run before it
+
+
 def test_an_entry_with_no_history_has_no_gap(url, namespace, harnesses):
     a = make(harnesses, url, namespace, ENTRY, instance="A")
     seen = Missed()
@@ -157,11 +177,10 @@ def test_a_paused_entry_is_not_checked(pause_url, namespace, harnesses):
 
 
 def test_an_entry_a_settled_live_instance_runs_is_left_to_it(url, namespace, harnesses):
-    last = _gap_before(40)
-    _ran_until(url, namespace, last)
+    _ran_until(url, namespace, _gap_before(50))   # the last run before B started, 30 s ago
     b = make(harnesses, url, namespace, ENTRY, instance="B", sync_s=1)
-    b.engine.gaps.started_ms -= 100_000          # B has run (and settled) for a while
-    b.engine.heartbeat.started_ms -= 100_000
+    b.engine.gaps.started_ms -= 30_000          # B has run (and settled) for a while
+    b.engine.heartbeat.started_ms -= 30_000
     b.engine.tick()                              # B's heartbeat
     a = make(harnesses, url, namespace, ENTRY, instance="A", sync_s=1)
     seen_a, seen_b = Missed(), Missed()
@@ -223,16 +242,16 @@ def test_found_counts_only_the_records_of_its_own_instance():
 
 
 def test_instances_started_together_never_leave_the_gap_to_each_other(url, namespace, harnesses):
-    """Two instances that started together long ago check after an outage of the store: each
+    """Two instances that started together a while ago check after an outage of the store: each
     has settled by now, but neither before the other started, so both check (a rule on
     "settled by now" alone would have each leave the gap to the other)."""
-    _ran_until(url, namespace, _gap_before(40))
+    _ran_until(url, namespace, _gap_before(50))   # the last run before they started, 30 s ago
     a = make(harnesses, url, namespace, ENTRY, instance="A", sync_s=1)
     b = make(harnesses, url, namespace, ENTRY, instance="B", sync_s=1)
     seen_a, seen_b = Missed(), Missed()
     for h in (a, b):
-        h.engine.gaps.started_ms -= 100_000
-        h.engine.heartbeat.started_ms -= 100_000
+        h.engine.gaps.started_ms -= 30_000
+        h.engine.heartbeat.started_ms -= 30_000
         h.engine.tick()                          # both heartbeats written
     _settle(a, seen_a)
     _settle(b, seen_b)

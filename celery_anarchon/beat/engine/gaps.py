@@ -4,13 +4,18 @@ in the store's history and recorded there once each, as ``missed``.
 
 **What a check looks at.** The history the store keeps of an entry (its newest
 ``history_size`` runs). The range is ``(lookback start, horizon]``: the lookback starts at the
-oldest kept record's slot, or the store's memory before now when that is later (older slots
-the store cannot vouch for); the horizon is now minus the entry's claim window
+entry's newest run before this instance started (the newest record older than its start minus
+the entry's claim window, which no claim of this instance can have written), or the store's
+memory before now when that is later (older slots the store cannot vouch for). From there on
+this instance handled every slot, so the gap an outage of every beat left is the slots between
+that run and this instance's first; the slots among older runs are not looked at (had the
+schedule changed, a denser one would call the slots between the old runs missed). The horizon is now minus the entry's claim window
 (``claim_late_ms`` + ``jitter_ms`` + :data:`~celery_anarchon._util.LATENESS_TOLERANCE_MS` +
 :data:`MARGIN_MS`), so no instance can still claim a slot the check calls missed. "Now" is the
 store's clock where it has one. Every slot of the entry's schedule (within its ``start_at`` /
-``end_at``) in that range without a record is missed. An entry with no history at all has no
-gap (a new entry, or a store that forgot), and a paused entry is not checked.
+``end_at``) in that range without a record is missed. An entry with no run before this
+instance started has no gap (a new entry, or a store that forgot), and a paused entry is not
+checked.
 
 **Bounded.** At most :data:`MAX_RECORDED` missed slots of an entry are recorded one by one per
 check, oldest first; past that, one more record at the next missed slot counts the rest
@@ -89,17 +94,21 @@ def summary_of(record: HistoryRecord) -> tuple[int, int] | None:
 
 
 def missed_slots(plan: EntryPlan, history: Sequence[HistoryRecord], now_ms: int,
-                 memory_s: float | None) -> list[int]:
+                 memory_s: float | None, started_ms: int) -> list[int]:
     """The slots of ``plan`` that ``history`` (its runs as the store keeps them) shows no
     instance claimed in time, oldest first (module docstring: the range; at most
     :data:`MAX_WALK`). Pure.
 
     :param now_ms: now, UTC ms (the store's clock where it has one).
     :param memory_s: the store's memory, seconds (``None``: forever).
+    :param started_ms: when the checking instance started, UTC ms: the range starts at the
+        entry's newest run before it.
     """
-    if not history:
+    before = [record.slot_ms for record in history
+              if record.slot_ms < started_ms - claim_window_ms(plan)]
+    if not before:
         return []
-    start = min(record.slot_ms for record in history)
+    start = max(before)
     if memory_s is not None:
         start = max(start, now_ms - int(memory_s * 1000))
     horizon = now_ms - claim_window_ms(plan)
@@ -225,7 +234,8 @@ class GapCheck:
         found = []
         for name in names:
             try:
-                slots = missed_slots(plans[name], histories.get(name, []), now_ms, memory_s)
+                slots = missed_slots(plans[name], histories.get(name, []), now_ms, memory_s,
+                                     self.started_ms)
             except Exception as exc:   # a schedule class's own error: that entry is not checked
                 logger.error("%s: its missed slots could not be computed: %s", name, exc)
                 continue
