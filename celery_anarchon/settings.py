@@ -20,6 +20,8 @@ from typing import Any, Callable
 from celery_anarchon import exporter
 from celery_anarchon._util import duration as seconds  # seconds(value, what): a duration >= 0
 from celery_anarchon.errors import ConfigError
+from celery_anarchon.schedule.catch_up import (
+    DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW_S, check_policy)
 from celery_anarchon.schedule.timing import (
     DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, DEFAULT_MAX_LATE_S, DEFAULT_REQUEST_RETENTION_S,
     DEFAULT_SYNC_INTERVAL_S, MAX_REQUEST_RETENTION_S, TimingSettings, timezone_error)
@@ -120,6 +122,10 @@ def _options(value: Any, name: str) -> dict:
     return dict(value)
 
 
+def _catch_up(value: Any, name: str) -> str:
+    return check_policy(value, name, name)
+
+
 def _max_entries(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{name} = {value!r}: must be an integer >= 0 (entries with an entry "
@@ -131,6 +137,12 @@ def _max_entries(value: Any, name: str) -> int:
 #: every ``anarchon_*`` setting, by name, in the order they are read (any other ``anarchon_*``
 #: key is a typo); docs/configuration.md "Settings" lists the same (tests/test_settings.py)
 OPTIONS: dict[str, Option] = {option.name: option for option in (
+    Option("anarchon_catch_up", "text", DEFAULT_CATCH_UP, _catch_up,
+           "which missed slots an entry claims at start-up: newest, all (within the window) "
+           "or none"),
+    Option("anarchon_catch_up_window", "s", DEFAULT_CATCH_UP_WINDOW_S,
+           _more_than_0(DEFAULT_CATCH_UP_WINDOW_S),
+           "how far back catch_up='all' claims missed slots (less than the store's memory)"),
     Option("anarchon_heartbeat", "s", DEFAULT_HEARTBEAT_S, _duration(DEFAULT_HEARTBEAT_S),
            "how often a leased run's lease is renewed by default; less than half of the lease"),
     Option("anarchon_jitter", "s", None, _jitter,
@@ -255,6 +267,8 @@ class Settings(TimingSettings):
             lease_s=lease_s, heartbeat_s=heartbeat_s,
             sync_interval_s=value["anarchon_sync_interval"],
             request_retention_s=value["anarchon_request_retention"],
+            catch_up=value["anarchon_catch_up"],
+            catch_up_window_s=value["anarchon_catch_up_window"],
             namespace=value["anarchon_namespace"] or app.main or "default",
             store_url=url, store_options=options, store_warning=warning,
             metrics_port=value["anarchon_metrics_port"],

@@ -112,7 +112,8 @@ def test_an_unknown_setting_names_the_closest_and_every_setting():
         Settings.from_app(make_app(anarchon_jiter=1))
     assert str(info.value) == (
         "unknown setting 'anarchon_jiter' (did you mean 'anarchon_jitter'?). celery_anarchon's "
-        "settings: anarchon_heartbeat, anarchon_jitter, anarchon_lease, anarchon_max_late, "
+        "settings: anarchon_catch_up, anarchon_catch_up_window, anarchon_heartbeat, "
+        "anarchon_jitter, anarchon_lease, anarchon_max_late, "
         "anarchon_namespace, anarchon_request_retention, anarchon_store_options, "
         "anarchon_store_url, anarchon_sync_interval, anarchon_metrics_port, anarchon_metrics_addr, "
         "anarchon_metrics_max_entries, anarchon_worker_metrics_port, anarchon_worker_metrics_addr. "

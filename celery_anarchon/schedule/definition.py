@@ -7,6 +7,7 @@ nothing is pickled or evaluated. The form::
      "args": [], "kwargs": {},                          # JSON values
      "options": {"queue": "reports"},                   # apply_async options, without "anarchon"
      "anarchon": {"jitter": 2, "max_late": 60},         # options['anarchon'] of beat_schedule
+     # (also "catch_up": "newest" | "all" | "none", "catch_up_window": seconds, "anchor", "lease")
      # "anarchon" may bound the slots: "start_at" / "end_at", ISO 8601 text with a UTC offset
      "schedule": {"every": 60}}                         # one of the four kinds below
 
@@ -314,10 +315,13 @@ def _anarchon(name: str, ours: Any) -> dict:
         raise _error(name, "anarchon", ours, "not an object",
                      'give the per-entry settings as an object, e.g. {"jitter": 2, "max_late": 60}')
     _unknown(name, "anarchon", ours, ANARCHON_KEYS)
-    for key in ("anchor", "jitter", "max_late"):
+    for key in ("anchor", "catch_up_window", "jitter", "max_late"):
         if key in ours and not is_number(ours[key]):
             raise _error(name, f"anarchon.{key}", ours[key], "not a number of seconds",
                          "give seconds as a number (JSON has no timedelta)")
+    if "catch_up" in ours and not isinstance(ours["catch_up"], str):  # its value: timing
+        raise _error(name, "anarchon.catch_up", ours["catch_up"], "not a catch-up policy",
+                     'give "newest" (the default), "all" or "none"')
     for key in ("start_at", "end_at"):  # the instant itself: plan.build_plan (slots.window)
         if key in ours and ours[key] is not None and not isinstance(ours[key], str):
             raise _error(name, f"anarchon.{key}", ours[key], "not an instant",

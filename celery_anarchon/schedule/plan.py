@@ -20,6 +20,7 @@ from celery import beat
 from celery import schedules as celery_schedules
 
 from celery_anarchon import limits
+from celery_anarchon.schedule import catch_up
 from celery_anarchon.schedule import task_options
 from celery_anarchon.schedule import timing
 from celery_anarchon.schedule import slots as slot_math
@@ -89,8 +90,18 @@ class EntryPlan:
     @property
     def claim_late_ms(self) -> int:
         """How late after its slot a run of this entry may still be claimed, ms: its max_late
-        (docs/design.md "One run, in time", step 2)."""
+        (docs/design.md "One run, in time", step 2), or its ``catch_up_window`` for
+        ``catch_up='all'`` (step 7; :mod:`~celery_anarchon.schedule.catch_up`)."""
+        window_s = self.timing.catch_up_window_s
+        if self.timing.catch_up == "all" and window_s is not None:
+            return timing.ms(window_s)
         return self.max_late_ms
+
+    @property
+    def catch_up_pace_ms(self) -> int:
+        """The least time between two caught-up runs of this entry, ms
+        (:func:`celery_anarchon.schedule.catch_up.pace_s` of its shortest gap)."""
+        return timing.ms(catch_up.pace_s(self.slots.shortest_gap_ms / 1000))
 
     @property
     def lease_terms(self) -> timing.LeaseTerms | None:

@@ -18,6 +18,9 @@ jitter + max_late < store memory          a late claim must still find the first
 count x shortest gap > jitter + max_late  the same, for stores that remember a number of runs
 heartbeat < half of the lease duration    a lease is renewed at least twice before it ends
 ========================================  ===================================================
+
+The rules of ``catch_up='all'`` (its window against max_late and the store's memory) are in
+:mod:`celery_anarchon.schedule.catch_up`.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ import zoneinfo
 from typing import Any, Callable
 
 from celery_anarchon import limits
+from celery_anarchon.schedule import catch_up as catch_up_rules
+from celery_anarchon.schedule.catch_up import DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW_S
 from celery_anarchon.schedule.zones import did_you_mean
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory
 from celery_anarchon._util import duration as seconds  # seconds(value, what): a duration >= 0
@@ -54,7 +59,8 @@ DEFAULT_REQUEST_RETENTION_S = 7 * 86400.0
 MAX_REQUEST_RETENTION_S = 3650 * 86400.0
 
 #: keys allowed in ``options={"anarchon": {...}}``
-ENTRY_KEYS = ("anchor", "end_at", "jitter", "lease", "max_late", "start_at")
+ENTRY_KEYS = ("anchor", "catch_up", "catch_up_window", "end_at", "jitter", "lease", "max_late",
+              "start_at")
 #: keys allowed in ``options={"anarchon": {"lease": {...}}}``
 LEASE_KEYS = ("duration", "heartbeat", "max_attempts", "overlap", "queue_timeout")
 OVERLAP_VALUES = ("skip", "allow")
@@ -106,6 +112,10 @@ class TimingSettings:
     :param request_retention_s: ``anarchon_request_retention``: how long the store keeps the id of
         a run-now request made by this app (the API, the command line, the status page), seconds
         (default 7 days); a request id is one run for that long (docs/schedules.md).
+    :param catch_up: ``anarchon_catch_up``: the default catch-up policy of an entry
+        (:mod:`~celery_anarchon.schedule.catch_up`; default ``"newest"``).
+    :param catch_up_window_s: ``anarchon_catch_up_window``: the default window of
+        ``catch_up='all'``, seconds (default 600).
     :ivar run_now_max_late_s: derived once, at construction: the least max_late of a run-now
         request's claim, 2 x ``sync_interval_s`` + :data:`RUN_NOW_MARGIN_S`, seconds.
     """
@@ -116,6 +126,8 @@ class TimingSettings:
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S
     request_retention_s: float = DEFAULT_REQUEST_RETENTION_S
+    catch_up: str = DEFAULT_CATCH_UP
+    catch_up_window_s: float = DEFAULT_CATCH_UP_WINDOW_S
     run_now_max_late_s: float = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -152,16 +164,28 @@ class EntryTiming:
     :param max_late_s: a run whose claim would come later than this after its slot is skipped.
     :param anchor_s: shift of an interval entry's slots from the Unix epoch, or ``None``.
     :param lease: the lease settings of a leased entry, or ``None``.
+    :param catch_up: the catch-up policy, ``"newest"``, ``"all"`` or ``"none"``.
+    :param catch_up_window_s: how late a slot of a ``catch_up='all'`` entry may still be claimed,
+        seconds; ``None`` for the other policies.
     """
 
     jitter_s: float
     max_late_s: float
     anchor_s: float | None = None
     lease: LeaseSettings | None = None
+    catch_up: str = DEFAULT_CATCH_UP
+    catch_up_window_s: float | None = None
 
     def as_dict(self) -> dict:
-        """Plain values for a fingerprint."""
-        return dataclasses.asdict(self)
+        """Plain values for a fingerprint. The default policy is left out (and the window of
+        another than ``"all"``), so an entry that keeps it keeps the fingerprint it had before
+        the policy existed."""
+        out = dataclasses.asdict(self)
+        if self.catch_up == DEFAULT_CATCH_UP:
+            del out["catch_up"]
+        if self.catch_up_window_s is None:
+            del out["catch_up_window_s"]
+        return out
 
 
 def split_entry_options(name: str, options: dict | None) -> tuple[dict, dict]:
@@ -277,7 +301,11 @@ def resolve(name: str, ours: dict, settings: TimingSettings, *, shortest_gap_s: 
             f"lease duration + 2 x heartbeat ({_fmt(lease.duration_s + 2 * lease.heartbeat_s)}): "
             "a dead runner's replacement would always be superseded by the next slot. Lower the "
             "lease duration or run the entry less often.")
-    return EntryTiming(jitter_s, max_late_s, None, lease)
+    policy, window_s = catch_up_rules.resolve(
+        name, ours, default=settings.catch_up, default_window_s=settings.catch_up_window_s,
+        jitter_s=jitter_s, max_late_s=max_late_s, shortest_gap_s=shortest_gap_s, memory=memory,
+        leased=lease is not None)
+    return EntryTiming(jitter_s, max_late_s, None, lease, policy, window_s)
 
 
 def check_sync_interval(settings: TimingSettings, memory: Memory) -> None:

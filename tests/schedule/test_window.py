@@ -131,8 +131,8 @@ def test_the_refusals_word_for_word(store):
         "end_at later than start_at (or leave one of them out)")
     assert refusal(store, end=END) == (
         "entry 'e': options['anarchon']: unknown key 'end' (did you mean 'end_at'?). Allowed "
-        "keys: anchor, end_at, jitter, lease, max_late, start_at. A typo must not silently "
-        "disable a rule.")
+        "keys: anchor, catch_up, catch_up_window, end_at, jitter, lease, max_late, start_at. A "
+        "typo must not silently disable a rule.")
 
 
 def test_a_store_definition_takes_the_window_as_text_only():

@@ -18,8 +18,10 @@ logger = logging.getLogger(__name__)
 
 
 def claim_request(namespace: str, plan: EntryPlan, slot_ms: int) -> ClaimRequest:
-    """The claim of ``plan``'s run at ``slot_ms`` (first attempt)."""
-    return ClaimRequest(entry=plan.name, slot_ms=slot_ms, max_late_ms=plan.max_late_ms,
+    """The claim of ``plan``'s run at ``slot_ms`` (first attempt), claimable up to the plan's
+    :attr:`~celery_anarchon.schedule.plan.EntryPlan.claim_late_ms` after its slot (max_late, or
+    the window of ``catch_up='all'``: lateness-checking stores check it on their clock)."""
+    return ClaimRequest(entry=plan.name, slot_ms=slot_ms, max_late_ms=plan.claim_late_ms,
                         task_id=task_id_for(namespace, plan.name, slot_ms, 1),
                         fingerprint=plan.fingerprint, lease=plan.lease_terms)
 

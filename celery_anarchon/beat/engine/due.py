@@ -1,7 +1,12 @@
 """The heap of due runs: one pending slot per entry, fired at slot + jitter (jitter drawn per
-run from the engine's random source), seeded at start-up with the newest slot still within
-max_late. Slots reached too late are skipped (never sent in a burst), and a slot this instance
-already claimed is never due again (a clock set back, a re-seed). An entry whose next slot
+run from the engine's random source), seeded at start-up by the entry's catch-up policy
+(docs/design.md "One run, in time", step 7): the newest slot still within max_late
+(``"newest"``), the next slot after now (``"none"``), or the oldest slot within the catch-up
+window (``"all"``: its slots then come one by one, oldest first, one every
+:attr:`~celery_anarchon.schedule.plan.EntryPlan.catch_up_pace_ms`, each claimed as its own run).
+Slots reached too late (past max_late, or past the window of ``"all"``) are skipped (never sent
+in a burst), and a slot this instance already claimed is never due again (a clock set back, a
+re-seed). An entry whose next slot
 cannot be computed (past the year 9999, a schedule class's error) is logged and has no further
 run here; the others go on. An entry's slots lie within its ``start_at`` / ``end_at``
 (:class:`~celery_anarchon.schedule.slots.WindowedSlots`): before the start its first run waits
@@ -58,23 +63,32 @@ class DueRuns:
         #: run-now runs (entry, slot_ms) this instance handled: never claimed as scheduled runs
         self.requested: set[tuple[str, int]] = set()
         self._ended_logged: dict[str, EntryPlan] = {}  # entry -> the plan whose end was logged
+        self._catching_up: set[str] = set()            # entries whose catch-up was logged
 
     def seed(self, plan: EntryPlan, now: float) -> None:
-        """Queue the entry's first run: the newest slot still within max_late (so a deploy that
-        restarts every instance at once loses no run), else the next one. Nothing older, and
-        never a slot this instance already handled (a re-seed after the entry changed: a store
-        that reads its own claim back would answer won again, a second send).
+        """Queue the entry's first run by its catch-up policy: ``"newest"``, the newest slot still
+        within max_late (so a deploy that restarts every instance at once loses no run), else the
+        next one; ``"none"``, the next slot after ``now``; ``"all"``, the oldest slot within the
+        catch-up window (its later slots follow, paced: :meth:`_schedule_next`). Never a slot
+        this instance already handled (a re-seed after the entry changed: a store that reads its
+        own claim back would answer won again, a second send).
 
         A re-seed (the entry changed at run time) whose slot already waits in the claim retries
         (the store was unreachable) does not queue it a second time: the waiting claim takes the
         new definition and the slot after it is queued (one run is claimed once per batch)."""
         try:
             now_ms = int(now * 1000)
-            first = _next(plan, now_ms - plan.max_late_ms - 1)
-            latest = None
-            while first is not None and first <= now_ms:
-                latest, first = first, _next(plan, first)
-            slot = latest if latest is not None else first
+            policy = plan.timing.catch_up
+            if policy == "none":
+                slot = _next(plan, now_ms)
+            elif policy == "all":
+                slot = _next(plan, now_ms - plan.claim_late_ms - 1)
+            else:
+                first = _next(plan, now_ms - plan.max_late_ms - 1)
+                latest = None
+                while first is not None and first <= now_ms:
+                    latest, first = first, _next(plan, first)
+                slot = latest if latest is not None else first
             handled = self._last_claimed.get(plan.name, -1)
             if slot is not None and slot <= handled:
                 slot = _next(plan, handled)
@@ -87,7 +101,8 @@ class DueRuns:
         if slot is None:
             self._ended(plan)
             return
-        self._push(plan, slot)
+        self._catching_up.discard(plan.name)
+        self._push(plan, slot, now_ms)
 
     def forget(self, name: str) -> None:
         """Drop the pending run of entry ``name`` (removed, or about to be re-seeded)."""
@@ -118,17 +133,49 @@ class DueRuns:
                              "entry was re-seeded)", name, iso(slot_ms))
                 continue
             lateness = now_ms - slot_ms
-            if lateness > plan.max_late_ms:
+            if lateness > plan.claim_late_ms:
                 self.skips.late_local(plan, [slot_ms], lateness)
                 continue
             due.append(claim_request(self.namespace, plan, slot_ms))
         return due
 
-    def _push(self, plan: EntryPlan, slot_ms: int) -> None:
+    def _push(self, plan: EntryPlan, slot_ms: int, now_ms: int, paced: bool = False) -> None:
+        """Queue ``slot_ms`` at slot + jitter. A ``catch_up='all'`` slot already due at
+        ``now_ms`` with another due after it starts a catch-up (logged once); ``paced``: the
+        slot follows a run of the entry that fired at ``now_ms``, so it fires no sooner than one
+        pace later."""
         jitter_s = self.rng.uniform(0, plan.jitter_ms / 1000) if plan.jitter_ms else 0.0
+        fire = slot_ms / 1000 + jitter_s
+        if plan.timing.catch_up == "all":
+            if slot_ms > now_ms:
+                self._catching_up.discard(plan.name)
+            else:
+                if paced:
+                    fire = max(fire, (now_ms + plan.catch_up_pace_ms) / 1000)
+                if plan.name not in self._catching_up:
+                    self._log_catch_up(plan, slot_ms, now_ms)
         self._pending[plan.name] = slot_ms
         self.observer.next_slot(plan.name, slot_ms)
-        heapq.heappush(self._heap, (slot_ms / 1000 + jitter_s, slot_ms, plan.name))
+        heapq.heappush(self._heap, (fire, slot_ms, plan.name))
+
+    def _log_catch_up(self, plan: EntryPlan, first_ms: int, now_ms: int) -> None:
+        """Log, once per catch-up, the slots from ``first_ms`` to ``now_ms`` that this instance
+        will claim one by one (none when only ``first_ms`` is due: that is no catch-up)."""
+        due, last = 1, first_ms
+        try:
+            nxt = _next(plan, first_ms)
+            while nxt is not None and nxt <= now_ms and due <= MAX_SKIP_WALK:
+                due, last, nxt = due + 1, nxt, _next(plan, nxt)
+        except ConfigError:
+            pass                                # the walk that reaches it says so
+        if due < 2:
+            return
+        self._catching_up.add(plan.name)
+        count = f"more than {MAX_SKIP_WALK}" if due > MAX_SKIP_WALK else str(due)
+        logger.info("%s: catching up %s slot(s) from %s to %s (catch_up='all', window %g s), one "
+                    "every %g s; each is claimed as its own run, so one already sent is not "
+                    "sent again", plan.name, count, iso(first_ms), iso(last),
+                    plan.claim_late_ms / 1000, plan.catch_up_pace_ms / 1000)
 
     def _drop_stale_heads(self) -> None:
         while self._heap and self._pending.get(self._heap[0][2]) != self._heap[0][1]:
@@ -136,15 +183,18 @@ class DueRuns:
 
     def _schedule_next(self, plan: EntryPlan, slot_ms: int, now_ms: int) -> None:
         """Push the slot after ``slot_ms``; slots that are already late (the process was paused,
-        the clock jumped forward) are skipped, logged and recorded, never sent in a burst."""
+        the clock jumped forward) are skipped, logged and recorded, never sent in a burst: past
+        max_late, or for ``catch_up='all'`` past its window (the slots within it are claimed one
+        by one, paced: :meth:`_push`)."""
         late: list[int] = []
+        late_ms = plan.claim_late_ms
         try:
             nxt = _next(plan, slot_ms)
-            while nxt is not None and now_ms - nxt > plan.max_late_ms and len(late) < MAX_SKIP_WALK:
+            while nxt is not None and now_ms - nxt > late_ms and len(late) < MAX_SKIP_WALK:
                 late.append(nxt)
                 nxt = _next(plan, nxt)
-            if nxt is not None and now_ms - nxt > plan.max_late_ms:
-                nxt = _next(plan, now_ms - plan.max_late_ms - 1)
+            if nxt is not None and now_ms - nxt > late_ms:
+                nxt = _next(plan, now_ms - late_ms - 1)
         except ConfigError as exc:
             self._no_next(plan, exc)
             return
@@ -155,7 +205,7 @@ class DueRuns:
         if nxt is None:
             self._ended(plan)
             return
-        self._push(plan, nxt)
+        self._push(plan, nxt, now_ms, paced=True)
 
     def _ended(self, plan: EntryPlan) -> None:
         """The entry has no slot left before its ``end_at``: no further run (logged once per

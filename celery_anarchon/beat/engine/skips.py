@@ -65,17 +65,20 @@ class SkipLog:
         self._flush_at = math.inf     # when the first of them is due (monotonic seconds)
 
     def late_local(self, plan: EntryPlan, slots: list[int], lateness_ms: int) -> None:
-        """``slots`` (in order) were reached ``lateness_ms`` after the first past max_late."""
+        """``slots`` (in order) were reached ``lateness_ms`` after the first past max_late (or
+        past the window of ``catch_up='all'``: :attr:`EntryPlan.claim_late_ms`)."""
         self.stats["late_local"] += len(slots)
         self.observer.claimed(plan.name, LATE_LOCAL, len(slots))
+        limit = (f"catch_up_window {plan.claim_late_ms / 1000:g} s"
+                 if plan.claim_late_ms != plan.max_late_ms else f"max_late {plan.timing.max_late_s:g} s")
         if len(slots) == 1:
             logger.warning("%s: slot %s skipped as late: this instance reached it %.3f s after the "
-                           "slot (max_late %g s). Was the process paused or did the clock jump?",
-                           plan.name, iso(slots[0]), lateness_ms / 1000, plan.timing.max_late_s)
+                           "slot (%s). Was the process paused or did the clock jump?",
+                           plan.name, iso(slots[0]), lateness_ms / 1000, limit)
         else:
-            logger.warning("%s: %d slots from %s to %s skipped as late (max_late %g s): the process "
+            logger.warning("%s: %d slots from %s to %s skipped as late (%s): the process "
                            "was paused or the clock jumped forward.", plan.name, len(slots),
-                           iso(slots[0]), iso(slots[-1]), plan.timing.max_late_s)
+                           iso(slots[0]), iso(slots[-1]), limit)
         for slot in slots[-self.store.history_size:]:
             self.notes.add(plan.name, slot, RunEvent.LATE_LOCAL,
                            detail=f"{self.instance_id} reached it {lateness_ms / 1000:.3f} s late")

@@ -1,0 +1,142 @@
+"""Catch-up by policy on one or two instances (docs/design.md "One run, in time", step 7;
+docs/timing.md "Catch-up after an outage"), with the engine harness on real stores: what the
+seed queues for ``none``, ``newest`` and ``all``; for ``all``, the slots within the window are
+claimed oldest first, one every pace (asserted on the fire times the engine asks for), each as
+its own run, so two instances or a restart send each slot once; slots older than the window are
+skipped as late here.
+
+The engine's wall clock is pinned a few seconds before real time and moved by the test; the
+store's clock is the real one, so every slot claimed stays within its lateness and early limits
+(window + 10 s late, 10 s early)."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import pytest
+
+from celery_anarchon._util import iso
+from celery_anarchon.stores.base import RunEvent
+
+from backends import BY_KIND
+from engine_harness import harnesses, make  # noqa: F401  (a fixture)
+
+EVERY_S = 4          # the entry's interval: pace = min(1 s, 4 s / 2) = 1 s
+WINDOW_S = 20        # catch_up_window: 5 slots of 4 s
+ALL = {"jitter": 0, "max_late": 3, "catch_up": "all", "catch_up_window": WINDOW_S}
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request, tmp_path):
+    return BY_KIND[request.param].local_url(str(tmp_path))
+
+
+def pinned_boundary(h) -> int:
+    """Pin the harness's wall clock 0.5 s past a slot boundary B that lies 4 to 8 s before real
+    time; returns B in ms. The store's clock then reads B + 4 to B + 8 s."""
+    b = (math.floor(time.time() / EVERY_S) - 1) * EVERY_S
+    h.clock.pin(b + 0.5)
+    return b * 1000
+
+
+def fire_and_tick(*hs) -> float:
+    """Move every harness's clocks to the earliest fire time any of them asks for, then tick
+    each; returns that fire time (epoch seconds)."""
+    fire = min(h.engine.next_fire() for h in hs)
+    for h in hs:
+        h.advance(fire - h.clock())
+    for h in hs:
+        h.engine.tick()
+    return fire
+
+
+def slots_sent(*hs) -> list[int]:
+    return sorted(slot for h in hs for _, slot, _ in h.sent)
+
+
+def test_none_claims_nothing_older_than_now(url, namespace, harnesses):
+    h = make(harnesses, url, namespace, {"e": (EVERY_S, {"jitter": 0, "max_late": 3,
+                                                         "catch_up": "none"})})
+    b = pinned_boundary(h)
+    h.engine.tick()
+    assert h.sent == [] and h.engine.next_fire() == (b + 4000) / 1000
+    fire_and_tick(h)
+    assert slots_sent(h) == [b + 4000]
+
+
+def test_newest_claims_the_newest_slot_within_max_late(url, namespace, harnesses):
+    h = make(harnesses, url, namespace, {"e": (EVERY_S, {"jitter": 0, "max_late": 3})})
+    b = pinned_boundary(h)
+    h.engine.tick()
+    assert slots_sent(h) == [b] and h.engine.next_fire() == (b + 4000) / 1000
+
+
+def test_all_claims_every_slot_of_the_window_oldest_first_one_every_pace(
+        url, namespace, harnesses, caplog):
+    caplog.set_level(logging.INFO, "celery_anarchon")
+    h = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)})
+    b = pinned_boundary(h)
+    start = h.clock()
+    h.engine.tick()                              # the seed: the oldest slot within 20 s
+    assert slots_sent(h) == [b - 16_000]
+    fires = [start] + [fire_and_tick(h) for _ in range(6)]
+    # B-16 .. B+4 paced one second apart from the start; B+8 at its own time
+    assert fires == [start + i for i in range(6)] + [(b + 8000) / 1000]
+    assert [s for _, s, _ in h.sent] == [b + i * 4000 for i in range(-4, 3)]
+    assert {a for _, _, a in h.sent} == {1}
+    history = h.history("e")
+    assert all(history[b + i * 4000].event is RunEvent.SENT for i in range(-4, 3))
+    [line] = [r.getMessage() for r in caplog.records if "catching up" in r.getMessage()]
+    assert line == (f"e: catching up 5 slot(s) from {iso(b - 16_000)} to {iso(b)} "
+                    f"(catch_up='all', window 20 s), one every 1 s; each is claimed as its own "
+                    "run, so one already sent is not sent again")
+
+
+def test_slots_older_than_the_window_are_skipped_late_the_rest_caught_up(
+        url, namespace, harnesses):
+    h = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)})
+    b = pinned_boundary(h)
+    h.engine.tick()                              # sends B-16; B-12 waits for B+1.5
+    h.advance(12.0)                              # paused: now B+12.5; B-12 and B-8 past 20 s
+    h.engine.tick()
+    assert h.engine.stats["late_local"] == 2
+    history = h.history("e")
+    assert history[b - 12_000].event is RunEvent.LATE_LOCAL
+    assert history[b - 8000].event is RunEvent.LATE_LOCAL
+    fires = [fire_and_tick(h) for _ in range(4)]
+    assert fires == [b / 1000 + 13.5 + i for i in range(4)]
+    assert slots_sent(h) == [b - 16_000, b - 4000, b, b + 4000, b + 8000]
+
+
+def test_two_instances_catching_up_the_same_window_send_each_slot_once(
+        url, namespace, harnesses):
+    a = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)}, instance="A")
+    c = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)}, instance="C", backdate=False)
+    b = pinned_boundary(a)
+    c.clock.pin(a.clock())
+    c.engine.tick()                              # C first: it wins the oldest slot
+    a.engine.tick()
+    for _ in range(6):
+        fire_and_tick(c, a)
+    assert slots_sent(a, c) == [b + i * 4000 for i in range(-4, 3)]   # each once
+    assert c.sent and a.engine.stats["claim_other_won"] >= 1
+
+
+def test_a_restart_in_the_middle_of_a_catch_up_sends_nothing_twice(url, namespace, harnesses):
+    first = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)}, instance="host:1:aa")
+    b = pinned_boundary(first)
+    first.engine.tick()
+    fire_and_tick(first)
+    assert slots_sent(first) == [b - 16_000, b - 12_000]
+    # the process dies; a new one (a new instance id) starts a second later
+    again = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)}, instance="host:2:bb",
+                 backdate=False)
+    again.clock.pin(first.clock() + 1.0)
+    again.engine.tick()                          # the seed: B-16 again, won by the first
+    assert again.sent == [] and again.engine.stats["claim_other_won"] == 1
+    for _ in range(6):
+        fire_and_tick(again)
+    assert slots_sent(again) == [b + i * 4000 for i in range(-2, 3)]
+    assert again.engine.stats["claim_other_won"] == 2
+    assert slots_sent(first, again) == [b + i * 4000 for i in range(-4, 3)]
