@@ -2,7 +2,8 @@
 
 ANARCHON_IT_BROKER, ANARCHON_IT_STORE, ANARCHON_IT_NAMESPACE, ANARCHON_IT_QUEUE, ANARCHON_IT_OUT
 (a JSON-lines file the worker appends one line to per executed task); optional:
-ANARCHON_IT_ENTRIES (JSON: name -> interval, seconds), ANARCHON_IT_MAX_LATE, ANARCHON_IT_JITTER,
+ANARCHON_IT_ENTRIES (JSON: name -> interval, seconds), ANARCHON_IT_ENTRY_OPTIONS (JSON: the
+``options['anarchon']`` of each of those entries), ANARCHON_IT_MAX_LATE, ANARCHON_IT_JITTER,
 ANARCHON_IT_SYNC (anarchon_sync_interval), and per beat ANARCHON_METRICS_PORT.
 """
 import json
@@ -32,7 +33,9 @@ app.conf.update(
     },
 )
 if os.environ.get("ANARCHON_IT_ENTRIES"):      # name -> interval in seconds
-    app.conf.beat_schedule = {name: {"task": "integration_app.record", "schedule": float(every)}
+    _ours = json.loads(os.environ.get("ANARCHON_IT_ENTRY_OPTIONS", "{}"))
+    app.conf.beat_schedule = {name: {"task": "integration_app.record", "schedule": float(every),
+                                     "options": {"anarchon": _ours}}
                               for name, every in json.loads(os.environ["ANARCHON_IT_ENTRIES"]).items()}
 if os.environ.get("ANARCHON_IT_MAX_LATE"):
     app.conf.anarchon_max_late = float(os.environ["ANARCHON_IT_MAX_LATE"])
