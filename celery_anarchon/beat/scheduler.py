@@ -278,7 +278,8 @@ class Scheduler(beat.Scheduler):
             f"    . store -> {self.store.safe_url} ({self.store.kind}, remembers runs {kept})",
             f"    . namespace -> {s.namespace}",
             f"    . timing -> jitter {jitter}, max_late {s.max_late_s:g} s, "
-            f"lease {s.lease_s:g} s, heartbeat {s.heartbeat_s:g} s",
+            f"lease {s.lease_s:g} s, heartbeat {s.heartbeat_s:g} s, catch_up {s.catch_up}"
+            + (f" (window {s.catch_up_window_s:g} s)" if s.catch_up == "all" else ""),
         ])
 
     # -- internals ------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ class Schedules(NamespaceSession, Backfills):
     def add(self, name: str, *, task: str, schedule: Any, args: list | tuple = (),
             kwargs: dict | None = None, options: dict | None = None,
             anarchon: dict | None = None, start_at: Any = None, end_at: Any = None,
+            catch_up: str | None = None, catch_up_window: Any = None,
             by: str | None = None, check_task: bool = True) -> ScheduledEntry:
         """Add a store entry; every live instance runs it within ``anarchon_sync_interval``.
 
@@ -91,10 +92,15 @@ class Schedules(NamespaceSession, Backfills):
         :param options: ``apply_async`` options (JSON values): queue, priority, expires, ...
             An ``"anarchon"`` key in them is taken as ``anarchon``.
         :param anarchon: the per-entry settings of ``beat_schedule``'s ``options['anarchon']``:
-            ``jitter``, ``max_late``, ``anchor`` (seconds), ``lease``, ``start_at``, ``end_at``.
+            ``jitter``, ``max_late``, ``anchor`` (seconds), ``lease``, ``start_at``, ``end_at``,
+            ``catch_up``, ``catch_up_window``.
         :param start_at: no slot before this instant (an aware ``datetime`` or ISO 8601 text
             with a UTC offset; a naive one is refused); ``anarchon['start_at']``.
         :param end_at: no slot after this instant, as ``start_at``; it must come after it.
+        :param catch_up: the entry's catch-up policy, ``"newest"``, ``"all"`` or ``"none"``
+            (:mod:`celery_anarchon.schedule.catch_up`); ``anarchon['catch_up']``.
+        :param catch_up_window: with ``catch_up="all"``: how far back missed slots are claimed
+            (seconds or a ``timedelta``); ``anarchon['catch_up_window']``.
         :param check_task: refuse a task name this app does not register (skipped when the app
             registers no task of its own: then it cannot be known here).
         :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name``.
@@ -106,12 +112,14 @@ class Schedules(NamespaceSession, Backfills):
         refuse_config(self.app, name, "add")
         definition = _definition(name, task=task, schedule=schedule, args=args,
                                  kwargs=kwargs, options=options, anarchon=anarchon,
-                                 window=_given(start_at=start_at, end_at=end_at))
+                                 window=_given(start_at=start_at, end_at=end_at,
+                                               catch_up=catch_up, catch_up_window=catch_up_window))
         return self._write(name, definition, check_task, by, create=True)
 
     def update(self, name: str, *, task: str = _UNSET, schedule: Any = _UNSET,
                args: list | tuple = _UNSET, kwargs: dict = _UNSET, options: dict = _UNSET,
                anarchon: dict = _UNSET, start_at: Any = _UNSET, end_at: Any = _UNSET,
+               catch_up: str | None = _UNSET, catch_up_window: Any = _UNSET,
                by: str | None = None, check_task: bool = True) -> ScheduledEntry:
         """Change a store entry: each argument given replaces that part of the definition (the
         others are kept; ``anarchon`` and ``options`` are replaced whole). A ``schedule`` that is
@@ -120,7 +128,8 @@ class Schedules(NamespaceSession, Backfills):
         zone to change it, the app's included. The new slots follow the start-up rule on every
         instance within ``anarchon_sync_interval``. Two updates of one entry at once: the last
         one written wins. ``start_at`` and ``end_at`` replace those of ``anarchon`` (the entry's,
-        or the one given) and keep its other settings; ``None`` removes the bound.
+        or the one given) and keep its other settings; ``None`` removes the bound. So do
+        ``catch_up`` and ``catch_up_window`` (``None``: back to the app's default).
 
         :raises EntryOwnedByConfig: ``beat_schedule`` defines ``name`` (change it there).
         :raises UnknownEntry: the store holds no entry ``name``.
@@ -133,10 +142,12 @@ class Schedules(NamespaceSession, Backfills):
         changes = {k: v for k, v in dict(task=task, schedule=schedule, args=args, kwargs=kwargs,
                                           options=options, anarchon=anarchon).items()
                    if v is not _UNSET}
-        window = _window(start_at=start_at, end_at=end_at)
+        window = _window(start_at=start_at, end_at=end_at, catch_up=catch_up,
+                         catch_up_window=catch_up_window)
         if not changes and not window:
             raise ConfigError(f"entry {name!r}: nothing to change; fix: give task, schedule, args, "
-                              "kwargs, options, anarchon, start_at or end_at")
+                              "kwargs, options, anarchon, start_at, end_at, catch_up or "
+                              "catch_up_window")
         stored = self._snapshot().entries.get(name)
         if stored is None or stored.definition is None:
             raise self._unknown(name)
@@ -316,8 +327,9 @@ def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan
     """Refuse an update whose ``start_at`` / ``end_at`` takes out a slot of the stored definition
     ``before`` that an instance still on it may claim: one due from now until every instance
     synced (2 x ``anarchon_sync_interval`` + 5 s, as a run-now request), or one it may still
-    claim late (its jitter + max_late before now). A pause holds at once on every instance, so
-    a paused entry's update is not checked: pause, update, resume.
+    claim late (its jitter + max_late before now; for ``catch_up='all'``, its jitter +
+    catch_up_window). A pause holds at once on every instance, so a paused entry's update is
+    not checked: pause, update, resume.
 
     :raises ConfigError: naming the entry, the slot, the span and the fix.
     """
@@ -328,7 +340,7 @@ def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan
         return
     now_ms = int(time.time() * 1000)
     span_s = settings.run_now_max_late_s
-    cut = first_cut(old.slots, plan.slots, now_ms - old.jitter_ms - old.max_late_ms,
+    cut = first_cut(old.slots, plan.slots, now_ms - old.jitter_ms - old.claim_late_ms,
                     now_ms + int(span_s * 1000))
     if cut is not None:
         raise ConfigError(
@@ -341,14 +353,15 @@ def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan
 
 
 def _window(**given: Any) -> dict:
-    """The ``start_at`` / ``end_at`` given to :meth:`Schedules.add` or :meth:`Schedules.update`
-    (``None`` kept in update: it removes the bound)."""
+    """The ``anarchon`` settings given as arguments of their own to :meth:`Schedules.add` or
+    :meth:`Schedules.update` (``start_at``, ``end_at``, ``catch_up``, ``catch_up_window``;
+    ``None`` kept in update: it removes the setting)."""
     return {k: v for k, v in given.items() if v is not _UNSET}
 
 
 def _given(**bounds: Any) -> dict:
-    """The ``start_at`` / ``end_at`` given to :meth:`Schedules.add` (``None``: not given, so a
-    bound inside ``anarchon`` stays)."""
+    """The ``start_at`` / ``end_at`` / ``catch_up`` / ``catch_up_window`` given to
+    :meth:`Schedules.add` (``None``: not given, so the key inside ``anarchon`` stays)."""
     return {k: v for k, v in bounds.items() if v is not None}
 
 

@@ -19,7 +19,7 @@ import pytest
 from celery_anarchon._util import iso
 from celery_anarchon.stores.base import RunEvent
 
-from backends import BY_KIND
+from stores_support import VARIANT_OPTIONS, store_url
 from engine_harness import harnesses, make  # noqa: F401  (a fixture)
 
 EVERY_S = 4          # the entry's interval: pace = min(1 s, 4 s / 2) = 1 s
@@ -27,9 +27,16 @@ WINDOW_S = 20        # catch_up_window: 5 slots of 4 s
 ALL = {"jitter": 0, "max_late": 3, "catch_up": "all", "catch_up_window": WINDOW_S}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def url(request, tmp_path):
-    return BY_KIND[request.param].local_url(str(tmp_path))
+@pytest.fixture(params=["memory", "sqlite", "redis-stream-id"])
+def store(request, tmp_path):
+    """The store's URL and options: memory, SQLite, and Redis ``stream-id``, which refuses an
+    older slot once a newer one is claimed (a catch-up walks oldest first)."""
+    return store_url(request.param, str(tmp_path)), VARIANT_OPTIONS.get(request.param, {})
+
+
+def engine(harnesses, store, namespace, entries, **kwargs):
+    url, options = store
+    return make(harnesses, url, namespace, entries, store_options=options, **kwargs)
 
 
 def pinned_boundary(h) -> int:
@@ -55,8 +62,8 @@ def slots_sent(*hs) -> list[int]:
     return sorted(slot for h in hs for _, slot, _ in h.sent)
 
 
-def test_none_claims_nothing_older_than_now(url, namespace, harnesses):
-    h = make(harnesses, url, namespace, {"e": (EVERY_S, {"jitter": 0, "max_late": 3,
+def test_none_claims_nothing_older_than_now(store, namespace, harnesses):
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, {"jitter": 0, "max_late": 3,
                                                          "catch_up": "none"})})
     b = pinned_boundary(h)
     h.engine.tick()
@@ -65,17 +72,17 @@ def test_none_claims_nothing_older_than_now(url, namespace, harnesses):
     assert slots_sent(h) == [b + 4000]
 
 
-def test_newest_claims_the_newest_slot_within_max_late(url, namespace, harnesses):
-    h = make(harnesses, url, namespace, {"e": (EVERY_S, {"jitter": 0, "max_late": 3})})
+def test_newest_claims_the_newest_slot_within_max_late(store, namespace, harnesses):
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, {"jitter": 0, "max_late": 3})})
     b = pinned_boundary(h)
     h.engine.tick()
     assert slots_sent(h) == [b] and h.engine.next_fire() == (b + 4000) / 1000
 
 
 def test_all_claims_every_slot_of_the_window_oldest_first_one_every_pace(
-        url, namespace, harnesses, caplog):
+        store, namespace, harnesses, caplog):
     caplog.set_level(logging.INFO, "celery_anarchon")
-    h = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)})
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)})
     b = pinned_boundary(h)
     start = h.clock()
     h.engine.tick()                              # the seed: the oldest slot within 20 s
@@ -94,8 +101,8 @@ def test_all_claims_every_slot_of_the_window_oldest_first_one_every_pace(
 
 
 def test_slots_older_than_the_window_are_skipped_late_the_rest_caught_up(
-        url, namespace, harnesses):
-    h = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)})
+        store, namespace, harnesses):
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)})
     b = pinned_boundary(h)
     h.engine.tick()                              # sends B-16; B-12 waits for B+1.5
     h.advance(12.0)                              # paused: now B+12.5; B-12 and B-8 past 20 s
@@ -110,9 +117,9 @@ def test_slots_older_than_the_window_are_skipped_late_the_rest_caught_up(
 
 
 def test_two_instances_catching_up_the_same_window_send_each_slot_once(
-        url, namespace, harnesses):
-    a = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)}, instance="A")
-    c = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)}, instance="C", backdate=False)
+        store, namespace, harnesses):
+    a = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)}, instance="A")
+    c = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)}, instance="C", backdate=False)
     b = pinned_boundary(a)
     c.clock.pin(a.clock())
     c.engine.tick()                              # C first: it wins the oldest slot
@@ -123,14 +130,14 @@ def test_two_instances_catching_up_the_same_window_send_each_slot_once(
     assert c.sent and a.engine.stats["claim_other_won"] >= 1
 
 
-def test_a_restart_in_the_middle_of_a_catch_up_sends_nothing_twice(url, namespace, harnesses):
-    first = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)}, instance="host:1:aa")
+def test_a_restart_in_the_middle_of_a_catch_up_sends_nothing_twice(store, namespace, harnesses):
+    first = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)}, instance="host:1:aa")
     b = pinned_boundary(first)
     first.engine.tick()
     fire_and_tick(first)
     assert slots_sent(first) == [b - 16_000, b - 12_000]
     # the process dies; a new one (a new instance id) starts a second later
-    again = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)}, instance="host:2:bb",
+    again = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)}, instance="host:2:bb",
                  backdate=False)
     again.clock.pin(first.clock() + 1.0)
     again.engine.tick()                          # the seed: B-16 again, won by the first

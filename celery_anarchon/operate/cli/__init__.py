@@ -65,7 +65,14 @@ def _definition_options(command):
                      help='apply_async options, a JSON object (e.g. {"queue": "reports"}).'),
         click.option("--anarchon", type=JSONValue(dict),
                      help='Per-entry settings, a JSON object (jitter, max_late, anchor, lease, '
-                     'start_at, end_at).'),
+                     'start_at, end_at, catch_up, catch_up_window).'),
+        click.option("--catch-up", "catch_up", metavar="newest|all|none",
+                     help="Which slots missed while no beat ran it are claimed at start-up: the "
+                     "newest within max_late (default), all within --catch-up-window (oldest "
+                     "first, paced), or none; update: 'default' goes back to the app's."),
+        click.option("--catch-up-window", "catch_up_window", metavar="SECONDS",
+                     help="With --catch-up all: how far back missed slots are claimed, seconds "
+                     "(default anarchon_catch_up_window); update: 'default' goes back to it."),
         click.option("--start-at", "start_at", metavar="INSTANT",
                      help="No slot before this instant: ISO 8601 with a UTC offset (e.g. "
                      "2026-03-01T09:00+01:00); update: 'none' removes it."),

@@ -31,9 +31,12 @@ EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_UNKNOWN_ENTRY, EXIT_OWNED_OR_EXISTS = 1, 2, 3
 EXIT_OVERDUE = 5
 #: the flags of add/update that are parts of a definition: flag -> definition key
 _PART_FLAGS = {"task": "task", "args_": "args", "kwargs_": "kwargs", "options_": "options",
-               "anarchon": "anarchon", "start_at": "start_at", "end_at": "end_at"}
+               "anarchon": "anarchon", "start_at": "start_at", "end_at": "end_at",
+               "catch_up": "catch_up", "catch_up_window": "catch_up_window"}
 #: what ``update --start-at`` / ``--end-at`` take to remove the bound
 _NO_BOUND = ("none", "")
+#: what ``update --catch-up`` / ``--catch-up-window`` take to go back to the app's default
+_DEFAULT = "default"
 
 
 @contextlib.contextmanager
@@ -96,6 +99,15 @@ def _parts(name: str, flags: dict) -> dict:
     for key in ("start_at", "end_at"):
         if isinstance(parts.get(key), str) and parts[key].strip().lower() in _NO_BOUND:
             parts[key] = None
+    for key in ("catch_up", "catch_up_window"):
+        if isinstance(parts.get(key), str) and parts[key].strip().lower() == _DEFAULT:
+            parts[key] = None
+    if isinstance(parts.get("catch_up_window"), str):
+        try:
+            parts["catch_up_window"] = as_data.seconds_json(float(parts["catch_up_window"]))
+        except ValueError:
+            raise click.BadParameter(f"{parts['catch_up_window']!r} is not a number of seconds "
+                                     "(or 'default')", param_hint="--catch-up-window") from None
     schedule = _schedule_of(flags)
     if schedule is not None:
         parts["schedule"] = schedule

@@ -346,9 +346,10 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
         rows.append({"utc": slot.isoformat(), "local": local.isoformat(),
                      "offset": _offset(local), "abbreviation": local.tzname()})
     window = window_json(plan.slots)
+    catch_up = {"catch_up": plan.timing.catch_up, "catch_up_window": plan.timing.catch_up_window_s}
     if as_json:
         click.echo(json.dumps({"entry": entry, "schedule": _words(plan),
-                               "timezone": zone_name(zone), "slots": rows, **window},
+                               "timezone": zone_name(zone), "slots": rows, **window, **catch_up},
                               sort_keys=True))
         return
     name = zone_name(zone)
@@ -368,8 +369,18 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
                       f"UTC{row['offset']}", change))
         previous = row["offset"]
     _table(table)
+    if plan.timing.catch_up != "newest":
+        click.echo(f"catch_up: {_catch_up_words(plan)}")
     if len(rows) < n and window["end_at"]:
         click.echo(f"no slot after these: {entry} ends at {window['end_at']} (its end_at)")
+
+
+def _catch_up_words(plan) -> str:
+    """An entry's catch-up policy other than the default, in a few words (``next``)."""
+    if plan.timing.catch_up == "none":
+        return "none (after an outage, the first slot claimed is the next one)"
+    return (f"all (after an outage, every slot within {plan.claim_late_ms / 1000:g} s is "
+            f"claimed, oldest first, one every {plan.catch_up_pace_ms / 1000:g} s)")
 
 
 __all__ = ["check", "overdue", "next_"]

@@ -1,0 +1,67 @@
+"""The catch-up policy of a store entry through the API and the command line: ``catch_up`` and
+``catch_up_window`` given to ``schedules(app).add/update`` and ``celery anarchon add/update
+--catch-up/--catch-up-window`` land in the definition's ``anarchon`` and keep its other
+settings, ``next`` shows a policy other than the default, and a value that is no policy is
+refused with the start-up message (real subprocesses of tests/support/apps/operate_app.py on a
+SQLite store)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from celery import Celery
+
+import celery_anarchon
+from celery_anarchon import ConfigError
+
+from operate_support import exits, operate
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'store.sqlite3'}"
+
+
+def test_the_api_takes_catch_up_and_its_window_and_keeps_the_other_settings(sqlite_url,
+                                                                             namespace):
+    app = Celery("catch_up_api", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=sqlite_url,
+                    anarchon_namespace=namespace, timezone="UTC")
+    with celery_anarchon.schedules(app, by="ops") as s:
+        added = s.add("c", task="proj.t", schedule=10, anarchon={"jitter": 1}, catch_up="all",
+                      catch_up_window=300, check_task=False)
+        assert added.definition["anarchon"] == {"jitter": 1, "catch_up": "all",
+                                                "catch_up_window": 300}
+        with pytest.raises(ConfigError) as caught:
+            s.update("c", catch_up=None, check_task=False)      # the window stays: refused
+        assert str(caught.value) == (
+            "entry 'c': catch_up_window 300 s applies to catch_up='all' only, and this entry's "
+            "catch_up is 'newest'; fix: remove catch_up_window, or set "
+            "options['anarchon']['catch_up'] = 'all'")
+        back = s.update("c", catch_up=None, catch_up_window=None, check_task=False)
+        assert back.definition["anarchon"] == {"jitter": 1}
+        none = s.update("c", catch_up="none", check_task=False)
+        assert none.definition["anarchon"] == {"jitter": 1, "catch_up": "none"}
+
+
+def test_add_update_and_next_with_catch_up_on_the_command_line(sqlite_url, namespace):
+    def run(*args):
+        return operate(sqlite_url, namespace, "good", *args)
+
+    out = exits(run("add", "caught", "--task", "operate_app.report", "--every", "10",
+                    "--catch-up", "all", "--catch-up-window", "120", "--anarchon",
+                    '{"max_late": 30}', "--json"), 0)
+    assert json.loads(out)["definition"]["anarchon"] == {"max_late": 30, "catch_up": "all",
+                                                         "catch_up_window": 120}
+    text = exits(run("next", "caught", "-n", "2"), 0)
+    assert text.splitlines()[-1] == ("catch_up: all (after an outage, every slot within 120 s "
+                                     "is claimed, oldest first, one every 1 s)")
+    data = json.loads(exits(run("next", "caught", "--json"), 0))
+    assert (data["catch_up"], data["catch_up_window"]) == ("all", 120)
+    out = exits(run("update", "caught", "--catch-up", "none", "--catch-up-window", "default",
+                    "--json"), 0)
+    assert json.loads(out)["definition"]["anarchon"] == {"max_late": 30, "catch_up": "none"}
+    refused = run("update", "caught", "--catch-up", "al")
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert ("entry 'caught': options['anarchon']['catch_up'] = 'al': not a catch-up policy; fix: "
+            "set options['anarchon']['catch_up'] to 'newest'") in refused.stderr
