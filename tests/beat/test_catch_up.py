@@ -17,6 +17,7 @@ import time
 import pytest
 
 from celery_anarchon._util import iso
+from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.base import RunEvent
 
 from stores_support import VARIANT_OPTIONS, store_url
@@ -147,3 +148,31 @@ def test_a_restart_in_the_middle_of_a_catch_up_sends_nothing_twice(store, namesp
     assert slots_sent(again) == [b + i * 4000 for i in range(-2, 3)]
     assert again.engine.stats["claim_other_won"] == 2
     assert slots_sent(first, again) == [b + i * 4000 for i in range(-4, 3)]
+
+
+def test_runs_held_while_the_store_did_not_answer_are_claimed_oldest_first_one_every_pace(
+        store, namespace, harnesses):
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)})
+    b = pinned_boundary(h)
+    h.engine.tick()                              # B-16 sent
+    claim, down = h.store.claim, [True]
+
+    def claim_unless_down(requests):             # the store does not answer (fault injection)
+        if down[0]:
+            raise StoreUnavailable("the test's store outage")
+        return claim(requests)
+    h.store.claim = claim_unless_down
+    for _ in range(3):                           # B-12, B-8, B-4 come due: held
+        fire_and_tick(h)
+    assert slots_sent(h) == [b - 16_000] and len(h.engine.claims.waiting) == 3
+    down[0] = False
+    sends = []                                   # (wall clock, slot) of each send
+    for _ in range(1000):                        # ticks as beat makes them
+        if len(h.sent) == 6:
+            break
+        now, delay = h.clock(), h.engine.tick()
+        sends += [(now, s) for _, s, _ in h.sent[1 + len(sends):]]
+        h.advance(delay)                         # beat sleeps what the engine asks
+    assert [s for _, s in sends] == [b - 12_000, b - 8000, b - 4000, b, b + 4000]
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(sends, sends[1:])]
+    assert min(gaps) >= 1.0 - 1e-6, gaps

@@ -46,6 +46,9 @@ class ClaimRetries:
         self.notes = notes
         self.outage = outage
         self.waiting: dict[tuple[str, int], ClaimRequest] = {}
+        #: entry -> when (wall clock, epoch seconds) a held claim of a ``catch_up='all'`` entry
+        #: was last handed back to be retried (:meth:`_paced`)
+        self._released: dict[str, float] = {}
         #: the history detail of every run given up
         self._unreachable = f"{instance_id} could not reach the store"
 
@@ -59,6 +62,24 @@ class ClaimRetries:
         """Keep ``requests`` until the store answers (a later copy of a run replaces the earlier)."""
         for request in requests:
             self.waiting[request.run] = request
+
+    def behind(self, requests: list[ClaimRequest],
+               plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
+        """The runs to claim now, of ``requests`` (come due in the heap): a run of a
+        ``catch_up='all'`` entry that has runs held here waits behind them (it is held too), so
+        that entry's runs are claimed oldest first (:meth:`_paced`), as a catch-up at start-up
+        claims them."""
+        if not self.waiting:
+            return requests
+        held = {entry for entry, _ in self.waiting}
+        out = []
+        for request in requests:
+            plan = plans.get(request.entry)
+            if request.entry in held and plan is not None and plan.timing.catch_up == "all":
+                self.waiting[request.run] = request
+            else:
+                out.append(request)
+        return out
 
     def answered(self, run: tuple[str, int]) -> None:
         """The store answered the claim of ``run``."""
@@ -97,4 +118,26 @@ class ClaimRetries:
                          first.entry, iso(first.slot_ms))
         if not prepared or not self.outage.may_try():
             return []
-        return retry
+        return self._paced(retry, plans, now)
+
+    def _paced(self, retry: list[ClaimRequest], plans: dict[str, EntryPlan],
+               now: float) -> list[ClaimRequest]:
+        """The claims to retry now: of a ``catch_up='all'`` entry, whose held runs can reach back
+        its whole window (a long store outage), the oldest only, a pace
+        (:attr:`EntryPlan.catch_up_pace_ms`) after the one before, as a catch-up at start-up
+        sends them; the others (and run-now requests) all at once."""
+        out, seen = [], set()
+        for request in sorted(retry, key=lambda r: r.slot_ms):
+            plan = plans[request.entry]
+            if plan.timing.catch_up != "all" or request.requested:
+                out.append(request)
+                continue
+            if request.entry in seen:
+                continue
+            seen.add(request.entry)
+            last = self._released.get(request.entry)
+            if last is not None and last <= now < last + plan.catch_up_pace_ms / 1000:
+                continue
+            self._released[request.entry] = now
+            out.append(request)
+        return out

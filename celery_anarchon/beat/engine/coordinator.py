@@ -140,6 +140,7 @@ class Engine:
             self._prepare()
         requested = self._follow_store(now)    # the store's entries, pauses, run-now requests
         due = self.due.pop(now, self.plans)    # 1-2. slot + jitter came; late ones skipped
+        due = self.claims.behind(due, self.plans)  # a catch-up's runs: oldest first
         if not self._prepared:                 # no store yet: the runs wait, never sent blind
             self.claims.hold(due)
             due = []
