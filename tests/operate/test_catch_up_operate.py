@@ -42,6 +42,10 @@ def test_the_api_takes_catch_up_and_its_window_and_keeps_the_other_settings(sqli
         assert back.definition["anarchon"] == {"jitter": 1}
         none = s.update("c", catch_up="none", check_task=False)
         assert none.definition["anarchon"] == {"jitter": 1, "catch_up": "none"}
+        # given in anarchon= alone, the keys that have arguments of their own are kept
+        ours = {"catch_up": "all", "start_at": "2030-01-01T00:00:00+00:00"}
+        assert s.add("d", task="proj.t", schedule=10, anarchon=ours,
+                     check_task=False).definition["anarchon"] == ours
 
 
 def test_add_update_and_next_with_catch_up_on_the_command_line(sqlite_url, namespace):
