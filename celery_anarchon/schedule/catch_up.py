@@ -23,12 +23,12 @@ not leased                                         a leased run refuses to overl
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory
 from celery_anarchon._util import duration as seconds
 from celery_anarchon.errors import ConfigError
+from celery_anarchon.schedule.memory_rule import check_span
 
 #: the policies, the default first
 CATCH_UP_VALUES = ("newest", "all", "none")
@@ -115,25 +115,14 @@ def resolve(name: str, ours: dict, *, default: str, default_window_s: float, jit
             f"catch_up_window above {max_late_s:g} (e.g. {max(DEFAULT_CATCH_UP_WINDOW_S, 2 * max_late_s):g}), "
             "or use catch_up='newest'.")
     tolerance_s = LATENESS_TOLERANCE_MS / 1000
-    span = window_s + jitter_s + tolerance_s
     terms = (f"catch_up_window {_fmt(window_s)} + jitter {_fmt(jitter_s)} + the store's lateness "
-             f"tolerance {_fmt(tolerance_s)} = {_fmt(span)}")
-    if memory.duration_s is not None and span >= memory.duration_s:
-        raise ConfigError(
-            f"{where}: {terms} must be less than the store's memory of a claimed run "
-            f"({_fmt(memory.duration_s)}, store option {memory.setting!r}): a slot caught up after "
-            f"the store forgot its first claim would win a second time. Fix: set "
-            f"anarchon_store_options[{memory.setting!r}] to at least {math.ceil(span * 2):g}, or "
-            f"shorten catch_up_window below {memory.duration_s - jitter_s - tolerance_s:g}.")
-    if memory.count is not None and memory.count * shortest_gap_s <= span:
-        need = math.floor(span / shortest_gap_s) + 1
-        raise ConfigError(
-            f"{where}: the store remembers at most {memory.count} runs per entry (store option "
-            f"{memory.count_setting!r}); with {_fmt(shortest_gap_s)} between slots that is "
-            f"{_fmt(memory.count * shortest_gap_s)}, not more than {terms}: a caught-up slot "
-            f"could win a run the store already forgot. Fix: set "
-            f"anarchon_store_options[{memory.count_setting!r}] to at least {need * 2}, or shorten "
-            f"catch_up_window below {memory.count * shortest_gap_s - jitter_s - tolerance_s:g}.")
+             f"tolerance {_fmt(tolerance_s)}")
+    room_s = (memory.duration_s or 0) - jitter_s - tolerance_s
+    count_room_s = (memory.count or 0) * shortest_gap_s - jitter_s - tolerance_s
+    check_span(where, window_s + jitter_s + tolerance_s, memory, shortest_gap_s, terms=terms,
+               count_terms=terms, risk="a slot caught up", count_risk="a caught-up slot",
+               lower=f"shorten catch_up_window below {room_s:g}",
+               count_lower=f"shorten catch_up_window below {count_room_s:g}")
     return policy, window_s
 
 

@@ -35,6 +35,7 @@ from typing import Any, Callable
 from celery_anarchon import limits
 from celery_anarchon.schedule import catch_up as catch_up_rules
 from celery_anarchon.schedule.catch_up import DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW_S
+from celery_anarchon.schedule.memory_rule import check_span
 from celery_anarchon.schedule.zones import did_you_mean
 from celery_anarchon._util import LATENESS_TOLERANCE_MS, Memory
 from celery_anarchon._util import duration as seconds  # seconds(value, what): a duration >= 0
@@ -277,23 +278,10 @@ def resolve(name: str, ours: dict, settings: TimingSettings, *, shortest_gap_s: 
             f"instance waiting its full jitter would already be late. Fix: raise max_late "
             f"(options['anarchon']['max_late'] or anarchon_max_late, default 60) above "
             f"{jitter_s:g}, or lower the jitter.")
-    span = jitter_s + max_late_s
-    if memory.duration_s is not None and span >= memory.duration_s:
-        raise ConfigError(
-            f"{where}: jitter {_fmt(jitter_s)} + max_late {_fmt(max_late_s)} = {_fmt(span)} must be "
-            f"less than the store's memory of a claimed run ({_fmt(memory.duration_s)}, store "
-            f"option {memory.setting!r}): a claim arriving after the store forgot the first one "
-            f"would win a second time. Fix: set anarchon_store_options[{memory.setting!r}] to at "
-            f"least {math.ceil(span * 2):g}, or lower max_late.")
-    if memory.count is not None and memory.count * shortest_gap_s <= span:
-        need = math.floor(span / shortest_gap_s) + 1
-        raise ConfigError(
-            f"{where}: the store remembers at most {memory.count} runs per entry (store option "
-            f"{memory.count_setting!r}); with {_fmt(shortest_gap_s)} between slots that is "
-            f"{_fmt(memory.count * shortest_gap_s)}, not more than jitter + max_late = {_fmt(span)}: "
-            f"a late claim could win a run the store already forgot. Fix: set "
-            f"anarchon_store_options[{memory.count_setting!r}] to at least {need * 2}, or lower "
-            "max_late.")
+    check_span(where, jitter_s + max_late_s, memory, shortest_gap_s,
+               terms=f"jitter {_fmt(jitter_s)} + max_late {_fmt(max_late_s)}",
+               count_terms="jitter + max_late", risk="a claim arriving",
+               count_risk="a late claim", lower="lower max_late", count_lower="lower max_late")
     lease = _lease_settings(name, ours.get("lease"), settings)
     if lease is not None and shortest_gap_s < lease.duration_s + 2 * lease.heartbeat_s:
         (warn or logger.warning)(

@@ -113,7 +113,7 @@ def test_the_window_must_stay_within_the_store_memory():
     assert error_of(10, {"catch_up": "all"}, store_options={"memory": 600}) == (
         "entry 'report': catch_up_window 600 s + jitter 2 s + the store's lateness tolerance 10 s "
         "= 612 s must be less than the store's memory of a claimed run (600 s, store option "
-        "'memory'): a slot caught up after the store forgot its first claim would win a second "
+        "'memory'): a slot caught up after the store forgot the first one would win a second "
         "time. Fix: set anarchon_store_options['memory'] to at least 1224, or shorten "
         "catch_up_window below 588.")
     assert plan_of(10, {"catch_up": "all", "catch_up_window": 580},

@@ -3,6 +3,7 @@ Redis): the messages still waiting in a queue once the beats stopped, sent but n
 from __future__ import annotations
 
 import json
+import time
 
 import redis
 
@@ -26,3 +27,12 @@ def queued_messages(queue: str) -> list[dict]:
         return found
     finally:
         client.close()
+
+
+def wait_drained(queue: str, timeout: float) -> list[dict]:
+    """Wait until the worker emptied ``queue`` (nothing more is sent to it) or ``timeout``
+    passed; returns the headers of the messages still waiting (sent, never executed)."""
+    deadline = time.monotonic() + timeout
+    while (left := queued_messages(queue)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -23,7 +23,7 @@ from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import RunEvent
 
 from backends import backdate_memory_start
-from broker_reads import BROKER_URL, queued_messages
+from broker_reads import BROKER_URL, queued_messages, wait_drained
 from cluster import Cluster, read_executions
 from conftest import REDIS_URL, require_server
 
@@ -111,9 +111,7 @@ def test_three_beats_catch_up_an_outage_each_slot_once_with_one_killed(tmp_path,
         for name in set(again) - stopped:
             cluster.stop(name)
             stopped.add(name)
-        deadline = time.monotonic() + DRAIN_S
-        while queued_messages(queue) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_drained(queue, DRAIN_S)
     finally:
         cluster.stop_all()
     left = queued_messages(queue)
