@@ -15,9 +15,12 @@ import math
 import time
 
 import pytest
+from celery.beat import ScheduleEntry
 
 from celery_anarchon._util import iso
 from celery_anarchon.errors import StoreUnavailable
+from celery_anarchon.schedule.plan import build_plans
+from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import RunEvent
 
 from stores_support import VARIANT_OPTIONS, store_url
@@ -176,3 +179,24 @@ def test_runs_held_while_the_store_did_not_answer_are_claimed_oldest_first_one_e
     assert [s for _, s in sends] == [b - 12_000, b - 8000, b - 4000, b, b + 4000]
     gaps = [later - earlier for (earlier, _), (later, _) in zip(sends, sends[1:])]
     assert min(gaps) >= 1.0 - 1e-6, gaps
+
+
+def test_an_entry_changed_in_the_middle_of_a_catch_up_never_claims_a_handled_slot_again(
+        store, namespace, harnesses):
+    """A re-seed (the entry's definition changed at run time) starts the walk again from the
+    oldest slot of the window, but never at a slot this instance handled: a store that reads its
+    own claim back would answer won again, a second send."""
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)})
+    b = pinned_boundary(h)
+    h.engine.tick()
+    fire_and_tick(h)
+    assert slots_sent(h) == [b - 16_000, b - 12_000]
+    entry = ScheduleEntry(name="e", task="proj.t", schedule=EVERY_S, app=h.app,
+                          options={"anarchon": {**ALL, "catch_up_window": WINDOW_S - 1}})
+    changed = build_plans({"e": entry}, app=h.app, settings=Settings.from_app(h.app),
+                          store=h.store)
+    assert changed["e"].fingerprint != h.plans["e"].fingerprint
+    h.engine.update_plans(changed)               # re-seeded: B-16 is in the window again
+    for _ in range(5):
+        fire_and_tick(h)
+    assert [s for _, s, _ in h.sent] == [b + i * 4000 for i in range(-4, 3)]   # each once
