@@ -11,6 +11,7 @@ from celery import Celery
 from celery.beat import ScheduleEntry
 
 from celery_anarchon import ConfigError, install
+from celery_anarchon.operate.checks import rule_of
 from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.catch_up import CATCH_UP_PACE_S, pace_s
 from celery_anarchon.schedule.plan import build_plan
@@ -142,7 +143,9 @@ def test_stream_ids_remember_forever_so_any_window_passes():
 def test_a_leased_entry_cannot_catch_up_all():
     app = make_app()
     install(app)
-    assert error_of(60, {"catch_up": "all", "lease": True}, app=app) == (
+    message = error_of(60, {"catch_up": "all", "lease": True}, app=app)
+    assert rule_of(message) == "catch_up='all' without a lease"
+    assert message == (
         "entry 'report': catch_up='all' cannot go with a lease: a leased run is refused while an "
         "earlier run of the entry still holds its lease (overlapping), so the caught-up runs, one "
         "every 1 s, would be refused one after another. Fix: use catch_up='newest' (the default) "
@@ -168,3 +171,20 @@ def test_a_store_definition_takes_the_policy_and_its_window():
     assert str(info.value) == (
         "entry 'dyn': key 'anarchon.catch_up' = [\"all\"]: not a catch-up policy; fix: give "
         "\"newest\" (the default), \"all\" or \"none\"")
+
+
+@pytest.mark.parametrize("ours, store_options, url, rule", [
+    ({"catch_up": "al"}, {}, "sqlite:///unused.sqlite3", "catch_up is newest, all or none"),
+    ({"catch_up_window": 300}, {}, "sqlite:///unused.sqlite3",
+     "catch_up_window with catch_up='all' only"),
+    ({"catch_up": "all", "catch_up_window": 60}, {}, "sqlite:///unused.sqlite3",
+     "catch_up_window > max_late"),
+    ({"catch_up": "all"}, {"memory": 600}, "sqlite:///unused.sqlite3",
+     "catch_up_window + jitter + 10 s < store memory"),
+    ({"catch_up": "all", "catch_up_window": 120}, {"strategy": "idmp", "max_size": 100},
+     "redis://127.0.0.1:1/0", "runs remembered x shortest gap > catch_up_window + jitter + 10 s"),
+])
+def test_check_names_the_catch_up_rule_each_refusal_breaks(ours, store_options, url, rule):
+    """``celery anarchon check`` and ``celery_anarchon.testing`` name a problem by its rule."""
+    assert rule_of(error_of(1 if "strategy" in store_options else 10, ours,
+                            store_options=store_options, url=url)) == rule
