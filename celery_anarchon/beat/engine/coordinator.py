@@ -215,8 +215,9 @@ class Engine:
         return True
 
     def _set_plans(self, plans: dict[str, EntryPlan]) -> None:
-        """Run ``plans``: new or changed entries are seeded anew by the start-up rule (the newest
-        slot within max_late, never one this instance handled), removed ones are dropped; what
+        """Run ``plans``: new or changed entries are seeded anew by the start-up rule (their
+        catch-up policy: by default the newest slot within max_late; never one this instance
+        handled), removed ones are dropped; what
         this instance claimed is kept. A config entry's definition is saved (a store entry's is
         in the store already)."""
         old = self.plans

@@ -6,9 +6,8 @@ window (``"all"``: its slots then come one by one, oldest first, one every
 :attr:`~celery_anarchon.schedule.plan.EntryPlan.catch_up_pace_ms`, each claimed as its own run).
 Slots reached too late (past max_late, or past the window of ``"all"``) are skipped (never sent
 in a burst), and a slot this instance already claimed is never due again (a clock set back, a
-re-seed). An entry whose next slot
-cannot be computed (past the year 9999, a schedule class's error) is logged and has no further
-run here; the others go on. An entry's slots lie within its ``start_at`` / ``end_at``
+re-seed). An entry whose next slot cannot be computed (past the year 9999, a schedule class's
+error) is logged and has no further run here; the others go on. An entry's slots lie within its ``start_at`` / ``end_at``
 (:class:`~celery_anarchon.schedule.slots.WindowedSlots`): before the start its first run waits
 for it, past the end it has none (logged once, at INFO)."""
 from __future__ import annotations
