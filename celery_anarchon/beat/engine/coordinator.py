@@ -140,7 +140,6 @@ class Engine:
             self._prepare()
         requested = self._follow_store(now)    # the store's entries, pauses, run-now requests
         due = self.due.pop(now, self.plans)    # 1-2. slot + jitter came; late ones skipped
-        due = self.claims.behind(due, self.plans)  # a catch-up's runs: oldest first
         if not self._prepared:                 # no store yet: the runs wait, never sent blind
             self.claims.hold(due)
             due = []
@@ -215,9 +214,8 @@ class Engine:
         return True
 
     def _set_plans(self, plans: dict[str, EntryPlan]) -> None:
-        """Run ``plans``: new or changed entries are seeded anew by the start-up rule (their
-        catch-up policy: by default the newest slot within max_late; never one this instance
-        handled), removed ones are dropped; what
+        """Run ``plans``: new or changed entries are seeded anew by their catch-up policy (by
+        default the newest slot within max_late; never a slot this instance handled), removed ones are dropped; what
         this instance claimed is kept. A config entry's definition is saved (a store entry's is
         in the store already)."""
         old = self.plans

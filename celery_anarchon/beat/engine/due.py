@@ -118,7 +118,9 @@ class DueRuns:
         return self._heap[0][0] if self._heap else None
 
     def pop(self, now: float, plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
-        """The claims of the runs due at ``now`` (wall clock); each entry's next run is queued."""
+        """The claims of the runs due at ``now`` (wall clock); each entry's next run is queued.
+        A run of a ``catch_up='all'`` entry with older runs waiting in the claim retries waits
+        behind them (:meth:`ClaimRetries.behind`): its runs are claimed oldest first."""
         now_ms = int(now * 1000)
         due = []
         while self._heap and self._heap[0][0] <= now:
@@ -136,7 +138,7 @@ class DueRuns:
                 self.skips.late_local(plan, [slot_ms], lateness)
                 continue
             due.append(claim_request(self.namespace, plan, slot_ms))
-        return due
+        return self.claims.behind(due, plans)
 
     def _push(self, plan: EntryPlan, slot_ms: int, now_ms: int, paced: bool = False) -> None:
         """Queue ``slot_ms`` at slot + jitter. A ``catch_up='all'`` slot already due at
