@@ -1,8 +1,9 @@
 """``catch_up="all"`` with real processes: three ``celery beat`` processes and a worker on a SQLite
 store run an entry every second (window 60 s); all three beats stop for 20 s (an outage), three
 start again, and one of them is killed (SIGKILL) in the middle of the catch-up. Every slot of the
-outage is then executed by the worker exactly once and recorded sent (none missed) (the killed beat was sending them: the
-others, whose walks lagged behind, send the rest), and no slot of the whole run twice; the only
+outage is then executed by the worker exactly once and recorded sent, none missed (the killed
+beat was sending them: the others, whose walks lagged behind, send the rest), and no slot of the
+whole run twice; the only
 possible miss is a run whose claim the killed beat had won but not yet sent (the store's history
 shows that claim without a send).
 
