@@ -21,7 +21,7 @@ from celery_anarchon._util import iso
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.schedule.plan import build_plans
 from celery_anarchon.settings import Settings
-from celery_anarchon.stores.base import RunEvent
+from celery_anarchon.stores.base import HistoryRecord, RunEvent
 
 from stores_support import VARIANT_OPTIONS, store_url
 from engine_harness import harnesses, make  # noqa: F401  (a fixture)
@@ -200,3 +200,20 @@ def test_an_entry_changed_in_the_middle_of_a_catch_up_never_claims_a_handled_slo
     for _ in range(5):
         fire_and_tick(h)
     assert [s for _, s, _ in h.sent] == [b + i * 4000 for i in range(-4, 3)]   # each once
+
+
+def test_a_slot_skipped_while_its_entry_was_paused_is_not_caught_up_after_the_resume(
+        store, namespace, harnesses):
+    """A pause holds for the slots it covered: they were answered paused (no claim holds them),
+    and a catch-up that walks the window after the resume must not send them."""
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)})
+    b = pinned_boundary(h)
+    h.store.history.record_many([
+        HistoryRecord("e", slot, RunEvent.PAUSED, detail="paused by ops: maintenance")
+        for slot in (b - 16_000, b - 12_000)])
+    h.engine.tick()
+    for _ in range(6):
+        fire_and_tick(h)
+    assert slots_sent(h) == [b + i * 4000 for i in range(-2, 3)]
+    history = h.history("e")
+    assert [history[b + i * 4000].event for i in (-4, -3)] == [RunEvent.PAUSED] * 2

@@ -41,15 +41,19 @@ class ClaimChunks:
     :param monotonic: seconds from any origin: how long a chunk took.
     :param stats: the engine's counters (``claim_<outcome>``).
     :param sync: the entry sync, whose kept pauses are answered here (``None``: no entry store).
+    :param clock: the wall clock, epoch seconds: which claims are a catch-up's (past their
+        entry's max_late).
     """
 
     def __init__(self, store: ClaimStore, namespace: str, monotonic: Callable[[], float],
-                 stats: collections.Counter, *, pace: Pace, claims: ClaimRetries, due: DueRuns,
+                 stats: collections.Counter, *, clock: Callable[[], float] = time.time,
+                 pace: Pace, claims: ClaimRetries, due: DueRuns,
                  sends: SendQueue, outage: Outage, notes: NoteBuffer, skips: SkipLog,
                  definitions: Definitions, sync: EntrySync | None, observer: Observer) -> None:
         self.store = store
         self.namespace = namespace
         self.monotonic = monotonic
+        self.clock = clock
         self.stats = stats
         self.pace = pace
         self.claims = claims
@@ -83,6 +87,12 @@ class ClaimChunks:
         for request in requests:
             unique.setdefault(request.run, request)
         requests = self._refuse_kept_pauses(list(unique.values()), plans, config_plans)
+        try:
+            requests = self._drop_paused_slots(requests, plans)
+        except StoreError as exc:
+            self.claims.hold(requests)
+            self.outage.failed(exc, "reading the history of the runs to catch up")
+            return
         start = 0
         while start < len(requests) and not self._stopping:
             chunk = requests[start:start + self.pace.size()]
@@ -125,6 +135,35 @@ class ClaimChunks:
             self._on_result(ClaimResult(request, Outcome.PAUSED, detail=detail), plans,
                             config_plans)
         return rest
+
+    def _drop_paused_slots(self, requests: list[ClaimRequest],
+                           plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
+        """The requests to claim, without the catch-up's slots that were answered paused: a
+        pause holds for the slots it covered (no claim holds them, so the store would let a
+        catch-up win one after the resume). A catch-up's claim is one past its entry's
+        max_late (``catch_up='all'``: docs/design.md "One run, in time", step 7); the history
+        of those entries is read once per call, and their paused slots are marked handled and
+        logged, never claimed.
+
+        :raises StoreError: the history could not be read.
+        """
+        now_ms = int(self.clock() * 1000)
+        late = [r for r in requests if not r.requested and r.entry in plans
+                and now_ms - r.slot_ms > plans[r.entry].max_late_ms]
+        if not late:
+            return requests
+        histories = self.store.history.read_many({r.entry for r in late})
+        paused = {(name, record.slot_ms) for name, records in histories.items()
+                  for record in records if record.event is RunEvent.PAUSED}
+        dropped = [r for r in late if r.run in paused]
+        if not dropped:
+            return requests
+        for request in dropped:
+            self.claims.answered(request.run)
+            self.due.claimed(request.entry, request.slot_ms)
+            logger.info("%s: slot %s was skipped while the entry was paused: not caught up",
+                        request.entry, iso(request.slot_ms))
+        return [r for r in requests if r.run not in paused]
 
     def _on_result(self, result: ClaimResult, plans: dict[str, EntryPlan],
                    config_plans: dict[str, EntryPlan]) -> Send | None:

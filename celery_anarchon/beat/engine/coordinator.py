@@ -99,7 +99,7 @@ class Engine:
         self.sync, self.heartbeat = self.follow.sync, self.follow.heartbeat
         self.gaps = GapCheck(store, instance_id, clock, monotonic, self.outage, follow=self.follow,
                              observer=observer)     #: missed slots recorded, once settled
-        self.chunks = ClaimChunks(store, namespace, monotonic, stats, pace=self.pace,
+        self.chunks = ClaimChunks(store, namespace, monotonic, stats, clock=clock, pace=self.pace,
                                   claims=self.claims, due=self.due, sends=self.sends,
                                   outage=self.outage, notes=self.notes, skips=self.skips,
                                   definitions=self.definitions, sync=self.sync, observer=observer)
