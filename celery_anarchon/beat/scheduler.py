@@ -96,6 +96,8 @@ class Scheduler(beat.Scheduler):
     Entry = BeatEntry
     #: the class of the broker side (a subclass may swap it, as it may ``Entry``)
     Publisher = Publisher
+    #: the class of the entries' plans (a subclass may swap it: another source of entries)
+    EntryPlans = EntryPlans
 
     def __init__(self, app, *args, lazy: bool = False, **kwargs) -> None:
         try:
@@ -118,7 +120,7 @@ class Scheduler(beat.Scheduler):
         # the store's own URL: a relative SQLite path resolved once, here (a fork reopens it)
         self._store_url, self._store_options = self.store.url, self._settings.store_options
         self.engine: Engine | None = None
-        self.entry_plans = EntryPlans(app, self._settings, self.store, self.Entry)
+        self.entry_plans = self.EntryPlans(app, self._settings, self.store, self.Entry)
         self._publisher: Publisher | None = None
         self._closing = False
         self._in_tick = False

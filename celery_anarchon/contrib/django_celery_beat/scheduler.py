@@ -1,0 +1,206 @@
+"""Our Scheduler on django-celery-beat's models: the entries are the app's ``beat_schedule``
+plus the ``PeriodicTask`` rows, read at start-up and again whenever django-celery-beat's own
+change tracking (``PeriodicTasks.last_change()``) moves, polled every ``anarchon_sync_interval``.
+
+The Django ORM is called between the engine's ticks, never inside one: the poll before a tick
+(:meth:`RowPlans.changed`), the rows' updates of the runs this instance won and sent after it
+(:meth:`Scheduler.tick`). Stale database connections are closed before each, as
+django-celery-beat's ``DatabaseScheduler`` does (``close_old_connections``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from celery_anarchon.beat.entries import EntryPlans
+from celery_anarchon.beat.publisher import Publisher
+from celery_anarchon.beat.scheduler import Scheduler as AnarchonScheduler
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.schedule import plan as plans_mod
+from celery_anarchon.schedule.plan import EntryPlan
+
+logger = logging.getLogger("celery_anarchon.contrib.django_celery_beat")
+
+#: the most runs whose row updates wait for a database that refused them (older ones are dropped,
+#: logged): the counts are a record, never a decision
+MAX_PENDING_RUNS = 10_000
+
+
+def _django_ready() -> None:
+    """Django's apps, set up once (``celery beat`` with Celery's Django fix-up has done it; a
+    process that builds the Scheduler first has not)."""
+    from django.apps import apps
+    if not apps.ready:
+        import django
+        django.setup()
+
+
+class RowPlans(EntryPlans):
+    """The plans of ``beat_schedule`` (as :class:`EntryPlans`) and of the ``PeriodicTask`` rows.
+
+    A ``beat_schedule`` entry wins a name clash with a row (django-celery-beat's own scheduler
+    copies ``beat_schedule`` into rows of the same names): the row is left out, with a warning.
+    A row our rules refuse is left out with an error naming it, its id and the fix; the others
+    run (:attr:`refused` holds the errors, by row name).
+    """
+
+    def __init__(self, app, settings, store, entry_cls) -> None:
+        super().__init__(app, settings, store, entry_cls)
+        self.sync_interval_s = settings.sync_interval_s
+        self._config: dict[str, EntryPlan] = {}
+        self._rows: dict[str, EntryPlan] = {}
+        #: PeriodicTasks.last_change() when the rows were last read (a sentinel: never read)
+        self._seen: object = self
+        #: read the rows once more at the next poll: django-celery-beat notes a change before
+        #: the row's own write (a pre_save signal), which may not have been committed yet
+        self._again = False
+        self.polled_at = 0.0
+        #: the rows left out, by name: the error that refused each
+        self.refused: dict[str, str] = {}
+
+    def of_schedule(self, schedule: dict) -> dict[str, EntryPlan]:
+        """The plans of ``beat_schedule`` and of the rows (read now).
+
+        :raises ConfigError: a ``beat_schedule`` entry is misconfigured (a row never raises).
+        """
+        self._config = super().of_schedule(schedule)
+        self._poll(force=True)
+        return {**self._rows, **self._config}
+
+    def changed(self, schedule: dict, equal) -> dict[str, EntryPlan] | None:
+        """The new plans when ``beat_schedule`` changed (:meth:`EntryPlans.changed`) or the rows
+        did (polled every ``anarchon_sync_interval``), else ``None``.
+
+        :raises ConfigError: the changed ``beat_schedule`` is not valid.
+        """
+        config = super().changed(schedule, equal)
+        if config is not None:
+            self._config = config
+        if not self._poll() and config is None:
+            return None
+        return {**self._rows, **self._config}
+
+    def next_poll_in(self) -> float:
+        """Seconds until the next poll of the rows is due."""
+        return max(0.0, self.polled_at + self.sync_interval_s - time.monotonic())
+
+    def _poll(self, force: bool = False) -> bool:
+        """Read the rows when ``PeriodicTasks.last_change()`` moved (at most every sync
+        interval); a database error is logged and the rows known are kept.
+
+        :returns: whether the rows were read.
+        """
+        now = time.monotonic()
+        if not force and now - self.polled_at < self.sync_interval_s:
+            return False
+        self.polled_at = now
+        from django.db import DatabaseError, InterfaceError, close_old_connections
+        try:
+            _django_ready()
+            from django_celery_beat.models import PeriodicTask, PeriodicTasks
+            close_old_connections()
+            change = PeriodicTasks.last_change()
+            if change == self._seen and not self._again:
+                return False
+            rows = list(PeriodicTask.objects.filter(enabled=True).select_related(*_FIELDS))
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("anarchon: reading django-celery-beat's PeriodicTask rows failed (%s);"
+                           " keeping the %d rows read before, trying again in %g s", exc,
+                           len(self._rows), self.sync_interval_s)
+            return False
+        self._again = change != self._seen
+        self._seen = change
+        self._rows = self._build_rows(rows)
+        logger.info("anarchon: read %d django-celery-beat PeriodicTask rows: %d scheduled, %d "
+                    "left out", len(rows), len(self._rows), len(self.refused))
+        return True
+
+    def _build_rows(self, rows: list) -> dict[str, EntryPlan]:
+        from celery_anarchon.contrib.django_celery_beat.rows import row_entry, where
+        plans, refused, known = {}, {}, {}
+        for row in rows:
+            if row.name in self._config:
+                logger.warning("anarchon: %s is left out: beat_schedule has an entry of that name,"
+                               " which runs instead; fix: delete the row or rename it", where(row))
+                continue
+            try:
+                entry = row_entry(row, app=self.app)
+                if entry is None:
+                    continue
+                plans[row.name] = plans_mod.build_plan(row.name, entry, app=self.app,
+                                                       settings=self.settings, store=self.store,
+                                                       known=known)
+            except Exception as exc:       # a row never stops the others
+                reason = str(exc).removeprefix(f"{where(row)}: ")
+                refused[row.name] = f"{where(row)} is left out: {reason}"
+                logger.error("anarchon: %s (the others run)", refused[row.name],
+                             exc_info=not isinstance(exc, ConfigError))
+        self.refused = refused
+        return plans
+
+
+_FIELDS = ("interval", "crontab", "solar", "clocked")
+
+
+class RowPublisher(Publisher):
+    """The broker side, noting each run of a row that this instance won and sent
+    (:attr:`sent`), for the row's update after the tick."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list = []
+
+    def send(self, plan, slot_ms: int, attempt: int, token, task_id: str) -> None:
+        super().send(plan, slot_ms, attempt, token, task_id)
+        row_id = getattr(plan.entry, "row_id", None)
+        if row_id is not None and attempt == 1:
+            from django.utils import timezone
+
+            from celery_anarchon.contrib.django_celery_beat.rows import SentRun
+            self.sent.append(SentRun(row_id, plan.entry.one_off, timezone.now()))
+
+
+class Scheduler(AnarchonScheduler):
+    """celery_anarchon's Scheduler with django-celery-beat's ``PeriodicTask`` rows as entries,
+    beside ``beat_schedule``: ``beat_scheduler =
+    "celery_anarchon.contrib.django_celery_beat:Scheduler"`` on every host. Each run is claimed
+    in the store like any other; the instance that won and sent it updates the row's
+    ``last_run_at`` and ``total_run_count`` (and disables a one-off row) after its tick, never
+    on the claim path: a failed update is logged and tried again at the next tick.
+
+    :raises ConfigError: at start-up, as :class:`celery_anarchon.Scheduler` (a row never does).
+    """
+
+    EntryPlans = RowPlans
+    Publisher = RowPublisher
+
+    def tick(self, *args, **kwargs) -> float:
+        """One tick of :class:`celery_anarchon.Scheduler`, then the rows' updates of the runs it
+        sent.
+
+        :returns: seconds to sleep, at most until the next poll of the rows.
+        """
+        try:
+            delay = super().tick(*args, **kwargs)
+        finally:
+            self._record_sent()
+        return min(delay, max(self.entry_plans.next_poll_in(), 0.05))
+
+    def _record_sent(self) -> None:
+        publisher = self._publisher
+        if publisher is None or not publisher.sent:
+            return
+        sent, publisher.sent = publisher.sent, []
+        from django.db import DatabaseError, InterfaceError, close_old_connections
+
+        from celery_anarchon.contrib.django_celery_beat.rows import record_runs
+        try:
+            close_old_connections()
+            record_runs(sent)
+        except (DatabaseError, InterfaceError) as exc:
+            kept = (sent + publisher.sent)[-MAX_PENDING_RUNS:]
+            logger.error("anarchon: updating last_run_at / total_run_count of %d sent runs failed "
+                         "(%s); the runs were sent, the rows are updated at the next tick%s", len(sent),
+                         exc, "" if len(kept) == len(sent) + len(publisher.sent)
+                         else f" ({len(sent) + len(publisher.sent) - len(kept)} dropped)")
+            publisher.sent = kept

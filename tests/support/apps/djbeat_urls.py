@@ -1,0 +1,5 @@
+"""The URLs of the django-celery-beat test project: the admin."""
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]

@@ -1,0 +1,40 @@
+"""The django-celery-beat test project in the test process (tests/contrib/): Django configured
+once per process with djbeat_settings (apps/) on one database, migrated with ``migrate``; the
+rows the tests write there are read by the beats of the same database."""
+from __future__ import annotations
+
+import sys
+
+from paths import APPS
+
+sys.path.insert(0, str(APPS))
+
+import djbeat_settings  # noqa: E402  (tests/support/apps)
+
+
+def setup_django(db: str) -> str:
+    """Configure Django on the database ``db`` (a SQLite path or a PostgreSQL URL) and migrate
+    it; a second call returns the database of the first (Django is configured once a process).
+
+    :returns: the database the process's Django uses.
+    """
+    import django
+    from django.conf import settings
+    from django.core.management import call_command
+
+    if not settings.configured:
+        settings.configure(**djbeat_settings.settings_for({"ANARCHON_DJ_DB": db}))
+        django.setup()
+        call_command("migrate", verbosity=0, interactive=False)
+    default = settings.DATABASES["default"]
+    return db if default["ENGINE"].endswith("postgresql") else str(default["NAME"])
+
+
+def clear_rows() -> None:
+    """Delete every periodic task and schedule row (a test starts from none)."""
+    from django_celery_beat import models
+
+    for model in (models.PeriodicTask, models.IntervalSchedule, models.CrontabSchedule,
+                  models.SolarSchedule, models.ClockedSchedule):
+        model.objects.all().delete()
+
