@@ -12,22 +12,27 @@ sys.path.insert(0, str(APPS))
 import djbeat_settings  # noqa: E402  (tests/support/apps)
 
 
-def setup_django(db: str) -> str:
-    """Configure Django on the database ``db`` (a SQLite path or a PostgreSQL URL) and migrate
-    it; a second call returns the database of the first (Django is configured once a process).
+def configure_django(db: str) -> str:
+    """Configure Django on the database ``db`` (a SQLite path or a PostgreSQL URL); a second
+    call returns the database of the first (Django is configured once a process).
 
     :returns: the database the process's Django uses.
     """
     import django
     from django.conf import settings
-    from django.core.management import call_command
 
     if not settings.configured:
         settings.configure(**djbeat_settings.settings_for({"ANARCHON_DJ_DB": db}))
         django.setup()
-        call_command("migrate", verbosity=0, interactive=False)
     default = settings.DATABASES["default"]
     return db if default["ENGINE"].endswith("postgresql") else str(default["NAME"])
+
+
+def migrate() -> None:
+    """Run django-celery-beat's (and the admin's) migrations on the configured database."""
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
 
 
 def clear_rows() -> None:
