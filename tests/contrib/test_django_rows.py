@@ -12,6 +12,7 @@ import zoneinfo
 
 import pytest
 from celery import Celery
+from django_project import django_db, rows  # noqa: F401  (fixtures; Django configured)
 from django_celery_beat.models import (
     ClockedSchedule, CrontabSchedule, IntervalSchedule, PeriodicTask, PeriodicTasks,
     SolarSchedule,

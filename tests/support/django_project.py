@@ -1,9 +1,16 @@
 """The django-celery-beat test project in the test process (tests/contrib/): Django configured
-once per process with djbeat_settings (apps/) on one database, migrated with ``migrate``; the
-rows the tests write there are read by the beats of the same database."""
+once per process with djbeat_settings (apps/) on a SQLite file of a temporary folder when this
+module is imported (the test modules import django-celery-beat's models), migrated before the
+first test that uses it; the rows the tests write there are read by the beats of the same
+database. The test modules import the fixtures :func:`django_db` and :func:`rows` from here."""
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+from pathlib import Path
+
+import pytest
 
 from paths import APPS
 
@@ -43,3 +50,24 @@ def clear_rows() -> None:
                   models.SolarSchedule, models.ClockedSchedule):
         model.objects.all().delete()
 
+
+
+_FOLDER = tempfile.mkdtemp(prefix="anarchon-djbeat-")
+#: the SQLite file of this process's Django (the beats of tests/contrib read it too)
+DB = configure_django(str(Path(_FOLDER) / "djbeat.sqlite3"))
+
+
+@pytest.fixture(scope="session")
+def django_db() -> str:
+    """The database of this process's Django, migrated; removed at the end of the session."""
+    migrate()
+    yield DB
+    shutil.rmtree(_FOLDER, ignore_errors=True)
+
+
+@pytest.fixture
+def rows(django_db) -> str:
+    """No periodic task or schedule row at the start of the test; the database's path."""
+    clear_rows()
+    yield django_db
+    clear_rows()

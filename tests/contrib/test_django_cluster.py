@@ -1,0 +1,144 @@
+"""Three real ``celery beat -S celery_anarchon.contrib.django_celery_beat:Scheduler`` and a worker
+on a SQLite store (a temp dir), the sandbox's Redis as the broker, and django-celery-beat's rows
+in the test process's migrated SQLite database (tests/support/django_project.py), written through
+the ORM while the beats run: a row created, edited, disabled and deleted, a one-off row and a
+clocked row. Every run is sent exactly once; the one-off and the clocked row run once (the
+clocked one at its instant); each row's total_run_count is the number of its runs sent, not
+three times it, and last_run_at is set by those sends.
+
+The verdict is made once the beats stopped and the worker executed everything the broker held."""
+from __future__ import annotations
+
+import collections
+import datetime
+import math
+import sys
+import time
+
+from django_project import django_db, rows  # noqa: F401  (fixtures; Django configured)
+from django_celery_beat.models import ClockedSchedule, IntervalSchedule, PeriodicTask
+
+from broker_reads import queued_messages
+from cluster import APPS, Cluster, read_executions
+from conftest import REDIS_URL, require_server
+from schedules_cluster import Run, cluster_env, store_in_service
+from stores_support import store_url
+
+sys.path.insert(0, APPS)
+import schedules_app  # noqa: E402  (tests/support/apps: the task djbeat_app's processes run)
+
+#: the scheduler every beat is started with (``-S``)
+SCHEDULER = "celery_anarchon.contrib.django_celery_beat:Scheduler"
+
+#: anarchon_sync_interval of the beats (how often they poll PeriodicTasks.last_change()), s
+SYNC_S = 1.0
+#: anarchon_max_late of the beats, seconds
+MAX_LATE_S = 5.0
+#: the slack of a wait past what the design allows (ticks, the worker, two busy cores); a wait
+#: ends as soon as its condition holds, no verdict depends on it
+SLACK_S = 20.0
+BEATS = ("beat-a", "beat-b", "beat-c")
+ENTRIES = ["steady", "added", "once", "clocked"]
+#: a beat's log line each time it read the rows
+READ = "django-celery-beat PeriodicTask rows"
+
+
+def every(n: int) -> IntervalSchedule:
+    return IntervalSchedule.objects.create(every=n, period="seconds")
+
+
+def test_rows_changed_through_the_orm_run_exactly_once_on_three_beats(rows, tmp_path, namespace):
+    require_server(REDIS_URL, "Redis (the broker)")
+    url = store_url("sqlite", str(tmp_path))
+    out = str(tmp_path / "executions.jsonl")
+    env = cluster_env("sqlite", url, namespace, out, ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S),
+                      ANARCHON_SC_MAX_LATE=str(MAX_LATE_S), ANARCHON_DJ_DB=rows)
+    store = store_in_service("sqlite", url, namespace, ENTRIES)
+    task = schedules_app.TASK
+    PeriodicTask.objects.create(name="steady", task=task, interval=every(2))
+    cluster = Cluster(str(tmp_path), env, app="djbeat_app")
+    run = Run(cluster, out, BEATS)
+
+    def all_read_again() -> float:
+        """Wait until every beat read the rows twice since now (the first read may come
+        between django-celery-beat's change note and the row's write); when, epoch seconds."""
+        before = {b: cluster.text(b).count(READ) for b in BEATS}
+        run.wait(lambda: all(cluster.text(b).count(READ) >= before[b] + 2 for b in BEATS),
+                 2 * SYNC_S + SLACK_S, "every beat to read the changed rows")
+        return time.time()
+
+    try:
+        cluster.worker("worker")
+        for name in BEATS:
+            cluster.beat(name, "-S", SCHEDULER)
+        cluster.wait_log("worker", "ready.", timeout=60)
+        for name in BEATS:
+            cluster.wait_log(name, READ, timeout=60)
+        run.wait(lambda: len(run.runs("steady")) >= 2, 4 + SLACK_S, "two runs of steady")
+        run.phase("start")
+
+        # created: a 1-s row, a one-off row and a clocked row a few seconds ahead
+        PeriodicTask.objects.create(name="added", task=task, interval=every(1),
+                                    kwargs='{"n": 1}')
+        PeriodicTask.objects.create(name="once", task=task, interval=every(3), one_off=True)
+        clocked_ms = (math.ceil(time.time()) + 5) * 1000
+        at = datetime.datetime.fromtimestamp(clocked_ms / 1000, datetime.timezone.utc)
+        PeriodicTask.objects.create(name="clocked", task=task, one_off=True,
+                                    clocked=ClockedSchedule.objects.create(clocked_time=at))
+        all_read_again()
+        run.wait(lambda: len(run.runs("added")) >= 3, 3 + SLACK_S, "three runs of added")
+        run.wait(lambda: run.runs("clocked") and run.runs("once"),
+                 (clocked_ms / 1000 - time.time()) + MAX_LATE_S + SLACK_S,
+                 "the runs of the clocked and the one-off rows")
+        run.phase("created")
+
+        # edited: steady every 3 s from now on
+        steady = PeriodicTask.objects.get(name="steady")
+        steady.interval = every(3)
+        steady.save(update_fields=["interval"])    # the counts are the beats' to write
+        edited_s = all_read_again()
+        run.wait(lambda: [x for x in run.runs("steady") if x["slot"] > edited_s * 1000 + 3000],
+                 6 + SLACK_S, "a run of steady on its new period")
+        run.phase("edited")
+
+        # disabled, then deleted
+        added = PeriodicTask.objects.get(name="added")
+        added.enabled = False
+        added.save(update_fields=["enabled"])
+        disabled_s = all_read_again()
+        PeriodicTask.objects.get(name="steady").delete()
+        deleted_s = all_read_again()
+        run.phase("disabled, deleted")
+
+        for name in BEATS:
+            cluster.stop(name)
+        sent = sum(cluster.text(b).count("Sending due task") for b in BEATS)
+        run.wait(lambda: len(read_executions(out)) >= sent and not queued_messages(
+            f"sc-{namespace}"), SLACK_S, f"the worker to execute the {sent} runs sent")
+        cluster.stop("worker")
+        run.phase("drain")
+
+        executed = read_executions(out)
+        assert len(executed) == sent
+        twice = {k: n for k, n in collections.Counter(
+            (x["entry"], x["slot"]) for x in executed).items() if n > 1}
+        assert not twice, f"sent more than once: {twice}"
+        by_entry = collections.defaultdict(list)
+        for x in executed:
+            by_entry[x["entry"]].append(x["slot"])
+        assert by_entry["clocked"] == [clocked_ms]
+        assert len(by_entry["once"]) == 1 and by_entry["once"][0] % 3000 == 0
+        assert all(s % 3000 == 0 for s in by_entry["steady"] if s > edited_s * 1000)
+        assert not [s for s in by_entry["steady"] if s > deleted_s * 1000], "ran after deletion"
+        assert not [s for s in by_entry["added"] if s > disabled_s * 1000], "ran once disabled"
+        assert all(x["kwargs"] == {"n": 1} for x in executed if x["entry"] == "added")
+        for name in ("once", "clocked", "added"):
+            row = PeriodicTask.objects.get(name=name)
+            assert row.total_run_count == len(by_entry[name]), (name, row.total_run_count)
+            if name != "added":       # disabling a row in the admin clears its last_run_at
+                assert not row.enabled and row.last_run_at is not None
+        print(f"runs: { {k: len(v) for k, v in by_entry.items()} }; costs (s): "
+              f"{ {k: round(v, 1) for k, v in run.costs.items()} }")
+    finally:
+        store.close()
+        cluster.stop_all()
