@@ -5,6 +5,7 @@ first test that uses it; the rows the tests write there are read by the beats of
 database. The test modules import the fixtures :func:`django_db` and :func:`rows` from here."""
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import POSTGRES_URL, require_server
 from paths import APPS
 
 sys.path.insert(0, str(APPS))
@@ -52,14 +54,21 @@ def clear_rows() -> None:
 
 
 
+#: ``ANARCHON_TEST_DJANGO_DB=postgresql``: the project's database is the PostgreSQL of the
+#: tests (ANARCHON_TEST_POSTGRES_URL) instead of a SQLite file (tests/contrib/test_django_postgres.py
+#: runs the other tests of tests/contrib so)
+ON_POSTGRES = os.environ.get("ANARCHON_TEST_DJANGO_DB") == "postgresql"
 _FOLDER = tempfile.mkdtemp(prefix="anarchon-djbeat-")
-#: the SQLite file of this process's Django (the beats of tests/contrib read it too)
-DB = configure_django(str(Path(_FOLDER) / "djbeat.sqlite3"))
+#: the database of this process's Django (the beats of tests/contrib read it too)
+DB = configure_django(POSTGRES_URL if ON_POSTGRES else str(Path(_FOLDER) / "djbeat.sqlite3"))
 
 
 @pytest.fixture(scope="session")
 def django_db() -> str:
-    """The database of this process's Django, migrated; removed at the end of the session."""
+    """The database of this process's Django, migrated; a SQLite file is removed at the end of
+    the session."""
+    if ON_POSTGRES:
+        require_server(POSTGRES_URL, "PostgreSQL (the Django project's database)")
     migrate()
     yield DB
     shutil.rmtree(_FOLDER, ignore_errors=True)
