@@ -6,7 +6,7 @@ A row becomes django-celery-beat's own ``ModelEntry`` (its model-to-schedule cod
 headers JSON; ``queue``, ``exchange``, ``routing_key``, ``priority``, ``expires`` /
 ``expire_seconds``), whose options gain ``options["anarchon"]``: ``start_time`` as ``start_at``,
 ``expires`` as ``end_at``, and the row's own settings from ``headers["anarchon"]`` (``jitter``,
-``max_late``, ``anchor``). A ``ClockedSchedule`` row and a ``one_off`` row run once, at one
+``max_late``, ``anchor``, ``lease``, ``catch_up``, ``catch_up_window``). A ``ClockedSchedule`` row and a ``one_off`` row run once, at one
 instant (:class:`Once`): the clocked time, or the first slot of the row's schedule at or after
 its start (``start_time``, else the row's last save, ``date_changed``). A disabled row and a
 ``one_off`` row that has run are not scheduled.
@@ -33,7 +33,7 @@ from celery_anarchon.schedule.slots import SlotsEnded, datetime_to_ms, ms_to_dat
 #: the shortest gap of a run-once schedule (it has one slot: the jitter rule sees a long gap)
 ONCE_GAP = datetime.timedelta(days=1)
 #: the keys of ``headers["anarchon"]`` a row may set (its window comes from its own fields)
-ROW_KEYS = ("jitter", "max_late", "anchor", "lease")
+ROW_KEYS = ("jitter", "max_late", "anchor", "lease", "catch_up", "catch_up_window")
 #: the schedule fields of a row, one of which is set
 SCHEDULE_FIELDS = ("interval", "crontab", "solar", "clocked")
 
