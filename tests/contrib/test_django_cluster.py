@@ -12,6 +12,8 @@ from __future__ import annotations
 import collections
 import datetime
 import math
+import os
+import subprocess
 import sys
 import time
 
@@ -142,3 +144,19 @@ def test_rows_changed_through_the_orm_run_exactly_once_on_three_beats(rows, tmp_
     finally:
         store.close()
         cluster.stop_all()
+
+
+def test_beat_without_django_set_up_says_so_and_exits(tmp_path):
+    """A beat whose app never set DJANGO_SETTINGS_MODULE stops at start-up with one error that
+    names the setting and the fix (not a traceback at every tick)."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(cluster_env("sqlite", f"sqlite:///{tmp_path / 'claims.sqlite3'}", "nodjango",
+                           str(tmp_path / "out.jsonl")), ANARCHON_SC_BROKER="memory://",
+               PYTHONPATH=os.pathsep.join(filter(None, [APPS, env.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", "schedules_app", "beat", "-S",
+                           SCHEDULER, "--schedule", str(tmp_path / "unused")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "anarchon: beat cannot start" in output and "DJANGO_SETTINGS_MODULE" in output, output
+    assert "Traceback" not in output, output

@@ -54,10 +54,11 @@ def test_an_interval_row_is_epoch_aligned_with_its_options_and_arguments(rows):
     PeriodicTask.objects.create(
         name="ten", task=TASK, interval=every(10), args='["a", 1]', kwargs='{"full": true}',
         queue="reports", exchange="ex", routing_key="rk", priority=3, expire_seconds=30,
-        headers='{"trace": "x", "anarchon": {"jitter": 1, "max_late": 20}}')
+        headers='{"trace": "x", "anarchon": {"jitter": 1, "max_late": 20, "catch_up": "none"}}')
     plan = row_plans().built["ten"]
     assert plan.slots.next_after(1_000_001) == 1_010_000          # multiples of 10 s since 1970
-    assert (plan.timing.jitter_s, plan.timing.max_late_s) == (1.0, 20.0)
+    assert (plan.timing.jitter_s, plan.timing.max_late_s, plan.timing.catch_up) == (
+        1.0, 20.0, "none")
     assert plan.entry.args == ["a", 1] and plan.entry.kwargs == {"full": True}
     assert plan.celery_options == {
         "queue": "reports", "exchange": "ex", "routing_key": "rk", "priority": 3,

@@ -157,6 +157,8 @@ def row_entry(row, *, app) -> RowEntry | None:
     entry = RowEntry(row, app=app)
     headers = dict(entry.options.get("headers") or {})
     headers.pop("anarchon", None)
+    # django-celery-beat 2.7 gives the row's name as an option of its own, 2.8 on as a header
+    headers.setdefault("periodic_task_name", entry.options.pop("periodic_task_name", row.name))
     entry.options["headers"] = headers
     start, end = aware(row.start_time), aware(row.expires)
     if start is not None and end is not None and end <= start:

@@ -21,6 +21,8 @@ from celery_anarchon.schedule.plan import EntryPlan
 
 logger = logging.getLogger("celery_anarchon.contrib.django_celery_beat")
 
+#: how beat_scheduler names this Scheduler
+SCHEDULER_PATH = "celery_anarchon.contrib.django_celery_beat:Scheduler"
 #: the most runs whose row updates wait for a database that refused them (older ones are dropped,
 #: logged): the counts are a record, never a decision
 MAX_PENDING_RUNS = 10_000
@@ -28,11 +30,28 @@ MAX_PENDING_RUNS = 10_000
 
 def _django_ready() -> None:
     """Django's apps, set up once (``celery beat`` with Celery's Django fix-up has done it; a
-    process that builds the Scheduler first has not)."""
+    process that builds the Scheduler first has not), with django-celery-beat installed.
+
+    :raises ConfigError: Django is not configured (no ``DJANGO_SETTINGS_MODULE``), or
+        ``django_celery_beat`` is not in ``INSTALLED_APPS``: naming what is missing and the fix.
+    """
     from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
     if not apps.ready:
         import django
-        django.setup()
+        try:
+            django.setup()
+        except (ImproperlyConfigured, ImportError) as exc:
+            raise ConfigError(
+                f"{SCHEDULER_PATH} reads django-celery-beat's rows through Django, which is not "
+                f"set up in this process ({type(exc).__name__}: {exc}); fix: set "
+                "DJANGO_SETTINGS_MODULE before the Celery app is created (os.environ.setdefault("
+                "'DJANGO_SETTINGS_MODULE', 'proj.settings') in proj/celery.py, as Django's "
+                "Celery guide does)") from None
+    if not apps.is_installed("django_celery_beat"):
+        raise ConfigError(f"{SCHEDULER_PATH} reads django-celery-beat's rows, but "
+                          "'django_celery_beat' is not in INSTALLED_APPS; fix: add it (and run "
+                          "python manage.py migrate)")
 
 
 class RowPlans(EntryPlans):
@@ -61,9 +80,11 @@ class RowPlans(EntryPlans):
     def of_schedule(self, schedule: dict) -> dict[str, EntryPlan]:
         """The plans of ``beat_schedule`` and of the rows (read now).
 
-        :raises ConfigError: a ``beat_schedule`` entry is misconfigured (a row never raises).
+        :raises ConfigError: a ``beat_schedule`` entry is misconfigured, or Django is not set up
+            with django-celery-beat (:func:`_django_ready`); a row never raises.
         """
         self._config = super().of_schedule(schedule)
+        _django_ready()
         self._poll(force=True)
         return {**self._rows, **self._config}
 
