@@ -20,6 +20,7 @@ from django_celery_beat.models import (
 
 from celery_anarchon.beat.entries import BeatEntry
 from celery_anarchon.contrib.django_celery_beat import RowPlans, keep_phase
+from celery_anarchon.contrib.django_celery_beat import scheduler as scheduler_mod
 from celery_anarchon.contrib.django_celery_beat.rows import SentRun, record_runs
 from celery_anarchon.schedule.plan import config_entry, task_id_for
 from celery_anarchon.schedule.message import task_message
@@ -40,6 +41,15 @@ def row_plans(beat_schedule: dict | None = None, **conf) -> RowPlans:
                 for name, item in (beat_schedule or {}).items()}
     plans.built = plans.of_schedule(schedule)
     return plans
+
+
+def next_read(plans: RowPlans, what: str, timeout: float = 5.0) -> dict:
+    """The plans of the next read of the rows (polled as beat does, before each tick)."""
+    deadline = time.monotonic() + timeout
+    while (changed := plans.changed({}, lambda a, b: a == b)) is None:
+        assert time.monotonic() < deadline, f"{what}: not read within {timeout} s"
+        time.sleep(0.02)
+    return changed
 
 
 def every(n: int, period: str = "seconds") -> IntervalSchedule:
@@ -207,18 +217,27 @@ def test_a_change_through_the_orm_is_read_at_the_next_poll(rows):
     row.interval = every(20)
     row.save()
     PeriodicTask.objects.create(name="b", task=TASK, interval=every(10))
-    deadline = time.monotonic() + 5
-    while (changed := plans.changed({}, lambda a, b: a == b)) is None:
-        assert time.monotonic() < deadline, "the change was not read"
-        time.sleep(0.05)
+    changed = next_read(plans, "the change")
+    if set(changed) != {"a", "b"}:        # read between the change note and the row's write
+        changed = next_read(plans, "the change, read again")
     assert set(changed) == {"a", "b"}
     assert changed["a"].slots.shortest_gap_ms == 20_000
     PeriodicTask.objects.get(name="b").delete()
-    deadline = time.monotonic() + 5
-    while (changed := plans.changed({}, lambda a, b: a == b)) is None:
-        assert time.monotonic() < deadline, "the deletion was not read"
-        time.sleep(0.05)
+    changed = next_read(plans, "the deletion")
+    if set(changed) != {"a"}:
+        changed = next_read(plans, "the deletion, read again")
     assert set(changed) == {"a"}
+
+
+def test_a_write_that_sent_no_signal_is_read_at_the_next_full_read(rows, monkeypatch):
+    monkeypatch.setattr(scheduler_mod, "FULL_READ_S", 0.5)
+    PeriodicTask.objects.create(name="a", task=TASK, interval=every(10))
+    plans = row_plans(anarchon_sync_interval=0.1)
+    next_read(plans, "the read after the first one")
+    PeriodicTask.objects.filter(name="a").update(enabled=False)   # a bulk update: no signal
+    began = time.monotonic()
+    assert next_read(plans, "the bulk update") == {}
+    assert time.monotonic() - began >= 0.4
 
 
 def test_only_the_sent_runs_update_a_row_and_a_one_off_row_is_disabled(rows):

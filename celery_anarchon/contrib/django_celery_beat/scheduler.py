@@ -21,6 +21,10 @@ from celery_anarchon.schedule.plan import EntryPlan
 
 logger = logging.getLogger("celery_anarchon.contrib.django_celery_beat")
 
+#: the rows are read at least this often, seconds, even when PeriodicTasks.last_change() did not
+#: move (a write that sent no signal: a bulk update() or a fixture); django-celery-beat's
+#: DatabaseScheduler does the same (its SCHEDULE_SYNC_MAX_INTERVAL)
+FULL_READ_S = 300.0
 #: how beat_scheduler names this Scheduler
 SCHEDULER_PATH = "celery_anarchon.contrib.django_celery_beat:Scheduler"
 #: the most runs whose row updates wait for a database that refused them (older ones are dropped,
@@ -74,6 +78,7 @@ class RowPlans(EntryPlans):
         #: the row's own write (a pre_save signal), which may not have been committed yet
         self._again = False
         self.polled_at = 0.0
+        self._read_at = 0.0                 #: monotonic: when the rows were last read
         #: the rows left out, by name: the error that refused each
         self.refused: dict[str, str] = {}
 
@@ -106,8 +111,9 @@ class RowPlans(EntryPlans):
         return max(0.0, self.polled_at + self.sync_interval_s - time.monotonic())
 
     def _poll(self, force: bool = False) -> bool:
-        """Read the rows when ``PeriodicTasks.last_change()`` moved (at most every sync
-        interval); a database error is logged and the rows known are kept.
+        """Read the rows when ``PeriodicTasks.last_change()`` moved (asked at most every sync
+        interval), and every :data:`FULL_READ_S` anyway; a database error is logged and the rows
+        known are kept.
 
         :returns: whether the rows were read.
         """
@@ -121,7 +127,7 @@ class RowPlans(EntryPlans):
             from django_celery_beat.models import PeriodicTask, PeriodicTasks
             close_old_connections()
             change = PeriodicTasks.last_change()
-            if change == self._seen and not self._again:
+            if change == self._seen and not self._again and now - self._read_at < FULL_READ_S:
                 return False
             rows = list(PeriodicTask.objects.filter(enabled=True).select_related(*_FIELDS))
         except (DatabaseError, InterfaceError) as exc:
@@ -130,7 +136,7 @@ class RowPlans(EntryPlans):
                            len(self._rows), self.sync_interval_s)
             return False
         self._again = change != self._seen
-        self._seen = change
+        self._seen, self._read_at = change, now
         self._rows = self._build_rows(rows)
         logger.info("anarchon: read %d django-celery-beat PeriodicTask rows: %d scheduled, %d "
                     "left out", len(rows), len(self._rows), len(self.refused))
@@ -194,6 +200,13 @@ class Scheduler(AnarchonScheduler):
 
     EntryPlans = RowPlans
     Publisher = RowPublisher
+
+    @property
+    def info(self) -> str:
+        """Banner lines: :class:`celery_anarchon.Scheduler`'s, and where the rows come from."""
+        return (f"{super().info}\n    . rows -> django-celery-beat's PeriodicTask, read when "
+                f"PeriodicTasks.last_change() moves (asked every "
+                f"{self._settings.sync_interval_s:g} s)")
 
     def tick(self, *args, **kwargs) -> float:
         """One tick of :class:`celery_anarchon.Scheduler`, then the rows' updates of the runs it
