@@ -111,7 +111,6 @@ def test_a_crontab_row_runs_in_its_own_time_zone(rows):
 
 
 def test_a_solar_row_runs_at_its_event(rows):
-    pytest.importorskip("ephem")
     solar = SolarSchedule.objects.create(event="sunrise", latitude=48.85, longitude=2.35)
     PeriodicTask.objects.create(name="dawn", task=TASK, solar=solar)
     plan = row_plans().built["dawn"]
