@@ -13,6 +13,7 @@ import zoneinfo
 import pytest
 from celery import Celery
 from django_project import django_db, rows  # noqa: F401  (fixtures; Django configured)
+from django.utils import timezone
 from django_celery_beat.models import (
     ClockedSchedule, CrontabSchedule, IntervalSchedule, PeriodicTask, PeriodicTasks,
     SolarSchedule,
@@ -146,13 +147,19 @@ def test_a_one_off_row_with_a_start_time_runs_at_its_first_slot_after_it(rows):
     assert row_plans().built["later"].slots.next_after(0) == ms(start) + 7_000
 
 
-def test_disabled_rows_and_one_off_rows_that_ran_are_not_scheduled(rows):
+def test_disabled_rows_and_one_off_rows_that_ran_since_their_save_are_not_scheduled(rows):
     PeriodicTask.objects.create(name="off", task=TASK, interval=every(10), enabled=False)
-    PeriodicTask.objects.create(name="ran", task=TASK, interval=every(10), one_off=True,
-                                total_run_count=1)
+    ran = PeriodicTask.objects.create(name="ran", task=TASK, interval=every(10), one_off=True)
+    record_runs([SentRun(ran.pk, False, timezone.now())])       # its winner could not disable it
+    again = PeriodicTask.objects.create(name="again", task=TASK, interval=every(10),
+                                        one_off=True)
+    record_runs([SentRun(again.pk, True, timezone.now())])
+    again.refresh_from_db()
+    again.enabled = True                                          # enabled again in the admin
+    again.save()
     PeriodicTask.objects.create(name="on", task=TASK, interval=every(10))
     plans = row_plans()
-    assert set(plans.built) == {"on"} and plans.refused == {}
+    assert set(plans.built) == {"on", "again"} and plans.refused == {}
 
 
 def test_start_time_and_expires_bound_the_slots_and_expires_reaches_apply_async(rows):

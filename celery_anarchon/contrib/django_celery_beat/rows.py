@@ -9,7 +9,7 @@ headers JSON; ``queue``, ``exchange``, ``routing_key``, ``priority``, ``expires`
 ``max_late``, ``anchor``, ``lease``, ``catch_up``, ``catch_up_window``). A ``ClockedSchedule`` row and a ``one_off`` row run once, at one
 instant (:class:`Once`): the clocked time, or the first slot of the row's schedule at or after
 its start (``start_time``, else the row's last save, ``date_changed``). A disabled row and a
-``one_off`` row that has run are not scheduled.
+``one_off`` row that ran since its last save are not scheduled.
 
 This module imports django-celery-beat's models: import it once Django's apps are ready.
 """
@@ -98,6 +98,14 @@ def aware(value: datetime.datetime | None) -> datetime.datetime | None:
     return timezone.make_aware(value, timezone.get_default_timezone())
 
 
+def ran_since_saved(row) -> bool:
+    """Whether a one-off row ran since its last save: its winner's update (which neither saves
+    nor disables it first, if it failed) set ``last_run_at`` at or after ``date_changed``. A row
+    enabled again in the admin is saved: it runs once more, as in django-celery-beat."""
+    ran, saved = aware(row.last_run_at), aware(row.date_changed)
+    return ran is not None and (saved is None or ran >= saved)
+
+
 def _json(row, field: str, kind: type, example: str) -> Any:
     text = getattr(row, field) or ("[]" if kind is list else "{}")
     try:
@@ -135,7 +143,7 @@ def _row_options(row) -> dict:
 
 def row_entry(row, *, app) -> RowEntry | None:
     """The entry of one ``PeriodicTask`` row, or ``None`` when the row is not scheduled
-    (disabled, or a one-off that has run).
+    (disabled, a one-off that ran since its last save, one that expires before its run).
 
     :raises ConfigError: naming the row, its id, the field and the fix: no schedule or more than
         one, JSON that is not valid (args a list, kwargs and headers objects), an unknown key of
@@ -145,7 +153,7 @@ def row_entry(row, *, app) -> RowEntry | None:
     if not row.enabled:
         return None
     once = bool(row.one_off or row.clocked_id)
-    if once and row.total_run_count > 0:
+    if once and ran_since_saved(row):
         return None
     chosen = [field for field in SCHEDULE_FIELDS if getattr(row, f"{field}_id") is not None]
     if len(chosen) != 1:
