@@ -1124,6 +1124,31 @@ def test_a_disagreement_is_logged_once_and_again_when_it_changes(caplog):
         "anarchon: the live instances agree again on every beat_schedule entry"] * 2
 
 
+def test_a_disagreement_on_a_followed_entry_is_reported_once_it_outlasts_the_ttl(caplog):
+    """Entries each instance follows at run time from a database (django-celery-beat's rows)
+    differ between instances for a poll or two after a change: only a disagreement that
+    outlasts a record's ttl (15 s here) is reported; the others at once, as before."""
+    h = Beating()
+    h.a.followed = frozenset({"row"})
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        h.b.beat(config(row="r2", e="f2"), entries=2)        # B read the row's change first
+        h.a.beat(config(row="r1", e="f1"), entries=2)
+        assert {d[0] for d in h.a.reported} == {"e"}
+        h.clocks.advance(10)
+        h.b.beat(config(row="r2", e="f2"), entries=2)
+        h.a.beat(config(row="r1", e="f1"), entries=2)
+        assert {d[0] for d in h.a.reported} == {"e"}, "within the ttl: not reported"
+        h.clocks.advance(6)
+        h.b.beat(config(row="r2", e="f2"), entries=2)
+        h.a.beat(config(row="r1", e="f1"), entries=2)
+        assert {d[0] for d in h.a.reported} == {"e", "row"}, "past the ttl: reported"
+        h.b.beat(config(row="r1", e="f1"), entries=2)         # A read it too (and e agrees)
+        h.a.beat(config(row="r1", e="f1"), entries=2)
+    assert h.a.reported == frozenset()
+    assert messages(caplog, logging.WARNING)[-1] == (
+        "anarchon: the live instances agree again on every beat_schedule entry")
+
+
 def test_a_heartbeat_that_fails_backs_off_and_a_fingerprint_not_yet_saved_waits():
     h = Beating()
     h.store.instances.record_instance(InstanceRecord("C", "h", 1, "v", 0, 0, None, 1, "not-saved-yet"),

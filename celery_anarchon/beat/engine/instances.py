@@ -88,6 +88,12 @@ class Heartbeat:
         self._mappings: dict[str, dict[str, str]] = {}       # digest -> its mapping (immutable)
         self._definitions: dict[tuple[str, str], str | None] = {}
         self._mine: tuple[dict, dict[str, str], str] | None = None  # (config, mapping, digest)
+        #: the config entries this instance follows at run time from a source every instance
+        #: reads on its own, each at its own poll (a database's rows: the Scheduler of
+        #: celery_anarchon.contrib.django_celery_beat sets them): a disagreement on one is
+        #: reported only once it outlasts ``ttl_ms``, by when every live instance read a change
+        self.followed: frozenset[str] = frozenset()
+        self._first_seen: dict[Disagreement, int] = {}       # a followed one -> when seen, ms
 
     def beat(self, config: dict[str, EntryPlan], entries: int,
              store_plans: Mapping[str, EntryPlan] | None = None, *,
@@ -121,7 +127,7 @@ class Heartbeat:
                 self.instance_id, host, pid, VERSION, self.started_ms, int(self.clock() * 1000),
                 self.skew.skew_ms, entries, digest, kept=kept), self.ttl_ms)
             others = self._others(digest, live)
-            found = self._disagreements(mine, others)
+            found = self._settled(self._disagreements(mine, others))
             clashes = self._clashes(mine, store_plans or {}, others)
             if found != self.reported:
                 self._report(found, config)
@@ -164,6 +170,18 @@ class Heartbeat:
                        others: list[tuple[str, dict[str, str]]]) -> frozenset[Disagreement]:
         return frozenset((name, fp, who) for who, theirs in others for name, fp in theirs.items()
                          if name in mine and mine[name] != fp)
+
+    def _settled(self, found: frozenset[Disagreement]) -> frozenset[Disagreement]:
+        """``found`` without the disagreements on :attr:`followed` entries younger than
+        ``ttl_ms`` (instances that have not read a change yet)."""
+        if not self.followed:
+            self._first_seen = {}
+            return found
+        now_ms = int(self.clock() * 1000)
+        self._first_seen = {d: self._first_seen.get(d, now_ms) for d in found
+                            if d[0] in self.followed}
+        return frozenset(d for d in found if d[0] not in self.followed
+                         or now_ms - self._first_seen[d] >= self.ttl_ms)
 
     @staticmethod
     def _clashes(mine: dict[str, str], store_plans: Mapping[str, EntryPlan],

@@ -106,6 +106,11 @@ class RowPlans(EntryPlans):
             return None
         return {**self._rows, **self._config}
 
+    @property
+    def row_names(self) -> frozenset[str]:
+        """The names of the rows scheduled now."""
+        return frozenset(self._rows)
+
     def next_poll_in(self) -> float:
         """Seconds until the next poll of the rows is due."""
         return max(0.0, self.polled_at + self.sync_interval_s - time.monotonic())
@@ -218,7 +223,21 @@ class Scheduler(AnarchonScheduler):
             delay = super().tick(*args, **kwargs)
         finally:
             self._record_sent()
+        self._mark_followed(self.engine)
         return min(delay, max(self.entry_plans.next_poll_in(), 0.05))
+
+    def _make_engine(self, plans: dict, *, forked: bool = False):
+        engine = super()._make_engine(plans, forked=forked)
+        self._mark_followed(engine)
+        return engine
+
+    def _mark_followed(self, engine) -> None:
+        """The rows are followed at run time, each instance at its own poll: the instances'
+        disagreement on a row is reported only once it outlasts a poll or two (the engine's
+        heartbeat, :attr:`~celery_anarchon.beat.engine.instances.Heartbeat.followed`)."""
+        heartbeat = getattr(engine, "heartbeat", None)
+        if heartbeat is not None:
+            heartbeat.followed = self.entry_plans.row_names
 
     def _record_sent(self) -> None:
         publisher = self._publisher
