@@ -59,6 +59,7 @@ class Once:
         raise SlotsEnded(self.entry, datetime_to_ms(self.at))
 
     def anarchon_shortest_gap(self) -> datetime.timedelta:
+        """:data:`ONCE_GAP`: one slot has no gap; the jitter rule sees a long one."""
         return ONCE_GAP
 
     def __repr__(self) -> str:

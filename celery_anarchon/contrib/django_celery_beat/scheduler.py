@@ -183,6 +183,8 @@ class RowPublisher(Publisher):
         self.sent: list = []
 
     def send(self, plan, slot_ms: int, attempt: int, token, task_id: str) -> None:
+        """:meth:`Publisher.send`; a row's first attempt sent is noted in :attr:`sent` (an
+        error raised by the send notes nothing: the run was not sent, or may not have been)."""
         super().send(plan, slot_ms, attempt, token, task_id)
         row_id = getattr(plan.entry, "row_id", None)
         if row_id is not None and attempt == 1:
@@ -227,6 +229,7 @@ class Scheduler(AnarchonScheduler):
         return min(delay, max(self.entry_plans.next_poll_in(), 0.05))
 
     def _make_engine(self, plans: dict, *, forked: bool = False):
+        """:class:`celery_anarchon.Scheduler`'s engine, its rows marked followed."""
         engine = super()._make_engine(plans, forked=forked)
         self._mark_followed(engine)
         return engine
