@@ -17,8 +17,9 @@ TESTS = ["test_django_rows.py", "test_django_cluster.py"]
 
 def test_the_rows_and_the_three_beats_on_postgresql():
     require_server(POSTGRES_URL, "PostgreSQL (the Django project's database)")
-    env = dict(os.environ, ANARCHON_TEST_DJANGO_DB="postgresql",
-               ANARCHON_TEST_POSTGRES_URL=POSTGRES_URL)
+    # this process's servers (an xdist worker's own, in os.environ), not a worker of its own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(ANARCHON_TEST_DJANGO_DB="postgresql", ANARCHON_TEST_POSTGRES_URL=POSTGRES_URL)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:randomly", "-p",
          "no:cacheprovider", *(str(HERE / name) for name in TESTS)],
