@@ -119,6 +119,16 @@ class ClaimStore(abc.ABC):
         :raises ConfigError: the store exists but cannot serve (e.g. wrong server version).
         """
 
+    def exists(self) -> bool | None:
+        """Whether the store already holds this namespace's data (its memory-start note), read
+        without creating or writing anything (``check`` reads a store before beat's first
+        start made it, and must not start its memory). ``None``: this store cannot tell
+        without creating it.
+
+        :raises StoreUnavailable: the store cannot be reached.
+        """
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections. Safe to call twice, and from a signal handler."""

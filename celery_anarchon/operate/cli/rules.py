@@ -157,7 +157,7 @@ def _check_all(app, settings: Settings, store, use_store: bool, report: _Report)
     plans, problems = testing.check_entries(app, config.items(), settings=settings, store=store,
                                             warn=warnings.append)
     _entries(report, "beat_schedule", plans, problems, warnings)
-    if use_store:
+    if use_store and _store_made(settings, store, report):
         config_plans = dict(plans)
         plans.update(_check_store(app, settings, store, report, set(config)))
         _check_live_definitions(store, config_plans, report)
@@ -177,6 +177,23 @@ def _entries(report: _Report, where: str, plans: dict[str, EntryPlan],
         report.ok(f"{where} entry {name!r} ({_words(plan)}): every timing rule")
     for warning in warnings:     # what beat would log at start-up about these entries
         report.warn(warning)
+
+
+def _store_made(settings: Settings, store, report: _Report) -> bool:
+    """Whether the store holds the namespace's data, read without creating anything: a store
+    beat has not made yet is an ``ok`` line and is checked no further (preparing it would start
+    its memory at ``check``, not at beat's first start). A store that cannot tell without
+    creating itself (:meth:`~celery_anarchon.stores.base.ClaimStore.exists`) is checked."""
+    try:
+        made = store.exists()
+    except StoreError as exc:
+        report.fail(testing.Problem(None, "the store reachable", str(exc)))
+        return False
+    if made is False:
+        report.ok(f"store reachable, not created yet: namespace {settings.namespace!r} has no "
+                  f"data in {store.safe_url}; beat's first start creates it (check creates "
+                  "nothing)")
+    return made is not False
 
 
 def _check_store(app, settings: Settings, store, report: _Report,

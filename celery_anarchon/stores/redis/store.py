@@ -239,6 +239,12 @@ class RedisStore(ClaimStore):
         """What the strategy sets up at start-up (after the memory start); its warnings."""
         return []
 
+    def exists(self) -> bool:
+        """Whether the namespace's store-wide hash (epoch, memory start) exists: one ``EXISTS``,
+        no script (every script notes the memory start of a new store)."""
+        with self.connection.unavailable("EXISTS"):
+            return bool(self.connection.client()[0].exists(self.store_key))
+
     def now_ms(self) -> int:
         """The server's ``TIME``, UTC ms (the clock every claim and lease decision uses)."""
         with self.connection.unavailable("TIME"):

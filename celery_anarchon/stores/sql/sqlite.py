@@ -114,6 +114,10 @@ class SQLiteStore(SQLStore):
                                   f"{self.path!r} ({error}); {fix}") from None
             raise
 
+    def exists(self) -> bool:
+        """As :meth:`SQLStore.exists`; a missing file is not created (False)."""
+        return os.path.isfile(self.path) and super().exists()
+
     def relative_warning(self) -> str | None:
         """The warning of a store URL that named a relative path, or None: the one text beat
         (prepare), ``check``, ``status``, the page and the worker side give (docs/stores.md

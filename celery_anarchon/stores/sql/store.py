@@ -179,6 +179,19 @@ class SQLStore(ClaimStore):
             return warnings
         return self.connection.run("prepare", work)
 
+    def exists(self) -> bool:
+        """Whether the namespace has its row of ``anarchon_stores`` (the memory-start note),
+        read without creating a table or a row (:meth:`ClaimStore.exists`)."""
+        stores = schema.stores
+
+        def work(conn: sa.Connection) -> bool:
+            if not sa.inspect(conn).has_table(stores.name):
+                return False
+            return conn.execute(sa.select(stores.c.namespace)
+                                .where(stores.c.namespace == self.namespace)).first() is not None
+        return self.connection.run("read whether the store exists", work, write=False,
+                                   needs_schema=False)
+
     def now_ms(self) -> int:
         """The store's clock, UTC ms (PostgreSQL ``clock_timestamp()``; SQLite: the host's)."""
         return self.connection.run("read the clock", lambda conn: self.connection.now_us(conn) // 1000,
