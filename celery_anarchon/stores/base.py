@@ -34,7 +34,7 @@ from celery_anarchon.stores.parts import History, Leases
 from celery_anarchon.stores.records import (  # noqa: F401  (re-exported)
     AFTER_SEND, DEFAULT_CLAIM_TIMEOUT_S, DEFAULT_HISTORY_SIZE, DEFAULT_MEMORY_S, MAX_EARLIER,
     SEND_NOTES, SKIP_EVENTS, ClaimRequest, ClaimResult, HistoryRecord, LeasedRun, Outcome,
-    RunEvent, RunState, TakeoverOutcome, keeps_earlier,
+    RunEvent, RunState, TakeoverOutcome, keeps_earlier, memory_began_ms,
 )
 
 class ClaimStore(abc.ABC):

@@ -9,7 +9,9 @@ milliseconds too.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
+import re
 
 from celery_anarchon.schedule.timing import LeaseTerms
 
@@ -91,6 +93,29 @@ class RunEvent(str, enum.Enum):
 SKIP_EVENTS = frozenset({RunEvent.LATE, RunEvent.LATE_LOCAL, RunEvent.EARLY, RunEvent.FORGOTTEN,
                          RunEvent.OVERLAPPING, RunEvent.UNKNOWN, RunEvent.UNREACHABLE,
                          RunEvent.PAUSED, RunEvent.MISSED})
+#: the words of a forgotten refusal's detail that name the start of the store's memory (every
+#: store writes "memory began at <ISO time>" or "memory of this entry began at <ISO time>")
+_MEMORY_BEGAN = re.compile(r"memory (?:of this entry )?began at "
+                           r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d))")
+
+
+def memory_began_ms(detail: str) -> int | None:
+    """When the store's memory began, UTC ms, read from the detail of a ``forgotten`` refusal
+    or history record that says only that (a new store's first slots, the amnesia protection of
+    docs/design.md "Amnesia"); ``None`` for any other forgetting: an epoch change (the detail
+    names the epoch: the store may have lost its newest claims), a slot older than the store's
+    memory, or a detail without that note. Who reads it must still tell a new store from one
+    that lost its data by what ran before (:mod:`celery_anarchon.beat.engine.skips`,
+    :mod:`celery_anarchon.operate.overview_entries`)."""
+    if not detail or "epoch" in detail:
+        return None
+    found = _MEMORY_BEGAN.search(detail)
+    if found is None:
+        return None
+    when = datetime.datetime.fromisoformat(found.group(1).replace("Z", "+00:00"))
+    return round(when.timestamp() * 1000)
+
+
 #: A beat's notes of its publish, written at the end of its tick: a worker (or a takeover) may
 #: have recorded the run's next step before them. Such a note never replaces a record of a later
 #: attempt, nor one of :data:`AFTER_SEND` of its own attempt.

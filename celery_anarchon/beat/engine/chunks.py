@@ -192,7 +192,7 @@ class ClaimChunks:
             logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
                          result.winner or "another instance")
         else:
-            self.skips.refused(plan, result)
+            self.skips.refused(plan, result, ran_before=self.due.handled(plan.name))
         if outcome is Outcome.FORGOTTEN and self.sync is not None:
             self.sync.resync()    # the store may have lost its pauses too: look before claiming
         return None

@@ -80,7 +80,8 @@ class Engine:
         self.stats = stats = self.counters.counts
         self.outage = Outage(store, monotonic, stats, observer=observer)
         self.notes = NoteBuffer(store, self.outage)
-        self.skips = SkipLog(store, instance_id, monotonic, stats, self.notes, observer=observer)
+        self.skips = SkipLog(store, instance_id, monotonic, stats, self.notes, observer=observer,
+                             clock=clock)
         self.claims = ClaimRetries(store, instance_id, stats, self.notes, self.outage,
                                    observer=observer)
         self.due = DueRuns(namespace, rng, self.skips, self.claims, observer=observer)

@@ -112,6 +112,10 @@ class DueRuns:
         another instance): it never asks for it, nor for an older slot, again."""
         self._last_claimed[name] = max(self._last_claimed.get(name, -1), slot_ms)
 
+    def handled(self, name: str) -> bool:
+        """Whether this instance saw a run of ``name`` decided (:meth:`claimed`)."""
+        return name in self._last_claimed
+
     def next_fire(self) -> float | None:
         """When the next pending run fires (epoch seconds)."""
         self._drop_stale_heads()

@@ -2,24 +2,39 @@
 claims the store refused (late or early on its clock, forgotten, overlapping, superseded, ...),
 the same kind of refusal of one entry logged at most once a minute (the ones hidden meanwhile
 counted on the next line, or on their own line once the minute passed: :meth:`SkipLog.flush`); a
-paused run (an operator's choice, not a fault) at INFO, once per run."""
+paused run (an operator's choice, not a fault) at INFO, once per run.
+
+A new store's first refusals (the slots of its first 10 s, refused as ``forgotten``: the amnesia
+protection of docs/design.md "Amnesia") are expected: they are one INFO line per beat once that
+window has passed ("new store: N entries' slots before T refused"), each slot still recorded once
+in its history. A refusal is a new store's when its detail names only the memory start
+(:func:`~celery_anarchon.stores.records.memory_began_ms`: no epoch change), this instance
+handled no earlier run of the entry, and the memory began no later than this instance started
+(+ the 10 s tolerance, for skew): a store that lost its data under a running beat is still a
+WARNING per entry."""
 from __future__ import annotations
 
 import collections
 import logging
 import math
+import time
 from typing import Callable
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.beat.engine.observe import LATE_LOCAL, NOOP, Observer
 from celery_anarchon.schedule.plan import EntryPlan
-from celery_anarchon.stores.base import ClaimResult, ClaimStore, Outcome, RunEvent
+from celery_anarchon.stores.base import (
+    ClaimResult, ClaimStore, Outcome, RunEvent, memory_began_ms,
+)
 
 logger = logging.getLogger(__name__)
 
 #: a skip of the same kind on the same entry is logged at most this often (the rest at debug)
 SKIP_LOG_EVERY_S = 60.0
+#: the new store's line is logged this long after its refused window ended (the claims of its
+#: last slots, each after its jitter, come in first), ms
+NEW_STORE_SETTLE_MS = 5_000
 
 SKIP_REASONS = {
     Outcome.LATE: "late on the store's clock (slot + max_late + 10 s had passed when the claim arrived)",
@@ -48,12 +63,19 @@ class SkipLog:
     :param stats: the engine's counters (``late_local``).
     :param notes: the history-note buffer.
     :param observer: told of the slots reached too late.
+    :param clock: the wall clock, epoch seconds (when this instance started; when a new store's
+        refused window has passed).
     """
 
     def __init__(self, store: ClaimStore, instance_id: str, monotonic: Callable[[], float],
                  stats: collections.Counter, notes: NoteBuffer, *,
-                 observer: Observer = NOOP) -> None:
+                 observer: Observer = NOOP, clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.clock = clock
+        self.started_ms = int(clock() * 1000)
+        #: a new store's refused entries not logged yet, and the end of its refused window (ms)
+        self._new_store: set[str] = set()
+        self._new_store_until = 0
         self.observer = observer
         self.instance_id = instance_id
         self.monotonic = monotonic
@@ -83,14 +105,22 @@ class SkipLog:
             self.notes.add(plan.name, slot, RunEvent.LATE_LOCAL,
                            detail=f"{self.instance_id} reached it {lateness_ms / 1000:.3f} s late")
 
-    def refused(self, plan: EntryPlan, result: ClaimResult) -> None:
+    def refused(self, plan: EntryPlan, result: ClaimResult, *, ran_before: bool = False) -> None:
         """Log a skip; the same kind of skip of one entry at most once a minute (each run is in
-        the store's history anyway), with the number of the ones not logged."""
+        the store's history anyway), with the number of the ones not logged; a new store's first
+        refusals in one line (:meth:`flush`).
+
+        :param ran_before: this instance handled an earlier run of the entry (a forgotten slot
+            after it means the store lost its data, never a new store's first refusal)."""
         outcome = result.outcome
         detail = f" ({result.detail})" if result.detail else ""
         if outcome is Outcome.PAUSED:          # asked once per run: never retried
             logger.info("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
                         SKIP_REASONS[outcome], detail)
+            return
+        if outcome is Outcome.FORGOTTEN and not ran_before and self._new_store_refusal(result):
+            logger.debug("%s: slot %s skipped: a new store's first slots%s", plan.name,
+                         iso(result.slot_ms), detail)
             return
         now = self.monotonic()
         key = (plan.name, outcome.value)
@@ -108,10 +138,30 @@ class SkipLog:
         logger.log(_level(outcome), "%s: slot %s skipped: %s%s%s", plan.name, iso(result.slot_ms),
                    SKIP_REASONS[outcome], detail, more)
 
+    def _new_store_refusal(self, result: ClaimResult) -> bool:
+        """Whether a forgotten refusal is a new store's first (noted for :meth:`flush`): its
+        detail names only the memory start, which began no later than this instance started
+        (+ the tolerance)."""
+        began = memory_began_ms(result.detail)
+        if began is None or began > self.started_ms + LATENESS_TOLERANCE_MS:
+            return False
+        self._new_store.add(result.entry)
+        self._new_store_until = max(self._new_store_until, began + LATENESS_TOLERANCE_MS)
+        return True
+
     def flush(self) -> None:
         """Log the skips the rate limit hid once their minute has passed, when no skip of the
         same kind came to carry their count (each tick; nothing to do until the first is due).
-        One line per entry and kind: the count and the newest slot."""
+        One line per entry and kind: the count and the newest slot. A new store's refusals in
+        one INFO line, once its refused window has passed."""
+        if self._new_store and self.clock() * 1000 >= self._new_store_until + NEW_STORE_SETTLE_MS:
+            count = len(self._new_store)
+            logger.info("new store: %d %s slots before %s refused (a new store refuses the "
+                        "slots of its first %d s as forgotten, so that no run is ever sent twice: "
+                        "docs/design.md \"Amnesia\"; each is in its entry's history)",
+                        count, "entry's" if count == 1 else "entries'", iso(self._new_store_until),
+                        LATENESS_TOLERANCE_MS // 1000)
+            self._new_store.clear()
         now = self.monotonic()
         if now < self._flush_at:
             return
