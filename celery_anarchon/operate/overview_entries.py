@@ -25,7 +25,7 @@ from celery_anarchon.schedule.slots import CronSlots, SlotsEnded, WindowedSlots,
 from celery_anarchon.schedule.slots.window import window_json
 from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon.settings import Settings
-from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent
+from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent, memory_began_ms
 
 #: per store object: (app, settings, {definition key: _Planned}); see :func:`planned_of`
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -43,6 +43,21 @@ def run_json(rec: HistoryRecord) -> dict:
     out = _record_json(rec)
     out["earlier"] = [_record_json(e) for e in rec.earlier]
     return out
+
+
+def mark_new_store(runs: list[dict], shown: list[HistoryRecord],
+                   history: list[HistoryRecord]) -> None:
+    """Set ``new_store: True`` on each run of ``runs`` (the data of ``shown``) that is a new
+    store's first refusal (docs/design.md "Amnesia"), which needs no attention: a ``forgotten``
+    record whose detail names only the store's memory start
+    (:func:`~celery_anarchon.stores.records.memory_began_ms`: no epoch change), of an entry with
+    no other record (of ``history``) older than that start: had a run been recorded before it,
+    the store lost its data."""
+    for run, rec in zip(runs, shown):
+        began = memory_began_ms(rec.detail) if rec.event is RunEvent.FORGOTTEN else None
+        if began is not None and not any(
+                h.slot_ms < began and h.event is not RunEvent.FORGOTTEN for h in history):
+            run["new_store"] = True
 
 
 def _record_json(rec: HistoryRecord) -> dict:
@@ -220,6 +235,7 @@ def entry_row(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEn
     if reachable:
         shown = history if runs is None else history[:runs]
         out["runs"] = [run_json(r) for r in shown]
+        mark_new_store(out["runs"], shown, history)
         out["last"] = out["runs"][0] if shown else None
         out["lease"] = _lease(store, planned.plan, shown)
         out["state"] = ("paused" if out["paused"] else

@@ -148,7 +148,8 @@ def attention(entry: dict) -> str | None:
     cannot be read), ``"paused"``, ``"pause kept"`` (a live instance keeps its pause from before
     the store lost it), ``"problem"`` (it breaks a start-up rule), ``"overdue"`` (its newest due
     slot has no record), ``"lease expired"``, or the event of its newest skipped or failed run
-    among those shown (``"late"``, ``"send_failed"``, ...)."""
+    among those shown (``"late"``, ``"send_failed"``, ...), a new store's first refusals
+    (``new_store``: the amnesia protection, expected once) aside."""
     if entry.get("state") == "unknown":
         return "unknown"
     if entry.get("paused"):
@@ -162,7 +163,7 @@ def attention(entry: dict) -> str | None:
     if (entry.get("lease") or {}).get("expired"):
         return "lease expired"
     for run in entry.get("runs") or ():
-        if COLOURS.get(run.get("event")) in ("skip", "bad", "missed"):
+        if COLOURS.get(run.get("event")) in ("skip", "bad", "missed") and not run.get("new_store"):
             return run.get("event")
     return None
 

@@ -4,10 +4,17 @@ look like (tests/support/apps/operate_app.py, real subprocesses on real stores).
 from __future__ import annotations
 
 import os
+import sqlite3
 
 import redis
+from celery import Celery
 
-from backends import url_of
+from celery_anarchon.operate.overview import overview
+from celery_anarchon.operate.page import attention
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import ClaimRequest, Outcome
+
+from backends import backdate_memory_start, url_of
 from operate_support import exits, operate
 
 
@@ -28,3 +35,66 @@ def test_check_on_a_redis_namespace_not_made_yet_writes_nothing(namespace):
         assert list(client.scan_iter(match=f"*{namespace}*")) == []
     finally:
         client.close()
+
+
+# -- a new store's first refusals on the page -------------------------------------------------
+
+def _attention_of(url: str, namespace: str, name: str) -> str | None:
+    app = Celery("quiet_app", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=url, anarchon_namespace=namespace,
+                    beat_schedule={name: {"task": "t", "schedule": 2.0}})
+    store = open_store(url, namespace=namespace, instance_id="cli")
+    try:
+        data = overview(app, store)
+    finally:
+        store.close()
+    [entry] = [e for e in data["entries"] if e["name"] == name]
+    return attention(entry)
+
+
+def _claim(store, slot_ms: int):
+    [result] = store.claim([ClaimRequest("a", slot_ms, 10_000)])
+    return result
+
+
+def test_a_new_stores_first_refusal_needs_no_attention_and_a_changed_epoch_does(
+        tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    store = open_store(url, namespace=namespace, instance_id="A")
+    try:
+        store.prepare(["a"])
+        now = store.now_ms()
+        assert _claim(store, now // 2000 * 2000).outcome is Outcome.FORGOTTEN   # its first 10 s
+    finally:
+        store.close()
+    assert _attention_of(url, namespace, "a") is None
+
+    # the same file replaced by a copy of itself (another inode: another epoch): the store may
+    # have lost claims, and says so
+    path = str(tmp_path / "store.sqlite3")
+    with sqlite3.connect(path) as source, sqlite3.connect(path + ".copy") as target:
+        source.backup(target)
+    os.replace(path + ".copy", path)
+    store = open_store(url, namespace=namespace, instance_id="A")
+    try:
+        result = _claim(store, store.now_ms() // 2000 * 2000 + 2000)
+        assert result.outcome is Outcome.FORGOTTEN and "epoch" in result.detail, result
+    finally:
+        store.close()
+    assert _attention_of(url, namespace, "a") == "forgotten"
+
+
+def test_a_forgotten_slot_after_runs_were_recorded_needs_attention(tmp_path, namespace):
+    """The store's memory began after a run it recorded: it lost its claims (its history kept)."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    store = open_store(url, namespace=namespace, instance_id="A")
+    try:
+        store.prepare(["a"])
+        backdate_memory_start(store, ["a"], 120_000)
+        slot = store.now_ms() // 2000 * 2000
+        assert _claim(store, slot).outcome is Outcome.WON
+        backdate_memory_start(store, ["a"], -125_000)   # its memory began again after that run
+        assert _claim(store, slot + 2000).outcome is Outcome.FORGOTTEN
+    finally:
+        store.close()
+    assert _attention_of(url, namespace, "a") == "forgotten"
