@@ -3,6 +3,7 @@ not made yet (it creates nothing), the summaries' counts, and what a new store's
 look like (tests/support/apps/operate_app.py, real subprocesses on real stores)."""
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 
@@ -13,6 +14,7 @@ from celery_anarchon.operate.overview import overview
 from celery_anarchon.operate.page import attention
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import ClaimRequest, Outcome
+from celery_anarchon.stores.entry_store import InstanceRecord
 
 from backends import backdate_memory_start, url_of
 from operate_support import exits, operate
@@ -98,3 +100,55 @@ def test_a_forgotten_slot_after_runs_were_recorded_needs_attention(tmp_path, nam
     finally:
         store.close()
     assert _attention_of(url, namespace, "a") == "forgotten"
+
+
+# -- probes, hints, the pause in next --------------------------------------------------------
+
+def test_status_fail_if_no_instance_exits_7_until_a_live_beat_runs(tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    exits(operate(url, namespace, "good", "status"), 0)
+    done = operate(url, namespace, "good", "status", "--fail-if-no-instance")
+    assert done.returncode == 7, (done.returncode, done.stdout, done.stderr)
+    assert ("status: no live beat instance: nothing is being sent; exit 7 (--fail-if-no-instance). "
+            "Fix: start beat on at least one host (") in done.stderr, done.stderr
+    assert done.stderr.rstrip().endswith("-A operate_app beat, or worker -B)"), done.stderr
+    assert operate(url, namespace, "good", "status", "--json",
+                   "--fail-if-no-instance").returncode == 7
+    store = open_store(url, namespace=namespace, instance_id="beat-a:7:aa")
+    try:
+        now = store.now_ms()
+        store.instances.record_instance(InstanceRecord("beat-a:7:aa", "beat-a", 7, "0.1.0",
+                                                       now - 60_000, now, 0, 3, "d"),
+                                        ttl_ms=600_000)
+    finally:
+        store.close()
+    out = exits(operate(url, namespace, "good", "status", "--fail-if-no-instance"), 0)
+    assert "live instances: 1" in out, out
+
+
+def test_a_hint_in_an_error_repeats_the_app_the_operator_typed(tmp_path, namespace):
+    done = operate(f"sqlite:///{tmp_path / 'store.sqlite3'}", namespace, "good", "next", "every-3s")
+    assert done.returncode == 3, (done.returncode, done.stderr)
+    assert "did you mean 'every-2s'" in done.stderr, done.stderr
+    assert "fix: check the name (" in done.stderr and " -A operate_app anarchon list)" in done.stderr, \
+        done.stderr
+    assert "(celery anarchon list)" not in done.stderr
+
+
+def test_next_names_the_pause_of_a_paused_entry(tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    out = exits(operate(url, namespace, "good", "next", "every-2s", "-n", "2"), 0)
+    assert "paused" not in out and not (tmp_path / "store.sqlite3").exists(), out
+    exits(operate(url, namespace, "good", "pause", "every-2s", "--reason", "migration",
+                  "--by", "ops"), 0)
+    out = exits(operate(url, namespace, "good", "next", "every-2s", "-n", "2"), 0)
+    [line] = [line for line in out.splitlines() if "paused" in line]
+    assert line.startswith("every-2s is paused by ops since "), line
+    assert ": migration; these slots are recorded paused, not sent, until it is resumed (" in line
+    assert line.endswith(" -A operate_app anarchon resume every-2s)"), line
+    data = json.loads(exits(operate(url, namespace, "good", "next", "every-2s", "-n", "2",
+                                    "--json"), 0))
+    assert data["paused"]["by"] == "ops" and data["paused"]["reason"] == "migration", data
+    exits(operate(url, namespace, "good", "resume", "every-2s"), 0)
+    data = json.loads(exits(operate(url, namespace, "good", "next", "every-2s", "--json"), 0))
+    assert data["paused"] is None, data

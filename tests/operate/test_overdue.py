@@ -227,14 +227,14 @@ def test_status_the_page_and_check_overdue_name_the_overdue_entry(capsys, monkey
     monkeypatch.setattr(cli_rules, "_open", opened)
     monkeypatch.setattr(store, "close", lambda: None)
     code, out, _ = run_in_process(cli_rules.overdue, app, capsys=capsys)
-    assert code == 0 and out.splitlines()[-1] == "check --overdue: no entry overdue (3 entries)"
+    assert code == 0 and out.splitlines()[-1] == "check --overdue: no entry overdue (3 entries, 3 warnings)", out
 
     clocks.advance(EVERY_S + JITTER_S + MAX_LATE_S)
     code, out, _ = run_in_process(cli_rules.overdue, app, capsys=capsys)
     assert code == 5, out
     assert ("OVERDUE  e10: its newest due slot 2023-11-14T22:13:30.000+00:00 has no record, 1 s "
             "past its deadline 2023-11-14T22:13:36.000+00:00 (slot + jitter + max_late)") in out
-    assert out.splitlines()[-1] == "check --overdue: 1 entry overdue (3 entries)"
+    assert out.splitlines()[-1] == "check --overdue: 1 entry overdue (3 entries, 2 warnings)", out
 
     code, text, _ = run_in_process(cli_status.status, app, 5, False, capsys=capsys)
     assert code == 0

@@ -66,7 +66,7 @@ def test_a_stopped_beat_leaves_its_entry_overdue_and_a_started_one_clears_it(
         assert done.returncode == 5, (done.stdout, done.stderr)
         assert "OVERDUE  every-1s: its newest due slot " in done.stdout
         assert "past its deadline" in done.stdout
-        assert done.stdout.splitlines()[-1] == "check --overdue: 1 entry overdue (2 entries)"
+        assert done.stdout.splitlines()[-1] == "check --overdue: 1 entry overdue (2 entries, 2 warnings)"
         data = json.loads(exits(operate(url, namespace, "overdue", "status", "--json"), 0))
         [entry] = [e for e in data["entries"] if e["name"] == "every-1s"]
         assert entry["state"] == "overdue" and entry["due"]["late_s"] > 0

@@ -11,7 +11,7 @@ Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another f
 input (a usage error, an invalid definition, a timing rule, a store that cannot hold entries);
 3 unknown entry; 4 the entry is owned by ``beat_schedule``, or exists already; 5 an entry is
 overdue (``check --overdue``); 6 ``import redbeat`` refused some entries (the others were
-written: docs/from-redbeat.md); 130 a backfill interrupted. A backfill that stopped midway exits
+written: docs/from-redbeat.md); 7 no live beat instance (``status --fail-if-no-instance``); 130 a backfill interrupted. A backfill that stopped midway exits
 1. ``check`` exits 1 when any rule fails (docs/production.md
 "Command line for operators").
 """
@@ -112,13 +112,17 @@ def _escape_what_cannot_be_written() -> None:
 @click.option("--runs", default=5, show_default=True, type=click.IntRange(0),
               help="Runs to show per entry.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (for scripts).")
+@click.option("--fail-if-no-instance", is_flag=True,
+              help="Exit 7 when no live beat instance runs (none, or every one stale): for a "
+                   "health check or a probe.")
 @click.pass_context
-def status(ctx, runs, as_json):
+def status(ctx, runs, as_json, fail_if_no_instance):
     """Show the store, its clock, the live instances (and where they disagree), every entry with
     its schedule, next slot, last outcome, pause and lease, and the newest runs of every entry.
-    Exit 1 when the store cannot be reached."""
+    Exit 1 when the store cannot be reached; 7 with --fail-if-no-instance when no live beat
+    instance runs."""
     from celery_anarchon.operate.cli import reports as cli_status
-    cli_status.status(ctx.obj.app, runs, as_json)
+    cli_status.status(ctx.obj.app, runs, as_json, fail_if_no_instance)
 
 
 @anarchon.command(cls=CeleryCommand)
@@ -248,7 +252,7 @@ def accept_loss(ctx, by, as_json):
 def run_now(ctx, name, request_id, by, as_json):
     """Run entry NAME once more, now (claimed like any run; the schedule does not move)."""
     from celery_anarchon.operate.cli import entries as cli_commands
-    cli_commands.run_now(ctx.obj.app, name, request_id, by, as_json, command=_typed(ctx))
+    cli_commands.run_now(ctx.obj.app, name, request_id, by, as_json, command=typed_command(ctx))
 
 
 @anarchon.command(cls=CeleryCommand)
@@ -278,10 +282,10 @@ def backfill(ctx, name, start, end, request_id, rate, max_slots, by, yes, as_jso
     from celery_anarchon.operate.cli import backfills as cli_backfill
     cli_backfill.backfill(ctx.obj.app, name, start=start, end=end, request_id=request_id,
                           rate=rate, max_slots=max_slots, by=by, yes=yes, as_json=as_json,
-                          command=_typed(ctx))
+                          command=typed_command(ctx))
 
 
-def _typed(ctx) -> str:
+def typed_command(ctx) -> str:
     """How the operator ran ``anarchon``, for a command to print: the program as Click names it
     (``celery``) and ``-A`` as given (on the command line or in ``CELERY_APP``)."""
     import shlex

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import shlex
 from collections.abc import Iterator
 
@@ -29,6 +30,8 @@ from celery_anarchon.operate.schedules import Schedules, ScheduledEntry
 EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_UNKNOWN_ENTRY, EXIT_OWNED_OR_EXISTS = 1, 2, 3, 4
 #: ``check --overdue``: an entry is overdue (docs/production.md "Command line for operators")
 EXIT_OVERDUE = 5
+#: ``status --fail-if-no-instance``: no live, ticking beat instance runs the namespace
+EXIT_NO_INSTANCE = 7
 #: the flags of add/update that are parts of a definition: flag -> definition key
 _PART_FLAGS = {"task": "task", "args_": "args", "kwargs_": "kwargs", "options_": "options",
                "anarchon": "anarchon", "start_at": "start_at", "end_at": "end_at",
@@ -55,8 +58,23 @@ def _exit_codes() -> Iterator[None]:
 
 
 def _fail(exc: Exception, code: int):
-    click.echo(f"Error: {exc}", err=True)
+    click.echo(f"Error: {as_typed(str(exc))}", err=True)
     raise click.exceptions.Exit(code)
+
+
+#: a hint's command in a message (``celery anarchon list``), before :func:`as_typed`
+_HINT = re.compile(r"\bcelery anarchon\b")
+
+
+def as_typed(text: str) -> str:
+    """``text`` with each command it hints at (``celery anarchon list``, as the library's
+    messages name them) as the operator typed this one (``celery -A proj anarchon list``), so
+    that a hint pasted back reaches the same app. Outside a command: ``text`` as it is."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return text
+    from celery_anarchon.operate.cli import typed_command
+    return _HINT.sub(lambda _: typed_command(ctx), text)
 
 
 @contextlib.contextmanager

@@ -2,8 +2,8 @@
 (:mod:`celery_anarchon.operate.cli` declares them and imports this module only when one runs).
 ``check`` and ``next`` are in :mod:`celery_anarchon.operate.cli.rules`.
 
-Exit codes (docs/production.md "Command line for operators"): ``status`` 0, or 1 when the store
-cannot be reached; ``history`` 0, 1 store unreachable, 2 a bad ``--since``, 3 unknown entry.
+Exit codes (docs/production.md "Command line for operators"): ``status`` 0, 1 when the store
+cannot be reached, 7 with ``--fail-if-no-instance`` when no live beat instance runs; ``history`` 0, 1 store unreachable, 2 a bad ``--since``, 3 unknown entry.
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from celery_anarchon._util import iso
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.limits import FIRST_MS, LAST_SLOT_MS
 from celery_anarchon.operate import checks as testing
-from celery_anarchon.operate.cli.entries import EXIT_FAILURE, _exit_codes, _open, _table
+from celery_anarchon.operate.cli.entries import (
+    EXIT_FAILURE, EXIT_NO_INSTANCE, _exit_codes, _open, _table, as_typed,
+)
 from celery_anarchon.operate.names import normal_name
 from celery_anarchon.operate.overdue import OVERDUE, overdue_line
 from celery_anarchon.operate.overview import dumps, lost_lines, overview, run_json
@@ -31,8 +33,11 @@ _UNIT_S = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
 
 # -- status -------------------------------------------------------------------------------------
 
-def status(app, runs: int, as_json: bool) -> None:
-    """``status``: :func:`celery_anarchon.operate.overview.overview` as text, or as JSON (``--json``)."""
+def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False) -> None:
+    """``status``: :func:`celery_anarchon.operate.overview.overview` as text, or as JSON
+    (``--json``). Exit 1 when the store cannot be reached; with ``fail_if_no_instance``,
+    :data:`EXIT_NO_INSTANCE` when no live, ticking beat instance runs the namespace (a probe's
+    answer)."""
     with _exit_codes():
         settings, store = _open(app)
         try:
@@ -45,6 +50,15 @@ def status(app, runs: int, as_json: bool) -> None:
         _print_status(data)
     if not data["store"]["reachable"]:
         raise click.exceptions.Exit(EXIT_FAILURE)
+    if fail_if_no_instance and not any(r["ticking"] for r in data["instances"] or ()):
+        listed = len(data["instances"] or ())
+        stale = f" ({listed} listed, every one stale)" if listed else ""
+        beat = as_typed("celery anarchon").rsplit(" ", 1)[0] + " beat"
+        click.echo(f"status: {NO_LIVE_INSTANCE}{stale}; exit {EXIT_NO_INSTANCE} "
+                   f"(--fail-if-no-instance). Fix: start beat on at least one host ({beat}, or "
+                   "worker -B)" + (", or look at why the stale ones stopped ticking" if listed
+                                   else ""), err=True)
+        raise click.exceptions.Exit(EXIT_NO_INSTANCE)
 
 
 def _print_status(data: dict) -> None:
@@ -59,7 +73,7 @@ def _print_status(data: dict) -> None:
     for warning in s["warnings"]:
         click.echo(f"warning: {warning}")
     for line in lost_lines(data):
-        click.echo(line)
+        click.echo(as_typed(line))
     if data["instance_records"]:
         _print_instances(data)
     else:
@@ -103,7 +117,7 @@ def _print_instances(data: dict) -> None:
                 click.echo(f"    {v['fingerprint']}{source} on {', '.join(v['instances'])}: "
                            f"{v['definition'] or 'definition not saved'}")
             if d["fix"]:
-                click.echo(f"    {d['fix']}")
+                click.echo(f"    {as_typed(d['fix'])}")
 
 
 #: how status names where an instance takes an entry from

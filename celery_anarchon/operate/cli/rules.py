@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shlex
 import time
 
 import click
@@ -19,7 +20,7 @@ from celery_anarchon.errors import ConfigError, StoreError
 from celery_anarchon.messages import is_installed
 from celery_anarchon.operate import checks as testing
 from celery_anarchon.operate.cli.entries import (
-    EXIT_FAILURE, EXIT_OVERDUE, _exit_codes, _open, _table, import_task_modules,
+    EXIT_FAILURE, EXIT_OVERDUE, _exit_codes, _open, _table, as_typed, import_task_modules,
 )
 from celery_anarchon.operate.cli.reports import parse_after
 from celery_anarchon.operate.config import check_task
@@ -50,12 +51,12 @@ class _Report:
 
     def warn(self, what: str) -> None:
         self.warned += 1
-        click.echo(f"warn  {what}")
+        click.echo(f"warn  {as_typed(what)}")
 
     def fail(self, problem: testing.Problem) -> None:
         self.failed += 1
         label = problem.entry or getattr(problem, "setting", None) or "configuration"
-        click.echo(f"FAIL  {label}: {problem.rule}\n      {problem.message}")
+        click.echo(f"FAIL  {label}: {problem.rule}\n      {as_typed(problem.message)}")
 
 
 #: the settings that say which store to check: without them, check stops at their problem
@@ -272,16 +273,25 @@ def _check_live_definitions(store, plans: dict[str, EntryPlan], report: _Report)
                         "during a rolling deploy, else deploy one beat_schedule everywhere")
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def _summary(report: _Report, strict: bool) -> None:
+    """The last line, every count in it: ``check: all 7 passed``; ``check: 7 passed, 1
+    warning``; ``check: 2 problems, 4 passed, 1 warning``; ``check: 1 warning (--strict), 6
+    passed``."""
+    warned = f", {_count(report.warned, 'warning')}" if report.warned else ""
     if report.failed:
-        click.echo(f"check: {report.failed} problem{'s' if report.failed > 1 else ''}, "
-                   f"{report.passed} passed")
+        click.echo(f"check: {_count(report.failed, 'problem')}, {report.passed} passed{warned}")
         raise click.exceptions.Exit(1)
     if strict and report.warned:
-        click.echo(f"check: {report.warned} warning{'s' if report.warned > 1 else ''} "
-                   f"(--strict), {report.passed} passed")
+        click.echo(f"check: {_count(report.warned, 'warning')} (--strict), {report.passed} passed")
         raise click.exceptions.Exit(1)
-    click.echo(f"check: all {report.passed} passed")
+    if report.warned:
+        click.echo(f"check: {report.passed} passed{warned}")
+    else:
+        click.echo(f"check: all {report.passed} passed")
 
 
 # -- check --overdue ------------------------------------------------------------------------------
@@ -305,14 +315,18 @@ def overdue(app) -> None:
     late = [e for e in entries if e["state"] == OVERDUE]
     for e in late:
         click.echo(f"OVERDUE  {overdue_line(e['name'], e['due'])}")
+    warned = 0
     for e in entries:
         if e["due"] is not None and e["due"]["state"] == UNKNOWN:
             slot = f"newest due slot {e['due']['slot']}: " if e["due"]["slot"] else ""
             click.echo(f"warn  {e['name']}: cannot tell whether it is overdue: {slot}"
                        f"{e['due']['why']}")
+            warned += 1
     if entries and all(e["unsent"] for e in entries):
         click.echo("warn  no live beat instance: nothing is sending any entry")
-    total = f"({len(entries)} entr{'y' if len(entries) == 1 else 'ies'})"
+        warned += 1
+    total = (f"({len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+             + (f", {_count(warned, 'warning')})" if warned else ")"))
     if late:
         click.echo(f"check --overdue: {len(late)} entr{'y' if len(late) == 1 else 'ies'} overdue "
                    f"{total}")
@@ -335,6 +349,28 @@ def _offset(local: datetime.datetime) -> str:
     return f"{sign}{abs(seconds) // 3600:02d}:{abs(seconds) % 3600 // 60:02d}"
 
 
+#: ``next``'s pause when the store cannot be read
+UNKNOWN_PAUSE = "unknown"
+
+
+def _pause_of(store, name: str) -> dict | str | None:
+    """The entry's pause as data (``by``, ``reason``, ``since``), ``None`` when it runs (or the
+    store holds no entries, or beat has not made it yet), :data:`UNKNOWN_PAUSE` when the store
+    cannot be read."""
+    if store.entries is None:
+        return None
+    try:
+        if store.exists() is False:      # nothing paused there, and nothing created by reading
+            return None
+        stored = store.entries.load_entries().entries.get(name)
+    except StoreError:
+        return UNKNOWN_PAUSE
+    if stored is None or stored.pause is None:
+        return None
+    p = stored.pause
+    return {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
+
+
 def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
     """``next ENTRY``: the next ``n`` slots in UTC and in the entry's zone, with its offset."""
     with _exit_codes():
@@ -354,6 +390,7 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
                 raise ConfigError(f"entry {entry!r}: its next {n} slots after {start.isoformat()} "
                                   "go past the year 9999; fix: give an earlier --after, or a "
                                   "smaller -n") from None
+            paused = _pause_of(store, plan.name)
         finally:
             store.close()
     zone = zone_of(plan, app)
@@ -366,10 +403,18 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
     catch_up = {"catch_up": plan.timing.catch_up, "catch_up_window": plan.timing.catch_up_window_s}
     if as_json:
         click.echo(json.dumps({"entry": entry, "schedule": _words(plan),
-                               "timezone": zone_name(zone), "slots": rows, **window, **catch_up},
-                              sort_keys=True))
+                               "timezone": zone_name(zone), "slots": rows, "paused": paused,
+                               **window, **catch_up}, sort_keys=True))
         return
     name = zone_name(zone)
+    if paused == UNKNOWN_PAUSE:
+        click.echo(f"{entry}: whether it is paused is unknown (the store cannot be read)")
+    elif paused is not None:
+        click.echo(as_typed(
+            f"{entry} is paused by {paused['by']} since {paused['since']}"
+            + (f": {paused['reason']}" if paused["reason"] else "")
+            + f"; these slots are recorded paused, not sent, until it is resumed "
+            f"(celery anarchon resume {shlex.quote(plan.name)})"))
     if window["start_at"] and start < datetime.datetime.fromisoformat(window["start_at"]):
         click.echo(f"{entry} starts at {window['start_at']} (its start_at)")
     if not rows:
