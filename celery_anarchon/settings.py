@@ -134,6 +134,35 @@ def _max_entries(value: Any, name: str) -> int:
     return value
 
 
+#: the warnings of ``celery anarchon check`` an app may acknowledge (``anarchon_acknowledge``),
+#: by name (each ``warn`` line ends with its name): an acknowledged one no longer fails
+#: ``check --strict`` (docs/production.md "Command line for operators")
+CHECK_WARNINGS: dict[str, str] = {
+    "sqlite-one-host": "the SQLite store coordinates the beat processes of one host only",
+    "store-setup": "what the store's setup can lose (no persistence, asynchronous replicas, ...)",
+    "entry-timing": "a timing warning beat logs about an entry at start-up",
+    "task-not-registered": "a task name this app does not register",
+    "definitions-differ": "a live beat instance runs another definition of an entry",
+}
+
+
+def _acknowledge(value: Any, name: str) -> tuple[str, ...]:
+    known = ", ".join(CHECK_WARNINGS)
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)) \
+            or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{name} = {value!r}: must be a list of check warning names, e.g. "
+                          f"{name} = [\"sqlite-one-host\"]; the names: {known}")
+    for given in value:
+        if given not in CHECK_WARNINGS:
+            close = difflib.get_close_matches(given, CHECK_WARNINGS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{name}: {given!r} is no check warning{hint}; the names: {known} "
+                              "(each warn line of celery anarchon check ends with its name)")
+    return tuple(sorted(set(value)))
+
+
 #: every ``anarchon_*`` setting, by name, in the order they are read (any other ``anarchon_*``
 #: key is a typo); docs/configuration.md "Settings" lists the same (tests/test_settings.py)
 OPTIONS: dict[str, Option] = {option.name: option for option in (
@@ -171,6 +200,8 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
            "the port of the worker side's lease metrics (None: off)"),
     Option("anarchon_worker_metrics_addr", "address", exporter.DEFAULT_ADDR, exporter.check_addr,
            "the address the worker's metrics exporter binds"),
+    Option("anarchon_acknowledge", "names", (), _acknowledge,
+           "the check warnings (by name) that no longer fail check --strict"),
 )}
 #: the names of :data:`OPTIONS`
 SETTINGS = tuple(OPTIONS)
@@ -220,6 +251,8 @@ class Settings(TimingSettings):
     :param metrics_max_entries: ``anarchon_metrics_max_entries``.
     :param worker_metrics_port: ``anarchon_worker_metrics_port`` (``None``: no worker exporter).
     :param worker_metrics_addr: ``anarchon_worker_metrics_addr``.
+    :param acknowledged: ``anarchon_acknowledge``: the names of :data:`CHECK_WARNINGS` that no
+        longer fail ``check --strict``.
     """
 
     namespace: str = "default"
@@ -231,6 +264,7 @@ class Settings(TimingSettings):
     metrics_max_entries: int = DEFAULT_METRICS_MAX_ENTRIES
     worker_metrics_port: int | None = None
     worker_metrics_addr: str = exporter.DEFAULT_ADDR
+    acknowledged: tuple[str, ...] = ()
 
     @classmethod
     def from_app(cls, app, *, check_timezone: bool = True) -> Settings:
@@ -275,7 +309,8 @@ class Settings(TimingSettings):
             metrics_addr=value["anarchon_metrics_addr"],
             metrics_max_entries=value["anarchon_metrics_max_entries"],
             worker_metrics_port=value["anarchon_worker_metrics_port"],
-            worker_metrics_addr=value["anarchon_worker_metrics_addr"])
+            worker_metrics_addr=value["anarchon_worker_metrics_addr"],
+            acknowledged=value["anarchon_acknowledge"])
 
 
 def make_instance_id() -> str:

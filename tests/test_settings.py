@@ -116,8 +116,8 @@ def test_an_unknown_setting_names_the_closest_and_every_setting():
         "anarchon_jitter, anarchon_lease, anarchon_max_late, "
         "anarchon_namespace, anarchon_request_retention, anarchon_store_options, "
         "anarchon_store_url, anarchon_sync_interval, anarchon_metrics_port, anarchon_metrics_addr, "
-        "anarchon_metrics_max_entries, anarchon_worker_metrics_port, anarchon_worker_metrics_addr. "
-        "A typo must not silently disable a rule.")
+        "anarchon_metrics_max_entries, anarchon_worker_metrics_port, anarchon_worker_metrics_addr, "
+        "anarchon_acknowledge. A typo must not silently disable a rule.")
 
 
 def test_zero_lease_or_heartbeat_and_a_slow_heartbeat_are_refused():
@@ -188,6 +188,19 @@ def test_bad_metrics_address_and_cap_are_refused():
         Settings.from_app(app_with(anarchon_metrics_max_entries=-1))
     with pytest.raises(ConfigError, match="anarchon_worker_metrics_port = 0"):
         Settings.from_app(app_with(anarchon_worker_metrics_port=0))
+
+
+def test_acknowledge_takes_a_list_of_check_warning_names_and_names_the_fix_of_a_bad_one():
+    assert Settings.from_app(app_with()).acknowledged == ()
+    assert Settings.from_app(app_with(anarchon_acknowledge=["store-setup", "sqlite-one-host"])
+                             ).acknowledged == ("sqlite-one-host", "store-setup")
+    with pytest.raises(ConfigError, match=r"^anarchon_acknowledge = 'sqlite-one-host': must be a "
+                                          r"list of check warning names, e\.g\. anarchon_acknowledge "
+                                          r"= \[\"sqlite-one-host\"\]; the names: sqlite-one-host, "):
+        Settings.from_app(app_with(anarchon_acknowledge="sqlite-one-host"))
+    with pytest.raises(ConfigError, match=r"^anarchon_acknowledge: 'task-unregistered' is no check "
+                                          r"warning \(did you mean 'task-not-registered'\?\)"):
+        Settings.from_app(app_with(anarchon_acknowledge=["task-unregistered"]))
 
 
 def test_the_metrics_settings_are_known_settings_with_defaults():

@@ -152,3 +152,30 @@ def test_next_names_the_pause_of_a_paused_entry(tmp_path, namespace):
     exits(operate(url, namespace, "good", "resume", "every-2s"), 0)
     data = json.loads(exits(operate(url, namespace, "good", "next", "every-2s", "--json"), 0))
     assert data["paused"] is None, data
+
+
+# -- warnings: counted, named, acknowledged ---------------------------------------------------
+
+def test_check_strict_fails_on_a_warning_until_the_app_acknowledges_it(
+        tmp_path, namespace, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    out = exits(operate(url, namespace, "good", "check"), 0)
+    assert out.rstrip().endswith("check: 7 passed, 1 warning"), out
+    out = exits(operate(url, namespace, "good", "check", "--strict"), 1)
+    assert ("warn  anarchon store: the SQLite store " in out
+            and "on one host, acknowledge it: anarchon_acknowledge = [\"sqlite-one-host\"] "
+                "[sqlite-one-host]\n" in out), out
+    assert ("(--strict fails on a warning; to accept one for good, name it in the app's "
+            "settings: anarchon_acknowledge = [\"sqlite-one-host\"])\n"
+            "check: 1 warning (--strict), 7 passed\n") in out, out
+
+    monkeypatch.setenv("ANARCHON_OP_ACKNOWLEDGE", '["sqlite-one-host"]')
+    out = exits(operate(url, namespace, "good", "check", "--strict"), 0)
+    assert "ack   anarchon store: the SQLite store " in out and "[sqlite-one-host: acknowledged]" in out
+    assert "warn  " not in out and out.rstrip().endswith("check: 7 passed, 1 acknowledged"), out
+
+    monkeypatch.setenv("ANARCHON_OP_ACKNOWLEDGE", '["sqlite-onehost"]')
+    out = exits(operate(url, namespace, "good", "check"), 1)
+    assert ("anarchon_acknowledge: 'sqlite-onehost' is no check warning (did you mean "
+            "'sqlite-one-host'?); the names: sqlite-one-host, store-setup, entry-timing, "
+            "task-not-registered, definitions-differ") in out, out

@@ -38,20 +38,33 @@ from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 # -- check --------------------------------------------------------------------------------------
 
 class _Report:
-    """The lines of ``check``: ``ok``, ``warn`` and ``FAIL`` (with the rule)."""
+    """The lines of ``check``: ``ok``, ``warn`` (ending with the warning's name), ``ack`` (a
+    warning ``anarchon_acknowledge`` names) and ``FAIL`` (with the rule)."""
 
     def __init__(self) -> None:
         self.failed = 0
         self.passed = 0
         self.warned = 0
+        self.acked = 0
+        #: ``anarchon_acknowledge``, once the settings are read
+        self.acknowledged: tuple[str, ...] = ()
+        #: the names of the warn lines printed (for the fix of a --strict failure)
+        self.names: list[str] = []
 
     def ok(self, what: str) -> None:
         self.passed += 1
         click.echo(f"ok    {what}")
 
-    def warn(self, what: str) -> None:
+    def warn(self, what: str, name: str) -> None:
+        """A warning named ``name`` (a key of
+        :data:`~celery_anarchon.settings.CHECK_WARNINGS`): acknowledged, or counted."""
+        if name in self.acknowledged:
+            self.acked += 1
+            click.echo(f"ack   {as_typed(what)} [{name}: acknowledged]")
+            return
         self.warned += 1
-        click.echo(f"warn  {as_typed(what)}")
+        self.names.append(name)
+        click.echo(f"warn  {as_typed(what)} [{name}]")
 
     def fail(self, problem: testing.Problem) -> None:
         self.failed += 1
@@ -116,6 +129,7 @@ def check(app, use_store: bool, strict: bool = False) -> None:
     settings = _settings(app, report)
     if settings is None:
         _summary(report, strict)
+    report.acknowledged = settings.acknowledged
     try:
         one_host = settings.store_warning
         store = open_app_store(settings, instance_id="cli:" + make_instance_id())
@@ -127,9 +141,10 @@ def check(app, use_store: bool, strict: bool = False) -> None:
         if one_host is None and store.kind == "sqlite":
             one_host = (f"anarchon store: the SQLite store {store.safe_url} coordinates the beat "
                         "processes of this one host only; set anarchon_store_url to a Redis or "
-                        "PostgreSQL URL that every host reaches to run beat on several hosts.")
+                        "PostgreSQL URL that every host reaches to run beat on several hosts, or, "
+                        "on one host, acknowledge it: anarchon_acknowledge = [\"sqlite-one-host\"]")
         if one_host:
-            report.warn(one_host)
+            report.warn(one_host, "sqlite-one-host")
     finally:
         store.close()
     _summary(report, strict)
@@ -177,7 +192,7 @@ def _entries(report: _Report, where: str, plans: dict[str, EntryPlan],
     for name, plan in sorted(plans.items()):
         report.ok(f"{where} entry {name!r} ({_words(plan)}): every timing rule")
     for warning in warnings:     # what beat would log at start-up about these entries
-        report.warn(warning)
+        report.warn(warning, "entry-timing")
 
 
 def _store_made(settings: Settings, store, report: _Report) -> bool:
@@ -215,7 +230,7 @@ def _check_store(app, settings: Settings, store, report: _Report,
     report.ok(f"store reachable{clock}"
               + (f", durability {durability}" if isinstance(durability, str) else ""))
     for warning in warnings:
-        report.warn(warning)
+        report.warn(warning, "store-setup")
     if store.entries is None:
         return {}
     try:
@@ -247,7 +262,7 @@ def _check_tasks(app, plans: dict[str, EntryPlan], report: _Report) -> None:
         try:
             check_task(app, name, plan.entry.task)
         except ConfigError as exc:
-            report.warn(str(exc))
+            report.warn(str(exc), "task-not-registered")
 
 
 def _check_live_definitions(store, plans: dict[str, EntryPlan], report: _Report) -> None:
@@ -270,7 +285,8 @@ def _check_live_definitions(store, plans: dict[str, EntryPlan], report: _Report)
             report.warn(f"entry {name!r}: live beat instance{'s' if len(others) > 1 else ''} "
                         f"{', '.join(others)} run{'' if len(others) > 1 else 's'} another "
                         f"definition (fingerprint differs from {plan.fingerprint} here); expected "
-                        "during a rolling deploy, else deploy one beat_schedule everywhere")
+                        "during a rolling deploy, else deploy one beat_schedule everywhere",
+                        "definitions-differ")
 
 
 def _count(n: int, what: str) -> str:
@@ -282,14 +298,20 @@ def _summary(report: _Report, strict: bool) -> None:
     warning``; ``check: 2 problems, 4 passed, 1 warning``; ``check: 1 warning (--strict), 6
     passed``."""
     warned = f", {_count(report.warned, 'warning')}" if report.warned else ""
+    acked = f", {report.acked} acknowledged" if report.acked else ""
     if report.failed:
-        click.echo(f"check: {_count(report.failed, 'problem')}, {report.passed} passed{warned}")
+        click.echo(f"check: {_count(report.failed, 'problem')}, {report.passed} passed{warned}"
+                   f"{acked}")
         raise click.exceptions.Exit(1)
     if strict and report.warned:
-        click.echo(f"check: {_count(report.warned, 'warning')} (--strict), {report.passed} passed")
+        names = ", ".join(f'"{n}"' for n in dict.fromkeys(report.names))
+        click.echo(f"(--strict fails on a warning; to accept one for good, name it in the app's "
+                   f"settings: anarchon_acknowledge = [{names}])")
+        click.echo(f"check: {_count(report.warned, 'warning')} (--strict), {report.passed} passed"
+                   f"{acked}")
         raise click.exceptions.Exit(1)
-    if report.warned:
-        click.echo(f"check: {report.passed} passed{warned}")
+    if report.warned or report.acked:
+        click.echo(f"check: {report.passed} passed{warned}{acked}")
     else:
         click.echo(f"check: all {report.passed} passed")
 

@@ -1,6 +1,7 @@
 """A small Celery project for the operators' command-line tests (tests/operate/test_cli_operate.py),
 configured by environment variables: ANARCHON_OP_STORE (store URL), ANARCHON_OP_NAMESPACE, and
-ANARCHON_OP_SCHEDULE, which picks its beat_schedule:
+ANARCHON_OP_SCHEDULE, which picks its beat_schedule (and ANARCHON_OP_ACKNOWLEDGE, a JSON list:
+anarchon_acknowledge):
 
 * ``good``: an interval entry, a crontab in Europe/Berlin and a leased entry (install done);
 * ``broken``: an unsafe jitter for its interval, and a crontab step larger than its field;
@@ -8,6 +9,7 @@ ANARCHON_OP_SCHEDULE, which picks its beat_schedule:
 * ``overdue``: an entry every second, jitter 0.2 s, max_late 2 s: overdue soon after its beats
   stop.
 """
+import json
 import os
 
 from celery import Celery
@@ -22,6 +24,7 @@ app.conf.update(
     anarchon_store_url=os.environ["ANARCHON_OP_STORE"],
     anarchon_namespace=os.environ["ANARCHON_OP_NAMESPACE"],
     anarchon_sync_interval=float(os.environ.get("ANARCHON_OP_SYNC", "5")),
+    anarchon_acknowledge=json.loads(os.environ.get("ANARCHON_OP_ACKNOWLEDGE", "[]")),
     timezone="UTC",
 )
 GOOD = {
