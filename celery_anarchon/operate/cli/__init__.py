@@ -286,15 +286,9 @@ def backfill(ctx, name, start, end, request_id, rate, max_slots, by, yes, as_jso
 
 
 def typed_command(ctx) -> str:
-    """How the operator ran ``anarchon``, for a command to print: the program as Click names it
-    (``celery``) and ``-A`` as given (on the command line or in ``CELERY_APP``)."""
-    import shlex
-    root = ctx.find_root()
-    app = root.params.get("app")
-    words = [root.info_name or "celery"]
-    if isinstance(app, str) and app:
-        words += ["-A", shlex.quote(app)]
-    return " ".join([*words, "anarchon"])
+    """:func:`celery_anarchon.operate.cli.entries.typed_command`."""
+    from celery_anarchon.operate.cli.entries import typed_command as typed
+    return typed(ctx)
 
 
 @anarchon.command(name="list", cls=CeleryCommand)

@@ -73,8 +73,18 @@ def as_typed(text: str) -> str:
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return text
-    from celery_anarchon.operate.cli import typed_command
     return _HINT.sub(lambda _: typed_command(ctx), text)
+
+
+def typed_command(ctx: click.Context) -> str:
+    """How the operator ran ``anarchon``, for a command to print: the program as Click names it
+    (``celery``) and ``-A`` as given (on the command line or in ``CELERY_APP``)."""
+    root = ctx.find_root()
+    app = root.params.get("app")
+    words = [root.info_name or "celery"]
+    if isinstance(app, str) and app:
+        words += ["-A", shlex.quote(app)]
+    return " ".join([*words, "anarchon"])
 
 
 @contextlib.contextmanager
