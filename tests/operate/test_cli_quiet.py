@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 
 import redis
 from celery import Celery
 
+from celery_anarchon._util import iso
+from celery_anarchon.operate.cli.narrow import fit_table, relative
 from celery_anarchon.operate.overview import overview
 from celery_anarchon.operate.page import attention
 from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import ClaimRequest, Outcome
+from celery_anarchon.stores.base import ClaimRequest, Outcome, RunEvent
 from celery_anarchon.stores.entry_store import InstanceRecord
 
 from backends import backdate_memory_start, url_of
@@ -179,3 +182,44 @@ def test_check_strict_fails_on_a_warning_until_the_app_acknowledges_it(
     assert ("anarchon_acknowledge: 'sqlite-onehost' is no check warning (did you mean "
             "'sqlite-one-host'?); the names: sqlite-one-host, store-setup, entry-timing, "
             "task-not-registered, definitions-differ") in out, out
+
+
+# -- status within 120 columns, times relative ------------------------------------------------
+
+def test_relative_times_and_a_table_fitted_to_the_width():
+    now = 1_700_000_000_000
+    at = lambda ms: iso(now + ms)   # noqa: E731
+    assert [relative(at(ms), now) for ms in (-12_000, 3 * 60_000, -2 * 3_600_000,
+                                             4 * 86_400_000, 0)] == [
+        "12 s ago", "in 3 min", "2 h ago", "in 4 d", "0 s ago"]
+    assert relative(None, now) == "-" and relative("soon", now) == "soon"
+    rows = fit_table([("NAME", "STATE"), ("n" * 30, "s" * 200)], width=60)
+    assert rows == [("NAME", "STATE"), ("n" * 28 + "…", "s" * 28 + "…")]   # the widest cut first
+    assert fit_table([("NAME", "STATE"), ("n" * 30, "s" * 40)], width=60, keep=(1,)) == [
+        ("NAME", "STATE"), ("n" * 17 + "…", "s" * 40)]                    # STATE cut last
+
+
+def test_status_fits_120_columns_and_wide_prints_whole_lines_in_utc(tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    store = open_store(url, namespace=namespace, instance_id="beat-a:7:aa")
+    try:
+        store.prepare(["every-2s"])
+        now = store.now_ms()
+        store.history.record("every-2s", now // 2000 * 2000 - 2000, RunEvent.LATE,
+                             detail="x" * 150)
+        store.instances.record_instance(InstanceRecord("beat-a:7:aa", "beat-a", 7, "0.1.0",
+                                                       now - 60_000, now, 0, 3, "d"),
+                                        ttl_ms=600_000)
+    finally:
+        store.close()
+    out = exits(operate(url, namespace, "good", "status"), 0)
+    # every line but the store's (its URL, whole) within 120 columns
+    assert max(len(line) for line in out.splitlines() if not line.startswith("store:")) <= 120
+    assert re.search(r"  beat-a:7  beat-a:7:aa  version 0\.1\.0  started \d+ s ago  last tick "
+                     r"\d s ago  skew ", out), out
+    [late] = [line for line in out.splitlines() if line.startswith("  ") and "  late  " in line]
+    assert re.match(r"  \d s ago  late +beat-a:7:aa  attempt 1 +x+…$", late), late
+    assert late.endswith("x…") and len(late) == 120, late
+    wide = exits(operate(url, namespace, "good", "status", "--wide"), 0)
+    assert "x" * 150 in wide and max(len(line) for line in wide.splitlines()) > 120
+    assert " ago" not in wide and "+00:00" in wide, wide

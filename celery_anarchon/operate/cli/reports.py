@@ -22,6 +22,7 @@ from celery_anarchon.operate import checks as testing
 from celery_anarchon.operate.cli.entries import (
     EXIT_FAILURE, EXIT_NO_INSTANCE, _exit_codes, _open, _table, as_typed,
 )
+from celery_anarchon.operate.cli.narrow import View, to_ms
 from celery_anarchon.operate.names import normal_name
 from celery_anarchon.operate.overdue import OVERDUE, overdue_line
 from celery_anarchon.operate.overview import dumps, lost_lines, overview, run_json
@@ -33,11 +34,13 @@ _UNIT_S = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
 
 # -- status -------------------------------------------------------------------------------------
 
-def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False) -> None:
+def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False,
+           wide: bool = True) -> None:
     """``status``: :func:`celery_anarchon.operate.overview.overview` as text, or as JSON
     (``--json``). Exit 1 when the store cannot be reached; with ``fail_if_no_instance``,
     :data:`EXIT_NO_INSTANCE` when no live, ticking beat instance runs the namespace (a probe's
-    answer)."""
+    answer). ``wide``: every column and ISO 8601 UTC times; else within 120 columns, times
+    relative to the store's clock (:mod:`~celery_anarchon.operate.cli.narrow`)."""
     with _exit_codes():
         settings, store = _open(app)
         try:
@@ -47,7 +50,8 @@ def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False) -> 
     if as_json:
         click.echo(dumps(data))
     else:
-        _print_status(data)
+        now_ms = to_ms(data["store"].get("clock")) or int(time.time() * 1000)
+        _print_status(data, View(wide, now_ms))
     if not data["store"]["reachable"]:
         raise click.exceptions.Exit(EXIT_FAILURE)
     if fail_if_no_instance and not any(r["ticking"] for r in data["instances"] or ()):
@@ -61,31 +65,31 @@ def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False) -> 
         raise click.exceptions.Exit(EXIT_NO_INSTANCE)
 
 
-def _print_status(data: dict) -> None:
+def _print_status(data: dict, view: View) -> None:
     s = data["store"]
-    click.echo(f"store: {s['url']} ({s['kind']})  namespace: {data['namespace']}")
+    click.echo(view.say(f"store: {s['url']} ({s['kind']})  namespace: {data['namespace']}"))
     if not s["reachable"]:
-        click.echo(f"store unreachable: {s['error']}")
+        click.echo(view.say(f"store unreachable: {s['error']}"))
     elif s["clock"] is not None:
         click.echo(f"store clock: {s['clock']}  (this host is {s['skew_ms'] / 1000:+.3f} s off)")
     if s["durability"]:
         click.echo(f"durability: {s['durability']}")
     for warning in s["warnings"]:
-        click.echo(f"warning: {warning}")
+        click.echo(view.say(f"warning: {warning}"))
     for line in lost_lines(data):
-        click.echo(as_typed(line))
+        click.echo(view.say(as_typed(line)))
     if data["instance_records"]:
-        _print_instances(data)
+        _print_instances(data, view)
     else:
         click.echo(f"\n(the {s['kind']} store keeps no instance records)")
-    _print_entries(data)
+    _print_entries(data, view)
 
 
 #: the warning of a namespace no live, ticking beat instance runs (as the status page says it)
 NO_LIVE_INSTANCE = "no live beat instance: nothing is being sent"
 
 
-def _print_instances(data: dict) -> None:
+def _print_instances(data: dict, view: View) -> None:
     if data["instances"] is None:
         click.echo("\nlive instances: unknown (the store cannot be read)")
         return
@@ -97,27 +101,31 @@ def _print_instances(data: dict) -> None:
         skew = "?" if r["skew_ms"] is None else f"{r['skew_ms']:+d} ms"
         stale = (f"  STALE: last tick {r['last_tick_age_s']:g} s ago (ticks stopped?)"
                  if r["stale"] else "")
-        click.echo(f"  {r['host']}:{r['pid']}  {r['instance_id']}  version {r['version']}  started "
-                   f"{r['started']}  last tick {r['last_tick']}  skew {skew}  "
-                   f"{r['entries']} entries{stale}")
+        who = f"{r['host']}:{r['pid']}  {r['instance_id']}"
+        if not view.wide:        # first, where a cut line keeps it
+            who, stale = who + stale, ""
+        click.echo(view.row(f"  {who}  version {r['version']}  started {view.when(r['started'])}"
+                            f"  last tick {view.when(r['last_tick'])}  skew {skew}  "
+                            f"{r['entries']} entries{stale}"))
     for who in data["unsaved"]:
         click.echo(f"  ({who}: its entries are not saved yet)")
     if data["partial"]:
         click.echo("\nbeat_schedule entries only some instances run (removed from, or not yet "
                    "added to, the others):")
         for p in data["partial"]:
-            click.echo(f"  {p['entry']}: run by {', '.join(p['run_by'])}; "
-                       f"not by {', '.join(p['not_run_by'])}")
+            click.echo(view.say(f"  {p['entry']}: run by {', '.join(p['run_by'])}; "
+                                f"not by {', '.join(p['not_run_by'])}"))
     if data["disagreements"]:
         click.echo("\ninstances that disagree (each sends the slots of its own definition):")
         for d in data["disagreements"]:
             click.echo(f"  {d['entry']}:")
             for v in d["definitions"]:
                 source = f" ({_SOURCE_WORDS[v['source']]})" if d["fix"] else ""
-                click.echo(f"    {v['fingerprint']}{source} on {', '.join(v['instances'])}: "
-                           f"{v['definition'] or 'definition not saved'}")
+                click.echo(view.row(f"    {v['fingerprint']}{source} on "
+                                    f"{', '.join(v['instances'])}: "
+                                    f"{v['definition'] or 'definition not saved'}"))
             if d["fix"]:
-                click.echo(f"    {as_typed(d['fix'])}")
+                click.echo(view.say(f"    {as_typed(d['fix'])}"))
 
 
 #: how status names where an instance takes an entry from
@@ -150,52 +158,54 @@ def _state(e: dict) -> str:
 NOTHING_SENDS = "nothing sends it (no live beat)"
 
 
-def _print_entries(data: dict) -> None:
+def _print_entries(data: dict, view: View) -> None:
     entries = data["entries"]
     click.echo(f"\nentries: {len(entries)}")
     rows = [("NAME", "SOURCE", "SCHEDULE", "TASK", "NEXT", "LAST", "STATE")]
     for e in entries:
-        last = f"{e['last']['event']} {e['last']['slot']}" if e["last"] else "-"
+        last = f"{e['last']['event']} {view.when(e['last']['slot'])}" if e["last"] else "-"
         source = e["source"] + (" (store copy ignored)" if e["shadowed"] else "")
         rows.append((e["name"], source, e["schedule"] or "-", e["task"] or "-",
-                     e["next"][0] if e["next"] else "-", last, _state(e)))
-    _table(rows)
+                     view.when(e["next"][0]) if e["next"] else "-", last, _state(e)))
+    _table(view.table(rows, keep=(4, 5, 6)))     # NEXT, LAST, STATE: cut last
     pauses = [e for e in entries if e["paused"]]
     if not data["store"]["reachable"]:
         click.echo("\npauses: unknown (the store cannot be read)")
     else:
         click.echo(f"\npauses: {len(pauses)}")
     for e in pauses:
-        click.echo(f"  {e['name']}: {_state(e)} (since {e['paused']['since']})")
+        click.echo(view.row(f"  {e['name']}: {_state(e)} (since {view.when(e['paused']['since'])})"))
     if data["run_now"]:
         click.echo(f"\nrun-now requests: {len(data['run_now'])}")
         for r in data["run_now"]:
-            click.echo(f"  {r['entry']}: request {r['request_id']}, slot {r['slot']}, by {r['by']}")
+            click.echo(view.row(f"  {r['entry']}: request {r['request_id']}, slot "
+                                f"{view.when(r['slot'])}, by {r['by']}"))
     late = [e for e in entries if e["state"] == OVERDUE]
     if late:
         click.echo(f"\noverdue entries: {len(late)}")
         for e in late:
-            click.echo(f"  {overdue_line(e['name'], e['due'])}")
+            click.echo(view.say(f"  {overdue_line(e['name'], e['due'])}"))
     problems = [e for e in entries if e["problem"]]
     if problems:
         click.echo(f"\nentries that break a rule (beat refuses them): {len(problems)}")
         for e in problems:
-            click.echo(f"  {e['problem']}")
+            click.echo(view.say(f"  {e['problem']}"))
     for e in entries:
         if not e["runs"] and not e["lease"]:
             continue
         click.echo(f"\n{e['name']}")
         for r in e["runs"]:
-            click.echo(f"  {r['slot']}  {r['event']:<17} {r['instance']}  attempt {r['attempt']}  "
-                       f"{r['task_id']} {r['detail']}".rstrip())
+            click.echo(view.row(f"  {view.when(r['slot'])}  {r['event']:<17} {r['instance']}  "
+                                f"attempt {r['attempt']}  {r['task_id']} {r['detail']}".rstrip()))
             for x in reversed(r["earlier"]):    # the run's earlier attempts, newest first
-                click.echo(f"    before: attempt {x['attempt']} {x['event']:<11} {x['instance']}  "
-                           f"{x['task_id']} {x['detail']}".rstrip())
+                click.echo(view.row(f"    before: attempt {x['attempt']} {x['event']:<11} "
+                                    f"{x['instance']}  {x['task_id']} {x['detail']}".rstrip()))
         if e["lease"]:
             lease = e["lease"]
-            click.echo(f"  lease of {lease['slot']}: {lease['state']}, attempt {lease['attempt']}, "
-                       f"held by {lease['holder'] or '-'}, token {lease['token']}, expires "
-                       f"{lease['expires'] or '-'}{' (expired)' if lease['expired'] else ''}")
+            click.echo(view.row(
+                f"  lease of {view.when(lease['slot'])}: {lease['state']}, attempt "
+                f"{lease['attempt']}, held by {lease['holder'] or '-'}, token {lease['token']}, "
+                f"expires {view.when(lease['expires'])}{' (expired)' if lease['expired'] else ''}"))
 
 
 # -- history ------------------------------------------------------------------------------------
