@@ -223,3 +223,19 @@ def test_status_fits_120_columns_and_wide_prints_whole_lines_in_utc(tmp_path, na
     wide = exits(operate(url, namespace, "good", "status", "--wide"), 0)
     assert "x" * 150 in wide and max(len(line) for line in wide.splitlines()) > 120
     assert " ago" not in wide and "+00:00" in wide, wide
+
+
+def test_check_on_a_postgresql_namespace_not_made_yet_writes_nothing(namespace):
+    import sqlalchemy as sa
+    url = url_of("postgresql")
+    out = exits(operate(url, namespace, "good", "check"), 0)
+    assert f"ok    store reachable, not created yet: namespace {namespace!r}" in out, out
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if sa.inspect(conn).has_table("anarchon_stores"):
+                written = conn.execute(sa.text("select count(*) from anarchon_stores where "
+                                               "namespace = :ns"), {"ns": namespace}).scalar()
+                assert written == 0
+    finally:
+        engine.dispose()
