@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 from celery_anarchon._util import iso
-from celery_anarchon.operate.cli.narrow import fit_table, relative
+from celery_anarchon.operate.cli.narrow import fit_table, relative, to_ms
 from celery_anarchon.operate.overview import overview
 from celery_anarchon.operate.page import attention
 from celery_anarchon.stores import open_store
@@ -239,3 +239,22 @@ def test_check_on_a_postgresql_namespace_not_made_yet_writes_nothing(namespace):
                 assert written == 0
     finally:
         engine.dispose()
+
+
+def test_history_shows_slots_in_the_entrys_zone_and_utc_with_utc(tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    slot_ms = to_ms("2027-03-27T01:30:00Z")         # 02:30 in Berlin, CET (UTC+01:00)
+    store = open_store(url, namespace=namespace, instance_id="host-a:1:aa")
+    try:
+        store.prepare(["berlin-0230"])
+        store.history.record("berlin-0230", slot_ms, RunEvent.SENT, task_id="task-1")
+    finally:
+        store.close()
+    table = exits(operate(url, namespace, "good", "history", "berlin-0230"), 0).splitlines()
+    assert table[0].split()[:2] == ["SLOT", "EVENT"], table
+    assert re.match(r"2027-03-27T02:30:00\+01:00 +sent +host-a:1:aa +1 +task-1 +\d+ s ago +-$",
+                    table[1]), table
+    utc = exits(operate(url, namespace, "good", "history", "berlin-0230", "--utc"),
+                0).splitlines()
+    assert re.match(r"2027-03-27T01:30:00\.000\+00:00 +sent +host-a:1:aa +1 +task-1 +"
+                    r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00 +-$", utc[1]), utc

@@ -133,12 +133,14 @@ def status(ctx, runs, as_json, fail_if_no_instance, wide):
               help="Only runs whose slot is at or after this: 2026-03-29T00:00:00Z, or 1h, 30m, 2d ago.")
 @click.option("--limit", type=click.IntRange(1), help="At most this many runs (newest first).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (for scripts).")
+@click.option("--utc", is_flag=True, help="Slots and when each was recorded in ISO 8601 UTC "
+                                          "(default: slots in the entry's zone, recorded how long ago).")
 @click.pass_context
-def history(ctx, entry, since, limit, as_json):
+def history(ctx, entry, since, limit, as_json, utc):
     """What happened to each run of ENTRY the store remembers, newest first: event, instance,
     attempt, task id and reason."""
     from celery_anarchon.operate.cli import reports as cli_status
-    cli_status.history(ctx.obj.app, entry, since, limit, as_json)
+    cli_status.history(ctx.obj.app, entry, since, limit, as_json, utc=utc)
 
 
 @anarchon.command(cls=CeleryCommand)

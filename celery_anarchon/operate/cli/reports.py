@@ -16,16 +16,17 @@ import click
 
 from celery_anarchon import limits
 from celery_anarchon._util import iso
-from celery_anarchon.errors import ConfigError, UnknownEntry
+from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
 from celery_anarchon.limits import FIRST_MS, LAST_SLOT_MS
 from celery_anarchon.operate import checks as testing
 from celery_anarchon.operate.cli.entries import (
     EXIT_FAILURE, EXIT_NO_INSTANCE, _exit_codes, _open, _table, as_typed,
 )
-from celery_anarchon.operate.cli.narrow import View, to_ms
+from celery_anarchon.operate.cli.narrow import View, relative, to_ms
 from celery_anarchon.operate.names import normal_name
 from celery_anarchon.operate.overdue import OVERDUE, overdue_line
 from celery_anarchon.operate.overview import dumps, lost_lines, overview, run_json
+from celery_anarchon.operate.overview_entries import zone_of
 
 #: ``--since`` durations: ``90s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w``
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
@@ -251,9 +252,12 @@ def parse_after(text: str, now_ms: int) -> int:
     return parse_since(text, now_ms, option="--after", sign=1)
 
 
-def history(app, entry: str, since: str | None, limit: int | None, as_json: bool) -> None:
+def history(app, entry: str, since: str | None, limit: int | None, as_json: bool, *,
+            utc: bool = True) -> None:
     """``history ENTRY``: every run the store remembers of ``entry`` (its name in Unicode NFC,
-    as beat records it), newest first."""
+    as beat records it), newest first. ``utc``: slots and when each was recorded in ISO 8601
+    UTC, as ``--json`` gives them; else each slot in the entry's zone (to the second, with its
+    offset) and when it was recorded relative to now."""
     given, entry = entry, normal_name(entry)
     with _exit_codes():
         settings, store = _open(app)
@@ -263,6 +267,7 @@ def history(app, entry: str, since: str | None, limit: int | None, as_json: bool
             records = store.history.read(entry) if limits.undecodable(entry) is None else []
             if not records:   # given: a name stored unnormalized is known by its exact form
                 _known_or_fail(app, store, given)
+            zone = None if utc or as_json else _zone_of_entry(app, store, entry)
         finally:
             store.close()
     runs = [run_json(r) for r in records if since_ms is None or r.slot_ms >= since_ms]
@@ -274,13 +279,30 @@ def history(app, entry: str, since: str | None, limit: int | None, as_json: bool
         click.echo(f"{entry}: no runs" + (f" since {iso(since_ms)}" if since_ms is not None else "")
                    + " in the store's history")
         return
+    now_ms = int(time.time() * 1000)
+
+    def slot(text: str) -> str:
+        at_ms = to_ms(text)
+        if zone is None or at_ms is None:
+            return text
+        return datetime.datetime.fromtimestamp(at_ms / 1000, zone).isoformat(timespec="seconds")
     rows = [("SLOT", "EVENT", "INSTANCE", "ATTEMPT", "TASK ID", "RECORDED", "REASON")]
     for r in runs:
         # a run taken over: its record, then what its earlier attempts recorded (newest first)
         for x in (r, *reversed(r["earlier"])):
-            rows.append((x["slot"], x["event"], x["instance"] or "-", str(x["attempt"]),
-                         x["task_id"] or "-", x["at"] or "-", x["detail"] or "-"))
+            at = (x["at"] or "-") if zone is None else relative(x["at"], now_ms)
+            rows.append((slot(x["slot"]), x["event"], x["instance"] or "-", str(x["attempt"]),
+                         x["task_id"] or "-", at, x["detail"] or "-"))
     _table(rows)
+
+
+def _zone_of_entry(app, store, entry: str) -> datetime.tzinfo:
+    """The zone ``history`` shows an entry's slots in: its own (a crontab's or cron's, else the
+    app's ``timezone``); the app's, or UTC, for an entry no longer defined or that breaks a rule."""
+    try:
+        return zone_of(testing.plan_of(app, entry, store=store), app)
+    except (ConfigError, StoreError):
+        return app.timezone or datetime.timezone.utc
 
 
 def _known_or_fail(app, store, entry: str) -> None:
