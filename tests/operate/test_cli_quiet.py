@@ -21,6 +21,7 @@ from celery_anarchon.stores.entry_store import InstanceRecord
 
 from backends import backdate_memory_start, url_of
 from operate_support import exits, operate
+from paths import APPS
 
 
 def test_check_on_a_sqlite_store_not_made_yet_says_so_and_creates_nothing(tmp_path, namespace):
@@ -215,8 +216,8 @@ def test_status_fits_120_columns_and_wide_prints_whole_lines_in_utc(tmp_path, na
     out = exits(operate(url, namespace, "good", "status"), 0)
     # every line but the store's (its URL, whole) within 120 columns
     assert max(len(line) for line in out.splitlines() if not line.startswith("store:")) <= 120
-    assert re.search(r"  beat-a:7  beat-a:7:aa  version 0\.1\.0  started \d+ s ago  last tick "
-                     r"\d s ago  skew ", out), out
+    assert re.search(r"  beat-a:7  beat-a:7:aa  last tick \d s ago  version 0\.1\.0  started "
+                     r"\d+ s ago  skew ", out), out
     [late] = [line for line in out.splitlines() if line.startswith("  ") and "  late  " in line]
     assert re.match(r"  \d s ago  late +beat-a:7:aa  attempt 1 +x+…$", late), late
     assert late.endswith("x…") and len(late) == 120, late
@@ -258,3 +259,11 @@ def test_history_shows_slots_in_the_entrys_zone_and_utc_with_utc(tmp_path, names
                 0).splitlines()
     assert re.match(r"2027-03-27T01:30:00\.000\+00:00 +sent +host-a:1:aa +1 +task-1 +"
                     r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00 +-$", utc[1]), utc
+
+
+def test_check_on_a_relative_sqlite_path_not_made_yet_still_warns_of_it(tmp_path, namespace):
+    done = operate("sqlite:///rel-store.sqlite3", namespace, "good", "check")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "warn  sqlite store sqlite:///" in done.stdout and "names a relative path" in done.stdout
+    assert "[store-setup]" in done.stdout and "not created yet" in done.stdout, done.stdout
+    assert not (APPS / "rel-store.sqlite3").exists(), "check created the file"

@@ -1,8 +1,8 @@
 """``status`` within a terminal's width (docs/production.md "Command line for operators"): times
 relative to the store's clock ("12 s ago", "in 3 min"), a table whose widest columns are cut to
-fit and the lines of lists cut, at :data:`WIDTH` columns (a warning or a fix stays one line:
-it is read, searched for and pasted whole). ``status --wide`` prints
-whole cells and lines and ISO 8601 UTC times instead (:mod:`celery_anarchon.operate.cli.reports`)."""
+fit and the lines of lists cut, at :data:`WIDTH` columns; a warning or a fix stays one whole
+line, to be searched for and pasted (a terminal wraps it). ``status --wide`` prints whole cells
+and lines and ISO 8601 UTC times instead (:mod:`celery_anarchon.operate.cli.reports`)."""
 from __future__ import annotations
 
 import datetime
@@ -86,11 +86,6 @@ class View:
         if self.wide:
             return text or "-"
         return relative(text, self.now_ms)
-
-    def say(self, line: str) -> str:
-        """A line read whole (a warning, a fix, an error): as it is, wide or not, so that it can
-        be searched for and pasted whole (a terminal wraps it)."""
-        return line
 
     def row(self, line: str) -> str:
         """A line of a list (a run, an instance): cut unless wide."""

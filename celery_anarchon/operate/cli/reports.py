@@ -3,7 +3,8 @@
 ``check`` and ``next`` are in :mod:`celery_anarchon.operate.cli.rules`.
 
 Exit codes (docs/production.md "Command line for operators"): ``status`` 0, 1 when the store
-cannot be reached, 7 with ``--fail-if-no-instance`` when no live beat instance runs; ``history`` 0, 1 store unreachable, 2 a bad ``--since``, 3 unknown entry.
+cannot be reached, 7 with ``--fail-if-no-instance`` when no live beat instance runs; ``history``
+0, 1 store unreachable, 2 a bad ``--since``, 3 unknown entry.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False,
     """``status``: :func:`celery_anarchon.operate.overview.overview` as text, or as JSON
     (``--json``). Exit 1 when the store cannot be reached; with ``fail_if_no_instance``,
     :data:`EXIT_NO_INSTANCE` when no live, ticking beat instance runs the namespace (a probe's
-    answer). ``wide``: every column and ISO 8601 UTC times; else within 120 columns, times
+    answer). ``wide``: whole cells and lines, ISO 8601 UTC times; else within 120 columns, times
     relative to the store's clock (:mod:`~celery_anarchon.operate.cli.narrow`)."""
     with _exit_codes():
         settings, store = _open(app)
@@ -68,17 +69,17 @@ def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False,
 
 def _print_status(data: dict, view: View) -> None:
     s = data["store"]
-    click.echo(view.say(f"store: {s['url']} ({s['kind']})  namespace: {data['namespace']}"))
+    click.echo(f"store: {s['url']} ({s['kind']})  namespace: {data['namespace']}")
     if not s["reachable"]:
-        click.echo(view.say(f"store unreachable: {s['error']}"))
+        click.echo(f"store unreachable: {s['error']}")
     elif s["clock"] is not None:
         click.echo(f"store clock: {s['clock']}  (this host is {s['skew_ms'] / 1000:+.3f} s off)")
     if s["durability"]:
         click.echo(f"durability: {s['durability']}")
     for warning in s["warnings"]:
-        click.echo(view.say(f"warning: {warning}"))
+        click.echo(f"warning: {warning}")
     for line in lost_lines(data):
-        click.echo(view.say(as_typed(line)))
+        click.echo(as_typed(line))
     if data["instance_records"]:
         _print_instances(data, view)
     else:
@@ -100,22 +101,25 @@ def _print_instances(data: dict, view: View) -> None:
         click.echo(f"warning: {NO_LIVE_INSTANCE}{stale}")
     for r in data["instances"]:
         skew = "?" if r["skew_ms"] is None else f"{r['skew_ms']:+d} ms"
-        stale = (f"  STALE: last tick {r['last_tick_age_s']:g} s ago (ticks stopped?)"
-                 if r["stale"] else "")
         who = f"{r['host']}:{r['pid']}  {r['instance_id']}"
-        if not view.wide:        # first, where a cut line keeps it
-            who, stale = who + stale, ""
-        click.echo(view.row(f"  {who}  version {r['version']}  started {view.when(r['started'])}"
-                            f"  last tick {view.when(r['last_tick'])}  skew {skew}  "
-                            f"{r['entries']} entries{stale}"))
+        if view.wide:
+            stale = (f"  STALE: last tick {r['last_tick_age_s']:g} s ago (ticks stopped?)"
+                     if r["stale"] else "")
+            click.echo(f"  {who}  version {r['version']}  started {r['started']}  last tick "
+                       f"{r['last_tick']}  skew {skew}  {r['entries']} entries{stale}")
+            continue
+        ticked = (f"STALE: last tick {view.when(r['last_tick'])} (ticks stopped?)" if r["stale"]
+                  else f"last tick {view.when(r['last_tick'])}")   # first, where a cut keeps it
+        click.echo(view.row(f"  {who}  {ticked}  version {r['version']}  started "
+                            f"{view.when(r['started'])}  skew {skew}  {r['entries']} entries"))
     for who in data["unsaved"]:
         click.echo(f"  ({who}: its entries are not saved yet)")
     if data["partial"]:
         click.echo("\nbeat_schedule entries only some instances run (removed from, or not yet "
                    "added to, the others):")
         for p in data["partial"]:
-            click.echo(view.say(f"  {p['entry']}: run by {', '.join(p['run_by'])}; "
-                                f"not by {', '.join(p['not_run_by'])}"))
+            click.echo(f"  {p['entry']}: run by {', '.join(p['run_by'])}; "
+                       f"not by {', '.join(p['not_run_by'])}")
     if data["disagreements"]:
         click.echo("\ninstances that disagree (each sends the slots of its own definition):")
         for d in data["disagreements"]:
@@ -126,7 +130,7 @@ def _print_instances(data: dict, view: View) -> None:
                                     f"{', '.join(v['instances'])}: "
                                     f"{v['definition'] or 'definition not saved'}"))
             if d["fix"]:
-                click.echo(view.say(f"    {as_typed(d['fix'])}"))
+                click.echo(f"    {as_typed(d['fix'])}")
 
 
 #: how status names where an instance takes an entry from
@@ -185,12 +189,12 @@ def _print_entries(data: dict, view: View) -> None:
     if late:
         click.echo(f"\noverdue entries: {len(late)}")
         for e in late:
-            click.echo(view.say(f"  {overdue_line(e['name'], e['due'])}"))
+            click.echo(f"  {overdue_line(e['name'], e['due'])}")
     problems = [e for e in entries if e["problem"]]
     if problems:
         click.echo(f"\nentries that break a rule (beat refuses them): {len(problems)}")
         for e in problems:
-            click.echo(view.say(f"  {e['problem']}"))
+            click.echo(f"  {e['problem']}")
     for e in entries:
         if not e["runs"] and not e["lease"]:
             continue

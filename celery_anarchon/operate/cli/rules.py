@@ -209,6 +209,9 @@ def _store_made(settings: Settings, store, report: _Report) -> bool:
         report.ok(f"store reachable, not created yet: namespace {settings.namespace!r} has no "
                   f"data in {store.safe_url}; beat's first start creates it (check creates "
                   "nothing)")
+        relative = getattr(store, "relative_warning", lambda: None)()   # SQLite: a relative path
+        if relative:
+            report.warn(relative, "store-setup")
     return made is not False
 
 
