@@ -309,7 +309,7 @@ def test_status_names_what_each_instance_keeps_and_accept_loss_records_the_opera
         for words in ("ERROR: the store lost entries data; these instances keep what they knew:",
                       "beat-a:7 since", "its entries epoch 3f9a is gone",
                       "pause kept (no run claimed there): every-2s (paused by ops: freeze)",
-                      "store entries kept running: dyn", "celery anarchon accept-loss",
+                      "store entries kept running: dyn", "-A operate_app anarchon accept-loss",
                       "paused (kept by beat-a:7)"):
             assert words in out, (words, out)
         done = json.loads(exits(operate(url, namespace, "good", "accept-loss", "--by", "ops",
