@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 #: TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
 
-.PHONY: demo test fuzz docs clean
+.PHONY: demo demo-django test fuzz docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(STAMP): setup.cfg pyproject.toml
 ## demo: three beat instances and one worker on the embedded default (SQLite, no server)
 demo: $(STAMP)
 	$(PY) example_project/demo.py
+
+## demo-django: django-celery-beat's rows, edited while three beats and a worker run (SQLite, no server)
+demo-django: $(STAMP)
+	$(PY) example_project/demo_django.py
 
 ## test: every test against the real servers (see DEVELOPERS.md), on two workers; fails on any failure
 test: $(STAMP)
@@ -35,4 +39,4 @@ docs: $(STAMP)
 	$(PY) -m sphinx -q -b html docs docs/_build/html
 
 clean:
-	rm -rf $(VENV) example_project/.run docs/_build .pytest_cache
+	rm -rf $(VENV) example_project/.run example_project/.run-django docs/_build .pytest_cache

@@ -32,10 +32,19 @@ def hhmmss(epoch_s: float) -> str:
 
 
 class Demo:
-    def __init__(self) -> None:
-        shutil.rmtree(RUN, ignore_errors=True)
-        os.makedirs(RUN)
-        self.celery = CeleryProcs(RUN, {"ANARCHON_DEMO_DIR": RUN}, app="proj", pythonpath=(HERE,))
+    """The processes of one demo in a fresh run folder (``RUN``), and its live view of the runs.
+
+    :param run: the run folder (emptied first): the logs, the SQLite files, executions.jsonl.
+    :param app: the ``-A`` of the processes; ``env``: the variables they get besides
+        ``ANARCHON_DEMO_DIR``.
+    """
+
+    def __init__(self, run: str = RUN, app: str = "proj", env: dict | None = None) -> None:
+        shutil.rmtree(run, ignore_errors=True)
+        os.makedirs(run)
+        self.run_dir = run
+        self.celery = CeleryProcs(run, {"ANARCHON_DEMO_DIR": run, **(env or {})}, app=app,
+                                  pythonpath=(HERE,))
         self.names: dict[str, str] = {}        # instance id -> beat name
         self.seen = 0
         self.window = (0.0, float("inf"))   # the slots the summary counts (seconds)
@@ -51,7 +60,7 @@ class Demo:
         return ready
 
     def executions(self) -> list[dict]:
-        path = os.path.join(RUN, "executions.jsonl")
+        path = os.path.join(self.run_dir, "executions.jsonl")
         if not os.path.exists(path):
             return []
         with open(path, encoding="utf-8") as f:
