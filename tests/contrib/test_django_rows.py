@@ -22,7 +22,7 @@ from django_celery_beat.models import (
 from celery_anarchon.beat.entries import BeatEntry
 from celery_anarchon.contrib.django_celery_beat import RowPlans, keep_phase
 from celery_anarchon.contrib.django_celery_beat import scheduler as scheduler_mod
-from celery_anarchon.contrib.django_celery_beat.rows import SentRun, record_runs
+from celery_anarchon.django_rows.rows import SentRun, record_runs
 from celery_anarchon.schedule.plan import config_entry, task_id_for
 from celery_anarchon.schedule.message import task_message
 from celery_anarchon.schedule.slots import SlotsEnded, datetime_to_ms

@@ -15,12 +15,12 @@ __all__ = ["Scheduler", "RowPlans"]
 
 def keep_phase(rows=None) -> list[str]:
     """Anchor each interval row at its last run, so it keeps django-celery-beat's phase
-    (:func:`celery_anarchon.contrib.django_celery_beat.rows.keep_phase`; call it once Django is
+    (:func:`celery_anarchon.django_rows.rows.keep_phase`; call it once Django is
     set up, e.g. in ``manage.py shell``).
 
     :returns: the names of the rows given an anchor.
     """
-    from celery_anarchon.contrib.django_celery_beat.rows import keep_phase as keep
+    from celery_anarchon.django_rows.rows import keep_phase as keep
     return keep(rows)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from celery_anarchon import django_rows
 from celery_anarchon.beat.entries import EntryPlans
 from celery_anarchon.beat.publisher import Publisher
 from celery_anarchon.beat.scheduler import Scheduler as AnarchonScheduler
@@ -33,29 +34,11 @@ MAX_PENDING_RUNS = 10_000
 
 
 def _django_ready() -> None:
-    """Django's apps, set up once (``celery beat`` with Celery's Django fix-up has done it; a
-    process that builds the Scheduler first has not), with django-celery-beat installed.
+    """Django set up with django-celery-beat (:func:`celery_anarchon.django_rows.ready`).
 
-    :raises ConfigError: Django is not configured (no ``DJANGO_SETTINGS_MODULE``), or
-        ``django_celery_beat`` is not in ``INSTALLED_APPS``: naming what is missing and the fix.
+    :raises ConfigError: naming what is missing and the fix.
     """
-    from django.apps import apps
-    from django.core.exceptions import ImproperlyConfigured
-    if not apps.ready:
-        import django
-        try:
-            django.setup()
-        except (ImproperlyConfigured, ImportError) as exc:
-            raise ConfigError(
-                f"{SCHEDULER_PATH} reads django-celery-beat's rows through Django, which is not "
-                f"set up in this process ({type(exc).__name__}: {exc}); fix: set "
-                "DJANGO_SETTINGS_MODULE before the Celery app is created (os.environ.setdefault("
-                "'DJANGO_SETTINGS_MODULE', 'proj.settings') in proj/celery.py, as Django's "
-                "Celery guide does)") from None
-    if not apps.is_installed("django_celery_beat"):
-        raise ConfigError(f"{SCHEDULER_PATH} reads django-celery-beat's rows, but "
-                          "'django_celery_beat' is not in INSTALLED_APPS; fix: add it (and run "
-                          "python manage.py migrate)")
+    django_rows.ready(SCHEDULER_PATH)
 
 
 class RowPlans(EntryPlans):
@@ -148,7 +131,7 @@ class RowPlans(EntryPlans):
         return True
 
     def _build_rows(self, rows: list) -> dict[str, EntryPlan]:
-        from celery_anarchon.contrib.django_celery_beat.rows import row_entry, where
+        from celery_anarchon.django_rows.rows import row_entry, where
         plans, refused, known = {}, {}, {}
         for row in rows:
             if row.name in self._config:
@@ -190,7 +173,7 @@ class RowPublisher(Publisher):
         if row_id is not None and attempt == 1:
             from django.utils import timezone
 
-            from celery_anarchon.contrib.django_celery_beat.rows import SentRun
+            from celery_anarchon.django_rows.rows import SentRun
             self.sent.append(SentRun(row_id, plan.entry.one_off, timezone.now()))
 
 
@@ -249,7 +232,7 @@ class Scheduler(AnarchonScheduler):
         sent, publisher.sent = publisher.sent, []
         from django.db import DatabaseError, InterfaceError, close_old_connections
 
-        from celery_anarchon.contrib.django_celery_beat.rows import record_runs
+        from celery_anarchon.django_rows.rows import record_runs
         try:
             close_old_connections()
             record_runs(sent)
