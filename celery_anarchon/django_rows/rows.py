@@ -142,19 +142,23 @@ def _row_options(row) -> dict:
     return ours
 
 
-def row_entry(row, *, app) -> RowEntry | None:
+def row_entry(row, *, app, scheduled_only: bool = True) -> RowEntry | None:
     """The entry of one ``PeriodicTask`` row, or ``None`` when the row is not scheduled
     (disabled, a one-off that ran since its last save, one that expires before its run).
+
+    :param scheduled_only: ``False``: the entry of a row that is not scheduled too (an import
+        keeps a disabled row, paused), with its window as given (a one-off that expires before
+        its run then has an ``end_at`` before its run).
 
     :raises ConfigError: naming the row, its id, the field and the fix: no schedule or more than
         one, JSON that is not valid (args a list, kwargs and headers objects), an unknown key of
         ``headers["anarchon"]``, ``expires`` not after ``start_time``, a one-off whose schedule
         has no slot (as :func:`celery_anarchon.schedule.slots.slots_for`).
     """
-    if not row.enabled:
+    if scheduled_only and not row.enabled:
         return None
     once = bool(row.one_off or row.clocked_id)
-    if once and ran_since_saved(row):
+    if scheduled_only and once and ran_since_saved(row):
         return None
     chosen = [field for field in SCHEDULE_FIELDS if getattr(row, f"{field}_id") is not None]
     if len(chosen) != 1:
@@ -176,10 +180,10 @@ def row_entry(row, *, app) -> RowEntry | None:
                           "clear it")
     if once:
         at = _once_at(row, entry.schedule, app, ours.pop("anchor", None), start)
-        if end is not None and end < at:      # it expires before its one run
+        if end is not None and end < at and scheduled_only:     # it expires before its run
             return None
         entry.schedule = Once(row.name, at)
-        ours["end_at"] = at
+        ours["end_at"] = at if end is None or at <= end else end
     else:
         if start is not None:
             ours["start_at"] = start

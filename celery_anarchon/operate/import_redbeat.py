@@ -64,13 +64,14 @@ class Refused(ConfigError):
 
 
 @dataclasses.dataclass(frozen=True)
-class RedBeatEntry:
-    """One RedBeat entry as read and mapped.
+class FoundEntry:
+    """One entry of another scheduler as read and mapped (a RedBeat entry; a django-celery-beat
+    row: :mod:`celery_anarchon.operate.import_django`).
 
-    :param key: its Redis key (``<prefix><name>``).
+    :param key: where it was read (RedBeat: its Redis key ``<prefix><name>``; a row: its id).
     :param name: its name (the definition's ``name``, else the key without the prefix).
     :param task: its task, as stored (shown in the table even when refused).
-    :param enabled: RedBeat's ``enabled`` (``False``: the store entry is paused).
+    :param enabled: its ``enabled`` (``False``: the store entry is paused).
     :param definition: our definition (:mod:`celery_anarchon.schedule.definition`), ``None``
         when refused.
     :param refused: why it cannot be imported, with the fix (``None``: it can).
@@ -107,7 +108,7 @@ def key_prefix(app) -> str:
     return app.conf.get(PREFIX_SETTING) or DEFAULT_PREFIX
 
 
-def read(app, url: str, prefix: str, *, keep_phase: bool = False) -> list[RedBeatEntry]:
+def read(app, url: str, prefix: str, *, keep_phase: bool = False) -> list[FoundEntry]:
     """Every entry of RedBeat's sorted set ``<prefix>:schedule``, mapped, by name.
 
     :param app: the Celery app (its ``timezone``: the zone RedBeat ran a crontab in).
@@ -156,7 +157,7 @@ def _app_zone(app) -> str:
 
 
 def entry(key: str, text: str, prefix: str, zone: str, *,
-          phase_s: int | None = None) -> RedBeatEntry:
+          phase_s: int | None = None) -> FoundEntry:
     """One RedBeat definition (its JSON ``text`` under ``key``) mapped onto ours.
 
     :param zone: the zone RedBeat ran a crontab without one of its own in (the app's).
@@ -167,7 +168,7 @@ def entry(key: str, text: str, prefix: str, zone: str, *,
     try:
         raw = json.loads(text)
     except ValueError as exc:
-        return RedBeatEntry(key, fallback, "-", True, None, _refusal(
+        return FoundEntry(key, fallback, "-", True, None, _refusal(
             fallback, f"its definition under {key!r} is not JSON ({exc})",
             "save the entry again with RedBeat, or delete it there"), "-")
     raw = raw if isinstance(raw, dict) else {}
@@ -178,12 +179,12 @@ def entry(key: str, text: str, prefix: str, zone: str, *,
     try:
         definition = _definition(name, raw, zone, phase_s)
     except Refused as exc:
-        return RedBeatEntry(key, name, task, enabled, None, str(exc), shown)
+        return FoundEntry(key, name, task, enabled, None, str(exc), shown)
     ours = definition.get("anarchon", {})
     note = (f"{shown} from {ours['start_at']}" + (f" to {ours['end_at']}" if "end_at" in ours
                                                   else "")) if "start_at" in ours else ""
     anchored = "anchor" in ours and "start_at" not in ours
-    return RedBeatEntry(key, name, task, enabled, definition, None, shown, note, anchored)
+    return FoundEntry(key, name, task, enabled, definition, None, shown, note, anchored)
 
 
 def _refusal(name: str, reason: str, fix: str) -> str:

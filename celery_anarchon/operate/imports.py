@@ -1,6 +1,7 @@
 """Entries brought from another scheduler into the store: what each will become, then the writes
 (``celery anarchon import redbeat``: :mod:`celery_anarchon.operate.import_redbeat` reads and maps,
-this module compares with the store and writes; docs/from-redbeat.md).
+docs/from-redbeat.md; ``import django-celery-beat``: :mod:`celery_anarchon.operate.import_django`,
+docs/from-django-celery-beat.md; this module compares with the store and writes).
 
 An import is idempotent: an entry whose store entry already says the same (the same canonical
 definition, paused when it must be) is ``unchanged`` and nothing is written for it, so a second
@@ -15,7 +16,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from celery_anarchon.errors import ConfigError
-from celery_anarchon.operate.import_redbeat import RedBeatEntry
+from celery_anarchon.operate.import_redbeat import FoundEntry
 from celery_anarchon.operate.listing import CONFIG, STORE, ScheduledEntry
 from celery_anarchon.operate.names import check_name
 from celery_anarchon.operate.schedules import Schedules, checked_definition
@@ -60,20 +61,22 @@ class ImportRow:
     error: str | None = None
 
 
-def plan(s: Schedules, found: Iterable[RedBeatEntry], *, paused: bool = False,
-         check_task: bool = True) -> list[ImportRow]:
+def plan(s: Schedules, found: Iterable[FoundEntry], *, paused: bool = False,
+         check_task: bool = True, disabled_reason: str = DISABLED_REASON) -> list[ImportRow]:
     """What each entry of ``found`` becomes in the store of ``s``; nothing is written.
 
     :param paused: pause every entry it adds or updates (``--paused``), not only the disabled.
     :param check_task: refuse a task name the app does not register (as ``add``).
+    :param disabled_reason: the pause reason of an entry that came disabled (the other
+        scheduler's words).
     :raises StoreError: the store cannot be read.
     """
     current = {e.name: e for e in s.list()}
-    return [_row(s, e, current, paused, check_task) for e in found]
+    return [_row(s, e, current, paused, check_task, disabled_reason) for e in found]
 
 
-def _row(s: Schedules, found: RedBeatEntry, current: dict[str, ScheduledEntry], paused: bool,
-         check_task: bool) -> ImportRow:
+def _row(s: Schedules, found: FoundEntry, current: dict[str, ScheduledEntry], paused: bool,
+         check_task: bool, disabled_reason: str) -> ImportRow:
     if found.refused is not None:
         return ImportRow(found.name, found.task, found.schedule, None, REFUSED, error=found.refused)
     shown = as_data.describe_schedule(found.definition["schedule"])
@@ -87,7 +90,7 @@ def _row(s: Schedules, found: RedBeatEntry, current: dict[str, ScheduledEntry], 
         text, _ = checked_definition(s, name, definition, check_task=check_task)
     except ConfigError as exc:
         return ImportRow(found.name, found.task, shown, None, REFUSED, error=str(exc))
-    reason = DISABLED_REASON if not found.enabled else PAUSED_REASON if paused else None
+    reason = disabled_reason if not found.enabled else PAUSED_REASON if paused else None
     held = here is not None and here.paused
     pause = reason if reason is not None and not held else None
     stored = here is not None and here.source == STORE
@@ -101,7 +104,7 @@ def _row(s: Schedules, found: RedBeatEntry, current: dict[str, ScheduledEntry], 
                      "; ".join(n for n in notes if n), definition, not same, pause)
 
 
-def _phase(found: RedBeatEntry, here: ScheduledEntry | None) -> dict:
+def _phase(found: FoundEntry, here: ScheduledEntry | None) -> dict:
     """``found``'s definition; with the anchor a store entry of the same interval holds already
     when ``found``'s anchor is RedBeat's last run (``--keep-phase``): RedBeat counts each period
     from when its last run really came, so that instant drifts by its lateness, and a second

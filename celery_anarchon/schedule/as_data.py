@@ -82,7 +82,8 @@ def schedule_json(schedule: Any) -> dict:
         return _zoned(schedule, {"crontab": {f: v for f, v in fields.items() if v != "*"}},
                       vars(schedule).get("tz"))
     if isinstance(schedule, celery_schedules.solar) and not hooks:
-        return {"solar": schedule.event, "lat": schedule.lat, "lon": schedule.lon}
+        # float: django-celery-beat's SolarSchedule gives Decimals, which JSON has not
+        return {"solar": schedule.event, "lat": float(schedule.lat), "lon": float(schedule.lon)}
     if (isinstance(schedule, celery_schedules.schedule) and not hooks
             and type(schedule) is celery_schedules.schedule and not schedule.relative):
         return {"every": seconds_json(schedule.run_every)}

@@ -23,6 +23,7 @@ from celery_anarchon import testing
 from celery_anarchon.operate import import_redbeat
 
 from conftest import REDIS_URL, require_server
+from operate_support import exits, reader_app, store_entries
 from paths import APPS
 
 # celery-redbeat: a test dependency (setup.cfg's test extra), never a runtime one
@@ -83,26 +84,6 @@ def run(store_url: str, namespace: str, prefix: str, *args: str) -> subprocess.C
     return subprocess.run([sys.executable, "-m", "celery", "-A", "redbeat_app", "anarchon",
                            "import", "redbeat", *args],
                           env=env, capture_output=True, text=True, timeout=60, cwd=APPS)
-
-
-def exits(done: subprocess.CompletedProcess, code: int) -> str:
-    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
-    return done.stdout
-
-
-def our_app(store_url: str, namespace: str) -> Celery:
-    app = Celery("reader", set_as_current=False)
-    app.conf.update(broker_url="memory://", anarchon_store_url=store_url,
-                    anarchon_namespace=namespace, timezone="Europe/Paris")
-    return app
-
-
-def store_entries(store_url: str, namespace: str) -> dict:
-    """The store's entries read back through the schedules API: name -> (definition, pause
-    reason or None)."""
-    with celery_anarchon.schedules(our_app(store_url, namespace)) as s:
-        return {e.name: (e.definition, e.pause.reason if e.pause else None)
-                for e in s.list() if e.source == "store"}
 
 
 #: one entry of every kind RedBeat stores, and the refusals
@@ -176,7 +157,7 @@ def test_every_schedule_type_redbeat_stores_is_imported_or_refused_by_name(
     assert (hourly["schedule"], hourly["anarchon"]["end_at"]) == (
         {"every": 21600}, "2026-01-06T08:30:00+00:00")      # the last run before until
     # the same instants as RedBeat's rrule (dateutil) gives
-    app = our_app(store_url, namespace)
+    app = reader_app(store_url, namespace, "Europe/Paris")
     with celery_anarchon.schedules(app) as s:
         slots = testing.next_slots(app, "hourly-until", 10, store=s.store,
                                                    after=START - datetime.timedelta(seconds=1))
@@ -191,12 +172,12 @@ def test_a_second_run_writes_nothing_and_says_every_entry_is_unchanged(
         store_url, namespace, prefix):
     save(prefix, EVERY_KIND[0], EVERY_KIND[1], EVERY_KIND[2])
     exits(run(store_url, namespace, prefix, "--by", "ops"), 0)
-    with celery_anarchon.schedules(our_app(store_url, namespace)) as s:
+    with celery_anarchon.schedules(reader_app(store_url, namespace, "Europe/Paris")) as s:
         versions = {e.name: e.version for e in s.list() if e.source == "store"}
     again = exits(run(store_url, namespace, prefix, "--by", "ops"), 0)
     assert again.rstrip().endswith("imported: every entry is unchanged, nothing to write")
     assert ["  unchanged" in line for line in again.splitlines()[2:5]] == [True] * 3
-    with celery_anarchon.schedules(our_app(store_url, namespace)) as s:
+    with celery_anarchon.schedules(reader_app(store_url, namespace, "Europe/Paris")) as s:
         assert {e.name: e.version for e in s.list() if e.source == "store"} == versions
 
     # a change in RedBeat is an update; one re-enabled there stays paused here (never resumed)
@@ -255,7 +236,7 @@ def test_keep_phase_anchors_an_interval_at_redbeats_last_run(store_url, namespac
     assert out.splitlines()[2].split()[-6:] == ["add", "phase", "kept:", "anchor", f"{anchor}",
                                                 "s"] and "epoch-aligned" not in out
     assert store_entries(store_url, namespace)["hourly"][0]["anarchon"] == {"anchor": anchor}
-    app = our_app(store_url, namespace)
+    app = reader_app(store_url, namespace, "Europe/Paris")
     with celery_anarchon.schedules(app) as s:
         assert testing.next_slots(app, "hourly", 1, store=s.store) == [
             last + datetime.timedelta(hours=1)]

@@ -1,6 +1,7 @@
 """What the operator's tests share: a free port, one HTTP request, the wait for a page process,
-one request to the page's ASGI app in this process, a command body run in this process, and a
-command run as an operator runs it (``celery -A operate_app anarchon ...``, a subprocess)."""
+one request to the page's ASGI app in this process, a command body run in this process, a
+command run as an operator runs it (``celery -A operate_app anarchon ...``, a subprocess), and
+the store's entries read back by an app of the test's own (the import tests)."""
 from __future__ import annotations
 
 import os
@@ -97,3 +98,21 @@ def exits(done: subprocess.CompletedProcess, code: int) -> str:
     what it wrote)."""
     assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
     return done.stdout
+
+
+def reader_app(store_url: str, namespace: str, timezone: str = "UTC"):
+    """A Celery app of the test's own (not the current app) on the store ``store_url``."""
+    from celery import Celery
+    app = Celery("reader", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=store_url,
+                    anarchon_namespace=namespace, timezone=timezone)
+    return app
+
+
+def store_entries(store_url: str, namespace: str) -> dict:
+    """The store's entries read back through the schedules API: name -> (definition, pause
+    reason or None)."""
+    import celery_anarchon
+    with celery_anarchon.schedules(reader_app(store_url, namespace)) as s:
+        return {e.name: (e.definition, e.pause.reason if e.pause else None)
+                for e in s.list() if e.source == "store"}

@@ -330,9 +330,33 @@ def web(ctx, host, port, allow_actions, token, runs, refresh):
         raise click.exceptions.Exit(2) from exc
 
 
+def _import_options(stopped: str):
+    """The options of every ``import`` command: ``--dry-run``, ``--paused`` (resumed once
+    ``stopped`` holds), ``--no-check-task``, ``--by``, ``--json``."""
+    options = [
+        click.option("--dry-run", is_flag=True,
+                     help="Show the table of what would be written; write nothing."),
+        click.option("--paused", is_flag=True,
+                     help="Pause every entry it adds or updates (for a switch while our beats "
+                          f"already run: resume them once {stopped})."),
+        click.option("--no-check-task", is_flag=True,
+                     help="Do not refuse a task name this app does not register."),
+        click.option("--by", help="Who makes the change (default user@host:pid)."),
+        click.option("--json", "as_json", is_flag=True,
+                     help="Print the rows as JSON (for scripts)."),
+    ]
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
 @anarchon.group(name="import")
 def import_():
-    """Bring the entries of another scheduler into the store (docs/from-redbeat.md)."""
+    """Bring the entries of another scheduler into the store (docs/from-redbeat.md,
+    docs/from-django-celery-beat.md)."""
 
 
 @import_.command(name="redbeat", cls=CeleryCommand)
@@ -341,19 +365,11 @@ def import_():
                    "reads it).")
 @click.option("--key-prefix", "prefix", metavar="PREFIX",
               help="RedBeat's key prefix (default: redbeat_key_prefix, else 'redbeat:').")
-@click.option("--dry-run", is_flag=True, help="Show the table of what would be written; write "
-                                              "nothing.")
-@click.option("--paused", is_flag=True,
-              help="Pause every entry it adds or updates (for a switch while our beats already "
-                   "run: resume them once RedBeat is stopped).")
 @click.option("--keep-phase", is_flag=True,
               help="Give each interval the anchor of RedBeat's last run, so that its runs "
                    "keep their phase (default: epoch-aligned, the multiples of the period since "
                    "1970).")
-@click.option("--no-check-task", is_flag=True,
-              help="Do not refuse a task name this app does not register.")
-@click.option("--by", help="Who makes the change (default user@host:pid).")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON (for scripts).")
+@_import_options("RedBeat is stopped")
 @click.pass_context
 def import_redbeat(ctx, redis, prefix, dry_run, paused, keep_phase, no_check_task, by, as_json):
     """Read RedBeat's entries (the hashes its sorted set '<prefix>:schedule' lists) into store
@@ -369,3 +385,20 @@ def import_redbeat(ctx, redis, prefix, dry_run, paused, keep_phase, no_check_tas
                                        paused=paused, keep_phase=keep_phase,
                                        check_task=not no_check_task, by=by,
                                        as_json=as_json)
+
+
+@import_.command(name="django-celery-beat", cls=CeleryCommand)
+@_import_options("no beat reads the rows")
+@click.pass_context
+def import_django(ctx, dry_run, paused, no_check_task, by, as_json):
+    """Read django-celery-beat's PeriodicTask rows (Django set up from DJANGO_SETTINGS_MODULE,
+    as the app module sets it) into store entries, to leave the admin: print the table of what
+    it writes, then write it, with the rules of import redbeat (a disabled row becomes a paused
+    store entry; a row our rules refuse is named with its id and the fix, and the others are
+    still written; a name beat_schedule defines is skipped; running it twice writes nothing the
+    second time). Exit 0 when every row was imported, unchanged or skipped; 6 when some were
+    refused (the others were written); 1 when Django's database or the store cannot be reached;
+    2 on bad input (Django not set up: docs/from-django-celery-beat.md)."""
+    from celery_anarchon.operate.cli import imports as cli_imports
+    cli_imports.import_django_command(ctx.obj.app, dry_run=dry_run, paused=paused,
+                                      check_task=not no_check_task, by=by, as_json=as_json)
