@@ -191,7 +191,8 @@ class DjangoDemo(Demo):
             row_once = sum(1 for s in want if runs[(name, s)] == 1)
             twice = sorted(s for (e, s), n in runs.items() if e == name and n > 1)
             missed = [s for s in want if runs[(name, s)] == 0]
-            late = [s for (e, s) in runs if e == name and s > self.silent_after.get(name, end) * 1000]
+            silent_s = self.silent_after.get(name, float("inf"))
+            late = [s for (e, s) in runs if e == name and s > silent_s * 1000]
             row = PeriodicTask.objects.get(name=name)
             other = sum(1 for (e, s) in runs if e == name and s not in set(want))
             print(f"{name:<24}{len(want):>9}{row_once:>6}{len(twice):>8}{len(missed):>8}"
@@ -212,9 +213,10 @@ class DjangoDemo(Demo):
             problems.append(f"the beats logged {sent} sends, the worker executed {executed}")
         print(f"\nruns expected: {expected}   sent exactly once: {once}   sends logged by the "
               f"beats: {sent}   executed: {executed}")
-        print("other: runs of a slot within a jitter and a sync interval of an edit or a disable,"
-              " sent by a beat that had not read it yet (docs/from-django-celery-beat.md, \"Not "
-              "supported yet\"); each was still sent once")
+        print("other: runs outside the counted window (the beats stop a moment after it), or of a"
+              " slot within a jitter and a sync interval of an edit or a disable, sent by a beat "
+              "that had not read it yet (docs/from-django-celery-beat.md, \"Not supported yet\")"
+              "; none was sent twice")
         for line in problems:
             print(f"  PROBLEM: {line}")
         print("verdict: " + ("each run exactly once, the one-off once, every total_run_count "
