@@ -8,8 +8,10 @@ import contextlib
 import dataclasses
 import gc
 import importlib.metadata
+import logging
 import math
 import re
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 from urllib.parse import unquote_plus
@@ -76,6 +78,22 @@ def iso(ms: int) -> str:
         except (OverflowError, ValueError, TypeError):
             pass
     return f"{ms} ms since the Unix epoch"
+
+
+def log_time(ms: int) -> str:
+    """UTC ms as ISO 8601 with milliseconds and its offset, in the zone of the log's own
+    timestamps, for a log line: UTC (``+00:00``) when the log stamps its records in UTC
+    (``logging.Formatter.converter`` is ``time.gmtime``), else the process's local zone, which
+    Python's logging and Celery's log format use for ``%(asctime)s`` and which Django sets to its
+    ``TIME_ZONE`` (``2026-07-01T14:00:00.000+02:00`` in Paris). One zone to read in the whole log
+    (docs/with-django.md "The log's times"); the store's history and the views keep
+    :func:`iso`'s UTC. Never raises: outside the years 1 to 9999, as :func:`iso`."""
+    if logging.Formatter.converter is time.gmtime or not FIRST_MS <= ms <= LAST_SLOT_MS:
+        return iso(ms)
+    try:
+        return (_EPOCH + timedelta(milliseconds=ms)).astimezone().isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError, TypeError, OSError):
+        return iso(ms)
 
 
 # -- clocks ----------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ import secrets
 import socket
 from typing import Any, Callable
 
+from celery.utils.text import match_case
+
 from celery_anarchon import exporter
 from celery_anarchon._util import duration as seconds  # seconds(value, what): a duration >= 0
 from celery_anarchon.errors import ConfigError
@@ -208,13 +210,25 @@ SETTINGS = tuple(OPTIONS)
 
 
 def _refuse_unknown(conf: Any) -> None:
-    """:raises ConfigError: an ``anarchon_*`` key of ``conf`` that is no row of :data:`OPTIONS`."""
+    """:raises ConfigError: an ``anarchon_*`` key of ``conf`` that is no row of :data:`OPTIONS`.
+
+    Under a namespace (``app.config_from_object("django.conf:settings", namespace="CELERY")``)
+    Celery reads ``anarchon_jitter`` as ``CELERY_ANARCHON_JITTER`` (its ``ConfigurationView``: the
+    prefix, in the prefix's case), so a key is checked with the prefix taken off, and the error
+    names the spelling Celery reads (docs/with-django.md).
+    """
+    prefix = getattr(conf, "prefix", None) or ""
+    spelled = [match_case(prefix + name, prefix) if prefix else name for name in SETTINGS]
     for key in list(conf.keys()):
-        if isinstance(key, str) and key.lower().startswith("anarchon_") and key not in OPTIONS:
-            close = difflib.get_close_matches(key.lower(), SETTINGS, n=1)
+        if not isinstance(key, str) or key in OPTIONS or key in spelled:
+            continue
+        bare = key[len(prefix):] if prefix and key.upper().startswith(prefix.upper()) else key
+        if bare.lower().startswith("anarchon_"):
+            wanted = match_case(prefix + bare, prefix) if prefix else key.lower()
+            close = difflib.get_close_matches(wanted, spelled, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"unknown setting {key!r}{hint}. celery_anarchon's settings: "
-                              f"{', '.join(SETTINGS)}. A typo must not silently disable a rule.")
+                              f"{', '.join(spelled)}. A typo must not silently disable a rule.")
 
 
 def _store_of(conf: Any, url: str | None, options: dict) -> tuple[str, dict, str | None]:

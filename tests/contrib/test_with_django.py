@@ -1,0 +1,103 @@
+"""The "With Django" page (docs/with-django.md) on a real Django settings module
+(tests/support/apps/djproj_settings.py, read by djproj_celery.py as the page's ``proj/celery.py``):
+Celery's and our settings under the ``CELERY_`` namespace, a namespaced typo refused, Django's
+``TIME_ZONE`` as the app's zone, and the log's times in the zone of the log's own timestamps.
+
+Each test runs one Python process (Django is configured once a process, from
+``DJANGO_SETTINGS_MODULE``, and sets the process's ``TZ``): about 1 s each."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from paths import APPS
+
+#: what the process prints: our settings read from Django's, Celery's, and one instant (2026-07-01
+#: 12:00 UTC, summer time in Paris) as our log lines give it and as the log's own timestamp does
+_PROBE = """
+import json, logging, sys, time
+from djproj_celery import app
+from celery_anarchon._util import log_time
+from celery_anarchon.errors import ConfigError
+from celery_anarchon.settings import Settings
+if sys.argv[1] == "gmtime":
+    logging.Formatter.converter = time.gmtime
+ms = 1782907200000
+out = {"app_timezone": str(app.timezone), "scheduler": app.conf.beat_scheduler,
+       "schedule": sorted(app.conf.beat_schedule)}
+# Django's settings are read now: the process's TZ is TIME_ZONE, as in a beat that started
+stamp = logging.Formatter("%(asctime)s").format(logging.makeLogRecord({"created": ms / 1000}))
+out.update(log_time=log_time(ms), stamp=stamp)
+try:
+    s = Settings.from_app(app)
+except ConfigError as exc:
+    out["error"] = str(exc)
+else:
+    out.update(store_url=s.store_url, jitter_s=s.jitter_s, max_late_s=s.max_late_s,
+               store_options=s.store_options, namespace=s.namespace)
+print(json.dumps(out))
+"""
+
+
+def _probe(extra: dict | None = None, converter: str = "localtime") -> dict:
+    """What a process on djproj_settings (plus ``extra``) reads and prints (:data:`_PROBE`)."""
+    path = os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "ANARCHON_DJ_EXTRA": json.dumps(extra or {})}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env.pop("TZ", None)
+    done = subprocess.run([sys.executable, "-c", _PROBE, converter], env=env, cwd=APPS,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
+def test_namespaced_settings_are_read_from_django():
+    """``CELERY_ANARCHON_*`` and ``CELERY_BEAT_*`` of Django's settings are our settings and
+    Celery's; with no ``CELERY_TIMEZONE``, the app's zone is Django's ``TIME_ZONE``."""
+    out = _probe()
+    assert out["scheduler"] == "celery_anarchon:Scheduler"
+    assert out["schedule"] == ["nightly"]
+    assert out["app_timezone"] == "Europe/Paris"
+    assert out["store_url"] == "sqlite:///:memory:"
+    assert out["jitter_s"] == 1.5 and out["max_late_s"] == 45
+    assert out["store_options"] == {"memory": 7200}
+    assert out["namespace"] == "proj"
+
+
+def test_celery_timezone_wins_over_django_time_zone():
+    """``CELERY_TIMEZONE`` set: the app's zone (and every crontab's without a zone of its own)."""
+    assert _probe({"CELERY_TIMEZONE": "America/New_York"})["app_timezone"] == "America/New_York"
+
+
+def test_namespaced_typo_refused():
+    """A misspelt ``CELERY_ANARCHON_*`` setting stops the beat, naming the key as written and the
+    spelling Celery reads, as an unprefixed typo does."""
+    out = _probe({"CELERY_ANARCHON_JITER": 3})
+    assert "unknown setting 'CELERY_ANARCHON_JITER'" in out["error"], out
+    assert "did you mean 'CELERY_ANARCHON_JITTER'?" in out["error"], out
+
+
+def test_setting_without_the_namespace_refused():
+    """``ANARCHON_JITTER`` without ``CELERY_`` is not read under the namespace: refused, with the
+    namespaced name to use."""
+    out = _probe({"ANARCHON_JITTER": 3})
+    assert "unknown setting 'ANARCHON_JITTER'" in out["error"], out
+    assert "did you mean 'CELERY_ANARCHON_JITTER'?" in out["error"], out
+
+
+def test_log_times_in_the_zone_of_the_log_stamps():
+    """With Django's ``TIME_ZONE``, the log's own timestamps are Paris time (Django sets ``TZ``);
+    our lines give an instant in the same zone, with its offset."""
+    out = _probe()
+    assert out["stamp"].startswith("2026-07-01 14:00:00")
+    assert out["log_time"] == "2026-07-01T14:00:00.000+02:00"
+
+
+def test_log_times_follow_a_utc_log_stamp():
+    """A log configured for UTC stamps (``logging.Formatter.converter = time.gmtime``): our
+    lines give UTC, +00:00."""
+    out = _probe(converter="gmtime")
+    assert out["stamp"].startswith("2026-07-01 12:00:00")
+    assert out["log_time"] == "2026-07-01T12:00:00.000+00:00"
