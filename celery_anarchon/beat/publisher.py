@@ -21,7 +21,7 @@ from kombu.exceptions import EncodeError, OperationalError
 from kombu.serialization import SerializerNotInstalled
 from kombu.utils.objects import cached_property
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import log_time
 from celery_anarchon.errors import SendOutcomeUnknown
 from celery_anarchon.schedule.message import task_message
 
@@ -235,7 +235,7 @@ class Publisher:
                 raise
         if logger.isEnabledFor(logging.INFO):
             logger.info("Scheduler: Sending due task %s (%s) slot %s attempt %d", plan.name,
-                        entry.task, iso(slot_ms), attempt)
+                        entry.task, log_time(slot_ms), attempt)
         _PUBLISHING.began = False
         try:
             task = self.app.tasks.get(entry.task)

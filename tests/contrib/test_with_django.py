@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 from paths import APPS
+from stores_support import wait_until
 
 #: what the process prints: our settings read from Django's, Celery's, and one instant (2026-07-01
 #: 12:00 UTC, summer time in Paris) as our log lines give it and as the log's own timestamp does
@@ -41,13 +45,18 @@ print(json.dumps(out))
 """
 
 
-def _probe(extra: dict | None = None, converter: str = "localtime") -> dict:
-    """What a process on djproj_settings (plus ``extra``) reads and prints (:data:`_PROBE`)."""
+def _env(extra: dict | None = None, **more: str) -> dict:
+    """The environment of a process on djproj_settings plus ``extra`` (no ``TZ`` of its own)."""
     path = os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "ANARCHON_DJ_EXTRA": json.dumps(extra or {})}
+    env = {**os.environ, "PYTHONPATH": path, "ANARCHON_DJ_EXTRA": json.dumps(extra or {}), **more}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     env.pop("TZ", None)
-    done = subprocess.run([sys.executable, "-c", _PROBE, converter], env=env, cwd=APPS,
+    return env
+
+
+def _probe(extra: dict | None = None, converter: str = "localtime") -> dict:
+    """What a process on djproj_settings (plus ``extra``) reads and prints (:data:`_PROBE`)."""
+    done = subprocess.run([sys.executable, "-c", _PROBE, converter], env=_env(extra), cwd=APPS,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, (done.stdout, done.stderr)
     return json.loads(done.stdout)
@@ -101,3 +110,33 @@ def test_log_times_follow_a_utc_log_stamp():
     out = _probe(converter="gmtime")
     assert out["stamp"].startswith("2026-07-01 12:00:00")
     assert out["log_time"] == "2026-07-01T12:00:00.000+00:00"
+
+
+#: a beat log line that gives a slot: its stamp (``%(asctime)s``) and the slot
+_SLOT_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+: .* slot (\S+)", re.M)
+
+
+def test_beat_log_in_one_zone(tmp_path):
+    """A real ``celery -A proj beat`` on djproj_settings (``TIME_ZONE = "Europe/Paris"``): the
+    stamp of the first line that gives a slot (at debug level: a new store refuses its first
+    slots) and that slot are in one zone, Paris, with its offset (about 1.5 s: the beat's start and
+    its first slot, every 2 s). Before the rule the slot read 10:15:04+00:00 beside a stamp of
+    11:15:05."""
+    extra = {"CELERY_ANARCHON_JITTER": None,
+             "CELERY_BEAT_SCHEDULE": {"tick": {"task": "proj.tick", "schedule": 2.0}}}
+    env = _env(extra, ANARCHON_DJ_STORE=f"sqlite:///{tmp_path / 'store.sqlite3'}")
+    log = tmp_path / "beat.log"
+    with open(log, "w") as out:
+        beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "djproj_celery", "beat",
+                                 "-l", "debug", "-s", str(tmp_path / "shelve")],
+                                env=env, cwd=APPS, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        # start-up, then one 2 s interval: 30 s covers a slow start on a busy host
+        found = wait_until(lambda: _SLOT_LINE.search(log.read_text()), 30, "a line with a slot")
+    finally:
+        beat.terminate()
+        beat.wait(timeout=30)
+    stamp = datetime.fromisoformat(found.group(1)).replace(tzinfo=ZoneInfo("Europe/Paris"))
+    slot = datetime.fromisoformat(found.group(2))
+    assert slot.utcoffset() == stamp.utcoffset(), found.group(0)   # one zone: Paris
+    assert abs((stamp - slot).total_seconds()) < 30, found.group(0)

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Callable
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import log_time
 from celery_anarchon.beat.engine.claims import ClaimRetries
 from celery_anarchon.beat.engine.definitions import Definitions
 from celery_anarchon.beat.engine.due import DueRuns
@@ -162,7 +162,7 @@ class ClaimChunks:
             self.claims.answered(request.run)
             self.due.claimed(request.entry, request.slot_ms)
             logger.info("%s: slot %s was skipped while the entry was paused: not caught up",
-                        request.entry, iso(request.slot_ms))
+                        request.entry, log_time(request.slot_ms))
         return [r for r in requests if r.run not in paused]
 
     def _on_result(self, result: ClaimResult, plans: dict[str, EntryPlan],
@@ -189,7 +189,7 @@ class ClaimChunks:
                         deadline_ms=result.slot_ms + result.request.max_late_ms)
         if outcome is Outcome.OTHER_WON:       # the normal case, not an error
             self.observer.ran(plan.name, result.slot_ms)
-            logger.debug("%s: slot %s claimed by %s", plan.name, iso(result.slot_ms),
+            logger.debug("%s: slot %s claimed by %s", plan.name, log_time(result.slot_ms),
                          result.winner or "another instance")
         else:
             self.skips.refused(plan, result, ran_before=self.due.handled(plan.name))

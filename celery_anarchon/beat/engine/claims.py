@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import logging
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import log_time
 from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.beat.engine.observe import NOOP, UNREACHABLE, Observer
 from celery_anarchon.beat.engine.outage import Outage
@@ -101,7 +101,7 @@ class ClaimRetries:
             elif not request.requested and outside(plans[request.entry].slots, request.slot_ms):
                 del self.waiting[run]          # the entry's start_at / end_at changed since
                 logger.info("%s: slot %s is outside the entry's start_at / end_at now: not "
-                            "claimed", request.entry, iso(request.slot_ms))
+                            "claimed", request.entry, log_time(request.slot_ms))
             elif now_ms - request.slot_ms > request.max_late_ms:
                 del self.waiting[run]
                 given_up.append(request)
@@ -115,7 +115,7 @@ class ClaimRetries:
             logger.error("%d run(s) of %d entries not claimed: the store %s could not be reached "
                          "until their max_late (the first: %s slot %s); skipped, never sent blind.",
                          len(given_up), len({r.entry for r in given_up}), self.store.safe_url,
-                         first.entry, iso(first.slot_ms))
+                         first.entry, log_time(first.slot_ms))
         if not prepared or not self.outage.may_try():
             return []
         return self._paced(retry, plans, now)

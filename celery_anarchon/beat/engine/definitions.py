@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import log_time
 from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan
 from celery_anarchon.stores.base import ClaimResult, ClaimStore
@@ -48,5 +48,5 @@ class Definitions:
             "%s: slot %s was claimed by %s with a different definition of this entry. Theirs "
             "(%s): %s. Ours (%s): %s. A rolling deploy in progress? Otherwise the instances run "
             "different beat_schedule settings under the same name.", plan.name,
-            iso(result.slot_ms), result.winner, theirs, other or "unknown", plan.fingerprint,
+            log_time(result.slot_ms), result.winner, theirs, other or "unknown", plan.fingerprint,
             plan.definition)

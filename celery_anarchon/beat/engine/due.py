@@ -16,7 +16,7 @@ import heapq
 import logging
 import random
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import log_time
 from celery_anarchon.beat.engine.claims import ClaimRetries, claim_request
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.skips import SkipLog
@@ -135,7 +135,7 @@ class DueRuns:
             self._schedule_next(plan, slot_ms, now_ms)
             if slot_ms <= self._last_claimed.get(name, -1) or (name, slot_ms) in self.requested:
                 logger.debug("%s: slot %s was already claimed here (the clock went back or the "
-                             "entry was re-seeded)", name, iso(slot_ms))
+                             "entry was re-seeded)", name, log_time(slot_ms))
                 continue
             lateness = now_ms - slot_ms
             if lateness > plan.claim_late_ms:
@@ -179,7 +179,7 @@ class DueRuns:
         count = f"more than {MAX_SKIP_WALK}" if due > MAX_SKIP_WALK else str(due)
         logger.info("%s: catching up %s slot(s) from %s to %s (catch_up='all', window %g s), one "
                     "every %g s; each is claimed as its own run, so one already sent is not "
-                    "sent again", plan.name, count, iso(first_ms), iso(last),
+                    "sent again", plan.name, count, log_time(first_ms), log_time(last),
                     plan.claim_late_ms / 1000, plan.catch_up_pace_ms / 1000)
 
     def _drop_stale_heads(self) -> None:
@@ -220,7 +220,7 @@ class DueRuns:
         if self._ended_logged.get(plan.name) is not plan:
             self._ended_logged[plan.name] = plan
             logger.info("anarchon: entry %s has no more slots: it ended at %s (its end_at)",
-                        plan.name, iso(plan.slots.window.end_ms))
+                        plan.name, log_time(plan.slots.window.end_ms))
 
     def _no_next(self, plan: EntryPlan, exc: ConfigError) -> None:
         """The entry's next slot cannot be computed: logged, and no further run here (a slot

@@ -44,7 +44,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 
-from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso, log_time
 from celery_anarchon.beat.engine.follow import StoreFollow
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.outage import Outage
@@ -253,14 +253,14 @@ class GapCheck:
         self.observer.missed(gap.entry, mine)
         if not mine:
             logger.info("%s: %d missed slot(s) from %s to %s were recorded by another instance",
-                        gap.entry, len(gap.slots), iso(gap.slots[0]), iso(gap.slots[-1]))
+                        gap.entry, len(gap.slots), log_time(gap.slots[0]), log_time(gap.slots[-1]))
             return
         by = "" if mine == len(gap.slots) else f" ({mine} of them by this instance)"
         logger.warning(
             "%s: %d slot(s) from %s to %s were missed (no instance claimed them in time); "
             "recorded in the history%s. Fix: keep a beat running this entry (every host runs "
             "one); missed slots are not sent unless the entry's catch_up policy sends them.",
-            gap.entry, len(gap.slots), iso(gap.slots[0]), iso(gap.slots[-1]), by)
+            gap.entry, len(gap.slots), log_time(gap.slots[0]), log_time(gap.slots[-1]), by)
 
     def _unsettled(self, plans: Mapping[str, EntryPlan], config_plans: Mapping[str, EntryPlan],
                    now_ms: int) -> list[str]:

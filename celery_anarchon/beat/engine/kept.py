@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Callable
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import iso, log_time
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.stores.entry_store import EntrySnapshot, Pause, StoredEntry
 
@@ -182,11 +182,12 @@ class KeptEntries:
             theirs, mine = snapshot.entries.get(name), known.get(name)
             if theirs is not None and (mine is None or theirs.updated_ms >= mine.updated_ms):
                 logger.info("anarchon: entry %s: the store holds it again (written by %s at %s): "
-                            "following the store", name, theirs.updated_by, iso(theirs.updated_ms))
+                            "following the store", name, theirs.updated_by,
+                            log_time(theirs.updated_ms))
             else:
                 logger.info("anarchon: entry %s: the loss was accepted by %s at %s: following the "
                             "store", name, snapshot.accepted_by or "an operator",
-                            iso(snapshot.accepted_ms))
+                            log_time(snapshot.accepted_ms))
         if old.names() and not new.names():
             logger.warning("anarchon: nothing is kept from before the store's loss any more: "
                            "following the store %s", self.where)

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 from typing import Callable, ContextManager, Sequence
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import log_time
 from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.errors import SendOutcomeUnknown
@@ -133,7 +133,7 @@ class SendQueue:
         if self.stopped:
             self.retrying.pop(run, None)
             logger.warning("%s: slot %s won but not sent: beat is shutting down", job.plan.name,
-                           iso(job.slot_ms))
+                           log_time(job.slot_ms))
             return False
         if job.attempt == 1 and job.plan.timing.lease is None \
                 and int(self.clock() * 1000) > job.deadline_ms:
@@ -144,7 +144,7 @@ class SendQueue:
             self.stats["send_failed"] += 1
             self.observer.send_failed(job.plan.name)
             logger.warning("%s: slot %s won but not sent: the claim answered after max_late (%g s)",
-                           job.plan.name, iso(job.slot_ms), job.plan.timing.max_late_s)
+                           job.plan.name, log_time(job.slot_ms), job.plan.timing.max_late_s)
             self.notes.add(job.plan.name, job.slot_ms, RunEvent.SEND_FAILED, task_id=job.task_id,
                            attempt=job.attempt, detail="won after max_late: the claim answered too late")
             return False
@@ -175,7 +175,7 @@ class SendQueue:
         self.retrying[run] = job
         if first:
             logger.error("%s: slot %s won but the send failed (%s); retrying until max_late",
-                         job.plan.name, iso(job.slot_ms), job.error)
+                         job.plan.name, log_time(job.slot_ms), job.error)
 
     def _unknown(self, job: Send, exc: Exception) -> None:
         """The publish broke off: the broker may hold the message, so it is never published
@@ -186,7 +186,7 @@ class SendQueue:
         leased = job.plan.timing.lease is not None
         logger.error("%s: slot %s attempt %d: the publish broke off (%s); the broker may or may "
                      "not have the message. Not published again (at most one send per attempt)%s",
-                     job.plan.name, iso(job.slot_ms), job.attempt, exc,
+                     job.plan.name, log_time(job.slot_ms), job.attempt, exc,
                      "; if it never reaches a worker the run is taken over after its queue "
                      "deadline" if leased else "")
         self.notes.add(job.plan.name, job.slot_ms, RunEvent.SEND_UNKNOWN, task_id=job.task_id,
@@ -202,7 +202,7 @@ class SendQueue:
                 self.stats["send_failed"] += 1
                 self.observer.send_failed(job.plan.name)
                 logger.error("%s: slot %s not sent: the send kept failing until max_late (%g s); "
-                             "last error: %s", job.plan.name, iso(job.slot_ms),
+                             "last error: %s", job.plan.name, log_time(job.slot_ms),
                              job.plan.timing.max_late_s, job.error)
                 self.notes.add(job.plan.name, job.slot_ms, RunEvent.SEND_FAILED,
                                task_id=job.task_id, attempt=job.attempt, detail=job.error[:200])

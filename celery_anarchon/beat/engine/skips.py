@@ -20,7 +20,7 @@ import math
 import time
 from typing import Callable
 
-from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, log_time
 from celery_anarchon.beat.engine.notes import NoteBuffer
 from celery_anarchon.beat.engine.observe import LATE_LOCAL, NOOP, Observer
 from celery_anarchon.schedule.plan import EntryPlan
@@ -96,11 +96,11 @@ class SkipLog:
         if len(slots) == 1:
             logger.warning("%s: slot %s skipped as late: this instance reached it %.3f s after the "
                            "slot (%s). Was the process paused or did the clock jump?",
-                           plan.name, iso(slots[0]), lateness_ms / 1000, limit)
+                           plan.name, log_time(slots[0]), lateness_ms / 1000, limit)
         else:
             logger.warning("%s: %d slots from %s to %s skipped as late (%s): the process "
                            "was paused or the clock jumped forward.", plan.name, len(slots),
-                           iso(slots[0]), iso(slots[-1]), limit)
+                           log_time(slots[0]), log_time(slots[-1]), limit)
         for slot in slots[-self.store.history_size:]:
             self.notes.add(plan.name, slot, RunEvent.LATE_LOCAL,
                            detail=f"{self.instance_id} reached it {lateness_ms / 1000:.3f} s late")
@@ -115,12 +115,12 @@ class SkipLog:
         outcome = result.outcome
         detail = f" ({result.detail})" if result.detail else ""
         if outcome is Outcome.PAUSED:          # asked once per run: never retried
-            logger.info("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
+            logger.info("%s: slot %s skipped: %s%s", plan.name, log_time(result.slot_ms),
                         SKIP_REASONS[outcome], detail)
             return
         if outcome is Outcome.FORGOTTEN and not ran_before and self._new_store_refusal(result):
             logger.debug("%s: slot %s skipped: a new store's first slots%s", plan.name,
-                         iso(result.slot_ms), detail)
+                         log_time(result.slot_ms), detail)
             return
         now = self.monotonic()
         key = (plan.name, outcome.value)
@@ -129,14 +129,14 @@ class SkipLog:
             self._logged[key] = (last, hidden + 1)
             self._hidden[key] = (plan, result)
             self._flush_at = min(self._flush_at, last + SKIP_LOG_EVERY_S)
-            logger.debug("%s: slot %s skipped: %s%s", plan.name, iso(result.slot_ms),
+            logger.debug("%s: slot %s skipped: %s%s", plan.name, log_time(result.slot_ms),
                          SKIP_REASONS[outcome], detail)
             return
         self._logged[key] = (now, 0)
         self._hidden.pop(key, None)
         more = f"; {hidden} more slot(s) of this entry skipped so in the last minute" if hidden else ""
-        logger.log(_level(outcome), "%s: slot %s skipped: %s%s%s", plan.name, iso(result.slot_ms),
-                   SKIP_REASONS[outcome], detail, more)
+        logger.log(_level(outcome), "%s: slot %s skipped: %s%s%s", plan.name,
+                   log_time(result.slot_ms), SKIP_REASONS[outcome], detail, more)
 
     def _new_store_refusal(self, result: ClaimResult) -> bool:
         """Whether a forgotten refusal is a new store's first (noted for :meth:`flush`): its
@@ -159,8 +159,8 @@ class SkipLog:
             logger.info("new store: %d %s slots before %s refused (a new store refuses the "
                         "slots of its first %d s as forgotten, so that no run is ever sent twice: "
                         "docs/design.md \"Amnesia\"; each is in its entry's history)",
-                        count, "entry's" if count == 1 else "entries'", iso(self._new_store_until),
-                        LATENESS_TOLERANCE_MS // 1000)
+                        count, "entry's" if count == 1 else "entries'",
+                        log_time(self._new_store_until), LATENESS_TOLERANCE_MS // 1000)
             self._new_store.clear()
         now = self.monotonic()
         if now < self._flush_at:
@@ -175,4 +175,5 @@ class SkipLog:
             self._logged[key] = (now, 0)
             detail = f" ({result.detail})" if result.detail else ""
             logger.log(_level(result.outcome), "%s: %d more slot(s) skipped in the last minute: %s, the newest %s%s",
-                       plan.name, hidden, SKIP_REASONS[result.outcome], iso(result.slot_ms), detail)
+                       plan.name, hidden, SKIP_REASONS[result.outcome],
+                       log_time(result.slot_ms), detail)

@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 from celery_anarchon.schedule import timing
-from celery_anarchon._util import iso
+from celery_anarchon._util import log_time
 from celery_anarchon.beat.engine.kept import KeptEntries, loss_of
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.outage import Outage
@@ -212,7 +212,7 @@ class EntrySync:
             if refusal is not None:
                 logger.error("anarchon: entry %s: run-now request %s by %s is not claimed (slot "
                              "%s): %s", request.entry, request.request_id, request.by,
-                             iso(request.slot_ms), refusal)
+                             log_time(request.slot_ms), refusal)
                 if self.notes is not None:
                     self.notes.add(plan.name, request.slot_ms, RunEvent.FORGOTTEN, detail=refusal,
                                    task_id=task_id_for(self.namespace, plan.name,
@@ -225,7 +225,7 @@ class EntrySync:
                              request.entry, request.request_id)
             else:
                 logger.info("anarchon: entry %s: run-now request %s by %s, slot %s", request.entry,
-                            request.request_id, request.by, iso(request.slot_ms))
+                            request.request_id, request.by, log_time(request.slot_ms))
                 claims.append(ClaimRequest(
                     entry=plan.name, slot_ms=request.slot_ms, max_late_ms=max_late_ms,
                     task_id=task_id_for(self.namespace, plan.name, request.slot_ms, 1),

@@ -16,7 +16,7 @@ import random
 import time
 from typing import Callable
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import log_time
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.beat.engine.sends import Send, SendQueue
@@ -137,7 +137,7 @@ class Takeovers:
                 self.stats["takeover_unanswered"] += 1
                 logger.warning("%s: slot %s: the takeover of attempt %d got no answer from the store "
                                "until its queue deadline; the run is taken over again once it "
-                               "shows expired", key[0], iso(key[1]), pending.run.attempt)
+                               "shows expired", key[0], log_time(key[1]), pending.run.attempt)
             elif now >= pending.next_try:
                 if self._deferred(plan, pending.run, now):
                     pending.next_try = self.outage.last_error_at + grace_s(plan)
@@ -154,7 +154,7 @@ class Takeovers:
             return False
         self.stats["takeover_deferred"] += 1
         logger.debug("%s: slot %s: takeover deferred, the store was unreachable %.1f s ago",
-                     run.entry, iso(run.slot_ms), now - last_error_at)
+                     run.entry, log_time(run.slot_ms), now - last_error_at)
         return True
 
     def _take_over(self, plan: EntryPlan, run: LeasedRun) -> None:
@@ -178,10 +178,10 @@ class Takeovers:
             if pending is None or pending.run.token != run.token:
                 pending = PendingTakeover(run, give_up_at=now + lease.queue_timeout_s, next_try=now)
                 logger.info("%s: slot %s: the takeover of attempt %d got no answer (%s); asking "
-                            "again", run.entry, iso(run.slot_ms), run.attempt, exc)
+                            "again", run.entry, log_time(run.slot_ms), run.attempt, exc)
             else:
                 logger.debug("takeover of %s slot %s failed again: %s", run.entry,
-                             iso(run.slot_ms), exc)
+                             log_time(run.slot_ms), exc)
             pending.next_try = now + TAKEOVER_RETRY_S
             self.pending[key] = pending
             return
@@ -193,7 +193,7 @@ class Takeovers:
             logger.info("%s: slot %s: the takeover of attempt %d, asked again after its answer was "
                         "lost, was refused: another instance took the run over, its runner renewed, "
                         "or the store cannot recognise its own earlier takeover", plan.name,
-                        iso(run.slot_ms), run.attempt)
+                        log_time(run.slot_ms), run.attempt)
         if run.state is RunState.QUEUED:
             why = (f"it was queued past its deadline without a worker adopting it: is a worker "
                    f"consuming its queue, and does the workers' app call celery_anarchon.install(app)?")
@@ -203,21 +203,21 @@ class Takeovers:
             log = logger.error if run.state is RunState.QUEUED else logger.warning
             if self._taken.get(key, 0) >= new.attempt:     # at most one send per attempt
                 logger.debug("%s: slot %s attempt %d was already sent here", plan.name,
-                             iso(run.slot_ms), new.attempt)
+                             log_time(run.slot_ms), new.attempt)
                 return
             self._taken[key] = new.attempt
             self._taken.move_to_end(key)
             while len(self._taken) > MAX_TAKEN_KEPT:
                 self._taken.popitem(last=False)
-            log("%s: slot %s attempt %d taken over as attempt %d: %s", plan.name, iso(run.slot_ms),
-                run.attempt, new.attempt, why)
+            log("%s: slot %s attempt %d taken over as attempt %d: %s", plan.name,
+                log_time(run.slot_ms), run.attempt, new.attempt, why)
             self.sends.send(Send(plan, run.slot_ms, new.attempt, new.token,
                                  task_id_for(self.namespace, plan.name, run.slot_ms, new.attempt),
                                  give_up_at=self.monotonic() + plan.timing.max_late_s))
         elif outcome is TakeoverOutcome.PAUSED:
             logger.warning("%s: slot %s attempt %d not taken over: the entry is paused, so the run "
                            "ends (recorded paused; not caught up after the resume). %s",
-                           plan.name, iso(run.slot_ms), run.attempt, why[0].upper() + why[1:])
+                           plan.name, log_time(run.slot_ms), run.attempt, why[0].upper() + why[1:])
         elif outcome is TakeoverOutcome.GIVEN_UP and (new or run).attempt < lease.max_attempts:
             # attempts left: the store refused the takeover because it may have lost writes to
             # the run's record since it was claimed (an epoch change or amnesia: a release or an
@@ -225,14 +225,14 @@ class Takeovers:
             logger.error("%s: slot %s attempt %d recorded lost, not taken over: the store may "
                          "have lost writes to its record since it was claimed, so the run may "
                          "still be running or may have finished (a possible miss, never a second "
-                         "run)%s", plan.name, iso(run.slot_ms), run.attempt,
+                         "run)%s", plan.name, log_time(run.slot_ms), run.attempt,
                          self._history_detail(run))
         elif outcome is TakeoverOutcome.GIVEN_UP:
             logger.error("%s: slot %s recorded lost after %d attempts: %s", plan.name,
-                         iso(run.slot_ms), run.attempt, why)
+                         log_time(run.slot_ms), run.attempt, why)
         elif outcome is TakeoverOutcome.SUPERSEDED:
             logger.info("%s: slot %s superseded by a newer slot instead of a takeover (%s)",
-                        plan.name, iso(run.slot_ms), why)
+                        plan.name, log_time(run.slot_ms), why)
 
     def _history_detail(self, run: LeasedRun) -> str:
         """``": <detail>"`` of the run's history record (one read, best effort), or ""."""
