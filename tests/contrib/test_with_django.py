@@ -140,3 +140,15 @@ def test_beat_log_in_one_zone(tmp_path):
     slot = datetime.fromisoformat(found.group(2))
     assert slot.utcoffset() == stamp.utcoffset(), found.group(0)   # one zone: Paris
     assert abs((stamp - slot).total_seconds()) < 30, found.group(0)
+
+
+def test_the_page_names_every_setting_under_the_namespace():
+    """docs/with-django.md's table gives every row of the settings table, ``CELERY_`` + upper case,
+    and no other ``CELERY_ANARCHON_*`` name."""
+    from celery_anarchon.settings import SETTINGS
+    from paths import DOCS
+
+    text = (DOCS / "with-django.md").read_text()
+    table = text[text.index("| Celery setting |"):text.index("A misspelt name")]
+    assert sorted(set(re.findall(r"CELERY_ANARCHON_[A-Z_]+", table))) == sorted(
+        f"CELERY_{name.upper()}" for name in SETTINGS)
