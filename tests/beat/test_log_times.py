@@ -1,5 +1,5 @@
-"""The log's times in one zone (docs/with-django.md "The log's times"): every instant a beat log
-line gives goes through ``log_time`` (the zone of the log's own timestamps, with its offset),
+"""The log's times in one zone (docs/with-django.md "The log's times"): every instant a log line of
+ours gives goes through ``log_time`` (the zone of the log's own timestamps, with its offset),
 never ``iso`` (UTC, kept for the store's history and the views)."""
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ def _log_calls_with_iso(tree: ast.AST):
                     yield node.lineno
 
 
-def test_beat_log_lines_give_instants_in_the_log_zone():
-    """No log call of the beat wing formats an instant with ``iso``."""
+def test_log_lines_give_instants_in_the_log_zone():
+    """No log call of the package (beat, stores, worker, ...) formats an instant with ``iso``."""
     found = [f"{path.relative_to(PACKAGE)}:{line}"
-             for path in sorted((PACKAGE / "beat").rglob("*.py"))
+             for path in sorted(PACKAGE.rglob("*.py"))
              for line in _log_calls_with_iso(ast.parse(path.read_text()))]
     assert found == []
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import iso, log_time
 from celery_anarchon.stores.base import (
     LATENESS_TOLERANCE_MS, HistoryRecord, LeasedRun, RunEvent, RunState, TakeoverOutcome,
 )
@@ -202,7 +202,7 @@ class MemoryLeases(Leases):
                     return None
                 run = self._recreate(space, fence, entry, slot_ms, token, owner, now + duration_ms)
                 log.warning("%s: the record of run %r %s was missing; re-created by its runner %s",
-                            self.where, entry, iso(slot_ms), owner)
+                            self.where, entry, log_time(slot_ms), owner)
                 return leased(run, now)
             if run.token != token or run.state is not RunState.STARTED:
                 return None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
-from celery_anarchon._util import iso
+from celery_anarchon._util import iso, log_time
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores.base import (
     LATENESS_TOLERANCE_MS, LeasedRun, RunEvent, RunState, TakeoverOutcome,
@@ -232,7 +232,7 @@ class SQLLeases(Leases):
                 if token > fence.last_token:
                     fence.last_token, fence.changed = token, True
                 log.warning("%s store %s: the record of run %r %s was missing; re-created by its "
-                            "runner %s", self.kind, self.safe_url, entry, iso(slot_ms), owner)
+                            "runner %s", self.kind, self.safe_url, entry, log_time(slot_ms), owner)
                 return _leased(run, now)
             if run["token"] != token or run["state"] != "started":
                 return None
