@@ -189,8 +189,9 @@ class ClaimChunks:
                         deadline_ms=result.slot_ms + result.request.max_late_ms)
         if outcome is Outcome.OTHER_WON:       # the normal case, not an error
             self.observer.ran(plan.name, result.slot_ms)
-            logger.debug("%s: slot %s claimed by %s", plan.name, log_time(result.slot_ms),
-                         result.winner or "another instance")
+            if logger.isEnabledFor(logging.DEBUG):   # every lost claim: format only if logged
+                logger.debug("%s: slot %s claimed by %s", plan.name, log_time(result.slot_ms),
+                             result.winner or "another instance")
         else:
             self.skips.refused(plan, result, ran_before=self.due.handled(plan.name))
         if outcome is Outcome.FORGOTTEN and self.sync is not None:
