@@ -41,12 +41,12 @@ from celery_anarchon.operate.names import check_name, default_by, given_name
 from celery_anarchon.operate.session import NamespaceSession
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
-from celery_anarchon._util import iso
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
 from celery_anarchon.schedule.plan import EntryPlan, build_plan
-from celery_anarchon.schedule.slots import text_schedule_error
+from celery_anarchon.schedule.slots import SlotsEnded, text_schedule_error
 from celery_anarchon.schedule.slots.window import first_cut
 from celery_anarchon.schedule.timing import TimingSettings, check_request_retention
-from celery_anarchon.stores.base import ClaimStore
+from celery_anarchon.stores.base import ClaimStore, RunEvent
 from celery_anarchon.stores.entry_store import Pause, RunRequest
 
 __all__ = ["Schedules", "ScheduledEntry", "schedules", "default_by"]
@@ -193,6 +193,7 @@ class Schedules(NamespaceSession, Backfills):
         """Lift an entry's pause: its next slot runs; what was paused is not caught up, except a
         slot still within max_late that another instance claims after the resume (its claim
         comes later by its jitter): that slot runs once, as the newest slot may at a start-up.
+        The newest slot it covered is recorded ``paused`` first (:func:`_mark_pause_span`).
 
         :raises UnknownEntry: nothing defines ``name`` and the store holds no pause of it.
         """
@@ -201,6 +202,8 @@ class Schedules(NamespaceSession, Backfills):
         stored = snapshot.entries.get(name)
         if stored is None or stored.pause is None:
             self._known(name, snapshot)
+        else:
+            _mark_pause_span(self, name, stored.pause, snapshot)
         return self._as_scheduled(self._ready().set_pause(name, None, by=self._who(by, name)))
 
     def new_request_id(self) -> str:
@@ -320,6 +323,32 @@ def checked_definition(session: NamespaceSession, name: str, definition: dict, *
     if check_task:
         _check_task(session.app, name, entry.task)
     return text, plan
+
+
+def _mark_pause_span(session: Schedules, name: str, pause: Pause, snapshot) -> None:
+    """Before a resume, record ``paused`` at the newest slot the pause covered (a record
+    that only fills a run with none): a catch-up (``catch_up='all'``) reaches back no further
+    than the entry's newest decided run, so the slots that came while the pause held and no
+    beat ran (nothing answered them paused) are not caught up after the resume. Only an
+    entry whose claims may come later than its max_late needs it, and only slots within
+    that reach are looked at; an entry whose plan no longer builds marks nothing."""
+    try:
+        plan = build_plan(name, session._known(name, snapshot), app=session.app,
+                          settings=session.settings, store=session.store)
+    except ConfigError:             # UnknownEntry too: a pause kept for a removed entry
+        return
+    if plan.claim_late_ms <= plan.max_late_ms:
+        return
+    now_ms = session.store.now_ms() or int(time.time() * 1000)
+    reach_ms = now_ms - plan.claim_late_ms - plan.jitter_ms - LATENESS_TOLERANCE_MS
+    newest, after = None, max(pause.at_ms, reach_ms) - 1
+    try:
+        while (slot := plan.slots.next_after(after)) <= now_ms:
+            newest = after = slot
+    except (ConfigError, SlotsEnded):
+        pass
+    if newest is not None:
+        session.store.history.record(name, newest, RunEvent.PAUSED, detail=pause.describe())
 
 
 def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan,

@@ -144,12 +144,13 @@ def test_a_restart_in_the_middle_of_a_catch_up_sends_nothing_twice(store, namesp
     again = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)}, instance="host:2:bb",
                  backdate=False)
     again.clock.pin(first.clock() + 1.0)
-    again.engine.tick()                          # the seed: B-16 again, won by the first
-    assert again.sent == [] and again.engine.stats["claim_other_won"] == 1
+    again.engine.tick()                          # the seed: B-16 again, run by the first
+    assert again.sent == []
     for _ in range(6):
         fire_and_tick(again)
     assert slots_sent(again) == [b + i * 4000 for i in range(-2, 3)]
-    assert again.engine.stats["claim_other_won"] == 2
+    # the first's runs are in the history: the new one never claims them (nor anything older)
+    assert again.engine.stats["claim_won"] == 5 and again.engine.stats["claim_other_won"] == 0
     assert slots_sent(first, again) == [b + i * 4000 for i in range(-4, 3)]
 
 
@@ -217,3 +218,35 @@ def test_a_slot_skipped_while_its_entry_was_paused_is_not_caught_up_after_the_re
     assert slots_sent(h) == [b + i * 4000 for i in range(-2, 3)]
     history = h.history("e")
     assert [history[b + i * 4000].event for i in (-4, -3)] == [RunEvent.PAUSED] * 2
+
+
+def test_a_catch_up_reaches_back_no_further_than_the_entrys_last_run_before_it(
+        store, namespace, harnesses):
+    """The schedule changed at a restart (a run of the old one at B-14 s, not a slot of the new
+    4-s one): the slots of the new schedule before that run came while the old one ran, so they
+    are no gap to catch up; only those after it are."""
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)})
+    b = pinned_boundary(h)
+    h.store.history.record_many([HistoryRecord("e", b - 14_000, RunEvent.SENT)])
+    h.engine.tick()
+    for _ in range(6):
+        fire_and_tick(h)
+    assert slots_sent(h) == [b + i * 4000 for i in range(-3, 3)]
+
+
+def test_slots_answered_paused_are_not_caught_up_even_past_the_history_it_keeps(
+        store, namespace, harnesses):
+    """The history keeps two runs of the entry here: the oldest paused slot is gone from it,
+    and is still not caught up (the newest paused slot bounds the catch-up)."""
+    url, options = store
+    h = make(harnesses, url, namespace, {"e": (EVERY_S, ALL)},
+             store_options={**options, "history_size": 2})
+    b = pinned_boundary(h)
+    h.store.history.record_many([
+        HistoryRecord("e", slot, RunEvent.PAUSED, detail="paused by ops: maintenance")
+        for slot in (b - 16_000, b - 12_000, b - 8000)])
+    assert b - 16_000 not in h.history("e")
+    h.engine.tick()
+    for _ in range(6):
+        fire_and_tick(h)
+    assert slots_sent(h) == [b + i * 4000 for i in range(-1, 3)]

@@ -7,12 +7,14 @@ SQLite store)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from celery import Celery
 
 import celery_anarchon
 from celery_anarchon import ConfigError
+from celery_anarchon.stores.base import RunEvent
 
 from operate_support import exits, operate
 
@@ -69,3 +71,29 @@ def test_add_update_and_next_with_catch_up_on_the_command_line(sqlite_url, names
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
     assert ("entry 'caught': options['anarchon']['catch_up'] = 'al': not a catch-up policy; fix: "
             "set options['anarchon']['catch_up'] to 'newest'") in refused.stderr
+
+
+def test_a_resume_records_the_newest_slot_its_pause_covered_so_no_catch_up_sends_it(
+        sqlite_url, namespace):
+    """No beat runs while the entry is paused (an outage), so nothing answered its slots
+    paused; the resume records the newest of them ``paused``, which bounds a catch-up
+    (``catch_up='all'`` reaches back no further than the entry's newest decided run)."""
+    app = Celery("catch_up_resume", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=sqlite_url,
+                    anarchon_namespace=namespace, timezone="UTC", beat_schedule={
+                        "c": {"task": "proj.t", "schedule": 1.0, "options": {"anarchon": {
+                            "jitter": 0, "max_late": 2, "catch_up": "all",
+                            "catch_up_window": 30}}}})
+    with celery_anarchon.schedules(app, by="ops") as s:
+        paused_at = s.pause("c", "outage").pause.at_ms
+        deadline = time.monotonic() + 30
+        while s.store.now_ms() < paused_at + 2_500:   # two slots come while it is paused
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        s.resume("c")
+        resumed_ms = s.store.now_ms()
+        marks = [r for r in s.store.history.read("c") if r.event is RunEvent.PAUSED]
+    assert len(marks) == 1
+    [mark] = marks
+    assert paused_at <= mark.slot_ms <= resumed_ms and resumed_ms - mark.slot_ms <= 1_000
+    assert mark.detail == "paused by ops: outage"

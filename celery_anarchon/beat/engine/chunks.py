@@ -20,7 +20,9 @@ from celery_anarchon.beat.engine.skips import SkipLog
 from celery_anarchon.beat.engine.sync import EntrySync
 from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan, task_id_for
-from celery_anarchon.stores.base import ClaimRequest, ClaimResult, ClaimStore, Outcome, RunEvent
+from celery_anarchon.stores.base import (
+    ClaimRequest, ClaimResult, ClaimStore, HistoryRecord, Outcome, RunEvent,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,10 @@ logger = logging.getLogger(__name__)
 #: is skipped, and a slot another instance won ran there (a re-seed after an update starts after
 #: it, so the entry's runs never go back in time)
 HANDLED = (Outcome.WON, Outcome.UNCONFIRMED, Outcome.PAUSED, Outcome.OTHER_WON)
+
+
+#: history events that record a slot nobody ran: a catch-up's gap, which it may still send
+GAP_EVENTS = frozenset({RunEvent.MISSED, RunEvent.UNREACHABLE})
 
 
 class ClaimChunks:
@@ -88,7 +94,7 @@ class ClaimChunks:
             unique.setdefault(request.run, request)
         requests = self._refuse_kept_pauses(list(unique.values()), plans, config_plans)
         try:
-            requests = self._drop_paused_slots(requests, plans)
+            requests = self._drop_decided_slots(requests, plans)
         except StoreError as exc:
             self.claims.hold(requests)
             self.outage.failed(exc, "reading the history of the runs to catch up")
@@ -136,14 +142,19 @@ class ClaimChunks:
                             config_plans)
         return rest
 
-    def _drop_paused_slots(self, requests: list[ClaimRequest],
-                           plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
-        """The requests to claim, without the catch-up's slots that were answered paused: a
-        pause holds for the slots it covered (no claim holds them, so the store would let a
-        catch-up win one after the resume). A catch-up's claim is one past its entry's
-        max_late (``catch_up='all'``: docs/design.md "One run, in time", step 7); the history
-        of those entries is read once per call, and their paused slots are marked handled and
-        logged, never claimed.
+    def _drop_decided_slots(self, requests: list[ClaimRequest],
+                            plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
+        """The requests to claim, without the catch-up's slots that are no gap: a catch-up
+        (``catch_up='all'``: docs/design.md "One run, in time", step 7) reaches back no further
+        than the entry's newest decided run in the history (any record but ``missed`` and
+        ``store_unreachable``, which are the gap itself). Slots older than it came while an
+        instance ran the entry: run, skipped with a reason, or answered paused (a pause holds
+        for the slots it covered, and no claim holds a paused slot, so the store would let a
+        catch-up win one after the resume); or under another schedule, before a change. A
+        catch-up's claim is one past its entry's max_late; the history of those entries is read
+        once per call (the newest record is all it needs, so a history cut at
+        ``history_size`` still bounds it), and the slots it drops are marked handled, never
+        claimed.
 
         :raises StoreError: the history could not be read.
         """
@@ -153,17 +164,26 @@ class ClaimChunks:
         if not late:
             return requests
         histories = self.store.history.read_many({r.entry for r in late})
-        paused = {(name, record.slot_ms) for name, records in histories.items()
-                  for record in records if record.event is RunEvent.PAUSED}
-        dropped = [r for r in late if r.run in paused]
+        decided: dict[str, HistoryRecord] = {}
+        for name, records in histories.items():
+            runs = [r for r in records if r.event not in GAP_EVENTS]
+            if runs:
+                decided[name] = max(runs, key=lambda r: r.slot_ms)
+        dropped = {r.run for r in late
+                   if r.entry in decided and r.slot_ms <= decided[r.entry].slot_ms}
         if not dropped:
             return requests
-        for request in dropped:
-            self.claims.answered(request.run)
-            self.due.claimed(request.entry, request.slot_ms)
-            logger.info("%s: slot %s was skipped while the entry was paused: not caught up",
-                        request.entry, log_time(request.slot_ms))
-        return [r for r in requests if r.run not in paused]
+        for entry, slot_ms in sorted(dropped):
+            self.claims.answered((entry, slot_ms))
+            self.due.claimed(entry, slot_ms)
+        for entry in sorted({entry for entry, _ in dropped}):
+            newest = decided[entry]
+            level = logging.INFO if newest.event is RunEvent.PAUSED else logging.DEBUG
+            logger.log(level, "%s: slot(s) up to %s not caught up: the entry's history records "
+                       "%s for slot %s, after them", entry,
+                       log_time(max(s for e, s in dropped if e == entry)), newest.event.value,
+                       log_time(newest.slot_ms))
+        return [r for r in requests if r.run not in dropped]
 
     def _on_result(self, result: ClaimResult, plans: dict[str, EntryPlan],
                    config_plans: dict[str, EntryPlan]) -> Send | None:
