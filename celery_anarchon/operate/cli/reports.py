@@ -224,7 +224,13 @@ def parse_since(text: str, now_ms: int, *, option: str = "--since", sign: int = 
     :raises click.BadParameter: neither, with examples of both, or an instant outside the years
         1 to 9999.
     """
-    value = text.strip()
+    value = " ".join(text.split())
+    # a duration as the examples below write it: "2d ago", "in 1h", "1h from now"
+    for word in ((" ago",) if sign < 0 else ("in ", " from now")):
+        if word.startswith(" ") and value.endswith(word):
+            value = value[:-len(word)]
+        elif value.startswith(word):
+            value = value[len(word):]
     if value and _DURATION.sub("", value) == "":
         seconds = sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(value))
         at_ms = now_ms + sign * seconds * 1000
