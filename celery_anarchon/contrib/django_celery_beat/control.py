@@ -1,0 +1,158 @@
+"""The admin's meaning on every host: a row disabled or enabled (an admin action, or any ORM
+``save()`` that changes ``enabled``) becomes a pause or a resume of the row's entry in the store,
+and "Run selected tasks" one run-now request per row and click (docs/from-django-celery-beat.md,
+"The admin").
+
+A pause is checked inside the atomic claim on every instance, so a disabled row is never sent by
+an instance that has not read the rows again yet. A row runs only while it is enabled in the
+database **and** not paused in the store: each one stops it, and neither one restarts what the
+other stopped; the admin and every ``save()`` keep them in step. The Celery app is the
+project's own, ``celery.current_app`` (as django-celery-beat's admin finds it: the app that
+``proj/__init__.py`` imports, as Django's Celery guide makes it).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import Iterable, Iterator
+
+from celery_anarchon.errors import ConfigError, UnknownEntry
+from celery_anarchon.operate.schedules import Schedules
+
+logger = logging.getLogger("celery_anarchon.contrib.django_celery_beat")
+
+#: who makes the changes of the saves made now (the admin user of a request: :func:`acting`)
+_BY: contextvars.ContextVar[str | None] = contextvars.ContextVar("anarchon_admin_by",
+                                                                 default=None)
+
+
+def admin_by(user) -> str:
+    """Who an admin user is in our history: ``"<username> (Django admin)"``."""
+    return f"{user.get_username() or 'anonymous'} (Django admin)"
+
+
+@contextlib.contextmanager
+def acting(by: str) -> Iterator[None]:
+    """The saves made within record ``by`` as who paused or resumed a row."""
+    token = _BY.set(by)
+    try:
+        yield
+    finally:
+        _BY.reset(token)
+
+
+def celery_app():
+    """The project's Celery app: ``celery.current_app``, the one ``proj/__init__.py`` imports
+    (as django-celery-beat's admin takes it), with its ``anarchon_*`` settings."""
+    from celery import current_app
+    return current_app._get_current_object()
+
+
+class RowSchedules(Schedules):
+    """:class:`~celery_anarchon.operate.schedules.Schedules` that knows the ``PeriodicTask``
+    rows as entries too (after ``beat_schedule`` and the store's entries, as the Scheduler on
+    the rows reads them): a row can be paused, resumed and run now by its name.
+
+    :raises ConfigError: as :class:`Schedules`; ``run_now`` of a row that is not scheduled
+        (disabled, or a one-off that ran): enable it first.
+    """
+
+    _for_run = False
+
+    def _known(self, name: str, snapshot):
+        try:
+            return super()._known(name, snapshot)
+        except UnknownEntry:
+            from django_celery_beat.models import PeriodicTask
+
+            from celery_anarchon.django_rows.rows import row_entry, where
+            row = PeriodicTask.objects.filter(name=name).select_related(
+                "interval", "crontab", "solar", "clocked").first()
+            if row is None:
+                raise
+        if not self._for_run:
+            return None                 # pause and resume only ask whether it exists
+        entry = row_entry(row, app=self.app)
+        if entry is None:
+            raise ConfigError(f"{where(row)} is not scheduled (disabled, or a one-off that ran "
+                              "since its last save): no instance would claim a run of it; fix: "
+                              "enable it first")
+        return entry
+
+    def run_now(self, name: str, request_id: str | None = None, *, by: str | None = None):
+        """:meth:`Schedules.run_now`, a row's entry too (a row that is not scheduled is
+        refused: no instance runs it)."""
+        self._for_run = True
+        try:
+            return super().run_now(name, request_id, by=by)
+        finally:
+            self._for_run = False
+
+
+def row_schedules(by: str | None = None) -> RowSchedules:
+    """The project's schedules (:func:`celery_app`), rows included; close it after use."""
+    return RowSchedules(celery_app(), by=by)
+
+
+def pause_rows(names: Iterable[str], *, by: str | None, reason: str) -> list[str]:
+    """Pause the entries of the rows ``names`` (before their ``enabled`` is written False).
+
+    :returns: the names paused.
+    :raises StoreError: the store cannot be reached: nothing after the first failing name is
+        paused (the caller leaves the rows as they were).
+    """
+    names = list(names)
+    with row_schedules(by) as s:
+        for name in names:
+            s.pause(name, reason=reason)
+    return names
+
+
+def resume_rows(names: Iterable[str], *, by: str | None) -> list[str]:
+    """Lift the pauses of the rows ``names`` (once their ``enabled`` is written True)."""
+    names = list(names)
+    with row_schedules(by) as s:
+        for name in names:
+            s.resume(name)
+    return names
+
+
+def run_rows(names: Iterable[str], *, click: str, by: str | None) -> list:
+    """One run-now request per row of ``names``, its id ``"admin:<click>:<name>"``: the same
+    click submitted twice is one request (and one run) per row.
+
+    :returns: the requests (``created`` False for a click seen before).
+    """
+    with row_schedules(by) as s:
+        return [s.run_now(name, request_id=f"admin:{click}:{name}") for name in names]
+
+
+# -- save() of a row: the signals (connected by the app's ready()) ------------------------------
+REASON = "disabled in django-celery-beat"
+
+
+def before_save(sender, instance, raw: bool = False, **_kwargs) -> None:
+    """``pre_save`` of a ``PeriodicTask``: a row whose ``enabled`` goes from True to False is
+    paused now, before the row is written (a store error stops the save: the row stays as it
+    was); one going from False to True is resumed once the write is committed."""
+    if raw or instance.pk is None:
+        return
+    from django.db import transaction
+    before = type(instance).objects.filter(pk=instance.pk).values_list("enabled", "name").first()
+    if before is None or before[0] == instance.enabled:
+        return
+    by = _BY.get()
+    was_enabled, old_name = before
+    if not instance.enabled and was_enabled:
+        pause_rows([old_name], by=by, reason=REASON)
+    elif instance.enabled and not was_enabled:
+        name = instance.name
+        transaction.on_commit(lambda: resume_rows([name], by=by))
+
+
+def connect() -> None:
+    """Connect :func:`before_save` to ``PeriodicTask``'s ``pre_save`` (once)."""
+    from django.db.models.signals import pre_save
+    from django_celery_beat.models import PeriodicTask
+    pre_save.connect(before_save, sender=PeriodicTask, dispatch_uid="anarchon_row_enabled")
