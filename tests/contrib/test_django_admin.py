@@ -13,7 +13,10 @@ from django.test import Client
 from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from celery_anarchon.contrib.django_celery_beat import control
+from celery_anarchon.beat.entries import BeatEntry
+from celery_anarchon.contrib.django_celery_beat import RowPlans, control
+from celery_anarchon.contrib.django_celery_beat.scheduler import SCHEDULER_PATH
+from celery_anarchon.settings import Settings
 from celery_anarchon.contrib.django_celery_beat.admin import CLICK_FIELD
 from celery_anarchon.operate.schedules import schedules
 from celery_anarchon.stores import open_store
@@ -33,7 +36,8 @@ def app(tmp_path):
     from celery import _state
     before = _state.get_current_app()
     app = Celery("proj", set_as_current=False)
-    app.conf.update(broker_url="memory://", anarchon_store_url=f"sqlite:///{tmp_path}/s.db")
+    app.conf.update(broker_url="memory://", anarchon_store_url=f"sqlite:///{tmp_path}/s.db",
+                    beat_scheduler=SCHEDULER_PATH)
     app.set_current()
     yield app
     before.set_current()
@@ -152,4 +156,41 @@ def test_a_save_that_changes_enabled_pauses_and_resumes(rows, app):
     assert pauses(app)["a"].by == BY
     a.enabled = True
     a.save()                                   # autocommit: resumed at once
+    assert pauses(app) == {}
+
+
+def scheduled_rows(app) -> set[str]:
+    """The rows an instance of our Scheduler on ``app`` schedules when it reads them now."""
+    store = open_store(app.conf.anarchon_store_url, namespace="proj", instance_id="i", options={})
+    try:
+        plans = RowPlans(app, Settings.from_app(app), store, BeatEntry)
+        plans.of_schedule({})
+        return set(plans.row_names)
+    finally:
+        store.close()
+
+
+def test_a_row_runs_only_while_enabled_and_not_paused(admin_client, app):
+    """Each of the two stops a row and neither restarts what the other stopped; the Scheduler
+    writes neither."""
+    a, b = make_rows("a", "b")
+    act(admin_client, "disable_tasks", [a, b])
+    PeriodicTask.objects.filter(name="a").update(enabled=True)   # a bulk update: no signal
+    assert scheduled_rows(app) == {"a"}
+    assert claim_outcome(app, "a") is Outcome.PAUSED            # still paused in the store
+    with schedules(app) as s:
+        s.resume("b")                                            # resumed, still disabled
+    assert "b" not in scheduled_rows(app)
+    assert sorted(pauses(app)) == ["a"]
+    assert not PeriodicTask.objects.get(name="b").enabled
+
+
+def test_without_our_scheduler_the_admin_is_django_celery_beats(admin_client, app):
+    """A project whose app still runs django-celery-beat's scheduler (the first step of a
+    rolling switch): the actions and saves write nothing to a store."""
+    app.conf.beat_scheduler = "django_celery_beat.schedulers:DatabaseScheduler"
+    (a,) = make_rows("a")
+    act(admin_client, "disable_tasks", [a])
+    assert not PeriodicTask.objects.get(name="a").enabled
+    app.conf.beat_scheduler = SCHEDULER_PATH
     assert pauses(app) == {}

@@ -43,7 +43,9 @@ def click_id(request) -> str:
 
 class PeriodicTaskAdmin(dcb_admin.PeriodicTaskAdmin):
     """django-celery-beat's admin of ``PeriodicTask``, whose actions act on our store first:
-    a store that cannot be reached leaves the rows as they were, with an error message."""
+    a store that cannot be reached leaves the rows as they were, with an error message. While
+    the project's app does not run our Scheduler (:func:`.control.celery_app`), they are
+    django-celery-beat's own."""
 
     action_form = ActionForm
 
@@ -55,8 +57,11 @@ class PeriodicTaskAdmin(dcb_admin.PeriodicTaskAdmin):
     def disable_tasks(self, request, queryset):
         """Pause every selected row in the store, then disable it (django-celery-beat's
         action): from the moment this returns, no instance sends a run of it."""
+        app = control.celery_app()
+        if app is None:
+            return super().disable_tasks(request, queryset)
         try:
-            control.pause_rows(queryset.values_list("name", flat=True),
+            control.pause_rows(app, queryset.values_list("name", flat=True),
                                by=control.admin_by(request.user), reason=control.REASON)
         except _STORE_ERRORS as exc:
             return self._store_failed(request, "pausing the selected tasks", exc)
@@ -68,8 +73,11 @@ class PeriodicTaskAdmin(dcb_admin.PeriodicTaskAdmin):
         store."""
         names = list(queryset.values_list("name", flat=True))
         response = super().enable_tasks(request, queryset)
+        app = control.celery_app()
+        if app is None:
+            return response
         try:
-            control.resume_rows(names, by=control.admin_by(request.user))
+            control.resume_rows(app, names, by=control.admin_by(request.user))
         except _STORE_ERRORS as exc:
             self.message_user(request, f"celery_anarchon: resuming the selected tasks failed: "
                               f"{exc}; they are enabled but paused: enable them again",
@@ -90,9 +98,12 @@ class PeriodicTaskAdmin(dcb_admin.PeriodicTaskAdmin):
         """One run-now request per selected row and click, claimed like any run by the
         instances (instead of a send from the web process): the same click submitted twice runs
         each row once."""
+        app = control.celery_app()
+        if app is None:
+            return super().run_tasks(request, queryset)
         names = list(queryset.values_list("name", flat=True))
         try:
-            done = control.run_rows(names, click=click_id(request),
+            done = control.run_rows(app, names, click=click_id(request),
                                     by=control.admin_by(request.user))
         except _STORE_ERRORS as exc:
             return self.message_user(request, f"celery_anarchon: run now failed: {exc}",

@@ -43,10 +43,25 @@ def acting(by: str) -> Iterator[None]:
 
 
 def celery_app():
-    """The project's Celery app: ``celery.current_app``, the one ``proj/__init__.py`` imports
-    (as django-celery-beat's admin takes it), with its ``anarchon_*`` settings."""
+    """The project's Celery app when it runs our Scheduler on the rows, else ``None``.
+
+    The app is ``celery.current_app``, the one ``proj/__init__.py`` imports (as
+    django-celery-beat's admin takes it), with its ``anarchon_*`` settings; it runs our
+    Scheduler when its ``beat_scheduler`` (``CELERY_BEAT_SCHEDULER`` in the settings) names
+    :class:`~.scheduler.Scheduler` or a subclass. Otherwise (django-celery-beat's own scheduler
+    still runs, as in the first step of a rolling switch) the admin and the saves act as
+    django-celery-beat's do, and nothing is written to a store.
+    """
     from celery import current_app
-    return current_app._get_current_object()
+    from celery.utils.imports import symbol_by_name
+
+    from celery_anarchon.contrib.django_celery_beat.scheduler import Scheduler
+    app = current_app._get_current_object()
+    try:
+        chosen = symbol_by_name(app.conf.beat_scheduler)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return app if isinstance(chosen, type) and issubclass(chosen, Scheduler) else None
 
 
 class RowSchedules(Schedules):
@@ -90,41 +105,39 @@ class RowSchedules(Schedules):
             self._for_run = False
 
 
-def row_schedules(by: str | None = None) -> RowSchedules:
-    """The project's schedules (:func:`celery_app`), rows included; close it after use."""
-    return RowSchedules(celery_app(), by=by)
-
-
-def pause_rows(names: Iterable[str], *, by: str | None, reason: str) -> list[str]:
-    """Pause the entries of the rows ``names`` (before their ``enabled`` is written False).
+def pause_rows(app, names: Iterable[str], *, by: str | None, reason: str) -> list[str]:
+    """Pause the entries of the rows ``names`` in ``app``'s store (before their ``enabled`` is
+    written False).
 
     :returns: the names paused.
     :raises StoreError: the store cannot be reached: nothing after the first failing name is
         paused (the caller leaves the rows as they were).
     """
     names = list(names)
-    with row_schedules(by) as s:
+    with RowSchedules(app, by=by) as s:
         for name in names:
             s.pause(name, reason=reason)
     return names
 
 
-def resume_rows(names: Iterable[str], *, by: str | None) -> list[str]:
-    """Lift the pauses of the rows ``names`` (once their ``enabled`` is written True)."""
+def resume_rows(app, names: Iterable[str], *, by: str | None) -> list[str]:
+    """Lift the pauses of the rows ``names`` in ``app``'s store (once their ``enabled`` is
+    written True)."""
     names = list(names)
-    with row_schedules(by) as s:
+    with RowSchedules(app, by=by) as s:
         for name in names:
             s.resume(name)
     return names
 
 
-def run_rows(names: Iterable[str], *, click: str, by: str | None) -> list:
+def run_rows(app, names: Iterable[str], *, click: str, by: str | None) -> list:
     """One run-now request per row of ``names``, its id ``"admin:<click>:<name>"``: the same
     click submitted twice is one request (and one run) per row.
 
     :returns: the requests (``created`` False for a click seen before).
+    :raises ConfigError: a row is not scheduled (the rows before it are requested).
     """
-    with row_schedules(by) as s:
+    with RowSchedules(app, by=by) as s:
         return [s.run_now(name, request_id=f"admin:{click}:{name}") for name in names]
 
 
@@ -135,8 +148,12 @@ REASON = "disabled in django-celery-beat"
 def before_save(sender, instance, raw: bool = False, **_kwargs) -> None:
     """``pre_save`` of a ``PeriodicTask``: a row whose ``enabled`` goes from True to False is
     paused now, before the row is written (a store error stops the save: the row stays as it
-    was); one going from False to True is resumed once the write is committed."""
+    was); one going from False to True is resumed once the write is committed. Nothing is done
+    while the project's app does not run our Scheduler (:func:`celery_app`)."""
     if raw or instance.pk is None:
+        return
+    app = celery_app()
+    if app is None:
         return
     from django.db import transaction
     before = type(instance).objects.filter(pk=instance.pk).values_list("enabled", "name").first()
@@ -145,10 +162,10 @@ def before_save(sender, instance, raw: bool = False, **_kwargs) -> None:
     by = _BY.get()
     was_enabled, old_name = before
     if not instance.enabled and was_enabled:
-        pause_rows([old_name], by=by, reason=REASON)
+        pause_rows(app, [old_name], by=by, reason=REASON)
     elif instance.enabled and not was_enabled:
         name = instance.name
-        transaction.on_commit(lambda: resume_rows([name], by=by))
+        transaction.on_commit(lambda: resume_rows(app, [name], by=by))
 
 
 def connect() -> None:
