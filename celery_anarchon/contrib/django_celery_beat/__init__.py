@@ -7,6 +7,11 @@
 Each run of each ``PeriodicTask`` row is claimed once in the store (docs/from-django-celery-beat.md:
 what each model means, what is not supported yet, a rolling switch). Needs
 ``pip install celery-anarchon[django]``.
+
+In ``INSTALLED_APPS`` (``"celery_anarchon.contrib.django_celery_beat"``, beside
+``"django_celery_beat"``) it is also a Django app whose admin's Disable / Enable pause and resume
+a row in the store and whose "Run selected tasks" is one run-now per row and click
+(:mod:`.admin`, :mod:`.control`).
 """
 from celery_anarchon.contrib.django_celery_beat.scheduler import RowPlans, Scheduler
 

@@ -33,10 +33,10 @@ class ActionForm(helpers.ActionForm):
 
 
 def click_id(request) -> str:
-    """The id of this click: the form's :data:`CLICK_FIELD` (letters and digits, at most 64),
-    else a new one (a POST made without the form: one request per POST)."""
+    """The id of this click: the form's :data:`CLICK_FIELD` (ASCII letters and digits, at most
+    64), else a new one (a POST made without the form: one request per POST)."""
     given = request.POST.get(CLICK_FIELD, "")
-    if given and len(given) <= 64 and given.isalnum():
+    if given and len(given) <= 64 and given.isascii() and given.isalnum():
         return given
     return uuid.uuid4().hex
 

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 from collections.abc import Iterable, Iterator
 
 from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.operate.schedules import Schedules
-
-logger = logging.getLogger("celery_anarchon.contrib.django_celery_beat")
 
 #: who makes the changes of the saves made now (the admin user of a request: :func:`acting`)
 _BY: contextvars.ContextVar[str | None] = contextvars.ContextVar("anarchon_admin_by",
