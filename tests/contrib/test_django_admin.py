@@ -194,3 +194,12 @@ def test_without_our_scheduler_the_admin_is_django_celery_beats(admin_client, ap
     assert not PeriodicTask.objects.get(name="a").enabled
     app.conf.beat_scheduler = SCHEDULER_PATH
     assert pauses(app) == {}
+
+
+def test_a_row_our_rules_refuse_is_still_paused_and_resumed(admin_client, app):
+    (a,) = make_rows("a")
+    PeriodicTask.objects.filter(pk=a.pk).update(args="[not json")
+    act(admin_client, "disable_tasks", [a])
+    assert sorted(pauses(app)) == ["a"]
+    act(admin_client, "enable_tasks", [a])
+    assert pauses(app) == {}

@@ -70,7 +70,10 @@ class RowSchedules(Schedules):
         (disabled, or a one-off that ran): enable it first.
     """
 
+    #: run_now: only a scheduled row is known (a run of another would never be claimed)
     _for_run = False
+    #: pause: a row is known even when its entry cannot be built (it runs nowhere either)
+    _lenient = False
 
     def _known(self, name: str, snapshot):
         try:
@@ -83,14 +86,25 @@ class RowSchedules(Schedules):
                 "interval", "crontab", "solar", "clocked").first()
             if row is None:
                 raise
-        if not self._for_run:
-            return None                 # pause and resume only ask whether it exists
-        entry = row_entry(row, app=self.app)
+        try:
+            entry = row_entry(row, app=self.app, scheduled_only=self._for_run)
+        except ConfigError:
+            if self._lenient:
+                return None             # pause only asks whether it exists
+            raise
         if entry is None:
             raise ConfigError(f"{where(row)} is not scheduled (disabled, or a one-off that ran "
                               "since its last save): no instance would claim a run of it; fix: "
                               "enable it first")
         return entry
+
+    def pause(self, name: str, reason: str = "", *, by: str | None = None):
+        """:meth:`Schedules.pause`, a row's entry too (one our rules refuse as well)."""
+        self._lenient = True
+        try:
+            return super().pause(name, reason, by=by)
+        finally:
+            self._lenient = False
 
     def run_now(self, name: str, request_id: str | None = None, *, by: str | None = None):
         """:meth:`Schedules.run_now`, a row's entry too (a row that is not scheduled is
@@ -119,12 +133,16 @@ def pause_rows(app, names: Iterable[str], *, by: str | None, reason: str) -> lis
 
 def resume_rows(app, names: Iterable[str], *, by: str | None) -> list[str]:
     """Lift the pauses of the rows ``names`` in ``app``'s store (once their ``enabled`` is
-    written True)."""
-    names = list(names)
+    written True); a row with no pause is left as it is.
+
+    :returns: the names resumed.
+    """
     with RowSchedules(app, by=by) as s:
-        for name in names:
+        held = {n for n, e in s._snapshot().entries.items() if e.pause is not None}
+        resumed = [name for name in names if name in held]
+        for name in resumed:
             s.resume(name)
-    return names
+    return resumed
 
 
 def run_rows(app, names: Iterable[str], *, click: str, by: str | None) -> list:
