@@ -143,7 +143,8 @@ def timezone_error(app) -> ConfigError | None:
     """
     try:
         zone = app.timezone
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+    # OSError: the tzdata package's look-up of a name too long for a file name
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:
         value = app.conf.get("timezone")
         return ConfigError(f"timezone {value!r} (app.conf.timezone) is not a known IANA time "
                            f"zone ({exc}){did_you_mean(value)}; fix: use a zone name such as "

@@ -117,8 +117,8 @@ def iana_zone(name: object) -> zoneinfo.ZoneInfo | None:
         return None
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return None
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        return None     # OSError: the tzdata package's look-up of a name too long for a file
 
 
 def resolve_zone(tz, where: str) -> datetime.tzinfo:
