@@ -31,11 +31,13 @@ def append_record(path: str, record: dict) -> None:
 
 
 def read_records(path: str) -> list[dict]:
-    """The records :func:`append_record` wrote to ``path``, oldest first ([] before the first)."""
+    """The records :func:`append_record` wrote to ``path``, oldest first ([] before the first).
+    A last line without its newline is a record still being written (a reader can see part of
+    another process's write): it is read the next time, whole."""
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
 
 
 @dataclass

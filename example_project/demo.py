@@ -63,8 +63,8 @@ class Demo:
         path = os.path.join(self.run_dir, "executions.jsonl")
         if not os.path.exists(path):
             return []
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        with open(path, encoding="utf-8") as f:     # a line without its newline: still written
+            return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
 
     def show_new(self) -> None:
         runs = self.executions()
