@@ -320,6 +320,23 @@ def test_a_stopped_engine_sends_nothing_more_it_wins(sqlite_url, namespace, harn
     assert len(h.sent) == 1
 
 
+def test_a_run_sent_before_a_stop_is_recorded_sent_when_the_engine_closes(sqlite_url, namespace,
+                                                                           harnesses):
+    """close() in the middle of a tick, after a send (beat's SIGTERM handler): the tick ends
+    without writing its history; beat's second close() writes it, so the history says "sent",
+    not "claimed", for the run that was published."""
+    def send_then_stop(plan, slot_ms, attempt, token, task_id):
+        h.sent.append((plan.name, slot_ms, attempt))
+        h.engine.stop()
+
+    h = make(harnesses, sqlite_url, namespace, {"a": (2, {"jitter": 0, "max_late": 5})},
+             send=send_then_stop)
+    h.engine.tick()
+    [(name, slot_ms, _)] = h.sent
+    h.engine.close()
+    assert h.history(name)[slot_ms].event is RunEvent.SENT, h.history(name)
+
+
 @pytest.mark.parametrize("leased", [False, True], ids=["plain", "leased"])
 def test_a_run_whose_claim_answers_after_max_late_is_not_sent(sqlite_url, namespace, harnesses,
                                                               leased):

@@ -171,8 +171,10 @@ class Engine:
         self._set_plans(self.sync.merge(self.config_plans) if self.sync else self.config_plans)
 
     def close(self) -> None:
-        """Drop this instance's heartbeat from an instance store (beat is shutting down); a later
-        tick writes it again. Never raises for a store error."""
+        """Write the history notes a stopped tick left (the sends before :meth:`stop`: recorded
+        sent, not left claimed) and drop this instance's heartbeat from an instance store (beat
+        is shutting down); a later tick writes it again. Never raises for a store error."""
+        self.notes.flush()
         self.follow.leave()
 
     def next_fire(self) -> float | None:
