@@ -3,9 +3,9 @@ store run an entry every second (window 60 s); all three beats stop for 20 s (an
 start again, and one of them is killed (SIGKILL) in the middle of the catch-up. Every slot of the
 outage is then executed by the worker exactly once and recorded sent, none missed (the killed
 beat was sending them: the others, whose walks lagged behind, send the rest), and no slot of the
-whole run twice; the only
-possible miss is a run whose claim the killed beat had won but not yet sent (the store's history
-shows that claim without a send).
+whole run twice; the one exception is the run whose claim the killed beat had won when it died:
+the store's history shows that claim without a send, and the run is missed if the beat died
+before it published the message, executed if it died after.
 
 The waits end on conditions, with deadlines from the settings: the catch-up of a beat starts at
 the oldest slot of its window and claims one slot a pace, gaining gap - pace on the schedule at
@@ -122,7 +122,9 @@ def test_three_beats_catch_up_an_outage_each_slot_once_with_one_killed(tmp_path,
     missed = [slot for slot in outage if slot not in counts]
     history = {h.slot_ms: h for h in store.history.read(ENTRY, limit=500)}
     store.close()
-    in_flight = [s for s in missed if (h := history.get(s)) is not None
+    # the claims the killed beat won and never recorded sent: killed before it published (the
+    # run is missed) or after, before its record of the send (the run was executed)
+    in_flight = [s for s in outage if (h := history.get(s)) is not None
                  and h.event is RunEvent.CLAIMED and h.instance == killed]
     senders = collections.Counter(x["instance"] for x in runs if x["slot"] in set(outage))
     cost = time.monotonic() - began
@@ -132,7 +134,8 @@ def test_three_beats_catch_up_an_outage_each_slot_once_with_one_killed(tmp_path,
               f"({len(in_flight)} in flight at the kill), {len(duplicates)} duplicates of "
               f"{len(counts)} runs; senders {sorted(senders.values())}; {cost:.0f} s")
     assert not duplicates, f"runs executed twice: {duplicates}\n{cluster.logs()}"
-    assert missed == in_flight and len(missed) <= 1, (missed, in_flight, cluster.logs())
+    assert set(missed) <= set(in_flight) and len(in_flight) <= 1, (
+        missed, in_flight, cluster.logs())
     assert not left, f"sent but never executed: {left}"
     # caught up within its window, no slot of the outage is called missed
     events = collections.Counter(h.event for s, h in history.items() if s in set(outage))
