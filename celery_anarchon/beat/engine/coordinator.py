@@ -171,9 +171,7 @@ class Engine:
         self._set_plans(self.sync.merge(self.config_plans) if self.sync else self.config_plans)
 
     def close(self) -> None:
-        """Write the history notes a stopped tick left (the sends before :meth:`stop`: recorded
-        sent, not left claimed) and drop this instance's heartbeat from an instance store (beat
-        is shutting down); a later tick writes it again. Never raises for a store error."""
+        """Write a stopped tick's notes (its sends: sent) and leave the instances. Never raises."""
         self.notes.flush()
         self.follow.leave()
 
