@@ -5,7 +5,9 @@ line, to be searched for and pasted (a terminal wraps it). ``status --wide`` pri
 and lines and ISO 8601 UTC times instead (:mod:`celery_anarchon.operate.cli.reports`)."""
 from __future__ import annotations
 
-import datetime
+from celery_anarchon.operate.times import relative, to_ms
+
+__all__ = ["WIDTH", "CUT", "View", "cut", "fit_table", "relative", "to_ms"]
 
 #: the columns ``status`` fits its lines in by default
 WIDTH = 120
@@ -13,39 +15,6 @@ WIDTH = 120
 CUT = "…"
 #: a column is never cut narrower than this
 MIN_COLUMN = 8
-
-
-def to_ms(text: str | None) -> int | None:
-    """UTC ms of an ISO 8601 instant of the status data, ``None`` for none or a value that is
-    no instant (an older version's)."""
-    if not text:
-        return None
-    try:
-        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return round(when.timestamp() * 1000)
-
-
-def relative(text: str | None, now_ms: int) -> str:
-    """An ISO 8601 instant of the status data as the time from ``now_ms`` (UTC ms): ``12 s
-    ago``, ``in 3 min``, ``2 h ago``, ``in 4 d``; ``-`` for none; the text as it is when it is
-    no instant."""
-    at_ms = to_ms(text)
-    if at_ms is None:
-        return text or "-"
-    seconds = round(abs(at_ms - now_ms) / 1000)
-    if seconds < 90:
-        span = f"{seconds} s"
-    elif seconds < 90 * 60:
-        span = f"{round(seconds / 60)} min"
-    elif seconds < 36 * 3600:
-        span = f"{round(seconds / 3600)} h"
-    else:
-        span = f"{round(seconds / 86400)} d"
-    return f"in {span}" if at_ms > now_ms else f"{span} ago"
 
 
 def cut(line: str, width: int = WIDTH) -> str:
