@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import functools
 import math
+import time
+from collections.abc import Collection
 from pathlib import Path
 from urllib.parse import urlencode
 
 from celery_anarchon.errors import ConfigError
+from celery_anarchon.operate import times
 
 #: the header, form field and environment variable of the actions' token
 TOKEN_HEADER, TOKEN_FIELD, TOKEN_ENV = "X-Anarchon-Token", "token", "ANARCHON_WEB_TOKEN"
@@ -68,7 +71,12 @@ def render_page(data: dict | None, *, error: str | None = None, actions: bool = 
     """
     data = data or {}
     params = dict(params or {})
-    shown = entries_page(data.get("entries") or [], query=query, page=page, per_page=per_page)
+    disagreeing = {d.get("entry") for d in data.get("disagreements") or ()}
+    shown = entries_page(data.get("entries") or [], query=query, page=page, per_page=per_page,
+                         disagreeing=disagreeing)
+    now_ms = times.to_ms(data.get("generated"))
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
     links = {"prev": page_link(params, page=shown["page"] - 1) if shown["page"] > 1 else None,
              "next": (page_link(params, page=shown["page"] + 1)
                       if shown["page"] < shown["pages"] else None),
@@ -77,7 +85,39 @@ def render_page(data: dict | None, *, error: str | None = None, actions: bool = 
         data=data, error=error, actions=actions, nonce=nonce, store_ms=_store_ms(data),
         refresh_ms=int(refresh_interval(refresh_s, 0.0) * 1000), token_header=TOKEN_HEADER, legend=LEGEND,
         classes=COLOURS, skips=recent_skips(data), shown=shown, links=links,
-        kept={k: v for k, v in params.items() if k != "q"}, lost_fix=_lost_fix())
+        kept={k: v for k, v in params.items() if k != "q"}, lost_fix=_lost_fix(),
+        ago=functools.partial(time_tag, now_ms=now_ms), run_classes=run_classes,
+        schedule_parts=schedule_parts, now_ms=now_ms)
+
+
+def time_tag(value, zone: str | None = None, *, now_ms: int):
+    """An instant of the status data as the page shows it: ``<time>`` whose text is relative to
+    ``now_ms`` (``12 s ago``, ``in 3 min``: :func:`~celery_anarchon.operate.times.relative`),
+    whose ``title`` (the tooltip) is the whole instant in ``zone`` and UTC
+    (:func:`~celery_anarchon.operate.times.absolute`) and whose ``data-ms`` the page's script
+    reads to keep the text right between reloads. Every value escaped.
+
+    :param value: an ISO 8601 instant (another value is shown as it is, escaped; ``None``: empty).
+    :param zone: the entry's zone (IANA name), or ``None``: UTC only.
+    :param now_ms: "now", UTC ms: the store's clock when the data was read (``generated``).
+    :returns: :class:`markupsafe.Markup`.
+    """
+    from markupsafe import Markup, escape
+    at_ms = times.to_ms(value)
+    if at_ms is None:
+        return escape("" if value is None else value)
+    return Markup('<time class="ago" datetime="{}" data-ms="{}" title="{}">{}</time>').format(
+        value, at_ms, times.absolute(value, zone), times.relative(value, now_ms))
+
+
+def schedule_parts(entry: dict) -> tuple[str, str | None]:
+    """An entry's schedule cell: its schedule in words without the zone at its end (the
+    expression: ``crontab */2 * * * *``, never wrapped on the page) and the zone, named once
+    (``None`` when the entry has none)."""
+    text, zone = str(entry.get("schedule") or ""), entry.get("timezone") or None
+    if zone and text.endswith(" " + zone):
+        text = text[:-len(zone) - 1]
+    return text, zone
 
 
 def _lost_fix() -> str:
@@ -120,9 +160,13 @@ def _when(value) -> str:
 #: the strip's colours: (colour class, what it means, the history events it shows)
 LEGEND = (
     ("ok", "sent (leased: finished)", ("sent", "finished")),
-    ("busy", "claimed, running (leased: started, taken over)", ("claimed", "started", "taken_over")),
-    ("bad", "failed: send failed or unknown, unconfirmed, store unreachable, given up",
-     ("send_failed", "send_unknown", "unconfirmed", "store_unreachable", "unknown", "given_up")),
+    ("busy", "claimed, running (leased: started)", ("claimed", "started")),
+    ("takeover", "taken over: its runner presumed dead, sent again as a new attempt (a dark "
+     "top: a later attempt of a run taken over)", ("taken_over",)),
+    ("send-failed", "send failed: the winner could not publish it until max_late",
+     ("send_failed",)),
+    ("bad", "failed: send unknown, unconfirmed, store unreachable, given up",
+     ("send_unknown", "unconfirmed", "store_unreachable", "unknown", "given_up")),
     ("skip", "skipped: late, early, forgotten, overlapping, superseded",
      ("late", "late_local", "early", "forgotten", "overlapping", "superseded")),
     ("paused", "paused", ("paused",)),
@@ -131,25 +175,54 @@ LEGEND = (
 )
 #: history event -> the strip's colour class (an event not listed: "other")
 COLOURS = {event: colour for colour, _, events in LEGEND for event in events}
+#: the colour classes of runs that went wrong: listed under "Recent skips", and an entry with
+#: one among the runs shown needs attention (a new store's first refusals aside)
+WRONG = ("skip", "bad", "send-failed", "missed")
+#: the mark of a run with an earlier attempt taken over, beside its own colour (CSS class)
+TAKEN_MARK = "taken"
 #: the skips the page lists under "Recent skips", at most
 SKIPS_SHOWN = 20
+#: why an entry needs attention, in words, for the events whose value is not the word
+_WORDS = {"send_failed": "send failed", "taken_over": "taken over"}
+
+
+def taken_over(run: dict) -> bool:
+    """Whether a run of the status data was taken over: its record is the takeover, or it keeps
+    a takeover among its earlier attempts' records (docs/design.md "Leases")."""
+    return run.get("event") == "taken_over" or any(
+        x.get("event") == "taken_over" for x in run.get("earlier") or ())
+
+
+def run_classes(run: dict) -> str:
+    """The CSS classes of a run's cell in the strip: its colour (:data:`COLOURS`) and
+    :data:`TAKEN_MARK` when an earlier attempt of it was taken over."""
+    colour = COLOURS.get(run.get("event"), "other")
+    return f"{colour} {TAKEN_MARK}" if colour != "takeover" and taken_over(run) else colour
 
 
 def recent_skips(data: dict, limit: int = SKIPS_SHOWN) -> list[tuple[str, dict]]:
     """The newest skipped or failed runs of every entry of the status data ``data``, newest slot
     first: ``(entry name, run)`` pairs, at most ``limit``."""
     found = [(e["name"], r) for e in data.get("entries", ()) for r in e.get("runs", ())
-             if COLOURS.get(r.get("event")) in ("skip", "bad", "missed")]
+             if COLOURS.get(r.get("event")) in WRONG]
     return sorted(found, key=lambda pair: pair[1]["slot"], reverse=True)[:limit]
 
 
-def attention(entry: dict) -> str | None:
-    """Why an entry of the status data needs attention, or ``None``: ``"unknown"`` (the store
-    cannot be read), ``"paused"``, ``"pause kept"`` (a live instance keeps its pause from before
-    the store lost it), ``"problem"`` (it breaks a start-up rule), ``"overdue"`` (its newest due
-    slot has no record), ``"lease expired"``, or the event of its newest skipped or failed run
-    among those shown (``"late"``, ``"send_failed"``, ...), a new store's first refusals
-    (``new_store``: the amnesia protection, expected once) aside."""
+def attention(entry: dict, disagreeing: Collection[str] = ()) -> str | None:
+    """Why an entry of the status data needs attention (something to do), or ``None``:
+
+    ``"unknown"`` (the store cannot be read), ``"paused"``, ``"pause kept"`` (a live instance
+    keeps its pause from before the store lost it), ``"problem"`` (it breaks a start-up rule),
+    ``"overdue"`` (its newest due slot has no record), ``"definitions disagree"`` (its name is
+    in ``disagreeing``: live instances send the slots of different definitions), ``"store lost
+    data"`` (a live instance keeps it from before the store's loss), ``"lease expired"``, then
+    the newest of its runs shown that was ``"taken over"``, whose send failed (``"send
+    failed"``) or that went otherwise wrong (its event: ``"late"``, ``"missed"``,
+    ``"given_up"``, ...). A new store's first refusals (``new_store``: the amnesia protection,
+    expected once) are no such run.
+
+    :param disagreeing: the names of the status data's ``disagreements``.
+    """
     if entry.get("state") == "unknown":
         return "unknown"
     if entry.get("paused"):
@@ -160,11 +233,18 @@ def attention(entry: dict) -> str | None:
         return "problem"
     if entry.get("state") == "overdue":
         return "overdue"
+    if entry.get("name") in disagreeing:
+        return "definitions disagree"
+    if entry.get("kept"):
+        return "store lost data"
     if (entry.get("lease") or {}).get("expired"):
         return "lease expired"
     for run in entry.get("runs") or ():
-        if COLOURS.get(run.get("event")) in ("skip", "bad", "missed") and not run.get("new_store"):
-            return run.get("event")
+        if taken_over(run):
+            return "taken over"
+        event = run.get("event")
+        if COLOURS.get(event) in WRONG and not run.get("new_store"):
+            return _WORDS.get(event, event)
     return None
 
 
@@ -176,7 +256,7 @@ def _number(value, default: int, low: int, high: int) -> int:
 
 
 def entries_page(entries: list[dict], *, query: str | None = None, page: str | int | None = 1,
-                 per_page: str | int | None = PER_PAGE) -> dict:
+                 per_page: str | int | None = PER_PAGE, disagreeing: Collection[str] = ()) -> dict:
     """One page of the status page's entries: those whose name contains ``query`` (ignoring
     case), the ones needing :func:`attention` first (the overdue ones, then the others, each by
     name), then the others (by name).
@@ -187,11 +267,13 @@ def entries_page(entries: list[dict], *, query: str | None = None, page: str | i
         :data:`PER_PAGE`).
     :returns: ``{entries: [(entry, attention or None)], query, page, pages, per_page, first,
         last (1-based positions shown, 0 when none), matching, total, attention (matching entries
-        needing it)}``; never raises.
+        needing it), needing ([(name, why)] of every matching entry needing it, in that order)}``;
+        never raises.
+    :param disagreeing: the names of entries whose definitions disagree (:func:`attention`).
     """
     query = (query or "").strip()
     needle = query.casefold()
-    found = [(e, attention(e)) for e in entries
+    found = [(e, attention(e, disagreeing)) for e in entries
              if not needle or needle in str(e.get("name", "")).casefold()]
     found.sort(key=lambda pair: (pair[1] is None, pair[1] != "overdue",
                                  str(pair[0].get("name", ""))))
@@ -203,7 +285,8 @@ def entries_page(entries: list[dict], *, query: str | None = None, page: str | i
     return {"entries": shown, "query": query, "page": number, "pages": pages, "per_page": size,
             "first": start + 1 if shown else 0, "last": start + len(shown),
             "matching": len(found), "total": len(entries),
-            "attention": sum(1 for _, why in found if why is not None)}
+            "attention": sum(1 for _, why in found if why is not None),
+            "needing": [(e.get("name"), why) for e, why in found if why is not None]}
 
 
 def page_link(params: dict[str, str], **changes) -> str:

@@ -403,8 +403,9 @@ def test_the_page_says_when_an_entry_starts_and_when_it_ended():
         {**base, "name": "done", "state": "ended", "start_at": None, "end_at": t, "next": []},
         {**base, "name": "ending", "state": "running", "start_at": None, "end_at": t}]
     page = render_page(data, actions=False)
-    for shown in ('<span class="state st-unknown">waiting</span>', "starts at 2026-03-29",
-                  '<span class="state st-unknown">ended</span>', "ends at 2026-03-29"):
+    at = f'<time class="ago" datetime="{t}" data-ms="1774746000000" title="2026-03-29 01:00:00 UTC">'
+    for shown in ('<span class="state st-unknown">waiting</span>', f"starts at {at}0 s ago</time>",
+                  '<span class="state st-unknown">ended</span>', f"ends at {at}0 s ago</time>"):
         assert shown in page, shown
 
 
