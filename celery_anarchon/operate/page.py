@@ -161,8 +161,8 @@ def _when(value) -> str:
 LEGEND = (
     ("ok", "sent (leased: finished)", ("sent", "finished")),
     ("busy", "claimed, running (leased: started)", ("claimed", "started")),
-    ("takeover", "taken over: its runner presumed dead, sent again as a new attempt (a dark "
-     "top: a later attempt of a run taken over)", ("taken_over",)),
+    ("takeover", "taken over: its runner presumed dead, sent again as a new attempt (an "
+     "orange top: the later attempt of a run taken over)", ("taken_over",)),
     ("send-failed", "send failed: the winner could not publish it until max_late",
      ("send_failed",)),
     ("bad", "failed: send unknown, unconfirmed, store unreachable, given up",

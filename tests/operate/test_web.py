@@ -38,48 +38,22 @@ from celery_anarchon.operate.web import TOKEN_HEADER, check_address, resolve_tok
 
 from backends import backdate_memory_start
 from cluster import APPS, Cluster, read_executions
-from conftest import IN_CI, REDIS_URL, require_server
+from conftest import REDIS_URL, require_server
 from paths import DOCS
 from operate_support import asgi, free_port, http, wait_served
 from stores_support import store_url, wait_until
 from broker_reads import queued_messages
 from schedules_cluster import Run, cluster_env
+from web_browser import UPDATE_SCREENSHOTS, browser  # noqa: F401  (fixture)
 
 sys.path.insert(0, APPS)
 import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SCREENSHOT = DOCS / "status-page.png"
 #: a store entry whose name is markup: the page must show it as text
 TRICKY = '<i>nightly</i> & "report"'
 TOKEN = "t0ken-for-the-test-" + "x" * 12
 BEATS = ("beat-a", "beat-b", "beat-c")
-
-
-@pytest.fixture
-def browser():
-    """Headless Debian chromium through its chromedriver, a 1200x800 window."""
-    try:
-        from selenium import webdriver
-    except ImportError as error:       # skipped on a developer machine, a failure under CI
-        message = f"selenium is not installed ({error}): pip install -e '.[test]'"
-        pytest.fail(message) if IN_CI else pytest.skip(message)
-    from selenium.webdriver.chrome.service import Service
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
-    if missing:
-        message = f"{', '.join(missing)} missing: apt-get install chromium chromium-driver"
-        pytest.fail(message) if IN_CI else pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1200,800", "--hide-scrollbars"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 #: a run-now request id as the page makes it: a UUIDv7
@@ -219,7 +193,7 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
         assert row.find_elements(By.CSS_SELECTOR, "button[data-action=resume]")
         shot = tmp_path / "status-page.png"
         browser.save_screenshot(str(shot))
-        if not SCREENSHOT.exists() or os.environ.get("ANARCHON_UPDATE_SCREENSHOT") == "1":
+        if not SCREENSHOT.exists() or os.environ.get(UPDATE_SCREENSHOTS) == "1":
             shutil.copyfile(shot, SCREENSHOT)
         run.phase("page")
 
