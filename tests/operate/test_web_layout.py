@@ -231,8 +231,8 @@ def test_the_main_page_fits_its_width_and_shows_a_takeover_in_attention(browser,
     cron = _row(browser, "nightly-report")
     schedule = cron.find_element(By.CSS_SELECTOR, "td.schedule")
     assert schedule.text.count(ZONE) == 1 and "crontab */2 * * * *" in schedule.text, schedule.text
-    assert "started · holder worker-2" in _row(browser, "invoice-sync").find_element(
-        By.CSS_SELECTOR, "td.lease").text
+    lease = _row(browser, "invoice-sync").find_element(By.CSS_SELECTOR, "td.lease").text
+    assert lease.startswith("started · attempt 2\nholder worker-2\ntoken "), lease
 
     # relative times, the whole instant in the tooltip (in the entry's zone and UTC)
     upcoming = cron.find_elements(By.CSS_SELECTOR, "td.next time")
@@ -254,3 +254,47 @@ def test_the_main_page_fits_its_width_and_shows_a_takeover_in_attention(browser,
     _right_against_the_store(browser, store, slot)
     layout = browser.execute_script(LAYOUT)
     assert layout["scroll"] <= layout["client"] and not layout["outside"], layout
+
+
+def _run(event: str, **more) -> dict:
+    return {"slot": "2026-03-29T01:00:00+00:00", "event": event, "at": None, "instance": "A",
+            "attempt": 1, "task_id": "t", "detail": "", "earlier": [], **more}
+
+
+def test_attention_is_something_to_do_and_a_new_stores_first_refusal_is_not():
+    from celery_anarchon.operate.page import attention, run_classes
+    running = {"name": "e", "state": "running", "paused": None, "problem": None, "lease": None,
+               "kept": [], "runs": [_run("sent")]}
+    assert attention(running) is None
+    first = {**running, "runs": [_run("sent"), _run("forgotten", new_store=True)]}
+    assert attention(first) is None, "a new store's first refusal"
+    assert attention({**running, "runs": [_run("forgotten")]}) == "forgotten", "a store that forgot"
+    taken = _run("started", attempt=2, earlier=[_run("started"), _run("taken_over", attempt=2)])
+    for runs, why in (([_run("taken_over", attempt=2)], "taken over"), ([taken], "taken over"),
+                      ([_run("sent"), _run("send_failed")], "send failed"),
+                      ([_run("given_up")], "given_up"), ([_run("missed")], "missed")):
+        assert attention({**running, "runs": runs}) == why, (runs, why)
+    assert attention(running, disagreeing={"e"}) == "definitions disagree"
+    assert attention({**running, "kept": [{"instance": "h:1", "what": "entry", "detail": ""}]}) \
+        == "store lost data"
+    assert attention({**running, "paused": {"by": "ops"}, "runs": [taken]}) == "paused"
+    assert run_classes(taken) == "busy taken" and run_classes(_run("taken_over")) == "takeover"
+    assert run_classes(_run("send_failed")) == "send-failed" and run_classes(_run("x")) == "other"
+
+
+def test_a_time_is_relative_with_the_whole_instant_in_its_tooltip_every_value_escaped():
+    from celery_anarchon.operate.page import schedule_parts, time_tag
+    from celery_anarchon.operate.times import absolute, relative
+    t, now = "2026-07-01T10:00:00.000+00:00", 1782900000000   # 10:00:00 UTC
+    tag = str(time_tag(t, "Europe/Paris", now_ms=now + 12_400))
+    assert tag == ('<time class="ago" datetime="2026-07-01T10:00:00.000+00:00" data-ms="1782900000000" '
+                   'title="2026-07-01 12:00:00 CEST (Europe/Paris) · 2026-07-01 10:00:00 UTC">'
+                   '12 s ago</time>'), tag
+    assert relative(t, now - 180_000) == "in 3 min" and relative(t, now + 2.5 * 86_400_000) == "2 d ago"
+    assert relative(t, now - 89_400) == "in 89 s" and relative(t, now - 90_000) == "in 2 min"
+    assert absolute(t, '<b>"x"</b>') == "2026-07-01 10:00:00 UTC", "an unknown zone left out"
+    assert str(time_tag('<b>"x"</b>', now_ms=now)) == "&lt;b&gt;&#34;x&#34;&lt;/b&gt;"
+    assert str(time_tag(None, now_ms=now)) == ""
+    cron = {"schedule": "crontab */2 * * * * Europe/Paris", "timezone": "Europe/Paris"}
+    assert schedule_parts(cron) == ("crontab */2 * * * *", "Europe/Paris")
+    assert schedule_parts({"schedule": "every 60 s", "timezone": None}) == ("every 60 s", None)
