@@ -57,12 +57,18 @@ def absolute(text: str | None, zone: str | None = None) -> str:
     at_ms = to_ms(text)
     if at_ms is None:
         return "" if text is None else str(text)
-    utc = datetime.datetime.fromtimestamp(at_ms / 1000, datetime.timezone.utc)
+    try:
+        utc = datetime.datetime.fromtimestamp(at_ms / 1000, datetime.timezone.utc)
+    except (OverflowError, ValueError, OSError):   # no instant this host can hold
+        return str(text)
     whole = f"{utc:%Y-%m-%d %H:%M:%S} UTC"
     local = _zone(zone)
     if local is None:
         return whole
-    there = utc.astimezone(local)
+    try:
+        there = utc.astimezone(local)
+    except (OverflowError, ValueError):   # past the year 9999 there
+        return whole
     return f"{there:%Y-%m-%d %H:%M:%S} {there.tzname()} ({zone}) · {whole}"
 
 

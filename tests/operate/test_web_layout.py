@@ -293,6 +293,7 @@ def test_a_time_is_relative_with_the_whole_instant_in_its_tooltip_every_value_es
     assert relative(t, now - 180_000) == "in 3 min" and relative(t, now + 2.5 * 86_400_000) == "2 d ago"
     assert relative(t, now - 89_400) == "in 89 s" and relative(t, now - 90_000) == "in 2 min"
     assert absolute(t, '<b>"x"</b>') == "2026-07-01 10:00:00 UTC", "an unknown zone left out"
+    assert absolute("9999-12-31T23:30:00+00:00", "Pacific/Kiritimati") == "9999-12-31 23:30:00 UTC"
     assert str(time_tag('<b>"x"</b>', now_ms=now)) == "&lt;b&gt;&#34;x&#34;&lt;/b&gt;"
     assert str(time_tag(None, now_ms=now)) == ""
     cron = {"schedule": "crontab */2 * * * * Europe/Paris", "timezone": "Europe/Paris"}
