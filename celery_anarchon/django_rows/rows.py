@@ -91,6 +91,20 @@ def where(row) -> str:
     return f"django-celery-beat PeriodicTask {row.name!r} (id {row.pk})"
 
 
+#: where a row keeps what an entry of ``beat_schedule`` gives in ``options["anarchon"]``
+ROW_OPTIONS = ('on this row, options["anarchon"] is the "anarchon" object of its headers: edit '
+               'the row in the admin, e.g. headers {"anarchon": {"jitter": 1}}')
+
+
+def row_fix(error: str) -> str:
+    """An error of our rules about a row's entry, whose fix names ``options['anarchon']`` (a
+    ``beat_schedule`` entry's place of our settings), with where a row keeps them
+    (:data:`ROW_OPTIONS`); other errors as they are."""
+    if "options={'anarchon'" in error or "options['anarchon']" in error:
+        return f"{error.rstrip('.')} ({ROW_OPTIONS})"
+    return error
+
+
 def aware(value: datetime.datetime | None) -> datetime.datetime | None:
     """A row's date and time as an aware one: a naive one (``USE_TZ = False``) is read in
     Django's ``TIME_ZONE``, as the admin wrote it."""

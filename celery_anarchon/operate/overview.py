@@ -30,7 +30,7 @@ from celery_anarchon.operate.overview_entries import (
 )
 from celery_anarchon.operate.overview_instances import (
     LOST_FIX, STALE_INTERVALS, fingerprint_views, instance_json, lost_json, lost_lines,
-    store_definition,
+    refused_json, refused_lines, store_definition,
 )
 from celery_anarchon.operate.schedules import Schedules
 from celery_anarchon.settings import Settings
@@ -155,12 +155,17 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
       that breaks a rule has the fingerprint ``None``), ``fix`` (what to do when the sources
       differ, else ``None``).
     * ``unsaved``: instances (``host:pid``) whose entries are not saved yet.
+    * ``refused``: entries live instances leave out because our rules refuse them, while they
+      run the others (a django-celery-beat row with an unsafe jitter or a crontab step larger
+      than its field): ``{entry, error, instances}``, ``error`` naming the entry, where it comes
+      from (a row's id) and the fix; ``[]`` when none, ``None`` when the store cannot be read.
+      Such an entry needs attention: nothing sends it.
     """
     settings = settings or Settings.from_app(app)
     out = {"namespace": store.namespace, "generated": None, "store": _store_part(store, None),
            "instance_records": store.instances is not None, "instances": [],
            "entries": [], "run_now": [], "partial": [], "disagreements": [], "unsaved": [],
-           "lost": []}
+           "lost": [], "refused": []}
     part = out["store"]
     store_now = None
     try:
@@ -189,6 +194,7 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
             out["instances"] = [instance_json(r, store_now, settings.sync_interval_s)
                                 for r in records]
             out["lost"] = lost_json(records)
+            out["refused"] = refused_json(records)
             out["partial"], out["disagreements"], out["unsaved"] = fingerprint_views(
                 store, records, texts,
                 lambda name: store_definition(app, settings, store, name, texts[name]))
@@ -229,7 +235,7 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
         del cache[key]
     if not reachable:   # what only the store knows is unknown, not empty
         out["instances"] = out["partial"] = out["disagreements"] = out["unsaved"] = None
-        out["run_now"] = out["lost"] = None
+        out["run_now"] = out["lost"] = out["refused"] = None
         for entry in out["entries"]:
             entry.update(state=UNKNOWN_STATE, paused=None, lease=None, run_now=None, runs=[],
                          last=None, kept=None, due=None, unsent=None)
@@ -261,4 +267,5 @@ def dumps(data: dict) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-__all__ = ["overview", "dumps", "run_json", "lost_lines", "LOST_FIX", "STALE_INTERVALS"]
+__all__ = ["overview", "dumps", "run_json", "lost_lines", "refused_lines", "LOST_FIX",
+           "STALE_INTERVALS"]

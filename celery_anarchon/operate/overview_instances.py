@@ -13,7 +13,7 @@ from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.plan import build_plan, clash_fix
 from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import ClaimStore
-from celery_anarchon.stores.entry_store import InstanceRecord
+from celery_anarchon.stores.entry_store import InstanceRecord, refused_of
 
 #: an instance whose last tick is older than this many sync intervals (store clock) is stale
 STALE_INTERVALS = 2
@@ -81,6 +81,33 @@ def lost_lines(data: dict) -> list[str]:
     if lines:
         lines.insert(0, "ERROR: the store lost entries data; these instances keep what they knew:")
         lines.append(f"  fix: {LOST_FIX}")
+    return lines
+
+
+def refused_json(records: list[InstanceRecord]) -> list[dict]:
+    """The entries live instances leave out because our rules refuse them (a django-celery-beat
+    row that breaks a rule: :class:`celery_anarchon.contrib.django_celery_beat.Scheduler` runs the
+    others), each ``{entry, error, instances}``: the error (naming the entry, where it comes from
+    and the fix) and the instances (``host:pid``) that gave it, by entry name; one entry is
+    listed once per distinct error (instances that read the row at different times)."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for r in records:
+        for name, error in (refused_of(r.refused) or {}).items():
+            by.setdefault((name, error), []).append(_who(r))
+    return [{"entry": name, "error": error, "instances": who}
+            for (name, error), who in sorted(by.items())]
+
+
+def refused_lines(data: dict) -> list[str]:
+    """The ``refused`` part of the status data as text lines (``status``), empty when no
+    instance leaves an entry out."""
+    refused = data.get("refused") or ()
+    if not refused:
+        return []
+    lines = [f"entries left out by beat, not run (our rules refuse them; the others run): "
+             f"{len({r['entry'] for r in refused})}"]
+    for r in refused:
+        lines.append(f"  {r['entry']}: {r['error']} (on {', '.join(r['instances'])})")
     return lines
 
 

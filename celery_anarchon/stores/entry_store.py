@@ -191,6 +191,10 @@ class InstanceRecord:
         [names], ``withheld`` [names], each list cut at a hundred names, and their counts
         ``counts`` {pauses, entries, withheld}); ``None`` when it keeps nothing
         (docs/design.md "Amnesia").
+    :param refused: the entries it leaves out because our rules refuse them while the others
+        run (a django-celery-beat row, read at run time): {name: the error, naming the entry,
+        where it comes from and the fix}, at most :data:`MAX_REFUSED` of them; ``None`` when
+        it leaves none out.
     """
 
     instance_id: str
@@ -205,6 +209,25 @@ class InstanceRecord:
     seen_ms: int = 0
     expires_ms: int = 0
     kept: dict | None = None
+    refused: dict | None = None
+
+
+#: the most refused entries an instance record names (``InstanceRecord.refused``), and the most
+#: characters of each one's error
+MAX_REFUSED, MAX_REFUSED_TEXT = 100, 1000
+
+
+def refused_of(value) -> dict[str, str] | None:
+    """``InstanceRecord.refused`` as read back from a record: a mapping of text to text cut to
+    :data:`MAX_REFUSED` names and :data:`MAX_REFUSED_TEXT` characters, else ``None`` (a record
+    of an older version has none; anything else is not trusted)."""
+    if not isinstance(value, dict) or not value:
+        return None
+    out = {}
+    for name, error in sorted(value.items())[:MAX_REFUSED]:
+        if isinstance(name, str) and isinstance(error, str):
+            out[name] = error[:MAX_REFUSED_TEXT]
+    return out or None
 
 
 class Instances(abc.ABC):

@@ -117,7 +117,7 @@ def test_next_shows_the_utc_offset_change_across_dst(sqlite_url, namespace):
 
 #: the keys of status --json (overview's docstring documents each)
 TOP_KEYS = {"namespace", "generated", "store", "instance_records", "instances", "entries",
-            "run_now", "partial", "disagreements", "unsaved", "lost"}
+            "run_now", "partial", "disagreements", "unsaved", "lost", "refused"}
 STORE_KEYS = {"url", "kind", "namespace", "durability", "memory_s", "memory_count",
               "checks_lateness", "leases", "entries", "reachable", "error", "warnings", "clock",
               "skew_ms"}

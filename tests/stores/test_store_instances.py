@@ -140,3 +140,15 @@ def test_readers_at_the_same_time_each_see_every_record(stores):
     assert not errors, errors
     assert len(seen) == 20 and all(ids == ["A", "B", "C"] for ids in seen), \
         "a reader never sees a record missing while another reads"
+
+
+def test_the_entries_an_instance_leaves_out_read_back_as_written(stores):
+    """``InstanceRecord.refused`` (what ``status`` shows as needing attention) round-trips on
+    every store; a record without it reads back without it."""
+    a, b = stores("A"), stores("B")
+    refused = {"row é": "django-celery-beat PeriodicTask 'row é' (id 7) is left out: ...; fix: x",
+               "other": "y" * 900}
+    a.instances.record_instance(_record("A", refused=refused), ttl_ms=60_000)
+    b.instances.record_instance(_record("B"), ttl_ms=60_000)
+    rows = {r.instance_id: r for r in b.instances.instances()}
+    assert rows["A"].refused == refused and rows["B"].refused is None

@@ -31,7 +31,7 @@ from celery_anarchon.beat.engine.skew import SkewCheck
 from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan, clash_fix
 from celery_anarchon.stores.base import ClaimStore
-from celery_anarchon.stores.entry_store import InstanceRecord
+from celery_anarchon.stores.entry_store import InstanceRecord, refused_of
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,10 @@ class Heartbeat:
         #: reported only once it outlasts ``ttl_ms``, by when every live instance read a change
         self.followed: frozenset[str] = frozenset()
         self._first_seen: dict[Disagreement, int] = {}       # a followed one -> when seen, ms
+        #: the entries this instance leaves out because our rules refuse them, by name: the
+        #: error of each (a django-celery-beat row the Scheduler on the rows cannot build), in the
+        #: record for ``celery anarchon status`` (``InstanceRecord.refused``)
+        self.refused: Mapping[str, str] = {}
 
     def beat(self, config: dict[str, EntryPlan], entries: int,
              store_plans: Mapping[str, EntryPlan] | None = None, *,
@@ -125,7 +129,8 @@ class Heartbeat:
             host, pid = socket.gethostname(), os.getpid()
             self.store.instances.record_instance(InstanceRecord(
                 self.instance_id, host, pid, VERSION, self.started_ms, int(self.clock() * 1000),
-                self.skew.skew_ms, entries, digest, kept=kept), self.ttl_ms)
+                self.skew.skew_ms, entries, digest, kept=kept,
+                refused=refused_of(dict(self.refused))), self.ttl_ms)
             others = self._others(digest, live)
             found = self._settled(self._disagreements(mine, others))
             clashes = self._clashes(mine, store_plans or {}, others)

@@ -131,7 +131,7 @@ class RowPlans(EntryPlans):
         return True
 
     def _build_rows(self, rows: list) -> dict[str, EntryPlan]:
-        from celery_anarchon.django_rows.rows import row_entry, where
+        from celery_anarchon.django_rows.rows import row_entry, row_fix, where
         plans, refused, known = {}, {}, {}
         for row in rows:
             if row.name in self._config:
@@ -147,7 +147,7 @@ class RowPlans(EntryPlans):
                                                        known=known)
             except Exception as exc:       # a row never stops the others
                 reason = str(exc).removeprefix(f"{where(row)}: ")
-                refused[row.name] = f"{where(row)} is left out: {reason}"
+                refused[row.name] = f"{where(row)} is left out: {row_fix(reason)}"
                 logger.error("anarchon: %s (the others run)", refused[row.name],
                              exc_info=not isinstance(exc, ConfigError))
         self.refused = refused
@@ -220,10 +220,13 @@ class Scheduler(AnarchonScheduler):
     def _mark_followed(self, engine) -> None:
         """The rows are followed at run time, each instance at its own poll: the instances'
         disagreement on a row is reported only once it outlasts a poll or two (the engine's
-        heartbeat, :attr:`~celery_anarchon.beat.engine.instances.Heartbeat.followed`)."""
+        heartbeat, :attr:`~celery_anarchon.beat.engine.instances.Heartbeat.followed`). The rows
+        our rules refuse go into this instance's record, where ``status`` shows them
+        (:attr:`~celery_anarchon.beat.engine.instances.Heartbeat.refused`)."""
         heartbeat = getattr(engine, "heartbeat", None)
         if heartbeat is not None:
             heartbeat.followed = self.entry_plans.row_names
+            heartbeat.refused = self.entry_plans.refused   # shown by status (its "refused")
 
     def _record_sent(self) -> None:
         publisher = self._publisher

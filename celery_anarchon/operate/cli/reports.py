@@ -26,7 +26,9 @@ from celery_anarchon.operate.cli.entries import (
 from celery_anarchon.operate.cli.narrow import View, relative, to_ms
 from celery_anarchon.operate.names import normal_name
 from celery_anarchon.operate.overdue import OVERDUE, overdue_line
-from celery_anarchon.operate.overview import dumps, lost_lines, overview, run_json
+from celery_anarchon.operate.overview import (
+    dumps, lost_lines, overview, refused_lines, run_json,
+)
 from celery_anarchon.operate.overview_entries import zone_of
 
 #: ``--since`` durations: ``90s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w``
@@ -80,6 +82,8 @@ def _print_status(data: dict, view: View) -> None:
         click.echo(f"warning: {warning}")
     for line in lost_lines(data):
         click.echo(as_typed(line))
+    for line in refused_lines(data):        # whole: the error ends with its fix
+        click.echo(line)
     if data["instance_records"]:
         _print_instances(data, view)
     else:

@@ -44,9 +44,10 @@ FINGERPRINTS_MAX_AGE_MS = 24 * 3600 * 1000
 #: an instance saves the mapping its heartbeat names again after this long, seconds
 FINGERPRINTS_REFRESH_S = 12 * 3600.0
 #: the fields of a record its heartbeat writes (``seen_ms`` and ``expires_ms`` are read back;
-#: ``kept`` is about store entries, which a NATS store does not hold)
+#: ``kept`` is about store entries, which a NATS store does not hold; ``refused`` is optional: a
+#: record of an older version has none)
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(InstanceRecord)
-                       if f.name not in ("seen_ms", "expires_ms", "kept"))
+                       if f.name not in ("seen_ms", "expires_ms", "kept", "refused"))
 
 
 #: the instances stream's max_age when it is created, ms: nats-server refuses one under 100 ms
@@ -138,7 +139,8 @@ class NATSInstances(Instances):
         """Replace this instance's record; it expires ``ttl_ms`` after the server stored it, on
         the server's clock. Saves the mapping it names again when due (module docstring)."""
         ttl_ms = max(1, int(ttl_ms))
-        body = dict({f: getattr(record, f) for f in _RECORD_FIELDS}, ttl_ms=ttl_ms)
+        body = dict({f: getattr(record, f) for f in _RECORD_FIELDS}, ttl_ms=ttl_ms,
+                    refused=record.refused)
         payload = json.dumps(body, sort_keys=True).encode()
         refresh = self._saved.get(record.fingerprints_digest)
 
@@ -172,7 +174,8 @@ class NATSInstances(Instances):
             except (ValueError, KeyError, TypeError):
                 continue                     # not a record of this version: ignored
             if seen_ms + ttl > now_ms:
-                out.append(InstanceRecord(**fields, seen_ms=seen_ms, expires_ms=seen_ms + ttl))
+                out.append(InstanceRecord(**fields, seen_ms=seen_ms, expires_ms=seen_ms + ttl,
+                                          refused=body.get("refused")))
         return sorted(out, key=lambda r: r.instance_id)
 
     async def _last_per_subject(self, session, nc, subjects: str) -> list[tuple[str, int, bytes]]:

@@ -112,7 +112,7 @@ class RabbitMQInstances(Instances):
         Declares the queue of the mapping it names again when due (module docstring)."""
         ttl_ms = max(1, int(ttl_ms))
         body = {f: getattr(record, f) for f in _RECORD_FIELDS}
-        body.update(ttl_ms=ttl_ms, seen_ms=_local_ms())
+        body.update(ttl_ms=ttl_ms, seen_ms=_local_ms(), refused=record.refused)
         digest = record.fingerprints_digest
         declared = self._declared.get(digest)
         with self._using("recording the instance") as s:
@@ -144,7 +144,8 @@ class RabbitMQInstances(Instances):
                 seen, ttl = int(body["seen_ms"]), int(body["ttl_ms"])
             except (KeyError, TypeError, ValueError):
                 continue                     # not a record of this version: ignored
-            out.append(InstanceRecord(**fields, seen_ms=seen, expires_ms=seen + ttl))
+            out.append(InstanceRecord(**fields, seen_ms=seen, expires_ms=seen + ttl,
+                                      refused=body.get("refused")))   # optional: older have none
         return sorted(out, key=lambda r: r.instance_id)
 
     def _read(self, s: Session) -> list[dict]:
