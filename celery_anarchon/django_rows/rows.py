@@ -113,6 +113,16 @@ def aware(value: datetime.datetime | None) -> datetime.datetime | None:
     return timezone.make_aware(value, timezone.get_default_timezone())
 
 
+def as_stored(value: datetime.datetime) -> datetime.datetime:
+    """An aware instant as a row's field keeps it: as it is (``USE_TZ = True``), else naive, the
+    wall clock of Django's ``TIME_ZONE`` (django-celery-beat's reading of a naive time,
+    ``django_celery_beat.utils.make_aware``)."""
+    from django.conf import settings
+    if settings.USE_TZ or timezone.is_naive(value):
+        return value
+    return timezone.make_naive(value, timezone.get_default_timezone())
+
+
 def ran_since_saved(row) -> bool:
     """Whether a one-off row ran since its last save: its winner's update (which neither saves
     nor disables it first, if it failed) set ``last_run_at`` at or after ``date_changed``. A row
@@ -213,7 +223,7 @@ def _once_at(row, schedule, app, anchor, start: datetime.datetime | None) -> dat
     if row.clocked_id is not None:
         at = aware(row.clocked.clocked_time)
         return at if start is None or start <= at else start
-    since = aware(row.date_changed) or timezone.now()
+    since = aware(row.date_changed) or datetime.datetime.now(datetime.timezone.utc)
     if start is not None and start > since:
         since = start
     anchor_s = anchor.timestamp() if isinstance(anchor, datetime.datetime) else anchor
@@ -228,7 +238,7 @@ class SentRun:
 
     :param row_id: the row's primary key.
     :param one_off: the row runs once (one_off or clocked): disabled once sent.
-    :param sent_at: when it was sent (``django.utils.timezone.now()``).
+    :param sent_at: when it was sent, aware (written as the row keeps it: :func:`as_stored`).
     """
 
     row_id: int
@@ -237,7 +247,8 @@ class SentRun:
 
 
 def record_runs(sent: list[SentRun]) -> None:
-    """Write what the winner sent: each row's ``last_run_at`` (the last send) and
+    """Write what the winner sent: each row's ``last_run_at`` (the last send; naive in
+    ``TIME_ZONE`` when ``USE_TZ = False``, as django-celery-beat keeps it) and
     ``total_run_count`` (plus one per run), and a one-off row disabled (then
     ``PeriodicTasks.update_changed()``, so every instance reads it at its next poll). Queryset
     updates: no signal, no ``date_changed``, no change noted for the others' poll.
@@ -249,7 +260,7 @@ def record_runs(sent: list[SentRun]) -> None:
         by_row.setdefault(run.row_id, []).append(run)
     disabled = False
     for row_id, runs in by_row.items():
-        fields: dict[str, Any] = {"last_run_at": max(r.sent_at for r in runs),
+        fields: dict[str, Any] = {"last_run_at": as_stored(max(r.sent_at for r in runs)),
                                   "total_run_count": F("total_run_count") + len(runs)}
         if any(r.one_off for r in runs):
             fields["enabled"] = False

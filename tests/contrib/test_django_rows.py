@@ -277,3 +277,66 @@ def test_the_admin_change_list_of_periodic_tasks_renders(rows):
         assert "ten" in page.content.decode()
     finally:
         user.delete()
+
+
+#: the project's zone of the USE_TZ = False test: naive times in the rows are its wall clock
+PARIS = zoneinfo.ZoneInfo("Europe/Paris")
+
+
+def _slots_of_rows(local) -> tuple[dict, dict]:
+    """The rows of the USE_TZ test, their times given by ``local(naive Paris wall time)``: each
+    row's first slots from 2030-03-30 (across Paris's spring-forward night) and the rows."""
+    wall = datetime.datetime(2030, 3, 30, 12, 0)
+    made = {
+        "window": PeriodicTask.objects.create(
+            name="window", task=TASK, interval=every(3600), start_time=local(wall),
+            expires=local(wall + datetime.timedelta(days=2))),
+        "nightly": PeriodicTask.objects.create(
+            name="nightly", task=TASK, crontab=CrontabSchedule.objects.create(
+                minute="30", hour="2", timezone="Europe/Paris"), start_time=local(wall)),
+        "clocked": PeriodicTask.objects.create(
+            name="clocked", task=TASK, one_off=True, clocked=ClockedSchedule.objects.create(
+                clocked_time=local(wall + datetime.timedelta(hours=5)))),
+        "once": PeriodicTask.objects.create(name="once", task=TASK, interval=every(600),
+                                            one_off=True, start_time=local(wall)),
+    }
+    plans = row_plans().built
+    after = ms(wall.replace(tzinfo=PARIS)) - 1
+    out = {}
+    for name, plan in plans.items():
+        slots, at = [], after
+        for _ in range(3):
+            try:
+                at = plan.slots.next_after(at)
+            except SlotsEnded:
+                break
+            slots.append(at)
+        out[name] = slots
+    return out, made
+
+
+def test_naive_times_of_use_tz_false_give_the_same_slots_and_last_run_at(rows):
+    """USE_TZ = False: the rows' times are naive, the wall clock of TIME_ZONE (as
+    django-celery-beat's own make_aware reads them); the slots are those of the same rows with
+    aware times, and the winner's last_run_at is written naive in TIME_ZONE."""
+    from django.test import override_settings
+    from django_celery_beat.utils import make_aware as dcb_make_aware
+
+    expected, _ = _slots_of_rows(lambda wall: wall.replace(tzinfo=PARIS))
+    assert expected["window"][0] == ms(datetime.datetime(2030, 3, 30, 11, 0, tzinfo=UTC))
+    assert expected["nightly"] == [ms(datetime.datetime(2030, 3, 31, 3, 0, tzinfo=PARIS)),
+                                   ms(datetime.datetime(2030, 4, 1, 2, 30, tzinfo=PARIS)),
+                                   ms(datetime.datetime(2030, 4, 2, 2, 30, tzinfo=PARIS))]
+    PeriodicTask.objects.all().delete()
+    with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
+        naive, made = _slots_of_rows(lambda wall: wall)
+        assert naive == expected
+        sent = datetime.datetime(2030, 3, 30, 17, 0, 1, tzinfo=UTC)          # 18:00:01 in Paris (CET)
+        record_runs([SentRun(made["window"].pk, False, sent),
+                     SentRun(made["clocked"].pk, True, sent)])
+        for name in ("window", "clocked"):
+            row = PeriodicTask.objects.get(pk=made[name].pk)
+            assert row.last_run_at == datetime.datetime(2030, 3, 30, 18, 0, 1)   # naive, Paris
+            assert dcb_make_aware(row.last_run_at) == sent          # as django-celery-beat reads it
+            assert row.total_run_count == 1
+        assert set(row_plans().built) == {"window", "nightly", "once"}  # clocked ran: disabled

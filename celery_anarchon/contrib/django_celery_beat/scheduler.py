@@ -9,6 +9,7 @@ django-celery-beat's ``DatabaseScheduler`` does (``close_old_connections``).
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 
@@ -171,10 +172,9 @@ class RowPublisher(Publisher):
         super().send(plan, slot_ms, attempt, token, task_id)
         row_id = getattr(plan.entry, "row_id", None)
         if row_id is not None and attempt == 1:
-            from django.utils import timezone
-
             from celery_anarchon.django_rows.rows import SentRun
-            self.sent.append(SentRun(row_id, plan.entry.one_off, timezone.now()))
+            self.sent.append(SentRun(row_id, plan.entry.one_off,
+                                     datetime.datetime.now(datetime.timezone.utc)))
 
 
 class Scheduler(AnarchonScheduler):
