@@ -5,8 +5,10 @@ The script migrates djproj's SQLite database, creates ``PeriodicTask`` rows thro
 interval rows, a crontab row, one more interval row to disable), starts a worker and three
 ``celery -A djproj beat`` (``beat_scheduler = "celery_anarchon.contrib.django_celery_beat:Scheduler"``
 in djproj/celery.py), then while they run adds a clocked one-off row, edits one row's interval and
-disables another, as the admin would. The broker is kombu's SQLAlchemy transport on a SQLite file
-and the claims go to the embedded SQLite store beside it (djproj/settings.py). The verdict: every
+disables another, as the admin would (djproj has celery_anarchon's admin module in
+``INSTALLED_APPS``, so that save pauses the row in the store first: no instance sends it from
+then on, even before it reads the rows again). The broker is kombu's SQLAlchemy transport on a
+SQLite file and the claims go to the embedded SQLite store beside it (djproj/settings.py). The verdict: every
 run sent exactly once, the one-off once at its instant, nothing sent once every beat read the
 disabled row, and each row's ``total_run_count`` equal to the runs sent of it. Exit 1 otherwise.
 """

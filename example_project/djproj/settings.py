@@ -1,6 +1,8 @@
-"""The settings of djproj: django-celery-beat installed, the database a SQLite file, Celery's
-settings read with namespace "CELERY" (djproj/celery.py). The files go to ``ANARCHON_DEMO_DIR``
-(the demo's run folder), else beside this project."""
+"""The settings of djproj: django-celery-beat installed with the admin and celery_anarchon's
+admin module (its Disable / Enable and "Run selected tasks", and any save() that changes a row's
+``enabled``, act on the store: docs/from-django-celery-beat.md, "The admin"), the database a
+SQLite file, Celery's settings read with namespace "CELERY" (djproj/celery.py). The files go to
+``ANARCHON_DEMO_DIR`` (the demo's run folder), else beside this project."""
 import os
 
 import django
@@ -11,7 +13,24 @@ FOLDER = os.environ.get("ANARCHON_DEMO_DIR",
 SECRET_KEY = "demo-only"
 USE_TZ = True
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["django_celery_beat", "djproj"]
+INSTALLED_APPS = [
+    "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+    "django.contrib.sessions", "django.contrib.messages",
+    "django_celery_beat",
+    "celery_anarchon.contrib.django_celery_beat",    # the admin's actions on every host
+    "djproj",
+]
+MIDDLEWARE = ["django.contrib.sessions.middleware.SessionMiddleware",
+              "django.middleware.common.CommonMiddleware",
+              "django.middleware.csrf.CsrfViewMiddleware",
+              "django.contrib.auth.middleware.AuthenticationMiddleware",
+              "django.contrib.messages.middleware.MessageMiddleware"]
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True,
+              "OPTIONS": {"context_processors": [
+                  "django.template.context_processors.request",
+                  "django.contrib.auth.context_processors.auth",
+                  "django.contrib.messages.context_processors.messages"]}}]
+ROOT_URLCONF = "djproj.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 
 _sqlite_options: dict = {"timeout": 20}
