@@ -21,17 +21,9 @@ import time
 from django_project import django_db, rows  # noqa: F401  (fixtures; Django configured)
 from django_celery_beat.models import ClockedSchedule, IntervalSchedule, PeriodicTask
 
-from broker_reads import queued_messages
-from cluster import APPS, Cluster, read_executions
-from conftest import REDIS_URL, require_server
-from schedules_cluster import Run, cluster_env, store_in_service
-from stores_support import store_url
-
-sys.path.insert(0, APPS)
-import schedules_app  # noqa: E402  (tests/support/apps: the task djbeat_app's processes run)
-
-#: the scheduler every beat is started with (``-S``)
-SCHEDULER = "celery_anarchon.contrib.django_celery_beat:Scheduler"
+from cluster import APPS
+from django_cluster import READ, SCHEDULER, TASK, RowCluster
+from schedules_cluster import cluster_env
 
 #: anarchon_sync_interval of the beats (how often they poll PeriodicTasks.last_change()), s
 SYNC_S = 1.0
@@ -42,8 +34,6 @@ MAX_LATE_S = 5.0
 SLACK_S = 20.0
 BEATS = ("beat-a", "beat-b", "beat-c")
 ENTRIES = ["steady", "added", "once", "clocked"]
-#: a beat's log line each time it read the rows
-READ = "django-celery-beat PeriodicTask rows"
 
 
 def every(n: int) -> IntervalSchedule:
@@ -51,16 +41,10 @@ def every(n: int) -> IntervalSchedule:
 
 
 def test_rows_changed_through_the_orm_run_exactly_once_on_three_beats(rows, tmp_path, namespace):
-    require_server(REDIS_URL, "Redis (the broker)")
-    url = store_url("sqlite", str(tmp_path))
-    out = str(tmp_path / "executions.jsonl")
-    env = cluster_env("sqlite", url, namespace, out, ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S),
-                      ANARCHON_SC_MAX_LATE=str(MAX_LATE_S), ANARCHON_DJ_DB=rows)
-    store = store_in_service("sqlite", url, namespace, ENTRIES)
-    task = schedules_app.TASK
+    rig = RowCluster(rows, tmp_path, namespace, BEATS, ENTRIES,
+                     ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S), ANARCHON_SC_MAX_LATE=str(MAX_LATE_S))
+    run, cluster, task = rig.run, rig.cluster, TASK
     PeriodicTask.objects.create(name="steady", task=task, interval=every(2))
-    cluster = Cluster(str(tmp_path), env, app="djbeat_app")
-    run = Run(cluster, out, BEATS)
 
     def all_read_again() -> float:
         """Wait until every beat read the rows twice since now (the first read may come
@@ -71,10 +55,7 @@ def test_rows_changed_through_the_orm_run_exactly_once_on_three_beats(rows, tmp_
         return time.time()
 
     try:
-        cluster.worker("worker")
-        for name in BEATS:
-            cluster.beat(name, "-S", SCHEDULER)
-        cluster.wait_log("worker", "ready.", timeout=60)
+        rig.start()
         for name in BEATS:
             cluster.wait_log(name, READ, timeout=60)
         run.wait(lambda: len(run.runs("steady")) >= 2, 4 + SLACK_S, "two runs of steady")
@@ -113,16 +94,7 @@ def test_rows_changed_through_the_orm_run_exactly_once_on_three_beats(rows, tmp_
         deleted_s = all_read_again()
         run.phase("disabled, deleted")
 
-        for name in BEATS:
-            cluster.stop(name)
-        sent = sum(cluster.text(b).count("Sending due task") for b in BEATS)
-        run.wait(lambda: len(read_executions(out)) >= sent and not queued_messages(
-            f"sc-{namespace}"), SLACK_S, f"the worker to execute the {sent} runs sent")
-        cluster.stop("worker")
-        run.phase("drain")
-
-        executed = read_executions(out)
-        assert len(executed) == sent
+        executed = rig.drain(SLACK_S)
         twice = {k: n for k, n in collections.Counter(
             (x["entry"], x["slot"]) for x in executed).items() if n > 1}
         assert not twice, f"sent more than once: {twice}"
@@ -145,8 +117,7 @@ def test_rows_changed_through_the_orm_run_exactly_once_on_three_beats(rows, tmp_
         print(f"runs: { {k: len(v) for k, v in by_entry.items()} }; costs (s): "
               f"{ {k: round(v, 1) for k, v in run.costs.items()} }")
     finally:
-        store.close()
-        cluster.stop_all()
+        rig.close()
 
 
 def test_beat_without_django_set_up_says_so_and_exits(tmp_path):

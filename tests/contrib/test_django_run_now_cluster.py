@@ -1,8 +1,8 @@
 """Three real ``celery beat -S celery_anarchon.contrib.django_celery_beat:Scheduler`` and a worker
-(a SQLite store, the sandbox's Redis as the broker, the rows in the test process's migrated
-database) and the admin's "Run selected tasks" through Django's test client: a click (the id of
-the change list's form) submitted twice, then a second click, on two rows. Each row runs exactly
-once per click id, claimed by one instance: never once per beat, never once per submission.
+(tests/support/django_cluster.py) and the admin's "Run selected tasks" through Django's test
+client: a click (the id of the change list's form) submitted twice, then a second click, on two
+rows. Each row runs exactly once per click id, claimed by one instance: never once per beat,
+never once per submission.
 
 The verdict is made once every beat synced the requests, every request's slot is past its last
 moment to be claimed (slot + jitter + max_late), the beats stopped and the worker executed
@@ -11,28 +11,18 @@ from __future__ import annotations
 
 import collections
 import re
-import sys
 import time
 
 from django_project import django_db, rows  # noqa: F401  (fixtures; Django configured)
-from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from broker_reads import queued_messages
-from cluster import APPS, Cluster, read_executions
-from conftest import REDIS_URL, require_server
-from schedules_cluster import Run, cluster_env, store_in_service
-from stores_support import store_url
+from django_cluster import TASK, RowCluster, admin_client, web_app
 
 from celery_anarchon.contrib.django_celery_beat.admin import CLICK_FIELD
 
-sys.path.insert(0, APPS)
-import schedules_app  # noqa: E402  (tests/support/apps: the task djbeat_app's processes run)
-
-SCHEDULER = "celery_anarchon.contrib.django_celery_beat:Scheduler"
 CHANGELIST = "admin:django_celery_beat_periodictask_changelist"
 #: the beats' anarchon_sync_interval (when they read the store's run-now requests), seconds
 SYNC_S = 1.0
@@ -41,8 +31,6 @@ MAX_LATE_S, JITTER_S = 3.0, 2.0
 #: the slack of a wait (start-up, the worker, two busy cores); no verdict depends on it
 SLACK_S = 30.0
 BEATS = ("beat-a", "beat-b", "beat-c")
-#: a beat's log line when it followed the store's entries (and requests) at a version
-SYNCED = re.compile(r"anarchon: synced entries version (\d+):")
 
 
 def click_of(client: Client) -> str:
@@ -64,67 +52,45 @@ def run_selected(client: Client, rows: list[PeriodicTask], click: str) -> str:
 
 def test_run_selected_tasks_runs_each_row_once_per_click_on_three_beats(rows, tmp_path,
                                                                        namespace):
-    require_server(REDIS_URL, "Redis (the broker)")
-    url = store_url("sqlite", str(tmp_path))
-    out = str(tmp_path / "executions.jsonl")
-    env = cluster_env("sqlite", url, namespace, out, ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S),
-                      ANARCHON_SC_MAX_LATE=str(MAX_LATE_S), ANARCHON_DJ_DB=rows)
-    store = store_in_service("sqlite", url, namespace, ["report", "export"])
+    rig = RowCluster(rows, tmp_path, namespace, BEATS, ["report", "export"],
+                     ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S), ANARCHON_SC_MAX_LATE=str(MAX_LATE_S))
+    run = rig.run
     yearly = CrontabSchedule.objects.create(minute="0", hour="0", day_of_month="1",
                                             month_of_year="1")        # no slot within the test
-    chosen = [PeriodicTask.objects.create(name=n, task=schedules_app.TASK, crontab=yearly)
+    chosen = [PeriodicTask.objects.create(name=n, task=TASK, crontab=yearly)
               for n in ("report", "export")]
-    from celery import _state
-    before = _state.get_current_app()
-    app = schedules_app.make_app(env)          # the web process's app: its store, our Scheduler
-    app.conf.beat_scheduler = SCHEDULER
-    app.set_current()
-    client = Client()
-    client.force_login(User.objects.filter(username="ada").first()
-                       or User.objects.create_superuser("ada", "ada@example.com", "pw"))
-    cluster = Cluster(str(tmp_path), env, app="djbeat_app")
-    run = Run(cluster, out, BEATS)
+    client = admin_client()
     try:
-        cluster.worker("worker")
-        for name in BEATS:
-            cluster.beat(name, "-S", SCHEDULER)
-        cluster.wait_log("worker", "ready.", timeout=60)
-        run.synced(0, timeout=SLACK_S)
-        run.phase("start")
+        with web_app(rig.env):
+            rig.start()
+            run.synced(0, timeout=SLACK_S)
+            run.phase("start")
 
-        first = click_of(client)
-        assert "2 run-now requests made (0 made before" in run_selected(client, chosen, first)
-        assert "0 run-now requests made (2 made before" in run_selected(client, chosen, first)
-        second = click_of(client)
-        assert second != first
-        assert "2 run-now requests made" in run_selected(client, chosen, second)
-        snapshot = store.entries.load_entries()
+            first = click_of(client)
+            assert "2 run-now requests made (0 made before" in run_selected(client, chosen, first)
+            assert "0 run-now requests made (2 made before" in run_selected(client, chosen, first)
+            second = click_of(client)
+            assert second != first
+            assert "2 run-now requests made" in run_selected(client, chosen, second)
+        snapshot = rig.store.entries.load_entries()
         slots = {(r.entry, r.request_id): r.slot_ms for r in snapshot.requests}
         assert set(slots) == {(n, f"admin:{c}:{n}") for n in ("report", "export")
                               for c in (first, second)}
         assert {r.by for r in snapshot.requests} == {"ada (Django admin)"}
         run.synced(snapshot.version, timeout=2 * SYNC_S + SLACK_S)
-        run.wait(lambda: len(read_executions(out)) >= 4, SLACK_S, "the four runs")
+        run.wait(lambda: len(run.runs("report") + run.runs("export")) >= 4, SLACK_S,
+                 "the four runs")
         last_ms = max(slots.values()) + (JITTER_S + MAX_LATE_S) * 1000
         run.wait(lambda: time.time() * 1000 > last_ms, (last_ms / 1000 - time.time()) + SLACK_S,
                  "every request past its last moment to be claimed")
         run.phase("clicks")
 
-        for name in BEATS:
-            cluster.stop(name)
-        sent = sum(cluster.text(b).count("Sending due task") for b in BEATS)
-        run.wait(lambda: len(read_executions(out)) >= sent and not queued_messages(
-            f"sc-{namespace}"), SLACK_S, f"the worker to execute the {sent} runs sent")
-        cluster.stop("worker")
-        run.phase("drain")
-
-        executed = collections.Counter((x["entry"], x["slot"]) for x in read_executions(out))
-        assert executed == collections.Counter({(n, s): 1 for (n, _), s in slots.items()}), \
-            (executed, slots)
-        senders = collections.Counter(x["instance"] for x in read_executions(out))
+        executed = rig.drain(SLACK_S)
+        runs = collections.Counter((x["entry"], x["slot"]) for x in executed)
+        assert runs == collections.Counter({(n, s): 1 for (n, _), s in slots.items()}), \
+            (runs, slots)
+        senders = collections.Counter(x["instance"] for x in executed)
         print(f"runs by instance: {dict(senders)}; costs (s): "
               f"{ {k: round(v, 1) for k, v in run.costs.items()} }")
     finally:
-        before.set_current()
-        store.close()
-        cluster.stop_all()
+        rig.close()
