@@ -363,6 +363,7 @@ def _status_data() -> dict:
             {"fingerprint": EVIL, "source": "store", "instances": [EVIL], "definition": EVIL}],
             "fix": "Fix: keep one definition " + EVIL}],
         "unsaved": [EVIL],
+        "refused": [{"entry": EVIL, "error": "left out (id 7): " + EVIL, "instances": [EVIL]}],
     }
 
 
@@ -411,7 +412,9 @@ def test_every_value_on_the_page_is_escaped_and_every_part_shown():
                   "token 17", "(expired)", "late by 9 s", "Recent skips", "Run-now requests",
                   'class="run skip"', 'class="run ok"', 'data-action="resume"',
                   'class="state st-paused"', "redis://:***@h:6379/0", "(store entry) on",
-                  "(beat_schedule) on", "Fix: keep one definition &lt;script&gt;"):
+                  "(beat_schedule) on", "Fix: keep one definition &lt;script&gt;",
+                  "is left out, not run (our rules refuse it; the others run)",
+                  "left out (id 7): &lt;script&gt;"):
         assert shown in page, shown
     closed = render_page(_status_data(), actions=False)
     assert "data-action" not in closed and 'id="token"' not in closed
