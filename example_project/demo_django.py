@@ -216,8 +216,9 @@ class DjangoDemo(Demo):
         print(f"\nruns expected: {expected}   sent exactly once: {once}   sends logged by the "
               f"beats: {sent}   executed: {executed}")
         print("other: runs outside the counted window (the beats stop a moment after it), or of a"
-              " slot within a jitter and a sync interval of an edit or a disable, sent by a beat "
-              "that had not read it yet (docs/from-django-celery-beat.md, \"Not supported yet\")"
+              " slot within a jitter and a sync interval of an edit, sent by a beat that had not "
+              "read it yet (a disable is a pause held in the claim: docs/from-django-celery-beat"
+              ".md, \"The admin\")"
               "; none was sent twice")
         for line in problems:
             print(f"  PROBLEM: {line}")
