@@ -184,6 +184,25 @@ def planned_of(cache: dict, used: set, app, settings: Settings, store: ClaimStor
     return found
 
 
+def next_slot_of(app, settings: Settings, store: ClaimStore, scheduled: ScheduledEntry,
+                 config: Mapping, stored_text: str | None, now_ms: int,
+                 ) -> tuple[str | None, datetime.tzinfo | None]:
+    """The entry's next slot after ``now_ms`` (UTC ms) as ISO 8601 UTC and the zone its slots
+    are read in (:func:`zone_of`), as :func:`entry_row` gives ``next`` and ``timezone``
+    (``list``); ``(None, None)`` for an entry that breaks a rule or has no definition here, and
+    no slot once its ``end_at`` came.
+
+    :param config: :func:`~celery_anarchon.operate.config.config_items` of ``app``.
+    :param stored_text: the store's definition text of the entry (``None``: none).
+    :raises StoreError: the store failed while the plan was built.
+    """
+    planned = planned_of(plan_cache(app, settings, store), set(), app, settings, store,
+                         scheduled, config, stored_text)
+    slots = planned.next_slots(now_ms, 1)
+    zone = None if planned.plan is None else zone_of(planned.plan, app)
+    return (slots[0] if slots else None), zone
+
+
 def kept_of(lost: list[dict] | None, name: str) -> list[dict]:
     """What live instances keep of entry ``name`` from before the store's loss."""
     out = []

@@ -83,10 +83,10 @@ def test_add_update_pause_run_now_list_remove_and_their_exit_codes(tmp_path, nam
     again = json.loads(ok(run("run-now", "report", "--request-id", "t-1", "--json")))
     assert first == {**again, "created": True} and first["request_id"] == "t-1"   # one run
 
-    table = ok(run("list")).splitlines()
-    assert table[0].split() == ["NAME", "SOURCE", "SCHEDULE", "TASK", "STATE"]
+    table = ok(run("list", "--wide")).splitlines()   # whole cells
+    assert table[0].split() == ["NAME", "SOURCE", "SCHEDULE", "TASK", "NEXT", "STATE"]
     rows = {line.split()[0]: line for line in table[1:]}
-    assert "paused by ops: db migration" in rows["config-entry"]
+    assert "paused by ops: db migration (since " in rows["config-entry"]
     assert "every 30 s" in rows["report"] and "running" in rows["report"]
     assert "cron 0 3 * * * Asia/Tokyo" in rows["nightly"]
     listed = {e["name"]: e for e in json.loads(ok(run("list", "--json")))}

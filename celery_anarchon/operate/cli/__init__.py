@@ -297,11 +297,15 @@ def typed_command(ctx) -> str:
 
 @anarchon.command(name="list", cls=CeleryCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (for scripts).")
+@click.option("--utc", is_flag=True, help="Next slots and pauses' times in ISO 8601 UTC "
+                                          "(default: relative, and next slots in the entry's zone).")
+@click.option("--wide", is_flag=True, help="Whole cells (default: within 120 columns).")
 @click.pass_context
-def list_(ctx, as_json):
-    """List every entry: beat_schedule and store, with its state."""
+def list_(ctx, as_json, utc, wide):
+    """List every entry: beat_schedule and store, with its schedule, task, next slot and state
+    (running, or paused by whom, why and since when)."""
     from celery_anarchon.operate.cli import entries as cli_commands
-    cli_commands.list_entries(ctx.obj.app, as_json)
+    cli_commands.list_entries(ctx.obj.app, as_json, utc=utc, wide=wide)
 
 
 @anarchon.command(cls=CeleryCommand)

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 import shlex
+import time
 from collections.abc import Iterator
 
 import click
@@ -304,21 +305,35 @@ def _app_zone(app) -> str | None:
         return None
 
 
-def list_entries(app, as_json: bool) -> None:
-    """``list``: a table, or a JSON list of :meth:`ScheduledEntry.as_json`."""
+def list_entries(app, as_json: bool, *, utc: bool = False, wide: bool = False) -> None:
+    """``list``: a table, or a JSON list of :meth:`ScheduledEntry.as_json`. The table's NEXT is
+    each entry's next slot, relative to the store's clock and in the entry's zone, and a
+    pause's STATE says since when (how long ago); ``utc``: both in ISO 8601 UTC; ``wide``:
+    whole cells, else within 120 columns (:mod:`~celery_anarchon.operate.cli.narrow`)."""
+    from celery_anarchon.operate.cli.narrow import View
+    from celery_anarchon.operate.config import config_items
+    from celery_anarchon.operate.overview_entries import next_slot_of
     with _schedules(app) as s:
         entries = s.list()
-    if as_json:
-        click.echo(json.dumps([e.as_json() for e in entries], sort_keys=True))
-        return
-    rows = [("NAME", "SOURCE", "SCHEDULE", "TASK", "STATE")]
+        if as_json:
+            click.echo(json.dumps([e.as_json() for e in entries], sort_keys=True))
+            return
+        now_ms = s.store.now_ms() or int(time.time() * 1000)
+        texts = {n: e.definition for n, e in s.entries.load_entries().entries.items()}
+        config = config_items(app)
+        upcoming = {e.name: next_slot_of(app, s.settings, s.store, e, config, texts.get(e.name),
+                                         now_ms) for e in entries}
+    view = View(wide, now_ms, utc)
+    rows = [("NAME", "SOURCE", "SCHEDULE", "TASK", "NEXT", "STATE")]
     zone = _app_zone(app)
     for e in entries:
         d = e.definition or {}
         source = e.source + (" (store copy ignored)" if e.shadowed else "")
+        state = (f"{e.pause.describe()} (since {view.when(iso(e.pause.at_ms))})" if e.pause
+                 else "running")
         rows.append((e.name, source, as_data.describe_schedule(d.get("schedule", "-"), zone),
-                     str(d.get("task", "-")), e.pause.describe() if e.pause else "running"))
-    _table(rows)
+                     str(d.get("task", "-")), view.slot(*upcoming[e.name]), state))
+    _table(view.table(rows, keep=(4,)))     # NEXT: cut last
 
 
 # -- the store of a command (reports, rules) ------------------------------------------------------

@@ -1,13 +1,17 @@
-"""``status`` within a terminal's width (docs/production.md "Command line for operators"): times
-relative to the store's clock ("12 s ago", "in 3 min"), a table whose widest columns are cut to
-fit and the lines of lists cut, at :data:`WIDTH` columns; a warning or a fix stays one whole
-line, to be searched for and pasted (a terminal wraps it). ``status --wide`` prints whole cells
-and lines and ISO 8601 UTC times instead (:mod:`celery_anarchon.operate.cli.reports`)."""
+"""The commands' times and widths (docs/production.md "Command line for operators"): times
+relative to now ("12 s ago", "in 3 min") and an instant in the entry's zone by default, ISO 8601
+UTC with ``--utc`` (``status``, ``history``, ``list``, ``next``); a table whose widest columns
+are cut to fit and the lines of lists cut, at :data:`WIDTH` columns (``status``, ``list``); a
+warning or a fix stays one whole line, to be searched for and pasted (a terminal wraps it).
+``--wide`` prints whole cells and lines instead (:mod:`celery_anarchon.operate.cli.reports`,
+:mod:`celery_anarchon.operate.cli.entries`)."""
 from __future__ import annotations
+
+import datetime
 
 from celery_anarchon.operate.times import relative, to_ms
 
-__all__ = ["WIDTH", "CUT", "View", "cut", "fit_table", "relative", "to_ms"]
+__all__ = ["WIDTH", "CUT", "View", "cut", "fit_table", "in_zone", "relative", "to_ms"]
 
 #: the columns ``status`` fits its lines in by default
 WIDTH = 120
@@ -15,6 +19,19 @@ WIDTH = 120
 CUT = "…"
 #: a column is never cut narrower than this
 MIN_COLUMN = 8
+
+
+def in_zone(text: str | None, zone: datetime.tzinfo) -> str:
+    """An ISO 8601 instant of the status data in ``zone``, to the second with its UTC offset
+    (``2027-03-27T02:30:00+01:00``); ``-`` for none; the text as it is when it is no instant or
+    one past the year 9999 in ``zone`` (shown in UTC only, never an error)."""
+    at_ms = to_ms(text)
+    if at_ms is None:
+        return text or "-"
+    try:
+        return datetime.datetime.fromtimestamp(at_ms / 1000, zone).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        return str(text)
 
 
 def cut(line: str, width: int = WIDTH) -> str:
@@ -42,19 +59,28 @@ def fit_table(rows: list[tuple[str, ...]], width: int = WIDTH, gap: int = 2,
 
 
 class View:
-    """How ``status`` prints: ``wide`` as the data says (whole cells and lines, ISO 8601 UTC
-    times), else within :data:`WIDTH` columns with times relative to ``now_ms`` (UTC ms: the
-    store's clock when known)."""
+    """How ``status`` and ``list`` print: ``wide``, whole cells and lines, else within
+    :data:`WIDTH` columns; ``utc``, instants as the data says (ISO 8601 UTC, as ``--json``
+    gives them), else relative to ``now_ms`` (UTC ms: the store's clock when known)."""
 
-    def __init__(self, wide: bool, now_ms: int) -> None:
+    def __init__(self, wide: bool, now_ms: int, utc: bool = False) -> None:
         self.wide = wide
         self.now_ms = now_ms
+        self.utc = utc
 
     def when(self, text: str | None) -> str:
-        """An instant of the status data: as it is (wide), else relative (:func:`relative`)."""
-        if self.wide:
+        """An instant of the data: as it is (``utc``), else relative (:func:`relative`)."""
+        if self.utc:
             return text or "-"
         return relative(text, self.now_ms)
+
+    def slot(self, text: str | None, zone: datetime.tzinfo | None) -> str:
+        """An entry's slot: as it is (``utc``), else relative and then in the entry's
+        ``zone`` (:func:`in_zone`), ``in 5 h (2027-03-27T02:30:00+01:00)``: a cut keeps the
+        relative time."""
+        if self.utc or zone is None or to_ms(text) is None:
+            return self.when(text)
+        return f"{relative(text, self.now_ms)} ({in_zone(text, zone)})"
 
     def row(self, line: str) -> str:
         """A line of a list (a run, an instance): cut unless wide."""

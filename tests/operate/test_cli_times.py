@@ -1,0 +1,65 @@
+"""The times the commands print, as an operator reads them: relative to now and in the entry's
+zone by default, ISO 8601 UTC with ``--utc`` (``list``, ``status``, ``next``), and ``list``
+within 120 columns with realistic names (``--wide``: whole cells); tests/support/apps/
+operate_app.py, real subprocesses on a SQLite file store."""
+from __future__ import annotations
+
+import re
+
+from operate_support import exits, operate
+
+#: ISO 8601 UTC with milliseconds, as --json and --utc give an instant
+ISO_UTC = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00"
+#: realistic names: a store entry's, and its task's (not registered here: --no-check-task)
+LONG_NAME = "billing.invoices.generate-monthly-statements-for-enterprise-customers"
+LONG_TASK = "operate_app.billing.invoices.tasks.generate_monthly_statements"
+
+
+def _rows(out: str) -> dict[str, str]:
+    """A table's rows by their first cell (its heading under ``NAME``)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("NAME "))
+    return {line.split()[0]: line for line in lines[start:] if line.strip()}
+
+
+def test_list_shows_the_next_slot_relative_and_in_the_entrys_zone_and_utc_with_utc(
+        tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    exits(operate(url, namespace, "good", "pause", "berlin-0230", "--reason", "migration",
+                  "--by", "ops"), 0)
+    rows = _rows(exits(operate(url, namespace, "good", "list"), 0))
+    assert rows["NAME"].split() == ["NAME", "SOURCE", "SCHEDULE", "TASK", "NEXT", "STATE"], rows
+    # a cron entry of Europe/Berlin: 02:30 there (CET or CEST), how far off first; the next
+    # slot whole, the other cells cut to fit 120 columns
+    assert re.search(r"  in \d+ (s|min|h) \(\d{4}-\d\d-\d\dT0[23]:\d0:00\+0[12]:00\) +paused by ",
+                     rows["berlin-0230"]), rows
+    wide = _rows(exits(operate(url, namespace, "good", "list", "--wide"), 0))
+    assert re.search(r"  in \d+ (s|min|h) \(\d{4}-\d\d-\d\dT0[23]:\d0:00\+0[12]:00\) +paused by "
+                     r"ops: migration \(since \d+ s ago\)$", wide["berlin-0230"]), wide
+    # an interval entry, in the app's zone (UTC)
+    assert re.search(r"  in [0-3] s \(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00\) +running$",
+                     rows["every-2s"]), rows
+    utc = _rows(exits(operate(url, namespace, "good", "list", "--utc", "--wide"), 0))
+    assert re.search(rf"  {ISO_UTC}  paused by ops: migration \(since {ISO_UTC}\)$",
+                     utc["berlin-0230"]), utc
+    assert re.search(r"  \d{4}-\d\d-\d\dT0[01]:\d0:00\.000\+00:00  ", utc["berlin-0230"]), utc
+    assert " ago" not in "\n".join(utc.values()) and " in " not in "\n".join(utc.values())
+
+
+def test_list_fits_120_columns_with_realistic_names_and_wide_prints_whole_cells(
+        tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    exits(operate(url, namespace, "good", "add", LONG_NAME, "--task", LONG_TASK, "--cron",
+                  "30 2 1 * *", "--timezone", "America/New_York", "--no-check-task"), 0)
+    exits(operate(url, namespace, "good", "pause", LONG_NAME, "--by", "ops@web-1.internal:4242",
+                  "--reason", "the invoicing database is being migrated to the new cluster"), 0)
+    for args in ((), ("--utc",)):
+        out = exits(operate(url, namespace, "good", "list", *args), 0)
+        assert max(len(line) for line in out.splitlines()) <= 120, out
+        [row] = [line for line in out.splitlines() if line.startswith(LONG_NAME[:10])]
+        assert "…" in row and row.split("  ")[-1].startswith("paused by "), out
+    wide = exits(operate(url, namespace, "good", "list", "--wide"), 0)
+    [row] = [line for line in wide.splitlines() if line.startswith(LONG_NAME)]
+    assert LONG_TASK in row and "cron 30 2 1 * * America/New_York" in row, wide
+    assert row.endswith("migrated to the new cluster (since " + row.rsplit("(since ", 1)[1]), row
+    assert "…" not in wide and len(row) > 120, wide
