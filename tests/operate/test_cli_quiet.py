@@ -200,7 +200,7 @@ def test_relative_times_and_a_table_fitted_to_the_width():
         ("NAME", "STATE"), ("n" * 17 + "…", "s" * 40)]                    # STATE cut last
 
 
-def test_status_fits_120_columns_and_wide_prints_whole_lines_in_utc(tmp_path, namespace):
+def test_status_fits_120_columns_and_wide_utc_prints_whole_lines_in_utc(tmp_path, namespace):
     url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
     store = open_store(url, namespace=namespace, instance_id="beat-a:7:aa")
     try:
@@ -221,7 +221,7 @@ def test_status_fits_120_columns_and_wide_prints_whole_lines_in_utc(tmp_path, na
     [late] = [line for line in out.splitlines() if line.startswith("  ") and "  late  " in line]
     assert re.match(r"  \d s ago  late +beat-a:7:aa  attempt 1 +x+…$", late), late
     assert late.endswith("x…") and len(late) == 120, late
-    wide = exits(operate(url, namespace, "good", "status", "--wide"), 0)
+    wide = exits(operate(url, namespace, "good", "status", "--wide", "--utc"), 0)
     assert "x" * 150 in wide and max(len(line) for line in wide.splitlines()) > 120
     assert " ago" not in wide and "+00:00" in wide, wide
 

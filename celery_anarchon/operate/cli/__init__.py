@@ -115,16 +115,17 @@ def _escape_what_cannot_be_written() -> None:
 @click.option("--fail-if-no-instance", is_flag=True,
               help="Exit 7 when no live beat instance runs (none, or every one stale): for a "
                    "health check or a probe.")
-@click.option("--wide", is_flag=True, help="Whole cells and lines, ISO 8601 UTC times (default: "
-                                           "within 120 columns, times relative).")
+@click.option("--wide", is_flag=True, help="Whole cells and lines (default: within 120 columns).")
+@click.option("--utc", is_flag=True, help="Times in ISO 8601 UTC, as --json gives them "
+                                          "(default: relative to the store's clock).")
 @click.pass_context
-def status(ctx, runs, as_json, fail_if_no_instance, wide):
+def status(ctx, runs, as_json, fail_if_no_instance, wide, utc):
     """Show the store, its clock, the live instances (and where they disagree), every entry with
     its schedule, next slot, last outcome, pause and lease, and the newest runs of every entry.
     Exit 1 when the store cannot be reached; 7 with --fail-if-no-instance when no live beat
     instance runs."""
     from celery_anarchon.operate.cli import reports as cli_status
-    cli_status.status(ctx.obj.app, runs, as_json, fail_if_no_instance, wide=wide)
+    cli_status.status(ctx.obj.app, runs, as_json, fail_if_no_instance, wide=wide, utc=utc)
 
 
 @anarchon.command(cls=CeleryCommand)

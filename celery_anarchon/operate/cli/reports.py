@@ -39,12 +39,12 @@ _UNIT_S = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
 # -- status -------------------------------------------------------------------------------------
 
 def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False,
-           wide: bool = True) -> None:
+           wide: bool = True, utc: bool = True) -> None:
     """``status``: :func:`celery_anarchon.operate.overview.overview` as text, or as JSON
     (``--json``). Exit 1 when the store cannot be reached; with ``fail_if_no_instance``,
     :data:`EXIT_NO_INSTANCE` when no live, ticking beat instance runs the namespace (a probe's
-    answer). ``wide``: whole cells and lines, ISO 8601 UTC times; else within 120 columns, times
-    relative to the store's clock (:mod:`~celery_anarchon.operate.cli.narrow`)."""
+    answer). ``wide``: whole cells and lines, else within 120 columns; ``utc``: ISO 8601 UTC
+    times, else relative to the store's clock (:mod:`~celery_anarchon.operate.cli.narrow`)."""
     with _exit_codes():
         settings, store = _open(app)
         try:
@@ -55,7 +55,7 @@ def status(app, runs: int, as_json: bool, fail_if_no_instance: bool = False,
         click.echo(dumps(data))
     else:
         now_ms = to_ms(data["store"].get("clock")) or int(time.time() * 1000)
-        _print_status(data, View(wide, now_ms))
+        _print_status(data, View(wide, now_ms, utc))
     if not data["store"]["reachable"]:
         raise click.exceptions.Exit(EXIT_FAILURE)
     if fail_if_no_instance and not any(r["ticking"] for r in data["instances"] or ()):
@@ -106,12 +106,6 @@ def _print_instances(data: dict, view: View) -> None:
     for r in data["instances"]:
         skew = "?" if r["skew_ms"] is None else f"{r['skew_ms']:+d} ms"
         who = f"{r['host']}:{r['pid']}  {r['instance_id']}"
-        if view.wide:
-            stale = (f"  STALE: last tick {r['last_tick_age_s']:g} s ago (ticks stopped?)"
-                     if r["stale"] else "")
-            click.echo(f"  {who}  version {r['version']}  started {r['started']}  last tick "
-                       f"{r['last_tick']}  skew {skew}  {r['entries']} entries{stale}")
-            continue
         ticked = (f"STALE: last tick {view.when(r['last_tick'])} (ticks stopped?)" if r["stale"]
                   else f"last tick {view.when(r['last_tick'])}")   # first, where a cut keeps it
         click.echo(view.row(f"  {who}  {ticked}  version {r['version']}  started "
