@@ -94,3 +94,18 @@ def test_status_utc_prints_iso_utc_times_within_120_columns_and_wide_keeps_them_
     assert "x" * 150 in wide and re.search(r"last tick \d+ s ago", wide), wide
     both = exits(operate(url, namespace, "good", "status", "--wide", "--utc"), 0)
     assert "x" * 150 in both and " ago" not in both and "+00:00" in both, both
+
+
+def test_next_utc_prints_the_slots_in_utc_only_and_a_pause_since_in_iso(tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    after = ("--after", "2027-03-26T12:00:00Z")
+    out = exits(operate(url, namespace, "good", "next", "berlin-0230", "-n", "2", *after), 0)
+    assert "in UTC and in Europe/Berlin:" in out and "2027-03-27 02:30:00 CET" in out, out
+    exits(operate(url, namespace, "good", "pause", "berlin-0230", "--by", "ops"), 0)
+    out = exits(operate(url, namespace, "good", "next", "berlin-0230", "-n", "2", *after), 0)
+    assert re.search(r"^berlin-0230 is paused by ops since \d+ s ago; ", out, re.M), out
+    utc = exits(operate(url, namespace, "good", "next", "berlin-0230", "-n", "2", "--utc",
+                        *after), 0).splitlines()
+    assert re.match(rf"berlin-0230 is paused by ops since {ISO_UTC}; ", utc[0]), utc
+    assert utc[1:] == ["next 2 slots of berlin-0230 (cron 30 2 * * * Europe/Berlin), in UTC:",
+                       "UTC", "2027-03-27T01:30:00+00:00", "2027-03-28T01:00:00+00:00"], utc

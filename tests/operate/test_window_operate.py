@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 
 import pytest
 from celery import Celery
@@ -43,9 +44,12 @@ def test_add_update_next_and_status_of_an_entry_with_a_window(sqlite_url, namesp
         datetime.timezone(datetime.timedelta(hours=-5)))), "end_at": _iso(end)}
 
     # before the start: next lists the slots from start_at on, and says when it starts
-    lines = exits(run("next", "later", "-n", "5"), 0).splitlines()
+    lines = exits(run("next", "later", "-n", "5", "--utc"), 0).splitlines()
     start_text = start.isoformat(timespec="milliseconds")
     assert lines[0] == f"later starts at {start_text} (its start_at)"
+    # by default in the entry's zone (the app's: UTC), to the second
+    assert exits(run("next", "later", "-n", "5"), 0).startswith(
+        f"later starts at {_iso(start)} (its start_at)\n")
     slots = [line.split()[0] for line in lines[2:] if line.startswith("20")]
     first = start + datetime.timedelta(seconds=5)
     assert slots == [_iso(first + datetime.timedelta(seconds=10 * k)) for k in range(3)]
@@ -57,10 +61,12 @@ def test_add_update_next_and_status_of_an_entry_with_a_window(sqlite_url, namesp
     row = {e["name"]: e for e in status["entries"]}["later"]
     assert (row["state"], row["start_at"], row["next"][0]) == (
         "waiting", start_text, first.isoformat(timespec="milliseconds"))
-    assert f"starts at {start_text}" in exits(run("status"), 0)
+    assert f"starts at {start_text}" in exits(run("status", "--utc"), 0)
+    assert re.search(r"^later .* starts in 2 d(;|$)", exits(run("status"), 0), re.M)
 
     # after the end: no more slots, said with the instant it ended
-    out = exits(run("next", "later", "--after", _iso(end + datetime.timedelta(seconds=1))), 0)
+    out = exits(run("next", "later", "--after", _iso(end + datetime.timedelta(seconds=1)),
+                    "--utc"), 0)
     assert out == f"later has no more slots: it ended at {end.isoformat(timespec='milliseconds')} (its end_at)\n"
 
     # update one bound: the other and max_late are kept; the end in the past: ended
@@ -71,8 +77,10 @@ def test_add_update_next_and_status_of_an_entry_with_a_window(sqlite_url, namesp
     row = {e["name"]: e for e in json.loads(exits(run("status", "--json"), 0))["entries"]}["later"]
     ended = past.isoformat(timespec="milliseconds")
     assert (row["state"], row["next"], row["end_at"], row["start_at"]) == ("ended", [], ended, None)
-    assert f"ended at {ended}" in exits(run("status"), 0)
-    assert exits(run("next", "later"), 0) == f"later has no more slots: it ended at {ended} (its end_at)\n"
+    assert f"ended at {ended}" in exits(run("status", "--utc"), 0)
+    assert re.search(r"^later .* ended 6\d min ago$", exits(run("status"), 0), re.M)
+    assert exits(run("next", "later", "--utc"), 0) == (f"later has no more slots: it ended at "
+                                                       f"{ended} (its end_at)\n")
 
     # refusals: exit 2 with the message
     done = run("update", "later", "--end-at", "2026-01-01T00:00:00")

@@ -177,12 +177,15 @@ def check(ctx, no_store, strict, overdue):
               help="Start after this instant: 2027-03-26T12:00:00Z, or 1h, 30m, 2d from now "
                    "(default: now).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+@click.option("--utc", is_flag=True, help="The slots in UTC only, and a pause's time, start_at "
+                                          "and end_at in ISO 8601 UTC (default: also in the "
+                                          "entry's zone; a pause since how long ago).")
 @click.pass_context
-def next_(ctx, entry, count, after, as_json):
+def next_(ctx, entry, count, after, as_json, utc):
     """The next slots of ENTRY in UTC and in its time zone, with the UTC offset (a DST change
     shows as an offset change)."""
     from celery_anarchon.operate.cli import rules
-    rules.next_(ctx.obj.app, entry, count, after, as_json)
+    rules.next_(ctx.obj.app, entry, count, after, as_json, utc=utc)
 
 
 def _write_command(verb: str, create: bool, help_text: str):

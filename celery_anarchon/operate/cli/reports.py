@@ -135,7 +135,7 @@ def _print_instances(data: dict, view: View) -> None:
 _SOURCE_WORDS = {"config": "beat_schedule", "store": "store entry"}
 
 
-def _state(e: dict) -> str:
+def _state(e: dict, view: View) -> str:
     if e["state"] == "unknown":
         return "unknown (store unreachable)"
     if e["paused"]:
@@ -147,14 +147,20 @@ def _state(e: dict) -> str:
     if e["problem"]:
         return "problem"
     if e["state"] == "ended":
-        return f"ended at {e['end_at']}"
+        return f"ended {_at(e['end_at'], view)}"
     if e["state"] == "waiting":
-        state = f"starts at {e['start_at']}"
+        state = f"starts {_at(e['start_at'], view)}"
     elif e["state"] == OVERDUE:
         state = OVERDUE
     else:
-        state = "running" + (f" (ends at {e['end_at']})" if e.get("end_at") else "")
+        state = "running" + (f" (ends {_at(e['end_at'], view)})" if e.get("end_at") else "")
     return f"{state}; {NOTHING_SENDS}" if e.get("unsent") else state
+
+
+def _at(text: str, view: View) -> str:
+    """An instant after a verb: ``at 2026-03-05T09:00:00.000+00:00`` (``--utc``), else ``in 3
+    h`` or ``2 d ago``."""
+    return f"at {text}" if view.utc else view.when(text)
 
 
 #: an entry's state when no live beat instance sends anything (``unsent``)
@@ -169,7 +175,7 @@ def _print_entries(data: dict, view: View) -> None:
         last = f"{e['last']['event']} {view.when(e['last']['slot'])}" if e["last"] else "-"
         source = e["source"] + (" (store copy ignored)" if e["shadowed"] else "")
         rows.append((e["name"], source, e["schedule"] or "-", e["task"] or "-",
-                     view.when(e["next"][0]) if e["next"] else "-", last, _state(e)))
+                     view.when(e["next"][0]) if e["next"] else "-", last, _state(e, view)))
     _table(view.table(rows, keep=(4, 5, 6)))     # NEXT, LAST, STATE: cut last
     pauses = [e for e in entries if e["paused"]]
     if not data["store"]["reachable"]:
@@ -177,7 +183,8 @@ def _print_entries(data: dict, view: View) -> None:
     else:
         click.echo(f"\npauses: {len(pauses)}")
     for e in pauses:
-        click.echo(view.row(f"  {e['name']}: {_state(e)} (since {view.when(e['paused']['since'])})"))
+        click.echo(view.row(f"  {e['name']}: {_state(e, view)} (since "
+                            f"{view.when(e['paused']['since'])})"))
     if data["run_now"]:
         click.echo(f"\nrun-now requests: {len(data['run_now'])}")
         for r in data["run_now"]:

@@ -22,6 +22,7 @@ from celery_anarchon.operate import checks as testing
 from celery_anarchon.operate.cli.entries import (
     EXIT_FAILURE, EXIT_OVERDUE, _exit_codes, _open, _table, as_typed, import_task_modules,
 )
+from celery_anarchon.operate.cli.narrow import in_zone, relative
 from celery_anarchon.operate.cli.reports import parse_after
 from celery_anarchon.operate.config import check_task
 from celery_anarchon.operate.overdue import OVERDUE, UNKNOWN, overdue_line
@@ -396,13 +397,16 @@ def _pause_of(store, name: str) -> dict | str | None:
     return {"by": p.by, "reason": p.reason, "since": iso(p.at_ms)}
 
 
-def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
-    """``next ENTRY``: the next ``n`` slots in UTC and in the entry's zone, with its offset."""
+def next_(app, entry: str, n: int, after: str | None, as_json: bool, *,
+          utc: bool = False) -> None:
+    """``next ENTRY``: the next ``n`` slots in UTC and in the entry's zone, with its offset;
+    a pause since how long ago, and a ``start_at`` / ``end_at`` in the entry's zone. ``utc``:
+    the slots in UTC only, and every time in ISO 8601 UTC."""
+    now_ms = int(time.time() * 1000)
     with _exit_codes():
         settings, store = _open(app)
         try:
-            start_ms = int(time.time() * 1000) if after is None else parse_after(
-                after, int(time.time() * 1000))
+            start_ms = now_ms if after is None else parse_after(after, now_ms)
             try:
                 start = datetime.datetime.fromtimestamp(start_ms / 1000, datetime.timezone.utc)
             except (OverflowError, ValueError, OSError):
@@ -432,22 +436,37 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
                                **window, **catch_up}, sort_keys=True))
         return
     name = zone_name(zone)
+    at = (lambda text: text) if utc else (lambda text: in_zone(text, zone))   # noqa: E731
     if paused == UNKNOWN_PAUSE:
         click.echo(f"{entry}: whether it is paused is unknown (the store cannot be read)")
     elif paused is not None:
+        since = paused["since"] if utc else relative(paused["since"], now_ms)
         click.echo(as_typed(
-            f"{entry} is paused by {paused['by']} since {paused['since']}"
+            f"{entry} is paused by {paused['by']} since {since}"
             + (f": {paused['reason']}" if paused["reason"] else "")
             + f"; these slots are recorded paused, not sent, until it is resumed "
             f"(celery anarchon resume {shlex.quote(plan.name)})"))
     if window["start_at"] and start < datetime.datetime.fromisoformat(window["start_at"]):
-        click.echo(f"{entry} starts at {window['start_at']} (its start_at)")
+        click.echo(f"{entry} starts at {at(window['start_at'])} (its start_at)")
     if not rows:
-        click.echo(f"{entry} has no more slots: it ended at {window['end_at']} (its end_at)")
+        click.echo(f"{entry} has no more slots: it ended at {at(window['end_at'])} (its end_at)")
         return
-    click.echo(f"next {len(rows)} slots of {entry} ({_words(plan)}), in UTC and in {name}:")
+    click.echo(f"next {len(rows)} slots of {entry} ({_words(plan)}), in UTC"
+               + ("" if utc else f" and in {name}") + ":")
+    if utc:
+        _table([("UTC",), *((row["utc"],) for row in rows)])
+    else:   # a change of offset before the first slot is noted too
+        _zone_table(rows, name, _offset(start.astimezone(zone)))
+    if plan.timing.catch_up != "newest":
+        click.echo(f"catch_up: {_catch_up_words(plan)}")
+    if len(rows) < n and window["end_at"]:
+        click.echo(f"no slot after these: {entry} ends at {at(window['end_at'])} (its end_at)")
+
+
+def _zone_table(rows: list[dict], name: str, previous: str | None) -> None:
+    """``next``'s slots in UTC and in the entry's zone ``name``, each change of the UTC offset
+    named on its line (``previous``: the offset at ``--after``)."""
     table = [("UTC", name, "OFFSET", "")]
-    previous = _offset(start.astimezone(zone))   # a change before the first slot is noted too
     for row in rows:
         local = datetime.datetime.fromisoformat(row["local"])
         change = (f"UTC offset changes from {previous} to {row['offset']} (DST)"
@@ -456,10 +475,6 @@ def next_(app, entry: str, n: int, after: str | None, as_json: bool) -> None:
                       f"UTC{row['offset']}", change))
         previous = row["offset"]
     _table(table)
-    if plan.timing.catch_up != "newest":
-        click.echo(f"catch_up: {_catch_up_words(plan)}")
-    if len(rows) < n and window["end_at"]:
-        click.echo(f"no slot after these: {entry} ends at {window['end_at']} (its end_at)")
 
 
 def _catch_up_words(plan) -> str:
