@@ -109,3 +109,12 @@ def test_next_utc_prints_the_slots_in_utc_only_and_a_pause_since_in_iso(tmp_path
     assert re.match(rf"berlin-0230 is paused by ops since {ISO_UTC}; ", utc[0]), utc
     assert utc[1:] == ["next 2 slots of berlin-0230 (cron 30 2 * * * Europe/Berlin), in UTC:",
                        "UTC", "2027-03-27T01:30:00+00:00", "2027-03-28T01:00:00+00:00"], utc
+
+
+def test_status_fail_if_no_instance_exits_1_not_7_when_the_store_cannot_be_reached(namespace):
+    """Exit 7 says no beat runs; a store that cannot be read says nothing of that: exit 1."""
+    done = operate("redis://127.0.0.1:1/0", namespace, "good", "status", "--runs", "0",
+                   "--fail-if-no-instance")
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "store unreachable: " in done.stdout and "exit 7" not in done.stderr, done
+    assert "pauses: unknown (the store cannot be read)" in done.stdout, done.stdout
