@@ -200,7 +200,7 @@ def test_relative_times_and_a_table_fitted_to_the_width():
         ("NAME", "STATE"), ("n" * 17 + "…", "s" * 40)]                    # STATE cut last
 
 
-def test_status_fits_120_columns_and_wide_utc_prints_whole_lines_in_utc(tmp_path, namespace):
+def test_status_fits_120_columns_utc_prints_iso_utc_and_wide_whole_lines(tmp_path, namespace):
     url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
     store = open_store(url, namespace=namespace, instance_id="beat-a:7:aa")
     try:
@@ -224,6 +224,17 @@ def test_status_fits_120_columns_and_wide_utc_prints_whole_lines_in_utc(tmp_path
     wide = exits(operate(url, namespace, "good", "status", "--wide", "--utc"), 0)
     assert "x" * 150 in wide and max(len(line) for line in wide.splitlines()) > 120
     assert " ago" not in wide and "+00:00" in wide, wide
+    # --utc alone: ISO UTC times, still within 120 columns; --wide alone: relative times
+    iso_utc = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00"
+    utc = exits(operate(url, namespace, "good", "status", "--utc"), 0)
+    assert max(len(line) for line in utc.splitlines() if not line.startswith("store:")) <= 120
+    assert re.search(rf"  beat-a:7  beat-a:7:aa  last tick {iso_utc}  version 0\.1\.0  started "
+                     rf"{iso_utc}", utc), utc
+    [late] = [line for line in utc.splitlines() if line.startswith("  ") and "  late  " in line]
+    assert re.match(rf"  {iso_utc}  late +beat-a:7:aa  attempt 1 +x+…$", late), late
+    assert " ago" not in utc and re.search(r"\bin \d", utc) is None, utc
+    wide = exits(operate(url, namespace, "good", "status", "--wide"), 0)
+    assert "x" * 150 in wide and re.search(r"last tick \d+ s ago", wide), wide
 
 
 def test_check_on_a_postgresql_namespace_not_made_yet_writes_nothing(namespace):

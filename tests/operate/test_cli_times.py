@@ -1,14 +1,11 @@
 """The times the commands print, as an operator reads them: relative to now and in the entry's
-zone by default, ISO 8601 UTC with ``--utc`` (``list``, ``status``, ``next``), and ``list``
-within 120 columns with realistic names (``--wide``: whole cells); tests/support/apps/
-operate_app.py, real subprocesses on a SQLite file store."""
+zone by default, ISO 8601 UTC with ``--utc`` (``list``, ``next``; ``status`` in
+test_cli_quiet.py), ``list`` within 120 columns with realistic names (``--wide``: whole cells),
+and the exit code of a probe on a store that cannot be reached (tests/support/apps/
+operate_app.py, real subprocesses)."""
 from __future__ import annotations
 
 import re
-
-from celery_anarchon.stores import open_store
-from celery_anarchon.stores.base import RunEvent
-from celery_anarchon.stores.entry_store import InstanceRecord
 
 from operate_support import exits, operate
 
@@ -67,33 +64,6 @@ def test_list_fits_120_columns_with_realistic_names_and_wide_prints_whole_cells(
     assert LONG_TASK in row and "cron 30 2 1 * * America/New_York" in row, wide
     assert row.endswith("migrated to the new cluster (since " + row.rsplit("(since ", 1)[1]), row
     assert "…" not in wide and len(row) > 120, wide
-
-
-def test_status_utc_prints_iso_utc_times_within_120_columns_and_wide_keeps_them_relative(
-        tmp_path, namespace):
-    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
-    store = open_store(url, namespace=namespace, instance_id="beat-a:7:aa")
-    try:
-        store.prepare(["every-2s"])
-        now = store.now_ms()
-        store.history.record("every-2s", now // 2000 * 2000 - 2000, RunEvent.LATE,
-                             detail="x" * 150)
-        store.instances.record_instance(InstanceRecord("beat-a:7:aa", "beat-a", 7, "0.1.0",
-                                                       now - 60_000, now, 0, 3, "d"),
-                                        ttl_ms=600_000)
-    finally:
-        store.close()
-    utc = exits(operate(url, namespace, "good", "status", "--utc"), 0)
-    assert max(len(line) for line in utc.splitlines() if not line.startswith("store:")) <= 120
-    assert re.search(rf"  beat-a:7  beat-a:7:aa  last tick {ISO_UTC}  version 0\.1\.0  started "
-                     rf"{ISO_UTC}", utc), utc
-    [late] = [line for line in utc.splitlines() if line.startswith("  ") and "  late  " in line]
-    assert re.match(rf"  {ISO_UTC}  late +beat-a:7:aa  attempt 1 +x+…$", late), late
-    assert " ago" not in utc and re.search(r"\bin \d", utc) is None, utc
-    wide = exits(operate(url, namespace, "good", "status", "--wide"), 0)
-    assert "x" * 150 in wide and re.search(r"last tick \d+ s ago", wide), wide
-    both = exits(operate(url, namespace, "good", "status", "--wide", "--utc"), 0)
-    assert "x" * 150 in both and " ago" not in both and "+00:00" in both, both
 
 
 def test_next_utc_prints_the_slots_in_utc_only_and_a_pause_since_in_iso(tmp_path, namespace):
