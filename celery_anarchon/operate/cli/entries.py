@@ -305,7 +305,7 @@ def _app_zone(app) -> str | None:
         return None
 
 
-def list_entries(app, as_json: bool, *, utc: bool = False, wide: bool = False) -> None:
+def list_entries(app, as_json: bool, *, utc: bool = True, wide: bool = True) -> None:
     """``list``: a table, or a JSON list of :meth:`ScheduledEntry.as_json`. The table's NEXT is
     each entry's next slot, relative to the store's clock and in the entry's zone, and a
     pause's STATE says since when (how long ago); ``utc``: both in ISO 8601 UTC; ``wide``:
