@@ -88,3 +88,20 @@ def test_status_fail_if_no_instance_exits_1_not_7_when_the_store_cannot_be_reach
     assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
     assert "store unreachable: " in done.stdout and "exit 7" not in done.stderr, done
     assert "pauses: unknown (the store cannot be read)" in done.stdout, done.stdout
+
+
+def test_run_now_says_when_relative_and_the_slot_in_the_entrys_zone_and_iso_with_utc(
+        tmp_path, namespace):
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    out = exits(operate(url, namespace, "good", "run-now", "berlin-0230", "--request-id", "t-1",
+                        "--by", "ops"), 0)
+    assert re.match(r"run-now berlin-0230: new request t-1, slot \d+ s ago \(\d{4}-\d\d-\d\dT"
+                    r"\d\d:\d\d:\d\d\+0[12]:00\), by ops\n", out), out      # CET or CEST
+    again = exits(operate(url, namespace, "good", "run-now", "berlin-0230", "--request-id",
+                          "t-1"), 0)
+    assert re.match(r"run-now berlin-0230: request t-1 was already requested \d+ s ago by ops: "
+                    r"no new run \(its slot \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+0[12]:00\)\n$", again), again
+    utc = exits(operate(url, namespace, "good", "run-now", "berlin-0230", "--request-id", "t-1",
+                        "--utc"), 0)
+    assert re.match(rf"run-now berlin-0230: request t-1 was already requested at {ISO_UTC} by "
+                    rf"ops: no new run \(its slot {ISO_UTC}\)\n$", utc), utc

@@ -256,11 +256,14 @@ def accept_loss(ctx, by, as_json):
                                    "same id again is the same request, one run.")
 @click.option("--by", help="Who asks (default user@host:pid).")
 @click.option("--json", "as_json", is_flag=True, help="Print the request as JSON.")
+@click.option("--utc", is_flag=True, help="Times in ISO 8601 UTC (default: relative, and the "
+                                          "slot in the entry's zone).")
 @click.pass_context
-def run_now(ctx, name, request_id, by, as_json):
+def run_now(ctx, name, request_id, by, as_json, utc):
     """Run entry NAME once more, now (claimed like any run; the schedule does not move)."""
     from celery_anarchon.operate.cli import entries as cli_commands
-    cli_commands.run_now(ctx.obj.app, name, request_id, by, as_json, command=typed_command(ctx))
+    cli_commands.run_now(ctx.obj.app, name, request_id, by, as_json, command=typed_command(ctx),
+                         utc=utc)
 
 
 @anarchon.command(cls=CeleryCommand)

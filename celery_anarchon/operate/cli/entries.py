@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import re
 import shlex
@@ -251,7 +252,7 @@ def accept_loss(app, by: str | None, as_json: bool) -> None:
 
 
 def run_now(app, name: str, request_id: str | None, by: str | None, as_json: bool,
-            command: str = "celery anarchon") -> None:
+            command: str = "celery anarchon", *, utc: bool = True) -> None:
     """``run-now``: the request's id (given, or a new one of the store's clock) is printed with
     the command that repeats the same request; a repeat says so (no new run); a store error
     says the outcome is unknown and prints that command (or, before an id was made from the
@@ -259,7 +260,10 @@ def run_now(app, name: str, request_id: str | None, by: str | None, as_json: boo
 
     :param command: how the operator ran ``anarchon`` (``celery -A proj anarchon``), for the
         printed command.
+    :param utc: times in ISO 8601 UTC; else relative to the store's clock, and the slot also in
+        the entry's zone (:func:`zone_of_entry`).
     """
+    from celery_anarchon.operate.cli.narrow import View, in_zone
     with _schedules(app) as s:
         if request_id is None:
             try:
@@ -274,17 +278,26 @@ def run_now(app, name: str, request_id: str | None, by: str | None, as_json: boo
         except StoreError as exc:
             raise StoreError(f"{str(exc).rstrip('.')}; the outcome is unknown: repeat the same "
                              f"request (one run, never two): {again}") from exc
+        if not (as_json or utc):
+            zone, now_ms = zone_of_entry(app, s.store, name), s.store.now_ms()
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(request), sort_keys=True))
-    elif request.created:
-        click.echo(f"run-now {name}: new request {request.request_id}, slot "
-                   f"{iso(request.slot_ms)}, by {request.by} at {iso(request.requested_ms)}")
+        return
+    slot, requested = iso(request.slot_ms), iso(request.requested_ms)
+    if utc:
+        slot_words, when_words = slot, f"at {requested}"
+    else:
+        view = View(True, now_ms or int(time.time() * 1000))
+        slot_words, when_words = view.slot(slot, zone), view.when(requested)
+    if request.created:
+        click.echo(f"run-now {name}: new request {request.request_id}, slot {slot_words}, by "
+                   f"{request.by}" + (f" {when_words}" if utc else ""))
         click.echo(f"to repeat this request if its outcome is ever in doubt (one run, never two): "
                    f"{again}")
     else:
-        click.echo(f"run-now {name}: request {request.request_id} was already requested at "
-                   f"{iso(request.requested_ms)} by {request.by}: no new run (its slot "
-                   f"{iso(request.slot_ms)})")
+        click.echo(f"run-now {name}: request {request.request_id} was already requested "
+                   f"{when_words} by {request.by}: no new run (its slot "
+                   f"{slot if utc else in_zone(slot, zone)})")
 
 
 def _table(rows: list[tuple]) -> None:
@@ -337,6 +350,18 @@ def list_entries(app, as_json: bool, *, utc: bool = True, wide: bool = True) -> 
 
 
 # -- the store of a command (reports, rules) ------------------------------------------------------
+
+def zone_of_entry(app, store, entry: str) -> datetime.tzinfo:
+    """The zone a command shows an entry's slots in: its own (a crontab's or cron's, else the
+    app's ``timezone``); the app's, or UTC, for an entry no longer defined or that breaks a rule
+    (``history``, ``run-now``)."""
+    from celery_anarchon.operate import checks
+    from celery_anarchon.operate.overview_entries import zone_of
+    try:
+        return zone_of(checks.plan_of(app, entry, store=store), app)
+    except (ConfigError, StoreError):
+        return app.timezone or datetime.timezone.utc
+
 
 def _open(app):
     """The app's settings and its store, opened (no I/O yet) as a command line instance."""

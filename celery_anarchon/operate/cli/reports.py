@@ -21,7 +21,7 @@ from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
 from celery_anarchon.limits import FIRST_MS, LAST_SLOT_MS
 from celery_anarchon.operate import checks as testing
 from celery_anarchon.operate.cli.entries import (
-    EXIT_FAILURE, EXIT_NO_INSTANCE, _exit_codes, _open, _table, as_typed,
+    EXIT_FAILURE, EXIT_NO_INSTANCE, _exit_codes, _open, _table, as_typed, zone_of_entry,
 )
 from celery_anarchon.operate.cli.narrow import View, relative, to_ms
 from celery_anarchon.operate.names import normal_name
@@ -282,7 +282,7 @@ def history(app, entry: str, since: str | None, limit: int | None, as_json: bool
             records = store.history.read(entry) if limits.undecodable(entry) is None else []
             if not records:   # given: a name stored unnormalized is known by its exact form
                 _known_or_fail(app, store, given)
-            zone = None if utc or as_json else _zone_of_entry(app, store, entry)
+            zone = None if utc or as_json else zone_of_entry(app, store, entry)
         finally:
             store.close()
     runs = [run_json(r) for r in records if since_ms is None or r.slot_ms >= since_ms]
@@ -309,15 +309,6 @@ def history(app, entry: str, since: str | None, limit: int | None, as_json: bool
             rows.append((slot(x["slot"]), x["event"], x["instance"] or "-", str(x["attempt"]),
                          x["task_id"] or "-", at, x["detail"] or "-"))
     _table(rows)
-
-
-def _zone_of_entry(app, store, entry: str) -> datetime.tzinfo:
-    """The zone ``history`` shows an entry's slots in: its own (a crontab's or cron's, else the
-    app's ``timezone``); the app's, or UTC, for an entry no longer defined or that breaks a rule."""
-    try:
-        return zone_of(testing.plan_of(app, entry, store=store), app)
-    except (ConfigError, StoreError):
-        return app.timezone or datetime.timezone.utc
 
 
 def _known_or_fail(app, store, entry: str) -> None:
