@@ -17,19 +17,18 @@ import click
 
 from celery_anarchon import limits
 from celery_anarchon._util import iso
-from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
+from celery_anarchon.errors import ConfigError, UnknownEntry
 from celery_anarchon.limits import FIRST_MS, LAST_SLOT_MS
 from celery_anarchon.operate import checks as testing
 from celery_anarchon.operate.cli.entries import (
     EXIT_FAILURE, EXIT_NO_INSTANCE, _exit_codes, _open, _table, as_typed, zone_of_entry,
 )
-from celery_anarchon.operate.cli.narrow import View, relative, to_ms
+from celery_anarchon.operate.cli.narrow import View, in_zone, relative, to_ms
 from celery_anarchon.operate.names import normal_name
 from celery_anarchon.operate.overdue import OVERDUE, overdue_line
 from celery_anarchon.operate.overview import (
     dumps, lost_lines, overview, refused_lines, run_json,
 )
-from celery_anarchon.operate.overview_entries import zone_of
 
 #: ``--since`` durations: ``90s``, ``15m``, ``1h``, ``1h30m``, ``2d``, ``1w``
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
@@ -295,12 +294,7 @@ def history(app, entry: str, since: str | None, limit: int | None, as_json: bool
                    + " in the store's history")
         return
     now_ms = int(time.time() * 1000)
-
-    def slot(text: str) -> str:
-        at_ms = to_ms(text)
-        if zone is None or at_ms is None:
-            return text
-        return datetime.datetime.fromtimestamp(at_ms / 1000, zone).isoformat(timespec="seconds")
+    slot = (lambda text: text) if zone is None else (lambda text: in_zone(text, zone))  # noqa: E731
     rows = [("SLOT", "EVENT", "INSTANCE", "ATTEMPT", "TASK ID", "RECORDED", "REASON")]
     for r in runs:
         # a run taken over: its record, then what its earlier attempts recorded (newest first)
