@@ -196,8 +196,16 @@ def test_relative_times_and_a_table_fitted_to_the_width():
     assert relative(None, now) == "-" and relative("soon", now) == "soon"
     rows = fit_table([("NAME", "STATE"), ("n" * 30, "s" * 200)], width=60)
     assert rows == [("NAME", "STATE"), ("n" * 28 + "…", "s" * 28 + "…")]   # the widest cut first
+    assert fit_table([("NAME", "STATE"), ("n" * 20, "s" * 40)], width=70, keep=(1,)) == [
+        ("NAME", "STATE"), ("n" * 20, "s" * 40)]                          # it fits
+    assert fit_table([("NAME", "SOURCE", "STATE"), ("n" * 20, "o" * 30, "s" * 40)], width=80,
+                     keep=(2,)) == [("NAME", "SOURCE", "STATE"),
+                                    ("n" * 20, "o" * 15 + "…", "s" * 40)]       # STATE cut last
+    # the first column, the row's name: cut below 24 only when nothing else can be
     assert fit_table([("NAME", "STATE"), ("n" * 30, "s" * 40)], width=60, keep=(1,)) == [
-        ("NAME", "STATE"), ("n" * 17 + "…", "s" * 40)]                    # STATE cut last
+        ("NAME", "STATE"), ("n" * 23 + "…", "s" * 33 + "…")]
+    assert fit_table([("NAME", "STATE"), ("n" * 30, "s" * 40)], width=30, keep=(1,)) == [
+        ("NAME", "STATE"), ("n" * 19 + "…", "s" * 7 + "…")]
 
 
 def test_status_fits_120_columns_utc_prints_iso_utc_and_wide_whole_lines(tmp_path, namespace):

@@ -19,6 +19,8 @@ WIDTH = 120
 CUT = "…"
 #: a column is never cut narrower than this
 MIN_COLUMN = 8
+#: the first column (an entry's name) is cut narrower than this only when nothing else can be
+NAME_COLUMN = 24
 
 
 def in_zone(text: str | None, zone: datetime.tzinfo) -> str:
@@ -44,17 +46,21 @@ def fit_table(rows: list[tuple[str, ...]], width: int = WIDTH, gap: int = 2,
     """``rows`` (the first is the heading) with the widest columns cut, one character at a
     time, until a row fits ``width`` columns with ``gap`` between columns (none narrower than
     :data:`MIN_COLUMN` or its heading); the columns ``keep`` (indexes) only once no other can be
-    cut. A cut cell ends with :data:`CUT`."""
+    cut. The first column names the row: it is cut below :data:`NAME_COLUMN` characters only
+    once no other column can be cut, the columns ``keep`` included. A cut cell ends with
+    :data:`CUT`."""
     rows = [tuple(str(cell) for cell in row) for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     floor = [max(MIN_COLUMN, len(heading)) for heading in rows[0]]
-    while sum(widths) + gap * (len(widths) - 1) > width:
-        shrinkable = [i for i, w in enumerate(widths) if w > floor[i]]
-        shrinkable = [i for i in shrinkable if i not in keep] or shrinkable
-        if not shrinkable:
-            break
-        widest = max(shrinkable, key=lambda i: widths[i])
-        widths[widest] -= 1
+    named = [max(floor[0], min(widths[0], NAME_COLUMN)), *floor[1:]]
+    for floors in (named, floor):
+        while sum(widths) + gap * (len(widths) - 1) > width:
+            shrinkable = [i for i, w in enumerate(widths) if w > floors[i]]
+            shrinkable = [i for i in shrinkable if i not in keep] or shrinkable
+            if not shrinkable:
+                break
+            widest = max(shrinkable, key=lambda i: widths[i])
+            widths[widest] -= 1
     return [tuple(cut(cell, w) for cell, w in zip(row, widths)) for row in rows]
 
 
