@@ -61,7 +61,7 @@ def test_add_update_next_and_status_of_an_entry_with_a_window(sqlite_url, namesp
     row = {e["name"]: e for e in status["entries"]}["later"]
     assert (row["state"], row["start_at"], row["next"][0]) == (
         "waiting", start_text, first.isoformat(timespec="milliseconds"))
-    assert f"starts at {start_text}" in exits(run("status", "--utc"), 0)
+    assert f"starts at {start_text}" in exits(run("status", "--utc", "--wide"), 0)
     assert re.search(r"^later .* starts in 2 d(;|$)", exits(run("status"), 0), re.M)
 
     # after the end: no more slots, said with the instant it ended
@@ -77,7 +77,7 @@ def test_add_update_next_and_status_of_an_entry_with_a_window(sqlite_url, namesp
     row = {e["name"]: e for e in json.loads(exits(run("status", "--json"), 0))["entries"]}["later"]
     ended = past.isoformat(timespec="milliseconds")
     assert (row["state"], row["next"], row["end_at"], row["start_at"]) == ("ended", [], ended, None)
-    assert f"ended at {ended}" in exits(run("status", "--utc"), 0)
+    assert f"ended at {ended}" in exits(run("status", "--utc", "--wide"), 0)
     assert re.search(r"^later .* ended 6\d min ago$", exits(run("status"), 0), re.M)
     assert exits(run("next", "later", "--utc"), 0) == (f"later has no more slots: it ended at "
                                                        f"{ended} (its end_at)\n")
