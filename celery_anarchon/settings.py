@@ -124,6 +124,18 @@ def _options(value: Any, name: str) -> dict:
     return dict(value)
 
 
+def _flower_url(value: Any, name: str) -> str | None:
+    """The Flower URL without its trailing ``/`` (``None``: unset)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")) \
+            or len(value.split("://", 1)[1].strip("/")) == 0 or any(c.isspace() for c in value):
+        raise ConfigError(f"{name} = {value!r}: must be the http:// or https:// URL of Flower, "
+                          f"e.g. {name} = \"https://flower.internal:5555\" (the status page "
+                          "links a run's task id to <url>/task/<task id>)")
+    return value.rstrip("/")
+
+
 def _catch_up(value: Any, name: str) -> str:
     return check_policy(value, name, name)
 
@@ -204,6 +216,8 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
            "the address the worker's metrics exporter binds"),
     Option("anarchon_acknowledge", "names", (), _acknowledge,
            "the check warnings (by name) that no longer fail check --strict"),
+    Option("anarchon_flower_url", "URL", None, _flower_url,
+           "the status page links each run's task id to <url>/task/<task id> (None: no link)"),
 )}
 #: the names of :data:`OPTIONS`
 SETTINGS = tuple(OPTIONS)
@@ -267,6 +281,8 @@ class Settings(TimingSettings):
     :param worker_metrics_addr: ``anarchon_worker_metrics_addr``.
     :param acknowledged: ``anarchon_acknowledge``: the names of :data:`CHECK_WARNINGS` that no
         longer fail ``check --strict``.
+    :param flower_url: ``anarchon_flower_url``: Flower's URL without a trailing ``/``, to which
+        the status page's entry page links each run's task id (``None``: no link).
     """
 
     namespace: str = "default"
@@ -279,6 +295,7 @@ class Settings(TimingSettings):
     worker_metrics_port: int | None = None
     worker_metrics_addr: str = exporter.DEFAULT_ADDR
     acknowledged: tuple[str, ...] = ()
+    flower_url: str | None = None
 
     @classmethod
     def from_app(cls, app, *, check_timezone: bool = True) -> Settings:
@@ -324,7 +341,8 @@ class Settings(TimingSettings):
             metrics_max_entries=value["anarchon_metrics_max_entries"],
             worker_metrics_port=value["anarchon_worker_metrics_port"],
             worker_metrics_addr=value["anarchon_worker_metrics_addr"],
-            acknowledged=value["anarchon_acknowledge"])
+            acknowledged=value["anarchon_acknowledge"],
+            flower_url=value["anarchon_flower_url"])
 
 
 def make_instance_id() -> str:

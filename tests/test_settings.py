@@ -117,7 +117,7 @@ def test_an_unknown_setting_names_the_closest_and_every_setting():
         "anarchon_namespace, anarchon_request_retention, anarchon_store_options, "
         "anarchon_store_url, anarchon_sync_interval, anarchon_metrics_port, anarchon_metrics_addr, "
         "anarchon_metrics_max_entries, anarchon_worker_metrics_port, anarchon_worker_metrics_addr, "
-        "anarchon_acknowledge. A typo must not silently disable a rule.")
+        "anarchon_acknowledge, anarchon_flower_url. A typo must not silently disable a rule.")
 
 
 def test_zero_lease_or_heartbeat_and_a_slow_heartbeat_are_refused():
@@ -201,6 +201,17 @@ def test_acknowledge_takes_a_list_of_check_warning_names_and_names_the_fix_of_a_
     with pytest.raises(ConfigError, match=r"^anarchon_acknowledge: 'task-unregistered' is no check "
                                           r"warning \(did you mean 'task-not-registered'\?\)"):
         Settings.from_app(app_with(anarchon_acknowledge=["task-unregistered"]))
+
+
+def test_the_flower_url_is_an_http_url_kept_without_its_trailing_slash():
+    assert Settings.from_app(app_with()).flower_url is None
+    assert Settings.from_app(app_with(anarchon_flower_url="")).flower_url is None
+    assert Settings.from_app(app_with(anarchon_flower_url="https://flower.internal:5555/")
+                             ).flower_url == "https://flower.internal:5555"
+    for bad in ("flower.internal", "javascript:alert(1)", "https://", "http://a b", 5555):
+        with pytest.raises(ConfigError, match=r"^anarchon_flower_url = .*must be the http:// or "
+                                              r"https:// URL of Flower"):
+            Settings.from_app(app_with(anarchon_flower_url=bad))
 
 
 def test_the_metrics_settings_are_known_settings_with_defaults():

@@ -42,6 +42,17 @@ _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SCHEDULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def store_warnings(store: ClaimStore) -> list[str]:
+    """The warnings of ``store.prepare()``, which runs once per store object (a page reading the
+    overview every few seconds does not repeat the start-up checks).
+
+    :raises StoreError: the store cannot be reached (prepared again next time).
+    """
+    if store not in _PREPARED:
+        _PREPARED[store] = list(store.prepare(()))
+    return list(_PREPARED[store])
+
+
 def _store_part(store: ClaimStore, now_ms: int | None) -> dict:
     """``store`` of :func:`overview` (reachable and clock filled in by the caller)."""
     durability = getattr(store, "durability", None)
@@ -172,9 +183,7 @@ def overview(app, store: ClaimStore, settings: Settings | None = None, *, runs: 
         before = time.time()
         store_now = store.now_ms()
         after = time.time()
-        if store not in _PREPARED:
-            _PREPARED[store] = list(store.prepare(()))
-        part["warnings"] = list(_PREPARED[store])
+        part["warnings"] = store_warnings(store)
         part["reachable"] = True
         if store_now is not None:
             part["clock"] = iso(store_now)

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Collection
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.operate import times
@@ -127,16 +127,53 @@ def _lost_fix() -> str:
     return LOST_FIX
 
 
+def _template(name: str = "status.html"):
+    return _environment().get_template(name)
+
+
 @functools.lru_cache(maxsize=1)
-def _template():
+def _environment():
     try:
         import jinja2
     except ImportError as exc:
         raise missing_extra() from exc
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
                              undefined=jinja2.ChainableUndefined)
-    env.filters["when"] = _when
-    return env.get_template("status.html")
+    env.filters.update(when=_when, entry_path=entry_path, as_json=_as_json)
+    return env
+
+
+def entry_path(name) -> str:
+    """The path of entry ``name``'s page: ``/entries/`` and the name with every character but
+    letters, digits and ``_.-~`` percent-encoded (a ``/`` too, so that a name is one segment;
+    text UTF-8 cannot encode, a lone surrogate, backslash-escaped)."""
+    return "/entries/" + quote(str(name), safe="", errors="backslashreplace")
+
+
+def _as_json(value) -> str:
+    """A definition's part as JSON text (sorted keys, non-ASCII kept), for the entry page; the
+    page escapes it."""
+    import json
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr)
+
+
+def render_entry(data: dict | None, *, name: str, error: str | None = None,
+                 params: dict[str, str] | None = None) -> str:
+    """The entry page's HTML for the data ``data`` of
+    :func:`~celery_anarchon.operate.entry_detail.entry_detail`, every value escaped.
+
+    :param name: the entry's name as asked for (the heading; the 404 page names it).
+    :param error: why there is no data (an unknown entry, the store unreachable), shown instead.
+    :param params: the request's query parameters the paging links keep (``limit``).
+    :raises ConfigError: Jinja2 (the ``web`` extra) is not installed.
+    """
+    params = {k: v for k, v in (params or {}).items() if k == "limit"}
+    history = (data or {}).get("history") or {}
+    links = {"newest": page_link(params) if history.get("before") is not None else None,
+             "older": (page_link(params, before=history["next_before"])
+                       if history.get("next_before") is not None else None)}
+    return _template("entry.html").render(d=data, name=name, error=error, links=links,
+                                          classes=COLOURS)
 
 
 def _store_ms(data: dict) -> int | None:

@@ -2,6 +2,9 @@
 
 One server-rendered HTML page (``GET /``) and the same data as JSON (``GET /api/status``): the
 data of :func:`celery_anarchon.operate.overview.overview`, read from the app's store on every request.
+Each entry has a page of its own (``GET /entries/<name>``, JSON ``GET /api/entries/<name>``;
+``?before=<slot ms>&limit=N`` pages its history): the data of
+:func:`celery_anarchon.operate.entry_detail.entry_detail`, read only (no action there).
 With ``allow_actions``, ``POST /api/entries/<name>/pause``, ``.../resume`` and ``.../run-now``
 change the schedule through :class:`celery_anarchon.operate.schedules.Schedules`, each with the token
 in the ``X-Anarchon-Token`` header or a ``token`` form field (compared with
@@ -29,7 +32,8 @@ from urllib.parse import parse_qs
 
 from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
 from celery_anarchon.operate.page import (
-    TOKEN_ENV, TOKEN_FIELD, TOKEN_HEADER, missing_extra, refresh_interval, render_page,
+    TOKEN_ENV, TOKEN_FIELD, TOKEN_HEADER, missing_extra, refresh_interval, render_entry,
+    render_page,
 )
 
 #: where the page listens unless told otherwise
@@ -128,6 +132,19 @@ class StatusSource:
             request_id = fields.get("request_id") or s.new_request_id()
             return dataclasses.asdict(s.run_now(name, request_id, by=by))
 
+    def entry(self, name: str, before: str | None, limit: str | None) -> dict:
+        """The entry page's data of ``name``
+        (:func:`~celery_anarchon.operate.entry_detail.entry_detail`; ``before``, ``limit``: its
+        history page).
+
+        :raises UnknownEntry: no entry of that name.
+        :raises StoreError: the store is unreachable.
+        """
+        from celery_anarchon.operate.entry_detail import entry_detail
+        with self._lock:
+            return entry_detail(self.app, self.store, self.settings, name, before=before,
+                                limit=limit)
+
     def close(self) -> None:
         """Close the store."""
         self.store.close()
@@ -197,6 +214,28 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
         return HTMLResponse(html, status_code=200 if data is not None else 503,
                             headers=headers(nonce))
 
+    def read_entry(request) -> tuple[dict | None, int, str | None]:
+        q = request.query_params
+        try:
+            return source.entry(request.path_params["name"], q.get("before"), q.get("limit")), \
+                200, None
+        except UnknownEntry as exc:
+            return None, 404, str(exc)
+        except (StoreError, ConfigError) as exc:
+            return None, 503, str(exc)
+
+    def entry_page(request):
+        data, status, error = read_entry(request)
+        html = render_entry(data, name=request.path_params["name"], error=error,
+                            params=dict(request.query_params))
+        return HTMLResponse(html, status_code=status, headers=headers())
+
+    def api_entry(request):
+        data, status, error = read_entry(request)
+        if data is None:
+            return _error(JSONResponse, status, error)
+        return JSONResponse(data, headers=headers())
+
     def api_status(request):
         data, error = read(request)
         if data is None:
@@ -237,11 +276,14 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
 
     def api_not_found(request):
         return _error(JSONResponse, 404, f"no such API route: {request.method} "
-                      f"{request.url.path}; the routes are GET /api/status and POST "
+                      f"{request.url.path}; the routes are GET /api/status, GET "
+                      "/api/entries/<name> and POST "
                       "/api/entries/<name>/pause, /resume, /run-now")
 
     _register_any_text()
-    routes = [Route("/", index), Route("/api/status", api_status)]
+    routes = [Route("/", index), Route("/api/status", api_status),
+              Route(f"/entries/{{name:{ANY_TEXT}}}", entry_page),
+              Route(f"/api/entries/{{name:{ANY_TEXT}}}", api_entry)]
     routes += [Route(f"/api/entries/{{name:{ANY_TEXT}}}/{a}", act, methods=["POST"])
                for a in ACTIONS]
     routes += [Route(f"/api/{{rest:{ANY_TEXT}}}", api_not_found,
