@@ -211,7 +211,7 @@ def entry_detail(app, store: ClaimStore, settings: Settings | None = None, name:
                     None if stored is None else stored.definition, history=history,
                     next_count=next_count, now_ms=now_ms, reachable=True, requests=requests,
                     cache=cache, used=set(), kept=kept_of(lost_json(records), found.name),
-                    runs=0, read_limit=_kept_per_entry(store) if readable else 0)
+                    runs=None, read_limit=_kept_per_entry(store) if readable else 0)
     row.pop("runs"), row.pop("last")
     limit_n = page_limit(limit)
     before_ms = page_before(before)

@@ -45,10 +45,11 @@ def wait_served(base: str, proc, timeout: float = 60) -> None:
 
 def asgi(site, method: str, path: str, query: str = "",
          headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
-    """One request to the Starlette app in this process (with ``headers`` too): (status,
-    headers, body)."""
+    """One request to the Starlette app in this process (with ``headers`` too; ``Host`` is
+    127.0.0.1 unless given): (status, headers, body)."""
     import asyncio
     sent = []
+    given = {"host": "127.0.0.1", **{k.lower(): v for k, v in (headers or {}).items()}}
 
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -57,8 +58,8 @@ def asgi(site, method: str, path: str, query: str = "",
         sent.append(message)
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
              "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-             "query_string": query.encode(), "headers": [(b"host", b"127.0.0.1")] + [
-                 (k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+             "query_string": query.encode(), "headers": [
+                 (k.encode(), v.encode()) for k, v in given.items()],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8765)}
     asyncio.run(site(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
