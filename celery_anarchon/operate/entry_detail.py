@@ -21,7 +21,7 @@ from celery_anarchon._util import iso
 from celery_anarchon.errors import UnknownEntry
 from celery_anarchon.operate.config import config_items
 from celery_anarchon.operate.listing import (
-    STORE, ScheduledEntry, listed, scheduled as scheduled_in, unknown_entry_error,
+    ScheduledEntry, listed, scheduled as scheduled_in, unknown_entry_error,
 )
 from celery_anarchon.operate.names import normal_name
 from celery_anarchon.operate.overview import store_warnings
@@ -104,10 +104,11 @@ def local_time(value: str, zone: str | None) -> str:
     return f"{at:%Y-%m-%d %H:%M:%S} {at.tzname()}"
 
 
-def _find(app, store: ClaimStore, name: str) -> tuple[ScheduledEntry | None, list[dict]]:
-    """The entry ``name`` (its exact form first, then its NFC form, as ``Schedules.get``) and the
-    store's run-now requests of it; the entry is ``None`` when neither beat_schedule nor the
-    store holds anything of it."""
+def _find(app, store: ClaimStore,
+          name: str) -> tuple[ScheduledEntry | None, list[dict], str | None]:
+    """The entry ``name`` (its exact form first, then its NFC form, as ``Schedules.get``), the
+    store's run-now requests of it and its stored definition text; the entry is ``None`` when
+    neither beat_schedule nor the store holds anything of it."""
     config = config_items(app)
     snapshot = store.entries.load_entries() if store.entries is not None else None
     for candidate in dict.fromkeys((name, normal_name(name))):
@@ -115,13 +116,16 @@ def _find(app, store: ClaimStore, name: str) -> tuple[ScheduledEntry | None, lis
             found = scheduled_in(app, config, candidate, None)
         else:
             found = next(iter(listed(app, snapshot, only=candidate)), None)
-        if found is not None:
-            requests = [] if snapshot is None else [
-                {"entry": r.entry, "request_id": r.request_id, "slot": iso(r.slot_ms), "by": r.by,
-                 "requested": iso(r.requested_ms)} for r in snapshot.requests
-                if r.entry == found.name]
-            return found, requests
-    return None, []
+        if found is None:
+            continue
+        if snapshot is None:
+            return found, [], None
+        stored = snapshot.entries.get(found.name)
+        requests = [{"entry": r.entry, "request_id": r.request_id, "slot": iso(r.slot_ms),
+                     "by": r.by, "requested": iso(r.requested_ms)}
+                    for r in snapshot.requests if r.entry == found.name]
+        return found, requests, None if stored is None else stored.definition
+    return None, [], None
 
 
 def _instances(store: ClaimStore, name: str) -> tuple[list, list[str], dict | None]:
@@ -131,9 +135,12 @@ def _instances(store: ClaimStore, name: str) -> tuple[list, list[str], dict | No
     if store.instances is None:
         return [], [], None
     records = store.instances.instances()
-    run_by, definition = [], None
+    run_by, definition, mappings = [], None, {}
     for r in records:
-        mapping = store.instances.load_fingerprints(r.fingerprints_digest) or {}
+        if r.fingerprints_digest not in mappings:
+            mappings[r.fingerprints_digest] = store.instances.load_fingerprints(
+                r.fingerprints_digest) or {}
+        mapping = mappings[r.fingerprints_digest]
         if name in mapping:
             run_by.append(f"{r.host}:{r.pid}")
             if definition is None:
@@ -192,7 +199,7 @@ def entry_detail(app, store: ClaimStore, settings: Settings | None = None, name:
     if now_ms is None:
         store_now = store.now_ms()
         now_ms = store_now if store_now is not None else int(time.time() * 1000)
-    found, requests = _find(app, store, name)
+    found, requests, stored_text = _find(app, store, name)
     records, run_by, ran = _instances(store, name if found is None else found.name)
     if found is None and not run_by:
         if store.entries is not None:
@@ -203,15 +210,11 @@ def entry_detail(app, store: ClaimStore, settings: Settings | None = None, name:
     found = found or ScheduledEntry(name, INSTANCES, ran)
     readable = limits.undecodable(found.name) is None
     history = store.history.read(found.name) if readable else []
-    cache = plan_cache(app, settings, store)
-    stored = None
-    if found.source == STORE and store.entries is not None:
-        stored = store.entries.load_entries().entries.get(found.name)
-    row = entry_row(app, settings, store, found, config_items(app),
-                    None if stored is None else stored.definition, history=history,
-                    next_count=next_count, now_ms=now_ms, reachable=True, requests=requests,
-                    cache=cache, used=set(), kept=kept_of(lost_json(records), found.name),
-                    runs=None, read_limit=_kept_per_entry(store) if readable else 0)
+    row = entry_row(app, settings, store, found, config_items(app), stored_text,
+                    history=history, next_count=next_count, now_ms=now_ms, reachable=True,
+                    requests=requests, cache=plan_cache(app, settings, store), used=set(),
+                    kept=kept_of(lost_json(records), found.name), runs=None,
+                    read_limit=_kept_per_entry(store) if readable else 0)
     row.pop("runs"), row.pop("last")
     limit_n = page_limit(limit)
     before_ms = page_before(before)

@@ -18,6 +18,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
+from celery_anarchon import limits
 from celery_anarchon.errors import ConfigError
 
 _FOLDER = tempfile.mkdtemp(prefix="anarchon-fuzz-")
@@ -164,8 +165,8 @@ class ErrorLog(logging.Handler):
 def read_everything(app, *, since: str = "1h", runs: int = 3) -> dict:
     """Every read surface on ``app``: the API's list and get, the commands list, list --json,
     status, status --json, status --runs N, history --since, next, next --after (``since``: a
-    duration or instant text, fuzzed), check, and the page's / and
-    /api/status. Asserts none answers with a traceback; returns the ``/api/status`` entries by
+    duration or instant text, fuzzed), check, and the page's /, /api/status and each entry's
+    page and its JSON. Asserts none answers with a traceback; returns the ``/api/status`` entries by
     name."""
     from celery_anarchon import schedules
     from celery_anarchon.operate.web import StatusSource, create_app
@@ -198,6 +199,11 @@ def read_everything(app, *, since: str = "1h", runs: int = 3) -> dict:
         entries = {e["name"]: e for e in json.loads(body)["entries"]}
         status, _, page = asgi(site, "GET", "/", "per_page=1000")
         assert status == 200, page[:3000]
+        for name in names:   # each entry's page (a path cannot carry a lone surrogate: 404)
+            for path in ("/entries/", "/api/entries/"):
+                status, _, body = asgi(site, "GET", path + name, "limit=2")
+                assert status == 200 or (status == 404 and limits.undecodable(name)), \
+                    (path, name, status, body[:3000])
     finally:
         source.close()
     assert set(names) <= set(entries), (names, list(entries))
