@@ -330,7 +330,8 @@ def list_(ctx, as_json, utc, wide):
               help="How often the page reloads its data, seconds (0: never).")
 @click.pass_context
 def web(ctx, host, port, allow_actions, token, runs, refresh):
-    """Serve the status page (and its data as JSON at /api/status) until interrupted."""
+    """Serve the status page (and its data as JSON at /api/status; each entry's page at
+    /entries/NAME) until interrupted."""
     from celery_anarchon.operate import web as web_page
     from celery_anarchon.errors import ConfigError
     try:
