@@ -27,6 +27,7 @@ from celery_anarchon.operate.names import normal_name
 from celery_anarchon.operate.overview import store_warnings
 from celery_anarchon.operate.overview_entries import entry_row, kept_of, plan_cache, run_json
 from celery_anarchon.operate.overview_instances import lost_json
+from celery_anarchon.schedule import as_data
 from celery_anarchon.settings import Settings
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord
 
@@ -219,7 +220,8 @@ def entry_detail(app, store: ClaimStore, settings: Settings | None = None, name:
     limit_n = page_limit(limit)
     before_ms = page_before(before)
     shown, next_before = history_page(history, before_ms=before_ms, limit=limit_n)
-    definition = found.definition or {}
+    # a definition written straight into the store may hold what is no JSON (NaN): its repr
+    definition = {k: as_data.json_value(v) for k, v in (found.definition or {}).items()}
     options = definition.get("options")
     return {**row, "namespace": store.namespace, "generated": iso(now_ms),
             "source_text": SOURCES.get(found.source, found.source), "definition": definition,

@@ -129,7 +129,9 @@ def anarchon_json(ours: dict | None) -> dict:
     return out
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """``value`` as JSON values; one that is none (a Python object, NaN or infinity, nested past
+    :data:`~celery_anarchon.limits.MAX_DEPTH`) as ``{"repr": ...}``, to show, not store."""
     if limits.too_deep(value):          # json.dumps would recurse past Python's limit
         return {"repr": f"(nested more than {limits.MAX_DEPTH} levels deep)"}
     try:
@@ -145,11 +147,11 @@ def from_entry(entry: beat.ScheduleEntry) -> dict:
     ``"storable": false``: it can be shown, not stored (:func:`is_storable`)."""
     options = dict(entry.options or {})
     ours = options.pop("anarchon", None)
-    out = {"task": entry.task, "args": _json_value(list(entry.args or ())),
-           "kwargs": _json_value(dict(entry.kwargs or {})), "options": _json_value(options),
+    out = {"task": entry.task, "args": json_value(list(entry.args or ())),
+           "kwargs": json_value(dict(entry.kwargs or {})), "options": json_value(options),
            "schedule": schedule_json(entry.schedule)}
     if ours:
-        out["anarchon"] = _json_value(anarchon_json(ours) if isinstance(ours, dict) else ours)
+        out["anarchon"] = json_value(anarchon_json(ours) if isinstance(ours, dict) else ours)
     if not is_storable(out):
         out["storable"] = False
     return out

@@ -191,6 +191,22 @@ def test_an_entry_only_live_beat_instances_run_is_shown_as_they_record_it(tmp_pa
         assert status == 200 and "dj-host:77" in page and 'id="task">dj.cleanup<' in page
 
 
+def test_a_broken_store_entry_has_its_page_with_its_problem(tmp_path, namespace):
+    """Store entries an older version wrote, and one written straight into the store with NaN in
+    its kwargs (not JSON: it answered 500 for /api/entries/<name>): each page answers 200 with
+    the entry's problem, the part that is no JSON shown by its repr."""
+    from helpers import BROKEN_STORE_ENTRIES, write_broken_entries
+    with _site(_app(tmp_path, namespace)) as (site, store):
+        write_broken_entries(store)
+        store.entries.put_entry("nan", '{"kwargs":{"x":NaN},"schedule":{"every":60},"task":"t"}',
+                                by="a hand edit", create=True)
+        for name in (*BROKEN_STORE_ENTRIES, "nan"):
+            status, data = _json(site, name)
+            assert status == 200 and data["state"] == "problem" and data["problem"], (name, data)
+            assert asgi(site, "GET", "/entries/" + name)[0] == 200, name
+        assert _json(site, "nan")[1]["definition"]["kwargs"] == {"repr": "{'x': nan}"}
+
+
 @contextlib.contextmanager
 def _served(site):
     """The page on a free port of 127.0.0.1 (uvicorn in a thread of this process)."""
