@@ -10,15 +10,14 @@ start-up rule it breaks, lease, state, overdue) come from
 """
 from __future__ import annotations
 
-import datetime
 import json
 import time
-import zoneinfo
 from urllib.parse import quote
 
 from celery_anarchon import limits
 from celery_anarchon._util import iso
 from celery_anarchon.errors import UnknownEntry
+from celery_anarchon.operate import times
 from celery_anarchon.operate.config import config_items
 from celery_anarchon.operate.listing import (
     ScheduledEntry, listed, scheduled as scheduled_in, unknown_entry_error,
@@ -91,18 +90,6 @@ def _run(rec: HistoryRecord, flower_url: str | None) -> dict:
     for one in (out, *out["earlier"]):
         one["flower"] = flower_link(flower_url, one["task_id"])
     return out
-
-
-def local_time(value: str, zone: str | None) -> str:
-    """An ISO UTC time in ``zone`` (``2026-03-29 03:00:00 CEST``); as given when the zone is not
-    known."""
-    try:
-        at = datetime.datetime.fromisoformat(value)
-        if zone:
-            at = at.astimezone(zoneinfo.ZoneInfo(zone))
-    except (ValueError, TypeError, zoneinfo.ZoneInfoNotFoundError):
-        return value
-    return f"{at:%Y-%m-%d %H:%M:%S} {at.tzname()}"
 
 
 def _find(app, store: ClaimStore,
@@ -230,7 +217,7 @@ def entry_detail(app, store: ClaimStore, settings: Settings | None = None, name:
                         {"version": found.version, "at": iso(found.updated_ms),
                          "by": found.updated_by}),
             "run_by": run_by,
-            "next": [{"slot": s, "local": local_time(s, row["timezone"])} for s in row["next"]],
+            "next": [{"slot": s, "local": times.in_zone(s, row["timezone"])} for s in row["next"]],
             "flower_url": settings.flower_url,
             "history": {"runs": [_run(r, settings.flower_url) for r in shown],
                         "before": before_ms, "limit": limit_n, "next_before": next_before,

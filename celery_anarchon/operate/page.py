@@ -169,11 +169,13 @@ def render_entry(data: dict | None, *, name: str, error: str | None = None,
     """
     params = {k: v for k, v in (params or {}).items() if k == "limit"}
     history = (data or {}).get("history") or {}
+    now_ms = times.to_ms((data or {}).get("generated")) or int(time.time() * 1000)
     links = {"newest": page_link(params) if history.get("before") is not None else None,
              "older": (page_link(params, before=history["next_before"])
                        if history.get("next_before") is not None else None)}
     return _template("entry.html").render(d=data, name=name, error=error, links=links,
-                                          classes=COLOURS)
+                                          classes=COLOURS,
+                                          ago=functools.partial(time_tag, now_ms=now_ms))
 
 
 def _store_ms(data: dict) -> int | None:

@@ -72,6 +72,24 @@ def absolute(text: str | None, zone: str | None = None) -> str:
     return f"{there:%Y-%m-%d %H:%M:%S} {there.tzname()} ({zone}) · {whole}"
 
 
+def in_zone(text: str | None, zone: str | None) -> str:
+    """An ISO 8601 instant to the second in ``zone`` (an IANA name), as the entry page lists an
+    entry's next slots: ``2026-03-29 03:00:00 CEST``; in UTC (``... UTC``) when the zone is UTC,
+    one this host does not know, or cannot hold the instant (past the year 9999 there). The text
+    as it is when it is no instant."""
+    whole = absolute(text)
+    local = _zone(zone)
+    at_ms = to_ms(text)
+    if local is None or at_ms is None:
+        return whole
+    try:
+        utc = datetime.datetime.fromtimestamp(at_ms / 1000, datetime.timezone.utc)
+        there = utc.astimezone(local)
+    except (OverflowError, ValueError, OSError):
+        return whole
+    return f"{there:%Y-%m-%d %H:%M:%S} {there.tzname()}"
+
+
 def _zone(name: str | None) -> datetime.tzinfo | None:
     """The zone of an IANA ``name``; ``None`` for UTC, none, or one this host does not know."""
     if not isinstance(name, str) or name in ("UTC", "Etc/UTC", ""):
