@@ -207,6 +207,15 @@ def test_a_broken_store_entry_has_its_page_with_its_problem(tmp_path, namespace)
         assert _json(site, "nan")[1]["definition"]["kwargs"] == {"repr": "{'x': nan}"}
 
 
+def test_a_next_slot_is_shown_in_the_entry_zone_else_in_utc():
+    from celery_anarchon.operate.times import in_zone
+    t = "2026-07-01T10:00:00.000+00:00"
+    assert in_zone(t, "Europe/Paris") == "2026-07-01 12:00:00 CEST"
+    assert in_zone(t, "UTC") == in_zone(t, "No/Such_zone") == "2026-07-01 10:00:00 UTC"
+    assert in_zone("9999-12-31T23:30:00+00:00", "Pacific/Kiritimati") == "9999-12-31 23:30:00 UTC"
+    assert in_zone("no instant", "Europe/Paris") == "no instant"
+
+
 @contextlib.contextmanager
 def _served(site):
     """The page on a free port of 127.0.0.1 (uvicorn in a thread of this process)."""
