@@ -72,7 +72,7 @@ def absolute(text: str | None, zone: str | None = None) -> str:
     return f"{there:%Y-%m-%d %H:%M:%S} {there.tzname()} ({zone}) · {whole}"
 
 
-def in_zone(text: str | None, zone: str | None) -> str:
+def zone_time(text: str | None, zone: str | None) -> str:
     """An ISO 8601 instant to the second in ``zone`` (an IANA name), as the entry page lists an
     entry's next slots: ``2026-03-29 03:00:00 CEST``; in UTC (``... UTC``) when the zone is UTC,
     one this host does not know, or cannot hold the instant (past the year 9999 there). The text

@@ -208,12 +208,12 @@ def test_a_broken_store_entry_has_its_page_with_its_problem(tmp_path, namespace)
 
 
 def test_a_next_slot_is_shown_in_the_entry_zone_else_in_utc():
-    from celery_anarchon.operate.times import in_zone
+    from celery_anarchon.operate.times import zone_time
     t = "2026-07-01T10:00:00.000+00:00"
-    assert in_zone(t, "Europe/Paris") == "2026-07-01 12:00:00 CEST"
-    assert in_zone(t, "UTC") == in_zone(t, "No/Such_zone") == "2026-07-01 10:00:00 UTC"
-    assert in_zone("9999-12-31T23:30:00+00:00", "Pacific/Kiritimati") == "9999-12-31 23:30:00 UTC"
-    assert in_zone("no instant", "Europe/Paris") == "no instant"
+    assert zone_time(t, "Europe/Paris") == "2026-07-01 12:00:00 CEST"
+    assert zone_time(t, "UTC") == zone_time(t, "No/Such_zone") == "2026-07-01 10:00:00 UTC"
+    assert zone_time("9999-12-31T23:30:00+00:00", "Pacific/Kiritimati") == "9999-12-31 23:30:00 UTC"
+    assert zone_time("no instant", "Europe/Paris") == "no instant"
 
 
 @contextlib.contextmanager
