@@ -217,7 +217,8 @@ def entry_detail(app, store: ClaimStore, settings: Settings | None = None, name:
                         {"version": found.version, "at": iso(found.updated_ms),
                          "by": found.updated_by}),
             "run_by": run_by,
-            "next": [{"slot": s, "local": times.zone_time(s, row["timezone"])} for s in row["next"]],
+            "next": [{"slot": s, "local": times.zone_time(s, row["timezone"])}
+                     for s in row["next"]],
             "flower_url": settings.flower_url,
             "history": {"runs": [_run(r, settings.flower_url) for r in shown],
                         "before": before_ms, "limit": limit_n, "next_before": next_before,
