@@ -6,9 +6,11 @@ Each entry has a page of its own (``GET /entries/<name>``, JSON ``GET /api/entri
 ``?before=<slot ms>&limit=N`` pages its history): the data of
 :func:`celery_anarchon.operate.entry_detail.entry_detail`, read only (no action there).
 With ``allow_actions``, ``POST /api/entries/<name>/pause``, ``.../resume`` and ``.../run-now``
-change the schedule through :class:`celery_anarchon.operate.schedules.Schedules`, each with the token
-in the ``X-Anarchon-Token`` header or a ``token`` form field (compared with
-:func:`hmac.compare_digest`); without it the page has no buttons and those endpoints answer 403.
+change the schedule through :class:`celery_anarchon.operate.schedules.Schedules`, and
+``POST /api/bulk/pause`` and ``/api/bulk/resume`` do so for each ``entry`` field of the form (one
+answer per entry: one entry refused does not stop the others), each with the token in the
+``X-Anarchon-Token`` header or a ``token`` form field (compared with :func:`hmac.compare_digest`);
+without it the page has no buttons and those endpoints answer 403.
 
 Security (docs/production.md "Status page"): it binds to 127.0.0.1 unless told otherwise, and on
 a loopback address answers only requests addressed to a loopback name (a page of another site
@@ -40,10 +42,12 @@ from celery_anarchon.operate.page import (
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8765
 #: the host names a page bound to a loopback address answers to
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
-#: the largest form body an action reads, bytes
-MAX_FORM_BYTES = 16_384
-#: the actions, by the last part of their path
-ACTIONS = ("pause", "resume", "run-now")
+#: the largest form body an action reads, bytes; a bulk action's (its entries' names)
+MAX_FORM_BYTES, MAX_BULK_FORM_BYTES = 16_384, 1_048_576
+#: the actions, by the last part of their path; those of ``/api/bulk/<action>``
+ACTIONS, BULK_ACTIONS = ("pause", "resume", "run-now"), ("pause", "resume")
+#: the most entries one bulk action names (the most rows a page shows: ``?per_page=1000``)
+MAX_BULK_ENTRIES = 1000
 #: a shorter actions' token is accepted with a warning at start-up
 MIN_TOKEN_CHARS = 16
 
@@ -121,16 +125,32 @@ class StatusSource:
         :raises StoreError: the store is unreachable (the outcome is unknown; retry; a run-now's
             carries its ``request_id``, to repeat).
         """
-        import dataclasses
-
         from celery_anarchon.operate.schedules import Schedules
         with self._lock, Schedules(self.app, store=self.store, by=by) as s:
-            if action == "pause":
-                return s.pause(name, fields.get("reason", ""), by=by).as_json()
-            if action == "resume":
-                return s.resume(name, by=by).as_json()
-            request_id = fields.get("request_id") or s.new_request_id()
-            return dataclasses.asdict(s.run_now(name, request_id, by=by))
+            return _act(s, action, name, fields, by)
+
+    def act_many(self, action: str, names: list[str], fields: dict[str, str],
+                 by: str) -> list[dict]:
+        """Pause or resume each of ``names``, in order, each on its own: one refused (an unknown
+        entry, a store that fails) does not stop the others.
+
+        :param fields: ``reason`` (pause): the same for every entry.
+        :returns: one answer per name, in order: ``{"entry", "status": 200, "result"}`` (the
+            entry as JSON values), or ``{"entry", "status", "error"}`` with the status and error
+            of ``POST /api/entries/<name>/<action>`` (:func:`failure`).
+        :raises ConfigError: the store cannot hold pauses (NATS, RabbitMQ).
+        """
+        from celery_anarchon.operate.schedules import Schedules
+        answers = []
+        with self._lock, Schedules(self.app, store=self.store, by=by) as s:
+            for name in names:
+                try:
+                    answers.append({"entry": name, "status": 200,
+                                    "result": _act(s, action, name, fields, by)})
+                except (StoreError, ConfigError) as exc:   # UnknownEntry is a ConfigError
+                    status, body = failure(exc)
+                    answers.append({"entry": name, "status": status, **body})
+        return answers
 
     def entry(self, name: str, before: str | None, limit: str | None) -> dict:
         """The entry page's data of ``name``
@@ -148,6 +168,53 @@ class StatusSource:
     def close(self) -> None:
         """Close the store."""
         self.store.close()
+
+
+def _act(s, action: str, name: str, fields: dict[str, str], by: str) -> dict:
+    """One action of :meth:`StatusSource.act` on the schedules ``s``."""
+    import dataclasses
+    if action == "pause":
+        return s.pause(name, fields.get("reason", ""), by=by).as_json()
+    if action == "resume":
+        return s.resume(name, by=by).as_json()
+    request_id = fields.get("request_id") or s.new_request_id()
+    return dataclasses.asdict(s.run_now(name, request_id, by=by))
+
+
+def failure(exc: Exception) -> tuple[int, dict]:
+    """The HTTP status and JSON body of an action that raised ``exc``: 404 an unknown entry, 400
+    bad input or a store that cannot hold pauses, 503 a store that is unreachable (the outcome is
+    unknown; a run-now's body carries its ``request_id``, to repeat).
+
+    :param exc: an :class:`UnknownEntry`, :class:`ConfigError` or :class:`StoreError`.
+    """
+    if isinstance(exc, UnknownEntry):
+        return 404, {"error": str(exc)}
+    if isinstance(exc, ConfigError):
+        return 400, {"error": str(exc)}
+    request_id = getattr(exc, "request_id", None)
+    if request_id is None:
+        return 503, {"error": f"{exc} (the outcome is unknown: retry)"}
+    return 503, {"error": f"{exc}; the outcome of run-now request {request_id} is unknown: "
+                          f"repeat it with request_id={request_id} (one run, never two).",
+                 "request_id": request_id}
+
+
+def answer(action: str, name: str, done: dict) -> dict:
+    """The JSON body of an action done: ``{"action", "entry", "result"}``; a run-now's adds
+    ``already_requested`` (its request id was requested before: no new run) and ``message``
+    (what happened, in words)."""
+    body = {"action": action, "entry": name, "result": done}
+    if action == "run-now":
+        from celery_anarchon._util import iso
+        again = not done.get("created", True)
+        body["already_requested"] = again
+        body["message"] = (
+            f"run-now {name}: request {done['request_id']} was already requested at "
+            f"{iso(done['requested_ms'])} by {done['by']}: no new run (its slot "
+            f"{iso(done['slot_ms'])})" if again else
+            f"run-now {name}: new request {done['request_id']}, slot {iso(done['slot_ms'])}")
+    return body
 
 
 #: the route convertor of an entry's name in a path: any text, line breaks too (Starlette's
@@ -242,34 +309,62 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
             return JSONResponse({"error": error}, status_code=503, headers=headers())
         return JSONResponse(data, headers=headers())
 
-    async def act(request):
-        name, action = request.path_params["name"], request.url.path.rsplit("/", 1)[1]
+    def refused(request, fields: dict[str, str]):
+        """The 403 answer of an action when actions are off or the token is wrong, or None."""
         if not actions:
             return _error(JSONResponse, 403, "actions are off: start the page with "
                           "--allow-actions (and a token) to pause, resume or run entries")
-        fields = await _form(request)
         given = request.headers.get(TOKEN_HEADER) or fields.get(TOKEN_FIELD)
         if not token_matches(token, given):
             return _error(JSONResponse, 403, f"wrong or missing token: send it in the "
                           f"{TOKEN_HEADER} header or a {TOKEN_FIELD!r} form field")
+        return None
+
+    def changed_by(request, fields: dict[str, str]) -> str:
         who = request.client.host if request.client else "?"
-        by = fields.get("by") or f"web:{who}@{socket.gethostname()}"
+        return fields.get("by") or f"web:{who}@{socket.gethostname()}"
+
+    async def act(request):
+        name, action = request.path_params["name"], request.url.path.rsplit("/", 1)[1]
+        if not actions:
+            return refused(request, {})
+        fields = {k: v[0] for k, v in (await _form(request)).items()}
+        if (no := refused(request, fields)) is not None:
+            return no
         from starlette.concurrency import run_in_threadpool
         try:
-            done = await run_in_threadpool(source.act, action, name, fields, by)
-        except UnknownEntry as exc:
-            return _error(JSONResponse, 404, str(exc))
-        except ConfigError as exc:
-            return _error(JSONResponse, 400, str(exc))
-        except StoreError as exc:
-            request_id = getattr(exc, "request_id", None)
-            if request_id is None:
-                return _error(JSONResponse, 503, f"{exc} (the outcome is unknown: retry)")
-            return JSONResponse({"error": f"{exc}; the outcome of run-now request {request_id} is "
-                                          f"unknown: repeat it with request_id={request_id} (one "
-                                          "run, never two).", "request_id": request_id},
-                                status_code=503, headers=headers())
-        return JSONResponse({"action": action, "entry": name, "result": done}, headers=headers())
+            done = await run_in_threadpool(source.act, action, name, fields,
+                                           changed_by(request, fields))
+        except (StoreError, ConfigError) as exc:        # UnknownEntry is a ConfigError
+            status, body = failure(exc)
+            return JSONResponse(body, status_code=status, headers=headers())
+        return JSONResponse(answer(action, name, done), headers=headers())
+
+    async def act_many(request):
+        action = request.path_params["action"]
+        if action not in BULK_ACTIONS:
+            return api_not_found(request)
+        if not actions:
+            return refused(request, {})
+        values = await _form(request, MAX_BULK_FORM_BYTES)
+        fields = {k: v[0] for k, v in values.items()}
+        if (no := refused(request, fields)) is not None:
+            return no
+        names = values.get("entry", [])
+        if not names or len(names) > MAX_BULK_ENTRIES:
+            return _error(JSONResponse, 400, f"{action} of the selected entries: give 1 to "
+                          f"{MAX_BULK_ENTRIES} entries, one 'entry' form field each (given: "
+                          f"{len(names)}), in a form of at most {MAX_BULK_FORM_BYTES} bytes")
+        from starlette.concurrency import run_in_threadpool
+        try:
+            results = await run_in_threadpool(source.act_many, action, names, fields,
+                                              changed_by(request, fields))
+        except (StoreError, ConfigError) as exc:
+            status, body = failure(exc)
+            return JSONResponse(body, status_code=status, headers=headers())
+        done = sum(1 for r in results if r["status"] == 200)
+        return JSONResponse({"action": action, "results": results, "done": done,
+                             "failed": len(results) - done}, headers=headers())
 
     def _error(response, status: int, message: str):
         return response({"error": message}, status_code=status, headers=headers())
@@ -277,8 +372,8 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
     def api_not_found(request):
         return _error(JSONResponse, 404, f"no such API route: {request.method} "
                       f"{request.url.path}; the routes are GET /api/status, GET "
-                      "/api/entries/<name> and POST "
-                      "/api/entries/<name>/pause, /resume, /run-now")
+                      "/api/entries/<name> and POST /api/entries/<name>/pause, /resume, "
+                      "/run-now, /api/bulk/pause, /resume")
 
     _register_any_text()
     routes = [Route("/", index), Route("/api/status", api_status),
@@ -286,6 +381,7 @@ def create_app(source: StatusSource, *, token: str | None = None, refresh_s: flo
               Route(f"/api/entries/{{name:{ANY_TEXT}}}", api_entry)]
     routes += [Route(f"/api/entries/{{name:{ANY_TEXT}}}/{a}", act, methods=["POST"])
                for a in ACTIONS]
+    routes += [Route("/api/bulk/{action}", act_many, methods=["POST"])]
     routes += [Route(f"/api/{{rest:{ANY_TEXT}}}", api_not_found,
                      methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
     middleware = ([Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
@@ -315,18 +411,18 @@ def _escaped_responses(responses) -> tuple[type, type]:
 
 
 
-async def _form(request) -> dict[str, str]:
-    """The fields of an ``application/x-www-form-urlencoded`` body (the first value of each);
-    other bodies give none."""
+async def _form(request, limit: int = MAX_FORM_BYTES) -> dict[str, list[str]]:
+    """The fields of an ``application/x-www-form-urlencoded`` body of at most ``limit`` bytes
+    (every value of each, in order); other bodies, or a longer one, give none."""
     if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
         return {}
     body = b""
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_FORM_BYTES:
+        if len(body) > limit:
             return {}
-    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
-    return {k: v[0] for k, v in parsed.items()}
+    return parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+
 
 def loopback(host: str) -> bool:
     """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
