@@ -44,15 +44,15 @@ def wait_served(base: str, proc, timeout: float = 60) -> None:
 
 
 def asgi(site, method: str, path: str, query: str = "",
-         headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
-    """One request to the Starlette app in this process (with ``headers`` too; ``Host`` is
-    127.0.0.1 unless given): (status, headers, body)."""
+         headers: dict[str, str] | None = None, body: bytes = b"") -> tuple[int, dict, str]:
+    """One request to the Starlette app in this process (with ``headers`` and ``body`` too;
+    ``Host`` is 127.0.0.1 unless given): (status, headers, body)."""
     import asyncio
     sent = []
     given = {"host": "127.0.0.1", **{k.lower(): v for k, v in (headers or {}).items()}}
 
     async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(message):
         sent.append(message)
