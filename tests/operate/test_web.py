@@ -44,12 +44,12 @@ from operate_support import asgi, free_port, http, wait_served
 from stores_support import store_url, wait_until
 from broker_reads import queued_messages
 from schedules_cluster import Run, cluster_env
-from web_browser import UPDATE_SCREENSHOTS, browser  # noqa: F401  (fixture)
+from web_browser import UPDATE_SCREENSHOTS, browser, keep_screenshot  # noqa: F401  (fixture)
 
 sys.path.insert(0, APPS)
 import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)
 
-SCREENSHOT = DOCS / "status-page.png"
+SCREENSHOT, ACTIONS_SCREENSHOT = DOCS / "status-page.png", DOCS / "status-page-actions.png"
 #: a store entry whose name is markup: the page must show it as text
 TRICKY = '<i>nightly</i> & "report"'
 TOKEN = "t0ken-for-the-test-" + "x" * 12
@@ -97,6 +97,12 @@ def _click(driver, name: str, selector: str) -> None:
             return False
         return True
     WebDriverWait(driver, 10).until(clicked)
+
+
+def _run_now(driver, name: str) -> None:
+    """Clicks run now in ``name``'s row, then the confirmation the row then shows."""
+    _click(driver, name, "button[data-action=run-now]")
+    _click(driver, name, "button[data-confirm=run-now]")
 
 
 def _cells(driver, name: str, colour: str) -> int:
@@ -165,10 +171,12 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
         assert status == 403 and "token" in json.loads(body)["error"], (status, body)
         assert api.get("clock").pause is None
 
-        # pause from the page: the token typed into its field, the reason beside it
+        # pause from the page: the token typed into its field, the reason in the entry's row
         browser.find_element(By.ID, "token").send_keys(TOKEN)
-        browser.find_element(By.ID, "reason").send_keys("maintenance <window>")
         _click(browser, "clock", "button[data-action=pause]")
+        _entry_row(browser, "clock").find_element(By.CSS_SELECTOR, "input.pause-reason").send_keys(
+            "maintenance <window>")
+        _click(browser, "clock", "button[data-confirm=pause]")
         WebDriverWait(browser, 10).until(
             lambda d: d.find_element(By.ID, "message").text == "pause clock: done")
         done_ms = time.time() * 1000   # the page had the answer: the pause was written
@@ -197,22 +205,21 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
             shutil.copyfile(shot, SCREENSHOT)
         run.phase("page")
 
-        # run now from the page, whose first answer is lost on the way back (the request reached
-        # the store, the page never heard): the page keeps the click's request id and says the
-        # outcome is unknown; the next click repeats that same request: no new run
+        # run now from the page (and confirmed), whose first answer is lost on the way back (the
+        # request reached the store, the page never heard): the page keeps the click's request id
+        # and says the outcome is unknown; the next click repeats that same request: no new run
         browser.get(base + "/?refresh=0")
         browser.execute_script(LOSE_FIRST_ANSWER)
-        button = "button[data-action=run-now]"
-        _click(browser, TRICKY, button)
+        _run_now(browser, TRICKY)
         WebDriverWait(browser, 10).until(lambda d: "is unknown" in _message(d))
         (made,) = UUID7.findall(_message(browser))
         assert "click run now again to repeat this same request" in _message(browser)
-        _click(browser, TRICKY, button)
+        _run_now(browser, TRICKY)
         WebDriverWait(browser, 10).until(lambda d: "no new run" in _message(d))
         assert f"run-now {TRICKY}: request {made} was already requested at " in _message(browser)
         (request,) = [r for r in api.store.entries.load_entries().requests if r.entry == TRICKY]
         assert request.request_id == made and request.by.startswith("web:127.0.0.1@"), request
-        _click(browser, TRICKY, button)
+        _run_now(browser, TRICKY)
         WebDriverWait(browser, 10).until(lambda d: "new request" in _message(d))
         (other,) = UUID7.findall(_message(browser))
         assert other != made, "a new click, a new request"
@@ -239,6 +246,108 @@ def test_the_page_shows_the_cluster_and_a_pause_from_it_stops_the_entry(browser,
     assert len(requested) == 2 and all(ran[slot] == 1 for slot in requested), (requested, ran)
     print(f"web test: {time.monotonic() - began:.1f} s; phases "
           + ", ".join(f"{k} {v:.1f}" for k, v in run.costs.items()))
+
+
+#: every POST the page sends, with its answer: window.posts, [url, body, status, answer] each
+RECORD_POSTS = """
+var real = window.fetch;
+window.posts = [];
+window.fetch = function (url, options) {
+  var answer = real(url, options);
+  if (!options || options.method !== "POST") return answer;
+  var post = [String(url), options.body.toString(), null, null];
+  window.posts.push(post);
+  answer.then(function (r) { return r.clone().json().then(function (j) { post[2] = r.status; post[3] = j; }); });
+  return answer;
+};"""
+
+
+def test_run_now_is_confirmed_one_id_a_click_and_a_bulk_pause_shows_its_reason_on_each_row(
+        browser, tmp_path, namespace):
+    """The page (a real ``anarchon web --allow-actions`` process on a SQLite store, no beat):
+    run now asks for a confirmation; its confirm clicked twice at once sends one request id
+    twice: one request in the store, the second answer "already requested". Two rows and a third
+    whose store entry is removed meanwhile, selected and paused with one reason: the two paused
+    with the reason shown on their rows, the third answered "no entry". The screenshot of that
+    page is docs/status-page-actions.png (written as test_the_page_shows_the_cluster... writes
+    its own)."""
+    from celery import Celery
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    url = store_url("sqlite", str(tmp_path))
+    app = Celery("cli_app", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=url, anarchon_namespace=namespace,
+                    beat_schedule={"config-entry": {"task": "cli_app.report", "schedule": 60.0}})
+
+    @app.task(name="cli_app.report", shared=False)
+    def report():
+        """The task of tests/support/apps/cli_app.py, as the page's process has it."""
+    api = celery_anarchon.schedules(app, by="tester@ops")
+    for name in ("billing", TRICKY, "gone"):
+        api.add(name, task="cli_app.report", schedule=300.0)
+    # a new store vouches for no request id made in its first seconds (the page's ids are made
+    # of the store's clock): as if it had run for two minutes
+    backdate_memory_start(api.store, ["config-entry", "billing", TRICKY, "gone"], 120_000)
+    procs = Cluster(str(tmp_path), {"ANARCHON_CLI_NAMESPACE": namespace}, app="cli_app")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        web = procs.start("web", "anarchon", "web", "--port", str(port), "--allow-actions",
+                          env={"ANARCHON_CLI_STORE": url, "ANARCHON_WEB_TOKEN": TOKEN})
+        wait_served(base, web)
+        browser.get(base + "/?refresh=0")
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.execute_script(RECORD_POSTS)
+
+        # run now: nothing is sent before the confirmation; confirm clicked twice at once
+        _click(browser, "billing", "button[data-action=run-now]")
+        asking = _entry_row(browser, "billing").find_element(By.CSS_SELECTOR, ".asking")
+        assert "one more run, request" in asking.text and "cancel" in asking.text, asking.text
+        assert browser.execute_script("return window.posts.length") == 0
+        browser.execute_script(
+            "var b = arguments[0].querySelector('button[data-confirm=run-now]'); b.click(); b.click();",
+            _entry_row(browser, "billing"))
+        WebDriverWait(browser, 10).until(lambda d: d.execute_script(
+            "return window.posts.length == 2 && window.posts.every(function (p) { return p[2]; })"))
+        posts = browser.execute_script("return window.posts")
+        assert [p[0] for p in posts] == ["/api/entries/billing/run-now"] * 2, posts
+        assert posts[0][1] == posts[1][1] and UUID7.fullmatch(posts[0][1].split("=", 1)[1]), posts
+        assert [p[2] for p in posts] == [200, 200], posts
+        assert sorted(p[3]["already_requested"] for p in posts) == [False, True], posts
+        (request,) = api.store.entries.load_entries().requests
+        assert (request.entry, request.request_id) == ("billing", posts[0][1].split("=", 1)[1])
+        WebDriverWait(browser, 10).until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".asking"))
+
+        # bulk pause of three selected rows, one of whose entry is removed before the click
+        for name in ("billing", TRICKY, "gone"):
+            _click(browser, name, "input.select")
+        assert browser.find_element(By.ID, "selected-count").text == "3"
+        api.remove("gone")
+        browser.find_element(By.ID, "bulk-reason").send_keys("db migration <#42>")
+        browser.find_element(By.ID, "pause-selected").click()
+        WebDriverWait(browser, 10).until(lambda d: "2 done, 1 failed" in _message(d))
+        items = {li.get_attribute("data-entry"): li.text
+                 for li in browser.find_elements(By.CSS_SELECTOR, "#message li")}
+        assert items["billing"] == "billing: paused" and items[TRICKY] == f"{TRICKY}: paused"
+        assert "no entry" in items["gone"] or "gone" in items["gone"], items
+
+        def shown_paused(d):
+            rows = [_entry_row(d, n) for n in ("billing", TRICKY)]
+            return all(r is not None and "db migration <#42>" in r.find_element(
+                By.CSS_SELECTOR, ".entry-state").text for r in rows) and _entry_row(d, "gone") is None
+        WebDriverWait(browser, 10).until(shown_paused)
+        for name in ("billing", TRICKY):
+            pause = api.get(name).pause
+            assert pause is not None and pause.reason == "db migration <#42>", (name, pause)
+            row = _entry_row(browser, name)
+            assert "paused" in row.find_element(By.CSS_SELECTOR, ".entry-state").text
+            assert row.find_element(By.CSS_SELECTOR, "input.select").is_selected(), "kept selected"
+        assert api.get("config-entry").pause is None
+        assert browser.find_element(By.ID, "selected-count").text == "2"
+        keep_screenshot(browser, tmp_path, ACTIONS_SCREENSHOT)
+    finally:
+        procs.stop_all()
+        api.close()
 
 
 def test_without_actions_posts_are_refused_and_no_password_is_shown(tmp_path, namespace):
