@@ -60,7 +60,8 @@ def render_page(data: dict | None, *, error: str | None = None, actions: bool = 
     escaped.
 
     :param error: why there is no data (shown instead).
-    :param actions: render the token field and the pause / resume / run-now buttons.
+    :param actions: render the token field, the pause / resume / run-now buttons and the
+        selection of rows with its bulk pause / resume.
     :param nonce: the Content-Security-Policy nonce of the page's script.
     :param refresh_s: how often the page reloads its data, seconds (0: never).
     :param query: page, per_page: the entries shown (:func:`entries_page`; ``?q=``, ``?page=``,

@@ -321,7 +321,8 @@ def list_(ctx, as_json, utc, wide):
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port.")
 @click.option("--allow-actions", is_flag=True,
-              help="Show pause / resume / run-now buttons and accept them (with the token).")
+              help="Show pause / resume / run-now buttons and the bulk pause / resume of "
+                   "the selected rows, and accept them (with the token).")
 @click.option("--token", envvar="ANARCHON_WEB_TOKEN", show_envvar=True,
               help="The actions' token (default: a new one, printed once at start-up).")
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(0, 500),
