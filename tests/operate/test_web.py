@@ -344,6 +344,7 @@ def test_run_now_is_confirmed_one_id_a_click_and_a_bulk_pause_shows_its_reason_o
             assert row.find_element(By.CSS_SELECTOR, "input.select").is_selected(), "kept selected"
         assert api.get("config-entry").pause is None
         assert browser.find_element(By.ID, "selected-count").text == "2"
+        browser.execute_script("window.scrollTo(0, 0)")   # the clicks scrolled the rows into view
         keep_screenshot(browser, tmp_path, ACTIONS_SCREENSHOT)
     finally:
         procs.stop_all()
