@@ -44,12 +44,14 @@ from operate_support import asgi, free_port, http, wait_served
 from stores_support import store_url, wait_until
 from broker_reads import queued_messages
 from schedules_cluster import Run, cluster_env
-from web_browser import UPDATE_SCREENSHOTS, browser, keep_screenshot  # noqa: F401  (fixture)
+from web_browser import (  # noqa: F401  (browser: a fixture)
+    UPDATE_SCREENSHOTS, browser, keep_screenshot, sideways, viewport)
 
 sys.path.insert(0, APPS)
 import schedules_app  # noqa: E402  (tests/support/apps: the app the processes run)
 
 SCREENSHOT, ACTIONS_SCREENSHOT = DOCS / "status-page.png", DOCS / "status-page-actions.png"
+RUN_NOW_SCREENSHOT = DOCS / "status-page-run-now.png"
 #: a store entry whose name is markup: the page must show it as text
 TRICKY = '<i>nightly</i> & "report"'
 TOKEN = "t0ken-for-the-test-" + "x" * 12
@@ -262,15 +264,17 @@ window.fetch = function (url, options) {
 };"""
 
 
+@pytest.mark.parametrize("width", [1024, 1400])
 def test_run_now_is_confirmed_one_id_a_click_and_a_bulk_pause_shows_its_reason_on_each_row(
-        browser, tmp_path, namespace):
+        browser, tmp_path, namespace, width):
     """The page (a real ``anarchon web --allow-actions`` process on a SQLite store, no beat):
     run now asks for a confirmation; its confirm clicked twice at once sends one request id
     twice: one request in the store, the second answer "already requested". Two rows and a third
     whose store entry is removed meanwhile, selected and paused with one reason: the two paused
     with the reason shown on their rows, the third answered "no entry". The screenshot of that
-    page is docs/status-page-actions.png (written as test_the_page_shows_the_cluster... writes
-    its own)."""
+    page is docs/status-page-actions.png, that of the confirmation docs/status-page-run-now.png
+    (written as test_the_page_shows_the_cluster... writes its own), both at 1024 px; at each
+    width the page, with a row asking, never scrolls sideways."""
     from celery import Celery
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -295,6 +299,7 @@ def test_run_now_is_confirmed_one_id_a_click_and_a_bulk_pause_shows_its_reason_o
         web = procs.start("web", "anarchon", "web", "--port", str(port), "--allow-actions",
                           env={"ANARCHON_CLI_STORE": url, "ANARCHON_WEB_TOKEN": TOKEN})
         wait_served(base, web)
+        viewport(browser, width, 800)
         browser.get(base + "/?refresh=0")
         browser.find_element(By.ID, "token").send_keys(TOKEN)
         browser.execute_script(RECORD_POSTS)
@@ -304,6 +309,10 @@ def test_run_now_is_confirmed_one_id_a_click_and_a_bulk_pause_shows_its_reason_o
         asking = _entry_row(browser, "billing").find_element(By.CSS_SELECTOR, ".asking")
         assert "one more run, request" in asking.text and "cancel" in asking.text, asking.text
         assert browser.execute_script("return window.posts.length") == 0
+        scroll, client = sideways(browser)
+        assert scroll <= client, f"at {width} px the page asking scrolls sideways: {scroll} > {client}"
+        if width == 1024:
+            keep_screenshot(browser, tmp_path, RUN_NOW_SCREENSHOT)
         browser.execute_script(
             "var b = arguments[0].querySelector('button[data-confirm=run-now]'); b.click(); b.click();",
             _entry_row(browser, "billing"))
@@ -345,7 +354,10 @@ def test_run_now_is_confirmed_one_id_a_click_and_a_bulk_pause_shows_its_reason_o
         assert api.get("config-entry").pause is None
         assert browser.find_element(By.ID, "selected-count").text == "2"
         browser.execute_script("window.scrollTo(0, 0)")   # the clicks scrolled the rows into view
-        keep_screenshot(browser, tmp_path, ACTIONS_SCREENSHOT)
+        scroll, client = sideways(browser)
+        assert scroll <= client, f"at {width} px the page scrolls sideways: {scroll} > {client}"
+        if width == 1024:
+            keep_screenshot(browser, tmp_path, ACTIONS_SCREENSHOT)
     finally:
         procs.stop_all()
         api.close()
