@@ -69,6 +69,9 @@ class EntryPlan:
     :param celery_options: the entry's ``options`` without our ``anarchon`` key.
     :param fingerprint: short hash of :attr:`definition`, recorded with every claim.
     :param definition: canonical JSON of task, schedule (with time zone), timing and store.
+    :param since_ms: a store entry's: the store's clock when its definition was written (its
+        ``add`` or last ``update``), UTC ms; ``None`` for a ``beat_schedule`` entry. A catch-up
+        reaches back no further (:meth:`~celery_anarchon.beat.engine.due.DueRuns.seed`).
     """
 
     name: str
@@ -78,6 +81,7 @@ class EntryPlan:
     celery_options: dict
     fingerprint: str
     definition: str
+    since_ms: int | None = None
 
     @property
     def jitter_ms(self) -> int:

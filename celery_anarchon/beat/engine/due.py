@@ -35,6 +35,25 @@ def _next(plan: EntryPlan, after_ms: int) -> int | None:
     except SlotsEnded:
         return None
 
+def _newest(plan: EntryPlan, now_ms: int) -> int | None:
+    """The newest slot of the entry still within max_late at ``now_ms``, else the next one;
+    ``None`` past its ``end_at``."""
+    first = _next(plan, now_ms - plan.max_late_ms - 1)
+    latest = None
+    while first is not None and first <= now_ms:
+        latest, first = first, _next(plan, first)
+    return latest if latest is not None else first
+
+
+def _since(plan: EntryPlan, now_ms: int) -> int | None:
+    """The first slot a catch-up of a store entry claims: the first at or after the write of its
+    definition (:attr:`EntryPlan.since_ms`: the slots before it were none of this definition's,
+    or the entry did not exist), or the newest slot still within max_late if that is older (what
+    ``add`` and an ``update`` promise, as at start-up: docs/schedules.md)."""
+    found = [s for s in (_next(plan, plan.since_ms - 1), _newest(plan, now_ms)) if s is not None]
+    return min(found) if found else None
+
+
 #: at most this many slots skipped in one go are walked one by one (the rest are counted)
 MAX_SKIP_WALK = 10_000
 
@@ -82,12 +101,10 @@ class DueRuns:
                 slot = _next(plan, now_ms)
             elif policy == "all":
                 slot = _next(plan, now_ms - plan.claim_late_ms - 1)
+                if slot is not None and plan.since_ms is not None and slot < plan.since_ms:
+                    slot = _since(plan, now_ms)
             else:
-                first = _next(plan, now_ms - plan.max_late_ms - 1)
-                latest = None
-                while first is not None and first <= now_ms:
-                    latest, first = first, _next(plan, first)
-                slot = latest if latest is not None else first
+                slot = _newest(plan, now_ms)
             handled = self._last_claimed.get(plan.name, -1)
             if slot is not None and slot <= handled:
                 slot = _next(plan, handled)

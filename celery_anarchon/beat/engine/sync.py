@@ -10,6 +10,7 @@ the instance keeps what it knew (:mod:`.kept`): its pauses (the engine refuses t
 its store entries (they keep running) and the run-now runs it handled (never claimed again)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -88,6 +89,8 @@ class EntrySync:
         self.kept_requests: set[tuple[str, int]] = set()
         self._pauses: dict[str, Pause] = {}
         self._clashes: set[str] = set()
+        #: store entry -> (its definition text, its plan with since_ms): :meth:`_dated`
+        self._dated_plans: dict[str, tuple[str, EntryPlan]] = {}
 
     def request_max_late_ms(self, plan: EntryPlan) -> int:
         """The max_late of a run-now claim of ``plan``'s entry, ms:
@@ -140,7 +143,8 @@ class EntrySync:
         self._forget_old_requests()
         snapshot = self.kept.follow(snapshot, loss)
         old = self.store_plans
-        self.store_plans = self.build_store_plans(snapshot) if self.build_store_plans else {}
+        self.store_plans = (self._dated(self.build_store_plans(snapshot), snapshot)
+                            if self.build_store_plans else {})
         self.requests = snapshot.requests
         self.requested &= held | self.kept_requests
         self._log_pauses(snapshot, old)
@@ -148,6 +152,21 @@ class EntrySync:
         self.version = snapshot.version
         self.loaded = (snapshot.epoch, snapshot.version)
         return True
+
+    def _dated(self, plans: dict[str, EntryPlan], snapshot: EntrySnapshot) -> dict[str, EntryPlan]:
+        """``plans`` (the store's), each with :attr:`EntryPlan.since_ms`: the store's clock at
+        the write of its definition, as this instance first loaded that definition text (an add
+        or an update: ``updated_ms``; a later pause or resume leaves it; an instance that starts
+        after one takes its time, as a catch-up does not send paused runs anyway)."""
+        dated: dict[str, tuple[str, EntryPlan]] = {}
+        for name, plan in plans.items():
+            stored = snapshot.entries[name]
+            known = self._dated_plans.get(name)
+            if known is None or known[0] != stored.definition:
+                known = (stored.definition, dataclasses.replace(plan, since_ms=stored.updated_ms))
+            dated[name] = known
+        self._dated_plans = dated
+        return {name: plan for name, (_, plan) in dated.items()}
 
     def paused(self, name: str) -> bool:
         """Whether entry ``name`` is paused, as this instance last synced the store (or as it
