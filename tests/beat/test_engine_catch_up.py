@@ -250,3 +250,26 @@ def test_slots_answered_paused_are_not_caught_up_even_past_the_history_it_keeps(
     for _ in range(6):
         fire_and_tick(h)
     assert slots_sent(h) == [b + i * 4000 for i in range(-1, 3)]
+
+
+def test_the_slots_a_pause_decided_are_logged_once_per_catch_up(
+        store, namespace, harnesses, caplog):
+    """The catch-up's slots before the newest paused run come due one a pace: one INFO line
+    names them all (those sent before the pause too, which it does not call missed), not one
+    line per slot."""
+    h = engine(harnesses, store, namespace, {"e": (EVERY_S, ALL)})
+    b = pinned_boundary(h)
+    h.store.history.record_many(
+        [HistoryRecord("e", b - 16_000, RunEvent.SENT)]
+        + [HistoryRecord("e", slot, RunEvent.PAUSED, detail="paused by ops: maintenance")
+           for slot in (b - 12_000, b - 8000)])
+    caplog.set_level(logging.INFO, "celery_anarchon")
+    h.engine.tick()
+    for _ in range(6):
+        fire_and_tick(h)
+    assert slots_sent(h) == [b + i * 4000 for i in range(-1, 3)]
+    lines = [r.getMessage() for r in caplog.records if "not caught up" in r.getMessage()]
+    assert lines == [
+        f"e: slots up to {iso(b - 8000)} not caught up (catch_up='all'): the entry's history "
+        f"records paused for slot {iso(b - 8000)}, so they were decided while an instance ran it "
+        "(sent, skipped or paused) and none is sent again; the catch-up goes on after it"]

@@ -72,6 +72,8 @@ class ClaimChunks:
         self.sync = sync
         self.observer = observer
         self._stopping = False
+        #: entry -> the newest decided slot that bounded its catch-up, as last logged
+        self._bounds: dict[str, int] = {}
 
     def stop(self) -> None:
         """Claim no further chunk (beat is shutting down)."""
@@ -177,13 +179,22 @@ class ClaimChunks:
             self.claims.answered((entry, slot_ms))
             self.due.claimed(entry, slot_ms)
         for entry in sorted({entry for entry, _ in dropped}):
-            newest = decided[entry]
-            level = logging.INFO if newest.event is RunEvent.PAUSED else logging.DEBUG
-            logger.log(level, "%s: slot(s) up to %s not caught up: the entry's history records "
-                       "%s for slot %s, after them", entry,
-                       log_time(max(s for e, s in dropped if e == entry)), newest.event.value,
-                       log_time(newest.slot_ms))
+            self._log_bound(entry, decided[entry])
         return [r for r in requests if r.run not in dropped]
+
+    def _log_bound(self, entry: str, newest: HistoryRecord) -> None:
+        """Log the bound of a catch-up once per entry and bound (its slots come due one a pace,
+        each dropped in its own call): at INFO when the newest decided record is a pause (else
+        DEBUG), naming every slot up to it, since all of them are dropped; the same bound again
+        at DEBUG."""
+        first = self._bounds.get(entry) != newest.slot_ms
+        self._bounds[entry] = newest.slot_ms
+        level = logging.INFO if first and newest.event is RunEvent.PAUSED else logging.DEBUG
+        logger.log(level, "%s: slots up to %s not caught up (catch_up='all'): the entry's "
+                   "history records %s for slot %s, so they were decided while an instance ran "
+                   "it (sent, skipped or paused) and none is sent again; the catch-up goes on "
+                   "after it", entry, log_time(newest.slot_ms), newest.event.value,
+                   log_time(newest.slot_ms))
 
     def _on_result(self, result: ClaimResult, plans: dict[str, EntryPlan],
                    config_plans: dict[str, EntryPlan]) -> Send | None:
