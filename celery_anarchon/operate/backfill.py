@@ -87,6 +87,9 @@ class BackfillReport:
     :param refused: the slots the store refused, by reason (``"late: ..."``, ``"paused: ..."``).
     :param failed: the slots this backfill won whose publish failed (recorded in the history;
         not sent again).
+    :param past_history: the slots another backfill claimed older than every run the entry's
+        history still holds (it keeps the newest ``history_size``, also a field): sent or not is
+        not known here; not sent by this one.
     """
 
     entry: str
@@ -100,6 +103,8 @@ class BackfillReport:
     not_resent: list[int] = dataclasses.field(default_factory=list)
     refused: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     failed: list[int] = dataclasses.field(default_factory=list)
+    past_history: list[int] = dataclasses.field(default_factory=list)
+    history_size: int = 0
     #: how many slots another backfill had claimed (this one resumes it, or runs beside it)
     resumed: int = 0
     #: slots claimed by an earlier backfill, told apart by the history at the end
@@ -109,7 +114,7 @@ class BackfillReport:
     def done(self) -> int:
         """The slots handled so far."""
         return (len(self.sent) + len(self.already_run) + len(self.not_resent) + len(self.pending)
-                + len(self.failed) + sum(len(v) for v in self.refused.values()))
+                + len(self.failed) + len(self.past_history) + sum(len(v) for v in self.refused.values()))
 
     def summary(self) -> str:
         """One paragraph for people: the counts, each refusal's reason and the slots not re-sent."""
@@ -117,15 +122,22 @@ class BackfillReport:
                  f"{iso(self.end_ms)}: {self.total} slots; sent {len(self.sent)}, already run "
                  f"{len(self.already_run)}, refused {sum(len(v) for v in self.refused.values())}"
                  f", not re-sent {len(self.not_resent)}"
-                 + (f", send failed {len(self.failed)}" if self.failed else "")]
+                 + (f", send failed {len(self.failed)}" if self.failed else "")
+                 + (f", past the history {len(self.past_history)}" if self.past_history else "")]
         for reason, slots in sorted(self.refused.items()):
             lines.append(f"  refused {len(slots)} ({_first(slots)}): {reason}")
         if self.not_resent:
             lines.append(f"  not re-sent {len(self.not_resent)} ({_first(self.not_resent)}): "
                          "claimed by an earlier backfill, history shows no send: not re-sent "
                          "(it was interrupted between its claim and its send, or it is still "
-                         "running and sends it, or the history, which keeps an entry's newest "
-                         "runs, no longer holds the run)")
+                         "running and sends it)")
+        if self.past_history:
+            lines.append(f"  past the history {len(self.past_history)} "
+                         f"({_first(self.past_history)}): claimed by an earlier backfill, older "
+                         "than every run the history still holds (it keeps the entry's newest "
+                         f"{self.history_size} runs): whether that backfill sent them is not "
+                         "known here (it sends each slot right after its claim, so most likely "
+                         "it did); not re-sent")
         if self.failed:
             lines.append(f"  send failed {len(self.failed)} ({_first(self.failed)}): the "
                          "publish failed; recorded in the history, not sent again")
@@ -139,7 +151,8 @@ class BackfillReport:
                 "already_run": [iso(s) for s in self.already_run],
                 "not_resent": [iso(s) for s in self.not_resent],
                 "refused": {k: [iso(s) for s in v] for k, v in sorted(self.refused.items())},
-                "send_failed": [iso(s) for s in self.failed]}
+                "send_failed": [iso(s) for s in self.failed],
+                "past_history": [iso(s) for s in self.past_history]}
 
 
 def _first(slots: list[int]) -> str:
@@ -353,13 +366,22 @@ class Backfill:
 
     def _earlier_sent(self, claims: ClaimStore, report: BackfillReport) -> None:
         """Tell the slots an earlier backfill claimed apart by the entry's history: sent (already
-        run) or not (not re-sent; also when the history no longer holds the run)."""
+        run), not (not re-sent), or older than every run a full history still holds (past the
+        history: it keeps the newest ``history_size`` runs, so a backfill of older slots finds
+        its own sends gone from it at once; sent or not is not known)."""
         if not report.pending:
             return
-        events = {r.slot_ms: r.event for r in claims.history.read(self.plan.name)}
+        records = claims.history.read(self.plan.name)
+        events = {r.slot_ms: r.event for r in records}
+        report.history_size = claims.history_size
+        oldest = min(events) if len(records) >= claims.history_size else None
         for slot in report.pending:
-            (report.already_run if events.get(slot) in _SENT_EVENTS
-             else report.not_resent).append(slot)
+            if events.get(slot) in _SENT_EVENTS:
+                report.already_run.append(slot)
+            elif oldest is not None and slot < oldest:
+                report.past_history.append(slot)
+            else:
+                report.not_resent.append(slot)
         report.already_run.sort()
         report.pending = []
 

@@ -161,9 +161,45 @@ def test_a_resumed_backfill_sends_the_rest_and_never_what_the_interrupted_one_cl
     assert report.summary().splitlines()[1:] == [
         f"  not re-sent 2 ({iso(slots[3])}, {iso(slots[4])}): claimed by an earlier backfill, "
         "history shows no send: not re-sent (it was interrupted between its claim and its send, "
-        "or it is still running and sends it, or the history, which keeps an entry's newest "
-        "runs, no longer holds the run)"]
+        "or it is still running and sends it)"]
     assert sent_slots(namespace) == slots[:3] + slots[5:]
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_resumed_backfill_tells_slots_past_the_history_apart_from_slots_not_sent(
+        kind, tmp_path, namespace):
+    """The history keeps the entry's newest 3 runs: of the 6 slots the first backfill sent (it
+    claimed all 8 and stopped before the last 2 sends), 5 are gone from it at once. Resumed, the
+    backfill reports those 5 as past the history (not as unsent), the one it still holds as
+    already run, the 2 claimed and not sent as not re-sent, and sends none of them."""
+    app, store = opened(kind, tmp_path, namespace, history_size=3)
+    start, end = past_range(7)
+    slots = list(range(start, end + 1, 1000))
+
+    def stop_after_6(report: BackfillReport) -> None:
+        if len(report.sent) == 6:
+            raise Stop
+
+    with celery_anarchon.schedules(app, by="ops@test") as s:
+        with pytest.raises(Stop):
+            s.backfill("tick", start, end, request_id="r", rate=1000, progress=stop_after_6)
+        assert sent_slots(namespace) == slots[:6]
+        assert sorted(r.slot_ms for r in store.history.read("tick")) == slots[5:]
+        report = s.backfill("tick", start, end, request_id="r", rate=1000)
+    assert (report.past_history, report.already_run, report.not_resent, report.sent) == (
+        slots[:5], slots[5:6], slots[6:], [])
+    assert report.done == 8
+    lines = report.summary().splitlines()
+    assert lines[0].endswith("8 slots; sent 0, already run 1, refused 0, not re-sent 2, past the "
+                             "history 5")
+    assert lines[2] == (
+        f"  past the history 5 ({iso(slots[0])}, {iso(slots[1])}, {iso(slots[2])}, ... 2 more): "
+        "claimed by an earlier backfill, older than every run the history still holds (it keeps "
+        "the entry's newest 3 runs): whether that backfill sent them is not known here (it sends "
+        "each slot right after its claim, so most likely it did); not re-sent")
+    assert report.as_json()["past_history"] == [iso(x) for x in slots[:5]]
+    assert sent_slots(namespace) == slots[:6]
     store.close()
 
 
