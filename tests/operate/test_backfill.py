@@ -71,6 +71,17 @@ def opened(kind: str, tmp_path, namespace: str, **options):
     return app, store
 
 
+def interrupted(s, start: int, end: int, *, sends: int, rate: float) -> None:
+    """Backfill ``tick`` from ``start`` to ``end`` (request id ``r``) and stop it after ``sends``
+    sends, as a process killed there would: the slots its chunk claimed after them are unsent."""
+    def stop(report: BackfillReport) -> None:
+        if len(report.sent) == sends:
+            raise Stop
+
+    with pytest.raises(Stop):
+        s.backfill("tick", start, end, request_id="r", rate=rate, progress=stop)
+
+
 def past_range(seconds: int, ago: int = 5) -> tuple[int, int]:
     """[now - ``seconds`` - ``ago``, now - ``ago``] on whole seconds, UTC ms."""
     end = (int(time.time()) - ago) * 1000
@@ -141,13 +152,8 @@ def test_a_resumed_backfill_sends_the_rest_and_never_what_the_interrupted_one_cl
     start, end = past_range(11)
     slots = list(range(start, end + 1, 1000))
 
-    def stop_after_3(report: BackfillReport) -> None:
-        if len(report.sent) == 3:
-            raise Stop
-
     with celery_anarchon.schedules(app, by="ops@test") as s:
-        with pytest.raises(Stop):
-            s.backfill("tick", start, end, request_id="r", rate=5, progress=stop_after_3)
+        interrupted(s, start, end, sends=3, rate=5)
         assert sent_slots(namespace) == slots[:3]
         runs = {r.slot_ms: r.event for r in store.history.read("tick")}
         assert [runs.get(x) for x in slots[:6]] == [RunEvent.SENT] * 3 + [RunEvent.CLAIMED] * 2 + [None]
@@ -177,13 +183,8 @@ def test_a_resumed_backfill_tells_slots_past_the_history_apart_from_slots_not_se
     start, end = past_range(7)
     slots = list(range(start, end + 1, 1000))
 
-    def stop_after_6(report: BackfillReport) -> None:
-        if len(report.sent) == 6:
-            raise Stop
-
     with celery_anarchon.schedules(app, by="ops@test") as s:
-        with pytest.raises(Stop):
-            s.backfill("tick", start, end, request_id="r", rate=1000, progress=stop_after_6)
+        interrupted(s, start, end, sends=6, rate=1000)
         assert sent_slots(namespace) == slots[:6]
         assert sorted(r.slot_ms for r in store.history.read("tick")) == slots[5:]
         report = s.backfill("tick", start, end, request_id="r", rate=1000)

@@ -89,7 +89,7 @@ class EntrySync:
         self.kept_requests: set[tuple[str, int]] = set()
         self._pauses: dict[str, Pause] = {}
         self._clashes: set[str] = set()
-        #: store entry -> (its definition text, its plan with since_ms): :meth:`_dated`
+        #: store entry -> (its definition text, its plan with since_ms): :func:`_dated`
         self._dated_plans: dict[str, tuple[str, EntryPlan]] = {}
 
     def request_max_late_ms(self, plan: EntryPlan) -> int:
@@ -143,8 +143,9 @@ class EntrySync:
         self._forget_old_requests()
         snapshot = self.kept.follow(snapshot, loss)
         old = self.store_plans
-        self.store_plans = (self._dated(self.build_store_plans(snapshot), snapshot)
-                            if self.build_store_plans else {})
+        self._dated_plans = (_dated(self.build_store_plans(snapshot), snapshot, self._dated_plans)
+                             if self.build_store_plans else {})
+        self.store_plans = {name: plan for name, (_, plan) in self._dated_plans.items()}
         self.requests = snapshot.requests
         self.requested &= held | self.kept_requests
         self._log_pauses(snapshot, old)
@@ -152,21 +153,6 @@ class EntrySync:
         self.version = snapshot.version
         self.loaded = (snapshot.epoch, snapshot.version)
         return True
-
-    def _dated(self, plans: dict[str, EntryPlan], snapshot: EntrySnapshot) -> dict[str, EntryPlan]:
-        """``plans`` (the store's), each with :attr:`EntryPlan.since_ms`: the store's clock at
-        the write of its definition, as this instance first loaded that definition text (an add
-        or an update: ``updated_ms``; a later pause or resume leaves it; an instance that starts
-        after one takes its time, as a catch-up does not send paused runs anyway)."""
-        dated: dict[str, tuple[str, EntryPlan]] = {}
-        for name, plan in plans.items():
-            stored = snapshot.entries[name]
-            known = self._dated_plans.get(name)
-            if known is None or known[0] != stored.definition:
-                known = (stored.definition, dataclasses.replace(plan, since_ms=stored.updated_ms))
-            dated[name] = known
-        self._dated_plans = dated
-        return {name: plan for name, (_, plan) in dated.items()}
 
     def paused(self, name: str) -> bool:
         """Whether entry ``name`` is paused, as this instance last synced the store (or as it
@@ -297,6 +283,23 @@ class EntrySync:
         if added or removed or changed:
             logger.debug("anarchon: store entries added %s, removed %s, changed %s", added,
                          removed, changed)
+
+
+def _dated(plans: dict[str, EntryPlan], snapshot: EntrySnapshot,
+           known: dict[str, tuple[str, EntryPlan]]) -> dict[str, tuple[str, EntryPlan]]:
+    """The store's ``plans``, each with :attr:`EntryPlan.since_ms`, by name with the definition
+    text it was dated for: the store's clock at the write of its definition as this instance
+    first loaded that text (an add or an update: ``updated_ms``; a later pause or resume leaves
+    it; an instance that starts after one takes its time, and a catch-up sends no paused run
+    anyway). ``known``: the same, from the sync before."""
+    dated = {}
+    for name, plan in plans.items():
+        stored = snapshot.entries[name]
+        kept = known.get(name)
+        if kept is None or kept[0] != stored.definition:
+            kept = (stored.definition, dataclasses.replace(plan, since_ms=stored.updated_ms))
+        dated[name] = kept
+    return dated
 
 
 def _what_runs(plan: EntryPlan) -> tuple:
