@@ -94,8 +94,9 @@ SKIP_EVENTS = frozenset({RunEvent.LATE, RunEvent.LATE_LOCAL, RunEvent.EARLY, Run
                          RunEvent.OVERLAPPING, RunEvent.UNKNOWN, RunEvent.UNREACHABLE,
                          RunEvent.PAUSED, RunEvent.MISSED})
 #: the words of a forgotten refusal's detail that name the start of the store's memory (every
-#: store writes "memory began at <ISO time>" or "memory of this entry began at <ISO time>")
-_MEMORY_BEGAN = re.compile(r"memory (?:of this entry )?began at "
+#: store writes "memory began at <ISO time>" or "memory of this entry began at <ISO time>"; after
+#: an epoch change, Redis writes "memory began again at <ISO time>")
+_MEMORY_BEGAN = re.compile(r"memory (?:of this entry )?began (?:again )?at "
                            r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d))")
 
 
@@ -109,6 +110,21 @@ def memory_began_ms(detail: str) -> int | None:
     :mod:`celery_anarchon.operate.overview_entries`)."""
     if not detail or "epoch" in detail:
         return None
+    return _began(detail)
+
+
+def epoch_began_ms(detail: str) -> int | None:
+    """When the store's memory began again at a change of the server's epoch (a restart from an
+    older snapshot, a failover: the newest writes may be lost), UTC ms, read from the detail of a
+    ``forgotten`` refusal or history record that names the change (docs/design.md "Amnesia");
+    ``None`` for any other detail. The epoch is the server's, so the start holds for every entry
+    of the store."""
+    if not detail or "epoch" not in detail:
+        return None
+    return _began(detail)
+
+
+def _began(detail: str) -> int | None:
     found = _MEMORY_BEGAN.search(detail)
     if found is None:
         return None

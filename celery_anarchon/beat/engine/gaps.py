@@ -6,7 +6,8 @@ in the store's history and recorded there once each, as ``missed``.
 ``history_size`` runs). The range is ``(lookback start, horizon]``: the lookback starts at the
 entry's newest run before this instance started (the newest record older than its start minus
 the entry's claim window, which no claim of this instance can have written), or the store's
-memory before now when that is later (older slots the store cannot vouch for). From there on
+memory before now, or when the store's memory began again, when that is later (older slots the
+store cannot vouch for: :func:`memory_start`). From there on
 this instance handled every slot, so the gap an outage of every beat left is the slots between
 that run and this instance's first; the slots among older runs are not looked at (had the
 schedule changed, a denser one would call the slots between the old runs missed). The horizon is now minus the entry's claim window
@@ -51,7 +52,8 @@ from celery_anarchon.beat.engine.outage import Outage
 from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan
 from celery_anarchon.schedule.slots import SlotsEnded
-from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent
+from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent, memory_began_ms
+from celery_anarchon.stores.records import epoch_began_ms
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +95,26 @@ def summary_of(record: HistoryRecord) -> tuple[int, int] | None:
     return int(found.group(1)), round(last.timestamp() * 1000)
 
 
+def memory_start(history: Iterable[HistoryRecord], *, epoch_only: bool = False) -> int | None:
+    """When the store's memory began, the newest start the ``forgotten`` records of ``history``
+    name (docs/design.md "Amnesia": a new store, one that lost its data or whose server epoch
+    changed refuses the slots of its first 10 s, naming when its memory began), UTC ms, or
+    ``None``. A store that came back from an older copy (a Redis snapshot, a failover) lost the
+    runs sent since that copy, so the slots before its memory start cannot be called missed.
+
+    :param epoch_only: only the starts at a change of the server's epoch, which hold for every
+        entry of the store (another entry's records tell them); else an entry's own starts too.
+    """
+    read = epoch_began_ms if epoch_only else (
+        lambda detail: epoch_began_ms(detail) or memory_began_ms(detail))
+    starts = [began for record in history if record.event is RunEvent.FORGOTTEN
+              and (began := read(record.detail)) is not None]
+    return max(starts, default=None)
+
+
 def missed_slots(plan: EntryPlan, history: Sequence[HistoryRecord], now_ms: int,
-                 memory_s: float | None, started_ms: int) -> list[int]:
+                 memory_s: float | None, started_ms: int,
+                 began_ms: int | None = None) -> list[int]:
     """The slots of ``plan`` that ``history`` (its runs as the store keeps them) shows no
     instance claimed in time, oldest first (module docstring: the range; at most
     :data:`MAX_WALK`). Pure.
@@ -103,6 +123,9 @@ def missed_slots(plan: EntryPlan, history: Sequence[HistoryRecord], now_ms: int,
     :param memory_s: the store's memory, seconds (``None``: forever).
     :param started_ms: when the checking instance started, UTC ms: the range starts at the
         entry's newest run before it.
+    :param began_ms: when the store's memory began again for every entry (an epoch change
+        another entry's records tell: :func:`memory_start`), UTC ms, or ``None``; the entry's own
+        ``forgotten`` records are read here.
     """
     before = [record.slot_ms for record in history
               if record.slot_ms < started_ms - claim_window_ms(plan)]
@@ -111,6 +134,9 @@ def missed_slots(plan: EntryPlan, history: Sequence[HistoryRecord], now_ms: int,
     start = max(before)
     if memory_s is not None:
         start = max(start, now_ms - int(memory_s * 1000))
+    for began in (began_ms, memory_start(history)):
+        if began is not None:
+            start = max(start, began)
     horizon = now_ms - claim_window_ms(plan)
     recorded = {record.slot_ms for record in history}
     counted = [(record.slot_ms, summary[1]) for record in history
@@ -231,11 +257,13 @@ class GapCheck:
             return []
         histories = self.store.history.read_many(names)
         memory_s = self.store.memory.duration_s
+        began_ms = memory_start((record for history in histories.values() for record in history),
+                                epoch_only=True)
         found = []
         for name in names:
             try:
                 slots = missed_slots(plans[name], histories.get(name, []), now_ms, memory_s,
-                                     self.started_ms)
+                                     self.started_ms, began_ms)
             except Exception as exc:   # a schedule class's own error: that entry is not checked
                 logger.error("%s: its missed slots could not be computed: %s", name, exc)
                 continue
@@ -294,4 +322,4 @@ class GapCheck:
 
 
 __all__ = ["GapCheck", "Found", "missed_slots", "claim_window_ms", "summary_detail",
-           "summary_of", "MAX_RECORDED", "MARGIN_MS", "DETAIL"]
+           "summary_of", "memory_start", "MAX_RECORDED", "MARGIN_MS", "DETAIL"]
