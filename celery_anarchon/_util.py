@@ -80,6 +80,16 @@ def iso(ms: int) -> str:
     return f"{ms} ms since the Unix epoch"
 
 
+def iso_ms(text: str) -> int | None:
+    """UTC ms of an ISO 8601 instant with its offset (what :func:`iso` writes; ``Z`` too), read
+    back from a record's detail; ``None`` for text that is not one."""
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return None if when.tzinfo is None else round(when.timestamp() * 1000)
+
+
 def log_time(ms: int) -> str:
     """UTC ms as ISO 8601 with milliseconds and its offset, in the zone of the log's own
     timestamps, for a log line: UTC (``+00:00``) when the log stamps its records in UTC
@@ -297,5 +307,5 @@ def one_of(name: str, value: Any, allowed: tuple) -> Any:
     return value
 
 
-__all__ = ["LATENESS_TOLERANCE_MS", "Memory", "Skew", "iso", "mask_url", "is_secret_parameter",
+__all__ = ["LATENESS_TOLERANCE_MS", "Memory", "Skew", "iso", "iso_ms", "mask_url", "is_secret_parameter",
            "store_option", "duration", "seconds", "positive_int", "one_of"]

@@ -41,13 +41,13 @@ from celery_anarchon.operate.names import check_name, default_by, given_name
 from celery_anarchon.operate.session import NamespaceSession
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
-from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso
+from celery_anarchon._util import iso
 from celery_anarchon.schedule.plan import EntryPlan, build_plan
 from celery_anarchon.schedule.slots import SlotsEnded, text_schedule_error
 from celery_anarchon.schedule.slots.window import first_cut
 from celery_anarchon.schedule.timing import TimingSettings, check_request_retention
 from celery_anarchon.stores.base import ClaimStore, RunEvent
-from celery_anarchon.stores.entry_store import Pause, RunRequest
+from celery_anarchon.stores.entry_store import Pause, RunRequest, pause_span_detail
 
 __all__ = ["Schedules", "ScheduledEntry", "schedules", "default_by"]
 
@@ -193,7 +193,7 @@ class Schedules(NamespaceSession, Backfills):
         """Lift an entry's pause: its next slot runs; what was paused is not caught up, except a
         slot still within max_late that another instance claims after the resume (its claim
         comes later by its jitter): that slot runs once, as the newest slot may at a start-up.
-        The newest slot it covered is recorded ``paused`` first (:func:`_mark_pause_span`).
+        The newest slot it covered is recorded ``paused`` first, with its span (:func:`_mark_pause_span`).
 
         :raises UnknownEntry: nothing defines ``name`` and the store holds no pause of it.
         """
@@ -325,30 +325,43 @@ def checked_definition(session: NamespaceSession, name: str, definition: dict, *
     return text, plan
 
 
+#: slots of an entry a resume walks at most, looking for the newest its pause covered
+_MAX_WALK = 100_000
+
+
 def _mark_pause_span(session: Schedules, name: str, pause: Pause, snapshot) -> None:
-    """Before a resume, record ``paused`` at the newest slot the pause covered (a record
-    that only fills a run with none): a catch-up (``catch_up='all'``) reaches back no further
-    than the entry's newest decided run, so the slots that came while the pause held and no
-    beat ran (nothing answered them paused) are not caught up after the resume. Only an
-    entry whose claims may come later than its max_late needs it, and only slots within
-    that reach are looked at; an entry whose plan no longer builds marks nothing."""
+    """Before a resume, record ``paused`` at the newest slot the pause covered that has no record
+    (a record that only fills a run with none), its detail naming the span the pause held
+    (:func:`~celery_anarchon.stores.entry_store.pause_span_detail`): a gap check counts the slots
+    of that span paused, not missed, though no beat ran to answer them (docs/missed-runs.md);
+    and a catch-up (``catch_up='all'``) reaches back no further than the entry's newest decided
+    run, so those slots are not caught up after the resume. At most :data:`_MAX_WALK` slots are
+    walked; an entry whose plan no longer builds marks nothing."""
     try:
         plan = build_plan(name, session._known(name, snapshot), app=session.app,
                           settings=session.settings, store=session.store)
     except ConfigError:             # UnknownEntry too: a pause kept for a removed entry
         return
-    if plan.claim_late_ms <= plan.max_late_ms:
-        return
     now_ms = session.store.now_ms() or int(time.time() * 1000)
-    reach_ms = now_ms - plan.claim_late_ms - plan.jitter_ms - LATENESS_TOLERANCE_MS
-    newest, after = None, max(pause.at_ms, reach_ms) - 1
+    recorded = {record.slot_ms for record in session.store.history.read(name)}
+    newer = [slot for slot in recorded if slot >= pause.at_ms]
+    # a history that holds only slots of the pause (a beat answered them): walk from its oldest,
+    # as a gap check looks back no further than the newest record before it
+    after = (min(newer) if len(newer) == len(recorded) and newer else pause.at_ms) - 1
+    newest = None
     try:
-        while (slot := plan.slots.next_after(after)) <= now_ms:
-            newest = after = slot
+        for _ in range(_MAX_WALK):
+            slot = plan.slots.next_after(after)
+            if slot > now_ms:
+                break
+            after = slot
+            if slot not in recorded:
+                newest = slot
     except (ConfigError, SlotsEnded):
         pass
     if newest is not None:
-        session.store.history.record(name, newest, RunEvent.PAUSED, detail=pause.describe())
+        session.store.history.record(name, newest, RunEvent.PAUSED,
+                                     detail=pause_span_detail(pause, now_ms))
 
 
 def _check_cut(app, settings: TimingSettings, store: ClaimStore, plan: EntryPlan,

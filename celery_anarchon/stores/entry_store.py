@@ -50,8 +50,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 import secrets
 from collections.abc import Mapping
+
+from celery_anarchon._util import iso, iso_ms
+from celery_anarchon.stores.records import HistoryRecord, RunEvent
 
 from celery_anarchon.stores.run_now import RequestClock, SlotWindow
 from celery_anarchon.schedule.timing import DEFAULT_REQUEST_RETENTION_S
@@ -82,6 +86,30 @@ class Pause:
     def describe(self) -> str:
         """``paused by <by>: <reason>``, the detail recorded with a paused run."""
         return f"paused by {self.by}" + (f": {self.reason}" if self.reason else "")
+
+
+#: the end of the detail :func:`pause_span_detail` writes
+_PAUSE_SPAN = re.compile(r" \(paused from (\S+) to (\S+)\)\Z")
+
+
+def pause_span_detail(pause: Pause, until_ms: int) -> str:
+    """The detail of the ``paused`` record a resume writes (docs/missed-runs.md): who paused
+    and why, and the span the pause held, from its ``at_ms`` to ``until_ms`` (the resume,
+    store clock, UTC ms). A gap check reads the span back (:func:`pause_span_of`): the slots
+    in it were paused, not missed, though no beat ran to answer them."""
+    return f"{pause.describe()} (paused from {iso(pause.at_ms)} to {iso(until_ms)})"
+
+
+def pause_span_of(record: HistoryRecord) -> tuple[int, int] | None:
+    """``(since_ms, until_ms)`` of a ``paused`` record :func:`pause_span_detail` wrote (UTC ms),
+    else ``None``."""
+    if record.event is not RunEvent.PAUSED:
+        return None
+    found = _PAUSE_SPAN.search(record.detail)
+    if found is None:
+        return None
+    since, until = iso_ms(found.group(1)), iso_ms(found.group(2))
+    return None if since is None or until is None else (since, until)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from celery_anarchon.beat.engine.observe import Observer
 from celery_anarchon.errors import StoreUnavailable
 from celery_anarchon.stores import open_store
 from celery_anarchon.stores.base import HistoryRecord, RunEvent
-from celery_anarchon.stores.entry_store import Pause
+from celery_anarchon.stores.entry_store import Pause, pause_span_detail, pause_span_of
 
 from backends import kinds_whose_store
 from stores_support import ALL_STORES, store_url
@@ -257,3 +257,29 @@ def test_instances_started_together_never_leave_the_gap_to_each_other(url, names
     _settle(b, seen_b)
     missed = _missed(a)
     assert missed and seen_a.counts.get("e", 0) + seen_b.counts.get("e", 0) == len(missed)
+
+
+def test_slots_of_a_pause_made_and_lifted_while_every_beat_was_down_are_not_missed(
+        url, namespace, harnesses, caplog):
+    """A resume records the span its pause held (:func:`~celery_anarchon.stores.entry_store.
+    pause_span_detail`): an operator's pause is not a missed run, whether or not a beat ran."""
+    last = _gap_before(80)
+    _ran_until(url, namespace, last)
+    # paused 10 s after the last run, resumed 10 s ago (within the claim window of the start)
+    since, until = last + 5 * PERIOD_MS + 500, last + 35 * PERIOD_MS + 500
+    store = open_store(url, namespace=namespace, instance_id="ops", options={})
+    try:
+        store.history.record("e", until - 500, RunEvent.PAUSED,
+                             detail=pause_span_detail(Pause("upgrade", "ops", since), until))
+    finally:
+        store.close()
+    a = make(harnesses, url, namespace, ENTRY, instance="A")
+    seen = Missed()
+    a.engine.tick()
+    with caplog.at_level(logging.WARNING, "celery_anarchon"):
+        _settle(a, seen)
+    missed = sorted(_missed(a))
+    assert missed == list(range(last + PERIOD_MS, since, PERIOD_MS))     # before the pause only
+    assert seen.counts == {"e": len(missed)}
+    paused = [r for r in a.store.history.read("e") if r.event is RunEvent.PAUSED]
+    assert len(paused) == 1 and pause_span_of(paused[0]) == (since, until)

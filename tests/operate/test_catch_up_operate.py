@@ -15,6 +15,7 @@ from celery import Celery
 import celery_anarchon
 from celery_anarchon import ConfigError
 from celery_anarchon.stores.base import RunEvent
+from celery_anarchon.stores.entry_store import pause_span_of
 
 from operate_support import exits, operate
 
@@ -73,17 +74,18 @@ def test_add_update_and_next_with_catch_up_on_the_command_line(sqlite_url, names
             "set options['anarchon']['catch_up'] to 'newest'") in refused.stderr
 
 
+@pytest.mark.parametrize("catch_up", [{"catch_up": "all", "catch_up_window": 30}, {}])
 def test_a_resume_records_the_newest_slot_its_pause_covered_so_no_catch_up_sends_it(
-        sqlite_url, namespace):
+        sqlite_url, namespace, catch_up):
     """No beat runs while the entry is paused (an outage), so nothing answered its slots
     paused; the resume records the newest of them ``paused``, which bounds a catch-up
-    (``catch_up='all'`` reaches back no further than the entry's newest decided run)."""
+    (``catch_up='all'`` reaches back no further than the entry's newest decided run), naming
+    the span the pause held, which a gap check counts paused, not missed (every policy)."""
     app = Celery("catch_up_resume", set_as_current=False)
     app.conf.update(broker_url="memory://", anarchon_store_url=sqlite_url,
                     anarchon_namespace=namespace, timezone="UTC", beat_schedule={
                         "c": {"task": "proj.t", "schedule": 1.0, "options": {"anarchon": {
-                            "jitter": 0, "max_late": 2, "catch_up": "all",
-                            "catch_up_window": 30}}}})
+                            "jitter": 0, "max_late": 2, **catch_up}}}})
     with celery_anarchon.schedules(app, by="ops") as s:
         paused_at = s.pause("c", "outage").pause.at_ms
         deadline = time.monotonic() + 30
@@ -96,4 +98,6 @@ def test_a_resume_records_the_newest_slot_its_pause_covered_so_no_catch_up_sends
     assert len(marks) == 1
     [mark] = marks
     assert paused_at <= mark.slot_ms <= resumed_ms and resumed_ms - mark.slot_ms <= 1_000
-    assert mark.detail == "paused by ops: outage"
+    assert mark.detail.startswith("paused by ops: outage (paused from "), mark.detail
+    since, until = pause_span_of(mark)
+    assert since == paused_at and mark.slot_ms <= until <= resumed_ms

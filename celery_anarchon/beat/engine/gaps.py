@@ -14,7 +14,9 @@ schedule changed, a denser one would call the slots between the old runs missed)
 (``claim_late_ms`` + ``jitter_ms`` + :data:`~celery_anarchon._util.LATENESS_TOLERANCE_MS` +
 :data:`MARGIN_MS`), so no instance can still claim a slot the check calls missed. "Now" is the
 store's clock where it has one. Every slot of the entry's schedule (within its ``start_at`` /
-``end_at``) in that range without a record is missed. An entry with no run before this
+``end_at``) in that range without a record is missed, but for the slots of a pause a resume
+recorded the span of (:func:`~celery_anarchon.stores.entry_store.pause_span_detail`: paused,
+though no beat ran to answer them). An entry with no run before this
 instance started has no gap (a new entry, or a store that forgot), and a paused entry is not
 checked.
 
@@ -43,9 +45,8 @@ import dataclasses
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
 
-from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso, log_time
+from celery_anarchon._util import LATENESS_TOLERANCE_MS, iso, iso_ms, log_time
 from celery_anarchon.beat.engine.follow import StoreFollow
 from celery_anarchon.beat.engine.observe import NOOP, Observer
 from celery_anarchon.beat.engine.outage import Outage
@@ -53,6 +54,7 @@ from celery_anarchon.errors import StoreError
 from celery_anarchon.schedule.plan import EntryPlan
 from celery_anarchon.schedule.slots import SlotsEnded
 from celery_anarchon.stores.base import ClaimStore, HistoryRecord, RunEvent, memory_began_ms
+from celery_anarchon.stores.entry_store import pause_span_of
 from celery_anarchon.stores.records import epoch_began_ms
 
 logger = logging.getLogger(__name__)
@@ -86,13 +88,8 @@ def summary_of(record: HistoryRecord) -> tuple[int, int] | None:
     if record.event is not RunEvent.MISSED:
         return None
     found = _SUMMARY.search(record.detail)
-    if found is None:
-        return None
-    try:
-        last = datetime.fromisoformat(found.group(2))
-    except ValueError:
-        return None
-    return int(found.group(1)), round(last.timestamp() * 1000)
+    last = None if found is None else iso_ms(found.group(2))
+    return None if last is None else (int(found.group(1)), last)
 
 
 def memory_start(history: Iterable[HistoryRecord], *, epoch_only: bool = False) -> int | None:
@@ -141,6 +138,8 @@ def missed_slots(plan: EntryPlan, history: Sequence[HistoryRecord], now_ms: int,
     recorded = {record.slot_ms for record in history}
     counted = [(record.slot_ms, summary[1]) for record in history
                if (summary := summary_of(record)) is not None]
+    counted += [(span[0] - 1, span[1]) for record in history       # paused, not missed
+                if (span := pause_span_of(record)) is not None]
     missed: list[int] = []
     slot = start
     for _ in range(MAX_WALK):
