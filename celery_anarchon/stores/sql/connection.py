@@ -86,6 +86,12 @@ class SQLConnection:
         """The epoch as recorded, from the value of :meth:`epoch_sql`."""
         return str(value or "")
 
+    def tables_sql(self, conn: sa.Connection) -> sa.ColumnElement:
+        """Which tables the store's statements reach, as an SQL text expression read inside the
+        transaction (PostgreSQL: the database's and the memory tables' OIDs, new when a table is
+        re-created); ``""``: not told (docs/design.md "Amnesia": epoch)."""
+        return sa.literal("")
+
     def _isolation(self, purpose: str | None) -> str | None:
         """The isolation level of a read (``"snapshot"``: several statements that must agree;
         ``"single"``: one statement), or None for the engine's."""

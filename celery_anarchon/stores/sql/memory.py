@@ -67,6 +67,11 @@ class StoreNote:
     conflict: str | None = None
 
 
+def _full(epoch: str, tables: str | None) -> str:
+    """The epoch as told: the server's epoch and, when recorded, its tables."""
+    return f"{epoch} {tables}" if tables else epoch
+
+
 class SQLMemory:
     """Reads and brings up to date the store-wide note, and locks the entries' rows.
 
@@ -74,12 +79,15 @@ class SQLMemory:
     :param insert: ``insert(table)``: the dialect's INSERT (with ON CONFLICT).
     :param epoch_sql: ``epoch_sql(conn)``: the server's epoch as an SQL expression.
     :param epoch_text: ``epoch_text(conn, value)``: the epoch as recorded, from that value.
+    :param tables_sql: ``tables_sql(conn)``: which tables the statements reach, as an SQL text
+        expression (PostgreSQL: their OIDs; ``""``: not told), part of the epoch.
     """
 
     def __init__(self, *, namespace: str, kind: str, safe_url: str, dialect: str, memory_s: float,
                  memory_ms: int, insert: Callable[[sa.Table], Any],
                  epoch_sql: Callable[[sa.Connection], sa.ColumnElement],
-                 epoch_text: Callable[[sa.Connection, Any], str]) -> None:
+                 epoch_text: Callable[[sa.Connection, Any], str],
+                 tables_sql: Callable[[sa.Connection], sa.ColumnElement]) -> None:
         self.namespace = namespace
         self.kind = kind
         self.safe_url = safe_url
@@ -89,6 +97,7 @@ class SQLMemory:
         self._insert = insert
         self._epoch_sql = epoch_sql
         self._epoch_text = epoch_text
+        self._tables_sql = tables_sql
 
     def server_epoch(self, conn: sa.Connection) -> str:
         """The server's epoch now, as :meth:`note_store` records it (PostgreSQL: system
@@ -100,8 +109,10 @@ class SQLMemory:
         statement, and bring it up to date (docs/design.md "Amnesia"):
 
         * no row (a new or wiped store): noted now, with this epoch and this ``memory``;
-        * another epoch (PostgreSQL: a promotion, a restored or replaced server): the store-wide
-          memory start becomes now, so every entry refuses the slots before now + tolerance;
+        * another epoch (PostgreSQL: a promotion, a restored or replaced server), or other
+          tables (PostgreSQL: re-created, as by ``pg_restore --clean``, or another database): the
+          store-wide memory start becomes now, so every entry refuses the slots before now +
+          tolerance; a row without tables (written by an earlier version) only records them;
         * another ``memory``: replaced when the recorded one was last used more than the new
           memory + 2 x LATENESS_TOLERANCE_MS ago, else :attr:`StoreNote.conflict`;
         * ``claiming``: the recorded memory's last use becomes now (at most every second).
@@ -114,31 +125,42 @@ class SQLMemory:
         clock = schema.clock_ms(self.dialect)
         one = sa.select(sa.literal(1).label("one")).subquery()
         row = conn.execute(
-            sa.select(clock.label("now"), self._epoch_sql(conn).label("epoch_now"), st.c.born_ms,
-                      st.c.epoch, st.c.prev_epoch, st.c.memory_ms, st.c.memory_used_ms)
+            sa.select(clock.label("now"), self._epoch_sql(conn).label("epoch_now"),
+                      self._tables_sql(conn).label("tables_now"), st.c.born_ms, st.c.epoch,
+                      st.c.prev_epoch, st.c.memory_ms, st.c.memory_used_ms, st.c.tables)
             .select_from(one.outerjoin(st, st.c.namespace == ns))).one()
         now, epoch = int(row.now), self._epoch_text(conn, row.epoch_now)
+        tables = row.tables_now or None
 
         def reread():
             return conn.execute(sa.select(st).where(st.c.namespace == ns)).one()
         if row.born_ms is None:
             conn.execute(self._insert(st).values(
                 namespace=ns, born_ms=clock, epoch=epoch, prev_epoch="", memory_ms=self.memory_ms,
-                memory_used_ms=clock).on_conflict_do_nothing(index_elements=("namespace",)))
+                memory_used_ms=clock, tables=tables).on_conflict_do_nothing(index_elements=("namespace",)))
             row = reread()
-        if row.epoch != epoch:
-            changed = conn.execute(sa.update(st).where(st.c.namespace == ns, st.c.epoch == row.epoch)
-                                   .values(born_ms=clock, epoch=epoch, prev_epoch=row.epoch)).rowcount
+        if row.epoch != epoch or (row.tables and tables and row.tables != tables):
+            changed = conn.execute(sa.update(st).where(
+                st.c.namespace == ns, st.c.epoch == row.epoch,
+                st.c.tables.is_(None) if row.tables is None else st.c.tables == row.tables,
+            ).values(born_ms=clock, epoch=epoch, prev_epoch=_full(row.epoch, row.tables),
+                     tables=tables)).rowcount
             if changed:
                 log.warning("%s store %s: the server's epoch changed from %r to %r (a promoted "
-                            "standby, a restored or replaced server): it may have lost the newest "
-                            "claims; the store's memory begins again now, and the runs of the next "
-                            "%d s are refused as forgotten", self.kind, self.safe_url, row.epoch,
-                            epoch, _TOL // 1000)
+                            "standby, a restored or replaced server, tables re-created by a restore "
+                            "or another database): it may have lost the newest claims; the store's "
+                            "memory begins again now, and the runs of the next %d s are refused as "
+                            "forgotten", self.kind, self.safe_url, _full(row.epoch, row.tables),
+                            _full(epoch, tables), _TOL // 1000)
+            row = reread()
+        elif tables and not row.tables:     # noted by an earlier version: nothing to compare with
+            conn.execute(sa.update(st).where(st.c.namespace == ns, st.c.tables.is_(None))
+                         .values(tables=tables))
             row = reread()
         detail = ""
         if row.prev_epoch:
-            detail = f" (the server's epoch changed from {row.prev_epoch!r} to {row.epoch!r})"
+            detail = (f" (the server's epoch changed from {row.prev_epoch!r} to "
+                      f"{_full(row.epoch, row.tables)!r})")
         conflict = None
         if row.memory_ms != self.memory_ms:
             idle = now - row.memory_used_ms

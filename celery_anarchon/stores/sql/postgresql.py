@@ -23,12 +23,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects import postgresql
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon._util import mask_url
 from celery_anarchon.stores.sql import options as sql_options
 from celery_anarchon.stores.sql.connection import SQLConnection, parse_url
 from celery_anarchon.stores.sql.options import POSTGRESQL_OPTIONS
+from celery_anarchon.stores.sql.schema import MEMORY_TABLES, stores
 from celery_anarchon.stores.sql.store import SQLStore
 
 log = logging.getLogger(__name__)
@@ -217,6 +219,10 @@ class PostgreSQLConnection(SQLConnection):
             except psycopg.Error:          # EXECUTE revoked: the epoch is the timeline alone
                 record.info["anarchon_sysid"] = None
             dbapi_conn.rollback()
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SELECT oid::text FROM pg_database WHERE datname = current_database()")
+                record.info["anarchon_database"] = cur.fetchone()[0]
+            dbapi_conn.rollback()
         return engine
 
     # -- epoch and durability ---------------------------------------------------------------
@@ -227,6 +233,17 @@ class PostgreSQLConnection(SQLConnection):
         sysid = conn.info.get("anarchon_sysid")
         timeline = int(value, 16)
         return f"system {sysid} timeline {timeline}" if sysid else f"timeline {timeline}"
+
+    def tables_sql(self, conn: sa.Connection) -> sa.ColumnElement:
+        """``database <oid> tables <oid> ...``: the OIDs of the database (read once per connection)
+        and of the store's memory tables and ``anarchon_stores`` as the statements' search_path
+        finds them (``to_regclass``, in the order of their names). A table dropped and re-created
+        (``pg_restore --clean``, a lost table) or a copy of the database has others; VACUUM FULL,
+        CLUSTER and TRUNCATE do not change them."""
+        oids = [sa.cast(sa.func.to_regclass(sa.literal(name)), postgresql.OID)
+                for name in sorted(MEMORY_TABLES | {stores.name})]
+        return sa.func.concat(sa.literal(f"database {conn.info.get('anarchon_database')} tables "),
+                              sa.func.concat_ws(" ", *oids))
 
     def _start_write(self, conn: sa.Connection, durable: bool) -> None:
         if not durable or self.durability == "local":

@@ -197,11 +197,12 @@ stores = sa.Table(
     sa.Column("prev_epoch", _TEXT, nullable=False),      # the epoch before the last change ("")
     sa.Column("memory_ms", _MS, nullable=False),         # the recorded memory setting
     sa.Column("memory_used_ms", _MS, nullable=False),    # last claim made with it (1 s steps)
+    sa.Column("tables", _TEXT, nullable=True),           # the tables' OIDs it was noted under
 )
 
 #: columns added after a table's first release: (table, column, SQL type), added when missing
 _ADDED_COLUMNS = (("anarchon_runs", "prev_token", "BIGINT"), ("anarchon_runs", "requested", "INTEGER"),
-                  ("anarchon_history", "earlier", "TEXT"),
+                  ("anarchon_history", "earlier", "TEXT"), ("anarchon_stores", "tables", "TEXT"),
                   ("anarchon_schedule_versions", "epoch", "TEXT"),
                   ("anarchon_schedule_versions", "epoch_ms", "BIGINT"),
                   ("anarchon_schedule_versions", "server_epoch", "TEXT"),

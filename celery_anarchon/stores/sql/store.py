@@ -116,7 +116,8 @@ class SQLStore(ClaimStore):
         #: the store-wide note and the entries' fences
         self._memory = SQLMemory(namespace=ns, kind=self.kind, safe_url=self.safe_url,
                                  dialect=dialect, memory_s=self.memory_s, memory_ms=self.memory_ms,
-                                 insert=c.insert, epoch_sql=c.epoch_sql, epoch_text=c.epoch_text)
+                                 insert=c.insert, epoch_sql=c.epoch_sql, epoch_text=c.epoch_text,
+                                 tables_sql=c.tables_sql)
         note, lock, fences = (self._memory.note_store, self._memory.lock_entries,
                               self._memory.save_fences)
         #: the history of runs and the texts of definitions

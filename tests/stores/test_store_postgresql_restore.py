@@ -1,0 +1,98 @@
+"""A logical backup (``pg_dump``) restored into the same PostgreSQL server lacks the claims won
+after the dump, on the same system identifier and timeline: the re-created tables (new OIDs) are
+a new epoch, so those runs are refused as forgotten, never won again (docs/design.md "Amnesia":
+epoch; docs/stores.md "PostgreSQL"). Each test uses a database of its own on the shared server
+(ANARCHON_TEST_POSTGRES_URL), dropped at the end."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from celery_anarchon.stores import open_store
+from celery_anarchon.stores.base import Outcome
+
+from conftest import POSTGRES_URL
+from ha_support import need
+from helpers import prepared
+from claim_helpers import after_memory_restart, fresh_slot, req
+from stores_support import new_tmpdir
+
+#: seconds pg_dump / pg_restore may take on a small database
+TOOL_TIMEOUT_S = 60
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    need(path is not None, f"{name} is not on this host (the PostgreSQL client tools)")
+    return path
+
+
+def _run(*args: str) -> None:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    assert done.returncode == 0, (args[0], done.stdout, done.stderr)
+
+
+@pytest.fixture
+def own_database():
+    """A database of its own on the shared server: its libpq URL (dropped afterwards)."""
+    name = "anarchon_restore_" + uuid.uuid4().hex[:10]
+    admin = sa.create_engine(sa.make_url(POSTGRES_URL).set(drivername="postgresql+psycopg"),
+                             isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    try:
+        yield sa.make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+@pytest.fixture
+def dump_path():
+    folder = new_tmpdir()
+    yield os.path.join(folder, "claims.dump")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _claim(store, entry, slot):
+    return store.claim([req(entry, slot)])[0]
+
+
+def test_dump_restored_clean_into_the_same_server_never_rewins_a_run(own_database, dump_path,
+                                                                     namespace):
+    """A wins a run, the database is dumped (pg_dump -Fc), A wins another run, then the dump is
+    restored with --clean (tables dropped and re-created) into the same database. B's claim of
+    the run won after the dump is refused (forgotten, naming the epoch change); the run in the
+    dump stays won by A; runs after the new memory start are won as usual."""
+    pg_dump, pg_restore = _tool("pg_dump"), _tool("pg_restore")
+    a = open_store(own_database, namespace=namespace, instance_id="A")
+    b = None
+    try:
+        prepared(a)
+        kept = fresh_slot(a)
+        assert _claim(a, "e", kept).outcome is Outcome.WON
+        _run(pg_dump, "-Fc", "-f", dump_path, own_database)
+        lost = kept + 1
+        assert _claim(a, "e", lost).outcome is Outcome.WON
+        assert _claim(a, "f", lost).outcome is Outcome.WON
+        a.close()
+        _run(pg_restore, "--clean", "-d", own_database, dump_path)
+
+        b = open_store(own_database, namespace=namespace, instance_id="B")
+        b.prepare(["e", "f"])
+        for entry in ("e", "f"):
+            again = _claim(b, entry, lost)
+            assert again.outcome is Outcome.FORGOTTEN, again
+            assert "tables" in again.detail, again
+        assert _claim(b, "e", kept).outcome is Outcome.OTHER_WON, "the dump's claim stays A's"
+        assert _claim(b, "e", after_memory_restart(b)).outcome is Outcome.WON
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
