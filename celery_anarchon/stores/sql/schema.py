@@ -17,9 +17,10 @@ integers derived from the store's clock in microseconds (docs/design.md "Words":
   marks the run of a run-now request (never superseded by a scheduled slot).
 * ``anarchon_definitions``: fingerprint -> the text of the entry definition it stands for.
 * ``anarchon_stores``: one row per namespace: the store-wide memory start (``born_ms``), the
-  server's epoch it was noted under (PostgreSQL: system identifier and timeline; SQLite: none),
-  the epoch before the last change, and the recorded ``memory`` with the last time a claim used
-  it (docs/design.md "Amnesia"). Never pruned.
+  server's epoch it was noted under (PostgreSQL: system identifier and timeline; SQLite: the
+  inode), the OIDs of the database and of the memory tables it was noted under (``tables``,
+  PostgreSQL; NULL before they were recorded), the epoch before the last change, and the recorded
+  ``memory`` with the last time a claim used it (docs/design.md "Amnesia"). Never pruned.
 
 The entry store (:mod:`celery_anarchon.stores.entry_store`, :mod:`.entries`):
 
