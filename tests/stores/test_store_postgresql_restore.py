@@ -96,3 +96,57 @@ def test_dump_restored_clean_into_the_same_server_never_rewins_a_run(own_databas
         a.close()
         if b is not None:
             b.close()
+
+
+def _tables(url: str) -> list[str]:
+    engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg"))
+    try:
+        with engine.connect() as conn:
+            return sorted(name for name in sa.inspect(conn).get_table_names()
+                          if name.startswith("anarchon_"))
+    finally:
+        engine.dispose()
+
+
+def _sql(url: str, *statements: str) -> None:
+    engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg"),
+                              isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            for statement in statements:
+                conn.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
+
+
+def test_tables_emptied_then_restored_data_only_never_rewin_a_run(own_database, dump_path,
+                                                                  namespace):
+    """The tables keep their OIDs when emptied by hand and filled again by ``pg_restore
+    --data-only``; the rows the restore wrote have another ``xmin`` than the transaction id the
+    store wrote into ``anarchon_restore_marks``: the run won after the dump is refused. VACUUM FULL
+    and CLUSTER (rows moved, same xmin, same OIDs) restart nothing."""
+    pg_dump, pg_restore = _tool("pg_dump"), _tool("pg_restore")
+    a = open_store(own_database, namespace=namespace, instance_id="A")
+    b = None
+    try:
+        prepared(a)
+        kept = fresh_slot(a)
+        assert _claim(a, "e", kept).outcome is Outcome.WON
+        _sql(own_database, "VACUUM FULL", "CLUSTER anarchon_claims USING anarchon_claims_pkey")
+        assert _claim(a, "e", kept + 1).outcome is Outcome.WON, "maintenance is no epoch change"
+        _run(pg_dump, "-Fc", "-f", dump_path, own_database)
+        lost = kept + 2
+        assert _claim(a, "e", lost).outcome is Outcome.WON
+        a.close()
+        _sql(own_database, f"TRUNCATE {', '.join(_tables(own_database))}")
+        _run(pg_restore, "--data-only", "-d", own_database, dump_path)
+
+        b = open_store(own_database, namespace=namespace, instance_id="B")
+        again = _claim(b, "e", lost)
+        assert again.outcome is Outcome.FORGOTTEN and "a restore" in again.detail, again
+        assert _claim(b, "e", kept).outcome is Outcome.OTHER_WON, "the dump's claim stays A's"
+        assert _claim(b, "e", after_memory_restart(b)).outcome is Outcome.WON
+    finally:
+        a.close()
+        if b is not None:
+            b.close()

@@ -27,7 +27,7 @@ LEASE = LeaseTerms(queue_timeout_ms=600_000)
 ENTRY_TABLES = ("anarchon_fingerprints", "anarchon_instances", "anarchon_run_requests",
                 "anarchon_schedule_entries", "anarchon_schedule_versions")
 #: the tables this version added: the older version lacks them in both cases
-NEW_TABLES = ("anarchon_request_memory",)
+NEW_TABLES = ("anarchon_request_memory", "anarchon_restore_marks")
 #: what a line of the upgrade says, and what a line of amnesia says
 UPGRADE_WORDS = "older version"
 AMNESIA_WORDS = "forgot its data"

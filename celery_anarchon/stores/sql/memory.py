@@ -67,6 +67,18 @@ class StoreNote:
     conflict: str | None = None
 
 
+#: transaction ids: ``xmin`` holds ``txid_current()`` modulo this (32 bits, without the epoch)
+_XIDS = 2 ** 32
+
+
+def _mark_columns() -> tuple[sa.ColumnElement, ...]:
+    """PostgreSQL: the namespace's ``anarchon_restore_marks`` row: the transaction id it holds
+    and the ``xmin`` of the row (the transaction that wrote it, or a restore's ``COPY``)."""
+    xmin = sa.literal_column(f"{schema.restore_marks.name}.xmin")
+    return (schema.restore_marks.c.xid.label("mark_xid"),
+            sa.cast(sa.cast(xmin, sa.Text), sa.BigInteger).label("mark_xmin"))
+
+
 def _full(epoch: str, tables: str | None) -> str:
     """The epoch as told: the server's epoch and, when recorded, its tables."""
     return f"{epoch} {tables}" if tables else epoch
@@ -120,17 +132,24 @@ class SQLMemory:
         Call it before locking any entry row (lock order). :raises ConfigError: never;
         conflicts are returned.
         """
-        st = schema.stores
+        st, mk = schema.stores, schema.restore_marks
         ns = self.namespace
         clock = schema.clock_ms(self.dialect)
         one = sa.select(sa.literal(1).label("one")).subquery()
+        joined = one.outerjoin(st, st.c.namespace == ns)
+        marks = self.dialect == "postgresql"
+        if marks:
+            joined = joined.outerjoin(mk, mk.c.namespace == ns)
         row = conn.execute(
             sa.select(clock.label("now"), self._epoch_sql(conn).label("epoch_now"),
                       self._tables_sql(conn).label("tables_now"), st.c.born_ms, st.c.epoch,
-                      st.c.prev_epoch, st.c.memory_ms, st.c.memory_used_ms, st.c.tables)
-            .select_from(one.outerjoin(st, st.c.namespace == ns))).one()
+                      st.c.prev_epoch, st.c.memory_ms, st.c.memory_used_ms, st.c.tables,
+                      *(_mark_columns() if marks else ()))
+            .select_from(joined)).one()
         now, epoch = int(row.now), self._epoch_text(conn, row.epoch_now)
         tables = row.tables_now or None
+        mark_xid, mark_xmin = (row.mark_xid, row.mark_xmin) if marks else (None, None)
+        rewritten = mark_xid is not None and int(mark_xmin) != mark_xid % _XIDS
 
         def reread():
             return conn.execute(sa.select(st).where(st.c.namespace == ns)).one()
@@ -139,24 +158,32 @@ class SQLMemory:
                 namespace=ns, born_ms=clock, epoch=epoch, prev_epoch="", memory_ms=self.memory_ms,
                 memory_used_ms=clock, tables=tables).on_conflict_do_nothing(index_elements=("namespace",)))
             row = reread()
-        if row.epoch != epoch or (row.tables and tables and row.tables != tables):
+        if row.epoch != epoch or (row.tables and tables and row.tables != tables) or rewritten:
+            prev = _full(row.epoch, row.tables)
+            if rewritten:
+                prev += f", its rows written again by transaction {mark_xmin} (a restore)"
             changed = conn.execute(sa.update(st).where(
-                st.c.namespace == ns, st.c.epoch == row.epoch,
+                st.c.namespace == ns, st.c.epoch == row.epoch, st.c.born_ms == row.born_ms,
                 st.c.tables.is_(None) if row.tables is None else st.c.tables == row.tables,
-            ).values(born_ms=clock, epoch=epoch, prev_epoch=_full(row.epoch, row.tables),
-                     tables=tables)).rowcount
+            ).values(born_ms=clock, epoch=epoch, prev_epoch=prev, tables=tables)).rowcount
+            if changed and marks:
+                conn.execute(sa.update(mk).where(mk.c.namespace == ns)
+                             .values(xid=sa.func.txid_current()))
             if changed:
                 log.warning("%s store %s: the server's epoch changed from %r to %r (a promoted "
                             "standby, a restored or replaced server, tables re-created by a restore "
                             "or another database): it may have lost the newest claims; the store's "
                             "memory begins again now, and the runs of the next %d s are refused as "
-                            "forgotten", self.kind, self.safe_url, _full(row.epoch, row.tables),
-                            _full(epoch, tables), _TOL // 1000)
+                            "forgotten", self.kind, self.safe_url, prev, _full(epoch, tables),
+                            _TOL // 1000)
             row = reread()
         elif tables and not row.tables:     # noted by an earlier version: nothing to compare with
             conn.execute(sa.update(st).where(st.c.namespace == ns, st.c.tables.is_(None))
                          .values(tables=tables))
             row = reread()
+        if marks and mark_xid is None:  # new, or noted by an earlier version: marked from now on
+            conn.execute(self._insert(mk).values(namespace=ns, xid=sa.func.txid_current())
+                         .on_conflict_do_nothing(index_elements=("namespace",)))
         detail = ""
         if row.prev_epoch:
             detail = (f" (the server's epoch changed from {row.prev_epoch!r} to "

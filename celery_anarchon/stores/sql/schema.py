@@ -21,6 +21,10 @@ integers derived from the store's clock in microseconds (docs/design.md "Words":
   inode), the OIDs of the database and of the memory tables it was noted under (``tables``,
   PostgreSQL; NULL before they were recorded), the epoch before the last change, and the recorded
   ``memory`` with the last time a claim used it (docs/design.md "Amnesia"). Never pruned.
+* ``anarchon_restore_marks`` (PostgreSQL): one row per namespace, holding the id of the
+  transaction that wrote it (``txid_current()``): a row put back by a restore (``COPY``) has
+  another ``xmin``, so restored rows are seen even in tables that kept their OIDs
+  (docs/design.md "Amnesia"). Written only by this version and later; never pruned.
 
 The entry store (:mod:`celery_anarchon.stores.entry_store`, :mod:`.entries`):
 
@@ -201,6 +205,12 @@ stores = sa.Table(
     sa.Column("tables", _TEXT, nullable=True),           # the tables' OIDs it was noted under
 )
 
+restore_marks = sa.Table(
+    "anarchon_restore_marks", metadata,
+    sa.Column("namespace", _TEXT, primary_key=True),
+    sa.Column("xid", _MS, nullable=False),               # txid_current() of the writing transaction
+)
+
 #: columns added after a table's first release: (table, column, SQL type), added when missing
 _ADDED_COLUMNS = (("anarchon_runs", "prev_token", "BIGINT"), ("anarchon_runs", "requested", "INTEGER"),
                   ("anarchon_history", "earlier", "TEXT"), ("anarchon_stores", "tables", "TEXT"),
@@ -214,7 +224,7 @@ _ADDED_COLUMNS = (("anarchon_runs", "prev_token", "BIGINT"), ("anarchon_runs", "
 #: missing beside existing ones was lost (docs/design.md "Amnesia")
 _ADDED_TABLES = (frozenset({"anarchon_schedule_entries", "anarchon_schedule_versions",
                             "anarchon_run_requests", "anarchon_instances", "anarchon_fingerprints"}),
-                 frozenset({"anarchon_request_memory"}))
+                 frozenset({"anarchon_request_memory"}), frozenset({"anarchon_restore_marks"}))
 #: the tables of the store's memory of claimed runs: losing one restarts the memory
 MEMORY_TABLES = frozenset({"anarchon_entries", "anarchon_claims", "anarchon_runs"})
 
