@@ -1,8 +1,9 @@
 """A logical backup (``pg_dump``) restored into the same PostgreSQL server lacks the claims won
 after the dump, on the same system identifier and timeline: the re-created tables (new OIDs) are
-a new epoch, so those runs are refused as forgotten, never won again (docs/design.md "Amnesia":
-epoch; docs/stores.md "PostgreSQL"). Each test uses a database of its own on the shared server
-(ANARCHON_TEST_POSTGRES_URL), dropped at the end."""
+a new epoch, and so are rows put back by a data-only restore into tables that kept them (the
+``xmin`` of ``anarchon_restore_marks``): those runs are refused as forgotten, never won again
+(docs/design.md "Amnesia": epoch; docs/stores.md "PostgreSQL", "Restores"). Each test uses a
+database of its own on the shared server (ANARCHON_TEST_POSTGRES_URL), dropped at the end."""
 from __future__ import annotations
 
 import os

@@ -66,6 +66,10 @@ class PostgreSQLStore(SQLStore):
     connection) and the timeline of the current WAL file (``pg_walfile_name(pg_current_wal_lsn())``,
     which follows a promotion at once, unlike ``pg_control_checkpoint()``), read inside every
     claim and lease operation. Both functions are executable by PUBLIC on PostgreSQL 10 to 17.
+    With them, in the same statement: the OIDs of the database and of the memory tables
+    (:meth:`PostgreSQLConnection.tables_sql`: tables re-created by ``pg_restore --clean``) and the
+    ``xmin`` of the namespace's ``anarchon_restore_marks`` row against the transaction id written
+    into it (rows put back by a data-only restore); see docs/stores.md "PostgreSQL", "Restores".
 
     :raises ConfigError: psycopg is not installed, the URL is not a PostgreSQL URL, or
         ``durability`` / ``confirm_timeout`` is invalid (naming the value and the choices).

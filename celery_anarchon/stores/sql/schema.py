@@ -24,7 +24,7 @@ integers derived from the store's clock in microseconds (docs/design.md "Words":
 * ``anarchon_restore_marks`` (PostgreSQL): one row per namespace, holding the id of the
   transaction that wrote it (``txid_current()``): a row put back by a restore (``COPY``) has
   another ``xmin``, so restored rows are seen even in tables that kept their OIDs
-  (docs/design.md "Amnesia"). Written only by this version and later; never pruned.
+  (docs/stores.md "Restores"). Written only by this version and later; never pruned.
 
 The entry store (:mod:`celery_anarchon.stores.entry_store`, :mod:`.entries`):
 
