@@ -43,7 +43,8 @@ class Once:
     entry's window ends at ``at`` too, so no part ever asks it for a slot past it.
 
     :param entry: the entry's name (in :class:`SlotsEnded`).
-    :param at: the instant, aware.
+    :param at: the instant, aware, in whole milliseconds (the slot; a finer one would be
+        rounded up past the window's ``end_at``).
     """
 
     def __init__(self, entry: str, at: datetime.datetime) -> None:
@@ -218,11 +219,16 @@ def row_entry(row, *, app, scheduled_only: bool = True) -> RowEntry | None:
 
 
 def _once_at(row, schedule, app, anchor, start: datetime.datetime | None) -> datetime.datetime:
-    """The instant of a row's one run: its clocked time (not before ``start_time``), or its
-    schedule's first slot at or after its start (``start_time``, else its last save)."""
+    """The instant of a row's one run, in whole milliseconds (a slot's unit: docs/design.md
+    "Words"): its clocked time (not before ``start_time``), rounded down as every instant is
+    made a slot (:func:`~celery_anarchon.schedule.slots.datetime_to_ms`; the import of the row
+    cuts it so too), or its schedule's first slot at or after its start (``start_time``, else
+    its last save). Whole, the slot is the window's ``end_at``: one with sub-millisecond digits
+    would come after it (the run never sent)."""
     if row.clocked_id is not None:
         at = aware(row.clocked.clocked_time)
-        return at if start is None or start <= at else start
+        at = at if start is None or start <= at else start
+        return ms_to_datetime(datetime_to_ms(at))
     since = aware(row.date_changed) or datetime.datetime.now(datetime.timezone.utc)
     if start is not None and start > since:
         since = start

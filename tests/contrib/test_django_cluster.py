@@ -3,7 +3,7 @@ on a SQLite store (a temp dir), the sandbox's Redis as the broker, and django-ce
 in the test process's migrated SQLite database (tests/support/django_project.py), written through
 the ORM while the beats run: a row created, edited, disabled and deleted, a one-off row and a
 clocked row. Every run is sent exactly once; the one-off and the clocked row run once (the
-clocked one at its instant); each row's total_run_count is the number of its runs sent, not
+clocked one at its instant, microseconds cut to its whole millisecond); each row's total_run_count is the number of its runs sent, not
 three times it, and last_run_at is set by those sends; the instances reading an edit a poll
 apart log no disagreement.
 
@@ -65,8 +65,10 @@ def test_rows_changed_through_the_orm_run_exactly_once_on_three_beats(rows, tmp_
         PeriodicTask.objects.create(name="added", task=task, interval=every(1),
                                     kwargs='{"n": 1}')
         PeriodicTask.objects.create(name="once", task=task, interval=every(3), one_off=True)
-        clocked_ms = (math.ceil(time.time()) + 5) * 1000
-        at = datetime.datetime.fromtimestamp(clocked_ms / 1000, datetime.timezone.utc)
+        # with microseconds, as timezone.now() + timedelta(...) gives: its slot is the whole ms
+        clocked_ms = (math.ceil(time.time()) + 5) * 1000 + 123
+        at = datetime.datetime.fromtimestamp(clocked_ms // 1000, datetime.timezone.utc).replace(
+            microsecond=123_456)
         PeriodicTask.objects.create(name="clocked", task=task, one_off=True,
                                     clocked=ClockedSchedule.objects.create(clocked_time=at))
         all_read_again()

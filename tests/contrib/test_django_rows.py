@@ -130,6 +130,20 @@ def test_a_clocked_row_has_one_slot_its_instant(rows):
         slots.next_after(ms(at))
 
 
+@pytest.mark.parametrize("microsecond", [123_456, 999_999, 1])
+def test_a_clocked_time_with_microseconds_has_its_slot_in_whole_ms_rounded_down(rows,
+                                                                                microsecond):
+    at = datetime.datetime(2026, 12, 5, 12, 31, 15, microsecond, tzinfo=UTC)
+    clocked = ClockedSchedule.objects.create(clocked_time=at)
+    PeriodicTask.objects.create(name="clk-us", task=TASK, clocked=clocked, one_off=True)
+    slots = row_plans().built["clk-us"].slots
+    slot = ms(at)                                   # rounded down, as the import cuts it
+    assert slots.next_after(slot - 60_000) == slot
+    assert slots.next_after(slot - 1) == slot
+    with pytest.raises(SlotsEnded):
+        slots.next_after(slot)
+
+
 def test_a_one_off_row_runs_at_its_schedules_first_slot_after_its_last_save(rows):
     row = PeriodicTask.objects.create(name="first", task=TASK, interval=every(10), one_off=True)
     slots = row_plans().built["first"].slots
