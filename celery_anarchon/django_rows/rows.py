@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import unicodedata
 from typing import Any
 
 from django.db.models import F
@@ -90,6 +91,37 @@ class RowEntry(ModelEntry):
 def where(row) -> str:
     """How a row is named in an error: its name and id."""
     return f"django-celery-beat PeriodicTask {row.name!r} (id {row.pk})"
+
+
+def _escaped(row) -> str:
+    """:func:`where` with the name's non-ASCII characters escaped (``'caf\\xe9'``,
+    ``'cafe\\u0301'``): two names equal once normalized look different."""
+    return f"django-celery-beat PeriodicTask {ascii(row.name)} (id {row.pk})"
+
+
+def name_refusal(row, rows) -> str | None:
+    """Why a row whose name is not in Unicode NFC is left out, or ``None`` (it is). Every
+    boundary normalizes an entry's name to NFC (:func:`celery_anarchon.limits.entry_name`), so
+    the admin's pause and run now of this row would reach the entry of the NFC name, not this
+    one; a row never runs under a name other than its own.
+
+    :param rows: the rows read with it: one whose name equals this one's once normalized is
+        named too (both escaped, with their ids), and the fix is to rename one of them.
+    :returns: the error, naming the row (escaped), its id and the fix: rename it in the admin.
+    """
+    nfc = unicodedata.normalize("NFC", row.name)
+    if nfc == row.name:
+        return None
+    twins = [other for other in rows if other.pk != row.pk
+             and unicodedata.normalize("NFC", other.name) == nfc]
+    if twins:
+        return (f"{_escaped(row)} is left out: its name and that of "
+                f"{', '.join(_escaped(other) for other in twins)} are equal once normalized to "
+                "Unicode NFC (as every entry name is: a pause or a run now of either would reach "
+                "the same entry); fix: rename one of them in the admin")
+    return (f"{_escaped(row)} is left out: its name is not in Unicode NFC (normalization form "
+            "C), to which every entry name is normalized: the admin's pause and run now would "
+            f"not reach it; fix: rename it in the admin, e.g. to {ascii(nfc)}")
 
 
 #: where a row keeps what an entry of ``beat_schedule`` gives in ``options["anarchon"]``

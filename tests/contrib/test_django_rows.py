@@ -211,6 +211,27 @@ def test_a_row_our_rules_refuse_is_left_out_and_the_others_run(rows, caplog, fie
         f"anarchon: {error} (the others run)"]
 
 
+def test_two_rows_whose_names_are_equal_once_normalized_are_named_apart(rows, caplog):
+    composed = PeriodicTask.objects.create(name="caf\u00e9", task=TASK, interval=every(10))
+    decomposed = PeriodicTask.objects.create(name="cafe\u0301", task=TASK, interval=every(10))
+    with caplog.at_level(logging.ERROR, logger="celery_anarchon.contrib.django_celery_beat"):
+        plans = row_plans()
+    assert set(plans.built) == {"caf\u00e9"}     # the name the admin's pause and run now reach
+    error = plans.refused["cafe\u0301"]
+    assert f"PeriodicTask 'cafe\\u0301' (id {decomposed.pk}) is left out" in error
+    assert f"PeriodicTask 'caf\\xe9' (id {composed.pk})" in error
+    assert "equal once normalized" in error and "rename one of them in the admin" in error
+    assert "store entry" not in error and "celery anarchon remove" not in error
+    assert error in caplog.text
+
+
+def test_a_row_whose_name_is_not_normalized_is_left_out_with_a_rename_fix(rows):
+    lone = PeriodicTask.objects.create(name="cafe\u0301", task=TASK, interval=every(10))
+    error = row_plans().refused["cafe\u0301"]
+    assert f"PeriodicTask 'cafe\\u0301' (id {lone.pk}) is left out" in error
+    assert "rename it in the admin" in error and "store entry" not in error
+
+
 def test_a_crontab_step_larger_than_its_field_is_refused_by_name(rows):
     cron = CrontabSchedule.objects.create(minute="*/120")
     bad = PeriodicTask.objects.create(name="bad", task=TASK, crontab=cron)

@@ -132,12 +132,17 @@ class RowPlans(EntryPlans):
         return True
 
     def _build_rows(self, rows: list) -> dict[str, EntryPlan]:
-        from celery_anarchon.django_rows.rows import row_entry, row_fix, where
+        from celery_anarchon.django_rows.rows import name_refusal, row_entry, row_fix, where
         plans, refused, known = {}, {}, {}
         for row in rows:
             if row.name in self._config:
                 logger.warning("anarchon: %s is left out: beat_schedule has an entry of that name,"
                                " which runs instead; fix: delete the row or rename it", where(row))
+                continue
+            unnormalized = name_refusal(row, rows)
+            if unnormalized is not None:
+                refused[row.name] = unnormalized
+                logger.error("anarchon: %s (the others run)", unnormalized)
                 continue
             try:
                 entry = row_entry(row, app=self.app)
