@@ -72,6 +72,10 @@ class EntryPlan:
     :param since_ms: a store entry's: the store's clock when its definition was written (its
         ``add`` or last ``update``), UTC ms; ``None`` for a ``beat_schedule`` entry. A catch-up
         reaches back no further (:meth:`~celery_anarchon.beat.engine.due.DueRuns.seed`).
+    :param held: its runs are never claimed (nor sent): an entry kept only so that the pause
+        that holds it records each of its slots, as a paused entry's claim does (a
+        django-celery-beat row disabled and paused in the store); the engine answers each due
+        run paused while it sees the entry's pause, and drops it unrecorded otherwise.
     """
 
     name: str
@@ -82,6 +86,7 @@ class EntryPlan:
     fingerprint: str
     definition: str
     since_ms: int | None = None
+    held: bool = False
 
     @property
     def jitter_ms(self) -> int:

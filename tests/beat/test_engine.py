@@ -857,6 +857,32 @@ def test_a_paused_entry_is_skipped_at_info_once_and_its_slot_not_claimed_after_r
     assert skip.endswith("skipped: the entry is paused (paused by ops: maintenance)")
 
 
+def test_a_held_plans_runs_are_never_claimed_and_recorded_paused_while_the_pause_holds(
+        sqlite_url, namespace, harnesses):
+    """A held plan (a django-celery-beat row disabled and paused: EntryPlan.held) records each
+    slot its pause holds, as a paused entry's claim does, and claims none: resumed while held,
+    its slots are neither sent nor recorded."""
+    h = make(harnesses, sqlite_url, namespace, {"e": (2, {"jitter": 0, "max_late": 10})}, sync_s=1)
+    h.engine.update_plans({"e": dataclasses.replace(h.plans["e"], held=True)})
+    batches = _recording_claims(h)
+    start = h.pin(2, after_s=0.5) * 1000
+    h.store.entries.set_pause("e", Pause("disabled in django-celery-beat", "ops", 0), by="ops")
+    h.sync()
+    for _ in range(2):
+        h.advance(2)
+        h.engine.tick()
+    held = h.history("e")
+    assert sorted(held) == [start, start + 2000, start + 4000], held
+    assert {(r.event, r.detail) for r in held.values()} == {
+        (RunEvent.PAUSED, "paused by ops: disabled in django-celery-beat")}
+    h.store.entries.set_pause("e", None, by="ops")
+    h.sync()
+    h.advance(2)
+    h.engine.tick()
+    assert batches == [] and h.sent == []
+    assert sorted(h.history("e")) == [start, start + 2000, start + 4000]
+
+
 def test_a_run_now_request_is_claimed_at_once_and_sent_once(sqlite_url, namespace, harnesses,
                                                            caplog):
     anchor = int(time.time() + 1800) % 3600       # the scheduled slots are half an hour away

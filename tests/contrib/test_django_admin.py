@@ -185,6 +185,32 @@ def test_a_row_runs_only_while_enabled_and_not_paused(admin_client, app):
     assert not PeriodicTask.objects.get(name="b").enabled
 
 
+def test_a_row_disabled_in_the_admin_is_held_so_its_pause_records_each_slot(admin_client,
+                                                                              app):
+    """A row the admin disabled (paused, then disabled) stays among the plans as held: its
+    runs are never claimed, and each slot its pause holds is recorded paused (the engine:
+    EntryPlan.held). A row disabled without a pause (a bulk update) is left out, as before;
+    resumed while disabled, a held row is left out at the next read."""
+    a, b, c = make_rows("a", "b", "c")
+    act(admin_client, "disable_tasks", [a])
+    PeriodicTask.objects.filter(name="b").update(enabled=False)     # no signal: not paused
+    store = open_store(app.conf.anarchon_store_url, namespace="proj", instance_id="i", options={})
+    try:
+        plans = RowPlans(app, Settings.from_app(app), store, BeatEntry)
+        plans.of_schedule({})
+        plans.of_store(store.entries.load_entries())    # the engine's sync, after the first read
+        built = plans._poll(force=True) and plans._rows
+        assert sorted(built) == ["a", "c"]
+        assert built["a"].held and not built["c"].held
+        assert "a" in plans.row_names and "a" not in plans.refused
+        with schedules(app) as s:
+            s.resume("a")                                           # resumed, still disabled
+        plans.of_store(store.entries.load_entries())
+        assert plans._poll(force=True) and sorted(plans._rows) == ["c"]
+    finally:
+        store.close()
+
+
 def test_without_our_scheduler_the_admin_is_django_celery_beats(admin_client, app):
     """A project whose app still runs django-celery-beat's scheduler (the first step of a
     rolling switch): the actions and saves write nothing to a store."""

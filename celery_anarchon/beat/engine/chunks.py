@@ -95,6 +95,7 @@ class ClaimChunks:
         for request in requests:
             unique.setdefault(request.run, request)
         requests = self._refuse_kept_pauses(list(unique.values()), plans, config_plans)
+        requests = self._answer_held(requests, plans, config_plans)
         try:
             requests = self._drop_decided_slots(requests, plans)
         except StoreError as exc:
@@ -138,6 +139,33 @@ class ClaimChunks:
                 rest.append(request)
                 continue
             self.claims.answered(request.run)
+            self.notes.add(request.entry, request.slot_ms, RunEvent.PAUSED, detail=detail,
+                           task_id=request.task_id)
+            self._on_result(ClaimResult(request, Outcome.PAUSED, detail=detail), plans,
+                            config_plans)
+        return rest
+
+    def _answer_held(self, requests: list[ClaimRequest], plans: dict[str, EntryPlan],
+                     config_plans: dict[str, EntryPlan]) -> list[ClaimRequest]:
+        """The requests to claim: a run of a held plan (:attr:`EntryPlan.held`) is never
+        claimed. While this instance's sync sees the entry's pause, it is answered paused here,
+        logged, counted and recorded in the history with the pause's detail, as the store's claim
+        answers a paused entry's run (several instances write the same run's record); else it
+        is dropped unrecorded (resumed, the entry is still held elsewhere: a disabled row)."""
+        if not any(plans[r.entry].held for r in requests if r.entry in plans):
+            return requests
+        rest = []
+        for request in requests:
+            plan = plans.get(request.entry)
+            if plan is None or not plan.held:
+                rest.append(request)
+                continue
+            self.claims.answered(request.run)
+            pause = self.sync.pause_of(request.entry) if self.sync is not None else None
+            if pause is None:
+                self.due.claimed(request.entry, request.slot_ms)
+                continue
+            detail = pause.describe()
             self.notes.add(request.entry, request.slot_ms, RunEvent.PAUSED, detail=detail,
                            task_id=request.task_id)
             self._on_result(ClaimResult(request, Outcome.PAUSED, detail=detail), plans,

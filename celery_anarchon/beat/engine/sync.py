@@ -159,6 +159,10 @@ class EntrySync:
         keeps the pause from before the store lost it)."""
         return name in self._pauses or self.pause_detail(name) is not None
 
+    def pause_of(self, name: str) -> Pause | None:
+        """Entry ``name``'s pause as this instance last synced the store, or ``None``."""
+        return self._pauses.get(name)
+
     def pause_detail(self, name: str) -> str | None:
         """The history detail of a run of ``name`` this instance refuses because it keeps the
         entry's pause from before the store lost it, or ``None`` (:meth:`.KeptEntries.pause_detail`)."""

@@ -9,6 +9,7 @@ django-celery-beat's ``DatabaseScheduler`` does (``close_old_connections``).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -49,6 +50,12 @@ class RowPlans(EntryPlans):
     copies ``beat_schedule`` into rows of the same names): the row is left out, with a warning.
     A row our rules refuse is left out with an error naming it, its id and the fix; the others
     run (:attr:`refused` holds the errors, by row name).
+
+    A disabled row whose name is paused in the store (the admin pauses a row before it disables
+    it) is kept as a held plan (:attr:`~celery_anarchon.schedule.plan.EntryPlan.held`): never
+    claimed, each slot its pause holds recorded ``paused``, as a paused entry's are. The paused
+    names come from the engine's sync (:meth:`of_store`); when they change, the rows are read
+    again at the next poll.
     """
 
     def __init__(self, app, settings, store, entry_cls) -> None:
@@ -65,6 +72,8 @@ class RowPlans(EntryPlans):
         self._read_at = 0.0                 #: monotonic: when the rows were last read
         #: the rows left out, by name: the error that refused each
         self.refused: dict[str, str] = {}
+        #: the names paused in the store, as the engine's last sync that loaded saw them
+        self._paused: frozenset[str] = frozenset()
 
     def of_schedule(self, schedule: dict) -> dict[str, EntryPlan]:
         """The plans of ``beat_schedule`` and of the rows (read now).
@@ -90,9 +99,18 @@ class RowPlans(EntryPlans):
             return None
         return {**self._rows, **self._config}
 
+    def of_store(self, snapshot) -> dict[str, EntryPlan]:
+        """:meth:`EntryPlans.of_store`, noting the names paused in the store: when they changed,
+        the rows are read again at the next poll (a disabled row is held while it is paused)."""
+        paused = frozenset(name for name, stored in snapshot.entries.items()
+                           if stored.pause is not None)
+        if paused != self._paused:
+            self._paused, self._again = paused, True
+        return super().of_store(snapshot)
+
     @property
     def row_names(self) -> frozenset[str]:
-        """The names of the rows scheduled now."""
+        """The names of the rows scheduled now (held ones too)."""
         return frozenset(self._rows)
 
     def next_poll_in(self) -> float:
@@ -119,6 +137,10 @@ class RowPlans(EntryPlans):
             if change == self._seen and not self._again and now - self._read_at < FULL_READ_S:
                 return False
             rows = list(PeriodicTask.objects.filter(enabled=True).select_related(*_FIELDS))
+            held = [name for name in PeriodicTask.objects.filter(enabled=False).values_list(
+                "name", flat=True) if name in self._paused] if self._paused else []
+            held_rows = list(PeriodicTask.objects.filter(enabled=False, name__in=held)
+                             .select_related(*_FIELDS)) if held else []
         except (DatabaseError, InterfaceError) as exc:
             logger.warning("anarchon: reading django-celery-beat's PeriodicTask rows failed (%s);"
                            " keeping the %d rows read before, trying again in %g s", exc,
@@ -127,6 +149,7 @@ class RowPlans(EntryPlans):
         self._again = change != self._seen
         self._seen, self._read_at = change, now
         self._rows = self._build_rows(rows)
+        self._rows.update(self._held_rows(held_rows))
         logger.info("anarchon: read %d django-celery-beat PeriodicTask rows: %d scheduled, %d "
                     "left out", len(rows), len(self._rows), len(self.refused))
         return True
@@ -157,6 +180,25 @@ class RowPlans(EntryPlans):
                 logger.error("anarchon: %s (the others run)", refused[row.name],
                              exc_info=not isinstance(exc, ConfigError))
         self.refused = refused
+        return plans
+
+
+    def _held_rows(self, rows: list) -> dict[str, EntryPlan]:
+        """The held plans of disabled rows paused in the store (a row whose name another entry
+        runs under, or that our rules refuse, is left out: it runs nowhere either)."""
+        from celery_anarchon.django_rows.rows import name_refusal, row_entry
+        plans, known = {}, {}
+        for row in rows:
+            if row.name in self._config or row.name in self._rows or name_refusal(row, rows):
+                continue
+            try:
+                entry = row_entry(row, app=self.app, scheduled_only=False)
+                plan = plans_mod.build_plan(row.name, entry, app=self.app,
+                                            settings=self.settings, store=self.store, known=known)
+            except Exception as exc:       # disabled: nothing to report but why it is not held
+                logger.debug("anarchon: disabled row %r is not held: %s", row.name, exc)
+                continue
+            plans[row.name] = dataclasses.replace(plan, held=True)
         return plans
 
 
