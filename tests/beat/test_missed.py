@@ -8,6 +8,7 @@ store's), and moving only their monotonic clock past the settle time.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -174,6 +175,17 @@ def test_a_paused_entry_is_not_checked(pause_url, namespace, harnesses):
     a.engine.tick()
     _settle(a)
     assert _missed(a) == {}
+
+
+def test_a_held_entry_is_not_checked(url, namespace, harnesses):
+    """A held plan (a disabled django-celery-beat row: EntryPlan.held) is run by nobody, paused
+    or not: its slots are no gap."""
+    _ran_until(url, namespace, _gap_before(40))
+    a = make(harnesses, url, namespace, ENTRY, instance="A")
+    a.engine.update_plans({"e": dataclasses.replace(a.plans["e"], held=True)})
+    a.engine.tick()
+    _settle(a)
+    assert _missed(a) == {} and a.sent == []
 
 
 def test_an_entry_a_settled_live_instance_runs_is_left_to_it(url, namespace, harnesses):

@@ -18,7 +18,7 @@ store's clock where it has one. Every slot of the entry's schedule (within its `
 recorded the span of (:func:`~celery_anarchon.stores.entry_store.pause_span_detail`: paused,
 though no beat ran to answer them). An entry with no run before this
 instance started has no gap (a new entry, or a store that forgot), and a paused entry is not
-checked.
+checked, nor a held one (:attr:`~celery_anarchon.schedule.plan.EntryPlan.held`: nobody runs it).
 
 **Bounded.** At most :data:`MAX_RECORDED` missed slots of an entry are recorded one by one per
 check, oldest first; past that, one more record at the next missed slot counts the rest
@@ -251,7 +251,8 @@ class GapCheck:
         now_ms = self.store.now_ms()
         now_ms = int(self.clock() * 1000) if now_ms is None else now_ms
         names = [name for name in self._unsettled(plans, config_plans, now_ms)
-                 if self.follow.sync is None or not self.follow.sync.paused(name)]
+                 if not plans[name].held     # held: nobody runs it (EntryPlan.held)
+                 and (self.follow.sync is None or not self.follow.sync.paused(name))]
         if not names:
             return []
         histories = self.store.history.read_many(names)
