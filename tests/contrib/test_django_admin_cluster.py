@@ -24,26 +24,37 @@ SLACK_S = 30.0
 BEATS = ("beat-a", "beat-b")
 
 
-def test_a_row_disabled_in_the_admin_is_sent_by_no_instance_from_then_on(rows, tmp_path,
-                                                                         namespace):
+def _cluster(rows, tmp_path, namespace, sync_s: float) -> tuple[RowCluster, PeriodicTask]:
+    """Two beats (not started yet), the rows "fast" and "steady" every second."""
     rig = RowCluster(rows, tmp_path, namespace, BEATS, ["fast", "steady"],
-                     ANARCHON_SC_SYNC_INTERVAL=str(SYNC_S))
-    run, cluster = rig.run, rig.cluster
+                     ANARCHON_SC_SYNC_INTERVAL=str(sync_s))
     every = IntervalSchedule.objects.create(every=1, period="seconds")
     fast = PeriodicTask.objects.create(name="fast", task=TASK, interval=every)
     PeriodicTask.objects.create(name="steady", task=TASK, interval=every)
-    client = admin_client()
+    return rig, fast
+
+
+def _disable(rig: RowCluster, row: PeriodicTask) -> int:
+    """The admin's "Disable" of ``row`` in the web process; returns when it returned, UTC ms."""
+    with web_app(rig.env):
+        response = admin_client().post(
+            reverse("admin:django_celery_beat_periodictask_changelist"),
+            {"action": "disable_tasks", "_selected_action": [row.pk]})
+    assert response.status_code == 302
+    return int(time.time() * 1000)
+
+
+def test_a_row_disabled_in_the_admin_is_sent_by_no_instance_from_then_on(rows, tmp_path,
+                                                                         namespace):
+    rig, fast = _cluster(rows, tmp_path, namespace, SYNC_S)
+    run, cluster = rig.run, rig.cluster
     try:
         rig.start()
         run.wait(lambda: len(run.runs("fast")) >= 2, SLACK_S, "two runs of fast")
         reads = {b: cluster.text(b).count(READ) for b in BEATS}
         run.phase("start")
 
-        with web_app(rig.env):
-            response = client.post(reverse("admin:django_celery_beat_periodictask_changelist"),
-                                   {"action": "disable_tasks", "_selected_action": [fast.pk]})
-        assert response.status_code == 302
-        returned_ms = int(time.time() * 1000)
+        returned_ms = _disable(rig, fast)
         run.wait(lambda: len([x for x in run.runs("steady") if x["slot"] > returned_ms + 3000]),
                  3 + SLACK_S, "three more runs of steady")
         run.phase("disabled")
@@ -64,22 +75,13 @@ def test_a_row_disabled_in_the_admin_is_sent_by_no_instance_from_then_on(rows, t
 
 def test_a_row_disabled_in_the_admin_records_each_slot_its_pause_holds(rows, tmp_path,
                                                                        namespace):
-    rig = RowCluster(rows, tmp_path, namespace, BEATS, ["fast", "steady"],
-                     ANARCHON_SC_SYNC_INTERVAL="1")
+    rig, fast = _cluster(rows, tmp_path, namespace, 1.0)
     run, cluster = rig.run, rig.cluster
-    every = IntervalSchedule.objects.create(every=1, period="seconds")
-    fast = PeriodicTask.objects.create(name="fast", task=TASK, interval=every)
-    PeriodicTask.objects.create(name="steady", task=TASK, interval=every)
-    client = admin_client()
     try:
         rig.start()
         run.wait(lambda: len(run.runs("fast")) >= 2, SLACK_S, "two runs of fast")
         reads = {b: cluster.text(b).count(READ) for b in BEATS}
-        with web_app(rig.env):
-            response = client.post(reverse("admin:django_celery_beat_periodictask_changelist"),
-                                   {"action": "disable_tasks", "_selected_action": [fast.pk]})
-        assert response.status_code == 302
-        returned_ms = int(time.time() * 1000)
+        returned_ms = _disable(rig, fast)
         run.wait(lambda: all(cluster.text(b).count(READ) > reads[b] for b in BEATS), SLACK_S,
                  "every beat to read the rows again")
         read_ms = int(time.time() * 1000)
