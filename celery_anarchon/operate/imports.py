@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.operate.import_redbeat import FoundEntry
 from celery_anarchon.operate.listing import CONFIG, STORE, ScheduledEntry
-from celery_anarchon.operate.names import check_name
+from celery_anarchon.operate.names import check_name, normal_name
 from celery_anarchon.operate.schedules import Schedules, checked_definition
 from celery_anarchon.schedule import as_data
 from celery_anarchon.schedule import definition as entry_json
@@ -62,17 +62,49 @@ class ImportRow:
 
 
 def plan(s: Schedules, found: Iterable[FoundEntry], *, paused: bool = False,
-         check_task: bool = True, disabled_reason: str = DISABLED_REASON) -> list[ImportRow]:
+         check_task: bool = True, disabled_reason: str = DISABLED_REASON,
+         source: str = "RedBeat") -> list[ImportRow]:
     """What each entry of ``found`` becomes in the store of ``s``; nothing is written.
+
+    Entries whose names are equal once normalized to Unicode NFC (the store's form of a name,
+    :func:`~celery_anarchon.operate.names.check_name`) are refused together: they would be one
+    store entry, written by one and refused at the write of the other, and each later import
+    would flip it between their definitions (as beat refuses two such ``beat_schedule`` names,
+    :func:`celery_anarchon.schedule.plan.build_plans`).
 
     :param paused: pause every entry it adds or updates (``--paused``), not only the disabled.
     :param check_task: refuse a task name the app does not register (as ``add``).
     :param disabled_reason: the pause reason of an entry that came disabled (the other
         scheduler's words).
+    :param source: the other scheduler, as a refusal names it (``"django-celery-beat"``).
     :raises StoreError: the store cannot be read.
     """
+    found = list(found)
+    twins = _same_once_normalized(found, source)
     current = {e.name: e for e in s.list()}
-    return [_row(s, e, current, paused, check_task, disabled_reason) for e in found]
+    return [ImportRow(e.name, e.task, e.schedule, None, REFUSED, error=twins[e.name])
+            if e.name in twins else _row(s, e, current, paused, check_task, disabled_reason)
+            for e in found]
+
+
+def _same_once_normalized(found: list[FoundEntry], source: str) -> dict[str, str]:
+    """The refusal of each name of ``found`` equal to another once normalized to Unicode NFC,
+    by name: it names both (as written, and escaped, since they look alike) and the fix."""
+    groups: dict[str, list[str]] = {}
+    for e in found:
+        names = groups.setdefault(normal_name(e.name), [])
+        if e.name not in names:
+            names.append(e.name)
+    twins = {}
+    for names in (g for g in groups.values() if len(g) > 1):
+        listed = " and ".join(repr(n) for n in names)
+        escaped = " and ".join(ascii(n) for n in names)
+        error = (f"entries {listed} of {source} ({escaped}) are the same name once normalized "
+                 "(Unicode NFC: the same characters written two ways), which the store keeps as "
+                 f"one entry, so none of them is imported; fix: rename one of them in {source}, "
+                 "then import again")
+        twins.update(dict.fromkeys(names, error))
+    return twins
 
 
 def _row(s: Schedules, found: FoundEntry, current: dict[str, ScheduledEntry], paused: bool,

@@ -144,3 +144,25 @@ def test_without_django_settings_it_says_how_to_set_them(tmp_path, store_url, na
     done = run(str(tmp_path / "none.sqlite3"), store_url, namespace, "--dry-run", app="cli_app")
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "DJANGO_SETTINGS_MODULE" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rows_whose_names_are_equal_once_normalized_are_refused_together(
+        rows, store_url, namespace):
+    """Two rows 'café' (one code point) and 'cafe' + U+0301: one store entry, so neither is
+    imported (else each run would flip it between the two rows' definitions)."""
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    PeriodicTask.objects.create(name=composed, task=TASK, interval=every(60))
+    PeriodicTask.objects.create(name=decomposed, task=TASK, interval=every(120))
+    PeriodicTask.objects.create(name="ten", task=TASK, interval=every(10))
+    dry = run(rows, store_url, namespace, "--dry-run")
+    assert exits(dry, 6).rstrip().endswith("dry run, nothing written: 1 to add, 2 refused")
+    for counts in ("1 added, 2 refused", "1 unchanged, 2 refused"):
+        done = run(rows, store_url, namespace)
+        assert exits(done, 6).rstrip().endswith(f"imported: {counts}")
+        assert set(store_entries(store_url, namespace)) == {"ten"}
+        lines = done.stderr.splitlines()
+        assert len(lines) == 2, done.stderr
+        for line in lines:
+            assert (f"entries {decomposed!r} and {composed!r} of django-celery-beat "
+                    "('cafe\\u0301' and 'caf\\xe9') are the same name once normalized") in line
+            assert "fix: rename one of them in django-celery-beat" in line

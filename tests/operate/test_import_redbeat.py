@@ -283,3 +283,25 @@ def test_help_names_the_exit_codes():
     text = " ".join(done.stdout.split())
     assert "Exit 0 when every entry was imported, unchanged or skipped; 6 when some were " \
            "refused (the others were written)" in text
+
+
+def test_names_equal_once_normalized_are_refused_together_and_a_second_run_changes_nothing(
+        store_url, namespace, prefix):
+    """'café' (one code point) and 'cafe' + U+0301 are one store entry: importing both would write
+    one, refuse the other at the write, then flip between their definitions on every run."""
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    save(prefix, dict(name=composed, task="cli_app.report", schedule=schedule(60)),
+         dict(name=decomposed, task="cli_app.report", schedule=schedule(120)),
+         EVERY_KIND[0])
+    dry = run(store_url, namespace, prefix, "--dry-run")
+    assert exits(dry, 6).rstrip().endswith("dry run, nothing written: 1 to add, 2 refused")
+    for counts in ("1 added, 2 refused", "1 unchanged, 2 refused"):
+        done = run(store_url, namespace, prefix)
+        assert exits(done, 6).rstrip().endswith(f"imported: {counts}")
+        assert set(store_entries(store_url, namespace)) == {"every-5m"}
+        lines = done.stderr.splitlines()
+        assert len(lines) == 2, done.stderr
+        for line in lines:
+            assert (f"entries {decomposed!r} and {composed!r} of RedBeat ('cafe\\u0301' and "
+                    "'caf\\xe9') are the same name once normalized (Unicode NFC") in line
+            assert "fix: rename one of them" in line

@@ -64,17 +64,19 @@ def import_django_command(app, *, dry_run: bool, paused: bool, check_task: bool,
                         f"{connection.settings_dict.get('NAME')!s})",
             "no PeriodicTask row; check DJANGO_SETTINGS_MODULE", dry_run=dry_run, paused=paused,
             check_task=check_task, by=by, as_json=as_json, what="PeriodicTask row",
-            phase_note=DJANGO_PHASE_NOTE, disabled_reason=import_django.DISABLED_REASON)
+            phase_note=DJANGO_PHASE_NOTE, disabled_reason=import_django.DISABLED_REASON,
+            source_name="django-celery-beat")
 
 
 def _import(app, found: list, source: str, empty: str, *, dry_run: bool, paused: bool,
             check_task: bool, by: str | None, as_json: bool, what: str, phase_note: str,
-            disabled_reason: str = imports.DISABLED_REASON) -> None:
+            disabled_reason: str = imports.DISABLED_REASON, source_name: str = "RedBeat") -> None:
     """The table of what ``found`` (the entries of ``source``, each a ``what``) becomes, the
-    writes (unless ``dry_run``), the counts; ``empty`` says what to check when there is none."""
+    writes (unless ``dry_run``), the counts; ``empty`` says what to check when there is none,
+    ``source_name`` names the other scheduler in a refusal."""
     with _exit_codes(), Schedules(app, by=by) as s:
         rows = imports.plan(s, found, paused=paused, check_task=check_task,
-                            disabled_reason=disabled_reason)
+                            disabled_reason=disabled_reason, source=source_name)
         if not as_json:
             _show(rows, f"{source}: {len(rows)} entries -> store {s.store.safe_url} (namespace "
                         f"{s.settings.namespace!r})", phase_note)
