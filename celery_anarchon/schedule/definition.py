@@ -114,8 +114,8 @@ def canonical(obj: dict | str, *, name: str = "") -> str:
     separators=(",", ":"))`` (text in: parsed first).
 
     :param name: the entry's name, for the error message.
-    :raises ConfigError: the value is not JSON (a Python object, NaN or infinity, a key that is
-        not a string), nests more than :data:`~celery_anarchon.limits.MAX_DEPTH` levels (found
+    :raises ConfigError: the value is not JSON (a Python object, NaN or infinity (naming its key
+        and value), a key that is not a string), nests more than :data:`~celery_anarchon.limits.MAX_DEPTH` levels (found
         before serializing it), or its text is longer than
         :data:`~celery_anarchon.limits.MAX_DEFINITION_BYTES`.
     """
@@ -125,11 +125,33 @@ def canonical(obj: dict | str, *, name: str = "") -> str:
     try:
         text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
+        _check_finite(name, obj)
         raise ConfigError(f"entry {name!r}: the definition is not JSON ({exc}); fix: give only "
                           "strings, numbers, booleans, null, lists and objects with string keys "
                           "(dates as ISO text or seconds)") from None
     _check_size(name, len(text))        # ASCII (ensure_ascii): one byte a character
     return text
+
+
+#: the keys of a definition whose value is seconds (a refusal's fix says so)
+_SECONDS_KEYS = frozenset({"every", "anchor", "catch_up_window", "jitter", "max_late", "duration",
+                           "heartbeat", "queue_timeout"})
+
+
+def _check_finite(name: str, obj: Any, path: str = "") -> None:
+    """Refuse the first float of ``obj`` that is NaN or infinite (JSON has neither), naming its
+    key (``anarchon.catch_up_window``, ``args[0]``), its value and the fix (``obj`` nests no
+    deeper than :data:`~celery_anarchon.limits.MAX_DEPTH`: checked before)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        seconds = path.rsplit(".", 1)[-1] in _SECONDS_KEYS
+        raise _error(name, path, obj, "not a finite number (JSON has no NaN or infinity)",
+                     "give a finite number of seconds, e.g. 60" if seconds
+                     else "give a finite number")
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
+        if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        _check_finite(name, value, f"{path}[{key}]" if isinstance(obj, (list, tuple))
+                      else f"{path}.{key}" if path else str(key))
 
 
 def _check_depth(name: str, obj: Any) -> None:

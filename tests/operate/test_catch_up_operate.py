@@ -101,3 +101,48 @@ def test_a_resume_records_the_newest_slot_its_pause_covered_so_no_catch_up_sends
     assert mark.detail.startswith("paused by ops: outage (paused from "), mark.detail
     since, until = pause_span_of(mark)
     assert since == paused_at and mark.slot_ms <= until <= resumed_ms
+
+
+#: what a refusal of a number that is not finite says after its key and value
+NOT_FINITE = ": not a finite number (JSON has no NaN or infinity); fix: give a finite number of seconds"
+
+
+def test_a_window_or_period_that_is_not_finite_is_refused_by_key_and_value(sqlite_url,
+                                                                          namespace):
+    app = Celery("catch_up_nan", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_store_url=sqlite_url,
+                    anarchon_namespace=namespace, timezone="UTC")
+    with celery_anarchon.schedules(app, by="ops") as s:
+        for key, value, given in (
+                ("anarchon.catch_up_window", "NaN", dict(schedule=10, catch_up_window=float("nan"))),
+                ("anarchon.catch_up_window", "Infinity", dict(schedule=10, catch_up_window=float("inf"))),
+                ("schedule.every", "NaN", dict(schedule={"every": float("nan")}))):
+            with pytest.raises(ConfigError) as caught:
+                s.add("w", task="proj.t", catch_up="all", check_task=False, **given)
+            assert str(caught.value).startswith(f"entry 'w': key {key!r} = {value}{NOT_FINITE}")
+        s.add("w", task="proj.t", schedule=10, catch_up="all", check_task=False)
+        with pytest.raises(ConfigError) as caught:
+            s.update("w", catch_up_window=float("-inf"), check_task=False)
+        assert str(caught.value).startswith(
+            f"entry 'w': key 'anarchon.catch_up_window' = -Infinity{NOT_FINITE}")
+        assert "catch_up_window" not in s.get("w").definition["anarchon"]     # nothing written
+
+
+def test_every_or_a_window_of_nan_or_inf_on_the_command_line(sqlite_url, namespace):
+    def run(*args):
+        return operate(sqlite_url, namespace, "good", *args)
+
+    for args, key, value in (
+            (("add", "n", "--every", "nan"), "schedule.every", "NaN"),
+            (("add", "n", "--every", "10", "--catch-up", "all", "--catch-up-window", "nan"),
+             "anarchon.catch_up_window", "NaN"),
+            (("add", "n", "--every", "10", "--catch-up", "all", "--catch-up-window", "inf"),
+             "anarchon.catch_up_window", "Infinity")):
+        done = run(*args, "--task", "operate_app.report")
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert f"Error: entry 'n': key {key!r} = {value}{NOT_FINITE}" in done.stderr
+    exits(run("add", "n", "--task", "operate_app.report", "--every", "10", "--catch-up", "all"), 0)
+    done = run("update", "n", "--catch-up-window", "inf")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert (f"Error: entry 'n': key 'anarchon.catch_up_window' = Infinity{NOT_FINITE}"
+            in done.stderr)

@@ -123,10 +123,19 @@ def test_canonical_text_is_sorted_and_compact_and_refuses_what_is_not_json():
     assert text == '{"args":[1],"schedule":{"every":5},"task":"t"}'
     assert entry_json.canonical(json.dumps(obj, indent=4)) == text      # text in, same text out
     assert text == json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    for bad in ({"task": "t", "args": [float("nan")]}, {"task": "t", "args": [object()]},
-                {"task": {1, 2}}):
+    for bad in ({"task": "t", "args": [object()]}, {"task": {1, 2}}):
         with pytest.raises(ConfigError, match="entry 'r': the definition is not JSON"):
             entry_json.canonical(bad, name="r")
+    # NaN and infinity: named by their key and value
+    with pytest.raises(ConfigError) as caught:
+        entry_json.canonical({"task": "t", "kwargs": {"a": [1, float("nan")]}}, name="r")
+    assert str(caught.value) == ("entry 'r': key 'kwargs.a[1]' = NaN: not a finite number (JSON "
+                                 "has no NaN or infinity); fix: give a finite number")
+    with pytest.raises(ConfigError) as caught:
+        entry_json.canonical({"anarchon": {"lease": {"duration": float("-inf")}}}, name="r")
+    assert str(caught.value) == (
+        "entry 'r': key 'anarchon.lease.duration' = -Infinity: not a finite number (JSON has no "
+        "NaN or infinity); fix: give a finite number of seconds, e.g. 60")
 
 
 @pytest.mark.parametrize("definition, words", [
