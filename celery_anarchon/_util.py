@@ -244,7 +244,7 @@ def duration(value: Any, what: str, *, maximum: float = MAX_DURATION_S,
         :data:`~celery_anarchon.limits.LAST_SLOT_S`).
     :param fix: the fix the error of a value above ``maximum`` gives.
     :raises ConfigError: not a number or a timedelta, not finite, negative, or more than
-        ``maximum``.
+        ``maximum`` (naming ``what``, the value and the fix).
     """
     if isinstance(value, timedelta):
         result = value.total_seconds()
@@ -257,7 +257,9 @@ def duration(value: Any, what: str, *, maximum: float = MAX_DURATION_S,
         raise ConfigError(f"{what}: {value!r} is not a duration; give seconds (int or float) or a "
                           "datetime.timedelta")
     if math.isnan(result) or result < 0:
-        raise ConfigError(f"{what}: {value!r} must be a finite number of seconds >= 0")
+        raise ConfigError(f"{what}: {value!r} must be a finite number of seconds >= 0; fix: give "
+                          f"seconds from 0 to {duration_bound(maximum)}, as an int, a float or a "
+                          "datetime.timedelta")
     if result > maximum:
         raise ConfigError(f"{what}: {shown_value(value)} s is more than {duration_bound(maximum)}, "
                           f"the most it may be; fix: {fix}")

@@ -232,6 +232,18 @@ def test_a_row_whose_name_is_not_normalized_is_left_out_with_a_rename_fix(rows):
     assert "rename it in the admin" in error and "store entry" not in error
 
 
+def test_a_catch_up_window_below_zero_is_refused_with_the_fix_in_the_rows_headers(rows):
+    bad = PeriodicTask.objects.create(
+        name="bad", task=TASK, interval=every(10),
+        headers='{"anarchon": {"catch_up": "all", "catch_up_window": -100}}')
+    assert row_plans().refused["bad"] == (
+        f"django-celery-beat PeriodicTask 'bad' (id {bad.pk}) is left out: entry 'bad': "
+        "options['anarchon']['catch_up_window']: -100 must be a finite number of seconds >= 0; "
+        "fix: give seconds from 0 to 3155760000 s (100 years), as an int, a float or a "
+        'datetime.timedelta (on this row, options["anarchon"] is the "anarchon" object of its '
+        'headers: edit the row in the admin, e.g. headers {"anarchon": {"jitter": 1}})')
+
+
 def test_a_crontab_step_larger_than_its_field_is_refused_by_name(rows):
     cron = CrontabSchedule.objects.create(minute="*/120")
     bad = PeriodicTask.objects.create(name="bad", task=TASK, crontab=cron)

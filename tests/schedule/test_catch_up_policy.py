@@ -99,6 +99,15 @@ def test_a_window_without_all_is_refused():
         "options['anarchon']['catch_up'] = 'all'")
 
 
+@pytest.mark.parametrize("window, shown", [(-100, "-100"), (float("nan"), "nan"),
+                                           (timedelta(days=-1), "datetime.timedelta(days=-1)")])
+def test_a_window_below_zero_or_not_a_number_is_refused_with_the_fix(window, shown):
+    assert error_of(10, {"catch_up": "all", "catch_up_window": window}) == (
+        f"entry 'report': options['anarchon']['catch_up_window']: {shown} must be a finite number "
+        "of seconds >= 0; fix: give seconds from 0 to 3155760000 s (100 years), as an int, a "
+        "float or a datetime.timedelta")
+
+
 def test_the_window_must_exceed_max_late():
     assert error_of(10, {"catch_up": "all", "catch_up_window": 60}) == (
         "entry 'report': catch_up_window 60 s (options['anarchon']['catch_up_window']) must be "
