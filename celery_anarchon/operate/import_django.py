@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import datetime
 
-from celery_anarchon import django_rows
+from celery_anarchon import django_rows, limits
 from celery_anarchon.errors import ConfigError, StoreUnavailable
 from celery_anarchon.operate.import_redbeat import FoundEntry
 from celery_anarchon.schedule import as_data
+from celery_anarchon.schedule import definition as entry_json
 from celery_anarchon.schedule.as_data import seconds_json
 from celery_anarchon.schedule.slots import datetime_to_ms, ms_to_datetime
 
@@ -87,6 +88,7 @@ def found(row, app) -> FoundEntry:
         entry.options["anarchon"] = ours
         definition = as_data.from_entry(entry)
         if not as_data.is_storable(definition):
+            _check_finite(row.name, entry)
             raise ConfigError(f"{where(row)}: a part of it is no JSON value "
                               f"({definition}); fix: edit the row in the admin")
     except Exception as exc:        # a row never stops the others
@@ -94,6 +96,34 @@ def found(row, app) -> FoundEntry:
             f"{where(row)}: {type(exc).__name__}: {exc}; fix: edit the row in the admin")
         return FoundEntry(key, row.name, row.task, row.enabled, None, reason, shown)
     return FoundEntry(key, row.name, row.task, row.enabled, definition, None, shown, note)
+
+
+def _check_finite(name: str, entry) -> None:
+    """Refuse a NaN or an infinity in the row's arguments, options or settings (Python's JSON
+    reads ``NaN`` and ``Infinity`` in the row's text fields), naming its key, its value and the
+    fix (:func:`celery_anarchon.schedule.definition.check_finite`)."""
+    options = {k: v for k, v in (entry.options or {}).items() if k != "anarchon"}
+    ours = entry.options.get("anarchon")
+    parts = {"args": list(entry.args or ()), "kwargs": dict(entry.kwargs or {}),
+             "options": options,
+             "anarchon": as_data.anarchon_json(ours) if isinstance(ours, dict) else ours}
+    if limits.too_deep(parts):          # the message of the part shown by its repr says so
+        return
+    try:
+        entry_json.check_finite(name, parts)
+    except ConfigError as exc:
+        raise ConfigError(refusal(str(exc))) from None
+
+
+def refusal(error: str) -> str:
+    """A refusal of our rules for a row's store entry, as a row's owner reads it: a setting the
+    rules name in ``options['anarchon']`` (a ``beat_schedule`` entry's place of them, as
+    :func:`celery_anarchon.django_rows.rows.row_fix` says on the Scheduler's side) or in the
+    definition's ``anarchon`` key is in the row's ``headers["anarchon"]``."""
+    from celery_anarchon.django_rows.rows import ROW_OPTIONS, row_fix
+    if "key 'anarchon" in error:
+        return f"{error.rstrip('.')} ({ROW_OPTIONS})"
+    return row_fix(error)
 
 
 def _describe(row) -> str:

@@ -13,7 +13,7 @@ name ``beat_schedule`` defines (``skipped``: it runs from there). An entry our r
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from celery_anarchon.errors import ConfigError
 from celery_anarchon.operate.import_redbeat import FoundEntry
@@ -63,7 +63,7 @@ class ImportRow:
 
 def plan(s: Schedules, found: Iterable[FoundEntry], *, paused: bool = False,
          check_task: bool = True, disabled_reason: str = DISABLED_REASON,
-         source: str = "RedBeat") -> list[ImportRow]:
+         source: str = "RedBeat", explain: Callable[[str], str] = str) -> list[ImportRow]:
     """What each entry of ``found`` becomes in the store of ``s``; nothing is written.
 
     Entries whose names are equal once normalized to Unicode NFC (the store's form of a name,
@@ -77,13 +77,16 @@ def plan(s: Schedules, found: Iterable[FoundEntry], *, paused: bool = False,
     :param disabled_reason: the pause reason of an entry that came disabled (the other
         scheduler's words).
     :param source: the other scheduler, as a refusal names it (``"django-celery-beat"``).
+    :param explain: the refusal of our rules as the other scheduler's users read it (a row's
+        settings are in its headers: :func:`celery_anarchon.operate.import_django.refusal`).
     :raises StoreError: the store cannot be read.
     """
     found = list(found)
     twins = _same_once_normalized(found, source)
     current = {e.name: e for e in s.list()}
     return [ImportRow(e.name, e.task, e.schedule, None, REFUSED, error=twins[e.name])
-            if e.name in twins else _row(s, e, current, paused, check_task, disabled_reason)
+            if e.name in twins else _row(s, e, current, paused, check_task, disabled_reason,
+                                         explain)
             for e in found]
 
 
@@ -108,7 +111,7 @@ def _same_once_normalized(found: list[FoundEntry], source: str) -> dict[str, str
 
 
 def _row(s: Schedules, found: FoundEntry, current: dict[str, ScheduledEntry], paused: bool,
-         check_task: bool, disabled_reason: str) -> ImportRow:
+         check_task: bool, disabled_reason: str, explain: Callable[[str], str]) -> ImportRow:
     if found.refused is not None:
         return ImportRow(found.name, found.task, found.schedule, None, REFUSED, error=found.refused)
     shown = as_data.describe_schedule(found.definition["schedule"])
@@ -121,7 +124,7 @@ def _row(s: Schedules, found: FoundEntry, current: dict[str, ScheduledEntry], pa
         definition = _phase(found, here)
         text, _ = checked_definition(s, name, definition, check_task=check_task)
     except ConfigError as exc:
-        return ImportRow(found.name, found.task, shown, None, REFUSED, error=str(exc))
+        return ImportRow(found.name, found.task, shown, None, REFUSED, error=explain(str(exc)))
     reason = disabled_reason if not found.enabled else PAUSED_REASON if paused else None
     held = here is not None and here.paused
     pause = reason if reason is not None and not held else None
@@ -151,10 +154,12 @@ def _phase(found: FoundEntry, here: ScheduledEntry | None) -> dict:
     return {**definition, "anarchon": {**definition["anarchon"], "anchor": theirs["anchor"]}}
 
 
-def apply(s: Schedules, rows: Iterable[ImportRow], *, check_task: bool = True) -> list[ImportRow]:
+def apply(s: Schedules, rows: Iterable[ImportRow], *, check_task: bool = True,
+          explain: Callable[[str], str] = str) -> list[ImportRow]:
     """Write the rows to add or update: the pause first (so an entry that must be paused never
     runs unpaused, on an instance that syncs in between), then the definition.
 
+    :param explain: as :func:`plan`'s.
     :returns: the rows as written: one the store refused at the write (a rule of an update,
         :meth:`Schedules.update`; an entry added meanwhile) becomes ``refused`` with its error.
     :raises StoreError: the store cannot be reached (what was written before stays written).
@@ -167,7 +172,7 @@ def apply(s: Schedules, rows: Iterable[ImportRow], *, check_task: bool = True) -
         try:
             _write(s, row, check_task)
         except ConfigError as exc:
-            row = dataclasses.replace(row, action=REFUSED, error=str(exc))
+            row = dataclasses.replace(row, action=REFUSED, error=explain(str(exc)))
         out.append(row)
     return out
 

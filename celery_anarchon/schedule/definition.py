@@ -125,7 +125,7 @@ def canonical(obj: dict | str, *, name: str = "") -> str:
     try:
         text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        _check_finite(name, obj)
+        check_finite(name, obj)
         raise ConfigError(f"entry {name!r}: the definition is not JSON ({exc}); fix: give only "
                           "strings, numbers, booleans, null, lists and objects with string keys "
                           "(dates as ISO text or seconds)") from None
@@ -138,10 +138,15 @@ _SECONDS_KEYS = frozenset({"every", "anchor", "catch_up_window", "jitter", "max_
                            "heartbeat", "queue_timeout"})
 
 
-def _check_finite(name: str, obj: Any, path: str = "") -> None:
-    """Refuse the first float of ``obj`` that is NaN or infinite (JSON has neither), naming its
-    key (``anarchon.catch_up_window``, ``args[0]``), its value and the fix (``obj`` nests no
-    deeper than :data:`~celery_anarchon.limits.MAX_DEPTH`: checked before)."""
+def check_finite(name: str, obj: Any, path: str = "") -> None:
+    """Refuse the first float of ``obj`` (a definition, or parts of one) that is NaN or infinite
+    (JSON has neither), naming entry ``name``, its key (``anarchon.catch_up_window``,
+    ``args[0]``), its value and the fix: a finite number (of seconds, under a key that holds
+    seconds). ``obj`` must nest no deeper than :data:`~celery_anarchon.limits.MAX_DEPTH`.
+
+    :param path: the key of ``obj`` itself (``""``: a whole definition).
+    :raises ConfigError: such a float found.
+    """
     if isinstance(obj, float) and not math.isfinite(obj):
         seconds = path.rsplit(".", 1)[-1] in _SECONDS_KEYS
         raise _error(name, path, obj, "not a finite number (JSON has no NaN or infinity)",
@@ -150,7 +155,7 @@ def _check_finite(name: str, obj: Any, path: str = "") -> None:
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
         if isinstance(obj, (list, tuple)) else ()
     for key, value in items:
-        _check_finite(name, value, f"{path}[{key}]" if isinstance(obj, (list, tuple))
+        check_finite(name, value, f"{path}[{key}]" if isinstance(obj, (list, tuple))
                       else f"{path}.{key}" if path else str(key))
 
 

@@ -166,3 +166,28 @@ def test_rows_whose_names_are_equal_once_normalized_are_refused_together(
             assert (f"entries {decomposed!r} and {composed!r} of django-celery-beat "
                     "('cafe\\u0301' and 'caf\\xe9') are the same name once normalized") in line
             assert "fix: rename one of them in django-celery-beat" in line
+
+
+def test_a_refused_catch_up_window_says_the_row_keeps_it_in_its_headers(rows, store_url,
+                                                                        namespace):
+    """The rules name options['anarchon'] (a beat_schedule entry's place of our settings); a
+    row keeps them in headers["anarchon"], and the refusal says so."""
+    PeriodicTask.objects.create(
+        name="below", task=TASK, interval=every(10),
+        headers='{"anarchon": {"catch_up": "all", "catch_up_window": -100}}')
+    PeriodicTask.objects.create(      # Python's json reads NaN, as the rows' reader does
+        name="nan", task=TASK, interval=every(10),
+        headers='{"anarchon": {"catch_up": "all", "catch_up_window": NaN}}')
+    done = run(rows, store_url, namespace)
+    assert exits(done, 6).rstrip().endswith("imported: 2 refused")
+    refused = dict(line.split(": ", 1) for line in done.stderr.splitlines())
+    where = ('(on this row, options["anarchon"] is the "anarchon" object of its headers: edit '
+             'the row in the admin, e.g. headers {"anarchon": {"jitter": 1}})')
+    assert refused["refused below"] == (
+        "entry 'below': options['anarchon']['catch_up_window']: -100 must be a finite number of "
+        "seconds >= 0; fix: give seconds from 0 to 3155760000 s (100 years), as an int, a float "
+        f"or a datetime.timedelta {where}")
+    assert refused["refused nan"] == (
+        "entry 'nan': key 'anarchon.catch_up_window' = NaN: not a finite number (JSON has no NaN "
+        f"or infinity); fix: give a finite number of seconds, e.g. 60 {where}")
+    assert store_entries(store_url, namespace) == {}

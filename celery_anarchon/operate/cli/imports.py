@@ -65,25 +65,28 @@ def import_django_command(app, *, dry_run: bool, paused: bool, check_task: bool,
             "no PeriodicTask row; check DJANGO_SETTINGS_MODULE", dry_run=dry_run, paused=paused,
             check_task=check_task, by=by, as_json=as_json, what="PeriodicTask row",
             phase_note=DJANGO_PHASE_NOTE, disabled_reason=import_django.DISABLED_REASON,
-            source_name="django-celery-beat")
+            source_name="django-celery-beat", explain=import_django.refusal)
 
 
 def _import(app, found: list, source: str, empty: str, *, dry_run: bool, paused: bool,
             check_task: bool, by: str | None, as_json: bool, what: str, phase_note: str,
-            disabled_reason: str = imports.DISABLED_REASON, source_name: str = "RedBeat") -> None:
+            disabled_reason: str = imports.DISABLED_REASON, source_name: str = "RedBeat",
+            explain=str) -> None:
     """The table of what ``found`` (the entries of ``source``, each a ``what``) becomes, the
     writes (unless ``dry_run``), the counts; ``empty`` says what to check when there is none,
-    ``source_name`` names the other scheduler in a refusal."""
+    ``source_name`` names the other scheduler in a refusal, ``explain`` words our rules' refusals
+    for its users (:func:`imports.plan`)."""
     with _exit_codes(), Schedules(app, by=by) as s:
         rows = imports.plan(s, found, paused=paused, check_task=check_task,
-                            disabled_reason=disabled_reason, source=source_name)
+                            disabled_reason=disabled_reason, source=source_name,
+                            explain=explain)
         if not as_json:
             _show(rows, f"{source}: {len(rows)} entries -> store {s.store.safe_url} (namespace "
                         f"{s.settings.namespace!r})", phase_note)
             if not rows:
                 click.echo(empty)
         if not dry_run:
-            rows = imports.apply(s, rows, check_task=check_task)
+            rows = imports.apply(s, rows, check_task=check_task, explain=explain)
     if as_json:
         click.echo(json.dumps([_as_json(r) for r in rows], sort_keys=True))
     else:
