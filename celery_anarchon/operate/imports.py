@@ -122,13 +122,16 @@ def _row(s: Schedules, found: FoundEntry, current: dict[str, ScheduledEntry], pa
             return ImportRow(name, found.task, shown, None, SKIPPED,
                              "defined in beat_schedule: runs from there")
         definition = _phase(found, here)
-        text, _ = checked_definition(s, name, definition, check_task=check_task)
+        reason = disabled_reason if not found.enabled else PAUSED_REASON if paused else None
+        held = here is not None and here.paused
+        pause = reason if reason is not None and not held else None
+        stored = here is not None and here.source == STORE
+        # the update's own check (Schedules.update) of an entry that stays unpaused meanwhile
+        before = entry_json.canonical(here.definition, name=name) \
+            if stored and here.definition and not held and pause is None else None
+        text, _ = checked_definition(s, name, definition, check_task=check_task, before=before)
     except ConfigError as exc:
         return ImportRow(found.name, found.task, shown, None, REFUSED, error=explain(str(exc)))
-    reason = disabled_reason if not found.enabled else PAUSED_REASON if paused else None
-    held = here is not None and here.paused
-    pause = reason if reason is not None and not held else None
-    stored = here is not None and here.source == STORE
     same = stored and entry_json.canonical(here.definition, name=name) == text
     action = UNCHANGED if same and pause is None else UPDATE if stored else ADD
     anchor = definition.get("anarchon", {}).get("anchor")

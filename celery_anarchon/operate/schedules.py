@@ -299,21 +299,22 @@ class Schedules(NamespaceSession, Backfills):
         with the start-up message) and names a registered task (``check``); an update of an
         entry that is not paused (``before``: its stored text) must not take out of its window
         a slot that instances which have not synced yet may still claim (:func:`_check_cut`)."""
-        text, plan = checked_definition(self, name, definition, check_task=check)
-        if before is not None:
-            _check_cut(self.app, self.settings, self.store, plan, before)
+        text, _ = checked_definition(self, name, definition, check_task=check, before=before)
         stored = self._ready().put_entry(name, text, by=self._who(by, name), create=create)
         return self._as_scheduled(stored)
 
 
 def checked_definition(session: NamespaceSession, name: str, definition: dict, *,
-                       check_task: bool = True) -> tuple[str, EntryPlan]:
+                       check_task: bool = True, before: str | None = None) -> tuple[str, EntryPlan]:
     """The canonical text of ``definition`` as :meth:`Schedules.add` and :meth:`Schedules.update`
     write it, and its plan, once it parses, builds a plan (every timing rule, with the start-up
     message) and names a registered task (``check_task``). Nothing is written (an import's dry
-    run, :mod:`celery_anarchon.operate.import_redbeat`, shows what would be refused).
+    run, :mod:`celery_anarchon.operate.imports`, shows what the writes would refuse).
 
     :param session: the app's schedules (its app, settings and store).
+    :param before: the stored text of the entry it updates while the entry is not paused: the
+        update must not take out of its window a slot that instances not synced yet may still
+        claim (:func:`_check_cut`). ``None``: an add, or an update of a paused entry.
     :raises ConfigError: the start-up message of the rule the definition breaks, naming the entry.
     """
     text = entry_json.canonical(definition, name=name)
@@ -322,6 +323,8 @@ def checked_definition(session: NamespaceSession, name: str, definition: dict, *
                       store=session.store)
     if check_task:
         _check_task(session.app, name, entry.task)
+    if before is not None:
+        _check_cut(session.app, session.settings, session.store, plan, before)
     return text, plan
 
 

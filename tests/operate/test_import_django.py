@@ -191,3 +191,14 @@ def test_a_refused_catch_up_window_says_the_row_keeps_it_in_its_headers(rows, st
         "entry 'nan': key 'anarchon.catch_up_window' = NaN: not a finite number (JSON has no NaN "
         f"or infinity); fix: give a finite number of seconds, e.g. 60 {where}")
     assert store_entries(store_url, namespace) == {}
+
+
+def test_help_says_a_dry_run_exits_6_when_a_row_would_be_refused():
+    done = subprocess.run([sys.executable, "-m", "celery", "anarchon", "import",
+                           "django-celery-beat", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "6 when some were refused (the others were written), with --dry-run too when some " \
+           "would be" in text
+    assert "(exit 6 when something would be refused)" in text

@@ -282,7 +282,9 @@ def test_help_names_the_exit_codes():
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "Exit 0 when every entry was imported, unchanged or skipped; 6 when some were " \
-           "refused (the others were written)" in text
+           "refused (the others were written), with --dry-run too when some would be" in text
+    assert "--dry-run Show the table of what would be written and the refusals; write " \
+           "nothing (exit 6 when something would be refused)." in text
 
 
 def test_names_equal_once_normalized_are_refused_together_and_a_second_run_changes_nothing(
@@ -305,3 +307,20 @@ def test_names_equal_once_normalized_are_refused_together_and_a_second_run_chang
             assert (f"entries {decomposed!r} and {composed!r} of RedBeat ('cafe\\u0301' and "
                     "'caf\\xe9') are the same name once normalized (Unicode NFC") in line
             assert "fix: rename one of them" in line
+
+
+def test_a_dry_run_exits_6_with_the_refusal_the_writes_would_meet(store_url, namespace, prefix):
+    """An update whose window leaves out a slot that instances not synced yet may still claim is
+    refused by the write (Schedules.update); the dry run finds it too, with the same words."""
+    save(prefix, dict(name="x", task="cli_app.report", schedule=schedule(60)))
+    exits(run(store_url, namespace, prefix), 0)
+    before = store_entries(store_url, namespace)
+    tomorrow = datetime.datetime.now(UTC).replace(microsecond=0) + datetime.timedelta(days=1)
+    save(prefix, dict(name="x", task="cli_app.report", schedule=rrule("DAILY", dtstart=tomorrow)))
+    dry = run(store_url, namespace, prefix, "--dry-run")
+    assert exits(dry, 6).rstrip().endswith("dry run, nothing written: 1 refused")
+    done = run(store_url, namespace, prefix)
+    assert exits(done, 6).rstrip().endswith("imported: 1 refused")
+    assert dry.stderr == done.stderr and dry.stderr.startswith(
+        "refused x: entry 'x': the new start_at / end_at leaves out its slot ")
+    assert store_entries(store_url, namespace) == before

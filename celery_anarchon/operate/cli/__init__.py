@@ -10,8 +10,8 @@ imported on every ``celery`` run: keep its imports light (the command bodies liv
 Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another failure; 2 bad
 input (a usage error, an invalid definition, a timing rule, a store that cannot hold entries);
 3 unknown entry; 4 the entry is owned by ``beat_schedule``, or exists already; 5 an entry is
-overdue (``check --overdue``); 6 ``import redbeat`` refused some entries (the others were
-written: docs/from-redbeat.md); 7 no live beat instance (``status --fail-if-no-instance``); 130
+overdue (``check --overdue``); 6 ``import redbeat`` / ``import django-celery-beat`` refused
+some entries (the others were written), or would (``--dry-run``): docs/from-redbeat.md; 7 no live beat instance (``status --fail-if-no-instance``); 130
 a backfill interrupted. A backfill that stopped midway exits 1. ``check`` exits 1 when any rule
 fails (docs/production.md "Command line for operators").
 """
@@ -348,7 +348,8 @@ def _import_options(stopped: str):
     ``stopped`` holds), ``--no-check-task``, ``--by``, ``--json``."""
     options = [
         click.option("--dry-run", is_flag=True,
-                     help="Show the table of what would be written; write nothing."),
+                     help="Show the table of what would be written and the refusals; write "
+                          "nothing (exit 6 when something would be refused)."),
         click.option("--paused", is_flag=True,
                      help="Pause every entry it adds or updates (for a switch while our beats "
                           f"already run: resume them once {stopped})."),
@@ -391,8 +392,8 @@ def import_redbeat(ctx, redis, prefix, dry_run, paused, keep_phase, no_check_tas
     a paused store entry; one our rules refuse is named with the fix, and the others are still
     written; a name beat_schedule defines is skipped; running it twice writes nothing the
     second time. Exit 0 when every entry was imported, unchanged or skipped; 6 when some were
-    refused (the others were written); 1 when RedBeat's Redis or the store cannot be reached;
-    2 on bad input."""
+    refused (the others were written), with --dry-run too when some would be; 1 when RedBeat's
+    Redis or the store cannot be reached; 2 on bad input."""
     from celery_anarchon.operate.cli import imports as cli_imports
     cli_imports.import_redbeat_command(ctx.obj.app, redis=redis, prefix=prefix, dry_run=dry_run,
                                        paused=paused, keep_phase=keep_phase,
@@ -410,8 +411,9 @@ def import_django(ctx, dry_run, paused, no_check_task, by, as_json):
     store entry; a row our rules refuse is named with its id and the fix, and the others are
     still written; a name beat_schedule defines is skipped; running it twice writes nothing the
     second time). Exit 0 when every row was imported, unchanged or skipped; 6 when some were
-    refused (the others were written); 1 when Django's database or the store cannot be reached;
-    2 on bad input (Django not set up: docs/from-django-celery-beat.md)."""
+    refused (the others were written), with --dry-run too when some would be; 1 when Django's
+    database or the store cannot be reached; 2 on bad input (Django not set up:
+    docs/from-django-celery-beat.md)."""
     from celery_anarchon.operate.cli import imports as cli_imports
     cli_imports.import_django_command(ctx.obj.app, dry_run=dry_run, paused=paused,
                                       check_task=not no_check_task, by=by, as_json=as_json)
