@@ -46,6 +46,12 @@ class StoreUnavailable(StoreError):
     """
 
 
+class StoreNotReached(StoreUnavailable):
+    """The store could not be reached before an operation of the schedules API wrote anything
+    (its first contact, the store's preparation, failed): nothing was changed, and repeating
+    the operation is safe. The message names the store (its URL masked) and the fix."""
+
+
 class SendOutcomeUnknown(Exception):
     """A publish broke off after the message may have reached the broker (the connection dropped
     or timed out while the message was written or its answer awaited).

@@ -8,7 +8,7 @@ from typing import Any, Self
 
 from celery import beat
 
-from celery_anarchon.errors import ConfigError, UnknownEntry
+from celery_anarchon.errors import ConfigError, StoreNotReached, StoreUnavailable, UnknownEntry
 from celery_anarchon.operate.config import config_items
 from celery_anarchon.operate.listing import (
     ScheduledEntry, celery_entry_of, scheduled, unknown_entry_error,
@@ -17,6 +17,18 @@ from celery_anarchon.operate.names import by_text, default_by
 from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 from celery_anarchon.stores.base import ClaimStore, entry_store
 from celery_anarchon.stores.entry_store import Entries, EntrySnapshot, StoredEntry
+
+
+def not_reached(exc: StoreUnavailable, url: str) -> StoreNotReached:
+    """The error of an operation whose store could not be reached before it wrote anything:
+    ``exc``'s words, then that nothing was changed, and the fix.
+
+    :param url: the store's URL, masked (``store.safe_url``).
+    """
+    return StoreNotReached(f"{str(exc).rstrip('.')}; nothing was changed: the store {url} could "
+                           "not be reached; fix: check anarchon_store_url (or the broker URL the "
+                           "store follows), that the server runs and that this host reaches it, "
+                           "then retry")
 
 
 class NamespaceSession:
@@ -67,9 +79,16 @@ class NamespaceSession:
 
     def _ready(self) -> Entries:
         """The store's entries part, the store prepared once (its tables or keys created, as a
-        beat start-up does)."""
+        beat start-up does) before the first read or write of every operation.
+
+        :raises StoreNotReached: the store could not be reached to prepare it (nothing the
+            operation asks was written yet: :func:`not_reached`).
+        """
         if not self._prepared:
-            self.store.prepare(())
+            try:
+                self.store.prepare(())
+            except StoreUnavailable as exc:
+                raise not_reached(exc, self.store.safe_url) from exc
             self._prepared = True
         return self.entries
 

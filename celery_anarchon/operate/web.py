@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from urllib.parse import parse_qs
 
-from celery_anarchon.errors import ConfigError, StoreError, UnknownEntry
+from celery_anarchon.errors import ConfigError, StoreError, StoreNotReached, UnknownEntry
 from celery_anarchon.operate.page import (
     TOKEN_ENV, TOKEN_FIELD, TOKEN_HEADER, missing_extra, refresh_interval, render_entry,
     render_page,
@@ -184,7 +184,8 @@ def _act(s, action: str, name: str, fields: dict[str, str], by: str) -> dict:
 def failure(exc: Exception) -> tuple[int, dict]:
     """The HTTP status and JSON body of an action that raised ``exc``: 404 an unknown entry, 400
     bad input or a store that cannot hold pauses, 503 a store that is unreachable (the outcome is
-    unknown; a run-now's body carries its ``request_id``, to repeat).
+    unknown; a run-now's body carries its ``request_id``, to repeat; a store not reached before
+    any write, :class:`StoreNotReached`: nothing was changed).
 
     :param exc: an :class:`UnknownEntry`, :class:`ConfigError` or :class:`StoreError`.
     """
@@ -192,6 +193,8 @@ def failure(exc: Exception) -> tuple[int, dict]:
         return 404, {"error": str(exc)}
     if isinstance(exc, ConfigError):
         return 400, {"error": str(exc)}
+    if isinstance(exc, StoreNotReached):    # before any write: its message says so, and the fix
+        return 503, {"error": str(exc)}
     request_id = getattr(exc, "request_id", None)
     if request_id is None:
         return 503, {"error": f"{exc} (the outcome is unknown: retry)"}

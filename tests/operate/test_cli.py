@@ -180,6 +180,24 @@ def test_a_store_that_cannot_hold_entries_or_cannot_be_reached(namespace):
     fails(cli("postgresql://postgres@127.0.0.1:1/test", namespace, "list"), 1, "Error: ", "postgresql")
 
 
+@pytest.mark.parametrize("args", [
+    ("run-now", "config-entry", "--request-id", "t-9"), ("pause", "config-entry"),
+    ("resume", "config-entry"), ("add", "z", "--task", "cli_app.report", "--every", "10"),
+    ("remove", "z"), ("backfill", "config-entry", "--from", "1h", "--to", "10m", "--yes")])
+def test_a_store_unreachable_before_any_write_says_nothing_was_changed_and_the_fix(
+        namespace, args):
+    """Nothing listens on port 1: the command fails at its first contact with the store (its
+    preparation), before it writes anything, and says so, with the store (masked) and the
+    fix; never that the outcome is unknown."""
+    done = cli("redis://:secret@127.0.0.1:1/0", namespace, *args)
+    fails(done, 1, "Error: Redis store redis://:***@127.0.0.1:1/0: prepare failed: ",
+          "; nothing was changed: the store redis://:***@127.0.0.1:1/0 could not be reached; "
+          "fix: check anarchon_store_url (or the broker URL the store follows), that the server "
+          "runs and that this host reaches it, then retry")
+    assert "outcome is unknown" not in done.stderr and "secret" not in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
 def test_the_commands_on_postgresql(namespace):
     require_server(POSTGRES_URL, "PostgreSQL")
     ok(cli(POSTGRES_URL, namespace, "add", "pg", "--task", "cli_app.report", "--every", "45"))
@@ -243,15 +261,16 @@ def test_run_now_prints_its_request_id_the_retry_command_and_says_a_repeat_runs_
     as_json = json.loads(ok(cli(url, namespace, "run-now", "config-entry", "--request-id",
                                 "ticket-4711", "--json")))
     assert as_json["request_id"] == "ticket-4711" and as_json["created"] is False
-    # a store that cannot be reached: the outcome of a request is unknown, the retry is printed
+    # a store that cannot be reached at all: nothing was requested, the retry is printed (a
+    # store lost after it answered: the outcome is unknown, the same retry printed)
     down = "redis://127.0.0.1:1/0"
     failed = cli(down, namespace, "run-now", "config-entry", "--request-id", "ticket-4712")
-    fails(failed, 1, "the outcome is unknown",
+    fails(failed, 1, "nothing was changed",
           "-A cli_app anarchon run-now config-entry --request-id ticket-4712")
-    assert ".;" not in failed.stderr, failed.stderr
-    # without an id, the store that cannot be reached makes none: nothing was requested
+    assert ".;" not in failed.stderr and "outcome is unknown" not in failed.stderr, failed.stderr
+    # without an id, the store that cannot be reached makes none: nothing was changed
     unmade = cli(down, namespace, "run-now", "config-entry")
-    fails(unmade, 1, "nothing was requested: run the same command again")
+    fails(unmade, 1, "nothing was changed", "then retry")
     assert "outcome is unknown" not in unmade.stderr, unmade.stderr
 
 

@@ -136,3 +136,27 @@ def test_the_page_with_actions_has_its_controls_and_no_inline_handler(page):
     assert 'id="reason"' not in html, "the pause's reason is asked in its row"
     closed_html = asgi(closed, "GET", "/")[2]
     assert 'class="select"' not in closed_html and 'id="pause-selected"' not in closed_html
+
+
+def test_an_action_on_a_store_not_reached_answers_503_nothing_was_changed(namespace):
+    """Nothing listens on port 1: the action fails before it writes anything, and its answer
+    says so, with the store (masked) and the fix, not that the outcome is unknown."""
+    from celery import Celery
+
+    from celery_anarchon.operate.web import StatusSource, create_app
+    app = Celery("web_down", set_as_current=False)
+    app.conf.update(broker_url="memory://", anarchon_namespace=namespace,
+                    anarchon_store_url="redis://:secret@127.0.0.1:1/0",
+                    beat_schedule={"a": {"task": "t", "schedule": 60.0}})
+    source = StatusSource(app, runs=2)
+    try:
+        site = create_app(source, token=TOKEN, refresh_s=0)
+        for path, fields in (("/api/entries/a/pause", {"reason": "deploy"}),
+                             ("/api/entries/a/run-now", {"request_id": "click-1"})):
+            status, _, answer = _post(site, path, fields)
+            assert status == 503, answer
+            assert "nothing was changed: the store redis://:***@127.0.0.1:1/0 could not be " \
+                   "reached; fix: " in answer["error"], answer
+            assert "unknown" not in answer["error"] and "secret" not in json.dumps(answer), answer
+    finally:
+        source.close()

@@ -24,7 +24,7 @@ from celery_anarchon.schedule.zones import zone_name
 from celery_anarchon._util import iso
 from celery_anarchon.settings import Settings, make_instance_id, open_app_store
 from celery_anarchon.errors import (
-    ConfigError, EntryExists, EntryOwnedByConfig, StoreError, UnknownEntry,
+    ConfigError, EntryExists, EntryOwnedByConfig, StoreError, StoreNotReached, UnknownEntry,
 )
 from celery_anarchon.operate.schedules import Schedules, ScheduledEntry
 
@@ -256,7 +256,8 @@ def run_now(app, name: str, request_id: str | None, by: str | None, as_json: boo
     """``run-now``: the request's id (given, or a new one of the store's clock) is printed with
     the command that repeats the same request; a repeat says so (no new run); a store error
     says the outcome is unknown and prints that command (or, before an id was made from the
-    store's clock, that nothing was requested).
+    store's clock, that nothing was requested; a store not reached before any write: that
+    nothing was changed, with that command).
 
     :param command: how the operator ran ``anarchon`` (``celery -A proj anarchon``), for the
         printed command.
@@ -268,6 +269,8 @@ def run_now(app, name: str, request_id: str | None, by: str | None, as_json: boo
         if request_id is None:
             try:
                 request_id = s.new_request_id()        # made from the store's clock
+            except StoreNotReached:
+                raise                                   # says that nothing was changed
             except StoreError as exc:
                 raise StoreError(f"{str(exc).rstrip('.')}; nothing was requested: run the same "
                                  "command again once the store answers") from exc
@@ -275,6 +278,8 @@ def run_now(app, name: str, request_id: str | None, by: str | None, as_json: boo
                  f"{shlex.quote(request_id)}")
         try:
             request = s.run_now(name, request_id, by=by)
+        except StoreNotReached as exc:
+            raise StoreNotReached(f"{exc}: {again}") from exc
         except StoreError as exc:
             raise StoreError(f"{str(exc).rstrip('.')}; the outcome is unknown: repeat the same "
                              f"request (one run, never two): {again}") from exc
