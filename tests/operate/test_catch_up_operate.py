@@ -17,7 +17,7 @@ from celery_anarchon import ConfigError
 from celery_anarchon.stores.base import RunEvent
 from celery_anarchon.stores.entry_store import pause_span_of
 
-from operate_support import exits, operate
+from operate_support import exits, operate, reader_app
 
 
 @pytest.fixture
@@ -109,10 +109,7 @@ NOT_FINITE = ": not a finite number (JSON has no NaN or infinity); fix: give a f
 
 def test_a_window_or_period_that_is_not_finite_is_refused_by_key_and_value(sqlite_url,
                                                                           namespace):
-    app = Celery("catch_up_nan", set_as_current=False)
-    app.conf.update(broker_url="memory://", anarchon_store_url=sqlite_url,
-                    anarchon_namespace=namespace, timezone="UTC")
-    with celery_anarchon.schedules(app, by="ops") as s:
+    with celery_anarchon.schedules(reader_app(sqlite_url, namespace), by="ops") as s:
         for key, value, given in (
                 ("anarchon.catch_up_window", "NaN", dict(schedule=10, catch_up_window=float("nan"))),
                 ("anarchon.catch_up_window", "Infinity", dict(schedule=10, catch_up_window=float("inf"))),

@@ -23,7 +23,9 @@ from celery_anarchon import testing
 from celery_anarchon.operate import import_redbeat
 
 from conftest import REDIS_URL, require_server
-from operate_support import exits, reader_app, store_entries
+from operate_support import (
+    COMPOSED, DECOMPOSED, exits, imports_refuse_both_spellings, reader_app, store_entries,
+)
 from paths import APPS
 
 # celery-redbeat: a test dependency (setup.cfg's test extra), never a runtime one
@@ -291,22 +293,11 @@ def test_names_equal_once_normalized_are_refused_together_and_a_second_run_chang
         store_url, namespace, prefix):
     """'café' (one code point) and 'cafe' + U+0301 are one store entry: importing both would write
     one, refuse the other at the write, then flip between their definitions on every run."""
-    composed, decomposed = "caf\u00e9", "cafe\u0301"
-    save(prefix, dict(name=composed, task="cli_app.report", schedule=schedule(60)),
-         dict(name=decomposed, task="cli_app.report", schedule=schedule(120)),
+    save(prefix, dict(name=COMPOSED, task="cli_app.report", schedule=schedule(60)),
+         dict(name=DECOMPOSED, task="cli_app.report", schedule=schedule(120)),
          EVERY_KIND[0])
-    dry = run(store_url, namespace, prefix, "--dry-run")
-    assert exits(dry, 6).rstrip().endswith("dry run, nothing written: 1 to add, 2 refused")
-    for counts in ("1 added, 2 refused", "1 unchanged, 2 refused"):
-        done = run(store_url, namespace, prefix)
-        assert exits(done, 6).rstrip().endswith(f"imported: {counts}")
-        assert set(store_entries(store_url, namespace)) == {"every-5m"}
-        lines = done.stderr.splitlines()
-        assert len(lines) == 2, done.stderr
-        for line in lines:
-            assert (f"entries {decomposed!r} and {composed!r} of RedBeat ('cafe\\u0301' and "
-                    "'caf\\xe9') are the same name once normalized (Unicode NFC") in line
-            assert "fix: rename one of them" in line
+    imports_refuse_both_spellings(lambda *args: run(store_url, namespace, prefix, *args),
+                                  store_url, namespace, "every-5m", "RedBeat")
 
 
 def test_a_dry_run_exits_6_with_the_refusal_the_writes_would_meet(store_url, namespace, prefix):

@@ -1,7 +1,8 @@
 """What the operator's tests share: a free port, one HTTP request, the wait for a page process,
 one request to the page's ASGI app in this process, a command body run in this process, a
-command run as an operator runs it (``celery -A operate_app anarchon ...``, a subprocess), and
-the store's entries read back by an app of the test's own (the import tests)."""
+command run as an operator runs it (``celery -A operate_app anarchon ...``, a subprocess), the
+store's entries read back by an app of the test's own, and an import of two names equal once
+normalized (the import tests)."""
 from __future__ import annotations
 
 import os
@@ -117,3 +118,27 @@ def store_entries(store_url: str, namespace: str) -> dict:
     with celery_anarchon.schedules(reader_app(store_url, namespace)) as s:
         return {e.name: (e.definition, e.pause.reason if e.pause else None)
                 for e in s.list() if e.source == "store"}
+
+
+#: two spellings of one name: 'café' as one code point, and 'cafe' + U+0301 (NFC: the first)
+COMPOSED, DECOMPOSED = "caf\u00e9", "cafe\u0301"
+
+
+def imports_refuse_both_spellings(run_import, store_url: str, namespace: str, kept: str,
+                                  source: str) -> None:
+    """``run_import(*args)`` (an import command of :data:`COMPOSED`, :data:`DECOMPOSED` and
+    ``kept``, read from ``source``) refuses both spellings in its dry run and in two runs, each
+    with a message naming both (as written and escaped) and the fix, and writes ``kept`` only;
+    the second run changes nothing."""
+    dry = run_import("--dry-run")
+    assert exits(dry, 6).rstrip().endswith("dry run, nothing written: 1 to add, 2 refused")
+    for counts in ("1 added, 2 refused", "1 unchanged, 2 refused"):
+        done = run_import()
+        assert exits(done, 6).rstrip().endswith(f"imported: {counts}")
+        assert set(store_entries(store_url, namespace)) == {kept}
+        lines = done.stderr.splitlines()
+        assert len(lines) == 2, done.stderr
+        for line in lines:
+            assert (f"entries {DECOMPOSED!r} and {COMPOSED!r} of {source} ('cafe\\u0301' and "
+                    "'caf\\xe9') are the same name once normalized (Unicode NFC") in line
+            assert f"fix: rename one of them in {source}, then import again" in line
