@@ -60,12 +60,12 @@ class Schedules(NamespaceSession, Backfills):
     Build it with :func:`celery_anarchon.schedules`; close it (or use ``with``). Methods raise
     :class:`~celery_anarchon.errors.StoreUnavailable` when the store cannot be reached; after that
     the outcome of a write is unknown (retrying it is safe: each write is idempotent, and a
-    ``run_now`` retried with its ``request_id`` is one request and one run), except when it is
-    :class:`~celery_anarchon.errors.StoreNotReached`: the store could not be reached before
-    anything was written (the first contact of an operation), and nothing was changed. A write the store
-    applied but did not confirm durable within its ``confirm_timeout`` (a Redis store with
-    ``durability`` on and its replicas down) raises :class:`~celery_anarchon.errors.StoreError`:
-    the change may be lost if the master fails over now; repeat it once the replicas are back.
+    ``run_now`` retried with its ``request_id`` is one request and one run), but for
+    :class:`~celery_anarchon.errors.StoreNotReached`: not reached before any write. A write
+    the store applied but did not confirm durable within its ``confirm_timeout`` (a Redis store
+    with ``durability`` on and its replicas down) raises
+    :class:`~celery_anarchon.errors.StoreError`: the change may be lost if the master fails over
+    now; repeat it once the replicas are back.
 
     :param app: the Celery app (its ``anarchon_*`` settings, ``beat_schedule``, ``timezone`` and
         ``tasks``).

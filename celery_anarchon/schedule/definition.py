@@ -115,9 +115,9 @@ def canonical(obj: dict | str, *, name: str = "") -> str:
 
     :param name: the entry's name, for the error message.
     :raises ConfigError: the value is not JSON (a Python object, NaN or infinity (naming its key
-        and value), a key that is not a string), nests more than :data:`~celery_anarchon.limits.MAX_DEPTH` levels (found
-        before serializing it), or its text is longer than
-        :data:`~celery_anarchon.limits.MAX_DEFINITION_BYTES`.
+        and value), a key that is not a string), nests more than
+        :data:`~celery_anarchon.limits.MAX_DEPTH` levels (found before serializing it), or its
+        text is longer than :data:`~celery_anarchon.limits.MAX_DEFINITION_BYTES`.
     """
     if isinstance(obj, (str, bytes)):
         obj = _load(name, obj)

@@ -104,15 +104,18 @@ def test_a_resume_records_the_newest_slot_its_pause_covered_so_no_catch_up_sends
 
 
 #: what a refusal of a number that is not finite says after its key and value
-NOT_FINITE = ": not a finite number (JSON has no NaN or infinity); fix: give a finite number of seconds"
+NOT_FINITE = (": not a finite number (JSON has no NaN or infinity); fix: give a finite number "
+              "of seconds")
 
 
 def test_a_window_or_period_that_is_not_finite_is_refused_by_key_and_value(sqlite_url,
                                                                           namespace):
     with celery_anarchon.schedules(reader_app(sqlite_url, namespace), by="ops") as s:
         for key, value, given in (
-                ("anarchon.catch_up_window", "NaN", dict(schedule=10, catch_up_window=float("nan"))),
-                ("anarchon.catch_up_window", "Infinity", dict(schedule=10, catch_up_window=float("inf"))),
+                ("anarchon.catch_up_window", "NaN",
+                 dict(schedule=10, catch_up_window=float("nan"))),
+                ("anarchon.catch_up_window", "Infinity",
+                 dict(schedule=10, catch_up_window=float("inf"))),
                 ("schedule.every", "NaN", dict(schedule={"every": float("nan")}))):
             with pytest.raises(ConfigError) as caught:
                 s.add("w", task="proj.t", catch_up="all", check_task=False, **given)

@@ -11,9 +11,10 @@ Exit codes (docs/schedules.md): 0 done; 1 the store is unreachable, or another f
 input (a usage error, an invalid definition, a timing rule, a store that cannot hold entries);
 3 unknown entry; 4 the entry is owned by ``beat_schedule``, or exists already; 5 an entry is
 overdue (``check --overdue``); 6 ``import redbeat`` / ``import django-celery-beat`` refused
-some entries (the others were written), or would (``--dry-run``): docs/from-redbeat.md; 7 no live beat instance (``status --fail-if-no-instance``); 130
-a backfill interrupted. A backfill that stopped midway exits 1. ``check`` exits 1 when any rule
-fails (docs/production.md "Command line for operators").
+some entries (the others were written), or would (``--dry-run``): docs/from-redbeat.md; 7 no
+live beat instance (``status --fail-if-no-instance``); 130 a backfill interrupted. A backfill
+that stopped midway exits 1. ``check`` exits 1 when any rule fails (docs/production.md "Command
+line for operators").
 """
 from __future__ import annotations
 

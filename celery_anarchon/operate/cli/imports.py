@@ -3,8 +3,8 @@
 the table of what the import will write, then the writes (none with ``--dry-run``), then a line
 of counts. Exit 0 when every entry was imported, unchanged or skipped, 6 when some were refused
 (the others were written; a dry run: when some would be, the refusals of the writes included:
-:func:`celery_anarchon.operate.imports.plan`), 1 when RedBeat's Redis, Django's database or the store cannot be
-reached, 2 on bad input.
+:func:`celery_anarchon.operate.imports.plan`), 1 when RedBeat's Redis, Django's database or the
+store cannot be reached, 2 on bad input.
 """
 from __future__ import annotations
 
