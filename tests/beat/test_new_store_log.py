@@ -34,7 +34,6 @@ def test_a_new_stores_first_refusals_are_one_info_line_and_a_history_note_each(
     with caplog.at_level(logging.DEBUG, "celery_anarchon"):
         h.engine.tick()
         assert h.engine.stats["claim_forgotten"] == 3, h.engine.stats
-        import time; time.sleep(2)
         h.engine.tick()
         assert not _said(caplog, logging.WARNING)
         assert not [m for m in _said(caplog, logging.INFO) if m.startswith("new store")]
