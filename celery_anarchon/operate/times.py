@@ -8,7 +8,8 @@ The status page's script moves its relative times on with the same rule (``relat
 from __future__ import annotations
 
 import datetime
-import zoneinfo
+
+from celery_anarchon.schedule.zones import iana_zone
 
 
 def to_ms(text: str | None) -> int | None:
@@ -92,9 +93,6 @@ def zone_time(text: str | None, zone: str | None) -> str:
 
 def _zone(name: str | None) -> datetime.tzinfo | None:
     """The zone of an IANA ``name``; ``None`` for UTC, none, or one this host does not know."""
-    if not isinstance(name, str) or name in ("UTC", "Etc/UTC", ""):
+    if name in ("UTC", "Etc/UTC", ""):
         return None
-    try:
-        return zoneinfo.ZoneInfo(name)
-    except (ValueError, OSError, zoneinfo.ZoneInfoNotFoundError):
-        return None
+    return iana_zone(name)
